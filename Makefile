@@ -1,0 +1,41 @@
+# Hydra node: the two set-up commands are `make serve` and `make test`; both build on `make install`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+LLAMA_VERSION := 0.3.36
+# A wheelhouse keyed by version *and* build flags, so a cached non-RPC wheel can never be picked up.
+WHEELHOUSE ?= $(HOME)/.cache/hydra-node/wheels/llama-cpp-python-$(LLAMA_VERSION)-rpc
+STAMP := $(VENV)/.hydra-installed
+
+.PHONY: install serve test bench clean lint
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PIP) install -q --disable-pip-version-check --upgrade pip setuptools wheel
+	@if ! ls $(WHEELHOUSE)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1; then \
+	  echo "==> building llama-cpp-python $(LLAMA_VERSION) with -DGGML_RPC=on (about 3 minutes on 2 cores, once)"; \
+	  mkdir -p $(WHEELHOUSE) && \
+	  CMAKE_ARGS="-DGGML_RPC=on -DGGML_NATIVE=off" $(PIP) wheel -q --disable-pip-version-check --no-deps --no-cache-dir \
+	    --no-binary llama-cpp-python -w $(WHEELHOUSE) llama-cpp-python==$(LLAMA_VERSION) || exit 1; \
+	fi
+	@$(PIP) install -q --disable-pip-version-check --find-links $(WHEELHOUSE) --no-index --no-deps llama-cpp-python==$(LLAMA_VERSION) 2>/dev/null \
+	  || $(PIP) install -q --disable-pip-version-check --find-links $(WHEELHOUSE) llama-cpp-python==$(LLAMA_VERSION)
+	@$(PIP) install -q --disable-pip-version-check --find-links $(WHEELHOUSE) -e '.[test]'
+	@$(PY) -c "import llama_cpp, sys; ok = llama_cpp.llama_supports_rpc(); print('llama-cpp-python', llama_cpp.__version__, 'RPC:', ok); sys.exit(0 if ok else 1)" \
+	  || { echo "llama-cpp-python was built without RPC; removing the cached wheel, run make install again"; rm -rf $(WHEELHOUSE); exit 1; }
+	@touch $(STAMP)
+
+serve: install
+	$(VENV)/bin/hydra-node serve
+
+test: install
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) bench/api_overhead.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,55 @@
+"""The management API and console on :3131 (``/api/status``, ``/health``, ``/``)."""
+
+from __future__ import annotations
+
+import json
+
+from hydra_node.api.http import Request, Response
+
+_CONSOLE = """<!doctype html><html><head><meta charset="utf-8"><title>Hydra node</title>
+<style>body{font:14px system-ui,sans-serif;margin:2em;max-width:60em}pre{background:#f4f4f4;padding:1em;overflow:auto}</style>
+</head><body><h1>Hydra node</h1><p>The console is a placeholder: live status below, refreshed every 2 s.
+The API is <code>/api/status</code>.</p><pre id="s">loading…</pre>
+<script>async function r(){try{const s=await (await fetch('/api/status')).json();
+document.getElementById('s').textContent=JSON.stringify(s,null,2)}catch(e){document.getElementById('s').textContent=String(e)}}
+r();setInterval(r,2000)</script></body></html>"""
+
+
+class ManagementApi:
+    def __init__(self, node, *, headless: bool, api_key: str | None = None):
+        self.node = node
+        self.headless = headless
+        self.api_key = api_key
+
+    def _authorised(self, request: Request) -> bool:
+        if self.api_key is None:
+            return True
+        auth = request.headers.get("authorization", "")
+        import secrets
+        return auth.startswith("Bearer ") and secrets.compare_digest(auth[7:].strip(), self.api_key)
+
+    async def handle(self, request: Request) -> Response:
+        path = request.path.rstrip("/") or "/"
+        if path in ("/health", "/healthz"):
+            ok = self.node.healthy()
+            return Response.json(200 if ok else 503, {"status": "ok" if ok else "degraded"})
+        if not self._authorised(request):
+            return Response.json(401, {"error": {"message": "missing or invalid API key", "type":
+                                                 "authentication_error", "param": None, "code": "invalid_api_key"}})
+        if path == "/api/status" and request.method == "GET":
+            return Response(200, json.dumps(self.node.status(), indent=None, default=str).encode())
+        handler = self.node.management_routes().get((request.method, path))
+        if handler is None:
+            for (method, prefix), h in self.node.management_routes().items():
+                if prefix.endswith("/*") and method == request.method and path.startswith(prefix[:-1]):
+                    handler = h
+                    break
+        if handler is not None:
+            return await handler(request)
+        if path in ("/", "/dashboard") and request.method == "GET":
+            if self.headless:
+                return Response.json(404, {"error": {"message": "console disabled (--headless)", "type":
+                                                     "invalid_request_error", "param": None, "code": "not_found"}})
+            return Response(200, _CONSOLE.encode(), "text/html; charset=utf-8")
+        return Response.json(404, {"error": {"message": f"no route for {request.method} {request.path}",
+                                             "type": "invalid_request_error", "param": None, "code": "not_found"}})

@@ -1,0 +1,228 @@
+"""`hydra-node` (also `hydra`): the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from hydra_node import __version__
+from hydra_node.config import (DEFAULT_API_PORT, DEFAULT_CONSOLE_PORT, ConfigError, NodeConfig, default_home,
+                               env_api_key, load_config_file)
+
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+
+
+def _home(args) -> Path:
+    return Path(args.home).expanduser() if getattr(args, "home", None) else default_home()
+
+
+def _add_home(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--home", metavar="DIR",
+                   help="state directory: identity, pid files, logs (default: $HYDRA_HOME or ~/.hydra). "
+                        "Nodes with different homes never share state.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hydra-node",
+        description="Hydra: a peer-to-peer LLM inference mesh. Every machine runs one node; any node answers "
+                    "OpenAI-style requests for any model in the mesh.",
+        epilog="Quick start: `hydra-node serve` (bundled model), then "
+               "`curl localhost:9337/v1/chat/completions -d '{\"model\":\"SmolLM2-135M-Instruct-Q4_1\","
+               "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'`")
+    p.add_argument("--version", action="version", version=f"hydra-node {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    s = sub.add_parser("serve", help="run a node (OpenAI API on :9337, management API on :3131)",
+                       description="Run a node in the foreground until SIGINT/SIGTERM. With no --model, serves the "
+                                   "bundled SmolLM2-135M-Instruct (id SmolLM2-135M-Instruct-Q4_1).")
+    s.add_argument("--model", action="append", default=[], metavar="PATH_OR_ID",
+                   help="a GGUF file (optionally ID=PATH) or the bundled id; repeatable")
+    s.add_argument("--no-model", action="store_true", help="host no model (API and capacity only)")
+    s.add_argument("--port", type=int, default=None, help=f"OpenAI API port (default {DEFAULT_API_PORT}; 0 = any)")
+    s.add_argument("--console", type=int, default=None, metavar="PORT",
+                   help=f"management API and console port (default {DEFAULT_CONSOLE_PORT}; 0 = any)")
+    s.add_argument("--headless", action="store_true", help="no web console (the management API stays up)")
+    s.add_argument("--config", metavar="FILE", help="TOML config file (see docs/config.md)")
+    s.add_argument("--name", help="a human-readable name for this node")
+    _add_home(s)
+    s.add_argument("--listen-all", action="store_true",
+                   help="bind 0.0.0.0 instead of 127.0.0.1; requires --api-key or HYDRA_API_KEY")
+    s.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (env HYDRA_API_KEY)")
+    s.add_argument("--log-format", choices=("kv", "json"), default="kv", help="log line format (default kv)")
+    s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+    st = sub.add_parser("status", help="show the status of a running node",
+                        description="Query a running node's management API (/api/status).")
+    st.add_argument("--console", type=int, default=None, metavar="PORT",
+                    help=f"management port of the node (default: from the node's pid file in --home, else {DEFAULT_CONSOLE_PORT})")
+    st.add_argument("--json", action="store_true", help="print the raw JSON")
+    _add_home(st)
+
+    sp = sub.add_parser("stop", help="stop the node running with this home",
+                        description="Send SIGTERM to the node whose pid file is in --home and wait for it to exit.")
+    _add_home(sp)
+    sp.add_argument("--timeout", type=float, default=20.0, help="seconds to wait before giving up (default 20)")
+
+    sub.add_parser("models", help="list the models this machine can serve",
+                   description="List the bundled model and its id.")
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return {"serve": cmd_serve, "status": cmd_status, "stop": cmd_stop, "models": cmd_models}[args.command](args)
+    except ConfigError as exc:
+        print(f"hydra-node: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+def node_config_from_args(args) -> NodeConfig:
+    file_cfg = load_config_file(args.config)
+    api_key = args.api_key or env_api_key()
+    cfg = NodeConfig(
+        home=_home(args), models=tuple(args.model), no_model=args.no_model, name=args.name or "",
+        api_host="0.0.0.0" if args.listen_all else "127.0.0.1",
+        api_port=DEFAULT_API_PORT if args.port is None else args.port,
+        console_port=DEFAULT_CONSOLE_PORT if args.console is None else args.console,
+        headless=args.headless, listen_all=args.listen_all, api_key=api_key, file=file_cfg,
+        log_format=args.log_format)
+    if cfg.no_model and cfg.models:
+        raise ConfigError("--no-model and --model exclude each other")
+    cfg.validate()
+    return cfg
+
+
+def cmd_serve(args) -> int:
+    import trio
+
+    from hydra_node.identity import IdentityError
+    from hydra_node.logging_setup import setup_logging
+    from hydra_node.models import ModelNotFound
+    from hydra_node.node import NodeAlreadyRunning, check_rpc_support, serve
+    from hydra_node.runtime.supervisor import RunnerLoadError
+
+    cfg = node_config_from_args(args)
+    setup_logging(cfg.log_format, args.log_level, cfg.home / "logs" / "node.log")
+    try:
+        check_rpc_support()
+        trio.run(serve, cfg)
+    except (ModelNotFound, NodeAlreadyRunning, IdentityError, RunnerLoadError, RuntimeError) as exc:
+        print(f"hydra-node: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as exc:
+        print(f"hydra-node: cannot listen: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except BaseExceptionGroup as eg:
+        inner = _first_leaf(eg)
+        if isinstance(inner, (ModelNotFound, NodeAlreadyRunning, IdentityError, RunnerLoadError, OSError)):
+            print(f"hydra-node: {inner}", file=sys.stderr)
+            return EXIT_FAILED
+        if isinstance(inner, KeyboardInterrupt):
+            return 130
+        raise
+    return 0
+
+
+def _first_leaf(eg: BaseException) -> BaseException:
+    while isinstance(eg, BaseExceptionGroup):
+        eg = eg.exceptions[0]
+    return eg
+
+
+def _console_port(args) -> int:
+    if args.console:
+        return args.console
+    from hydra_node.pidfile import read_pidfile
+    rec = read_pidfile(_home(args) / "run" / "node.pid")
+    info = _home(args) / "run" / "ports.json"
+    if rec is not None and info.exists():
+        try:
+            return int(json.loads(info.read_text())["console_port"])
+        except (ValueError, KeyError):
+            pass
+    return DEFAULT_CONSOLE_PORT
+
+
+def _get_json(url: str, timeout: float = 5.0):
+    req = urllib.request.Request(url)
+    key = env_api_key()
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def cmd_status(args) -> int:
+    port = _console_port(args)
+    try:
+        st = _get_json(f"http://127.0.0.1:{port}/api/status")
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"hydra-node: no node answering on 127.0.0.1:{port} ({getattr(exc, 'reason', exc)})", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    print(f"node {st['node_id']} ({st.get('name')})  version {st['version']}  state {st['node_state']}  "
+          f"uptime {st['uptime_s']:.0f}s")
+    print(f"API http://127.0.0.1:{st.get('api_port')}/v1   in-flight {st['inflight_requests']}   "
+          f"queued {st['queue_depth']}   runner restarts {st['runner_restarts']}")
+    for m in st.get("models", []):
+        r = m.get("requests", {})
+        print(f"  model {m['id']}: {m['state']}  pid {m.get('pid')}  restarts {m['restarts']}  "
+              f"done {r.get('completed', 0)}  ttft {r.get('ttft_ms', 0)} ms  {r.get('tokens_per_s', 0)} tok/s")
+    peers = st.get("peers", [])
+    print(f"peers: {len(peers)}")
+    for p in peers:
+        print(f"  {p.get('id')} {p.get('state')} rtt {p.get('rtt_ms')} ms models {','.join(p.get('models', []))}")
+    return 0
+
+
+def cmd_stop(args) -> int:
+    from hydra_node.pidfile import read_pidfile
+    home = _home(args)
+    path = home / "run" / "node.pid"
+    rec = read_pidfile(path)
+    if rec is None or not rec.alive():
+        print(f"hydra-node: no node is running with home {home}", file=sys.stderr)
+        return EXIT_FAILED
+    os.kill(rec.pid, signal.SIGTERM)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        if not rec.alive():
+            print(f"stopped node pid {rec.pid}")
+            return 0
+        time.sleep(0.1)
+    print(f"hydra-node: node pid {rec.pid} did not stop within {args.timeout:.0f} s", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def cmd_models(args) -> int:
+    from hydra_node.models import BUNDLED_MODEL_ID, ModelNotFound, bundled_model_path
+    try:
+        path = bundled_model_path()
+        print(f"{BUNDLED_MODEL_ID}\t{path.stat().st_size / 1e6:.0f} MB\t{path}  (bundled default)")
+    except ModelNotFound as exc:
+        print(f"hydra-node: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print("Any GGUF file can be served with `hydra-node serve --model PATH` (or --model ID=PATH).")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

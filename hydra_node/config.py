@@ -1,0 +1,315 @@
+"""Typed configuration: TOML (`--config FILE`) into frozen dataclasses, then CLI overrides.
+
+The loader is the only place that reads environment variables (``HYDRA_HOME``,
+``HYDRA_API_KEY``).  Unknown keys and bad values fail with :class:`ConfigError`
+naming the key, e.g. ``[scheduler].mode: must be one of off, shadow, active``.
+
+Sections follow the seed README.  Keys that the node does not act on yet are
+*reserved*: they are accepted and validated for type, listed in
+``docs/config.md`` and in ``RESERVED_KEYS``, and reported in ``/api/status`` so
+nobody believes they took effect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+DEFAULT_API_PORT = 9337
+DEFAULT_CONSOLE_PORT = 3131
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the offending key."""
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def _section(cls, data: Mapping[str, Any], prefix: str, reserved: set[str] | None = None):
+    """Build dataclass ``cls`` from ``data``; unknown keys are errors naming the key."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"[{prefix}]: must be a table")
+    known = {f.name: f for f in fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"[{prefix}].{key}"
+        if key not in known:
+            raise ConfigError(f"{full}: unknown key (known: {', '.join(sorted(known))})")
+        f = known[key]
+        sub = f.metadata.get("section")
+        if sub is not None:
+            kwargs[key] = _section(sub, value, f"{prefix}.{key}")
+            continue
+        kwargs[key] = _coerce(full, f.type, value)
+    obj = cls(**kwargs)
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        validate(prefix)
+    return obj
+
+
+def _coerce(key: str, typ: Any, value: Any) -> Any:
+    t = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
+    if t == "bool":
+        _check(isinstance(value, bool), key, f"must be true or false, not {value!r}")
+    elif t == "int":
+        _check(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, not {value!r}")
+    elif t == "float":
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), key, f"must be a number, not {value!r}")
+        value = float(value)
+    elif t == "str":
+        _check(isinstance(value, str), key, f"must be a string, not {value!r}")
+    elif t.startswith("int | str") or t == "str | int":
+        _check(isinstance(value, (int, str)) and not isinstance(value, bool), key, f"must be an integer or a string, not {value!r}")
+    elif t.startswith("tuple"):
+        _check(isinstance(value, list), key, f"must be an array, not {value!r}")
+        value = tuple(value)
+    return value
+
+
+def _one_of(prefix: str, key: str, value: str, allowed: tuple[str, ...]) -> None:
+    _check(value in allowed, f"[{prefix}].{key}", f"must be one of {', '.join(allowed)}, not {value!r}")
+
+
+def _positive(prefix: str, key: str, value: float, *, zero_ok: bool = False) -> None:
+    ok = value >= 0 if zero_ok else value > 0
+    _check(ok, f"[{prefix}].{key}", f"must be {'>= 0' if zero_ok else '> 0'}, not {value!r}")
+
+
+@dataclass(frozen=True)
+class SchedulerSection:
+    mode: str = "shadow"
+    ttft_budget_ms: int = 450
+    tpot_budget_ms: int = 40
+    affinity_override_threshold_ms: int = 100
+    stale_after_ms: int = 15000
+    cache_affinity_credit_ms: int = 80
+    failure_penalty_ms: int = 500
+    unknown_remote_penalty_ms: int = 75
+
+    def validate(self, prefix: str) -> None:
+        _one_of(prefix, "mode", self.mode, ("off", "shadow", "active"))
+        for f in fields(self):
+            if f.name != "mode":
+                _positive(prefix, f.name, getattr(self, f.name), zero_ok=True)
+
+
+@dataclass(frozen=True)
+class PrefixCacheSection:
+    enabled: bool = True
+    max_entries: int = 64
+    min_tokens: int = 64
+    payload_mode: str = "auto"
+
+
+@dataclass(frozen=True)
+class ModelFitSection:
+    ctx_size: int = 4096
+    batch: int = 512
+    ubatch: int = 512
+    flash_attention: str = "auto"
+    kv_cache_policy: str = "balanced"
+    kv_dtype: str = "auto"
+    prompt_cache: bool = True
+    prefix_cache: PrefixCacheSection = field(default_factory=PrefixCacheSection,
+                                             metadata={"section": PrefixCacheSection})
+
+    def validate(self, prefix: str) -> None:
+        _check(128 <= self.ctx_size <= 1 << 20, f"[{prefix}].ctx_size", f"must be between 128 and 1048576, not {self.ctx_size}")
+        _positive(prefix, "batch", self.batch)
+        _positive(prefix, "ubatch", self.ubatch)
+        _one_of(prefix, "flash_attention", self.flash_attention, ("auto", "on", "off"))
+        _one_of(prefix, "kv_cache_policy", self.kv_cache_policy, ("balanced", "quality", "memory"))
+
+
+@dataclass(frozen=True)
+class HardwareSection:
+    model_runtime: str = "auto"
+    device: str = "auto"
+    gpu_layers: int | str = "auto"
+    split_mode: str = "layer"
+    tensor_split: tuple = ()
+    mmap: str = "auto"
+    mlock: bool = False
+    direct_io: bool = False
+    warmup: bool = True
+    safety_margin_gb: float = 1.0
+    moe_cpu: bool = False
+
+    def validate(self, prefix: str) -> None:
+        _one_of(prefix, "model_runtime", self.model_runtime, ("auto", "llama.cpp"))
+        _one_of(prefix, "split_mode", self.split_mode, ("layer", "row", "none"))
+        _one_of(prefix, "mmap", str(self.mmap), ("auto", "true", "false"))
+        _positive(prefix, "safety_margin_gb", self.safety_margin_gb, zero_ok=True)
+        if isinstance(self.gpu_layers, str):
+            _check(self.gpu_layers == "auto", f"[{prefix}].gpu_layers", "must be an integer or \"auto\"")
+
+
+@dataclass(frozen=True)
+class ThroughputSection:
+    parallel: int = 1
+    continuous_batching: bool = False
+    threads: int = 0  # 0 = all cores
+    threads_batch: int = 0
+    tuning_profile: str = "balanced"
+    priority: str = "normal"
+    numa: str = "off"
+    cpu_affinity: str = ""
+    slot_prompt_similarity: float = 0.5
+    queue_size: int = 16  # requests waiting per runner before 429
+
+    def validate(self, prefix: str) -> None:
+        _check(self.parallel == 1, f"[{prefix}].parallel", "only 1 is supported by this runtime (one sequence per runner)")
+        _positive(prefix, "threads", self.threads, zero_ok=True)
+        _positive(prefix, "threads_batch", self.threads_batch, zero_ok=True)
+        _check(1 <= self.queue_size <= 4096, f"[{prefix}].queue_size", f"must be between 1 and 4096, not {self.queue_size}")
+        _one_of(prefix, "tuning_profile", self.tuning_profile, ("balanced", "latency", "throughput"))
+
+
+@dataclass(frozen=True)
+class SpeculativeSection:
+    strategy: str = "off"
+    draft_model: str = ""
+    draft_max_tokens: int = 8
+    draft_min_tokens: int = 1
+    min_acceptance: float = 0.3
+    min_predicted_speedup: float = 1.0
+
+    def validate(self, prefix: str) -> None:
+        _one_of(prefix, "strategy", self.strategy, ("off", "auto", "local", "mesh"))
+        _check(1 <= self.draft_min_tokens <= self.draft_max_tokens <= 64, f"[{prefix}].draft_max_tokens",
+               "need 1 <= draft_min_tokens <= draft_max_tokens <= 64")
+
+
+@dataclass(frozen=True)
+class SkippySection:
+    activation_wire_dtype: str = "auto"
+    binary_stage_transport: str = "auto"
+    prefill_chunking: str = "fixed"
+    prefill_chunk_size: int = 512
+
+
+@dataclass(frozen=True)
+class DefaultsSection:
+    model_fit: ModelFitSection = field(default_factory=ModelFitSection, metadata={"section": ModelFitSection})
+    hardware: HardwareSection = field(default_factory=HardwareSection, metadata={"section": HardwareSection})
+    throughput: ThroughputSection = field(default_factory=ThroughputSection, metadata={"section": ThroughputSection})
+    speculative: SpeculativeSection = field(default_factory=SpeculativeSection, metadata={"section": SpeculativeSection})
+    skippy: SkippySection = field(default_factory=SkippySection, metadata={"section": SkippySection})
+
+
+@dataclass(frozen=True)
+class PlacementSection:
+    posix_root: str = ""
+    s3_endpoint: str = ""
+    s3_bucket: str = ""
+    cache_ttl_secs: int = 86400
+    cache_capacity_gb: float = 0.0
+    prefetch_threshold: float = 0.0
+    vast_trigger_endpoint: str = ""
+
+
+@dataclass(frozen=True)
+class RunnerSection:
+    """Supervision of model runner processes (Hydra-specific)."""
+
+    load_timeout_s: float = 120.0
+    restart_backoff_initial_s: float = 0.5
+    restart_backoff_max_s: float = 30.0
+    crash_loop_restarts: int = 5  # this many crashes within crash_loop_window_s -> state "failed"
+    crash_loop_window_s: float = 60.0
+
+    def validate(self, prefix: str) -> None:
+        for f in fields(self):
+            _positive(prefix, f.name, getattr(self, f.name))
+
+
+#: Keys accepted and validated but not acted on yet (documented in docs/config.md).
+RESERVED_KEYS = (
+    "defaults.model_fit.flash_attention", "defaults.model_fit.kv_cache_policy", "defaults.model_fit.kv_dtype",
+    "defaults.model_fit.prefix_cache", "defaults.hardware.model_runtime", "defaults.hardware.device",
+    "defaults.hardware.direct_io", "defaults.hardware.moe_cpu", "defaults.hardware.split_mode",
+    "defaults.hardware.tensor_split", "defaults.throughput.continuous_batching", "defaults.throughput.tuning_profile",
+    "defaults.throughput.priority", "defaults.throughput.numa", "defaults.throughput.cpu_affinity",
+    "defaults.throughput.slot_prompt_similarity", "defaults.skippy", "placement", "scheduler",
+    "defaults.speculative",
+)
+
+
+@dataclass(frozen=True)
+class FileConfig:
+    scheduler: SchedulerSection = field(default_factory=SchedulerSection, metadata={"section": SchedulerSection})
+    defaults: DefaultsSection = field(default_factory=DefaultsSection, metadata={"section": DefaultsSection})
+    placement: PlacementSection = field(default_factory=PlacementSection, metadata={"section": PlacementSection})
+    runner: RunnerSection = field(default_factory=RunnerSection, metadata={"section": RunnerSection})
+
+
+def parse_config_text(text: str, source: str = "<config>") -> FileConfig:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    known = {f.name: f for f in fields(FileConfig)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in known:
+            raise ConfigError(f"[{key}]: unknown section (known: {', '.join(sorted(known))})")
+        kwargs[key] = _section(known[key].metadata["section"], value, key)
+    return FileConfig(**kwargs)
+
+
+def load_config_file(path: str | os.PathLike | None) -> FileConfig:
+    if path is None:
+        return FileConfig()
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--config {p}: cannot read: {exc.strerror or exc}") from None
+    return parse_config_text(text, str(p))
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("HYDRA_HOME") or Path.home() / ".hydra").expanduser()
+
+
+def env_api_key() -> str | None:
+    return os.environ.get("HYDRA_API_KEY") or None
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything `serve` needs, after merging file config, environment and flags."""
+
+    home: Path
+    models: tuple[str, ...] = ()  # --model values; empty = the bundled model
+    no_model: bool = False
+    name: str = ""
+    api_host: str = "127.0.0.1"
+    api_port: int = DEFAULT_API_PORT
+    console_port: int = DEFAULT_CONSOLE_PORT
+    headless: bool = False
+    listen_all: bool = False
+    api_key: str | None = None
+    file: FileConfig = field(default_factory=FileConfig)
+    log_format: str = "kv"
+
+    def validate(self) -> None:
+        for name, port in (("--port", self.api_port), ("--console", self.console_port)):
+            if not (0 <= port <= 65535):
+                raise ConfigError(f"{name}: must be a TCP port between 0 and 65535, not {port}")
+        if self.listen_all and not self.api_key:
+            raise ConfigError("--listen-all: refusing to listen on all interfaces without an API key; "
+                              "pass --api-key KEY or set HYDRA_API_KEY")
+        if self.api_key is not None and len(self.api_key) < 8:
+            raise ConfigError("--api-key: must be at least 8 characters")
+
+    def replace(self, **kw) -> "NodeConfig":
+        return dataclasses.replace(self, **kw)

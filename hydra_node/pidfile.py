@@ -1,0 +1,106 @@
+"""Pid files with metadata, and clean-up of stale ones and of orphaned children.
+
+A pid file is JSON: ``{"pid", "start_time", "argv", "owner_pid", "owner_start_time",
+"kind"}``.  ``start_time`` is the process start time read from ``/proc`` (clock
+ticks since boot), so a recycled pid is never mistaken for our process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot, or None if it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name may contain spaces and parentheses: split after the last ')'.
+    rest = data[data.rfind(b")") + 2:].split()
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def is_same_process(pid: int, start_time: int | None) -> bool:
+    st = process_start_time(pid)
+    return st is not None and (start_time is None or st == start_time)
+
+
+@dataclass(frozen=True)
+class PidRecord:
+    pid: int
+    start_time: int | None
+    argv: list
+    owner_pid: int
+    owner_start_time: int | None
+    kind: str
+    created_at: float
+
+    def alive(self) -> bool:
+        return is_same_process(self.pid, self.start_time)
+
+    def owner_alive(self) -> bool:
+        return is_same_process(self.owner_pid, self.owner_start_time)
+
+
+def write_pidfile(path: Path, pid: int, argv: list, kind: str, owner_pid: int | None = None) -> PidRecord:
+    owner = owner_pid if owner_pid is not None else os.getpid()
+    rec = PidRecord(pid, process_start_time(pid), [str(a) for a in argv][:16], owner,
+                    process_start_time(owner), kind, time.time())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(asdict(rec)))
+    os.replace(tmp, path)
+    return rec
+
+
+def read_pidfile(path: Path) -> PidRecord | None:
+    try:
+        d = json.loads(path.read_text())
+        return PidRecord(int(d["pid"]), d.get("start_time"), list(d.get("argv", [])), int(d["owner_pid"]),
+                         d.get("owner_start_time"), str(d.get("kind", "")), float(d.get("created_at", 0)))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def remove_pidfile(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def reap_stale(run_dir: Path, log=None) -> list[str]:
+    """Remove pid files whose process is gone; kill children whose owner is gone.
+
+    Returns a description of each action, for the log.
+    """
+    actions = []
+    if not run_dir.is_dir():
+        return actions
+    for path in sorted(run_dir.glob("*.pid")):
+        rec = read_pidfile(path)
+        if rec is None:
+            remove_pidfile(path)
+            actions.append(f"removed unreadable pid file {path.name}")
+            continue
+        if not rec.alive():
+            remove_pidfile(path)
+            actions.append(f"removed stale pid file {path.name} (pid {rec.pid} gone)")
+        elif rec.kind != "node" and not rec.owner_alive():
+            try:
+                os.kill(rec.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            remove_pidfile(path)
+            actions.append(f"killed orphaned {rec.kind} pid {rec.pid} (owner {rec.owner_pid} gone)")
+    return actions

@@ -1,0 +1,128 @@
+"""Picks where a generation runs: a local runner or (with the mesh) a remote host.
+
+Until the scheduler is active, the rule is: local runner if this node hosts the
+model, else the remote host with the lowest queue, then the lowest RTT.  A
+failure before the first event retries once on another target.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable, Protocol
+
+from hydra_node.inference import GenerationError, GenerationEvent, GenerationRequest, ModelUnavailable
+
+log = logging.getLogger("hydra.router")
+
+
+class UnknownModel(GenerationError):
+    def __init__(self, model: str, known: list[str]):
+        hint = f"; available: {', '.join(sorted(known))}" if known else "; no models are available"
+        super().__init__(f"model {model!r} does not exist in this mesh{hint}", code="model_not_found", status=404)
+
+
+@dataclass
+class Target:
+    """One place a model can run."""
+
+    model: str
+    node_id: str
+    local: bool
+    open: Callable  # (GenerationRequest) -> async context manager of events
+    queue_depth: int = 0
+    rtt_ms: float = 0.0
+    state: str = "ready"
+
+    @property
+    def key(self) -> str:
+        return f"{'local' if self.local else self.node_id}/{self.model}"
+
+
+class TargetSource(Protocol):
+    def targets(self) -> list[Target]: ...
+
+
+@dataclass
+class ModelListing:
+    id: str
+    hosts: list[str] = field(default_factory=list)
+    states: dict = field(default_factory=dict)
+
+
+class Router:
+    def __init__(self, node_id: str):
+        self.node_id = node_id
+        self._sources: list[TargetSource] = []
+        self.retries = 0
+        self.no_target = 0
+
+    def add_source(self, source: TargetSource) -> None:
+        self._sources.append(source)
+
+    def all_targets(self) -> list[Target]:
+        out: list[Target] = []
+        for s in self._sources:
+            out.extend(s.targets())
+        return out
+
+    def models(self) -> list[ModelListing]:
+        by_id: dict[str, ModelListing] = {}
+        for t in self.all_targets():
+            m = by_id.setdefault(t.model, ModelListing(t.model))
+            m.hosts.append(t.node_id)
+            m.states[t.node_id] = t.state
+        return sorted(by_id.values(), key=lambda m: m.id)
+
+    def candidates(self, model: str) -> list[Target]:
+        ts = [t for t in self.all_targets() if t.model == model]
+        if not ts:
+            raise UnknownModel(model, [m.id for m in self.models()])
+        ready = [t for t in ts if t.state == "ready"]
+        return sorted(ready, key=lambda t: (not t.local, t.queue_depth, t.rtt_ms, t.node_id))
+
+    @asynccontextmanager
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
+        """Open a generation on the best target; retry once elsewhere if it fails before any event."""
+        candidates = self.candidates(req.model)
+        if not candidates:
+            self.no_target += 1
+            states = {t.node_id: t.state for t in self.all_targets() if t.model == req.model}
+            raise ModelUnavailable(f"no host can serve {req.model!r} right now (states: {states})")
+        last_err: GenerationError | None = None
+        for attempt, target in enumerate(candidates[:2]):
+            if attempt:
+                self.retries += 1
+                log.info("event=route_retry model=%s target=%s after=%r", req.model, target.key, last_err)
+            try:
+                async with target.open(req) as events:
+                    first = await _first_event(events)
+                    yield _chain(first, events)
+                    return
+            except GenerationError as exc:
+                if exc.retryable and not getattr(exc, "streamed", False) and attempt == 0 and len(candidates) > 1:
+                    last_err = exc
+                    continue
+                raise
+        assert last_err is not None
+        raise last_err
+
+
+async def _first_event(events: AsyncIterator[GenerationEvent]) -> GenerationEvent | None:
+    try:
+        return await events.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+async def _chain(first: GenerationEvent | None, events: AsyncIterator[GenerationEvent]):
+    if first is None:
+        return
+    yield first
+    try:
+        async for ev in events:
+            yield ev
+    except GenerationError as exc:
+        exc.streamed = True  # too late to retry elsewhere
+        raise

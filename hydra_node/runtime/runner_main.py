@@ -1,0 +1,271 @@
+"""Model runner child process: one llama.cpp model, one generation at a time.
+
+Started by :mod:`hydra_node.runtime.supervisor` with a connected socket on
+``--fd``.  Speaks the runner channel (length-prefixed CBOR, see
+``docs/operations.md``):
+
+  node -> runner: {"op": "generate", "id", "req"} | {"op": "cancel", "id"} | {"op": "ping", "n"} | {"op": "shutdown"}
+  runner -> node: {"op": "ready", ...} | {"op": "delta", "id", "text"} | {"op": "done", "id", ...}
+                  | {"op": "error", "id", "message", "code", "status"} | {"op": "pong", "n"} | {"op": "fatal", "message"}
+
+A reader thread handles cancel/ping while the main thread generates, so a
+cancel stops generation within one token.  The runner dies with its parent
+(PR_SET_PDEATHSIG) and exits when the socket closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+
+from hydra_node.runtime.channel import ChannelError, FrameDecoder, encode_frame
+from hydra_node.runtime.textstream import TextAssembler
+
+#: Generate requests buffered in the child; the node's supervisor admits one at a time.
+WORK_QUEUE_BOUND = 4
+
+
+def _die_with_parent() -> None:
+    """Exit when the node process goes away (PR_SET_PDEATHSIG fires on the spawning
+    *thread*, and trio spawns from a worker thread, so poll the parent pid instead)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+class Channel:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.decoder = FrameDecoder()
+
+    def send(self, msg: dict) -> None:
+        data = encode_frame(msg)
+        with self.lock:
+            self.sock.sendall(data)
+
+    def recv(self) -> dict | None:
+        while True:
+            msg = self.decoder.next_message()
+            if msg is not None:
+                return msg
+            data = self.sock.recv(65536)
+            if not data:
+                return None
+            self.decoder.receive_data(data)
+
+
+def _chat_formatter(llm):
+    from llama_cpp import llama_chat_format
+
+    template = llm.metadata.get("tokenizer.chat_template")
+    if not template:
+        return None
+    eos_id, bos_id = llm.token_eos(), llm.token_bos()
+    eos = llm._model.token_get_text(eos_id) if eos_id != -1 else ""
+    bos = llm._model.token_get_text(bos_id) if bos_id != -1 else ""
+    return llama_chat_format.Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos,
+                                                 stop_token_ids=[eos_id])
+
+
+class Runner:
+    def __init__(self, args):
+        self.args = args
+        self.cancelled: set[int] = set()
+        self.current: int | None = None
+        self.lock = threading.Lock()
+
+    def load(self):
+        import llama_cpp
+
+        if not llama_cpp.llama_supports_rpc():
+            raise RuntimeError("llama-cpp-python was built without RPC support; run `make install` "
+                               "(it builds llama-cpp-python with -DGGML_RPC=on)")
+        kwargs = {}
+        if self.args.rpc:
+            from hydra_node.runtime.rpc.coordinator import register_rpc_servers
+
+            register_rpc_servers(self.args.rpc)
+            kwargs["n_gpu_layers"] = -1
+            if self.args.tensor_split:
+                kwargs["tensor_split"] = [float(x) for x in self.args.tensor_split.split(",")]
+        t0 = time.monotonic()
+        self.llm = llama_cpp.Llama(
+            model_path=self.args.model, n_ctx=self.args.n_ctx, n_batch=self.args.n_batch,
+            n_threads=self.args.threads or None, n_threads_batch=self.args.threads_batch or None,
+            use_mlock=self.args.mlock, verbose=self.args.verbose, **kwargs)
+        self.load_s = time.monotonic() - t0
+        self.n_ctx = self.llm.n_ctx()
+        self.formatter = _chat_formatter(self.llm)
+        self.vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
+        self.n_layers = int(llama_cpp.llama_model_n_layer(self.llm._model.model))
+        self.is_eog = lambda tok: bool(llama_cpp.llama_vocab_is_eog(self.vocab, tok))
+
+    def prompt_tokens(self, req: dict) -> list[int]:
+        if req["kind"] == "chat":
+            messages = [{"role": r, "content": c} for r, c in req["messages"]]
+            if self.formatter is not None:
+                res = self.formatter(messages=messages)
+                return self.llm.tokenize(res.prompt.encode("utf-8"), add_bos=not res.added_special, special=True)
+            text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+            text += "<|im_start|>assistant\n"
+            return self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+        return self.llm.tokenize(req.get("prompt", "").encode("utf-8"), add_bos=True, special=False)
+
+    def is_cancelled(self, rid: int) -> bool:
+        with self.lock:
+            return rid in self.cancelled
+
+    def generate(self, ch: Channel, rid: int, req: dict) -> None:
+        t_start = time.monotonic()
+        tokens = self.prompt_tokens(req)
+        if len(tokens) >= self.n_ctx:
+            ch.send({"op": "error", "id": rid, "code": "context_length_exceeded", "status": 400,
+                     "message": f"prompt is {len(tokens)} tokens; this model's context is {self.n_ctx} tokens"})
+            return
+        budget = self.n_ctx - len(tokens)
+        max_tokens = min(req.get("max_tokens") or budget, budget)
+        if req.get("seed") is not None:
+            self.llm.set_seed(int(req["seed"]) & 0xFFFFFFFF)
+        cached = 0
+        prev = self.llm._input_ids[: self.llm.n_tokens].tolist()
+        for a, b in zip(prev, tokens):
+            if a != b:
+                break
+            cached += 1
+        temp = float(req.get("temperature", 0.8))
+        asm = TextAssembler(tuple(req.get("stop") or ()))
+        n = 0
+        finish = "length"
+        t_first = t_last = None
+        gaps = 0.0
+        gen = self.llm.generate(tokens, temp=temp, top_p=float(req.get("top_p", 0.95)),
+                                top_k=0 if temp <= 0 else 40, min_p=0.0, repeat_penalty=1.0, reset=True)
+        generated: list[int] = []
+        try:
+            for tok in gen:
+                if self.is_cancelled(rid):
+                    finish = "cancelled"
+                    break
+                now = time.monotonic()
+                if t_first is None:
+                    t_first = now
+                else:
+                    gaps += now - t_last
+                t_last = now
+                if self.is_eog(tok):
+                    finish = "stop"
+                    break
+                n += 1
+                piece = self.llm.detokenize([tok], prev_tokens=tokens + generated)
+                generated.append(tok)
+                text = asm.feed(piece)
+                if text:
+                    ch.send({"op": "delta", "id": rid, "text": text})
+                if asm.stopped:
+                    finish = "stop"
+                    break
+                if n >= max_tokens:
+                    break
+        finally:
+            gen.close()
+        if finish == "cancelled":
+            ch.send({"op": "error", "id": rid, "code": "cancelled", "status": 499, "message": "cancelled"})
+            return
+        tail = asm.flush()
+        if tail:
+            ch.send({"op": "delta", "id": rid, "text": tail})
+        ttft = ((t_first or time.monotonic()) - t_start) * 1000
+        ch.send({"op": "done", "id": rid, "finish_reason": finish, "prompt_tokens": len(tokens),
+                 "completion_tokens": n, "cached_tokens": cached, "ttft_ms": ttft,
+                 "itl_ms": (gaps / (n - 1) * 1000) if n > 1 else 0.0})
+
+
+def _reader(ch: Channel, runner: Runner, work: "queue.Queue") -> None:
+    try:
+        while True:
+            msg = ch.recv()
+            if msg is None:
+                break
+            op = msg["op"]
+            if op == "generate":
+                work.put(msg)
+            elif op == "cancel":
+                with runner.lock:
+                    runner.cancelled.add(int(msg["id"]))
+            elif op == "ping":
+                ch.send({"op": "pong", "n": msg.get("n")})
+            elif op == "shutdown":
+                break
+    except (OSError, ChannelError):
+        pass
+    work.put(None)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="hydra-node runner", description="Hydra model runner (internal)")
+    p.add_argument("--fd", type=int, required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--model-id", required=True)
+    p.add_argument("--n-ctx", type=int, default=4096)
+    p.add_argument("--n-batch", type=int, default=512)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--threads-batch", type=int, default=0)
+    p.add_argument("--mlock", action="store_true")
+    p.add_argument("--rpc", action="append", default=[])
+    p.add_argument("--tensor-split", default="")
+    p.add_argument("--verbose", action="store_true")
+    args = p.parse_args(argv)
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node decides when we stop
+    sock = socket.socket(fileno=args.fd)
+    ch = Channel(sock)
+    runner = Runner(args)
+    try:
+        runner.load()
+    except Exception as exc:  # report why loading failed, then exit non-zero
+        try:
+            ch.send({"op": "fatal", "message": f"{type(exc).__name__}: {exc}"})
+        except OSError:
+            pass
+        return 2
+    ch.send({"op": "ready", "pid": os.getpid(), "n_ctx": runner.n_ctx, "load_s": runner.load_s,
+             "n_params": runner.llm._model.n_params(), "size_bytes": runner.llm._model.size(),
+             "n_layers": runner.n_layers})
+    work: "queue.Queue" = queue.Queue(WORK_QUEUE_BOUND)
+    threading.Thread(target=_reader, args=(ch, runner, work), daemon=True).start()
+    while True:
+        msg = work.get()
+        if msg is None:
+            return 0
+        rid = int(msg["id"])
+        with runner.lock:
+            if rid in runner.cancelled:
+                runner.cancelled.discard(rid)
+                ch.send({"op": "error", "id": rid, "code": "cancelled", "status": 499, "message": "cancelled"})
+                continue
+        try:
+            runner.generate(ch, rid, msg["req"])
+        except OSError:
+            return 0
+        except Exception as exc:
+            ch.send({"op": "error", "id": rid, "code": "runner_error", "status": 500,
+                     "message": f"{type(exc).__name__}: {exc}"})
+        finally:
+            with runner.lock:
+                runner.cancelled.discard(rid)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

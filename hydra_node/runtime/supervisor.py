@@ -1,0 +1,416 @@
+"""Supervision of one model runner child process, and the request queue in front of it.
+
+``RunnerSupervisor.run`` (started with ``nursery.start``) spawns the runner,
+waits for its ``ready`` frame, and restarts it on any exit with exponential
+back-off and jitter.  Too many crashes inside a window put it in state
+``failed`` (visible in ``/api/status``).  Requests wait in a bounded FIFO queue;
+overflow raises :class:`QueueFull` (HTTP 429 with ``Retry-After``).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator
+
+import trio
+
+from hydra_node.inference import (Finished, GenerationError, GenerationEvent, GenerationRequest,
+                                  ModelUnavailable, QueueFull, TextDelta)
+from hydra_node.models import ModelRef
+from hydra_node.pidfile import remove_pidfile, write_pidfile
+from hydra_node.runtime.channel import ChannelError, FrameDecoder, encode_frame
+
+log = logging.getLogger("hydra.runner")
+
+#: Text deltas buffered per request between the runner reader and the HTTP writer.
+DELTA_BUFFER = 256
+#: How long a cancelled generation may take to acknowledge before the runner is killed.
+CANCEL_ACK_TIMEOUT_S = 5.0
+#: Grace period between SIGTERM and SIGKILL when stopping a runner.
+TERMINATE_GRACE_S = 3.0
+#: Lines of runner stderr kept for error messages.
+STDERR_TAIL_LINES = 40
+#: A runner that stays up this long resets the back-off.
+HEALTHY_AFTER_S = 30.0
+
+
+class RunnerCrashed(GenerationError):
+    def __init__(self, message: str):
+        super().__init__(message, code="runner_crashed", status=502, retryable=True)
+
+
+class RunnerLoadError(Exception):
+    """The model could not be loaded at all (bad file, no memory, no RPC support)."""
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    threads: int = 0
+    threads_batch: int = 0
+    mlock: bool = False
+    queue_size: int = 16
+    load_timeout_s: float = 120.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    crash_loop_restarts: int = 5
+    crash_loop_window_s: float = 60.0
+    rpc_endpoints: tuple[str, ...] = ()
+    tensor_split: tuple[float, ...] = ()
+
+
+@dataclass
+class RequestStats:
+    """Rolling per-runner request statistics (for status and, later, the scheduler)."""
+
+    completed: int = 0
+    failed: int = 0
+    queue_wait_ms: float = 0.0
+    ttft_ms: float = 0.0
+    itl_ms: float = 0.0
+    tokens_per_s: float = 0.0
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+
+    def observe(self, fin: Finished, cached: int, alpha: float = 0.2) -> None:
+        self.completed += 1
+        first = self.completed == 1
+        def ewma(old, new):
+            return new if first else (1 - alpha) * old + alpha * new
+        self.queue_wait_ms = ewma(self.queue_wait_ms, fin.queue_wait_ms)
+        self.ttft_ms = ewma(self.ttft_ms, fin.ttft_ms)
+        if fin.completion_tokens > 1:
+            self.itl_ms = ewma(self.itl_ms, fin.itl_ms)
+            if fin.itl_ms > 0:
+                self.tokens_per_s = ewma(self.tokens_per_s, 1000.0 / fin.itl_ms)
+        self.cached_tokens += cached
+        self.prompt_tokens += fin.prompt_tokens
+
+
+class RunnerSupervisor:
+    """One model, one child process, one generation at a time, a bounded queue."""
+
+    def __init__(self, model: ModelRef, home: Path, settings: RunnerSettings, node_id: str = ""):
+        self.model = model
+        self.home = home
+        self.settings = settings
+        self.node_id = node_id
+        self.state = "starting"  # starting | loading | ready | restarting | failed | stopped
+        self.restarts = 0
+        self.last_error: str | None = None
+        self.pid: int | None = None
+        self.info: dict = {}
+        self.stats = RequestStats()
+        self._waiting = 0
+        self._in_flight = 0
+        self._slot = trio.Lock()  # FIFO-fair: one generation at a time in the child
+        self._ids = itertools.count(1)
+        self._pending: dict[int, trio.MemorySendChannel] = {}
+        self._send_lock = trio.Lock()
+        self._sock: trio.SocketStream | None = None
+        self._ready = trio.Event()
+        self._crash_times: collections.deque = collections.deque(maxlen=64)
+        self._stderr_tail: collections.deque = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self.pidfile = home / "run" / f"runner-{_safe(model.id)}.pid"
+        self.logfile = home / "logs" / f"runner-{_safe(model.id)}.log"
+
+    # ---- status -------------------------------------------------------------------
+    @property
+    def queue_depth(self) -> int:
+        return self._waiting
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def status(self) -> dict:
+        s = self.stats
+        return {"id": self.model.id, "path": str(self.model.path), "state": self.state, "pid": self.pid,
+                "restarts": self.restarts, "last_error": self.last_error, "queue_depth": self._waiting,
+                "queue_capacity": self.settings.queue_size, "in_flight": self._in_flight,
+                "n_ctx": self.info.get("n_ctx"), "size_bytes": self.model.size_bytes,
+                "requests": {"completed": s.completed, "failed": s.failed,
+                             "queue_wait_ms": round(s.queue_wait_ms, 2), "ttft_ms": round(s.ttft_ms, 2),
+                             "itl_ms": round(s.itl_ms, 2), "tokens_per_s": round(s.tokens_per_s, 1),
+                             "prefix_cache_hit_rate": round(s.cached_tokens / s.prompt_tokens, 3)
+                             if s.prompt_tokens else 0.0}}
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+
+    # ---- supervision --------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Run the child until cancelled.  Reports started once the first load succeeded.
+
+        If the very first load fails, raises :class:`RunnerLoadError` so ``serve``
+        exits with the reason instead of running without its model.
+        """
+        started = False
+        consecutive = 0
+        try:
+            while True:
+                t_spawn = trio.current_time()
+                try:
+                    await self._run_child(None if started else task_status)
+                    started = True
+                except RunnerLoadError as exc:
+                    if not started:
+                        raise
+                    self.last_error = str(exc)
+                except _ChildExited as exc:
+                    self.last_error = str(exc)
+                if not started and self.state == "ready":
+                    started = True
+                now = trio.current_time()
+                if now - t_spawn > HEALTHY_AFTER_S:
+                    consecutive = 0
+                consecutive += 1
+                self._crash_times.append(now)
+                recent = [t for t in self._crash_times if now - t <= self.settings.crash_loop_window_s]
+                if len(recent) >= self.settings.crash_loop_restarts:
+                    self.state = "failed"
+                    log.error("event=runner_failed model=%s reason=crash_loop crashes=%d window_s=%s last_error=%r",
+                              self.model.id, len(recent), self.settings.crash_loop_window_s, self.last_error)
+                    await trio.sleep_forever()
+                self.state = "restarting"
+                delay = min(self.settings.backoff_max_s,
+                            self.settings.backoff_initial_s * 2 ** (consecutive - 1))
+                delay *= random.uniform(0.8, 1.2)
+                log.warning("event=runner_restart model=%s in_s=%.2f restarts=%d last_error=%r",
+                            self.model.id, delay, self.restarts + 1, self.last_error)
+                await trio.sleep(delay)
+                self.restarts += 1
+        finally:
+            self.state = "stopped"
+
+    async def _run_child(self, task_status) -> None:
+        self.state = "loading"
+        self._ready = trio.Event()
+        parent_sock, child_sock = socket.socketpair()
+        s = self.settings
+        argv = [sys.executable, "-m", "hydra_node.runtime.runner_main", "--fd", str(child_sock.fileno()),
+                "--model", str(self.model.path), "--model-id", self.model.id, "--n-ctx", str(s.n_ctx),
+                "--n-batch", str(s.n_batch), "--threads", str(s.threads), "--threads-batch", str(s.threads_batch)]
+        if s.mlock:
+            argv.append("--mlock")
+        for ep in s.rpc_endpoints:
+            argv += ["--rpc", ep]
+        if s.tensor_split:
+            argv += ["--tensor-split", ",".join(f"{x:.4f}" for x in s.tensor_split)]
+        self.logfile.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            proc = await trio.lowlevel.open_process(argv, pass_fds=(child_sock.fileno(),),
+                                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                    stderr=subprocess.PIPE)
+        finally:
+            child_sock.close()
+        self.pid = proc.pid
+        write_pidfile(self.pidfile, proc.pid, argv, kind="runner")
+        self._sock = trio.SocketStream(trio.socket.from_stdlib_socket(parent_sock))
+        log.info("event=runner_spawned model=%s pid=%d", self.model.id, proc.pid)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._pump_stderr, proc)
+                decoder = FrameDecoder()
+                try:
+                    with trio.fail_after(s.load_timeout_s):
+                        msg = await self._recv(decoder, proc)
+                except _ChildExited as exc:
+                    raise RunnerLoadError(f"model {self.model.id!r} failed to load: {exc}") from None
+                if msg["op"] == "fatal":
+                    raise RunnerLoadError(f"model {self.model.id!r} failed to load: {msg.get('message')}")
+                if msg["op"] != "ready":
+                    raise RunnerLoadError(f"runner sent {msg['op']!r} before ready")
+                self.info = msg
+                self.state = "ready"
+                self._ready.set()
+                log.info("event=runner_ready model=%s pid=%d load_s=%.2f n_ctx=%s", self.model.id, proc.pid,
+                         msg.get("load_s", 0), msg.get("n_ctx"))
+                if task_status is not None:
+                    task_status.started()
+                await self._read_loop(decoder, proc)
+        except trio.TooSlowError:
+            raise RunnerLoadError(f"model {self.model.id!r} did not load within {s.load_timeout_s:.0f} s") from None
+        finally:
+            self.state = "restarting" if self.state != "failed" else self.state
+            self._fail_pending(RunnerCrashed(f"model runner for {self.model.id!r} exited unexpectedly"))
+            with trio.CancelScope(shield=True):
+                await _stop_process(proc)
+                self._sock.socket.close()
+                self._sock = None
+                remove_pidfile(self.pidfile)
+                self.pid = None
+
+    async def _pump_stderr(self, proc) -> None:
+        buf = b""
+        with open(self.logfile, "ab") as logf:
+            while True:
+                data = await proc.stderr.receive_some(65536)
+                if not data:
+                    return
+                logf.write(data)
+                logf.flush()
+                buf += data
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    self._stderr_tail.append(line.decode("utf-8", "replace"))
+
+    async def _recv(self, decoder: FrameDecoder, proc) -> dict:
+        while True:
+            try:
+                msg = decoder.next_message()
+            except ChannelError as exc:
+                raise _ChildExited(f"runner sent a bad frame: {exc}") from None
+            if msg is not None:
+                return msg
+            try:
+                data = await self._sock.receive_some(65536)
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                with trio.move_on_after(2):
+                    await proc.wait()
+                tail = " | ".join(list(self._stderr_tail)[-5:])
+                code = proc.returncode
+                how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                raise _ChildExited(f"runner exited ({how}){': ' + tail if tail else ''}")
+            decoder.receive_data(data)
+
+    async def _read_loop(self, decoder: FrameDecoder, proc) -> None:
+        while True:
+            msg = await self._recv(decoder, proc)
+            ch = self._pending.get(msg.get("id"))
+            if ch is None:
+                continue  # pong, or a late frame for a request already given up
+            try:
+                await ch.send(msg)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._pending.pop(msg.get("id"), None)
+
+    def _fail_pending(self, err: GenerationError) -> None:
+        for rid, ch in list(self._pending.items()):
+            try:
+                ch.send_nowait({"op": "error", "id": rid, **err.to_wire()})
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            ch.close()
+        self._pending.clear()
+
+    async def _send(self, msg: dict) -> None:
+        if self._sock is None:
+            raise ModelUnavailable(f"model {self.model.id!r} runner is not running")
+        async with self._send_lock:
+            try:
+                await self._sock.send_all(encode_frame(msg))
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise RunnerCrashed(f"lost the runner channel: {exc}") from None
+
+    # ---- requests -----------------------------------------------------------------
+    def _check_available(self) -> None:
+        if self.state == "failed":
+            raise ModelUnavailable(f"model {self.model.id!r} is in state failed (crash loop): {self.last_error}",
+                                   retryable=True)
+        if self.state != "ready":
+            raise ModelUnavailable(f"model {self.model.id!r} is {self.state}; try again shortly")
+
+    @asynccontextmanager
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
+        self._check_available()
+        if self._waiting >= self.settings.queue_size:
+            raise QueueFull(self.model.id, retry_after=max(1.0, math.ceil(self.stats.ttft_ms / 1000 + 1)))
+        t0 = trio.current_time()
+        self._waiting += 1
+        try:
+            await self._slot.acquire()
+        finally:
+            self._waiting -= 1
+        rid = next(self._ids)
+        send_ch, recv_ch = trio.open_memory_channel(DELTA_BUFFER)
+        terminal = False
+        self._in_flight += 1
+        try:
+            self._check_available()
+            self._pending[rid] = send_ch
+            await self._send({"op": "generate", "id": rid, "req": req.to_wire()})
+            queue_wait_ms = (trio.current_time() - t0) * 1000
+
+            async def events() -> AsyncIterator[GenerationEvent]:
+                nonlocal terminal
+                async for msg in recv_ch:
+                    op = msg["op"]
+                    if op == "delta":
+                        yield TextDelta(msg["text"])
+                    elif op == "done":
+                        terminal = True
+                        fin = Finished(msg["finish_reason"], msg["prompt_tokens"], msg["completion_tokens"],
+                                       queue_wait_ms, msg.get("ttft_ms", 0.0), msg.get("itl_ms", 0.0), self.node_id)
+                        self.stats.observe(fin, int(msg.get("cached_tokens", 0)))
+                        yield fin
+                        return
+                    elif op == "error":
+                        terminal = True
+                        self.stats.failed += 1
+                        raise GenerationError.from_wire(msg)
+                terminal = True
+                raise RunnerCrashed(f"model runner for {self.model.id!r} exited unexpectedly")
+
+            yield events()
+        finally:
+            self._in_flight -= 1
+            try:
+                if not terminal and rid in self._pending:
+                    await self._cancel_and_wait(rid, recv_ch)
+            finally:
+                self._pending.pop(rid, None)
+                send_ch.close()
+                self._slot.release()
+
+    async def _cancel_and_wait(self, rid: int, recv_ch: trio.MemoryReceiveChannel) -> None:
+        """Tell the child to stop ``rid`` and wait (bounded) until it has, so the slot is really free."""
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(CANCEL_ACK_TIMEOUT_S) as scope:
+                try:
+                    await self._send({"op": "cancel", "id": rid})
+                except GenerationError:
+                    return
+                async for msg in recv_ch:
+                    if msg["op"] in ("done", "error"):
+                        return
+            if scope.cancelled_caught and self.pid:
+                log.error("event=runner_stuck model=%s pid=%s action=kill", self.model.id, self.pid)
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+class _ChildExited(Exception):
+    pass
+
+
+async def _stop_process(proc) -> None:
+    """Terminate, wait a grace period, kill, always wait (like trio.run_process)."""
+    if proc.returncode is None:
+        proc.terminate()
+        with trio.move_on_after(TERMINATE_GRACE_S):
+            await proc.wait()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:64]
