@@ -94,7 +94,7 @@ class Node:
         f = self.config.file
         mf, tp, hw, rn = f.defaults.model_fit, f.defaults.throughput, f.defaults.hardware, f.runner
         return RunnerSettings(n_ctx=mf.ctx_size, n_batch=mf.batch, threads=tp.threads, threads_batch=tp.threads_batch,
-                              mlock=hw.mlock, queue_size=tp.queue_size, load_timeout_s=rn.load_timeout_s,
+                              mlock=hw.mlock, prompt_cache=mf.prompt_cache, warmup=hw.warmup, queue_size=tp.queue_size, load_timeout_s=rn.load_timeout_s,
                               backoff_initial_s=rn.restart_backoff_initial_s, backoff_max_s=rn.restart_backoff_max_s,
                               crash_loop_restarts=rn.crash_loop_restarts, crash_loop_window_s=rn.crash_loop_window_s)
 

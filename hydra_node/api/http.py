@@ -33,6 +33,9 @@ REQUEST_READ_TIMEOUT_S = 60.0
 #: Most connections served at once per listener; more wait in the accept backlog.
 MAX_CONNECTIONS = 512
 _READ_CHUNK = 65536
+#: After a 413, how much of the rejected body we read and drop before closing, and for how long.
+DISCARD_MAX_BYTES = 64 * 1024 * 1024
+DISCARD_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -204,6 +207,12 @@ class _Connection:
                 return
             if not isinstance(event, h11.Request):
                 return
+            head_size = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
+            if head_size > MAX_HEADER_BYTES:
+                # h11 only bounds an *incomplete* head; a complete one can still be too big.
+                await self._simple(431, "request_header_fields_too_large",
+                                   f"request headers exceed {MAX_HEADER_BYTES} bytes")
+                return
             try:
                 with trio.fail_after(REQUEST_READ_TIMEOUT_S):
                     request = await self._read_request(event)
@@ -250,11 +259,26 @@ class _Connection:
         except (_ClientGone, h11.LocalProtocolError):
             pass
 
+    async def _reject_body(self) -> None:
+        """Answer 413, then read and discard (bounded) what the client is still sending,
+        so it sees the answer instead of a connection reset."""
+        await self._simple(413, "request_too_large", f"request body exceeds {MAX_BODY_BYTES} bytes")
+        discarded = 0
+        with trio.move_on_after(DISCARD_TIMEOUT_S):
+            while discarded < DISCARD_MAX_BYTES:
+                try:
+                    data = await self.stream.receive_some(_READ_CHUNK)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+                if not data:
+                    return
+                discarded += len(data)
+
     async def _read_request(self, head: h11.Request) -> Request | None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in head.headers}
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            await self._simple(413, "request_too_large", f"request body exceeds {MAX_BODY_BYTES} bytes")
+            await self._reject_body()
             return None
         chunks, size = [], 0
         while True:
@@ -262,7 +286,7 @@ class _Connection:
             if isinstance(event, h11.Data):
                 size += len(event.data)
                 if size > MAX_BODY_BYTES:
-                    await self._simple(413, "request_too_large", f"request body exceeds {MAX_BODY_BYTES} bytes")
+                    await self._reject_body()
                     return None
                 chunks.append(event.data)
             elif isinstance(event, h11.EndOfMessage):

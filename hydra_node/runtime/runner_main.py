@@ -105,6 +105,13 @@ class Runner:
             model_path=self.args.model, n_ctx=self.args.n_ctx, n_batch=self.args.n_batch,
             n_threads=self.args.threads or None, n_threads_batch=self.args.threads_batch or None,
             use_mlock=self.args.mlock, verbose=self.args.verbose, **kwargs)
+        if self.args.warmup:
+            # The first decode allocates compute buffers and faults the weights in (seconds on
+            # a cold machine); pay that before reporting ready, not in the first request's TTFT.
+            warm = self.llm.tokenize(b"Hydra warm-up: the quick brown fox jumps over the lazy dog.")
+            for _ in zip(range(2), self.llm.generate(warm, temp=0.0, top_k=1)):
+                pass
+            self.llm.reset()
         self.load_s = time.monotonic() - t0
         self.n_ctx = self.llm.n_ctx()
         self.formatter = _chat_formatter(self.llm)
@@ -138,6 +145,8 @@ class Runner:
         max_tokens = min(req.get("max_tokens") or budget, budget)
         if req.get("seed") is not None:
             self.llm.set_seed(int(req["seed"]) & 0xFFFFFFFF)
+        if not self.args.prompt_cache:
+            self.llm.reset()  # full re-evaluation: bit-for-bit reproducible greedy output
         cached = 0
         prev = self.llm._input_ids[: self.llm.n_tokens].tolist()
         for a, b in zip(prev, tokens):
@@ -225,6 +234,9 @@ def main(argv=None) -> int:
     p.add_argument("--mlock", action="store_true")
     p.add_argument("--rpc", action="append", default=[])
     p.add_argument("--tensor-split", default="")
+    p.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
+                   help="re-evaluate every prompt from scratch instead of reusing the cached prefix")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up decode")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
     _die_with_parent()

@@ -62,6 +62,8 @@ class RunnerSettings:
     threads: int = 0
     threads_batch: int = 0
     mlock: bool = False
+    prompt_cache: bool = True
+    warmup: bool = True
     queue_size: int = 16
     load_timeout_s: float = 120.0
     backoff_initial_s: float = 0.5
@@ -78,6 +80,7 @@ class RequestStats:
 
     completed: int = 0
     failed: int = 0
+    cancelled: int = 0
     queue_wait_ms: float = 0.0
     ttft_ms: float = 0.0
     itl_ms: float = 0.0
@@ -122,6 +125,7 @@ class RunnerSupervisor:
         self._send_lock = trio.Lock()
         self._sock: trio.SocketStream | None = None
         self._ready = trio.Event()
+        self._ever_ready = False
         self._crash_times: collections.deque = collections.deque(maxlen=64)
         self._stderr_tail: collections.deque = collections.deque(maxlen=STDERR_TAIL_LINES)
         self.pidfile = home / "run" / f"runner-{_safe(model.id)}.pid"
@@ -142,7 +146,7 @@ class RunnerSupervisor:
                 "restarts": self.restarts, "last_error": self.last_error, "queue_depth": self._waiting,
                 "queue_capacity": self.settings.queue_size, "in_flight": self._in_flight,
                 "n_ctx": self.info.get("n_ctx"), "size_bytes": self.model.size_bytes,
-                "requests": {"completed": s.completed, "failed": s.failed,
+                "requests": {"completed": s.completed, "failed": s.failed, "cancelled": s.cancelled,
                              "queue_wait_ms": round(s.queue_wait_ms, 2), "ttft_ms": round(s.ttft_ms, 2),
                              "itl_ms": round(s.itl_ms, 2), "tokens_per_s": round(s.tokens_per_s, 1),
                              "prefix_cache_hit_rate": round(s.cached_tokens / s.prompt_tokens, 3)
@@ -158,22 +162,19 @@ class RunnerSupervisor:
         If the very first load fails, raises :class:`RunnerLoadError` so ``serve``
         exits with the reason instead of running without its model.
         """
-        started = False
         consecutive = 0
         try:
             while True:
                 t_spawn = trio.current_time()
+                first = not self._ever_ready
                 try:
-                    await self._run_child(None if started else task_status)
-                    started = True
+                    await self._run_child(task_status if first else None)
                 except RunnerLoadError as exc:
-                    if not started:
+                    if first:
                         raise
                     self.last_error = str(exc)
                 except _ChildExited as exc:
                     self.last_error = str(exc)
-                if not started and self.state == "ready":
-                    started = True
                 now = trio.current_time()
                 if now - t_spawn > HEALTHY_AFTER_S:
                     consecutive = 0
@@ -206,6 +207,10 @@ class RunnerSupervisor:
                 "--n-batch", str(s.n_batch), "--threads", str(s.threads), "--threads-batch", str(s.threads_batch)]
         if s.mlock:
             argv.append("--mlock")
+        if not s.prompt_cache:
+            argv.append("--no-prompt-cache")
+        if not s.warmup:
+            argv.append("--no-warmup")
         for ep in s.rpc_endpoints:
             argv += ["--rpc", ep]
         if s.tensor_split:
@@ -221,29 +226,20 @@ class RunnerSupervisor:
         write_pidfile(self.pidfile, proc.pid, argv, kind="runner")
         self._sock = trio.SocketStream(trio.socket.from_stdlib_socket(parent_sock))
         log.info("event=runner_spawned model=%s pid=%d", self.model.id, proc.pid)
+        failure: Exception | None = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._pump_stderr, proc)
-                decoder = FrameDecoder()
                 try:
-                    with trio.fail_after(s.load_timeout_s):
-                        msg = await self._recv(decoder, proc)
-                except _ChildExited as exc:
-                    raise RunnerLoadError(f"model {self.model.id!r} failed to load: {exc}") from None
-                if msg["op"] == "fatal":
-                    raise RunnerLoadError(f"model {self.model.id!r} failed to load: {msg.get('message')}")
-                if msg["op"] != "ready":
-                    raise RunnerLoadError(f"runner sent {msg['op']!r} before ready")
-                self.info = msg
-                self.state = "ready"
-                self._ready.set()
-                log.info("event=runner_ready model=%s pid=%d load_s=%.2f n_ctx=%s", self.model.id, proc.pid,
-                         msg.get("load_s", 0), msg.get("n_ctx"))
-                if task_status is not None:
-                    task_status.started()
-                await self._read_loop(decoder, proc)
-        except trio.TooSlowError:
-            raise RunnerLoadError(f"model {self.model.id!r} did not load within {s.load_timeout_s:.0f} s") from None
+                    await self._session(proc, task_status)
+                except (RunnerLoadError, _ChildExited) as exc:
+                    failure = exc  # raised below, outside the nursery, so callers see it unwrapped
+                except trio.TooSlowError:
+                    failure = RunnerLoadError(f"model {self.model.id!r} did not load within "
+                                              f"{s.load_timeout_s:.0f} s")
+                nursery.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
         finally:
             self.state = "restarting" if self.state != "failed" else self.state
             self._fail_pending(RunnerCrashed(f"model runner for {self.model.id!r} exited unexpectedly"))
@@ -253,6 +249,27 @@ class RunnerSupervisor:
                 self._sock = None
                 remove_pidfile(self.pidfile)
                 self.pid = None
+
+    async def _session(self, proc, task_status) -> None:
+        decoder = FrameDecoder()
+        try:
+            with trio.fail_after(self.settings.load_timeout_s):
+                msg = await self._recv(decoder, proc)
+        except _ChildExited as exc:
+            raise RunnerLoadError(f"model {self.model.id!r} failed to load: {exc}") from None
+        if msg["op"] == "fatal":
+            raise RunnerLoadError(f"model {self.model.id!r} failed to load: {msg.get('message')}")
+        if msg["op"] != "ready":
+            raise RunnerLoadError(f"runner sent {msg['op']!r} before ready")
+        self.info = msg
+        self.state = "ready"
+        self._ready.set()
+        self._ever_ready = True
+        log.info("event=runner_ready model=%s pid=%d load_s=%.2f n_ctx=%s", self.model.id, proc.pid,
+                 msg.get("load_s", 0), msg.get("n_ctx"))
+        if task_status is not None:
+            task_status.started()
+        await self._read_loop(decoder, proc)
 
     async def _pump_stderr(self, proc) -> None:
         buf = b""
@@ -369,11 +386,11 @@ class RunnerSupervisor:
 
             yield events()
         finally:
-            self._in_flight -= 1
             try:
                 if not terminal and rid in self._pending:
                     await self._cancel_and_wait(rid, recv_ch)
             finally:
+                self._in_flight -= 1
                 self._pending.pop(rid, None)
                 send_ch.close()
                 self._slot.release()
@@ -388,6 +405,7 @@ class RunnerSupervisor:
                     return
                 async for msg in recv_ch:
                     if msg["op"] in ("done", "error"):
+                        self.stats.cancelled += 1
                         return
             if scope.cancelled_caught and self.pid:
                 log.error("event=runner_stuck model=%s pid=%s action=kill", self.model.id, self.pid)
