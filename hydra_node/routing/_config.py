@@ -1,0 +1,113 @@
+"""``[scheduler]`` configuration: a frozen, validated dataclass."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import asdict, dataclass, fields
+
+
+class SchedulerConfigError(ValueError):
+    """A ``[scheduler]`` key has a bad value (the operator's fault); the message names the key."""
+
+
+class SchedulerMode(enum.Enum):
+    OFF = "off"  # baseline routing only
+    SHADOW = "shadow"  # baseline routing; the scored choice is recorded
+    ACTIVE = "active"  # route by score
+
+
+_MODE_ALIASES = {"off": "off", "disabled": "off", "shadow": "shadow", "dry_run": "shadow",
+                 "dry-run": "shadow", "active": "active", "enabled": "active"}
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduler knobs. The first eight are the seed's ``[scheduler]`` keys (README values)."""
+
+    mode: SchedulerMode = SchedulerMode.SHADOW
+    ttft_budget_ms: float = 450.0
+    tpot_budget_ms: float = 40.0
+    affinity_override_threshold_ms: float = 100.0
+    stale_after_ms: float = 15000.0
+    cache_affinity_credit_ms: float = 80.0
+    failure_penalty_ms: float = 500.0
+    unknown_remote_penalty_ms: float = 75.0
+    # ---- Hydra additions -----------------------------------------------------------------
+    #: Extra cost per ms of predicted TTFT / total TPOT over budget (1.0 doubles the excess).
+    budget_penalty_weight: float = 1.0
+    #: Weight of the decode term: completion time matters, TTFT matters more.
+    decode_weight: float = 0.5
+    #: Scores within this fraction of the best are treated as equal (they are noisy estimates);
+    #: among them the least-loaded target (in-flight per slot) wins, spreading load.
+    balance_margin: float = 0.05
+    #: Unknown-penalty factor kept when a target is known only from peer hints (0 = trust fully).
+    hint_discount: float = 0.5
+    #: Priors used when neither measurement nor advertisement exists.
+    default_tpot_ms: float = 50.0
+    default_prefill_ms_per_token: float = 1.0
+    default_output_tokens: int = 256
+    default_cold_start_ms: float = 10000.0
+    default_bandwidth_bps: float = 12_500_000.0  # 100 Mbit/s
+    #: Affinity entries expire after this long without use (upstream: 20 minutes).
+    affinity_ttl_ms: float = 1_200_000.0
+    #: Characters of the system/first user message hashed into the prefix affinity key.
+    prefix_affinity_chars: int = 2048
+    #: Cooldown after consecutive failures: base x 2^(n-1), capped (upstream: 30 s, 5 min).
+    cooldown_base_ms: float = 2000.0
+    cooldown_max_ms: float = 300_000.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "mode":
+                if not isinstance(value, SchedulerMode):
+                    raise SchedulerConfigError(f"[scheduler].mode: expected off|shadow|active, got {value!r}")
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise SchedulerConfigError(f"[scheduler].{f.name}: expected a finite number, got {value!r}")
+            if value < 0:
+                raise SchedulerConfigError(f"[scheduler].{f.name}: must be >= 0, got {value!r}")
+        for key in ("ttft_budget_ms", "tpot_budget_ms", "stale_after_ms", "default_tpot_ms",
+                    "default_prefill_ms_per_token", "default_output_tokens", "default_bandwidth_bps",
+                    "affinity_ttl_ms", "prefix_affinity_chars", "cooldown_base_ms"):
+            if getattr(self, key) < 1:
+                raise SchedulerConfigError(f"[scheduler].{key}: must be >= 1, got {getattr(self, key)!r}")
+        for key in ("hint_discount", "balance_margin"):
+            if getattr(self, key) > 1:
+                raise SchedulerConfigError(f"[scheduler].{key}: must be in 0..1, got {getattr(self, key)!r}")
+        if self.cooldown_max_ms < self.cooldown_base_ms:
+            raise SchedulerConfigError("[scheduler].cooldown_max_ms: must be >= cooldown_base_ms")
+
+    @classmethod
+    def from_mapping(cls, data: object) -> SchedulerConfig:
+        """Build from a parsed TOML ``[scheduler]`` table; unknown keys and bad values are errors."""
+        if data is None:
+            return cls()
+        if not isinstance(data, dict):
+            raise SchedulerConfigError(f"[scheduler]: expected a table, got {type(data).__name__}")
+        known = {f.name: f for f in fields(cls)}
+        kwargs: dict = {}
+        for key, value in data.items():
+            if key not in known:
+                raise SchedulerConfigError(f"[scheduler].{key}: unknown key")
+            if key == "mode":
+                alias = _MODE_ALIASES.get(value) if isinstance(value, str) else None
+                if alias is None:
+                    raise SchedulerConfigError(f"[scheduler].mode: expected off|shadow|active, got {value!r}")
+                kwargs[key] = SchedulerMode(alias)
+            elif key in ("default_output_tokens", "prefix_affinity_chars"):
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise SchedulerConfigError(f"[scheduler].{key}: expected an integer, got {value!r}")
+                kwargs[key] = value
+            else:
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise SchedulerConfigError(f"[scheduler].{key}: expected a number, got {value!r}")
+                kwargs[key] = float(value)
+        return cls(**kwargs)
+
+    def as_dict(self) -> dict:
+        """Plain data for ``/api/status.scheduler.config``."""
+        data = asdict(self)
+        data["mode"] = self.mode.value
+        return data
