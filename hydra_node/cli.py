@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 from hydra_node import __version__
-from hydra_node.config import (DEFAULT_API_PORT, DEFAULT_CONSOLE_PORT, ConfigError, NodeConfig, default_home,
+from hydra_node.config import (DEFAULT_API_PORT, DEFAULT_CONSOLE_PORT, DEFAULT_MESH_PORT, ConfigError, NodeConfig, default_home,
                                env_api_key, load_config_file)
 
 EXIT_USAGE = 2
@@ -30,6 +30,31 @@ def _add_home(p: argparse.ArgumentParser) -> None:
                         "Nodes with different homes never share state.")
 
 
+def _add_node_args(s: argparse.ArgumentParser, join_required: bool = False) -> None:
+    s.add_argument("--join", action="append", default=[], metavar="TOKEN", required=join_required,
+                   help="join the mesh of this invite token (repeatable: more seeds)")
+    s.add_argument("--port", type=int, default=None, help=f"OpenAI API port (default {DEFAULT_API_PORT}; 0 = any)")
+    s.add_argument("--console", type=int, default=None, metavar="PORT",
+                   help=f"management API and console port (default {DEFAULT_CONSOLE_PORT}; 0 = any)")
+    s.add_argument("--mesh-port", type=int, default=None, metavar="PORT",
+                   help=f"peer link port (default {DEFAULT_MESH_PORT}; 0 = any)")
+    s.add_argument("--mesh-host", default="0.0.0.0", metavar="HOST",
+                   help="address the peer link listener binds (default 0.0.0.0; links are authenticated and encrypted)")
+    s.add_argument("--advertise", action="append", default=[], metavar="HOST[:PORT]",
+                   help="address peers should dial (default: this machine's addresses); repeatable")
+    s.add_argument("--join-timeout", type=float, default=30.0, metavar="S",
+                   help="give up joining after this many seconds (default 30)")
+    s.add_argument("--headless", action="store_true", help="no web console (the management API stays up)")
+    s.add_argument("--config", metavar="FILE", help="TOML config file (see docs/config.md)")
+    s.add_argument("--name", help="a human-readable name for this node")
+    _add_home(s)
+    s.add_argument("--listen-all", action="store_true",
+                   help="bind the APIs on 0.0.0.0 instead of 127.0.0.1; requires --api-key or HYDRA_API_KEY")
+    s.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (env HYDRA_API_KEY)")
+    s.add_argument("--log-format", choices=("kv", "json"), default="kv", help="log line format (default kv)")
+    s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hydra-node",
@@ -43,22 +68,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="run a node (OpenAI API on :9337, management API on :3131)",
                        description="Run a node in the foreground until SIGINT/SIGTERM. With no --model, serves the "
-                                   "bundled SmolLM2-135M-Instruct (id SmolLM2-135M-Instruct-Q4_1).")
+                                   "bundled SmolLM2-135M-Instruct (id SmolLM2-135M-Instruct-Q4_1). Without --join "
+                                   "it starts a new one-node mesh; `hydra-node invite` prints a token others join with.")
     s.add_argument("--model", action="append", default=[], metavar="PATH_OR_ID",
                    help="a GGUF file (optionally ID=PATH) or the bundled id; repeatable")
-    s.add_argument("--no-model", action="store_true", help="host no model (API and capacity only)")
-    s.add_argument("--port", type=int, default=None, help=f"OpenAI API port (default {DEFAULT_API_PORT}; 0 = any)")
-    s.add_argument("--console", type=int, default=None, metavar="PORT",
-                   help=f"management API and console port (default {DEFAULT_CONSOLE_PORT}; 0 = any)")
-    s.add_argument("--headless", action="store_true", help="no web console (the management API stays up)")
-    s.add_argument("--config", metavar="FILE", help="TOML config file (see docs/config.md)")
-    s.add_argument("--name", help="a human-readable name for this node")
-    _add_home(s)
-    s.add_argument("--listen-all", action="store_true",
-                   help="bind 0.0.0.0 instead of 127.0.0.1; requires --api-key or HYDRA_API_KEY")
-    s.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (env HYDRA_API_KEY)")
-    s.add_argument("--log-format", choices=("kv", "json"), default="kv", help="log line format (default kv)")
-    s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    s.add_argument("--no-model", action="store_true",
+                   help="host no model: join the mesh, answer the API and offer capacity")
+    s.add_argument("--max-memory", type=float, metavar="GB",
+                   help="cap the memory this node advertises and uses (GB)")
+    _add_node_args(s)
+
+    c = sub.add_parser("client", help="API-only member of a mesh: no model, no capacity",
+                       description="Join a mesh as an API-only client: the OpenAI API on this machine answers for "
+                                   "every model in the mesh, but this node hosts nothing.")
+    _add_node_args(c, join_required=True)
+
+    inv = sub.add_parser("invite", help="print an invite token for the running node's mesh",
+                         description="Ask the running node (found through --home or --console) for a new invite "
+                                     "token. Whoever holds it can join the mesh until it expires.")
+    inv.add_argument("--ttl", default="24h", help="lifetime: seconds, or with a unit s/m/h/d (default 24h)")
+    inv.add_argument("--console", type=int, default=None, metavar="PORT", help="management port of the node")
+    inv.add_argument("--json", action="store_true", help="print JSON with the expiry and addresses")
+    _add_home(inv)
 
     st = sub.add_parser("status", help="show the status of a running node",
                         description="Query a running node's management API (/api/status).")
@@ -84,7 +115,8 @@ def main(argv=None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        return {"serve": cmd_serve, "status": cmd_status, "stop": cmd_stop, "models": cmd_models}[args.command](args)
+        return {"serve": cmd_serve, "client": cmd_serve, "status": cmd_status, "stop": cmd_stop,
+                "models": cmd_models, "invite": cmd_invite}[args.command](args)
     except ConfigError as exc:
         print(f"hydra-node: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -93,18 +125,34 @@ def main(argv=None) -> int:
 
 
 def node_config_from_args(args) -> NodeConfig:
+    from hydra_node.mesh.service import MeshSettings
+
     file_cfg = load_config_file(args.config)
     api_key = args.api_key or env_api_key()
+    client = args.command == "client"
+    models = () if client else tuple(args.model)
+    no_model = client or args.no_model
+    if not client and args.no_model and args.model:
+        raise ConfigError("--no-model and --model exclude each other")
+    role = "client" if client else ("worker" if no_model else "host")
+    mesh = MeshSettings(listen_host=args.mesh_host,
+                        listen_port=DEFAULT_MESH_PORT if args.mesh_port is None else args.mesh_port,
+                        advertise=tuple(args.advertise), join=tuple(args.join), role=role,
+                        join_timeout_s=args.join_timeout)
+    max_mem = getattr(args, "max_memory", None)
+    if max_mem is not None and max_mem <= 0:
+        raise ConfigError("--max-memory: must be > 0 GB")
     cfg = NodeConfig(
-        home=_home(args), models=tuple(args.model), no_model=args.no_model, name=args.name or "",
+        home=_home(args), models=models, no_model=no_model, name=args.name or "",
         api_host="0.0.0.0" if args.listen_all else "127.0.0.1",
         api_port=DEFAULT_API_PORT if args.port is None else args.port,
         console_port=DEFAULT_CONSOLE_PORT if args.console is None else args.console,
         headless=args.headless, listen_all=args.listen_all, api_key=api_key, file=file_cfg,
-        log_format=args.log_format)
-    if cfg.no_model and cfg.models:
-        raise ConfigError("--no-model and --model exclude each other")
+        log_format=args.log_format, role=role, mesh=mesh,
+        max_memory_bytes=int(max_mem * 1e9) if max_mem else None)
     cfg.validate()
+    if not (0 <= mesh.listen_port <= 65535):
+        raise ConfigError(f"--mesh-port: must be a TCP port, not {mesh.listen_port}")
     return cfg
 
 
@@ -115,6 +163,8 @@ def cmd_serve(args) -> int:
     from hydra_node.logging_setup import setup_logging
     from hydra_node.models import ModelNotFound
     from hydra_node.node import NodeAlreadyRunning, check_rpc_support, serve
+    from hydra_node.mesh.errors import MeshError
+    from hydra_node.mesh.service import JoinFailed
     from hydra_node.runtime.supervisor import RunnerLoadError
 
     cfg = node_config_from_args(args)
@@ -122,6 +172,9 @@ def cmd_serve(args) -> int:
     try:
         check_rpc_support()
         trio.run(serve, cfg)
+    except (MeshError, JoinFailed) as exc:
+        print(f"hydra-node: cannot join: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except (ModelNotFound, NodeAlreadyRunning, IdentityError, RunnerLoadError, RuntimeError) as exc:
         print(f"hydra-node: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -130,6 +183,9 @@ def cmd_serve(args) -> int:
         return EXIT_FAILED
     except BaseExceptionGroup as eg:
         inner = _first_leaf(eg)
+        if isinstance(inner, (MeshError, JoinFailed)):
+            print(f"hydra-node: cannot join: {inner}", file=sys.stderr)
+            return EXIT_FAILED
         if isinstance(inner, (ModelNotFound, NodeAlreadyRunning, IdentityError, RunnerLoadError, OSError)):
             print(f"hydra-node: {inner}", file=sys.stderr)
             return EXIT_FAILED
@@ -210,6 +266,36 @@ def cmd_stop(args) -> int:
         time.sleep(0.1)
     print(f"hydra-node: node pid {rec.pid} did not stop within {args.timeout:.0f} s", file=sys.stderr)
     return EXIT_FAILED
+
+
+def _parse_duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    t = text.strip().lower()
+    try:
+        return float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise ConfigError(f"--ttl: not a duration: {text!r} (examples: 3600, 90m, 24h, 7d)") from None
+
+
+def cmd_invite(args) -> int:
+    ttl = _parse_duration(args.ttl)
+    port = _console_port(args)
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/invite", data=json.dumps({"ttl_s": ttl}).encode(),
+                                 method="POST", headers={"Content-Type": "application/json"})
+    key = env_api_key()
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            d = json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        print(f"hydra-node: the node refused: {exc.read().decode(errors='replace')}", file=sys.stderr)
+        return EXIT_FAILED
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"hydra-node: no node answering on 127.0.0.1:{port} ({getattr(exc, 'reason', exc)})", file=sys.stderr)
+        return EXIT_FAILED
+    print(json.dumps(d, indent=2) if args.json else d["token"])
+    return 0
 
 
 def cmd_models(args) -> int:

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 DEFAULT_API_PORT = 9337
 DEFAULT_CONSOLE_PORT = 3131
+DEFAULT_MESH_PORT = 9338
 
 
 class ConfigError(ValueError):
@@ -300,6 +301,9 @@ class NodeConfig:
     api_key: str | None = None
     file: FileConfig = field(default_factory=FileConfig)
     log_format: str = "kv"
+    role: str = "host"  # host | worker (--no-model) | client
+    max_memory_bytes: int | None = None
+    mesh: Any = None  # hydra_node.mesh.service.MeshSettings, or None for no mesh at all
 
     def validate(self) -> None:
         for name, port in (("--port", self.api_port), ("--console", self.console_port)):

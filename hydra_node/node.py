@@ -25,6 +25,7 @@ from hydra_node.config import NodeConfig
 from hydra_node.identity import load_or_create_identity
 from hydra_node.models import ModelRef, resolve_model
 from hydra_node.pidfile import reap_stale, read_pidfile, remove_pidfile, write_pidfile
+from hydra_node.mesh.service import MeshService, MeshSettings
 from hydra_node.router import Router, Target
 from hydra_node.runtime.supervisor import RunnerSettings, RunnerSupervisor
 
@@ -77,8 +78,12 @@ class Node:
         self.requests_total: dict[str, int] = {}
         self._stop = trio.Event()
         self.pidfile = self.home / "run" / "node.pid"
-        self._extra_routes: dict = {}
+        self._extra_routes: dict = {("POST", "/api/invite"): self._api_invite}
         self._status_sections: dict = {}
+        self.mesh: MeshService | None = None
+        if config.mesh is not None:
+            self.mesh = MeshService(self, config.mesh)
+            self.router.add_source(self.mesh)
 
     # ---- public surface used by the APIs ------------------------------------------
     def healthy(self) -> bool:
@@ -89,6 +94,38 @@ class Node:
 
     def add_status_section(self, name: str, fn) -> None:
         self._status_sections[name] = fn
+
+    def hardware(self) -> dict:
+        cores = os.cpu_count() or 1
+        try:
+            pages, page = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+            ram = pages * page
+            avail = os.sysconf("SC_AVPHYS_PAGES") * page
+        except (ValueError, OSError):
+            ram = avail = 0
+        usable = avail
+        if self.config.max_memory_bytes:
+            usable = min(usable, self.config.max_memory_bytes) if usable else self.config.max_memory_bytes
+        return {"cores": cores, "ram_bytes": ram, "vram_bytes": 0, "usable_bytes": usable}
+
+    async def _api_invite(self, request):
+        from hydra_node.api.http import Response
+        from hydra_node.mesh.token import parse_invite
+        if self.mesh is None or self.mesh.mesh is None:
+            return Response.json(503, {"error": {"message": "this node is not in a mesh", "type": "server_error",
+                                                 "param": None, "code": "no_mesh"}})
+        try:
+            body = request.json() if request.body else {}
+            ttl = float(body.get("ttl_s", self.mesh.settings.invite_ttl_s))
+            if not (60 <= ttl <= 30 * 24 * 3600):
+                raise ValueError("ttl_s must be between 60 s and 30 days")
+        except (ValueError, TypeError, AttributeError) as exc:
+            return Response.json(400, {"error": {"message": f"bad invite request: {exc}", "type":
+                                                 "invalid_request_error", "param": "ttl_s", "code": "invalid_value"}})
+        token = self.mesh.invite(ttl)
+        tok = parse_invite(token, time.time())
+        return Response.json(200, {"token": token, "mesh_id": tok.mesh_id, "expires_at": tok.expires_at,
+                                   "addresses": list(tok.addrs)})
 
     def runner_settings(self) -> RunnerSettings:
         f = self.config.file
@@ -106,14 +143,17 @@ class Node:
             "version": __version__,
             "node_state": self.state,
             "is_host": bool(runners),
-            "is_client": False,
+            "is_client": self.config.role == "client",
+            "role": self.config.role,
             "api_port": self.api_server.port if self.api_server else None,
             "console_port": self.console_server.port if self.console_server else None,
             "uptime_s": round(time.time() - self.started_at, 1),
             "models": [r.status() for r in runners],
             "serving_models": [r.model.id for r in runners if r.state == "ready"],
             "available_models": [m.id for m in self.router.models()],
-            "peers": [],
+            "peers": self.mesh.peers() if self.mesh else [],
+            "token": self.mesh.token() if self.mesh and self.mesh.mesh else None,
+            "mesh": self.mesh.status() if self.mesh else None,
             "inflight_requests": sum(r.in_flight for r in runners),
             "queue_depth": sum(r.queue_depth for r in runners),
             "runner_restarts": sum(r.restarts for r in runners),
@@ -155,6 +195,8 @@ class Node:
                     log.info("event=model_loading model=%s path=%s", model.id, model.path)
                     await root.start(sup.run)
                 await self._start_services(root)
+                if self.mesh is not None:
+                    await root.start(self.mesh.run)
                 self.state = "serving"
                 self._write_ports()
                 log.info("event=node_ready node_id=%s api=http://%s:%s/v1 console=http://%s:%s models=%s",
@@ -169,6 +211,8 @@ class Node:
                         async with trio.open_nursery() as drain:
                             drain.start_soon(self.api_server.drain, DRAIN_GRACE_S)
                             drain.start_soon(self.console_server.drain, 1.0)
+                    if self.mesh is not None:
+                        await self.mesh.leave()
                 root.cancel_scope.cancel()
         finally:
             self.state = "stopped"

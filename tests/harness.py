@@ -15,7 +15,8 @@ START_TIMEOUT_S = 90.0
 
 
 class NodeProcess:
-    def __init__(self, home: Path, *args: str, env: dict | None = None):
+    def __init__(self, home: Path, *args: str, env: dict | None = None, command: str = "serve"):
+        self.command = command
         self.home = Path(home)
         self.args = list(args)
         self.env = {**os.environ, **(env or {})}
@@ -25,8 +26,8 @@ class NodeProcess:
 
     def start(self, wait: bool = True) -> "NodeProcess":
         self.home.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "hydra_node.cli", "serve", "--home", str(self.home), "--port", "0",
-               "--console", "0", *self.args]
+        cmd = [sys.executable, "-m", "hydra_node.cli", self.command, "--home", str(self.home), "--port", "0",
+               "--console", "0", "--mesh-host", "127.0.0.1", "--mesh-port", "0", *self.args]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
@@ -77,6 +78,11 @@ class NodeProcess:
                 pass
             time.sleep(0.1)
         raise TimeoutError(f"{what} not reached within {timeout} s; last status: {st}")
+
+    def invite(self, ttl_s: float = 3600) -> str:
+        code, body = request("POST", self.console_port, "/api/invite", {"ttl_s": ttl_s})
+        assert code == 200, body
+        return json.loads(body)["token"]
 
     def runner_pid(self, model_index: int = 0) -> int:
         return self.status()["models"][model_index]["pid"]

@@ -1,0 +1,558 @@
+"""`Membership`: the sans-IO SWIM core (probe, ping-req, suspect, refute, gossip, anti-entropy).
+
+Inputs take `now` (seconds, any monotonic origin); every input returns a list of actions:
+`Send(to, message)` for the driver to deliver and membership events for the node. The core
+never reads a clock, never sleeps and draws randomness only from the injected `random.Random`.
+See docs/membership.md for the algorithm and the detection bound.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .membership_announcement import Announcement, InvalidMessage, LocalMembershipError
+from .membership_broadcast import BroadcastQueue
+from .membership_config import (
+    Action, MembershipConfig, PeerDied, PeerJoined, PeerLeft, PeerRecovered, PeerSuspected,
+    PeerUpdated, Send,
+)
+from .membership_messages import (
+    Ack, Gossip, Leave, Message, PeerRecord, Ping, PingReq, Pull, Sync, decode_message,
+    merge_records,
+)
+from .membership_probes import Probe, ProbeTable
+from .membership_state import PeerState, Trigger, transition
+from .membership_stats import MembershipStatistics, PeerStatus
+
+__all__ = ["Membership"]
+
+INF = math.inf
+
+
+@dataclass
+class _Peer:
+    record: PeerRecord
+    last_seen: float | None = None
+    own_probe_failed: bool = False  # our latest probe of this incarnation got no ack
+    death_claim: PeerRecord | None = None  # a dead/left claim waiting for our own probe
+
+
+class Membership:
+    """Sans-IO membership of one node. Drive it with `tick(now)` at `next_deadline()`."""
+
+    def __init__(self, announcement: Announcement, config: MembershipConfig | None = None,
+                 rng: random.Random | None = None, *, now: float = 0.0) -> None:
+        if not isinstance(announcement, Announcement):
+            raise LocalMembershipError("announcement must be an Announcement")
+        self.config = config or MembershipConfig()
+        self.node_id = announcement.node_id
+        self._rng = rng or random.Random()
+        self._ann = announcement
+        self._left = False
+        self._peers: dict[str, _Peer] = {}
+        self._suspect_deadlines: dict[str, float] = {}
+        self._tomb_deadlines: dict[str, float] = {}
+        self._probes = ProbeTable(self.config.max_forwarded_probes)
+        self._broadcasts = BroadcastQueue()
+        self._rr: list[str] = []
+        self._ring: list[str] | None = None
+        self._seeds: tuple[str, ...] = ()
+        self._told: dict[str, int] = {}  # tombstoned peers told about their tombstone, at incarnation
+        self._out: list[Action] = []
+        self.sent: Counter[str] = Counter()
+        self.received: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter()
+        self.ignored: Counter[str] = Counter()
+        self.refutations = 0
+        c = self.config
+        self._next_probe_at = now + c.probe_interval * self._rng.random()
+        self._next_gossip_at = now + c.gossip_interval
+        self._next_sync_at = now + c.sync_interval * (0.5 + self._rng.random())
+        self._next_reconnect_at = now + c.reconnect_interval
+        self._enqueue(self.node_id)
+
+    # ---------------------------------------------------------------- views
+    @property
+    def incarnation(self) -> int:
+        return self._ann.incarnation
+
+    @property
+    def announcement(self) -> Announcement:
+        return self._ann
+
+    def self_record(self) -> PeerRecord:
+        state = PeerState.LEFT if self._left else PeerState.ALIVE
+        return PeerRecord(self.node_id, self._ann.incarnation, state, self._ann)
+
+    def record(self, peer_id: str) -> PeerRecord | None:
+        if peer_id == self.node_id:
+            return self.self_record()
+        peer = self._peers.get(peer_id)
+        return None if peer is None else peer.record
+
+    def state_of(self, peer_id: str) -> PeerState:
+        rec = self.record(peer_id)
+        return PeerState.UNKNOWN if rec is None else rec.state
+
+    def members(self) -> dict[str, Announcement]:
+        """Alive and suspect peers (not us) and their announcements."""
+        return {i: p.record.announcement for i, p in self._peers.items() if p.record.state.is_member}
+
+    def statistics(self, now: float) -> MembershipStatistics:
+        peers = tuple(
+            PeerStatus.of(i, p.record, None if p.last_seen is None else max(0.0, now - p.last_seen))
+            for i, p in sorted(self._peers.items()))
+        return MembershipStatistics(
+            node_id=self.node_id, incarnation=self.incarnation, left=self._left, peers=peers,
+            sent=dict(self.sent), received=dict(self.received), rejected=dict(self.rejected),
+            ignored=dict(self.ignored), refutations=self.refutations)
+
+    def next_deadline(self) -> float:
+        """When `tick` must next be called (math.inf after leaving)."""
+        if self._left:
+            return INF
+        times = [self._next_probe_at, self._next_sync_at]
+        if self._broadcasts:
+            times.append(self._next_gossip_at)
+        if self._seeds or any(p.record.state is PeerState.DEAD for p in self._tomb_peers()):
+            times.append(self._next_reconnect_at)
+        times.extend(self._probes.deadlines())
+        times.extend(self._suspect_deadlines.values())
+        times.extend(self._tomb_deadlines.values())
+        return min(times)
+
+    # ---------------------------------------------------------------- inputs
+    def join(self, seed_ids: Iterable[str]) -> list[Action]:
+        """Contact seeds with our record and digest; retried every reconnect_interval until a peer answers."""
+        self._require_not_left()
+        self._seeds = tuple(s for s in dict.fromkeys(seed_ids) if s != self.node_id)
+        for seed in self._seeds:
+            self._send(seed, self._sync_message())
+        return self._take()
+
+    def leave(self) -> list[Action]:
+        """Clean shutdown: tell every member; afterwards the core ignores all input."""
+        if self._left:
+            return []
+        self._left = True
+        for peer_id in self.members():
+            self._send(peer_id, Leave(self.incarnation))
+        self._probes.clear()
+        return self._take()
+
+    def local_update(self, announcement: Announcement) -> list[Action]:
+        """Publish a new self-description; the core stamps our incarnation and the next seq."""
+        self._require_not_left()
+        if announcement.node_id != self.node_id:
+            raise LocalMembershipError(f"announcement is for {announcement.node_id!r}, we are {self.node_id!r}")
+        self._ann = replace(announcement, incarnation=self._ann.incarnation, seq=self._ann.seq + 1)
+        self._enqueue(self.node_id)
+        self._flush()
+        return self._take()
+
+    def link_up(self, peer_id: str, now: float) -> list[Action]:
+        """Transport hint: a link to the peer came up. A dead or unknown peer gets our digest."""
+        if not self._left and peer_id != self.node_id and not self.state_of(peer_id).is_member:
+            self._send(peer_id, self._sync_message())
+        return self._take()
+
+    def link_down(self, peer_id: str, now: float) -> list[Action]:
+        """Transport hint: a link broke. Probe the peer now instead of waiting for its turn."""
+        peer = self._peers.get(peer_id)
+        if not self._left and peer is not None and peer.record.state.is_member:
+            self._start_probe(peer_id, now)
+        return self._take()
+
+    def on_message(self, sender_id: str, msg: Message | Mapping[str, Any], now: float) -> list[Action]:
+        """Handle one message from `sender_id` (a message object or its wire dict)."""
+        if self._left:
+            self.ignored["after_leave"] += 1
+            return []
+        if sender_id == self.node_id or not isinstance(sender_id, str) or not sender_id:
+            self.rejected["bad_sender"] += 1
+            return []
+        if not hasattr(msg, "TYPE"):
+            try:
+                msg = decode_message(msg)
+            except InvalidMessage:
+                self.rejected["invalid"] += 1
+                return []
+        self.received[msg.TYPE] += 1
+        peer = self._peers.get(sender_id)
+        if peer is not None and peer.record.state.is_member:
+            peer.last_seen = now
+        if isinstance(msg, Leave):
+            self._on_leave(sender_id, msg, now)
+            self._flush()
+            return self._take()
+        if isinstance(msg, Ping) and msg.view is not None and msg.view.node_id == self.node_id:
+            self._about_me(msg.view.incarnation, msg.view.state)
+        if isinstance(msg, Sync):
+            for entry in msg.digest:
+                if entry.node_id == self.node_id:
+                    self._about_me(entry.incarnation, entry.state)
+        for rec in getattr(msg, "records", ()):
+            self._apply(rec, sender_id, now)
+        handler = getattr(self, f"_on_{msg.TYPE}")
+        handler(sender_id, msg, now)
+        return self._finish(sender_id)
+
+    def tick(self, now: float) -> list[Action]:
+        """Run every timer that is due at `now`."""
+        if self._left:
+            return []
+        c = self.config
+        for peer_id, deadline in list(self._suspect_deadlines.items()):
+            if deadline <= now:
+                self._tombstone(peer_id, None, PeerState.DEAD, now)
+        for probe in self._probes.due(now):
+            self._probe_timer(probe, now)
+        self._probes.expire_forwards(now)
+        for peer_id, deadline in list(self._tomb_deadlines.items()):
+            if deadline <= now:
+                self._forget(peer_id)
+        if now >= self._next_probe_at:
+            self._next_probe_at = _advance(self._next_probe_at, c.probe_interval, now)
+            for target in self._period_targets():
+                self._start_probe(target, now)
+        if now >= self._next_gossip_at:
+            self._next_gossip_at = _advance(self._next_gossip_at, c.gossip_interval, now)
+            self._gossip_round()
+        if now >= self._next_sync_at:
+            self._next_sync_at = _advance(self._next_sync_at, c.sync_interval, now)
+            members = sorted(self.members())
+            if members:
+                self._send(self._rng.choice(members), self._sync_message())
+        if now >= self._next_reconnect_at:
+            self._next_reconnect_at = _advance(self._next_reconnect_at, c.reconnect_interval, now)
+            self._reconnect()
+        self._flush()
+        return self._take()
+
+    # ---------------------------------------------------------------- message handlers
+    def _on_ping(self, sender: str, msg: Ping, now: float) -> None:
+        records = self._piggyback()
+        view = msg.view
+        me = self.self_record()
+        stale = view is None or view.node_id != self.node_id or view.key < me.digest().key
+        if stale and all(r.node_id != self.node_id for r in records):
+            records = (me, *records[: self.config.max_piggyback - 1])
+        self._send(sender, Ack(msg.probe_id, self.node_id, records), piggyback=False)
+        if sender not in self._peers:
+            self._send(sender, Pull((sender,)))
+
+    def _on_ack(self, sender: str, msg: Ack, now: float) -> None:
+        probe = self._probes.get(msg.probe_id)
+        if probe is not None and msg.subject == probe.target and (
+                sender == probe.target or sender in probe.helpers):
+            self._probes.end(probe)
+            peer = self._peers.get(probe.target)
+            if peer is not None:
+                peer.own_probe_failed = False
+                peer.death_claim = None
+                peer.last_seen = now
+            return
+        fwd = self._probes.pop_forward(msg.probe_id, sender, msg.subject)
+        if fwd is not None:
+            self._send(fwd.requester, Ack(fwd.their_probe_id, fwd.target))
+            return
+        self.ignored["unmatched_ack"] += 1
+
+    def _on_ping_req(self, sender: str, msg: PingReq, now: float) -> None:
+        if msg.target == self.node_id:
+            self._send(sender, Ack(msg.probe_id, self.node_id))
+            return
+        pid = None if msg.target == sender else self._probes.add_forward(
+            sender, msg.probe_id, msg.target, now + self.config.indirect_timeout)
+        if pid is None:
+            self.ignored["ping_req_refused"] += 1
+            return
+        rec = self.record(msg.target)
+        view = msg.view if msg.view is not None and msg.view.node_id == msg.target else (
+            None if rec is None else rec.digest())
+        self._send(msg.target, Ping(pid, view))
+
+    def _on_gossip(self, sender: str, msg: Gossip, now: float) -> None:
+        pass  # records were applied already
+
+    def _on_sync(self, sender: str, msg: Sync, now: float) -> None:
+        theirs = {d.node_id: d for d in msg.digest}
+        push, pull = [], []
+        for rec in self._all_records():
+            d = theirs.get(rec.node_id)
+            if d is None or rec.digest().key > d.key:
+                push.append(rec)
+        for d in msg.digest:
+            mine = self.record(d.node_id)
+            if (mine is None or d.key > mine.digest().key) and d.node_id != self.node_id:
+                pull.append(d.node_id)
+        self._send_records(sender, push)
+        if pull:
+            self._send(sender, Pull(tuple(pull)))
+
+    def _on_pull(self, sender: str, msg: Pull, now: float) -> None:
+        records = [r for r in map(self.record, dict.fromkeys(msg.ids)) if r is not None]
+        self._send_records(sender, records)
+
+    def _on_leave(self, sender: str, msg: Leave, now: float) -> None:
+        peer = self._peers.get(sender)
+        ann = None if peer is None else peer.record.announcement
+        if ann is not None and ann.incarnation > msg.incarnation:
+            self.ignored["stale_leave"] += 1
+            return
+        self._apply(PeerRecord(sender, msg.incarnation, PeerState.LEFT, ann), sender, now)
+
+    # ---------------------------------------------------------------- merge and state changes
+    def _apply(self, rec: PeerRecord, sender: str, now: float) -> None:
+        if rec.node_id == self.node_id:
+            self._about_me(rec.incarnation, rec.state)
+            return
+        peer = self._peers.get(rec.node_id)
+        if peer is None:
+            self._learn(rec, sender, now)
+            return
+        cur = peer.record
+        merged = merge_records(cur, rec)
+        if merged == cur:
+            self.ignored["stale_record"] += 1
+            return
+        ann = merged.announcement
+        if ann is not None and ann != cur.announcement:
+            self._new_announcement(peer, ann, now)
+        cur = peer.record
+        if rec.status > cur.status:
+            if rec.state is PeerState.SUSPECT:
+                self._suspect(peer, now)
+            elif cur.state.is_tombstone:
+                trig = Trigger.LEAVE if rec.state is PeerState.LEFT else Trigger.CONFIRM
+                new_state = transition(cur.state, trig) if rec.state is not cur.state else cur.state
+                peer.record = PeerRecord(rec.node_id, rec.incarnation, new_state, cur.announcement)
+                self._enqueue(rec.node_id)
+            elif (rec.state is PeerState.LEFT and sender == rec.node_id) or (
+                    cur.state is PeerState.SUSPECT and peer.own_probe_failed):
+                self._tombstone(rec.node_id, rec.incarnation, rec.state, now)
+            else:  # an unverified death claim: suspect, and let our own probe decide
+                peer.death_claim = rec
+                if cur.state is PeerState.ALIVE:
+                    self._suspect(peer, now)
+                else:
+                    self._start_probe(rec.node_id, now)
+
+    def _learn(self, rec: PeerRecord, sender: str, now: float) -> None:
+        if len(self._peers) >= self.config.max_peers and not self._evict_tombstone():
+            self.rejected["over_max_peers"] += 1
+            return
+        if rec.state.is_member:
+            alive = PeerRecord(rec.node_id, rec.incarnation, transition(PeerState.UNKNOWN, Trigger.ALIVE),
+                               rec.announcement)
+            peer = self._peers[rec.node_id] = _Peer(alive, last_seen=now if sender == rec.node_id else None)
+            self._ring = None
+            self._out.append(PeerJoined(rec.node_id, rec.incarnation, rec.announcement))
+            self._enqueue(rec.node_id)
+            if rec.state is PeerState.SUSPECT:
+                self._suspect(peer, now)
+            return
+        trig = Trigger.LEAVE if rec.state is PeerState.LEFT else Trigger.CONFIRM
+        transition(PeerState.UNKNOWN, trig)
+        self._peers[rec.node_id] = _Peer(rec)
+        self._tomb_deadlines[rec.node_id] = now + self.config.tombstone_ttl
+        self._enqueue(rec.node_id)
+
+    def _new_announcement(self, peer: _Peer, ann: Announcement, now: float) -> None:
+        cur = peer.record
+        pid = cur.node_id
+        if ann.incarnation > cur.incarnation or (ann.incarnation == cur.incarnation and cur.state.is_member):
+            was = cur.state
+            state = transition(was, Trigger.ALIVE) if ann.incarnation > cur.incarnation else was
+            peer.record = PeerRecord(pid, ann.incarnation, state, ann)
+            if ann.incarnation > cur.incarnation:
+                peer.own_probe_failed = False
+                peer.death_claim = None
+                self._suspect_deadlines.pop(pid, None)
+                self._tomb_deadlines.pop(pid, None)
+                self._told.pop(pid, None)
+            if was.is_tombstone:
+                self._ring = None
+                self._out.append(PeerJoined(pid, ann.incarnation, ann))
+            elif was is PeerState.SUSPECT and state is PeerState.ALIVE:
+                self._out.append(PeerRecovered(pid, ann.incarnation))
+                self._out.append(PeerUpdated(pid, ann.incarnation, ann))
+            else:
+                self._out.append(PeerUpdated(pid, ann.incarnation, ann))
+        else:  # an older life's announcement on a tombstone: keep it for the status view
+            peer.record = PeerRecord(pid, cur.incarnation, cur.state, ann)
+        self._enqueue(pid)
+
+    def _suspect(self, peer: _Peer, now: float) -> None:
+        rec = peer.record
+        peer.record = PeerRecord(rec.node_id, rec.incarnation, transition(rec.state, Trigger.SUSPECT),
+                                 rec.announcement)
+        if rec.node_id not in self._suspect_deadlines:
+            self._suspect_deadlines[rec.node_id] = now + self.config.suspicion_timeout
+            self._out.append(PeerSuspected(rec.node_id, rec.incarnation))
+        self._enqueue(rec.node_id)
+        self._start_probe(rec.node_id, now)
+
+    def _tombstone(self, peer_id: str, incarnation: int | None, state: PeerState, now: float) -> None:
+        peer = self._peers[peer_id]
+        rec = peer.record
+        inc = rec.incarnation if incarnation is None else max(incarnation, rec.incarnation)
+        new = transition(rec.state, Trigger.LEAVE if state is PeerState.LEFT else Trigger.CONFIRM)
+        peer.record = PeerRecord(peer_id, inc, new, rec.announcement)
+        peer.death_claim = None
+        self._suspect_deadlines.pop(peer_id, None)
+        self._tomb_deadlines[peer_id] = now + self.config.tombstone_ttl
+        self._probes.end_target(peer_id)
+        self._ring = None
+        self._out.append((PeerLeft if new is PeerState.LEFT else PeerDied)(peer_id, inc))
+        self._enqueue(peer_id)
+
+    def _forget(self, peer_id: str) -> None:
+        transition(self._peers[peer_id].record.state, Trigger.EXPIRE)
+        del self._peers[peer_id]
+        self._tomb_deadlines.pop(peer_id, None)
+        self._told.pop(peer_id, None)
+        self._broadcasts.discard(peer_id)
+
+    def _evict_tombstone(self) -> bool:
+        if not self._tomb_deadlines:
+            return False
+        self._forget(min(self._tomb_deadlines, key=self._tomb_deadlines.__getitem__))
+        return True
+
+    def _about_me(self, incarnation: int, state: PeerState) -> None:
+        """Refute a suspicion/death of us, or a claim of a newer life of ours, by out-incarnating it."""
+        if incarnation < self.incarnation or (state is PeerState.ALIVE and incarnation == self.incarnation):
+            return
+        self.refutations += 1
+        self._ann = replace(self._ann, incarnation=incarnation + 1, seq=self._ann.seq + 1)
+        self._enqueue(self.node_id)
+
+    # ---------------------------------------------------------------- probing
+    def _period_targets(self) -> list[str]:
+        members = self.members()
+        if not members:
+            return []
+        if self._ring is None:
+            self._ring = sorted([*members, self.node_id])
+        ring = self._ring
+        at = ring.index(self.node_id)
+        targets = [ring[(at + k) % len(ring)] for k in range(1, min(self.config.ring_monitors, len(ring) - 1) + 1)]
+        for _ in range(len(members) + 1):
+            if not self._rr:
+                self._rr = list(members)
+                self._rng.shuffle(self._rr)
+            candidate = self._rr.pop()
+            if candidate in members and candidate not in targets:
+                targets.append(candidate)
+                break
+        return targets
+
+    def _start_probe(self, target: str, now: float) -> None:
+        probe = self._probes.start(target, now + self.config.probe_timeout)
+        if probe is not None:
+            self._send(target, Ping(probe.probe_id, self._peers[target].record.digest()))
+
+    def _probe_timer(self, probe: Probe, now: float) -> None:
+        if probe.target not in self._peers or not self._peers[probe.target].record.state.is_member:
+            self._probes.end(probe)
+            return
+        if not probe.indirect:
+            candidates = sorted(i for i in self.members() if i != probe.target)
+            helpers = tuple(self._rng.sample(candidates, min(self.config.indirect_probes, len(candidates))))
+            probe.indirect, probe.helpers = True, helpers
+            probe.deadline = now + self.config.indirect_timeout
+            view = self._peers[probe.target].record.digest()
+            for helper in helpers:
+                self._send(helper, PingReq(probe.probe_id, probe.target, view))
+            return
+        self._probes.end(probe)
+        peer = self._peers.get(probe.target)
+        if peer is None or not peer.record.state.is_member:
+            return
+        peer.own_probe_failed = True
+        claim = peer.death_claim
+        if claim is not None and peer.record.state is PeerState.SUSPECT:
+            self._tombstone(probe.target, claim.incarnation, claim.state, now)
+        elif peer.record.state is PeerState.ALIVE:
+            self._suspect(peer, now)
+
+    # ---------------------------------------------------------------- dissemination
+    def _enqueue(self, peer_id: str) -> None:
+        self._broadcasts.push(peer_id)
+
+    def _piggyback(self) -> tuple[PeerRecord, ...]:
+        """Up to max_piggyback queued changes to ride on the next message."""
+        limit = self.config.retransmit_limit(len(self._peers))
+        return tuple(self._broadcasts.take(self.config.max_piggyback, limit, self.record))
+
+    def _gossip_round(self) -> None:
+        members = sorted(self.members())
+        for target in self._rng.sample(members, min(self.config.gossip_fanout, len(members))):
+            records = self._piggyback()
+            if not records:
+                break
+            self._send(target, Gossip(records), piggyback=False)
+
+    def _flush(self) -> None:
+        """Push fresh changes at once instead of waiting for the next gossip round."""
+        if self._broadcasts.fresh:
+            self._broadcasts.fresh = False
+            self._gossip_round()
+
+    def _send_records(self, to: str, records: list[PeerRecord]) -> None:
+        size = max(1, self.config.max_records_per_message)
+        for i in range(0, len(records), size):
+            self._send(to, Gossip(tuple(records[i:i + size])), piggyback=False)
+
+    def _sync_message(self) -> Sync:
+        return Sync(tuple(r.digest() for r in self._all_records()), (self.self_record(),))
+
+    def _all_records(self) -> list[PeerRecord]:
+        return [self.self_record(), *(p.record for p in self._peers.values())]
+
+    def _tomb_peers(self) -> list[_Peer]:
+        return [self._peers[i] for i in self._tomb_deadlines if i in self._peers]
+
+    def _reconnect(self) -> None:
+        if not self.members() and self._seeds:
+            for seed in self._seeds:
+                self._send(seed, self._sync_message())
+            return
+        self._seeds = ()
+        dead = sorted(i for i in self._tomb_deadlines if self._peers[i].record.state is PeerState.DEAD)
+        if dead:
+            self._send(self._rng.choice(dead), self._sync_message())
+
+    def _send(self, to: str, msg: Message, *, piggyback: bool = True) -> None:
+        if piggyback and isinstance(msg, (Ping, PingReq, Ack)) and not msg.records:
+            msg = replace(msg, records=self._piggyback())
+        self.sent[msg.TYPE] += 1
+        self._out.append(Send(to, msg))
+
+    def _finish(self, sender: str) -> list[Action]:
+        peer = self._peers.get(sender)
+        if peer is not None and peer.record.state.is_tombstone and self._told.get(sender) != peer.record.incarnation:
+            self._told[sender] = peer.record.incarnation  # tell it: it refutes if it is in fact alive
+            self._send(sender, Gossip((peer.record,)), piggyback=False)
+        self._flush()
+        return self._take()
+
+    def _take(self) -> list[Action]:
+        out, self._out = self._out, []
+        return out
+
+    def _require_not_left(self) -> None:
+        if self._left:
+            raise LocalMembershipError("this membership has left the mesh")
+
+
+def _advance(at: float, interval: float, now: float) -> float:
+    at += interval
+    return at if at > now else now + interval
+

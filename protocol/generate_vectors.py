@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""Write protocol/vectors/*.json from the reference implementation, deterministically.
+
+Every key, nonce, ephemeral secret and clock value is fixed, so running this
+twice gives identical files; tests/mesh/test_vectors.py checks both that the
+files match a fresh run and that every vector holds against the code.
+
+Usage: python protocol/generate_vectors.py [--check]
+JSON form of CBOR values: bytes are {"bytes": "<hex>"}; everything else maps 1:1.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from nacl.signing import SigningKey  # noqa: E402
+
+from hydra_node.mesh import cbor  # noqa: E402
+from hydra_node.mesh.channel import SecureChannel  # noqa: E402
+from hydra_node.mesh.envelope import seal  # noqa: E402
+from hydra_node.mesh.errors import MeshError  # noqa: E402
+from hydra_node.mesh.frames import Close, Data, GoAway, Message, Open, Ping, Pong, Reset, Window, encode_frame  # noqa: E402
+from hydra_node.mesh.handshake import Handshake  # noqa: E402
+from hydra_node.mesh.ids import MeshSecret, node_id_from_public_key  # noqa: E402
+from hydra_node.mesh.token import issue_invite, parse_invite  # noqa: E402
+
+VECTORS = ROOT / "protocol" / "vectors"
+SEED_A = bytes([0xA1]) * 32
+SEED_B = bytes([0xB2]) * 32
+SEED_C = bytes([0xC3]) * 32
+EPH_I = bytes([0x11]) * 32
+EPH_R = bytes([0x22]) * 32
+MESH_KEY = bytes([0x77]) * 32
+OTHER_MESH_KEY = bytes([0x88]) * 32
+NOW = 1_790_000_000
+NONCE = bytes(range(16))
+
+
+def to_json(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return {"bytes": value.hex()}
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_json(v) for v in value]
+    return value
+
+
+def error_code(fn: Any) -> str:
+    try:
+        fn()
+    except MeshError as exc:
+        return exc.code
+    raise AssertionError("expected an error")
+
+
+def cbor_vectors() -> dict[str, Any]:
+    valid = [
+        ("uint 0", 0), ("uint 23", 23), ("uint 24", 24), ("uint 255", 255), ("uint 256", 256),
+        ("uint 65536", 65536), ("uint 2^32", 2**32), ("uint max", 2**64 - 1),
+        ("nint -1", -1), ("nint -24", -24), ("nint -25", -25), ("nint min", -(2**64)),
+        ("false", False), ("true", True), ("null", None),
+        ("float 1.0 is half", 1.0), ("float 1.5", 1.5), ("float 100000.0 is single", 100000.0), ("float 0.1 is double", 0.1),
+        ("float -0.0", -0.0),
+        ("empty bytes", b""), ("bytes", b"\x00\x01\xff"), ("empty text", ""), ("text", "hydra"), ("text utf8", "ü水"),
+        ("empty array", []), ("array", [1, [2, 3], "x"]), ("empty map", {}),
+        ("map keys sorted bytewise == length-first for text keys", {"b": 1, "a": 2, "aa": 3, "z": 4, "": 5}),
+        ("nested map", {"peer": {"gpu": "none", "vram": 0}, "t": "announce"}),
+    ]
+    invalid = [
+        ("duplicate key", "a2616101616102", "duplicate_key"),
+        ("keys out of order", "a2616201616101", "unsorted_keys"),
+        ("longer key before shorter", "a262616101616202", "unsorted_keys"),
+        ("non-shortest uint 1 byte", "1817", "non_shortest"),
+        ("non-shortest uint 2 bytes", "190017", "non_shortest"),
+        ("non-shortest uint 4 bytes", "1a000000ff", "non_shortest"),
+        ("non-shortest uint 8 bytes", "1b00000000ffffffff", "non_shortest"),
+        ("non-shortest nint", "3800", "non_shortest"),
+        ("non-shortest length", "5801ff", "non_shortest"),
+        ("indefinite bytes", "5f41ff41ffff", "indefinite_length"),
+        ("indefinite text", "7f6161ff", "indefinite_length"),
+        ("indefinite array", "9f01ff", "indefinite_length"),
+        ("indefinite map", "bf616101ff", "indefinite_length"),
+        ("lone break", "ff", "indefinite_length"),
+        ("tag epoch time", "c11a514b67b0", "tag"),
+        ("tag bignum", "c249010000000000000000", "tag"),
+        ("undefined", "f7", "bad_simple"),
+        ("simple value 16", "f0", "bad_simple"),
+        ("simple value 255", "f8ff", "bad_simple"),
+        ("float not shortest (1.0 as single)", "fa3f800000", "non_canonical"),
+        ("float not shortest (1.5 as double)", "fb3ff8000000000000", "non_canonical"),
+        ("NaN", "f97e00", "non_finite_float"),
+        ("infinity", "f97c00", "non_finite_float"),
+        ("integer map key", "a10102", "non_text_key"),
+        ("bytes map key", "a1416101", "non_text_key"),
+        ("trailing bytes", "0000", "trailing_bytes"),
+        ("truncated head", "19ff", "truncated"),
+        ("truncated string", "636162", "truncated"),
+        ("array claims too many items", "9a7fffffff00", "truncated"),
+        ("empty input", "", "truncated"),
+        ("reserved additional info", "1c", "reserved"),
+        ("invalid utf8", "62c328", "invalid_utf8"),
+        ("too deep", "81" * 17 + "00", "too_deep"),
+    ]
+    out_valid = [{"name": n, "hex": cbor.encode(v).hex(), "decoded": to_json(v)} for n, v in valid]
+    out_invalid = [{"name": n, "hex": h, "error": error_code(lambda h=h: cbor.decode(bytes.fromhex(h)))} for n, h, _ in invalid]
+    for vector, (_, _, expected) in zip(out_invalid, invalid):
+        assert vector["error"] == expected, (vector, expected)
+    return {"description": "Canonical CBOR of the restricted data model (protocol/README.md section 2)",
+            "max_depth": cbor.MAX_DEPTH, "valid": out_valid, "invalid": out_invalid}
+
+
+def envelope_vectors() -> dict[str, Any]:
+    key = SigningKey(SEED_A)
+    body = {"t": "announce", "seq": 7, "models": ["smollm2-135m"]}
+    good = seal(key, "announce", body)
+    outer = cbor.decode(good)
+    forged = cbor.encode({**outer, "body": cbor.encode({**body, "seq": 8})})
+    other_gen = cbor.encode({**outer, "gen": 2})
+    return {
+        "description": "Signed envelopes (protocol/README.md section 3); signer seed is the Ed25519 seed",
+        "signer_seed": SEED_A.hex(),
+        "signer_id": node_id_from_public_key(bytes(key.verify_key)),
+        "valid": [{"name": "announce", "context": "announce", "body": to_json(body), "hex": good.hex(),
+                   "signing_input_hex": (b"hydra/1/announce\x00" + cbor.encode(body)).hex()}],
+        "invalid": [
+            {"name": "body altered after signing", "hex": forged.hex(), "context": "announce", "error": "bad_signature"},
+            {"name": "generation 2", "hex": other_gen.hex(), "context": "announce", "error": "generation_mismatch"},
+            {"name": "wrong context", "hex": good.hex(), "context": "invite", "error": "wrong_context"},
+            {"name": "not a map", "hex": "80", "context": "announce", "error": "malformed"},
+        ],
+    }
+
+
+def token_vectors() -> dict[str, Any]:
+    key = SigningKey(SEED_A)
+    mesh = MeshSecret(MESH_KEY)
+    text = issue_invite(key, mesh.mesh_id, ["ws://192.168.1.10:7300", "10.0.0.2:7300"], 3600, NOW, nonce=NONCE)
+    raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    outer = cbor.decode(raw)
+    body = cbor.decode(outer["body"])
+    forged_raw = cbor.encode({**outer, "body": cbor.encode({**body, "exp": body["exp"] + 10**6})})
+    forged = base64.urlsafe_b64encode(forged_raw).rstrip(b"=").decode()
+    cases = [
+        ("valid", text, NOW + 10, None),
+        ("expired", text, NOW + 3600, None),
+        ("forged expiry", forged, NOW + 10, None),
+        ("foreign mesh", text, NOW + 10, MeshSecret(OTHER_MESH_KEY).mesh_id),
+        ("not base64url", "not a token!", NOW, None),
+        ("padded base64", text + "=", NOW, None),
+        ("truncated", text[:-10], NOW, None),
+    ]
+    out = []
+    for name, token_text, now, expected_mesh in cases:
+        entry: dict[str, Any] = {"name": name, "token": token_text, "now": now, "expected_mesh_id": expected_mesh}
+        try:
+            token = parse_invite(token_text, now, expected_mesh_id=expected_mesh)
+            entry["parsed"] = {"mesh_id": token.mesh_id, "issuer_id": token.issuer_id, "addrs": list(token.addrs),
+                               "expires_at": token.expires_at, "nonce": token.nonce.hex()}
+        except MeshError as exc:
+            entry["error"] = exc.code
+        out.append(entry)
+    return {"description": "Invite tokens (protocol/README.md section 6)", "issuer_seed": SEED_A.hex(),
+            "mesh_key": MESH_KEY.hex(), "mesh_id": mesh.mesh_id, "cases": out}
+
+
+def frame_vectors() -> dict[str, Any]:
+    frames = [
+        ("open", Open(1, {"kind": "generate", "model": "smollm2-135m"})),
+        ("data", Data(1, b"hello")), ("close", Close(1)), ("reset", Reset(2, "cancel", "client went away")),
+        ("window", Window(3, 131072)), ("message", Message({"t": "gossip", "seq": 1})),
+        ("ping", Ping(bytes(8))), ("pong", Pong(b"\x00\x00\x00\x00\x00\x00\x00\x07")), ("goaway", GoAway("normal", "")),
+    ]
+    valid = [{"name": n, "hex": encode_frame(f).hex(), "kind": type(f).__name__} for n, f in frames]
+    invalid = [
+        ("short header", "0100", "bad_frame"), ("unknown kind", "0a00000000", "bad_frame"),
+        ("data on stream 0", "020000000061", "bad_frame"), ("empty data", "0200000001", "bad_frame"),
+        ("message on stream 1", "0600000001a0", "bad_frame"), ("open header not a map", "010000000180", "bad_cbor"),
+        ("open header not canonical", "0100000001a2616201616101", "bad_cbor"), ("close with payload", "030000000100", "bad_frame"),
+        ("window of zero", "050000000100000000", "bad_frame"), ("ping of 7 bytes", "0700000000" + "00" * 7, "bad_frame"),
+    ]
+    from hydra_node.mesh.frames import decode_frame
+
+    out_invalid = []
+    for name, hexstr, expected in invalid:
+        code = error_code(lambda h=hexstr: decode_frame(bytes.fromhex(h)))
+        assert code == expected, (name, code)
+        out_invalid.append({"name": name, "hex": hexstr, "error": code})
+    return {"description": "Plaintext link frames (protocol/README.md section 5)", "valid": valid, "invalid": out_invalid}
+
+
+def channel_vectors() -> dict[str, Any]:
+    k1, k2 = bytes([0x01]) * 32, bytes([0x02]) * 32
+    sender = SecureChannel(k1, k2)
+    frames = [sender.seal(p) for p in (b"first", b"", b"third frame")]
+    return {
+        "description": "Encrypted frames (protocol/README.md section 4.5): sender uses send_key; receiver swaps the keys",
+        "send_key": k1.hex(), "receive_key": k2.hex(),
+        "frames": [{"plaintext": p.hex(), "hex": f.hex()} for p, f in zip((b"first", b"", b"third frame"), frames)],
+        "receiver_story": [
+            {"hex": frames[0].hex(), "result": "ok"},
+            {"hex": frames[0].hex(), "result": "replay"},
+            {"hex": frames[2].hex(), "result": "reorder"},
+            {"hex": (frames[1][:-1] + bytes([frames[1][-1] ^ 1])).hex(), "result": "tamper"},
+            {"hex": frames[1].hex(), "result": "ok"},
+            {"hex": frames[2].hex(), "result": "ok"},
+        ],
+    }
+
+
+def _story(name: str, initiator: Handshake, responder: Handshake, setup: dict[str, Any], first: bytes | None = None) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = []
+    story: dict[str, Any] = {"name": name, "setup": setup, "messages": messages}
+    data, side = (initiator.initiate() if first is None else first), "initiator"
+    peers = {"initiator": responder, "responder": initiator}
+    while data is not None:
+        messages.append({"from": side, "hex": data.hex()})
+        receiver = "responder" if side == "initiator" else "initiator"
+        try:
+            data = peers[side].receive(data)
+        except MeshError as exc:
+            story["error"] = {"side": receiver, "code": exc.code}
+            reply = getattr(exc, "reply", None)
+            if reply is not None:
+                messages.append({"from": receiver, "hex": reply.hex()})
+                try:
+                    peers[receiver].receive(reply)
+                except MeshError as exc2:
+                    story["peer_error"] = {"side": side, "code": exc2.code}
+            return story
+        side = receiver
+    ri, rr = initiator.result, responder.result
+    story["result"] = {
+        "session_id": ri.session_id.hex(), "admitted_by": ri.admitted_by, "mesh_id": ri.mesh.mesh_id,
+        "initiator_send_key": ri.send_key.hex(), "responder_send_key": rr.send_key.hex(),
+        "initiator_sees": ri.peer_id, "responder_sees": rr.peer_id,
+    }
+    assert ri.session_id == rr.session_id and ri.send_key == rr.receive_key
+    return story
+
+
+def handshake_vectors() -> dict[str, Any]:
+    """Each story's `setup` says how to build both sides; replaying it must reproduce every message."""
+    b = SigningKey(SEED_B)
+    mesh = MeshSecret(MESH_KEY)
+    token_text = issue_invite(b, mesh.mesh_id, ["127.0.0.1:7300"], 600, NOW, nonce=NONCE)
+    foreign_text = issue_invite(SigningKey(SEED_A), mesh.mesh_id, ["127.0.0.1:7300"], 600, NOW, nonce=NONCE)
+    raw = base64.urlsafe_b64decode(token_text + "=" * (-len(token_text) % 4))
+    outer = cbor.decode(raw)
+    forged_body = {**cbor.decode(outer["body"]), "exp": NOW + 10**7}
+    forged_text = base64.urlsafe_b64encode(cbor.encode({**outer, "body": cbor.encode(forged_body)})).rstrip(b"=").decode()
+    member = {"initiator_seed": SEED_A.hex(), "mesh_key": MESH_KEY.hex()}
+    newcomer = {"initiator_seed": SEED_C.hex(), "invite": token_text}
+    setups = [
+        ("member joins by mesh key", member),
+        ("newcomer joins by invite token", newcomer),
+        ("invite expired at the responder", {**newcomer, "responder_now": NOW + 600}),
+        ("invite issued by a non-member", {**newcomer, "invite": foreign_text}),
+        ("invite forged (presented text differs from what was parsed)", {**newcomer, "present": forged_text}),
+        ("different mesh", {**member, "mesh_key": OTHER_MESH_KEY.hex()}),
+        ("stranger claims the mesh id without its key", {**member, "mesh_key": OTHER_MESH_KEY.hex(), "claim_mesh_id": mesh.mesh_id}),
+        ("protocol generation 2 hello", {**member, "first": cbor.encode({"eph": bytes(32), "gen": 2, "mesh": mesh.mesh_id, "type": "hello"}).hex()}),
+    ]
+    stories = []
+    for name, setup in setups:
+        initiator, responder = build_story_parties(setup)
+        first = bytes.fromhex(setup["first"]) if "first" in setup else None
+        stories.append(_story(name, initiator, responder, setup, first))
+    return {
+        "description": "Handshake stories (protocol/README.md section 4). Build each side from `setup` "
+        "(see build_story_parties in protocol/generate_vectors.py), feed each side the other's messages, "
+        "and every message and error must match.",
+        "responder_seed": SEED_B.hex(), "initiator_ephemeral": EPH_I.hex(), "responder_ephemeral": EPH_R.hex(),
+        "responder_mesh_key": MESH_KEY.hex(), "now": NOW, "stories": stories,
+    }
+
+
+def build_story_parties(setup: dict[str, Any]) -> tuple[Handshake, Handshake]:
+    """Both handshake cores of a story, from its setup (fixed keys, ephemerals and clocks)."""
+    if "invite" in setup:
+        token = parse_invite(setup["invite"], NOW)
+        if "present" in setup:
+            token = type(token)(mesh_id=token.mesh_id, issuer_public_key=token.issuer_public_key, addrs=token.addrs,
+                                expires_at=token.expires_at, nonce=token.nonce, text=setup["present"])
+        credential: Any = token
+    else:
+        credential = MeshSecret(bytes.fromhex(setup["mesh_key"]))
+    initiator = Handshake("initiator", SigningKey(bytes.fromhex(setup["initiator_seed"])), credential,
+                          now=setup.get("initiator_now", NOW), ephemeral_secret=EPH_I)
+    if "claim_mesh_id" in setup:
+        initiator._mesh_id = setup["claim_mesh_id"]  # a stranger who knows the public mesh id but not the key
+    responder = Handshake("responder", SigningKey(SEED_B), MeshSecret(MESH_KEY),
+                          now=setup.get("responder_now", NOW), ephemeral_secret=EPH_R)
+    return initiator, responder
+
+
+def build_all() -> dict[str, Any]:
+    return {
+        "cbor.json": cbor_vectors(), "envelope.json": envelope_vectors(), "token.json": token_vectors(),
+        "frames.json": frame_vectors(), "channel.json": channel_vectors(), "handshake.json": handshake_vectors(),
+    }
+
+
+def render(doc: Any) -> str:
+    return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
+
+
+def main() -> int:
+    check = "--check" in sys.argv
+    stale = []
+    VECTORS.mkdir(parents=True, exist_ok=True)
+    for name, doc in build_all().items():
+        path = VECTORS / name
+        text = render(doc)
+        if check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        print("stale vectors:", ", ".join(stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
