@@ -8,6 +8,7 @@ failure before the first event retries once on another target.
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Protocol
@@ -15,6 +16,10 @@ from typing import AsyncIterator, Callable, Protocol
 from hydra_node.inference import GenerationError, GenerationEvent, GenerationRequest, ModelUnavailable
 
 log = logging.getLogger("hydra.router")
+
+#: Models whose hosts all vanished are answered with 503 (not 404) for this long.
+REMEMBER_MODELS_S = 600.0
+MAX_REMEMBERED_MODELS = 1024
 
 
 class UnknownModel(GenerationError):
@@ -55,6 +60,7 @@ class Router:
     def __init__(self, node_id: str):
         self.node_id = node_id
         self._sources: list[TargetSource] = []
+        self._seen: dict[str, float] = {}  # model id -> last time a target for it existed (monotonic)
         self.retries = 0
         self.no_target = 0
 
@@ -69,16 +75,29 @@ class Router:
 
     def models(self) -> list[ModelListing]:
         by_id: dict[str, ModelListing] = {}
+        now = time.monotonic()
         for t in self.all_targets():
+            if t.model not in self._seen and len(self._seen) >= MAX_REMEMBERED_MODELS:
+                self._seen.pop(min(self._seen, key=self._seen.get))
+            self._seen[t.model] = now
             m = by_id.setdefault(t.model, ModelListing(t.model))
             m.hosts.append(t.node_id)
             m.states[t.node_id] = t.state
         return sorted(by_id.values(), key=lambda m: m.id)
 
+    def recently_seen(self, model: str) -> bool:
+        """True if some host offered ``model`` within REMEMBER_MODELS_S (its hosts are gone: 503, not 404)."""
+        t = self._seen.get(model)
+        return t is not None and time.monotonic() - t < REMEMBER_MODELS_S
+
     def candidates(self, model: str) -> list[Target]:
         ts = [t for t in self.all_targets() if t.model == model]
         if not ts:
-            raise UnknownModel(model, [m.id for m in self.models()])
+            known = [m.id for m in self.models()]
+            if self.recently_seen(model):
+                self.no_target += 1
+                raise ModelUnavailable(f"no host for {model!r} is reachable right now; its hosts left the mesh")
+            raise UnknownModel(model, known)
         ready = [t for t in ts if t.state == "ready"]
         return sorted(ready, key=lambda t: (not t.local, t.queue_depth, t.rtt_ms, t.node_id))
 
@@ -95,13 +114,16 @@ class Router:
             if attempt:
                 self.retries += 1
                 log.info("event=route_retry model=%s target=%s after=%r", req.model, target.key, last_err)
+            yielded = False
             try:
                 async with target.open(req) as events:
                     first = await _first_event(events)
+                    yielded = True
                     yield _chain(first, events)
                     return
             except GenerationError as exc:
-                if exc.retryable and not getattr(exc, "streamed", False) and attempt == 0 and len(candidates) > 1:
+                if (exc.retryable and not yielded and not getattr(exc, "streamed", False) and attempt == 0
+                        and len(candidates) > 1):
                     last_err = exc
                     continue
                 raise

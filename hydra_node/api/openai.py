@@ -207,7 +207,7 @@ class OpenAIApi:
              "states": m.states} for m in self.router.models()]}
 
     def _check_model(self, model: str) -> None:
-        if model not in {m.id for m in self.router.models()}:
+        if model not in {m.id for m in self.router.models()} and not self.router.recently_seen(model):
             known = ", ".join(m.id for m in self.router.models()) or "none"
             raise ApiError(404, f"model {model!r} does not exist (available: {known})", "model_not_found", "model")
 

@@ -50,6 +50,8 @@ LEAVE_TIMEOUT_S = 1.0
 TOKEN_REFRESH_MARGIN_S = 3600.0
 #: Stream frames are runner-channel frames; a generation event is small.
 STREAM_READ_LIMIT = 1 << 20
+#: Bound on closing a generation stream (reset or reading the final EOF).
+STREAM_CLOSE_TIMEOUT_S = 2.0
 
 
 #: Handshake refusals that retrying cannot fix.
@@ -148,7 +150,9 @@ class MeshService:
             self.addresses = advertised_addresses(self.settings.listen_host, self.port, self.settings.advertise)
             self.membership = Membership(self._announcement(), self.settings.membership,
                                          now=trio.current_time())
-            self.gossip = await nursery.start(GossipService(self.membership, self._send).run)
+            self.gossip = await nursery.start(GossipService(
+                self.membership, self._send,
+                send_errors=(MeshError, OSError, trio.BrokenResourceError, trio.ClosedResourceError)).run)
             nursery.start_soon(self._consume_events)
             nursery.start_soon(self._announce_loop)
             seeds = []
@@ -395,9 +399,9 @@ class MeshService:
         except MeshError as exc:
             raise ModelUnavailable(f"peer {peer_id[:16]} is unreachable: {exc}") from None
         self.counters["remote_generations_opened"] += 1
+        finished = False
         try:
             async with link.open_stream({"kind": "generate", "req": req.to_wire()}) as stream:
-                finished = False
 
                 async def events() -> AsyncIterator[GenerationEvent]:
                     nonlocal finished
@@ -431,10 +435,18 @@ class MeshService:
                 try:
                     yield events()
                 finally:
-                    if not finished:
-                        with trio.CancelScope(shield=True):
+                    with trio.CancelScope(shield=True), trio.move_on_after(STREAM_CLOSE_TIMEOUT_S):
+                        if not finished:
                             await stream.reset("cancel", "requester gone")
+                        else:  # read the host's end-of-stream so the stream closes cleanly
+                            try:
+                                while await stream.receive():
+                                    pass
+                            except (StreamReset, LinkClosed):
+                                pass
         except (StreamReset, LinkClosed) as exc:
+            if finished:
+                return  # the answer is complete; a late close is not the client's problem
             self.counters["remote_generation_errors"] += 1
             raise GenerationError(f"peer {peer_id[:16]} lost: {exc}", code="peer_lost", status=502,
                                   retryable=True) from None
