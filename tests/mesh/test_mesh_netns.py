@@ -1,0 +1,67 @@
+"""Three hosts in network namespaces on one bridge: join, a request across hosts, a partition and its healing."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+
+import os
+from hydra_node.models import BUNDLED_MODEL_ID
+from netlab import NetLab, node_status, wait_for
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+
+PY = sys.executable
+
+
+def serve(lab, i, home, *extra):
+    return lab.spawn(i, [PY, "-m", "hydra_node.cli", "serve", "--home", str(home), "--port", "9337", "--console",
+                         "3131", "--mesh-host", "0.0.0.0", "--mesh-port", "9338", "--advertise", lab.addr(i),
+                         "--name", f"h{i}", *extra], home.parent / f"h{i}.log")
+
+
+def alive(st) -> set:
+    return {p["id"] for p in (st or {}).get("peers", []) if p["state"] == "alive"}
+
+
+def test_three_hosts_partition_and_heal(tmp_path):
+    homes = {i: tmp_path / f"h{i}" / "home" for i in (1, 2, 3)}
+    for h in homes.values():
+        h.parent.mkdir(parents=True)
+    with NetLab(3) as lab:
+        serve(lab, 1, homes[1])
+        st1 = wait_for(lambda: node_status(lab, 1, homes[1]), 90, "host 1 up")
+        r = lab.run(1, [PY, "-m", "hydra_node.cli", "invite", "--home", str(homes[1])])
+        assert r.returncode == 0, r.stderr
+        token = r.stdout.strip()
+        serve(lab, 2, homes[2], "--no-model", "--join", token)
+        serve(lab, 3, homes[3], "--no-model", "--join", token)
+        ids = {1: st1["node_id"]}
+        for i in (2, 3):
+            ids[i] = wait_for(lambda: node_status(lab, i, homes[i]), 90, f"host {i} up")["node_id"]
+        for i in (1, 2, 3):
+            want = {ids[j] for j in (1, 2, 3) if j != i}
+            wait_for(lambda: alive(node_status(lab, i, homes[i])) >= want, 30, f"host {i} sees the others")
+        # a request on host 3 runs on host 1, across the bridge
+        body = json.dumps({"model": BUNDLED_MODEL_ID, "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0})
+        r = lab.run(3, ["curl", "-s", "-m", "60", "localhost:9337/v1/completions", "-d", body], timeout=70)
+        assert json.loads(r.stdout)["choices"][0]["text"], r.stdout
+        # partition: host 3 loses its cable
+        t0 = time.monotonic()
+        lab.set_link(3, False)
+        wait_for(lambda: ids[3] not in alive(node_status(lab, 1, homes[1])), 20, "host 1 drops host 3")
+        wait_for(lambda: not alive(node_status(lab, 3, homes[3])), 20, "host 3 drops the others")
+        detect_s = time.monotonic() - t0
+        r = lab.run(3, ["curl", "-s", "-m", "30", "localhost:9337/v1/completions", "-d", body], timeout=40)
+        assert json.loads(r.stdout)["error"]["code"] == "model_unavailable"
+        # heal: everyone alive again
+        lab.set_link(3, True)
+        for i in (1, 2, 3):
+            want = {ids[j] for j in (1, 2, 3) if j != i}
+            wait_for(lambda: alive(node_status(lab, i, homes[i])) >= want, 40, f"host {i} healed")
+        r = lab.run(3, ["curl", "-s", "-m", "60", "localhost:9337/v1/completions", "-d", body], timeout=70)
+        assert json.loads(r.stdout)["choices"][0]["text"], r.stdout
+        print(f"partition noticed on both sides in {detect_s:.1f} s")
