@@ -359,12 +359,15 @@ class MeshService:
     def status(self) -> dict:
         links = {pid[:16]: l.statistics() for pid, l in self.links.items()}
         rejected: dict[str, int] = {}
+        bytes_in = sum(s.bytes_in for s in links.values())
+        bytes_out = sum(s.bytes_out for s in links.values())
         for s in links.values():
             for k, v in (getattr(s, "rejected", None) or {}).items():
                 rejected[k] = rejected.get(k, 0) + v
         g = self.gossip.statistics() if self.gossip else None
         return {"mesh_id": self.mesh.mesh_id if self.mesh else None, "port": self.port, "addresses": self.addresses,
                 "role": self.settings.role, "links": len(self.links), "frames_rejected": rejected,
+                "link_bytes_in": bytes_in, "link_bytes_out": bytes_out,
                 "handshake_failures": dict(self._listener.statistics().handshake_failures) if self._listener else {},
                 "membership": None if g is None else {
                     "incarnation": g.membership.incarnation, "sent": g.membership.sent,
