@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -46,13 +46,17 @@ class Membership:
     """Sans-IO membership of one node. Drive it with `tick(now)` at `next_deadline()`."""
 
     def __init__(self, announcement: Announcement, config: MembershipConfig | None = None,
-                 rng: random.Random | None = None, *, now: float = 0.0) -> None:
+                 rng: random.Random | None = None, *, now: float = 0.0,
+                 verify: Callable[[Announcement], bool] | None = None,
+                 sign: Callable[[Announcement], Announcement] | None = None) -> None:
         if not isinstance(announcement, Announcement):
             raise LocalMembershipError("announcement must be an Announcement")
         self.config = config or MembershipConfig()
         self.node_id = announcement.node_id
         self._rng = rng or random.Random()
-        self._ann = announcement
+        self._verify = verify  # checks the originator's signature on relayed announcements
+        self._sign = sign or (lambda a: a)  # re-signs our announcement whenever the core re-stamps it
+        self._ann = self._sign(announcement)
         self._left = False
         self._peers: dict[str, _Peer] = {}
         self._suspect_deadlines: dict[str, float] = {}
@@ -150,7 +154,7 @@ class Membership:
         self._require_not_left()
         if announcement.node_id != self.node_id:
             raise LocalMembershipError(f"announcement is for {announcement.node_id!r}, we are {self.node_id!r}")
-        self._ann = replace(announcement, incarnation=self._ann.incarnation, seq=self._ann.seq + 1)
+        self._ann = self._sign(replace(announcement, incarnation=self._ann.incarnation, seq=self._ann.seq + 1))
         self._enqueue(self.node_id)
         self._flush()
         return self._take()
@@ -312,6 +316,10 @@ class Membership:
         if rec.node_id == self.node_id:
             self._about_me(rec.incarnation, rec.state)
             return
+        if (self._verify is not None and rec.announcement is not None
+                and not self._verify(rec.announcement)):
+            self.rejected["bad_announcement_signature"] += 1
+            return
         peer = self._peers.get(rec.node_id)
         if peer is None:
             self._learn(rec, sender, now)
@@ -430,7 +438,7 @@ class Membership:
         if incarnation < self.incarnation or (state is PeerState.ALIVE and incarnation == self.incarnation):
             return
         self.refutations += 1
-        self._ann = replace(self._ann, incarnation=incarnation + 1, seq=self._ann.seq + 1)
+        self._ann = self._sign(replace(self._ann, incarnation=incarnation + 1, seq=self._ann.seq + 1))
         self._enqueue(self.node_id)
 
     # ---------------------------------------------------------------- probing

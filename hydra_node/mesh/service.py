@@ -26,6 +26,7 @@ from hydra_node import __version__
 from hydra_node.inference import (GenerationError, GenerationEvent, GenerationRequest, InvalidRequest,
                                   ModelUnavailable, event_from_wire)
 from hydra_node.mesh.addresses import advertised_addresses
+from hydra_node.mesh.announce_sig import sign_announcement, verify_announcement
 from hydra_node.mesh.endpoints import LinkListener, connect_link
 from hydra_node.mesh.errors import HandshakeError, LinkClosed, MeshError, StreamReset, TokenError
 from hydra_node.mesh.faults import FaultInjection
@@ -45,7 +46,7 @@ ANNOUNCE_CHECK_S = 0.5
 #: Bound on dialling one peer (all its addresses).
 DIAL_TIMEOUT_S = 3.0
 #: Bound on the Leave broadcast at shutdown.
-LEAVE_TIMEOUT_S = 1.0
+LEAVE_TIMEOUT_S = 2.0
 #: A fresh /api/status token is issued when the current one has less than this left.
 TOKEN_REFRESH_MARGIN_S = 3600.0
 #: Stream frames are runner-channel frames; a generation event is small.
@@ -125,8 +126,12 @@ class MeshService:
         self.incarnation = int(time.time())  # higher than any incarnation of an earlier run
         self.counters = {"remote_generations_served": 0, "remote_generations_opened": 0,
                          "remote_generation_errors": 0, "bad_stream_headers": 0, "unknown_messages": 0,
-                         "duplicate_links_closed": 0, "dial_failures": 0}
+                         "duplicate_links_closed": 0, "dial_failures": 0, "quarantined_streams": 0}
         self.tunnel_handlers: dict[str, Callable[[PeerLink, dict, LinkStream], Awaitable[None]]] = {}
+        #: Callables returning entries merged into our announcement's ``extra`` (e.g. the telemetry
+        #: summary, hydra_node/routing/live.py). Return the same value until it really changed:
+        #: a changed ``extra`` is a new announcement.
+        self.extra_sources: list[Callable[[], dict]] = []
 
     # ---- lifecycle ------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -149,7 +154,8 @@ class MeshService:
                                             self.settings.listen_port)
             self.addresses = advertised_addresses(self.settings.listen_host, self.port, self.settings.advertise)
             self.membership = Membership(self._announcement(), self.settings.membership,
-                                         now=trio.current_time())
+                                         now=trio.current_time(), verify=verify_announcement,
+                                         sign=partial(sign_announcement, self.identity.signing_key))
             self.gossip = await nursery.start(GossipService(
                 self.membership, self._send,
                 send_errors=(MeshError, OSError, trio.BrokenResourceError, trio.ClosedResourceError)).run)
@@ -308,13 +314,25 @@ class MeshService:
             api_port=node.api_server.port if node.api_server else None,
             console_port=node.console_server.port if node.console_server else None,
             models=models, hardware=Hardware(**hw), queue_depth=sum(r.queue_depth + r.in_flight for r in runners),
-            throughput_milli=tps, extra={"name": node.config.name or self.node_id[:8]})
+            throughput_milli=tps, rpc=self._rpc_capacity(), extra=self._extra())
+
+    def _rpc_capacity(self):
+        """Our RPC worker's capacity (hydra_node/runtime/hosting.py), None without a ready worker."""
+        runtime = getattr(self.node, "runtime", None)
+        return runtime.rpc_announcement()[0] if runtime is not None else None
+
+    def _extra(self) -> dict:
+        extra: dict = {}
+        for source in self.extra_sources:
+            extra.update(source())
+        extra["name"] = self.node.config.name or self.node_id[:8]
+        return extra
 
     async def _announce_loop(self) -> None:
         while True:
             ann = self._announcement()
             key = (ann.models, ann.queue_depth, ann.api_port, ann.console_port, ann.addresses,
-                   ann.throughput_milli, ann.incarnation)
+                   ann.throughput_milli, ann.incarnation, ann.extra, ann.rpc)
             if key != self._last_ann:
                 self._last_ann = key
                 self._seq += 1
@@ -456,6 +474,11 @@ class MeshService:
 
     # ---- serving streams for peers --------------------------------------------------------
     async def _on_stream(self, link: PeerLink, header: dict, stream: LinkStream) -> None:
+        if self.membership is None or link.peer_id not in self.membership.members():
+            # Quarantine: a peer gets no work done here before its first valid (signed) announcement.
+            self.counters["quarantined_streams"] += 1
+            await stream.reset("quarantined", "no valid announcement from this peer yet")
+            return
         kind = header.get("kind")
         if kind == "generate":
             await self._serve_generate(link, header, stream)
