@@ -301,10 +301,42 @@ def build_story_parties(setup: dict[str, Any]) -> tuple[Handshake, Handshake]:
     return initiator, responder
 
 
+def announcement_vectors() -> dict[str, Any]:
+    """Signed announcements (section 11.2) and a gossip message carrying one (section 11.1)."""
+    import dataclasses
+
+    from hydra_node.mesh.announce_sig import _unsigned_bytes, sign_announcement
+    from hydra_node.mesh.ids import node_id_from_public_key
+    from hydra_node.mesh.membership import Announcement, Gossip, Hardware, ModelEntry, PeerRecord, PeerState
+
+    key = SigningKey(bytes(range(32, 64)))
+    nid = node_id_from_public_key(bytes(key.verify_key))
+    ann = sign_announcement(key, Announcement(
+        node_id=nid, incarnation=1795940000, seq=3, version="0.1.0", role="host", addresses=("10.0.0.5:9338",),
+        api_port=9337, console_port=3131, models=(ModelEntry("SmolLM2-135M-Instruct-Q4_1", "ready"),),
+        hardware=Hardware(cores=8, ram_bytes=16 << 30, vram_bytes=0, usable_bytes=12 << 30), queue_depth=1,
+        throughput_milli=(("SmolLM2-135M-Instruct-Q4_1", 180000),), extra={"name": "alpha"}))
+    forged = dataclasses.replace(ann, queue_depth=0)
+    gossip = Gossip((PeerRecord(nid, ann.incarnation, PeerState.ALIVE, ann),))
+    message = {"t": "gossip", "m": gossip.to_wire()}
+    return {
+        "description": "Announcements signed by the node they describe; verify with the node id as public key.",
+        "seed": {"bytes": bytes(range(32, 64)).hex()},
+        "valid": [{"name": "signed_announcement", "wire": to_json(ann.to_wire()),
+                   "signing_input": {"bytes": _unsigned_bytes(ann).hex()},
+                   "signature": {"bytes": dict(ann.extra)["sig"].hex()}}],
+        "invalid": [{"name": "queue_depth_changed_after_signing", "wire": to_json(forged.to_wire()),
+                     "error": "bad_announcement_signature"}],
+        "messages": [{"name": "gossip_message_on_the_priority_lane", "decoded": to_json(message),
+                      "hex": cbor.encode(message).hex()}],
+    }
+
+
 def build_all() -> dict[str, Any]:
     return {
         "cbor.json": cbor_vectors(), "envelope.json": envelope_vectors(), "token.json": token_vectors(),
         "frames.json": frame_vectors(), "channel.json": channel_vectors(), "handshake.json": handshake_vectors(),
+        "announce.json": announcement_vectors(),
     }
 
 

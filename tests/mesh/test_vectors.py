@@ -150,3 +150,22 @@ def test_handshake_stories(story: dict[str, Any]) -> None:
         assert responder.result.send_key.hex() == result["responder_send_key"]
         assert initiator.result.peer_id == result["initiator_sees"] and responder.result.peer_id == result["responder_sees"]
         assert initiator.result.mesh.mesh_id == result["mesh_id"]
+
+
+# ---- signed announcements and gossip messages (protocol/README.md section 11) --------------
+
+def test_announcement_vectors():
+    from hydra_node.mesh.announce_sig import _unsigned_bytes, verify_announcement
+    from hydra_node.mesh.membership import Announcement
+
+    doc = load("announce.json")
+    for v in doc["valid"]:
+        ann = Announcement.from_wire(from_json(v["wire"]))
+        assert verify_announcement(ann), v["name"]
+        assert _unsigned_bytes(ann) == from_json(v["signing_input"])
+        assert dict(ann.extra)["sig"] == from_json(v["signature"])
+    for v in doc["invalid"]:
+        assert not verify_announcement(Announcement.from_wire(from_json(v["wire"]))), v["name"]
+    for v in doc["messages"]:
+        assert cbor.encode(from_json(v["decoded"])).hex() == v["hex"]
+        assert cbor.decode(bytes.fromhex(v["hex"])) == from_json(v["decoded"])
