@@ -112,6 +112,23 @@ def test_client_disconnect_cancels_the_remote_generation(mesh):
         mesh[n].wait_status(cancelled, timeout=5, what="host idle again")
 
 
+def test_api_only_client_uses_the_mesh_and_hosts_nothing(mesh, tmp_path):
+    d = NodeProcess(tmp_path / "d", "--join", mesh["token"], command="client").start()
+    try:
+        st = d.status()
+        assert st["role"] == "client" and st["models"] == [] and st["is_client"]
+        d.wait_status(lambda s: len(alive_peers(s)) == 3, timeout=20, what="client sees the mesh")
+        assert complete(d.api_port)["choices"][0]["text"]
+        roles = {p["id"]: p["role"] for p in mesh["c"].wait_status(
+            lambda s: st["node_id"] in alive_peers(s), timeout=20, what="mesh sees the client")["peers"]}
+        assert roles[st["node_id"]] == "client"
+        code, body = request("GET", mesh["c"].api_port, "/v1/models")
+        assert st["node_id"] not in json.loads(body)["data"][0]["hosts"]
+    finally:
+        d.stop()
+        d.kill_all()
+
+
 def test_invite_errors_are_clear(mesh, tmp_path):
     from hydra_node.mesh.token import issue_invite
     import nacl.signing
@@ -133,7 +150,8 @@ def test_invite_errors_are_clear(mesh, tmp_path):
         assert "cannot join" in r.stderr and word in r.stderr, (name, r.stderr[-2000:])
         assert "Traceback" not in r.stderr
     # none of them became a member
-    assert len(mesh["a"].status()["peers"]) == 2
+    ids = set(mesh["ids"].values())
+    assert all(p["id"] in ids or p["role"] == "client" for p in mesh["a"].status()["peers"])
 
 
 def test_kill_9_of_a_host_is_noticed_and_requests_fail_over(mesh):
