@@ -9,6 +9,7 @@ router and as a section of ``/api/status``.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -45,6 +46,8 @@ log = logging.getLogger("hydra.mesh")
 ANNOUNCE_CHECK_S = 0.5
 #: Bound on dialling one peer (all its addresses).
 DIAL_TIMEOUT_S = 3.0
+#: Peers whose addresses are remembered in HOME/mesh/peers.json for a restart without --join.
+MAX_REMEMBERED_PEERS = 64
 #: Bound on the Leave broadcast at shutdown.
 LEAVE_TIMEOUT_S = 2.0
 #: A fresh /api/status token is issued when the current one has less than this left.
@@ -123,6 +126,7 @@ class MeshService:
         self._seq = 0
         self._last_ann: tuple | None = None
         self._token: tuple[str, float] | None = None
+        self._remembered: dict | None = None
         self.incarnation = int(time.time())  # higher than any incarnation of an earlier run
         self.counters = {"remote_generations_served": 0, "remote_generations_opened": 0,
                          "remote_generation_errors": 0, "bad_stream_headers": 0, "unknown_messages": 0,
@@ -177,6 +181,8 @@ class MeshService:
                 raise JoinFailed(f"could not reach any address of the invite ({', '.join(tokens[0].addrs)})")
             if seeds:
                 self.gossip.join(seeds)
+            elif not tokens:
+                nursery.start_soon(self._rejoin_known_peers)
             log.info("event=mesh_ready mesh_id=%s port=%d addresses=%s", self.mesh.mesh_id, self.port,
                      ",".join(self.addresses))
             task_status.started(self)
@@ -339,8 +345,52 @@ class MeshService:
                 self.gossip.local_update(self._announcement())
             await trio.sleep(ANNOUNCE_CHECK_S)
 
+    @property
+    def _known_peers_path(self) -> Path:
+        return self.node.home / "mesh" / "peers.json"
+
+    def _remember_peers(self) -> None:
+        """Keep the addresses of current members, so a restart without --join finds the mesh again."""
+        members = self.membership.members()
+        known = {pid: list(ann.addresses) for pid, ann in members.items() if ann is not None and ann.addresses}
+        if not known:
+            return
+        data = {"mesh_id": self.mesh.mesh_id,
+                "peers": dict(sorted(known.items())[:MAX_REMEMBERED_PEERS])}
+        if data == self._remembered:
+            return  # announcements change often (queue depth); the file only when addresses do
+        self._remembered = data
+        tmp = self._known_peers_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self._known_peers_path)
+
+    async def _rejoin_known_peers(self) -> None:
+        """After a restart without --join: dial the members we knew (best effort, in the background)."""
+        try:
+            data = json.loads(self._known_peers_path.read_text())
+        except (OSError, ValueError):
+            return
+        if not isinstance(data, dict) or data.get("mesh_id") != self.mesh.mesh_id:
+            return
+        seeds = []
+        for pid, addrs in list((data.get("peers") or {}).items())[:MAX_REMEMBERED_PEERS]:
+            if not isinstance(addrs, list):
+                continue
+            try:
+                urls = [addr_to_url(str(a)) for a in addrs[:8]]
+            except (TokenError, ValueError):
+                continue
+            link = await self._dial_urls(urls, pid, DIAL_TIMEOUT_S)
+            if link is not None:
+                seeds.append(pid)
+        if seeds:
+            log.info("event=mesh_rejoined_known_peers peers=%d", len(seeds))
+            self.gossip.join(seeds)
+
     async def _consume_events(self) -> None:
         async for ev in self.gossip.events:
+            if type(ev).__name__ in ("PeerJoined", "PeerUpdated"):
+                self._remember_peers()
             log.info("event=membership_%s peer=%s incarnation=%s", type(ev).__name__.lower(),
                      ev.peer_id[:16], getattr(ev, "incarnation", ""))
             if type(ev).__name__ in ("PeerDied", "PeerLeft"):
