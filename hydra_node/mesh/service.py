@@ -194,6 +194,11 @@ class MeshService:
             return
         with trio.move_on_after(LEAVE_TIMEOUT_S):
             await self.gossip.leave()
+            # Close links gracefully: this flushes the queued Leave before the sockets go away,
+            # so peers see "left" at once instead of suspecting a crash.
+            async with trio.open_nursery() as nursery:
+                for link in list(self.links.values()):
+                    nursery.start_soon(link.aclose, "leaving", "node shutting down")
 
     def _link_settings(self, mesh: MeshSecret | None = None) -> LinkSettings:
         return LinkSettings(identity=self.identity.signing_key, mesh=mesh or self.mesh,

@@ -186,5 +186,7 @@ def test_no_host_left_gives_503_in_openai_shape(mesh):
     assert code == 503
     err = json.loads(body)["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["code"] == "model_unavailable"
-    left = {p["id"]: p["state"] for p in c.status()["peers"]}
-    assert left[ids["b"]] == "left"  # a clean shutdown announces leaving
+    st = c.wait_status(lambda st: {p["id"]: p["state"] for p in st["peers"]}.get(ids["b"]) in ("left", "dead"),
+                       timeout=20, what="B gone")
+    left = {p["id"]: p["state"] for p in st["peers"]}
+    assert left[ids["b"]] == "left"  # a clean shutdown announces leaving (not a crash to detect)
