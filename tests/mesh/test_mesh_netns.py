@@ -12,7 +12,12 @@ import os
 from hydra_node.models import BUNDLED_MODEL_ID
 from netlab import NetLab, node_status, wait_for
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+import shutil
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
+    pytest.mark.skipif(not shutil.which("ip") or not shutil.which("curl"), reason="needs iproute2 and curl"),
+]
 
 PY = sys.executable
 
