@@ -1,0 +1,25 @@
+"""Exact speculative decoding: a draft proposes, the target verifies in one batched pass.
+
+Pure parts (no llama): :mod:`.acceptance` (the acceptance rules), :mod:`.controller`
+(adaptive draft length), :mod:`.sampling`, :mod:`.text`.  Engines over llama-cpp-python:
+:mod:`.engine`, :mod:`.target`, :mod:`.draft`, :mod:`.decoder`.  See docs/speculative.md.
+"""
+
+from .adapter import generate_events, sampling_for
+from .acceptance import Verdict, verify_greedy, verify_sampled
+from .controller import ControllerConfig, SpeculationController, SpeculationStats, expected_tokens, leviathan_speedup
+from .decoder import Completion, Emitted, SpeculativeDecoder
+from .draft import DraftSession, Drafter, Proposal
+from .engine import LlamaEngine
+from .errors import ContextFull, DraftProtocolError, SessionStateError, SpeculationError
+from .sampling import SamplingParams, SparseDist
+from .target import TargetSession
+from .testpair import ensure_converted_target, ensure_f16_target
+
+__all__ = [
+    "Completion", "ContextFull", "ControllerConfig", "DraftProtocolError", "DraftSession", "Drafter",
+    "Emitted", "LlamaEngine", "Proposal", "SamplingParams", "SessionStateError", "SparseDist",
+    "SpeculationController", "SpeculationError", "SpeculationStats", "SpeculativeDecoder", "TargetSession",
+    "Verdict", "ensure_converted_target", "ensure_f16_target", "expected_tokens", "generate_events", "leviathan_speedup", "sampling_for",
+    "verify_greedy", "verify_sampled",
+]
