@@ -19,8 +19,13 @@ the adaptive controller.  We print medians per (kind, mode):
 compute the run used, which other processes on a shared machine barely disturb; ``--clock
 wall`` uses ``time.perf_counter``.  The adaptive controller gets the same clock.
 
-The cross-node variant (draft on another node, tokens over the mesh) adds an RTT per
-round; the controller's cost model already takes one (``record_round(..., rtt)``).
+``--mode nodes`` is the cross-node variant: three real nodes on loopback — D serves the
+draft (``--draft-server``), T serves the target with ``--speculative mesh`` (its runner drafts
+through a mesh tunnel to D's draft server), R serves the target alone — and requests alternate
+between T and R (greedy, wall clock, one thread each).  T runs once per configuration
+(``--node-ks``: "adaptive" and fixed k).  alpha and k come from T's ``/api/status``
+(``models[].speculative.last_request``), c from the draft and the target alone in this process,
+the per-round RTT from T's draft connection.
 """
 
 from __future__ import annotations
@@ -82,8 +87,132 @@ def speculative_run(target: LlamaEngine, draft: LlamaEngine, prompt: list[int], 
     return dt / max(done.completion_tokens, 1), done
 
 
+NODE_CONFIG = """
+[defaults.model_fit]
+prompt_cache = false
+ctx_size = 1024
+[defaults.throughput]
+threads = {threads}
+[defaults.speculative]
+draft_min_tokens = {kmin}
+draft_max_tokens = {kmax}
+min_predicted_speedup = {min_speedup}
+"""
+
+
+def _node_request(node, model: str, prompt: str, n: int) -> tuple[float, dict]:
+    from harness import request
+
+    t0 = time.perf_counter()
+    code, body = request("POST", node.api_port, "/v1/completions",
+                         {"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0}, timeout=300)
+    dt = time.perf_counter() - t0
+    if code != 200:
+        raise RuntimeError(f"HTTP {code}: {body[:300]}")
+    return dt, json.loads(body)
+
+
+def cross_node(args) -> None:
+    """Draft on node D, target on node T (speculating through the mesh), target alone on node R."""
+    import shutil
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from harness import NodeProcess
+
+    draft_path = bundled_model_path()
+    target_path = ensure_converted_target(draft_path, kind=args.target)
+    # c = draft step / target step, measured alone in this process (wall clock, same threads)
+    global clock
+    clock = time.perf_counter
+    tgt = LlamaEngine(target_path, n_ctx=1024, n_threads=args.threads)
+    drf = LlamaEngine(draft_path, n_ctx=1024, n_threads=args.threads)
+    toks = {kind: tgt.tokenize(text) for kind, text in PROMPTS.items()}
+    c_of = {kind: plain_seconds_per_token(drf, p, 32) / plain_seconds_per_token(tgt, p, 32) for kind, p in toks.items()}
+    tgt.close()
+    drf.close()
+    base = Path(tempfile.mkdtemp(prefix="hydra-bench-spec-"))
+    nodes: list = []
+
+    def config(name: str, kmin: int, kmax: int, min_speedup: float) -> Path:
+        path = base / f"{name}.toml"
+        path.write_text(NODE_CONFIG.format(threads=args.threads, kmin=kmin, kmax=kmax, min_speedup=min_speedup))
+        return path
+
+    common = ("--no-rpc-worker",)
+    try:
+        d = NodeProcess(base / "d", "--config", str(config("d", 1, 8, 1.0)), *common, "--no-model",
+                        "--draft-server", "bundled").start()
+        r = NodeProcess(base / "r", "--config", str(config("r", 1, 8, 1.0)), *common,
+                        "--model", str(target_path)).start()
+        nodes += [d, r]
+        model = r.status()["models"][0]["id"]
+        print(f"cross-node: target={args.target} ({target_path.name}) draft=Q4_1 on another node, threads="
+              f"{args.threads} tokens={args.tokens} repeats={args.repeats} clock=wall")
+        print(f"{'kind':6} {'config':9} {'tok/s':>7} {'alone':>7} {'speedup':>7} {'alpha':>6} {'c':>5} {'k':>4} "
+              f"{'rtt_ms':>6} {'bound(k)':>8} {'frac':>5} {'best':>11}")
+        rows = []
+        for cfg in args.node_ks.split(","):
+            kmin, kmax, min_speedup = (1, 8, 1.0) if cfg == "adaptive" else (int(cfg), int(cfg), 0.01)
+            t = NodeProcess(base / f"t-{cfg}", "--config", str(config(f"t-{cfg}", kmin, kmax, min_speedup)), *common,
+                            "--model", str(target_path), "--speculative", "mesh", "--join", d.invite()).start()
+            nodes.append(t)
+            t.wait_status(lambda st: st["speculation"]["draft_peers"], timeout=60, what="T sees the draft")
+            _node_request(t, model, PROMPTS["code"], 8)  # warm-up: connections, first measurements
+            _node_request(r, model, PROMPTS["code"], 8)
+            samples: dict[tuple[str, str], list] = {}
+            for rep in range(args.repeats):
+                for kind, prompt in PROMPTS.items():
+                    order = [("spec", t), ("alone", r)] if rep % 2 == 0 else [("alone", r), ("spec", t)]
+                    for mode, node in order:
+                        dt, body = _node_request(node, model, prompt, args.tokens)
+                        n = body["usage"]["completion_tokens"]
+                        spec = node.status()["models"][0].get("speculative") if mode == "spec" else None
+                        samples.setdefault((kind, mode), []).append((dt / max(n, 1), spec))
+            for kind in PROMPTS:
+                t_alone = statistics.median(x[0] for x in samples[(kind, "alone")])
+                runs = samples[(kind, "spec")]
+                t_spec = statistics.median(x[0] for x in runs)
+                last = [x[1]["last_request"] for x in runs]
+                acc = sum(l["accepted"] for l in last)
+                rej = sum(l["rejections"] for l in last)
+                rounds = sum(l["rounds"] for l in last)
+                drafted = sum(l["drafted"] for l in last)
+                failures = [l["draft_failure"] for l in last if l["draft_failure"]]
+                alpha = acc / (acc + rej) if acc + rej else 0.0
+                k = drafted / rounds if rounds else 0.0
+                c = c_of[kind]
+                rtt = runs[-1][1]["remote"]["rtt_ms"]
+                bound = leviathan_speedup(alpha, round(k), c) if rounds else 1.0
+                best_k, best = max(((j, leviathan_speedup(alpha, j, c)) for j in range(1, K_MAX_BOUND + 1)),
+                                   key=lambda x: x[1])
+                speedup = t_alone / t_spec
+                row = dict(kind=kind, config=cfg, tok_s=1 / t_spec, alone_tok_s=1 / t_alone, speedup=speedup,
+                           alpha=alpha, c=c, k=k, rtt_ms=rtt, bound=bound, frac=speedup / bound, best_k=best_k,
+                           best_bound=best, draft_failures=failures, status=runs[-1][1])
+                rows.append(row)
+                print(f"{kind:6} {cfg:9} {1 / t_spec:7.1f} {1 / t_alone:7.1f} {speedup:7.2f} {alpha:6.2f} {c:5.2f} "
+                      f"{k:4.1f} {rtt if rtt is not None else float('nan'):6.2f} {bound:8.2f} {speedup / bound:5.2f} "
+                      f"{best:6.2f}@k={best_k}" + (f"  draft failures: {failures[:1]}" if failures else ""))
+            st = t.status()["models"][0]["speculative"]
+            print(f"  T status: acceptance_rate={st['acceptance_rate']} tokens_per_round={st['tokens_per_round']} "
+                  f"k={st['k']} predicted={st['predicted_speedup']} measured={st['measured_speedup']} "
+                  f"speculating={st['speculating']}")
+            t.kill_all()
+        if args.json:
+            args.json.write_text(json.dumps(dict(rows=rows), indent=1))
+    finally:
+        for n in nodes:
+            n.kill_all()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mode", choices=["process", "nodes"], default="process",
+                    help="process: draft and target in this process; nodes: draft and target on two nodes")
+    ap.add_argument("--node-ks", default="adaptive,8", help="--mode nodes: T configurations (adaptive or a fixed k)")
     ap.add_argument("--target", choices=["f16", "f32"], default="f32")
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
@@ -92,6 +221,9 @@ def main() -> None:
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
+    if args.mode == "nodes":
+        cross_node(args)
+        return
     ks = [int(k) for k in args.ks.split(",")]
     global clock
     clock = CLOCKS[args.clock]

@@ -6,12 +6,15 @@ Modes (each a model runner in its own process, with its own RPC workers, since a
 ggml RPC worker serves one coordinator at a time):
 
 * ``local``        – unsplit, llama.cpp on this process's CPU;
-* ``split-direct`` – plain llama.cpp RPC over loopback to 2 workers.
+* ``split-direct`` – plain llama.cpp RPC over loopback to 2 workers;
+* ``split-tunnel`` – the same, but each worker is reached as in a mesh: through an
+  encrypted peer link (``hydra_node.runtime.rpc.tunnel``), with one process per worker
+  node (``RpcTunnelServer`` on a ``LinkListener``) and one coordinator-node process
+  holding the leases and the loopback tunnel ports (``RemoteWorkerTunnel``).
 
 A mode is a name plus a function returning the (endpoint, pid) of the workers its
-runner should use; the lead adds ``split-tunnel`` (workers reached through encrypted
-mesh tunnels: endpoints are the local tunnel ports, pids those of the workers and, if
-separate, the tunnel processes) by adding an entry to ``MODES``.  Besides tokens/s we
+runner should use; the pids also count the tunnel processes, so CPU per token includes
+encryption and pumping.  We also print tunnel/direct ratios (goal: >= 0.85).  Besides tokens/s we
 print CPU milliseconds per token summed over the runner and its workers: on a busy
 machine wall-clock rates mostly measure contention, CPU cost does not.  Rounds run the modes in rotated order so drift in
 machine load hits all of them alike; we print medians and the ratio to ``local``.
@@ -102,6 +105,78 @@ def start_workers(procs: Procs, n: int, threads: int) -> list[tuple[str, int]]:
     return [(_line(w)["endpoint"], w.pid) for w in ws]
 
 
+# ---------------------------------------------------------------- tunnel processes
+class _OneLink:
+    """What RemoteWorkerTunnel needs from MeshService: ``link_to(peer)``."""
+
+    def __init__(self, link):
+        self.link = link
+
+    async def link_to(self, peer_id: str):
+        return self.link
+
+
+async def _tunnel_main(spec: dict) -> None:
+    import trio
+    from nacl.signing import SigningKey
+
+    from hydra_node.mesh.endpoints import LinkListener, open_link
+    from hydra_node.mesh.ids import MeshSecret
+    from hydra_node.mesh.link import LinkSettings
+    from hydra_node.runtime.rpc.tunnel import RemoteWorkerTunnel, RpcTunnelServer
+
+    mesh = MeshSecret(bytes.fromhex(spec["mesh"]))
+    if spec["side"] == "worker":  # a worker node: serves tunnel streams to its loopback worker
+        w = spec["worker"]
+        server = RpcTunnelServer("bench", lambda: (w["endpoint"], w["proto"], w["free_bytes"], w["device"]))
+
+        async def on_stream(link, header, stream):
+            await server.handle(link, header, stream)
+
+        listener = LinkListener(LinkSettings(identity=SigningKey.generate(), mesh=mesh, on_stream=on_stream))
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(listener.serve, "127.0.0.1", 0)
+            print(json.dumps({"url": f"ws://127.0.0.1:{port}"}), flush=True)
+            await trio.sleep_forever()
+    async with trio.open_nursery() as nursery:  # the coordinator node: leases + tunnel ports
+        endpoints = []
+        for url in spec["urls"]:
+            link = await nursery.start(_hold_link, open_link, url, LinkSettings(identity=SigningKey.generate(),
+                                                                                mesh=mesh))
+            info = await nursery.start(RemoteWorkerTunnel(_OneLink(link), link.peer_id, tag="bench").run)
+            endpoints.append(info.endpoint)
+        print(json.dumps({"endpoints": endpoints}), flush=True)
+        await trio.sleep_forever()
+
+
+async def _hold_link(open_link, url, settings, *, task_status) -> None:
+    import trio
+
+    async with open_link(url, settings) as link:
+        task_status.started(link)
+        await trio.sleep_forever()
+
+
+def start_tunnelled_workers(procs: "Procs", n: int, threads: int) -> list[tuple[str, int]]:
+    """``n`` loopback workers, each behind its own worker-node tunnel process, reached from one
+    coordinator-node tunnel process; returns (tunnel endpoint, pid) with every pid involved."""
+    from hydra_node.runtime.rpc.supervisor import free_loopback_port
+
+    mesh = os.urandom(32).hex()
+    ws = [procs.start([sys.executable, "-m", "hydra_node.runtime.rpc.worker", "--port",
+                       str(free_loopback_port()), "--threads", str(threads)], stderr=subprocess.DEVNULL)
+          for _ in range(n)]
+    ready = [_line(w) for w in ws]
+    sides = [procs.start([sys.executable, __file__, "--tunnel", json.dumps({"side": "worker", "mesh": mesh,
+                                                                             "worker": r})]) for r in ready]
+    urls = [_line(p)["url"] for p in sides]
+    coord = procs.start([sys.executable, __file__, "--tunnel", json.dumps({"side": "coord", "mesh": mesh,
+                                                                            "urls": urls})])
+    endpoints = _line(coord)["endpoints"]
+    extra = [p.pid for p in sides] + [coord.pid]
+    return [(ep, w.pid) for ep, w in zip(endpoints, ws)] + [(None, pid) for pid in extra]
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU time of ``pids`` (from /proc): cost that machine load does not inflate."""
     total = 0
@@ -115,6 +190,7 @@ def cpu_seconds(pids: list[int]) -> float:
 MODES = {
     "local": lambda procs, args: [],
     "split-direct": lambda procs, args: start_workers(procs, 2, args.threads),
+    "split-tunnel": lambda procs, args: start_tunnelled_workers(procs, 2, args.threads),
 }
 
 
@@ -124,9 +200,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--serve", help=argparse.SUPPRESS)
+    ap.add_argument("--tunnel", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
         return serve(json.loads(args.serve))
+    if args.tunnel:
+        import trio
+
+        return trio.run(_tunnel_main, json.loads(args.tunnel))
 
     model = str(bundled_model_path())
     print("load average before: %.1f %.1f %.1f" % os.getloadavg())
@@ -134,7 +215,7 @@ def main() -> None:
         runners, pids = {}, {}
         for name, workers_for in MODES.items():
             workers = workers_for(procs, args)
-            spec = {"model": model, "endpoints": [ep for ep, _ in workers],
+            spec = {"model": model, "endpoints": [ep for ep, _ in workers if ep],
                     "threads": args.threads, "tokens": args.tokens}
             runners[name] = procs.start([sys.executable, __file__, "--serve", json.dumps(spec)])
             pids[name] = [runners[name].pid] + [pid for _, pid in workers]
@@ -165,6 +246,12 @@ def main() -> None:
             med, cpu = statistics.median(rates[name]), statistics.median(cpu_per_token[name])
             print(f"{name:<14} {med:12.1f} {min(rates[name]):7.1f} {max(rates[name]):7.1f} {med / base:6.2f} "
                   f"{cpu:10.2f} {cpu / base_cpu:9.2f}")
+        if "split-tunnel" in rates:
+            ratio = statistics.median(rates["split-tunnel"]) / statistics.median(rates["split-direct"])
+            cpu_ratio = statistics.median(cpu_per_token["split-tunnel"]) / statistics.median(cpu_per_token["split-direct"])
+            per_round = [t / d for t, d in zip(rates["split-tunnel"], rates["split-direct"])]
+            print(f"tunnel/direct tok/s ratio: {ratio:.2f} (per round {min(per_round):.2f}-{max(per_round):.2f}; "
+                  f"goal >= 0.85)   CPU per token ratio: {cpu_ratio:.2f}")
         same = all(t == texts["local"] for t in texts.values())
         print(f"greedy output identical across modes: {same}")
         print("load average after: %.1f %.1f %.1f" % os.getloadavg())

@@ -13,6 +13,10 @@ import urllib.request
 from pathlib import Path
 
 from hydra_node import __version__
+from hydra_node.discovery.cli_glue import add_discover_parser, add_serve_args as add_discovery_serve_args, cmd_discover
+from hydra_node.discovery.cli_glue import settings_from_args as discovery_settings_from_args
+from hydra_node.runtime.hosting_cli import add_split_serve_args, add_swap_parser, cmd_swap, split_config_from_args
+from hydra_node.runtime.speculative.cli_glue import add_speculative_serve_args, apply_speculative_args
 from hydra_node.config import (DEFAULT_API_PORT, DEFAULT_CONSOLE_PORT, DEFAULT_MESH_PORT, ConfigError, NodeConfig, default_home,
                                env_api_key, load_config_file)
 
@@ -77,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-memory", type=float, metavar="GB",
                    help="cap the memory this node advertises and uses (GB)")
     _add_node_args(s)
+    add_discovery_serve_args(s)
+    add_split_serve_args(s)
+    add_speculative_serve_args(s)
 
     c = sub.add_parser("client", help="API-only member of a mesh: no model, no capacity",
                        description="Join a mesh as an API-only client: the OpenAI API on this machine answers for "
@@ -103,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_home(sp)
     sp.add_argument("--timeout", type=float, default=20.0, help="seconds to wait before giving up (default 20)")
 
+    add_discover_parser(sub)
+    add_swap_parser(sub, _add_home)
+
     sub.add_parser("models", help="list the models this machine can serve",
                    description="List the bundled model and its id.")
     return p
@@ -116,7 +126,9 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     try:
         return {"serve": cmd_serve, "client": cmd_serve, "status": cmd_status, "stop": cmd_stop,
-                "models": cmd_models, "invite": cmd_invite}[args.command](args)
+                "models": cmd_models, "invite": cmd_invite,
+                "swap": lambda a: cmd_swap(a, _console_port(a), env_api_key()),
+                "discover": lambda a: cmd_discover(a, _home(a))}[args.command](args)
     except ConfigError as exc:
         print(f"hydra-node: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -127,7 +139,7 @@ def main(argv=None) -> int:
 def node_config_from_args(args) -> NodeConfig:
     from hydra_node.mesh.service import MeshSettings
 
-    file_cfg = load_config_file(args.config)
+    file_cfg = apply_speculative_args(args, load_config_file(args.config))
     api_key = args.api_key or env_api_key()
     client = args.command == "client"
     models = () if client else tuple(args.model)
@@ -149,7 +161,12 @@ def node_config_from_args(args) -> NodeConfig:
         console_port=DEFAULT_CONSOLE_PORT if args.console is None else args.console,
         headless=args.headless, listen_all=args.listen_all, api_key=api_key, file=file_cfg,
         log_format=args.log_format, role=role, mesh=mesh,
-        max_memory_bytes=int(max_mem * 1e9) if max_mem else None)
+        max_memory_bytes=int(max_mem * 1e9) if max_mem else None, **split_config_from_args(args, ConfigError))
+    if args.command == "serve":
+        try:
+            cfg = cfg.replace(discovery=discovery_settings_from_args(args))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     cfg.validate()
     if not (0 <= mesh.listen_port <= 65535):
         raise ConfigError(f"--mesh-port: must be a TCP port, not {mesh.listen_port}")

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from hydra_node.routing._config import SchedulerConfig, SchedulerConfigError
+
 DEFAULT_API_PORT = 9337
 DEFAULT_CONSOLE_PORT = 3131
 DEFAULT_MESH_PORT = 9338
@@ -84,22 +86,12 @@ def _positive(prefix: str, key: str, value: float, *, zero_ok: bool = False) -> 
     _check(ok, f"[{prefix}].{key}", f"must be {'>= 0' if zero_ok else '> 0'}, not {value!r}")
 
 
-@dataclass(frozen=True)
-class SchedulerSection:
-    mode: str = "shadow"
-    ttft_budget_ms: int = 450
-    tpot_budget_ms: int = 40
-    affinity_override_threshold_ms: int = 100
-    stale_after_ms: int = 15000
-    cache_affinity_credit_ms: int = 80
-    failure_penalty_ms: int = 500
-    unknown_remote_penalty_ms: int = 75
-
-    def validate(self, prefix: str) -> None:
-        _one_of(prefix, "mode", self.mode, ("off", "shadow", "active"))
-        for f in fields(self):
-            if f.name != "mode":
-                _positive(prefix, f.name, getattr(self, f.name), zero_ok=True)
+def _scheduler_section(data: Any) -> SchedulerConfig:
+    """``[scheduler]`` is the routing package's own config (more keys than the seed's eight)."""
+    try:
+        return SchedulerConfig.from_mapping(data)
+    except SchedulerConfigError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -182,11 +174,18 @@ class SpeculativeSection:
     draft_min_tokens: int = 1
     min_acceptance: float = 0.3
     min_predicted_speedup: float = 1.0
+    #: A draft model this node serves to the mesh's targets (``serve --draft-server MODEL``).
+    serve_draft: str = ""
 
     def validate(self, prefix: str) -> None:
         _one_of(prefix, "strategy", self.strategy, ("off", "auto", "local", "mesh"))
         _check(1 <= self.draft_min_tokens <= self.draft_max_tokens <= 64, f"[{prefix}].draft_max_tokens",
                "need 1 <= draft_min_tokens <= draft_max_tokens <= 64")
+        _check(0.0 <= self.min_acceptance <= 1.0, f"[{prefix}].min_acceptance", "must be between 0 and 1")
+        _check(0.0 < self.min_predicted_speedup <= 10.0, f"[{prefix}].min_predicted_speedup",
+               "must be in (0, 10]")
+        _check(self.strategy != "local" or bool(self.draft_model), f"[{prefix}].draft_model",
+               "strategy \"local\" needs a draft_model")
 
 
 @dataclass(frozen=True)
@@ -226,10 +225,19 @@ class RunnerSection:
     restart_backoff_max_s: float = 30.0
     crash_loop_restarts: int = 5  # this many crashes within crash_loop_window_s -> state "failed"
     crash_loop_window_s: float = 60.0
+    #: Test and benchmark knob: the runner sleeps this long after every generated token (default 0),
+    #: making this host measurably slower, e.g. to watch the scheduler steer traffic away from it.
+    inject_token_delay_ms: float = 0.0
 
     def validate(self, prefix: str) -> None:
         for f in fields(self):
-            _positive(prefix, f.name, getattr(self, f.name))
+            _positive(prefix, f.name, getattr(self, f.name), zero_ok=f.name == "inject_token_delay_ms")
+        _check(self.inject_token_delay_ms <= MAX_INJECT_TOKEN_DELAY_MS, f"[{prefix}].inject_token_delay_ms",
+               f"must be at most {MAX_INJECT_TOKEN_DELAY_MS:g}, not {self.inject_token_delay_ms}")
+
+
+#: Upper bound on ``[runner].inject_token_delay_ms`` (a minute per token is already absurd).
+MAX_INJECT_TOKEN_DELAY_MS = 60_000.0
 
 
 #: Keys accepted and validated but not acted on yet (documented in docs/config.md).
@@ -239,14 +247,13 @@ RESERVED_KEYS = (
     "defaults.hardware.direct_io", "defaults.hardware.moe_cpu", "defaults.hardware.split_mode",
     "defaults.hardware.tensor_split", "defaults.throughput.continuous_batching", "defaults.throughput.tuning_profile",
     "defaults.throughput.priority", "defaults.throughput.numa", "defaults.throughput.cpu_affinity",
-    "defaults.throughput.slot_prompt_similarity", "defaults.skippy", "placement", "scheduler",
-    "defaults.speculative",
+    "defaults.throughput.slot_prompt_similarity", "defaults.skippy", "placement",
 )
 
 
 @dataclass(frozen=True)
 class FileConfig:
-    scheduler: SchedulerSection = field(default_factory=SchedulerSection, metadata={"section": SchedulerSection})
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig, metadata={"parse": _scheduler_section})
     defaults: DefaultsSection = field(default_factory=DefaultsSection, metadata={"section": DefaultsSection})
     placement: PlacementSection = field(default_factory=PlacementSection, metadata={"section": PlacementSection})
     runner: RunnerSection = field(default_factory=RunnerSection, metadata={"section": RunnerSection})
@@ -262,7 +269,8 @@ def parse_config_text(text: str, source: str = "<config>") -> FileConfig:
     for key, value in data.items():
         if key not in known:
             raise ConfigError(f"[{key}]: unknown section (known: {', '.join(sorted(known))})")
-        kwargs[key] = _section(known[key].metadata["section"], value, key)
+        parse = known[key].metadata.get("parse")
+        kwargs[key] = parse(value) if parse else _section(known[key].metadata["section"], value, key)
     return FileConfig(**kwargs)
 
 
@@ -303,7 +311,11 @@ class NodeConfig:
     log_format: str = "kv"
     role: str = "host"  # host | worker (--no-model) | client
     max_memory_bytes: int | None = None
+    force_split: bool = False  # --split: split hosted models over mesh RPC workers even when they fit
+    rpc_worker: bool = True  # --no-rpc-worker: lend no memory to other nodes' models
+    split_stall_timeout_s: float = 60.0  # --stall-timeout: a split runner silent this long is killed
     mesh: Any = None  # hydra_node.mesh.service.MeshSettings, or None for no mesh at all
+    discovery: Any = None  # hydra_node.discovery.node_choice.DiscoverySettings, or None (no discovery)
 
     def validate(self) -> None:
         for name, port in (("--port", self.api_port), ("--console", self.console_port)):

@@ -20,6 +20,8 @@ Kind = Literal["chat", "completion"]
 MAX_TOKENS_LIMIT = 32768
 #: Upper bound on stop sequences (OpenAI allows 4).
 MAX_STOP_SEQUENCES = 4
+#: Characters of a session id kept for routing affinity (``X-Session-Id`` header or body ``user``).
+MAX_SESSION_CHARS = 256
 
 
 class GenerationError(Exception):
@@ -82,8 +84,11 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     request_id: str = ""
+    session: str = ""  # routing affinity key (X-Session-Id, or the body's user/session_id); may be empty
 
     def __post_init__(self) -> None:
+        if len(self.session) > MAX_SESSION_CHARS:
+            object.__setattr__(self, "session", self.session[:MAX_SESSION_CHARS])
         if self.kind not in ("chat", "completion"):
             raise InvalidRequest(f"unknown request kind {self.kind!r}")
         if self.kind == "chat" and not self.messages:
@@ -114,7 +119,7 @@ class GenerationRequest:
                 prompt=str(d.get("prompt") or ""), max_tokens=d.get("max_tokens"),
                 temperature=float(d.get("temperature", 0.8)), top_p=float(d.get("top_p", 0.95)),
                 stop=tuple(str(s) for s in d.get("stop") or ()), seed=d.get("seed"),
-                request_id=str(d.get("request_id") or ""),
+                request_id=str(d.get("request_id") or ""), session=str(d.get("session") or ""),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, InvalidRequest):
@@ -140,6 +145,7 @@ class Finished:
     ttft_ms: float = 0.0
     itl_ms: float = 0.0  # mean inter-token latency
     served_by: str = ""  # node id of the host that generated
+    cached_tokens: int = 0  # prompt tokens reused from the runner's prefix cache
     type: str = field(default="finished", init=False)
 
     def to_wire(self) -> dict:
@@ -156,9 +162,13 @@ def event_from_wire(d: dict) -> GenerationEvent:
     if t == "delta":
         return TextDelta(str(d["text"]))
     if t == "finished":
-        return Finished(str(d["finish_reason"]), int(d["prompt_tokens"]), int(d["completion_tokens"]),
-                        float(d.get("queue_wait_ms", 0.0)), float(d.get("ttft_ms", 0.0)),
-                        float(d.get("itl_ms", 0.0)), str(d.get("served_by", "")))
+        try:
+            return Finished(str(d["finish_reason"]), int(d["prompt_tokens"]), int(d["completion_tokens"]),
+                            float(d.get("queue_wait_ms", 0.0)), float(d.get("ttft_ms", 0.0)),
+                            float(d.get("itl_ms", 0.0)), str(d.get("served_by", "")),
+                            int(d.get("cached_tokens", 0)))
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # a peer's malformed event
+            raise GenerationError(f"malformed finished event: {exc!r}", code="bad_event", status=502) from None
     if t == "error":
         raise GenerationError.from_wire(d)
     raise GenerationError(f"malformed generation event {t!r}", code="bad_event", status=502)

@@ -27,6 +27,8 @@ from hydra_node.models import ModelRef, resolve_model
 from hydra_node.pidfile import reap_stale, read_pidfile, remove_pidfile, write_pidfile
 from hydra_node.mesh.service import MeshService, MeshSettings
 from hydra_node.router import Router, Target
+from hydra_node.routing.live import LiveScheduling
+from hydra_node.routing.wiring import wire_scheduling
 from hydra_node.runtime.supervisor import RunnerSettings, RunnerSupervisor
 
 log = logging.getLogger("hydra.node")
@@ -69,7 +71,7 @@ class Node:
         self.node_id = self.identity.node_id
         self.started_at = time.time()
         self.state = "starting"
-        self.router = Router(self.node_id)
+        self.router = Router(self.node_id, LiveScheduling(config.file.scheduler, self.node_id))
         self.local = LocalRunners(self.node_id)
         self.router.add_source(self.local)
         self.models: list[ModelRef] = [] if config.no_model else [resolve_model(m) for m in (config.models or (None,))]
@@ -84,6 +86,15 @@ class Node:
         if config.mesh is not None:
             self.mesh = MeshService(self, config.mesh)
             self.router.add_source(self.mesh)
+        from hydra_node.runtime.speculative.mesh import SpeculationService
+        self.speculation = SpeculationService(self)  # [defaults.speculative]: draft server, draft tunnel, runner args
+        self.metrics = wire_scheduling(self)  # /api/status sections, GET /metrics, gossip summary
+        from hydra_node.runtime.hosting import ModelRuntime
+        self.runtime = ModelRuntime(self)  # hosted models: placement, splits, RPC worker, hot swap
+        self.discovery = None  # mDNS / Nostr / --auto around the mesh start (hydra_node/discovery/node_glue.py)
+        if self.mesh is not None and config.discovery is not None:
+            from hydra_node.discovery.node_glue import NodeDiscovery
+            self.discovery = NodeDiscovery(self, config.discovery)
 
     # ---- public surface used by the APIs ------------------------------------------
     def healthy(self) -> bool:
@@ -133,7 +144,9 @@ class Node:
         return RunnerSettings(n_ctx=mf.ctx_size, n_batch=mf.batch, threads=tp.threads, threads_batch=tp.threads_batch,
                               mlock=hw.mlock, prompt_cache=mf.prompt_cache, warmup=hw.warmup, queue_size=tp.queue_size, load_timeout_s=rn.load_timeout_s,
                               backoff_initial_s=rn.restart_backoff_initial_s, backoff_max_s=rn.restart_backoff_max_s,
-                              crash_loop_restarts=rn.crash_loop_restarts, crash_loop_window_s=rn.crash_loop_window_s)
+                              crash_loop_restarts=rn.crash_loop_restarts, crash_loop_window_s=rn.crash_loop_window_s,
+                              inject_token_delay_ms=rn.inject_token_delay_ms,
+                              extra_argv=self.speculation.runner_argv())
 
     def status(self) -> dict:
         runners = list(self.local.runners.values())
@@ -188,15 +201,15 @@ class Node:
         try:
             async with trio.open_nursery() as root:
                 root.start_soon(self._watch_signals, root.cancel_scope)
-                settings = self.runner_settings()
-                for model in self.models:
-                    sup = RunnerSupervisor(model, self.home, settings, node_id=self.node_id)
-                    self.local.runners[model.id] = sup
+                for model in self.models:  # a model that needs a split waits for the mesh (runtime.run)
                     log.info("event=model_loading model=%s path=%s", model.id, model.path)
-                    await root.start(sup.run)
+                    await self.runtime.start_model(root, model)
                 await self._start_services(root)
                 if self.mesh is not None:
-                    await root.start(self.mesh.run)
+                    await root.start(self.discovery.run if self.discovery is not None else self.mesh.run)
+                    await root.start(self.router.scheduling.run, self.mesh)  # RTT samples, peer hints
+                await root.start(self.speculation.run)  # draft server, draft tunnel port (speculative/mesh.py)
+                await root.start(self.runtime.run)  # RPC worker, split models, hot swap (runtime/hosting.py)
                 self.state = "serving"
                 self._write_ports()
                 log.info("event=node_ready node_id=%s api=http://%s:%s/v1 console=http://%s:%s models=%s",

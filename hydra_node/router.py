@@ -1,8 +1,10 @@
 """Picks where a generation runs: a local runner or (with the mesh) a remote host.
 
-Until the scheduler is active, the rule is: local runner if this node hosts the
-model, else the remote host with the lowest queue, then the lowest RTT.  A
-failure before the first event retries once on another target.
+The fixed rule (scheduler mode ``off``, and what ``shadow`` routes) is: local runner
+if this node hosts the model, else the remote host with the lowest queue, then the
+lowest RTT.  With ``scheduling`` (hydra_node/routing/live.py) the scheduler orders
+the targets in mode ``active`` and every attempt feeds its telemetry.  A failure
+before the first event retries once on the next target.
 """
 
 from __future__ import annotations
@@ -57,8 +59,11 @@ class ModelListing:
 
 
 class Router:
-    def __init__(self, node_id: str):
+    def __init__(self, node_id: str, scheduling=None):
         self.node_id = node_id
+        #: hydra_node.routing.live.LiveScheduling: orders the targets (mode off/shadow/active) and
+        #: measures every attempt; None keeps the fixed rule below, unmeasured.
+        self.scheduling = scheduling
         self._sources: list[TargetSource] = []
         self._seen: dict[str, float] = {}  # model id -> last time a target for it existed (monotonic)
         self.retries = 0
@@ -109,6 +114,9 @@ class Router:
             self.no_target += 1
             states = {t.node_id: t.state for t in self.all_targets() if t.model == req.model}
             raise ModelUnavailable(f"no host can serve {req.model!r} right now (states: {states})")
+        if self.scheduling is not None:
+            candidates, _ = self.scheduling.order(candidates, req)
+        open_target = self.scheduling.attempt if self.scheduling is not None else (lambda t, r: t.open(r))
         last_err: GenerationError | None = None
         for attempt, target in enumerate(candidates[:2]):
             if attempt:
@@ -116,7 +124,7 @@ class Router:
                 log.info("event=route_retry model=%s target=%s after=%r", req.model, target.key, last_err)
             yielded = False
             try:
-                async with target.open(req) as events:
+                async with open_target(target, req) as events:
                     first = await _first_event(events)
                     yielded = True
                     yield _chain(first, events)

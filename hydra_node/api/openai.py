@@ -6,6 +6,7 @@ the handler drives a generation through the router and formats it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -116,6 +117,10 @@ def parse_request(raw: bytes, kind: str) -> tuple[GenerationRequest, bool, bool]
     fields = dict(model=model, max_tokens=max_tokens, temperature=_number(body, "temperature", 0.8),
                   top_p=_number(body, "top_p", 0.95), stop=stop, seed=seed,
                   request_id=("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12))
+    for key in ("session_id", "prompt_cache_key", "user"):  # routing affinity key, if the client sent one
+        if isinstance(body.get(key), str) and body[key]:
+            fields["session"] = body[key]
+            break
     if kind == "chat":
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
@@ -194,6 +199,9 @@ class OpenAIApi:
                 raise ApiError(405, "use POST", "method_not_allowed")
             kind = "chat" if path.endswith("chat/completions") else "completion"
             req, stream, include_usage = parse_request(request.body, kind)
+            session = request.headers.get("x-session-id", "")
+            if session:  # routing affinity (docs/scheduler.md); the header wins over the body's user
+                req = dataclasses.replace(req, session=session)
             self._check_model(req.model)
             if stream:
                 return await self._stream(req, include_usage)

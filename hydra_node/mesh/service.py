@@ -59,7 +59,7 @@ STREAM_CLOSE_TIMEOUT_S = 2.0
 
 
 #: Handshake refusals that retrying cannot fix.
-PERMANENT_JOIN_ERRORS = ("token_expired", "token_forged", "token_foreign_mesh", "token_malformed",
+PERMANENT_JOIN_ERRORS = ("token_expired", "token_forged", "token_foreign_mesh", "token_malformed", "foreign_mesh",
                          "admission_refused", "rejected_by_peer", "generation_mismatch",
                          "peer_authentication_failed")
 
@@ -289,7 +289,9 @@ class MeshService:
         else:
             ev = self._dialing[peer_id] = trio.Event()
             try:
-                ann = self.membership.members().get(peer_id) if self.membership else None
+                # Any record, tombstones included: healing a partition means dialling peers we think are dead.
+                rec = self.membership.record(peer_id) if self.membership else None
+                ann = rec.announcement if rec is not None else None
                 if ann is not None:
                     await self._dial_urls([addr_to_url(a) for a in ann.addresses], peer_id, DIAL_TIMEOUT_S)
             finally:

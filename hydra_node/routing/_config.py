@@ -11,7 +11,9 @@ class SchedulerConfigError(ValueError):
     """A ``[scheduler]`` key has a bad value (the operator's fault); the message names the key."""
 
 
-class SchedulerMode(enum.Enum):
+class SchedulerMode(str, enum.Enum):
+    """A str enum, so ``config.mode == "shadow"`` holds as it did for the old config section."""
+
     OFF = "off"  # baseline routing only
     SHADOW = "shadow"  # baseline routing; the scored choice is recorded
     ACTIVE = "active"  # route by score

@@ -104,13 +104,18 @@ def _baseline_key(c: Candidate, view: TargetView) -> tuple:
 
 
 def decide(candidates: list[Candidate], request: RequestFeatures, telemetry: TelemetryStore,
-           config: SchedulerConfig, now: float, state: SchedulerState) -> Decision:
+           config: SchedulerConfig, now: float, state: SchedulerState,
+           baseline: Target | None = None) -> Decision:
     """Choose a target for ``request`` and record the choice in ``state``.
 
     Order: eligibility (model, health, hosting, context) -> affinity lookup -> score (a cooling
     target pays its remaining back-off as a cost term) -> mode rule (off/shadow: baseline routes;
     active: the scored choice routes, an affinity target is kept unless beaten by more than
     ``affinity_override_threshold_ms``).
+
+    ``baseline``: the caller's own fixed rule (the live router passes its ``off`` choice: local
+    first, then lowest queue, then RTT). When given and eligible it replaces the built-in baseline,
+    so ``off``/``shadow`` route exactly what that rule picks and disagreements are counted against it.
     """
     counters = state.counters
     counters["decisions"] += 1
@@ -168,14 +173,15 @@ def decide(candidates: list[Candidate], request: RequestFeatures, telemetry: Tel
     near = [s for s in ranked if s.total_ms <= ranked[0].total_ms + margin]
     best = min(near, key=lambda s: (load[s.target], s.total_ms, s.target))
     if aff is not None:
-        baseline = aff.target
         kept = best.total_ms + config.affinity_override_threshold_ms >= scores[aff.target].total_ms
         scheduled = aff.target if kept else best.target
         why = "affinity kept" if kept else f"affinity beaten by > {config.affinity_override_threshold_ms:g} ms"
     else:
-        baseline = min(eligible, key=lambda c: _baseline_key(c, views[c.target])).target
         scheduled = best.target
         why = "lowest score" if best is ranked[0] else "within balance margin, least loaded"
+    if baseline is None or baseline not in targets:
+        baseline = (aff.target if aff is not None
+                    else min(eligible, key=lambda c: _baseline_key(c, views[c.target])).target)
 
     mode = config.mode
     routed = scheduled if mode is SchedulerMode.ACTIVE else baseline
@@ -209,8 +215,9 @@ class Scheduler:
             stale_after_secs=config.stale_after_ms / 1000.0)
         self.state = SchedulerState()
 
-    def decide(self, candidates: list[Candidate], request: RequestFeatures, now: float) -> Decision:
-        return decide(candidates, request, self.telemetry, self.config, now, self.state)
+    def decide(self, candidates: list[Candidate], request: RequestFeatures, now: float,
+               baseline: Target | None = None) -> Decision:
+        return decide(candidates, request, self.telemetry, self.config, now, self.state, baseline)
 
     def status(self) -> dict:
         return self.state.status(self.config)

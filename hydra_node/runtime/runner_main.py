@@ -97,9 +97,12 @@ class Runner:
             from hydra_node.runtime.rpc.coordinator import register_rpc_servers
 
             register_rpc_servers(self.args.rpc)
-            kwargs["n_gpu_layers"] = -1
+            kwargs["n_gpu_layers"] = -1 if self.args.n_gpu_layers is None else self.args.n_gpu_layers
             if self.args.tensor_split:
                 kwargs["tensor_split"] = [float(x) for x in self.args.tensor_split.split(",")]
+                kwargs["split_mode"] = llama_cpp.LLAMA_SPLIT_MODE_LAYER
+        elif self.args.n_gpu_layers is not None:
+            kwargs["n_gpu_layers"] = self.args.n_gpu_layers
         t0 = time.monotonic()
         self.llm = llama_cpp.Llama(
             model_path=self.args.model, n_ctx=self.args.n_ctx, n_batch=self.args.n_batch,
@@ -118,6 +121,9 @@ class Runner:
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
         self.n_layers = int(llama_cpp.llama_model_n_layer(self.llm._model.model))
         self.is_eog = lambda tok: bool(llama_cpp.llama_vocab_is_eog(self.vocab, tok))
+        from hydra_node.runtime.speculative.runner_glue import RunnerSpeculation
+
+        self.speculation = RunnerSpeculation.create(self.llm, self.args)  # --draft-endpoint / --draft-model
 
     def prompt_tokens(self, req: dict) -> list[int]:
         if req["kind"] == "chat":
@@ -143,6 +149,9 @@ class Runner:
             return
         budget = self.n_ctx - len(tokens)
         max_tokens = min(req.get("max_tokens") or budget, budget)
+        if self.speculation is not None and self.speculation.can_serve(req):
+            self.speculation.generate(ch, rid, req, tokens, max_tokens, self.is_cancelled)
+            return
         if req.get("seed") is not None:
             self.llm.set_seed(int(req["seed"]) & 0xFFFFFFFF)
         if not self.args.prompt_cache:
@@ -177,6 +186,8 @@ class Runner:
                     finish = "stop"
                     break
                 n += 1
+                if self.args.inject_token_delay_ms > 0:  # test/bench knob: a slower host
+                    time.sleep(self.args.inject_token_delay_ms / 1000.0)
                 piece = self.llm.detokenize([tok], prev_tokens=tokens + generated)
                 generated.append(tok)
                 text = asm.feed(piece)
@@ -234,10 +245,17 @@ def main(argv=None) -> int:
     p.add_argument("--mlock", action="store_true")
     p.add_argument("--rpc", action="append", default=[])
     p.add_argument("--tensor-split", default="")
+    p.add_argument("--n-gpu-layers", type=int, default=None,
+                   help="layers offloaded to RPC/GPU devices (a split plan's n_gpu_layers)")
     p.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
                    help="re-evaluate every prompt from scratch instead of reusing the cached prefix")
     p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up decode")
+    p.add_argument("--inject-token-delay-ms", type=float, default=0.0,
+                   help="sleep this long after every generated token (test/bench knob; [runner] config)")
     p.add_argument("--verbose", action="store_true")
+    from hydra_node.runtime.speculative.runner_glue import add_runner_args
+
+    add_runner_args(p)  # --draft-endpoint / --draft-model (docs/speculative.md)
     args = p.parse_args(argv)
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node decides when we stop

@@ -22,7 +22,7 @@ import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 import trio
 
@@ -51,6 +51,11 @@ class RunnerCrashed(GenerationError):
         super().__init__(message, code="runner_crashed", status=502, retryable=True)
 
 
+class RunnerStalled(GenerationError):
+    def __init__(self, message: str):
+        super().__init__(message, code="runner_stalled", status=504, retryable=False)
+
+
 class RunnerLoadError(Exception):
     """The model could not be loaded at all (bad file, no memory, no RPC support)."""
 
@@ -72,6 +77,14 @@ class RunnerSettings:
     crash_loop_window_s: float = 60.0
     rpc_endpoints: tuple[str, ...] = ()
     tensor_split: tuple[float, ...] = ()
+    inject_token_delay_ms: float = 0.0  # test/bench knob: the runner sleeps this long per token
+    #: llama.cpp ``n_gpu_layers`` for a split plan (None: -1 with RPC endpoints, else 0).
+    n_gpu_layers: int | None = None
+    #: Give up on a generation (and kill the runner) when no frame comes for this long; 0 = never.
+    #: Split runners need it: a stalled RPC worker or tunnel blocks llama.cpp forever.
+    stall_timeout_s: float = 0.0
+    #: More runner arguments (speculative decoding: hydra_node/runtime/speculative/runner_glue.py).
+    extra_argv: tuple[str, ...] = ()
 
 
 @dataclass
@@ -106,8 +119,16 @@ class RequestStats:
 class RunnerSupervisor:
     """One model, one child process, one generation at a time, a bounded queue."""
 
-    def __init__(self, model: ModelRef, home: Path, settings: RunnerSettings, node_id: str = ""):
+    def __init__(self, model: ModelRef, home: Path, settings: RunnerSettings, node_id: str = "",
+                 prepare: Callable[[], Awaitable[RunnerSettings]] | None = None,
+                 on_failed: Callable[[], Awaitable[None]] | None = None):
+        """``prepare``, if given, is awaited before every spawn and returns the settings to
+        spawn with (a split model replans its workers there; it may wait, e.g. for workers).
+        ``on_failed`` is awaited when a crash loop puts the runner in state failed (a split
+        model gives its workers' leases back there)."""
         self.model = model
+        self.prepare = prepare
+        self.on_failed = on_failed
         self.home = home
         self.settings = settings
         self.node_id = node_id
@@ -117,6 +138,7 @@ class RunnerSupervisor:
         self.pid: int | None = None
         self.info: dict = {}
         self.stats = RequestStats()
+        self.speculative: dict | None = None  # the runner's latest speculation figures (its done frames)
         self._waiting = 0
         self._in_flight = 0
         self._slot = trio.Lock()  # FIFO-fair: one generation at a time in the child
@@ -150,7 +172,8 @@ class RunnerSupervisor:
                              "queue_wait_ms": round(s.queue_wait_ms, 2), "ttft_ms": round(s.ttft_ms, 2),
                              "itl_ms": round(s.itl_ms, 2), "tokens_per_s": round(s.tokens_per_s, 1),
                              "prefix_cache_hit_rate": round(s.cached_tokens / s.prompt_tokens, 3)
-                             if s.prompt_tokens else 0.0}}
+                             if s.prompt_tokens else 0.0},
+                "speculative": self.speculative}
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
@@ -168,6 +191,8 @@ class RunnerSupervisor:
                 t_spawn = trio.current_time()
                 first = not self._ever_ready
                 try:
+                    if self.prepare is not None:
+                        self.settings = await self.prepare()
                     await self._run_child(task_status if first else None)
                 except RunnerLoadError as exc:
                     if first:
@@ -185,6 +210,8 @@ class RunnerSupervisor:
                     self.state = "failed"
                     log.error("event=runner_failed model=%s reason=crash_loop crashes=%d window_s=%s last_error=%r",
                               self.model.id, len(recent), self.settings.crash_loop_window_s, self.last_error)
+                    if self.on_failed is not None:
+                        await self.on_failed()
                     await trio.sleep_forever()
                 self.state = "restarting"
                 delay = min(self.settings.backoff_max_s,
@@ -213,8 +240,13 @@ class RunnerSupervisor:
             argv.append("--no-warmup")
         for ep in s.rpc_endpoints:
             argv += ["--rpc", ep]
+        if s.n_gpu_layers is not None:
+            argv += ["--n-gpu-layers", str(s.n_gpu_layers)]
         if s.tensor_split:
             argv += ["--tensor-split", ",".join(f"{x:.4f}" for x in s.tensor_split)]
+        if s.inject_token_delay_ms > 0:
+            argv += ["--inject-token-delay-ms", f"{s.inject_token_delay_ms:g}"]
+        argv += list(s.extra_argv)
         self.logfile.parent.mkdir(parents=True, exist_ok=True)
         try:
             proc = await trio.lowlevel.open_process(argv, pass_fds=(child_sock.fileno(),),
@@ -364,17 +396,36 @@ class RunnerSupervisor:
             await self._send({"op": "generate", "id": rid, "req": req.to_wire()})
             queue_wait_ms = (trio.current_time() - t0) * 1000
 
+            async def next_message() -> dict | None:
+                stall = self.settings.stall_timeout_s
+                if stall <= 0:
+                    try:
+                        return await recv_ch.receive()
+                    except trio.EndOfChannel:
+                        return None
+                with trio.move_on_after(stall):
+                    try:
+                        return await recv_ch.receive()
+                    except trio.EndOfChannel:
+                        return None
+                self._kill_stalled(stall)
+                raise RunnerStalled(f"model runner for {self.model.id!r} produced nothing for {stall:.0f} s "
+                                    f"(a stalled RPC worker or tunnel); the runner was restarted")
+
             async def events() -> AsyncIterator[GenerationEvent]:
                 nonlocal terminal
-                async for msg in recv_ch:
+                while (msg := await next_message()) is not None:
                     op = msg["op"]
                     if op == "delta":
                         yield TextDelta(msg["text"])
                     elif op == "done":
                         terminal = True
                         fin = Finished(msg["finish_reason"], msg["prompt_tokens"], msg["completion_tokens"],
-                                       queue_wait_ms, msg.get("ttft_ms", 0.0), msg.get("itl_ms", 0.0), self.node_id)
-                        self.stats.observe(fin, int(msg.get("cached_tokens", 0)))
+                                       queue_wait_ms, msg.get("ttft_ms", 0.0), msg.get("itl_ms", 0.0), self.node_id,
+                                       int(msg.get("cached_tokens", 0)))
+                        self.stats.observe(fin, fin.cached_tokens)
+                        if isinstance(msg.get("speculative"), dict):
+                            self.speculative = msg["speculative"]
                         yield fin
                         return
                     elif op == "error":
@@ -385,6 +436,10 @@ class RunnerSupervisor:
                 raise RunnerCrashed(f"model runner for {self.model.id!r} exited unexpectedly")
 
             yield events()
+        except RunnerStalled:
+            terminal = True
+            self.stats.failed += 1
+            raise
         finally:
             try:
                 if not terminal and rid in self._pending:
@@ -394,6 +449,16 @@ class RunnerSupervisor:
                 self._pending.pop(rid, None)
                 send_ch.close()
                 self._slot.release()
+
+    def _kill_stalled(self, stall: float) -> None:
+        """The runner is stuck (no RPC timeouts in llama.cpp): kill it; supervision restarts it."""
+        log.error("event=runner_stalled model=%s pid=%s stall_s=%.1f action=kill", self.model.id, self.pid, stall)
+        self.last_error = f"stalled: no output for {stall:.0f} s"
+        if self.pid:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     async def _cancel_and_wait(self, rid: int, recv_ch: trio.MemoryReceiveChannel) -> None:
         """Tell the child to stop ``rid`` and wait (bounded) until it has, so the slot is really free."""

@@ -83,14 +83,17 @@ def test_client_disconnect_cancels_generation_promptly(node):
 
 def test_sigterm_ends_streams_with_error_and_leaves_nothing_behind(node):
     runner = node.runner_pid()
+    worker = node.wait_status(lambda st: st["rpc_worker"]["state"] == "ready", timeout=30,
+                              what="RPC worker ready")["rpc_worker"]["pid"]
     s, data = open_stream(node.api_port, LONG)
-    assert pids_with_parent(node.proc.pid) == [runner]
+    assert sorted(pids_with_parent(node.proc.pid)) == sorted([runner, worker])
     node.proc.send_signal(signal.SIGTERM)
     data = read_to_end(s, data).decode()
     s.close()
     assert "node_shutting_down" in data and "data: [DONE]" in data
     assert node.proc.wait(30) == 0
-    assert not os.path.exists(f"/proc/{runner}") or open(f"/proc/{runner}/stat").read().split()[2] == "Z"
+    for pid in (runner, worker):
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
     run_dir = node.home / "run"
     assert not list(run_dir.glob("*.pid")), list(run_dir.iterdir())
     assert not (run_dir / "ports.json").exists()

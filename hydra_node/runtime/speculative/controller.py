@@ -43,12 +43,16 @@ class ControllerConfig:
     min_speedup: float = 1.0
     min_rounds_before_fallback: int = 4
     resume_speedup: float = 1.05
+    #: Also fall back (same evidence rule) while the measured acceptance is below this.
+    min_acceptance: float = 0.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.draft_min_tokens <= self.draft_max_tokens:
             raise ValueError("need 1 <= draft_min_tokens <= draft_max_tokens")
         if not 0.0 < self.alpha_weight <= 1.0 or not 0.0 < self.cost_weight <= 1.0:
             raise ValueError("EWMA weights must be in (0, 1]")
+        if not 0.0 <= self.min_acceptance <= 1.0:
+            raise ValueError("min_acceptance must be in [0, 1]")
         if not 0.0 <= self.alpha_prior <= 1.0:
             raise ValueError("alpha_prior must be in [0, 1]")
         if self.resume_speedup < self.min_speedup:
@@ -148,7 +152,8 @@ class SpeculationController:
             k, s = self.best_k()
             hopeless = max(self.predicted_speedup(j, 1.0) for j in range(c.draft_min_tokens, c.draft_max_tokens + 1)) \
                 < c.min_speedup  # even if every draft token were accepted
-            if self._speculating and s < c.min_speedup and (self._rounds >= c.min_rounds_before_fallback or hopeless):
+            poor = s < c.min_speedup or self.alpha < c.min_acceptance
+            if self._speculating and poor and (self._rounds >= c.min_rounds_before_fallback or hopeless):
                 self._speculating = False
                 self._plain_since_probe = 0
             if self._speculating and self._rounds_since_plain >= c.refresh_target_every_rounds:
@@ -193,7 +198,8 @@ class SpeculationController:
         self._accepted += accepted
         self._spec_tokens += accepted + 1
         self._spec_seconds += draft_seconds + verify_seconds + rtt_seconds
-        if not self._speculating and self.t_target is not None and self.best_k()[1] >= self.config.resume_speedup:
+        if (not self._speculating and self.t_target is not None and self.alpha >= self.config.min_acceptance
+                and self.best_k()[1] >= self.config.resume_speedup):
             self._speculating = True
             self._reprobe_every = self.config.reprobe_after_tokens
 

@@ -105,6 +105,18 @@ class DraftSession:
         self.engine.truncate(min(self.engine.n_past, keep))
         self._proposed = ()
 
+    def catch_up(self) -> int:
+        """Evaluate the committed tokens not cached yet, all but the last (the next ``propose``
+        needs its logits): a remote draft does this while the target computes, so a probe round
+        after many target-alone tokens does not wait for it.  Returns how many it evaluated."""
+        if self._proposed:
+            raise SessionStateError("catch_up() while a proposal awaits commit()")
+        todo = self.tokens[self.engine.n_past:-1]
+        if not todo or self.engine.n_past + len(todo) >= self.engine.n_ctx:
+            return 0
+        self.engine.decode(todo, all_logits=False)
+        return len(todo)
+
     def extend(self, tokens: Sequence[int]) -> None:
         """Tokens the target produced alone; evaluated lazily by the next ``propose``."""
         if self._proposed:

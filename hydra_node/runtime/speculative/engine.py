@@ -25,9 +25,22 @@ class LlamaEngine:
 
     def __init__(self, model_path: Path | str, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int = 2,
                  n_batch: int = 512) -> None:
-        self.llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=n_ctx, n_batch=n_batch,
-                                   n_ubatch=n_batch, n_threads=n_threads, n_threads_batch=n_threads,
-                                   verbose=False)
+        llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=n_ctx, n_batch=n_batch,
+                              n_ubatch=n_batch, n_threads=n_threads, n_threads_batch=n_threads,
+                              verbose=False)
+        self._attach(llm, n_batch)
+
+    @classmethod
+    def from_llama(cls, llm: "llama_cpp.Llama") -> "LlamaEngine":
+        """Decode through an already loaded ``Llama`` (a model runner's).  Its own bookkeeping
+        (``n_tokens``) no longer matches the cache afterwards: call ``llm.reset()`` before using
+        it directly again."""
+        engine = cls.__new__(cls)
+        engine._attach(llm, llm.n_batch)
+        return engine
+
+    def _attach(self, llm, n_batch: int) -> None:
+        self.llm = llm
         self.n_ctx = self.llm.n_ctx()
         self.n_vocab = self.llm.n_vocab()
         self.n_batch = n_batch

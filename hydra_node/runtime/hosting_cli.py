@@ -1,0 +1,85 @@
+"""Command-line pieces for hosting: ``serve --split/--no-rpc-worker/--stall-timeout`` and ``swap``."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+
+#: Default bound on silence from a split runner during a generation (tokens, or prompt processing).
+DEFAULT_SPLIT_STALL_TIMEOUT_S = 60.0
+#: Bound on waiting for a hot-swapped model to become ready when the caller asks to wait.
+SWAP_WAIT_DEFAULT_S = 120.0
+
+#: Bounds accepted for --stall-timeout.
+MIN_STALL_TIMEOUT_S = 1.0
+MAX_STALL_TIMEOUT_S = 3600.0
+
+
+def add_split_serve_args(s) -> None:
+    s.add_argument("--split", action="store_true",
+                   help="split hosted models over RPC workers of other mesh nodes even when they fit here "
+                        "(without it, a model is split only when it does not fit --max-memory / free memory)")
+    s.add_argument("--no-rpc-worker", action="store_true",
+                   help="run no llama.cpp RPC worker: lend no memory to other nodes' split models")
+    s.add_argument("--stall-timeout", type=float, default=DEFAULT_SPLIT_STALL_TIMEOUT_S, metavar="S",
+                   help="a split model's runner that produces nothing for S seconds during a request is killed "
+                        f"and replanned; the request gets an error (default {DEFAULT_SPLIT_STALL_TIMEOUT_S:g})")
+
+
+def split_config_from_args(args, error) -> dict:
+    """NodeConfig fields from the flags above (``error(msg)`` raises the CLI's config error)."""
+    if args.command != "serve":
+        return {"rpc_worker": False}
+    if not MIN_STALL_TIMEOUT_S <= args.stall_timeout <= MAX_STALL_TIMEOUT_S:
+        raise error(f"--stall-timeout: must be between {MIN_STALL_TIMEOUT_S:g} and {MAX_STALL_TIMEOUT_S:g} s")
+    return {"force_split": args.split, "rpc_worker": not args.no_rpc_worker,
+            "split_stall_timeout_s": float(args.stall_timeout)}
+
+
+def add_swap_parser(sub, add_home) -> None:
+    sw = sub.add_parser("swap", help="load a model on the running node (and unload the others)",
+                        description="Hot swap: the running node (found through --home or --console) loads MODEL "
+                                    "(a GGUF path, ID=PATH or the bundled id), waits until it is ready, then "
+                                    "unloads its other models unless --keep. RPC workers stay up.")
+    sw.add_argument("model", metavar="MODEL")
+    sw.add_argument("--keep", action="store_true", help="keep the models already loaded")
+    sw.add_argument("--split", action="store_true", help="split MODEL over mesh RPC workers even if it fits")
+    sw.add_argument("--timeout", type=float, default=SWAP_WAIT_DEFAULT_S, help="seconds to wait for the load")
+    sw.add_argument("--console", type=int, default=None, metavar="PORT", help="management port of the node")
+    add_home(sw)
+
+
+def _call(method: str, url: str, body: dict | None, api_key: str | None, timeout: float):
+    req = urllib.request.Request(url, method=method, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def cmd_swap(args, port: int, api_key: str | None) -> int:
+    base = f"http://127.0.0.1:{port}"
+    try:
+        before = _call("GET", f"{base}/api/runtime/models", None, api_key, 10.0)["models"]
+        body = {"model": args.model, "wait": True, "timeout_s": args.timeout}
+        if args.split:
+            body["split"] = True
+        loaded = _call("POST", f"{base}/api/runtime/models", body, api_key, args.timeout + 10)
+        print(f"loaded {loaded['model']} ({'split' if loaded['split'] else 'local'}, state {loaded['state']})")
+        if not args.keep:
+            for model_id in before:
+                if model_id != loaded["model"]:
+                    _call("DELETE", f"{base}/api/runtime/models/{urllib.parse.quote(model_id, safe='')}", None,
+                          api_key, 30.0)
+                    print(f"unloaded {model_id}")
+    except urllib.error.HTTPError as exc:
+        print(f"hydra-node: the node refused: {exc.read().decode(errors='replace')}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"hydra-node: no node answering on 127.0.0.1:{port} ({getattr(exc, 'reason', exc)})", file=sys.stderr)
+        return 1
+    return 0
