@@ -190,7 +190,7 @@ def cmd_serve(args) -> int:
         check_rpc_support()
         trio.run(serve, cfg)
     except (MeshError, JoinFailed) as exc:
-        print(f"hydra-node: cannot join: {exc}", file=sys.stderr)
+        print(f"hydra-node: {_mesh_failure(exc)}", file=sys.stderr)
         return EXIT_FAILED
     except (ModelNotFound, NodeAlreadyRunning, IdentityError, RunnerLoadError, RuntimeError) as exc:
         print(f"hydra-node: {exc}", file=sys.stderr)
@@ -201,7 +201,7 @@ def cmd_serve(args) -> int:
     except BaseExceptionGroup as eg:
         inner = _first_leaf(eg)
         if isinstance(inner, (MeshError, JoinFailed)):
-            print(f"hydra-node: cannot join: {inner}", file=sys.stderr)
+            print(f"hydra-node: {_mesh_failure(inner)}", file=sys.stderr)
             return EXIT_FAILED
         if isinstance(inner, (ModelNotFound, NodeAlreadyRunning, IdentityError, RunnerLoadError, OSError)):
             print(f"hydra-node: {inner}", file=sys.stderr)
@@ -210,6 +210,14 @@ def cmd_serve(args) -> int:
             return 130
         raise
     return 0
+
+
+def _mesh_failure(exc: BaseException) -> str:
+    from hydra_node.mesh.errors import TokenError
+    from hydra_node.mesh.service import JoinFailed
+    if isinstance(exc, (JoinFailed, TokenError)):
+        return f"cannot join: {exc}"
+    return f"mesh error: {exc}"
 
 
 def _first_leaf(eg: BaseException) -> BaseException:

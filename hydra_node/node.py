@@ -37,6 +37,22 @@ log = logging.getLogger("hydra.node")
 DRAIN_GRACE_S = 5.0
 
 
+def _meminfo() -> tuple[int, int]:
+    """(total, available) bytes; MemAvailable counts reclaimable page cache, unlike free pages."""
+    total = avail = 0
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name == "MemTotal":
+                    total = int(rest.split()[0]) * 1024
+                elif name == "MemAvailable":
+                    avail = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return total, avail
+
+
 class NodeAlreadyRunning(Exception):
     pass
 
@@ -108,12 +124,7 @@ class Node:
 
     def hardware(self) -> dict:
         cores = os.cpu_count() or 1
-        try:
-            pages, page = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-            ram = pages * page
-            avail = os.sysconf("SC_AVPHYS_PAGES") * page
-        except (ValueError, OSError):
-            ram = avail = 0
+        ram, avail = _meminfo()
         usable = avail
         if self.config.max_memory_bytes:
             usable = min(usable, self.config.max_memory_bytes) if usable else self.config.max_memory_bytes

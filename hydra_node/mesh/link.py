@@ -426,7 +426,10 @@ class PeerLink:
             log_event(logging.ERROR, "stream_handler_failed", peer=self.peer_id, stream=stream.stream_id, error=repr(exc))
             stream._reset_now("error", type(exc).__name__)
             return
-        await stream._finish()
+        try:
+            await stream._finish()
+        except (StreamReset, LinkClosed):
+            pass  # the peer reset or the link closed as the handler returned: nothing left to finish
 
     async def _dispatch_messages(self) -> None:
         handler = self._settings.on_message

@@ -46,6 +46,8 @@ MAX_CONNECTIONS_PER_TUNNEL = 4
 MAX_LEASE_REPLY_BYTES = 4096
 #: How long the worker node may take to answer a lease request.
 LEASE_TIMEOUT_S = 5.0
+#: Pause after a failed accept() on a tunnel port.
+ACCEPT_RETRY_S = 0.1
 #: Longest lease tag (coordinators use the model id: one lease per coordinating runner).
 MAX_TAG_CHARS = 128
 #: Bound on connecting to the local worker port.
@@ -176,7 +178,10 @@ class RemoteWorkerTunnel:
                     raise TunnelError(peer, f"RPC protocol {info.proto} is incompatible with ours {RPC_PROTO} "
                                             "(same major version and a minor version not above ours needed)",
                                       "incompatible")
-                listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+                try:
+                    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+                except OSError as exc:
+                    raise TunnelError(peer, f"cannot open a loopback tunnel port: {exc}", "local") from None
                 port = listeners[0].socket.getsockname()[1]
                 info = LeasedWorker(peer, f"127.0.0.1:{port}", info.proto, info.free_bytes, info.device)
                 async with trio.open_nursery() as nursery:
@@ -203,7 +208,12 @@ class RemoteWorkerTunnel:
         limit = trio.CapacityLimiter(MAX_CONNECTIONS_PER_TUNNEL)
         async with listener, trio.open_nursery() as nursery:
             while True:
-                tcp = await listener.accept()
+                try:
+                    tcp = await listener.accept()
+                except OSError as exc:  # e.g. out of file descriptors: retry, do not take the node down
+                    log.warning("event=rpc_tunnel_accept_failed peer=%s error=%r", self.peer_id[:16], exc)
+                    await trio.sleep(ACCEPT_RETRY_S)
+                    continue
                 if limit.borrowed_tokens >= MAX_CONNECTIONS_PER_TUNNEL:
                     log.warning("event=rpc_tunnel_refused peer=%s reason=too_many_connections", self.peer_id[:16])
                     await tcp.aclose()
