@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from .link import PeerLink
 
 
+#: Bytes a stream may have queued in the multiplexer before send() waits (backpressure bound).
+SEND_BUFFER_BYTES = 256 * 1024
+
+
 class Signal:
     """A re-armable wake-up: waiters re-check their condition after each fire()."""
 
@@ -84,7 +88,10 @@ class LinkStream:
             mux = self._link._mux
             mux.send_data(self.stream_id, bytes(data))
             self._link._wake_writer()
-            while mux.buffered(self.stream_id) > (1 if self._local_eof else 0):
+            # Return once at most SEND_BUFFER_BYTES wait in the multiplexer for credit or the writer:
+            # small writes (RPC commands, tokens) do not wait for a scheduling round trip, and a big
+            # transfer still cannot grow the buffer without bound.
+            while mux.buffered(self.stream_id) > SEND_BUFFER_BYTES:
                 self._check_usable()
                 await self._link._progress.wait()
             self._check_usable()
