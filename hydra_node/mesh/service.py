@@ -44,8 +44,10 @@ log = logging.getLogger("hydra.mesh")
 
 #: How often our announcement is re-checked for changes (queue depth, model states).
 ANNOUNCE_CHECK_S = 0.5
-#: Bound on dialling one peer (all its addresses).
+#: How long a caller waits for a link to be dialled.
 DIAL_TIMEOUT_S = 3.0
+#: Bound on one background dial of a peer (all its addresses, handshake included).
+BACKGROUND_DIAL_TIMEOUT_S = 10.0
 #: Peers whose addresses are remembered in HOME/mesh/peers.json for a restart without --join.
 MAX_REMEMBERED_PEERS = 64
 #: Bound on the Leave broadcast at shutdown.
@@ -283,24 +285,28 @@ class MeshService:
         if link is not None and not link.closed:
             return link
         pending = self._dialing.get(peer_id)
-        if pending is not None:
-            with trio.move_on_after(DIAL_TIMEOUT_S):
-                await pending.wait()
-        else:
-            ev = self._dialing[peer_id] = trio.Event()
-            try:
-                # Any record, tombstones included: healing a partition means dialling peers we think are dead.
-                rec = self.membership.record(peer_id) if self.membership else None
-                ann = rec.announcement if rec is not None else None
-                if ann is not None:
-                    await self._dial_urls([addr_to_url(a) for a in ann.addresses], peer_id, DIAL_TIMEOUT_S)
-            finally:
-                ev.set()
-                del self._dialing[peer_id]
+        if pending is None:
+            # Dial in the background: a handshake on a loaded machine can outlast the caller's
+            # patience (gossip sends wait 1 s), and an abandoned dial would be wasted work.
+            pending = self._dialing[peer_id] = trio.Event()
+            self._nursery.start_soon(self._dial_peer, peer_id, pending)
+        with trio.move_on_after(DIAL_TIMEOUT_S):
+            await pending.wait()
         link = self.links.get(peer_id)
         if link is None or link.closed:
             raise LinkClosed(f"no link to peer {peer_id[:16]}", code="unreachable")
         return link
+
+    async def _dial_peer(self, peer_id: str, done: trio.Event) -> None:
+        try:
+            # Any record, tombstones included: healing a partition means dialling peers we think are dead.
+            rec = self.membership.record(peer_id) if self.membership else None
+            ann = rec.announcement if rec is not None else None
+            if ann is not None:
+                await self._dial_urls([addr_to_url(a) for a in ann.addresses], peer_id, BACKGROUND_DIAL_TIMEOUT_S)
+        finally:
+            done.set()
+            self._dialing.pop(peer_id, None)
 
     async def _send(self, peer_id: str, wire: dict) -> None:
         link = await self.link_to(peer_id)
