@@ -141,12 +141,15 @@ def cross_node(args) -> None:
         return path
 
     common = ("--no-rpc-worker",)
+
+    def launch(name: str, *a: str) -> NodeProcess:
+        node = NodeProcess(base / name, *a, *common)
+        nodes.append(node)  # killed at the end even if it never became ready
+        return node.start()
+
     try:
-        d = NodeProcess(base / "d", "--config", str(config("d", 1, 8, 1.0)), *common, "--no-model",
-                        "--draft-server", "bundled").start()
-        r = NodeProcess(base / "r", "--config", str(config("r", 1, 8, 1.0)), *common,
-                        "--model", str(target_path)).start()
-        nodes += [d, r]
+        d = launch("d", "--config", str(config("d", 1, 8, 1.0)), "--no-model", "--draft-server", "bundled")
+        r = launch("r", "--config", str(config("r", 1, 8, 1.0)), "--model", str(target_path))
         model = r.status()["models"][0]["id"]
         print(f"cross-node: target={args.target} ({target_path.name}) draft=Q4_1 on another node, threads="
               f"{args.threads} tokens={args.tokens} repeats={args.repeats} clock=wall")
@@ -155,9 +158,8 @@ def cross_node(args) -> None:
         rows = []
         for cfg in args.node_ks.split(","):
             kmin, kmax, min_speedup = (1, 8, 1.0) if cfg == "adaptive" else (int(cfg), int(cfg), 0.01)
-            t = NodeProcess(base / f"t-{cfg}", "--config", str(config(f"t-{cfg}", kmin, kmax, min_speedup)), *common,
-                            "--model", str(target_path), "--speculative", "mesh", "--join", d.invite()).start()
-            nodes.append(t)
+            t = launch(f"t-{cfg}", "--config", str(config(f"t-{cfg}", kmin, kmax, min_speedup)),
+                       "--model", str(target_path), "--speculative", "mesh", "--join", d.invite())
             t.wait_status(lambda st: st["speculation"]["draft_peers"], timeout=60, what="T sees the draft")
             _node_request(t, model, PROMPTS["code"], 8)  # warm-up: connections, first measurements
             _node_request(r, model, PROMPTS["code"], 8)

@@ -1,8 +1,9 @@
 """Speculative decoding across two live nodes: the draft on node D, the target on node T.
 
 D serves the bundled Q4_1 model as a draft server (tunnel service "draft"); T serves the F16
-conversion with ``--speculative mesh``; R serves the same F16 model alone (no mesh).  Greedy
-output through T must equal R's; killing D mid-request must not change T's output.
+conversion with ``--speculative mesh``; R serves the same F16 model alone (no mesh); L serves it
+with a local draft (``--draft``).  Greedy output through T and L must equal R's; killing D
+mid-request must not change T's output.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -23,12 +25,16 @@ prompt_cache = false
 ctx_size = 1024
 [defaults.throughput]
 threads = 1
+[defaults.hardware]
+warmup = false
 """
 PROMPTS = ["def fibonacci(n):", "The three most important things about the ocean are"]
 LONG_PROMPT = "Count from one: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"
 MAX_TOKENS = 24
 LONG_MAX_TOKENS = 160
-WAIT_S = 60.0
+#: Bounds on one request and on a node's start (generous: the test machine is shared and often loaded).
+WAIT_S = 120.0
+START_S = 240.0
 
 
 def _complete(node: NodeProcess, model: str, prompt: str, max_tokens: int) -> dict:
@@ -49,25 +55,31 @@ def nodes(tmp_path_factory, target_path: Path):
     cfg = base / "node.toml"
     cfg.write_text(CONFIG)
     common = ("--config", str(cfg), "--no-rpc-worker")
-    d = NodeProcess(base / "d", *common, "--no-model", "--draft-server", "bundled").start()
-    started = [d]
+    started: list[NodeProcess] = []
+
+    def launch(name: str, *args: str) -> NodeProcess:
+        node = NodeProcess(base / name, *common, *args)
+        started.append(node)  # killed at the end even if it never became ready
+        return node.start(wait=False)
+
     try:
-        t = NodeProcess(base / "t", *common, "--model", str(target_path), "--speculative", "mesh",
-                        "--join", d.invite()).start(wait=False)
-        r = NodeProcess(base / "r", *common, "--model", str(target_path)).start(wait=False)
-        started += [t, r]
-        t.wait_ready()
-        r.wait_ready()
+        d = launch("d", "--no-model", "--draft-server", "bundled")
+        r = launch("r", "--model", str(target_path))
+        local = launch("l", "--model", str(target_path), "--draft", "bundled")
+        d.wait_ready(START_S)
+        t = launch("t", "--model", str(target_path), "--speculative", "mesh", "--join", d.invite())
+        for n in (r, local, t):
+            n.wait_ready(START_S)
         t.wait_status(lambda s: s["speculation"]["draft_peers"], timeout=WAIT_S, what="T sees D's draft")
         model = t.status()["models"][0]["id"]
-        yield d, t, r, model
+        yield SimpleNamespace(d=d, t=t, r=r, local=local, model=model)
     finally:
         for n in started:
             n.kill_all()
 
 
 def test_greedy_output_through_a_mesh_draft_is_the_target_alone_output(nodes):
-    d, t, r, model = nodes
+    d, t, r, model = nodes.d, nodes.t, nodes.r, nodes.model
     for prompt in PROMPTS:
         spec = _complete(t, model, prompt, MAX_TOKENS)
         alone = _complete(r, model, prompt, MAX_TOKENS)
@@ -86,8 +98,18 @@ def test_greedy_output_through_a_mesh_draft_is_the_target_alone_output(nodes):
     assert _spec(r.status()) is None  # R never speculates
 
 
+def test_a_local_draft_gives_the_same_output(nodes):
+    local, r, model = nodes.local, nodes.r, nodes.model
+    for prompt in PROMPTS:
+        assert (_complete(local, model, prompt, MAX_TOKENS)["choices"][0]["text"]
+                == _complete(r, model, prompt, MAX_TOKENS)["choices"][0]["text"])
+    figures = _spec(local.status())
+    assert figures["draft"] == "local" and figures["disabled"] is None and figures["rounds"] > 0
+    assert local.status()["speculation"]["mode"] == "local"
+
+
 def test_killing_the_draft_node_mid_request_keeps_the_output(nodes):
-    d, t, r, model = nodes
+    d, t, r, model = nodes.d, nodes.t, nodes.r, nodes.model
     expected = _complete(r, model, LONG_PROMPT, LONG_MAX_TOKENS)["choices"][0]["text"]
     served_before = d.status()["speculation"]["counters"]["tunnels_served"]
     result: dict = {}

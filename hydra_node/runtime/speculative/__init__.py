@@ -2,7 +2,9 @@
 
 Pure parts (no llama): :mod:`.acceptance` (the acceptance rules), :mod:`.controller`
 (adaptive draft length), :mod:`.sampling`, :mod:`.text`.  Engines over llama-cpp-python:
-:mod:`.engine`, :mod:`.target`, :mod:`.draft`, :mod:`.decoder`.  See docs/speculative.md.
+:mod:`.engine`, :mod:`.target`, :mod:`.draft`, :mod:`.decoder`.  Across machines: :mod:`.wire` (the
+draft protocol), :mod:`.draft_server`, :mod:`.remote` (RemoteDrafter), :mod:`.runner_glue` (the model
+runner), :mod:`.mesh` (the node: draft server, tunnel service ``draft``).  See docs/speculative.md.
 """
 
 from .adapter import generate_events, sampling_for
@@ -12,12 +14,14 @@ from .decoder import Completion, Emitted, SpeculativeDecoder
 from .draft import DraftSession, Drafter, Proposal
 from .engine import LlamaEngine
 from .errors import ContextFull, DraftProtocolError, SessionStateError, SpeculationError
+from .remote import DraftUnavailable, RemoteDrafter
 from .sampling import SamplingParams, SparseDist
 from .target import TargetSession
 from .testpair import ensure_converted_target, ensure_f16_target
 
 __all__ = [
-    "Completion", "ContextFull", "ControllerConfig", "DraftProtocolError", "DraftSession", "Drafter",
+    "Completion", "ContextFull", "ControllerConfig", "DraftProtocolError", "DraftSession", "DraftUnavailable",
+    "Drafter", "RemoteDrafter",
     "Emitted", "LlamaEngine", "Proposal", "SamplingParams", "SessionStateError", "SparseDist",
     "SpeculationController", "SpeculationError", "SpeculationStats", "SpeculativeDecoder", "TargetSession",
     "Verdict", "ensure_converted_target", "ensure_f16_target", "expected_tokens", "generate_events", "leviathan_speedup", "sampling_for",

@@ -24,7 +24,7 @@ import time
 from .draft import DraftSession
 from .engine import LlamaEngine
 from .errors import SpeculationError
-from .wire import (DRAFT_PROTO, MAX_EXTEND_TOKENS, MAX_K, BoundedFrameDecoder, WireError, _int, frame,
+from .wire import (DRAFT_PROTO, MAX_EXTEND_TOKENS, MAX_K, BoundedFrameDecoder, WireError, frame, int_field,
                    parse_start, token_list, vocab_fingerprint)
 
 log = logging.getLogger("hydra.draft_server")
@@ -99,7 +99,7 @@ class DraftServer:
                 elif not started:
                     raise WireError(f"{op!r:.20} before start", "out_of_order")
                 elif op == "propose":
-                    prop = session.propose(_int(msg, "k", 1, MAX_K))
+                    prop = session.propose(int_field(msg, "k", 1, MAX_K))
                     dists = None if prop.dists is None else [[d.ids.tolist(), d.probs.tolist()] for d in prop.dists]
                     conn.sendall(frame({"op": "proposal", "tokens": list(prop.tokens), "dists": dists,
                                         "seconds": prop.seconds + queued_s,
@@ -107,7 +107,7 @@ class DraftServer:
                     queued_s, queued_tokens = 0.0, 0
                     continue
                 elif op == "commit":
-                    session.commit(_int(msg, "accepted", 0, MAX_K), _int(msg, "next", 0, n_vocab - 1))
+                    session.commit(int_field(msg, "accepted", 0, MAX_K), int_field(msg, "next", 0, n_vocab - 1))
                 elif op == "extend":
                     session.extend(token_list(msg, "tokens", n_vocab, MAX_EXTEND_TOKENS))
                     session.catch_up()  # while the target computes; not on the next round's path

@@ -18,6 +18,11 @@ from .errors import ContextFull
 
 #: Default context window of speculative sessions (tokens).
 DEFAULT_N_CTX = 2048
+#: Batches up to this many tokens (a verify pass of k + 1, a draft's catch-up) are decode-like
+#: (matrix-vector bound): they run on the decode thread count, not ``n_threads_batch`` (which
+#: llama-cpp-python defaults to every core: its threads spin-wait for each other and, on a
+#: shared or busy machine, made a verify pass several times slower than a decode step).
+SMALL_BATCH_TOKENS = 16
 
 
 class LlamaEngine:
@@ -48,6 +53,8 @@ class LlamaEngine:
         self._memory = llama_cpp.llama_get_memory(self.llm.ctx)
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self.n_past = 0
+        self._threads = (int(llm.n_threads), int(llm.n_threads_batch))
+        self._small_batch_threads = False
 
     def close(self) -> None:
         if self._batch is not None:
@@ -77,6 +84,11 @@ class LlamaEngine:
             raise ValueError("nothing to decode")
         if self.n_past + n > self.n_ctx:
             raise ContextFull(f"{self.n_past} + {n} tokens exceed the context of {self.n_ctx}")
+        small = n <= SMALL_BATCH_TOKENS
+        if small != self._small_batch_threads and self._threads[0] != self._threads[1]:
+            decode_threads, batch_threads = self._threads
+            llama_cpp.llama_set_n_threads(self.llm.ctx, decode_threads, decode_threads if small else batch_threads)
+            self._small_batch_threads = small
         rows = []
         for start in range(0, n, self.n_batch):
             chunk = tokens[start:start + self.n_batch]
@@ -101,6 +113,12 @@ class LlamaEngine:
                 ptr = llama_cpp.llama_get_logits_ith(self.llm.ctx, len(chunk) - 1)
                 rows.append(np.ctypeslib.as_array(ptr, shape=(1, self.n_vocab)).copy())
         return np.concatenate(rows) if len(rows) > 1 else rows[0]
+
+    def restore_threads(self) -> None:
+        """Give the context back its own thread counts (before someone else decodes through it)."""
+        if self._small_batch_threads:
+            llama_cpp.llama_set_n_threads(self.llm.ctx, *self._threads)
+            self._small_batch_threads = False
 
     def truncate(self, n_past: int) -> None:
         """Forget every cached position from ``n_past`` on."""

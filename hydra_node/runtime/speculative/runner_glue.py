@@ -115,6 +115,7 @@ class RunnerSpeculation:
             if self.remote is not None:
                 self.remote.close()
             self.llm.reset()  # our decoding bypassed the Llama's own bookkeeping
+            self.engine.restore_threads()
         if finish == "cancelled":
             ch.send({"op": "error", "id": rid, "code": "cancelled", "status": 499, "message": "cancelled"})
             return

@@ -71,14 +71,14 @@ def frame(msg: dict) -> bytes:
 
 
 # ---------------------------------------------------------------- field checks
-def _int(msg: dict, key: str, lo: int, hi: int) -> int:
-    v = msg.get(key)
+def int_field(msg: dict, key: str, lo: int, hi: int, default: int | None = None) -> int:
+    v = msg.get(key, default)
     if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
         raise WireError(f"{msg.get('op')}.{key} must be an integer in [{lo}, {hi}], not {v!r:.40}")
     return v
 
 
-def _float(msg: dict, key: str, lo: float, hi: float, default: float) -> float:
+def float_field(msg: dict, key: str, lo: float, hi: float, default: float) -> float:
     v = msg.get(key, default)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= float(v) <= hi:
         raise WireError(f"{msg.get('op')}.{key} must be a number in [{lo}, {hi}], not {v!r:.40}")
@@ -98,14 +98,14 @@ def token_list(msg: dict, key: str, n_vocab: int, max_len: int, min_len: int = 1
 def parse_start(msg: dict, n_vocab: int, n_ctx: int) -> tuple[list[int], SamplingParams, int | None]:
     tokens = token_list(msg, "tokens", n_vocab, min(MAX_PROMPT_TOKENS, n_ctx - 1))
     try:
-        sampling = SamplingParams(temperature=_float(msg, "temperature", 0.0, 2.0, 0.0),
-                                  top_p=_float(msg, "top_p", 1e-9, 1.0, 1.0),
-                                  top_k=_int({**msg, "top_k": msg.get("top_k", 0)}, "top_k", 0, n_vocab))
+        sampling = SamplingParams(temperature=float_field(msg, "temperature", 0.0, 2.0, 0.0),
+                                  top_p=float_field(msg, "top_p", 1e-9, 1.0, 1.0),
+                                  top_k=int_field(msg, "top_k", 0, n_vocab, default=0))
     except ValueError as exc:
         raise WireError(f"start: {exc}") from None
     seed = msg.get("seed")
     if seed is not None:
-        seed = _int(msg, "seed", 0, 2**63 - 1)
+        seed = int_field(msg, "seed", 0, 2**63 - 1)
     return tokens, sampling, seed
 
 
@@ -122,8 +122,8 @@ def parse_proposal(msg: dict, k: int, n_vocab: int, sampled: bool) -> tuple[list
     if msg.get("op") != "proposal":
         raise WireError(f"expected a proposal, got {msg.get('op')!r:.40}")
     tokens = token_list(msg, "tokens", n_vocab, k)
-    seconds = _float(msg, "seconds", 0.0, 3600.0, 0.0)
-    catchup = _int(msg, "catchup", 0, MAX_PROMPT_TOKENS + MAX_EXTEND_TOKENS)
+    seconds = float_field(msg, "seconds", 0.0, 3600.0, 0.0)
+    catchup = int_field(msg, "catchup", 0, MAX_PROMPT_TOKENS + MAX_EXTEND_TOKENS)
     dists = msg.get("dists")
     if not sampled:
         return tokens, None, seconds, catchup
