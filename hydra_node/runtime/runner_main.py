@@ -26,22 +26,10 @@ import time
 
 from hydra_node.runtime.channel import ChannelError, FrameDecoder, encode_frame
 from hydra_node.runtime.textstream import TextAssembler
+from hydra_node.runtime._child import die_with_parent
 
 #: Generate requests buffered in the child; the node's supervisor admits one at a time.
 WORK_QUEUE_BOUND = 4
-
-
-def _die_with_parent() -> None:
-    """Exit when the node process goes away (PR_SET_PDEATHSIG fires on the spawning
-    *thread*, and trio spawns from a worker thread, so poll the parent pid instead)."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(3)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 class Channel:
@@ -257,7 +245,7 @@ def main(argv=None) -> int:
 
     add_runner_args(p)  # --draft-endpoint / --draft-model (docs/speculative.md)
     args = p.parse_args(argv)
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node decides when we stop
     sock = socket.socket(fileno=args.fd)
     ch = Channel(sock)

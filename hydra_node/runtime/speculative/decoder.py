@@ -23,7 +23,7 @@ from .engine import LlamaEngine
 from .errors import DraftProtocolError
 from .sampling import SamplingParams
 from .target import TargetSession
-from .text import TextAssembler
+from hydra_node.runtime.textstream import TextAssembler
 
 log = logging.getLogger(__name__)
 

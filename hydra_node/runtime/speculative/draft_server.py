@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 
+from hydra_node.runtime._child import die_with_parent
+
 from .draft import DraftSession
 from .engine import LlamaEngine
 from .errors import SpeculationError
@@ -124,17 +126,6 @@ class DraftServer:
                 return
 
 
-def _die_with_parent() -> None:
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(3)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="hydra-draft-server", description="Serve a draft model to speculative targets")
     p.add_argument("--model", required=True, help="GGUF file of the draft model")
@@ -148,7 +139,7 @@ def main(argv=None) -> int:
     if args.host not in LOOPBACK:
         p.error("--host must be a loopback address: the mesh reaches this server through a tunnel")
     if args.die_with_parent:
-        _die_with_parent()
+        die_with_parent()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     engine = LlamaEngine(args.model, n_ctx=args.n_ctx, n_threads=max(1, args.threads))
     server = DraftServer(engine, args.model_id or os.path.splitext(os.path.basename(args.model))[0])
