@@ -406,10 +406,8 @@ class MeshService:
                 self._remember_peers()
             log.info("event=membership_%s peer=%s incarnation=%s", type(ev).__name__.lower(),
                      ev.peer_id[:16], getattr(ev, "incarnation", ""))
-            if type(ev).__name__ in ("PeerDied", "PeerLeft"):
-                link = self.links.get(ev.peer_id)
-                if link is not None:
-                    self._nursery.start_soon(link.aclose, "peer_gone", "membership declared the peer gone")
+            # Links are not closed on PeerDied: a dead peer's link dies by itself (reset or idle
+            # timeout), and closing a link to a falsely suspected peer only slows its refutation.
 
     def peers(self) -> list[dict]:
         if self.membership is None:
