@@ -21,3 +21,28 @@ def die_with_parent(poll_s: float = 0.5) -> None:
         os._exit(3)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+class TokenClock:
+    """Time to first token and mean inter-token latency of one generation (monotonic clock)."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.first: float | None = None
+        self.last: float | None = None
+        self.gaps = 0.0
+
+    def tick(self) -> None:
+        """A token came out of the model."""
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+        else:
+            self.gaps += now - self.last
+        self.last = now
+
+    def ttft_ms(self) -> float:
+        return ((self.first or time.monotonic()) - self.start) * 1000
+
+    def itl_ms(self, tokens: int) -> float:
+        return self.gaps / (tokens - 1) * 1000 if tokens > 1 else 0.0

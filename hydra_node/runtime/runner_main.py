@@ -26,7 +26,7 @@ import time
 
 from hydra_node.runtime.channel import ChannelError, FrameDecoder, encode_frame
 from hydra_node.runtime.textstream import TextAssembler
-from hydra_node.runtime._child import die_with_parent
+from hydra_node.runtime._child import TokenClock, die_with_parent
 
 #: Generate requests buffered in the child; the node's supervisor admits one at a time.
 WORK_QUEUE_BOUND = 4
@@ -129,7 +129,7 @@ class Runner:
             return rid in self.cancelled
 
     def generate(self, ch: Channel, rid: int, req: dict) -> None:
-        t_start = time.monotonic()
+        clock = TokenClock()  # TTFT counts from here: tokenising is part of it
         tokens = self.prompt_tokens(req)
         if len(tokens) >= self.n_ctx:
             ch.send({"op": "error", "id": rid, "code": "context_length_exceeded", "status": 400,
@@ -154,8 +154,6 @@ class Runner:
         asm = TextAssembler(tuple(req.get("stop") or ()))
         n = 0
         finish = "length"
-        t_first = t_last = None
-        gaps = 0.0
         gen = self.llm.generate(tokens, temp=temp, top_p=float(req.get("top_p", 0.95)),
                                 top_k=0 if temp <= 0 else 40, min_p=0.0, repeat_penalty=1.0, reset=True)
         generated: list[int] = []
@@ -164,12 +162,7 @@ class Runner:
                 if self.is_cancelled(rid):
                     finish = "cancelled"
                     break
-                now = time.monotonic()
-                if t_first is None:
-                    t_first = now
-                else:
-                    gaps += now - t_last
-                t_last = now
+                clock.tick()
                 if self.is_eog(tok):
                     finish = "stop"
                     break
@@ -194,10 +187,9 @@ class Runner:
         tail = asm.flush()
         if tail:
             ch.send({"op": "delta", "id": rid, "text": tail})
-        ttft = ((t_first or time.monotonic()) - t_start) * 1000
         ch.send({"op": "done", "id": rid, "finish_reason": finish, "prompt_tokens": len(tokens),
-                 "completion_tokens": n, "cached_tokens": cached, "ttft_ms": ttft,
-                 "itl_ms": (gaps / (n - 1) * 1000) if n > 1 else 0.0})
+                 "completion_tokens": n, "cached_tokens": cached, "ttft_ms": clock.ttft_ms(),
+                 "itl_ms": clock.itl_ms(n)})
 
 
 def _reader(ch: Channel, runner: Runner, work: "queue.Queue") -> None:

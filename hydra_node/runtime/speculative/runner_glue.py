@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import time
+
+from hydra_node.runtime._child import TokenClock
 
 from .controller import ControllerConfig, SpeculationController
 from .decoder import Completion, Emitted, SpeculativeDecoder
@@ -87,9 +88,9 @@ class RunnerSpeculation:
 
     def generate(self, ch, rid: int, req: dict, tokens: list[int], max_tokens: int, is_cancelled) -> None:
         """Like the runner's plain loop: deltas, then ``done`` (or a ``cancelled`` error)."""
-        t_start = time.monotonic()
+        clock = TokenClock()
         self.requests += 1
-        n, finish, t_first, t_last, gaps = 0, "length", None, None, 0.0
+        n, finish = 0, "length"
         completion: Completion | None = None
         gen = self.decoder.generate(tokens, max_tokens=max_tokens, sampling=SamplingParams(temperature=0.0),
                                     stop=tuple(req.get("stop") or ()))  # greedy: no seed needed
@@ -101,12 +102,7 @@ class RunnerSpeculation:
                 if is_cancelled(rid):
                     finish = "cancelled"
                     break
-                now = time.monotonic()
-                if t_first is None:
-                    t_first = now
-                else:
-                    gaps += now - t_last
-                t_last = now
+                clock.tick()
                 n += 1
                 if isinstance(ev, Emitted) and ev.text:
                     ch.send({"op": "delta", "id": rid, "text": ev.text})
@@ -124,10 +120,9 @@ class RunnerSpeculation:
         if completion.draft_failure:
             self.draft_failures += 1
             self.last_draft_failure = completion.draft_failure[:300]
-        ttft = ((t_first or time.monotonic()) - t_start) * 1000
         ch.send({"op": "done", "id": rid, "finish_reason": completion.finish_reason,
                  "prompt_tokens": len(tokens), "completion_tokens": completion.completion_tokens,
-                 "cached_tokens": 0, "ttft_ms": ttft, "itl_ms": (gaps / (n - 1) * 1000) if n > 1 else 0.0,
+                 "cached_tokens": 0, "ttft_ms": clock.ttft_ms(), "itl_ms": clock.itl_ms(n),
                  "speculative": self.status(completion)})
 
     def status(self, last: Completion | None = None) -> dict:
