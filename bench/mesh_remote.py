@@ -12,7 +12,6 @@ Run: .venv/bin/python bench/mesh_remote.py [--rounds 5] [--max-tokens 96]
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from pathlib import Path
 

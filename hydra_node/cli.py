@@ -240,8 +240,10 @@ def _console_port(args) -> int:
     return DEFAULT_CONSOLE_PORT
 
 
-def _get_json(url: str, timeout: float = 5.0):
-    req = urllib.request.Request(url)
+def _request_json(url: str, body: dict | None = None, timeout: float = 5.0):
+    """GET (or POST ``body``) a node's management API, with $HYDRA_API_KEY if set."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
     key = env_api_key()
     if key:
         req.add_header("Authorization", f"Bearer {key}")
@@ -252,7 +254,7 @@ def _get_json(url: str, timeout: float = 5.0):
 def cmd_status(args) -> int:
     port = _console_port(args)
     try:
-        st = _get_json(f"http://127.0.0.1:{port}/api/status")
+        st = _request_json(f"http://127.0.0.1:{port}/api/status")
     except (urllib.error.URLError, OSError) as exc:
         print(f"hydra-node: no node answering on 127.0.0.1:{port} ({getattr(exc, 'reason', exc)})", file=sys.stderr)
         return EXIT_FAILED
@@ -305,14 +307,8 @@ def _parse_duration(text: str) -> float:
 def cmd_invite(args) -> int:
     ttl = _parse_duration(args.ttl)
     port = _console_port(args)
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/invite", data=json.dumps({"ttl_s": ttl}).encode(),
-                                 method="POST", headers={"Content-Type": "application/json"})
-    key = env_api_key()
-    if key:
-        req.add_header("Authorization", f"Bearer {key}")
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            d = json.loads(r.read())
+        d = _request_json(f"http://127.0.0.1:{port}/api/invite", {"ttl_s": ttl}, timeout=10)
     except urllib.error.HTTPError as exc:
         print(f"hydra-node: the node refused: {exc.read().decode(errors='replace')}", file=sys.stderr)
         return EXIT_FAILED

@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import time
-from pathlib import Path
 
 import trio
 
@@ -25,7 +24,7 @@ from hydra_node.config import NodeConfig
 from hydra_node.identity import load_or_create_identity
 from hydra_node.models import ModelRef, resolve_model
 from hydra_node.pidfile import reap_stale, read_pidfile, remove_pidfile, write_pidfile
-from hydra_node.mesh.service import MeshService, MeshSettings
+from hydra_node.mesh.service import MeshService
 from hydra_node.router import Router, Target
 from hydra_node.routing.live import LiveScheduling
 from hydra_node.routing.wiring import wire_scheduling

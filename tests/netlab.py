@@ -75,6 +75,13 @@ class NetLab:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
+def serve_node(lab: NetLab, i: int, home: Path, *extra: str) -> subprocess.Popen:
+    """`hydra-node serve` on host i: standard ports inside its namespace, links advertised on its address."""
+    return lab.spawn(i, [sys.executable, "-m", "hydra_node.cli", "serve", "--home", str(home), "--port", "9337",
+                         "--console", "3131", "--mesh-host", "0.0.0.0", "--mesh-port", "9338", "--advertise",
+                         lab.addr(i), "--name", f"h{i}", *extra], home.parent / f"h{i}.log")
+
+
 def node_status(lab: NetLab, i: int, home: Path) -> dict | None:
     r = lab.run(i, [sys.executable, "-m", "hydra_node.cli", "status", "--home", str(home), "--json"])
     if r.returncode != 0:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from dataclasses import dataclass, field
-from functools import partial
 from typing import AsyncIterator, Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 
@@ -49,6 +49,13 @@ class Request:
 
     def json(self):
         return json.loads(self.body)
+
+    def bearer_matches(self, key: str | None) -> bool:
+        """True when no key is required, or ``Authorization: Bearer KEY`` carries it."""
+        if key is None:
+            return True
+        auth = self.headers.get("authorization", "")
+        return auth.startswith("Bearer ") and secrets.compare_digest(auth[7:].strip(), key)
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from hydra_node.api.http import Request, Response
+from hydra_node.api.openai import ApiError
 
 _CONSOLE = """<!doctype html><html><head><meta charset="utf-8"><title>Hydra node</title>
 <style>body{font:14px system-ui,sans-serif;margin:2em;max-width:60em}pre{background:#f4f4f4;padding:1em;overflow:auto}</style>
@@ -21,21 +22,13 @@ class ManagementApi:
         self.headless = headless
         self.api_key = api_key
 
-    def _authorised(self, request: Request) -> bool:
-        if self.api_key is None:
-            return True
-        auth = request.headers.get("authorization", "")
-        import secrets
-        return auth.startswith("Bearer ") and secrets.compare_digest(auth[7:].strip(), self.api_key)
-
     async def handle(self, request: Request) -> Response:
         path = request.path.rstrip("/") or "/"
         if path in ("/health", "/healthz"):
             ok = self.node.healthy()
             return Response.json(200 if ok else 503, {"status": "ok" if ok else "degraded"})
-        if not self._authorised(request):
-            return Response.json(401, {"error": {"message": "missing or invalid API key", "type":
-                                                 "authentication_error", "param": None, "code": "invalid_api_key"}})
+        if not request.bearer_matches(self.api_key):
+            return ApiError(401, "missing or invalid API key", "invalid_api_key").response()
         if path == "/api/status" and request.method == "GET":
             return Response(200, json.dumps(self.node.status(), indent=None, default=str).encode())
         handler = self.node.management_routes().get((request.method, path))
@@ -48,8 +41,6 @@ class ManagementApi:
             return await handler(request)
         if path in ("/", "/dashboard") and request.method == "GET":
             if self.headless:
-                return Response.json(404, {"error": {"message": "console disabled (--headless)", "type":
-                                                     "invalid_request_error", "param": None, "code": "not_found"}})
+                return ApiError(404, "console disabled (--headless)", "not_found").response()
             return Response(200, _CONSOLE.encode(), "text/html; charset=utf-8")
-        return Response.json(404, {"error": {"message": f"no route for {request.method} {request.path}",
-                                             "type": "invalid_request_error", "param": None, "code": "not_found"}})
+        return ApiError(404, f"no route for {request.method} {request.path}", "not_found").response()

@@ -179,10 +179,7 @@ class OpenAIApi:
         return resp
 
     def _check_auth(self, request: Request) -> None:
-        if self.api_key is None:
-            return
-        auth = request.headers.get("authorization", "")
-        if not auth.startswith("Bearer ") or not secrets.compare_digest(auth[7:].strip(), self.api_key):
+        if not request.bearer_matches(self.api_key):
             raise ApiError(401, "missing or invalid API key (send 'Authorization: Bearer KEY')", "invalid_api_key")
 
     async def _route(self, request: Request) -> Response | StreamResponse:

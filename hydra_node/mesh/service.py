@@ -125,7 +125,6 @@ class MeshService:
         self._listener: LinkListener | None = None
         self._nursery: trio.Nursery | None = None
         self._dialing: dict[str, trio.Event] = {}
-        self._seq = 0
         self._last_ann: tuple | None = None
         self._token: tuple[str, float] | None = None
         self._remembered: dict | None = None
@@ -329,7 +328,7 @@ class MeshService:
         hw = node.hardware()
         return Announcement(
             node_id=self.node_id, incarnation=self.membership.incarnation if self.membership else self.incarnation,
-            seq=self._seq, version=__version__, role=self.settings.role, addresses=tuple(self.addresses),
+            version=__version__, role=self.settings.role, addresses=tuple(self.addresses),
             api_port=node.api_server.port if node.api_server else None,
             console_port=node.console_server.port if node.console_server else None,
             models=models, hardware=Hardware(**hw), queue_depth=sum(r.queue_depth + r.in_flight for r in runners),
@@ -354,8 +353,7 @@ class MeshService:
                    ann.throughput_milli, ann.incarnation, ann.extra, ann.rpc)
             if key != self._last_ann:
                 self._last_ann = key
-                self._seq += 1
-                self.gossip.local_update(self._announcement())
+                self.gossip.local_update(ann)  # the core stamps incarnation and seq, then re-signs
             await trio.sleep(ANNOUNCE_CHECK_S)
 
     @property

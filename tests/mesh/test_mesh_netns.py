@@ -10,7 +10,7 @@ import pytest
 
 import os
 from hydra_node.models import BUNDLED_MODEL_ID
-from netlab import NetLab, node_status, wait_for
+from netlab import NetLab, node_status, serve_node as serve, wait_for
 
 import shutil
 
@@ -20,12 +20,6 @@ pytestmark = [
 ]
 
 PY = sys.executable
-
-
-def serve(lab, i, home, *extra):
-    return lab.spawn(i, [PY, "-m", "hydra_node.cli", "serve", "--home", str(home), "--port", "9337", "--console",
-                         "3131", "--mesh-host", "0.0.0.0", "--mesh-port", "9338", "--advertise", lab.addr(i),
-                         "--name", f"h{i}", *extra], home.parent / f"h{i}.log")
 
 
 def alive(st) -> set:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
 
 from hydra_node import __version__
 from hydra_node.cli import build_parser

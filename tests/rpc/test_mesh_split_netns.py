@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from netlab import NetLab, node_status, wait_for  # noqa: E402
+from netlab import NetLab, node_status, serve_node as serve, wait_for  # noqa: E402
 
 from hydra_node.models import BUNDLED_MODEL_ID  # noqa: E402
 
@@ -25,12 +25,6 @@ pytestmark = [
 ]
 
 PY = sys.executable
-
-
-def serve(lab, i, home, *extra):
-    return lab.spawn(i, [PY, "-m", "hydra_node.cli", "serve", "--home", str(home), "--port", "9337", "--console",
-                         "3131", "--mesh-host", "0.0.0.0", "--mesh-port", "9338", "--advertise", lab.addr(i),
-                         "--name", f"h{i}", *extra], home.parent / f"h{i}.log")
 
 
 def test_split_across_namespaces(tmp_path):
