@@ -7,10 +7,16 @@ LLAMA_VERSION := 0.3.36
 # A wheelhouse keyed by version *and* build flags, so a cached non-RPC wheel can never be picked up.
 WHEELHOUSE ?= $(HOME)/.cache/hydra-node/wheels/llama-cpp-python-$(LLAMA_VERSION)-rpc
 STAMP := $(VENV)/.hydra-installed
+# The native tunnel pump (hydra_node/runtime/rpc/native_pump.py); without it tunnels use a Python pump.
+PUMP_SO := hydra_node/native/_pump.so
+CC ?= cc
 
 .PHONY: install serve test bench clean lint
 
-install: $(STAMP)
+install: $(STAMP) $(PUMP_SO)
+
+$(PUMP_SO): hydra_node/native/pump.c
+	$(CC) -O2 -Wall -Wextra -shared -fPIC -o $@ $<
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,4 +44,4 @@ bench: install
 	$(PY) bench/api_overhead.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info $(PUMP_SO)

@@ -7,10 +7,16 @@ ggml RPC worker serves one coordinator at a time):
 
 * ``local``        – unsplit, llama.cpp on this process's CPU;
 * ``split-direct`` – plain llama.cpp RPC over loopback to 2 workers;
-* ``split-tunnel`` – the same, but each worker is reached as in a mesh: through an
-  encrypted peer link (``hydra_node.runtime.rpc.tunnel``), with one process per worker
-  node (``RpcTunnelServer`` on a ``LinkListener``) and one coordinator-node process
-  holding the leases and the loopback tunnel ports (``RemoteWorkerTunnel``).
+* ``split-tunnel`` – the same, but each worker is reached as in a mesh: leased over an
+  encrypted peer link (``hydra_node.runtime.rpc.tunnel``), bytes on an encrypted tunnel
+  data connection (``dataconn.py``, native pump), with one process per worker node
+  (``RpcTunnelServer`` on a ``LinkListener``) and one coordinator-node process holding
+  the leases and the loopback tunnel ports (``RemoteWorkerTunnel``);
+* ``split-link``   – as ``split-tunnel`` but the worker nodes offer no data port, so the
+  bytes ride the link's streams (the fall-back when a data port is unreachable).
+
+Every split mode uses the same plan, including the output projection on the host
+(``SplitPlan.output_on_host``); the greedy texts of all modes are compared.
 
 A mode is a name plus a function returning the (endpoint, pid) of the workers its
 runner should use; the pids also count the tunnel processes, so CPU per token includes
@@ -47,18 +53,21 @@ def serve(spec: dict) -> None:
     import llama_cpp
 
     from hydra_node.runtime.rpc import Capacity, WorkerInfo, plan_split, probe_worker
-    from hydra_node.runtime.rpc.coordinator import llama_kwargs_for_plan, register_rpc_servers
+    from hydra_node.runtime.rpc.coordinator import (
+        llama_kwargs_for_plan, output_projection_on_host, register_rpc_servers)
 
     model = spec["model"]
     kwargs: dict = {"n_gpu_layers": 0}
-    plan_status = None
+    plan_status, output_on_host = None, False
     if spec["endpoints"]:
         workers = [WorkerInfo(f"w{i}", ep, probe_worker(ep).proto, SMALL_BYTES, float(i))
                    for i, ep in enumerate(spec["endpoints"])]
         plan = plan_split(Path(model).stat().st_size, N_LAYERS, Capacity(SMALL_BYTES), workers)
         register_rpc_servers(list(plan.rpc_endpoints))
         kwargs, plan_status = llama_kwargs_for_plan(plan), plan.to_status()
-    llm = llama_cpp.Llama(model, n_ctx=512, n_threads=spec["threads"], seed=0, verbose=False, **kwargs)
+        output_on_host = plan.output_on_host and not spec.get("logits_remote")
+    with output_projection_on_host(output_on_host):
+        llm = llama_cpp.Llama(model, n_ctx=512, n_threads=spec["threads"], seed=0, verbose=False, **kwargs)
     print(json.dumps({"ready": True, "plan": plan_status}), flush=True)
     for line in sys.stdin:
         if line.strip() != "run":
@@ -135,6 +144,8 @@ async def _tunnel_main(spec: dict) -> None:
 
         listener = LinkListener(LinkSettings(identity=SigningKey.generate(), mesh=mesh, on_stream=on_stream))
         async with trio.open_nursery() as nursery:
+            if not spec.get("link_only"):
+                await nursery.start(server.serve_data, "127.0.0.1")
             port = await nursery.start(listener.serve, "127.0.0.1", 0)
             print(json.dumps({"url": f"ws://127.0.0.1:{port}"}), flush=True)
             await trio.sleep_forever()
@@ -157,9 +168,10 @@ async def _hold_link(open_link, url, settings, *, task_status) -> None:
         await trio.sleep_forever()
 
 
-def start_tunnelled_workers(procs: "Procs", n: int, threads: int) -> list[tuple[str, int]]:
+def start_tunnelled_workers(procs: "Procs", n: int, threads: int, link_only: bool = False) -> list[tuple[str, int]]:
     """``n`` loopback workers, each behind its own worker-node tunnel process, reached from one
-    coordinator-node tunnel process; returns (tunnel endpoint, pid) with every pid involved."""
+    coordinator-node tunnel process; returns (tunnel endpoint, pid) with every pid involved.
+    ``link_only``: the worker nodes offer no data port, so bytes ride the link streams."""
     from hydra_node.runtime.rpc.supervisor import free_loopback_port
 
     mesh = os.urandom(32).hex()
@@ -168,7 +180,8 @@ def start_tunnelled_workers(procs: "Procs", n: int, threads: int) -> list[tuple[
           for _ in range(n)]
     ready = [_line(w) for w in ws]
     sides = [procs.start([sys.executable, __file__, "--tunnel", json.dumps({"side": "worker", "mesh": mesh,
-                                                                             "worker": r})]) for r in ready]
+                                                                             "worker": r, "link_only": link_only})])
+             for r in ready]
     urls = [_line(p)["url"] for p in sides]
     coord = procs.start([sys.executable, __file__, "--tunnel", json.dumps({"side": "coord", "mesh": mesh,
                                                                             "urls": urls})])
@@ -191,6 +204,7 @@ MODES = {
     "local": lambda procs, args: [],
     "split-direct": lambda procs, args: start_workers(procs, 2, args.threads),
     "split-tunnel": lambda procs, args: start_tunnelled_workers(procs, 2, args.threads),
+    "split-link": lambda procs, args: start_tunnelled_workers(procs, 2, args.threads, link_only=True),
 }
 
 
@@ -252,6 +266,8 @@ def main() -> None:
             per_round = [t / d for t, d in zip(rates["split-tunnel"], rates["split-direct"])]
             print(f"tunnel/direct tok/s ratio: {ratio:.2f} (per round {min(per_round):.2f}-{max(per_round):.2f}; "
                   f"goal >= 0.85)   CPU per token ratio: {cpu_ratio:.2f}")
+            link = statistics.median(rates["split-link"]) / statistics.median(rates["split-direct"])
+            print(f"link-stream fall-back (no data port)/direct tok/s ratio: {link:.2f}")
         same = all(t == texts["local"] for t in texts.values())
         print(f"greedy output identical across modes: {same}")
         print("load average after: %.1f %.1f %.1f" % os.getloadavg())

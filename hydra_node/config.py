@@ -314,6 +314,7 @@ class NodeConfig:
     force_split: bool = False  # --split: split hosted models over mesh RPC workers even when they fit
     rpc_worker: bool = True  # --no-rpc-worker: lend no memory to other nodes' models
     split_stall_timeout_s: float = 60.0  # --stall-timeout: a split runner silent this long is killed
+    tunnel_port: int = 0  # --tunnel-port: data port of this node's RPC tunnels (0: any free port)
     mesh: Any = None  # hydra_node.mesh.service.MeshSettings, or None for no mesh at all
     discovery: Any = None  # hydra_node.discovery.node_choice.DiscoverySettings, or None (no discovery)
 

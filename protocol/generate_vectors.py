@@ -332,11 +332,33 @@ def announcement_vectors() -> dict[str, Any]:
     }
 
 
+def tunnel_data_vectors() -> dict[str, Any]:
+    from hydra_node.runtime.rpc.dataconn import MAGIC, channel_for, direction_keys, seal_frame
+
+    secret, ticket = bytes(range(32)), bytes(range(0xA0, 0xB0))
+    c2w, w2c = direction_keys(secret)
+    coord, worker = channel_for(secret, "coordinator"), channel_for(secret, "worker")
+    frames = [("coordinator", b""), ("worker", b""), ("coordinator", bytes([8]) + bytes(8) + b"get"),
+              ("worker", b"\x03\x00\x00\x00\x00\x00\x00\x00abc")]
+    out = []
+    for side, plaintext in frames:
+        wire = seal_frame(coord if side == "coordinator" else worker, plaintext)
+        out.append({"from": side, "plaintext": plaintext.hex(), "wire": wire.hex()})
+    return {
+        "description": "Tunnel data connections (protocol/README.md section 11.5): keys are BLAKE2b-256 keyed "
+                       "with the offer's secret, personalisation 'hydra-tun-c2w' / 'hydra-tun-w2c'; a frame is "
+                       "u32 big-endian length || counter u64 big-endian || XChaCha20-Poly1305; the first frame "
+                       "each way is the empty hello / accept",
+        "secret": secret.hex(), "ticket": ticket.hex(), "preamble": (MAGIC + ticket).hex(),
+        "key_c2w": c2w.hex(), "key_w2c": w2c.hex(), "frames": out,
+    }
+
+
 def build_all() -> dict[str, Any]:
     return {
         "cbor.json": cbor_vectors(), "envelope.json": envelope_vectors(), "token.json": token_vectors(),
         "frames.json": frame_vectors(), "channel.json": channel_vectors(), "handshake.json": handshake_vectors(),
-        "announce.json": announcement_vectors(),
+        "announce.json": announcement_vectors(), "tunnel_data.json": tunnel_data_vectors(),
     }
 
 

@@ -33,6 +33,18 @@ class SecureChannel:
         self._send_counter = 0
         self._receive_counter = 0
 
+    @property
+    def send_counter(self) -> int:
+        return self._send_counter
+
+    @property
+    def receive_counter(self) -> int:
+        return self._receive_counter
+
+    def keys(self) -> tuple[bytes, bytes]:
+        """``(send_key, receive_key)``: for a native pump that continues this channel."""
+        return self._send_key, self._receive_key
+
     def seal(self, plaintext: bytes) -> bytes:
         if len(plaintext) + FRAME_OVERHEAD_BYTES > self._max_frame:
             raise LocalProtocolError(f"frame of {len(plaintext)} bytes exceeds the {self._max_frame}-byte limit")

@@ -175,6 +175,14 @@ class PeerLink:
         return self._rtt_ms
 
     @property
+    def remote_host(self) -> str | None:
+        """The peer's IP address as this connection sees it (None if unknown)."""
+        try:
+            return str(self._ws.remote.address)
+        except Exception:  # not a TCP connection, or already torn down
+            return None
+
+    @property
     def closed(self) -> bool:
         return self.close_error is not None
 

@@ -219,6 +219,7 @@ class HostedModel:
                               for d in plan.devices))
             return dataclasses.replace(base, rpc_endpoints=tuple(w.endpoint for w in leased),
                                        tensor_split=plan.tensor_split, n_gpu_layers=plan.n_gpu_layers,
+                                       output_on_host=plan.output_on_host,
                                        stall_timeout_s=self.runtime.stall_timeout_s)
         raise PlanError(f"no usable workers after {MAX_PLACEMENT_ATTEMPTS} attempts "
                         f"({'; '.join(why for _, why in self.ignored[-MAX_PLACEMENT_ATTEMPTS:])})")
@@ -274,7 +275,9 @@ class HostedModel:
                 if peer in tunnels:
                     t, w = tunnels[peer]
                     d["endpoint"] = w.endpoint
-                    d["tunnel"] = {"connections": t.connections, "bytes_up": t.bytes_up, "bytes_down": t.bytes_down,
+                    d["tunnel"] = {"connections": t.connections, "data_connections": t.data_connections,
+                                   "data_fallback": t.data_fallback,
+                                   "bytes_up": t.bytes_up, "bytes_down": t.bytes_down,
                                    "worker_proto": str(w.proto), "worker_free_bytes": w.free_bytes}
             out["plan"] = p
         return out
@@ -323,11 +326,22 @@ class ModelRuntime:
             self._nursery = nursery
             if self.want_worker:
                 nursery.start_soon(self._run_worker)
+                if self.node.mesh is not None:
+                    await nursery.start(self._serve_tunnel_data)
             task_status.started(self)
             for model in self._deferred:
                 await self.load(model, force_split=self.force_split)
             self._deferred.clear()
             await trio.sleep_forever()
+
+    async def _serve_tunnel_data(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The data port of this node's tunnels; without it coordinators use the link stream."""
+        host, port = self.node.mesh.settings.listen_host, int(getattr(self.node.config, "tunnel_port", 0) or 0)
+        try:
+            await self.tunnel_server.serve_data(host, port, task_status=task_status)
+        except OSError as exc:
+            log.warning("event=tunnel_data_port_failed host=%s error=%r (tunnels use the mesh link)", host, exc)
+            task_status.started()
 
     # ---- the node's own worker ---------------------------------------------------------
     def _worker_cap(self) -> int:
@@ -407,7 +421,8 @@ class ModelRuntime:
                 continue
             link = mesh.links.get(peer_id)
             rtt = link.rtt_ms if link is not None and link.rtt_ms is not None else UNKNOWN_RTT_MS
-            out.append(WorkerInfo(peer_id, f"peer:{peer_id}", proto, ann.rpc.free_bytes, float(rtt)))
+            out.append(WorkerInfo(peer_id, f"peer:{peer_id}", proto, ann.rpc.free_bytes, float(rtt),
+                                  ann.rpc.device or "CPU"))
         return out, ignored
 
     # ---- hot swap ------------------------------------------------------------------------

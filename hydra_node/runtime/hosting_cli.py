@@ -1,4 +1,4 @@
-"""Command-line pieces for hosting: ``serve --split/--no-rpc-worker/--stall-timeout`` and ``swap``."""
+"""Command-line pieces for hosting: ``serve --split/--no-rpc-worker/--tunnel-port/--stall-timeout`` and ``swap``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,10 @@ def add_split_serve_args(s) -> None:
                         "(without it, a model is split only when it does not fit --max-memory / free memory)")
     s.add_argument("--no-rpc-worker", action="store_true",
                    help="run no llama.cpp RPC worker: lend no memory to other nodes' split models")
+    s.add_argument("--tunnel-port", type=int, default=0, metavar="PORT",
+                   help="data port of this node's RPC tunnels (default 0: any free port; binds --mesh-host). "
+                        "Open it next to the mesh port for fast splits; when coordinators cannot reach it, "
+                        "tunnel bytes ride the mesh link instead (slower)")
     s.add_argument("--stall-timeout", type=float, default=DEFAULT_SPLIT_STALL_TIMEOUT_S, metavar="S",
                    help="a split model's runner that produces nothing for S seconds during a request is killed "
                         f"and replanned; the request gets an error (default {DEFAULT_SPLIT_STALL_TIMEOUT_S:g})")
@@ -35,8 +39,10 @@ def split_config_from_args(args, error) -> dict:
         return {"rpc_worker": False}
     if not MIN_STALL_TIMEOUT_S <= args.stall_timeout <= MAX_STALL_TIMEOUT_S:
         raise error(f"--stall-timeout: must be between {MIN_STALL_TIMEOUT_S:g} and {MAX_STALL_TIMEOUT_S:g} s")
+    if not 0 <= args.tunnel_port <= 65535:
+        raise error(f"--tunnel-port: must be a TCP port between 0 and 65535, not {args.tunnel_port}")
     return {"force_split": args.split, "rpc_worker": not args.no_rpc_worker,
-            "split_stall_timeout_s": float(args.stall_timeout)}
+            "split_stall_timeout_s": float(args.stall_timeout), "tunnel_port": args.tunnel_port}
 
 
 def add_swap_parser(sub, add_home) -> None:

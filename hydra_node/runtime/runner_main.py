@@ -81,6 +81,8 @@ class Runner:
             raise RuntimeError("llama-cpp-python was built without RPC support; run `make install` "
                                "(it builds llama-cpp-python with -DGGML_RPC=on)")
         kwargs = {}
+        from hydra_node.runtime.rpc.coordinator import output_projection_on_host
+
         if self.args.rpc:
             from hydra_node.runtime.rpc.coordinator import register_rpc_servers
 
@@ -92,10 +94,11 @@ class Runner:
         elif self.args.n_gpu_layers is not None:
             kwargs["n_gpu_layers"] = self.args.n_gpu_layers
         t0 = time.monotonic()
-        self.llm = llama_cpp.Llama(
-            model_path=self.args.model, n_ctx=self.args.n_ctx, n_batch=self.args.n_batch,
-            n_threads=self.args.threads or None, n_threads_batch=self.args.threads_batch or None,
-            use_mlock=self.args.mlock, verbose=self.args.verbose, **kwargs)
+        with output_projection_on_host(self.args.output_on_host):
+            self.llm = llama_cpp.Llama(
+                model_path=self.args.model, n_ctx=self.args.n_ctx, n_batch=self.args.n_batch,
+                n_threads=self.args.threads or None, n_threads_batch=self.args.threads_batch or None,
+                use_mlock=self.args.mlock, verbose=self.args.verbose, **kwargs)
         if self.args.warmup:
             # The first decode allocates compute buffers and faults the weights in (seconds on
             # a cold machine); pay that before reporting ready, not in the first request's TTFT.
@@ -227,6 +230,8 @@ def main(argv=None) -> int:
     p.add_argument("--tensor-split", default="")
     p.add_argument("--n-gpu-layers", type=int, default=None,
                    help="layers offloaded to RPC/GPU devices (a split plan's n_gpu_layers)")
+    p.add_argument("--output-on-host", action="store_true",
+                   help="keep the output projection in host memory (a split plan's output_on_host)")
     p.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
                    help="re-evaluate every prompt from scratch instead of reusing the cached prefix")
     p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up decode")

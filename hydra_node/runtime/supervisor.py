@@ -80,6 +80,8 @@ class RunnerSettings:
     inject_token_delay_ms: float = 0.0  # test/bench knob: the runner sleeps this long per token
     #: llama.cpp ``n_gpu_layers`` for a split plan (None: -1 with RPC endpoints, else 0).
     n_gpu_layers: int | None = None
+    #: Keep the output projection in host memory (a split plan's ``output_on_host``).
+    output_on_host: bool = False
     #: Give up on a generation (and kill the runner) when no frame comes for this long; 0 = never.
     #: Split runners need it: a stalled RPC worker or tunnel blocks llama.cpp forever.
     stall_timeout_s: float = 0.0
@@ -244,6 +246,8 @@ class RunnerSupervisor:
             argv += ["--n-gpu-layers", str(s.n_gpu_layers)]
         if s.tensor_split:
             argv += ["--tensor-split", ",".join(f"{x:.4f}" for x in s.tensor_split)]
+        if s.output_on_host:
+            argv.append("--output-on-host")
         if s.inject_token_delay_ms > 0:
             argv += ["--inject-token-delay-ms", f"{s.inject_token_delay_ms:g}"]
         argv += list(s.extra_argv)

@@ -18,8 +18,8 @@ import llama_cpp
 
 from hydra_node.runtime.rpc import Capacity, ProtoVersion, WorkerInfo, plan_split
 from hydra_node.runtime.rpc.coordinator import (
-    LlamaLogCapture, layer_devices, llama_kwargs_for_plan, placement_evidence, register_rpc_servers,
-    rpc_devices, verify_placement)
+    LlamaLogCapture, layer_devices, llama_kwargs_for_plan, output_projection_on_host, placement_evidence,
+    register_rpc_servers, rpc_devices, verify_placement)
 
 N_LAYERS = 30  # SmolLM2-135M
 
@@ -49,7 +49,7 @@ def main() -> None:
                       force_split=spec.get("force_split", False))
     emit({"plan": plan.to_status()})
     names = register_rpc_servers(list(plan.rpc_endpoints))
-    with LlamaLogCapture() as log:
+    with LlamaLogCapture() as log, output_projection_on_host(plan.output_on_host):
         split = llama_cpp.Llama(model, n_ctx=512, n_threads=1, seed=0, verbose=False,
                                 **llama_kwargs_for_plan(plan))
     verify_placement(plan, log.lines)

@@ -114,8 +114,13 @@ def test_verify_placement_against_llama_log():
     ws = [WorkerInfo("a", "127.0.0.1:7001", _proto.RPC_PROTO, 60_000_000)]
     plan = plan_split(100_000_000, 30, Capacity(60_000_000), ws)
     host, rpc = plan.devices
+    assert plan.output_on_host and host.holds_output and not rpc.holds_output
     lines = [f"load_tensors: layer {b:3d} assigned to device {'CPU' if b < rpc.first_block else 'RPC0'}, is_swa = 0"
              for b in range(31)]
+    # llama.cpp still names the last worker for the output block; the override moves its weights.
+    with pytest.raises(PlacementMismatch, match="did not apply the tensor override"):
+        verify_placement(plan, lines)
+    lines.append("tensor token_embd.weight (28 MiB q8_0) buffer type overridden to CPU")
     assert verify_placement(plan, lines)[30] == "RPC0"
     lines[rpc.first_block] = lines[rpc.first_block].replace("RPC0", "CPU")
     with pytest.raises(PlacementMismatch, match=f"{rpc.first_block}: \\('RPC0', 'CPU'\\)"):

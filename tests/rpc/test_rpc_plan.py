@@ -18,8 +18,8 @@ MB = 1_000_000
 OLD = ProtoVersion(6, 0, 0)
 
 
-def w(wid: str, free: int, rtt: float = 1.0, proto: ProtoVersion = RPC_PROTO) -> WorkerInfo:
-    return WorkerInfo(wid, f"127.0.0.1:{5000 + sum(map(ord, wid))}", proto, free, rtt)
+def w(wid: str, free: int, rtt: float = 1.0, proto: ProtoVersion = RPC_PROTO, device: str = "CPU") -> WorkerInfo:
+    return WorkerInfo(wid, f"127.0.0.1:{5000 + sum(map(ord, wid))}", proto, free, rtt, device)
 
 
 def f32(x: float) -> float:
@@ -45,6 +45,11 @@ def llama_assignment(n_layers: int, n_gpu_layers: int, tensor_split: tuple[float
     return out
 
 
+def by_id_last_is_cpu(plan, workers) -> bool:
+    last = [d for d in plan.devices if d.kind == "rpc"][-1]
+    return next(x for x in workers if x.worker_id == last.worker_id).is_cpu
+
+
 def check_invariants(plan, model_size, n_layers, host: Capacity, workers, max_memory=None,
                      margin=DEFAULT_SAFETY_MARGIN):
     n_blocks = n_layers + 1
@@ -54,6 +59,16 @@ def check_invariants(plan, model_size, n_layers, host: Capacity, workers, max_me
     for a, b in zip(plan.devices, plan.devices[1:]):
         assert a.stop_block == b.first_block
     by_id = {x.worker_id: x for x in workers}
+    # Exactly one device holds the output projection: the host when the plan pins it there.
+    holders = [d for d in plan.devices if d.holds_output]
+    assert len(holders) == 1
+    if plan.output_on_host:
+        assert holders[0].kind == "host" and not host.has_gpu_device
+        assert by_id_last_is_cpu(plan, workers)
+    elif plan.split and not host.has_gpu_device:
+        assert holders[0] is plan.devices[-1]
+    # Memory: every block (incl. the output) is counted once, where its weights live.
+    assert sum(round(d.proportion * n_blocks) for d in plan.devices) == n_blocks
     for d in plan.devices:
         assert d.n_blocks >= 0 and d.bytes_estimate <= d.usable_bytes
         if d.kind == "host":
@@ -109,7 +124,25 @@ def test_gpu_host_is_last_device():
     assert [d.name for d in plan.devices] == ["RPC0", "host"]
     assert len(plan.tensor_split) == 2 and plan.n_gpu_layers == 31
     assert plan.devices[-1].stop_block == 31  # host computes the logits
+    assert plan.devices[-1].holds_output and not plan.output_on_host  # as llama.cpp places it anyway
     check_invariants(plan, 100 * MB, 30, host, ws)
+
+
+def test_cpu_host_keeps_the_output_projection_unless_a_gpu_worker_is_last():
+    ws = [w("a", 50 * MB, 1.0), w("b", 60 * MB, 2.0)]
+    plan = plan_split(100 * MB, 30, Capacity(40 * MB), ws)
+    host, first, last = plan.devices
+    assert plan.output_on_host and host.holds_output and not last.holds_output
+    # llama.cpp's view: the output block (30) is the last worker's, one more than its memory share.
+    assert last.stop_block == 31 and round(last.proportion * 31) == last.n_blocks - 1
+    assert round(host.proportion * 31) == host.n_blocks + 1
+    assert plan.to_status()["output_on_host"] is True
+    gpu_last = plan_split(100 * MB, 30, Capacity(40 * MB), [ws[0], w("b", 60 * MB, 2.0, device="CUDA0")])
+    assert not gpu_last.output_on_host and gpu_last.devices[-1].holds_output
+    check_invariants(plan, 100 * MB, 30, Capacity(40 * MB), ws)
+    # A host with room for the input embedding only cannot take the output block.
+    tiny = plan_split(100 * MB, 30, Capacity(4 * MB), [w("a", 200 * MB)])
+    assert not tiny.output_on_host and tiny.devices[-1].holds_output
 
 
 def test_prefers_fewest_workers_then_lowest_rtt():
@@ -169,14 +202,15 @@ def test_rejects_bad_arguments():
 @given(model=st.integers(1 * MB, 200 * MB), n_layers=st.integers(1, 80), host_frac=st.floats(0.0, 1.5),
        gpu=st.booleans(), force=st.booleans(),
        ws=st.lists(st.tuples(st.floats(0.0, 1.2), st.floats(0, 100, allow_nan=False),
-                             st.sampled_from([RPC_PROTO, RPC_PROTO, OLD, ProtoVersion(7, 0, 3)])), max_size=6),
+                             st.sampled_from([RPC_PROTO, RPC_PROTO, OLD, ProtoVersion(7, 0, 3)]),
+                             st.sampled_from(["CPU", "CPU", "CUDA0"])), max_size=6),
        max_frac=st.none() | st.none() | st.floats(0.01, 2.0), margin=st.sampled_from([0.0, 0.1, 0.3]))
 def test_plan_properties(model, n_layers, host_frac, gpu, force, ws, max_frac, margin):
     """Frees are fractions of the model size so that every outcome occurs often."""
     host_free = int(model * host_frac)
     max_memory = None if max_frac is None else int(model * max_frac)
-    workers = [WorkerInfo(f"w{i}", f"127.0.0.1:{6000 + i}", proto, int(model * frac), rtt)
-               for i, (frac, rtt, proto) in enumerate(ws)]
+    workers = [WorkerInfo(f"w{i}", f"127.0.0.1:{6000 + i}", proto, int(model * frac), rtt, device)
+               for i, (frac, rtt, proto, device) in enumerate(ws)]
     host = Capacity(host_free, has_gpu_device=gpu)
     kw = dict(force_split=force, max_memory_bytes=max_memory, safety_margin=margin)
     try:

@@ -1,7 +1,8 @@
 """RPC tunnels and leases over real encrypted peer links on loopback.
 
-The "worker" is a plain TCP echo server: the tunnel carries bytes and does not care
-that ggml RPC is inside (tests/rpc/test_mesh_split.py runs real llama.cpp through it).
+The "worker" is a plain TCP echo server: the tunnel carries any bytes, even ones that are
+not ggml RPC (its framer then only slows down), and tests/rpc/test_mesh_split.py runs
+real llama.cpp through it.
 Two coordinator links to one worker node show the lease rule.
 """
 
@@ -18,6 +19,7 @@ from hydra_node.mesh.endpoints import LinkListener, open_link
 from hydra_node.mesh.errors import StreamReset
 from hydra_node.mesh.ids import MeshSecret
 from hydra_node.mesh.link import LinkSettings
+from hydra_node.runtime.rpc import native_pump
 from hydra_node.runtime.rpc.tunnel import TUNNEL_SERVICE, RemoteWorkerTunnel, RpcTunnelServer, TunnelError
 
 TIMEOUT_S = 20
@@ -58,12 +60,20 @@ async def roundtrip(endpoint: str, payload: bytes) -> bytes:
     return bytes(got)
 
 
-@pytest.fixture
-async def worker_node(nursery):
-    """A listener that serves ``tunnel``/``rpc`` streams to an echo "worker"."""
+@pytest.fixture(params=["link", "data-native", "data-python"])
+async def worker_node(request, nursery, monkeypatch):
+    """A listener that serves ``tunnel``/``rpc`` streams to an echo "worker", with each of
+    the three paths a connection can take: the link stream (no data port), a data
+    connection pumped natively, and one pumped in Python."""
     mesh = MeshSecret(bytes([0x42]) * 32)
     endpoint = await echo_server(nursery)
     server = RpcTunnelServer("w", lambda: (endpoint, "7.0.0", 1 << 30, "CPU"))
+    if request.param.startswith("data"):
+        await nursery.start(server.serve_data, "127.0.0.1")
+    if request.param == "data-native":
+        assert native_pump.native() is not None, native_pump.load_error()
+    elif request.param == "data-python":
+        monkeypatch.setattr(native_pump, "native", lambda: None)
 
     async def on_stream(link, header: dict[str, Any], stream) -> None:
         assert header["kind"] == "tunnel" and header["service"] == TUNNEL_SERVICE
@@ -87,6 +97,12 @@ async def test_tunnel_carries_bytes_and_leases_are_exclusive(worker_node) -> Non
                     assert await roundtrip(info.endpoint, PAYLOAD) == PAYLOAD
                     assert await roundtrip(info.endpoint, b"again") == b"again"
                     assert server.holder().endswith("/model-a")
+                    # The path taken: a data connection when the worker node has a data port.
+                    with_data = server.data.port is not None
+                    assert tunnel.data_connections == (2 if with_data else 0) == server.counters["data_connections"]
+                    while tunnel.bytes_down < len(PAYLOAD) + 5:  # counted as each connection closes
+                        await trio.sleep(0.01)
+                    assert tunnel.bytes_up == tunnel.bytes_down == len(PAYLOAD) + 5
 
                     # Another coordinator (and the same node for another model) is refused, clearly.
                     for link, tag in ((b, "model-a"), (a, "model-b")):

@@ -78,6 +78,7 @@ class Ggml:
         self.reg_name = fn(self._base, "ggml_backend_reg_name", cp, vp)
         self.reg_dev_count = fn(self._base, "ggml_backend_reg_dev_count", sz, vp)
         self.reg_dev_get = fn(self._base, "ggml_backend_reg_dev_get", vp, vp, sz)
+        self.cpu_buffer_type = fn(self._base, "ggml_backend_cpu_buffer_type", vp)
         # void ggml_backend_rpc_start_server(const char *endpoint, const char *cache_dir,
         #                                    size_t n_threads, size_t n_devices, ggml_backend_dev_t *devices)
         self.rpc_start_server = fn(self._rpc, "ggml_backend_rpc_start_server", None,

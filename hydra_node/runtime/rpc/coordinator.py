@@ -4,7 +4,7 @@ Call order in the runner (a child process: llama.cpp *aborts* the process when a
 worker dies or misbehaves, and its supervisor then restarts it with a new plan)::
 
     names = register_rpc_servers(list(plan.rpc_endpoints))  # probes, then registers
-    with LlamaLogCapture() as log:
+    with LlamaLogCapture() as log, output_projection_on_host(plan.output_on_host):
         llm = llama_cpp.Llama(model_path, **llama_kwargs_for_plan(plan), verbose=False)
     verify_placement(plan, log.lines)                     # raises PlacementMismatch
     evidence = placement_evidence(log.lines)              # {"RPC0[127.0.0.1:P]": MiB, "CPU_Mapped": MiB}
@@ -16,6 +16,7 @@ is one more reason to run each split model in its own runner process.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import os
 import re
@@ -31,6 +32,8 @@ from .worker import CHILD_ENV
 LLAMA_SPLIT_MODE_LAYER = 1
 #: Bound on captured llama.cpp log lines (model loading prints a few hundred).
 MAX_LOG_LINES = 2000
+#: The output projection's weights (tied models reuse the token embedding as their output).
+OUTPUT_TENSOR_PATTERN = rb"^(output|token_embd)\.weight$"
 
 
 class RpcRegistrationError(Exception):
@@ -153,6 +156,52 @@ class LlamaLogCapture:
             self._partial = ""
 
 
+class _TensorBuftOverride(ctypes.Structure):
+    # struct llama_model_tensor_buft_override { const char * pattern; ggml_backend_buffer_type_t buft; }
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+@contextlib.contextmanager
+def output_projection_on_host(enabled: bool = True):
+    """While active, ``llama_cpp.Llama(...)`` keeps the output projection in host CPU memory.
+
+    That is ``SplitPlan.output_on_host`` (see ``plan.py``): the last worker then sends the
+    hidden state per token instead of the logits.  llama-cpp-python 0.3.36 declares
+    ``llama_model_params.tensor_buft_overrides`` but never sets it, so we wrap
+    ``llama_model_default_params`` (which ``Llama.__init__`` calls to build its
+    parameters) for the duration of the load.  The override array lives until the block
+    ends; llama.cpp reads it only while loading.
+    """
+    if not enabled:
+        yield
+        return
+    import llama_cpp.llama_cpp as lc
+
+    overrides = (_TensorBuftOverride * 2)(
+        _TensorBuftOverride(OUTPUT_TENSOR_PATTERN, _ggml.load().cpu_buffer_type()),
+        _TensorBuftOverride(None, None))  # NULL-terminated
+    default_params = lc.llama_model_default_params
+
+    def with_overrides():
+        params = default_params()
+        params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+        return params
+
+    lc.llama_model_default_params = with_overrides
+    try:
+        yield
+    finally:
+        lc.llama_model_default_params = default_params
+
+
+_OVERRIDE_LINE = re.compile(r"tensor (\S+) \(.*\) buffer type overridden to CPU")
+
+
+def overridden_to_cpu(lines) -> set[str]:
+    """Tensors llama.cpp's load log says were pinned to the CPU by a buffer-type override."""
+    return {m.group(1) for line in lines if (m := _OVERRIDE_LINE.search(line))}
+
+
 _BUFFER_LINE = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([0-9.]+) MiB")
 
 
@@ -193,4 +242,7 @@ def verify_placement(plan: SplitPlan, lines, registered: list[RpcDevice] | None 
              if expected[b] is not None and got.get(b) != expected[b]}
     if wrong:
         raise PlacementMismatch(f"layers not where planned (block: planned, actual): {dict(list(wrong.items())[:8])}")
+    if plan.output_on_host and not overridden_to_cpu(lines) & {"output.weight", "token_embd.weight"}:
+        raise PlacementMismatch("the output projection was planned on the host CPU but llama.cpp "
+                                "did not apply the tensor override")
     return got

@@ -12,6 +12,16 @@ Model of llama.cpp 0.3.36 (``llama-model.cpp: load_tensors``), used throughout:
 * So on a CPU-only host the host holds the first blocks and the workers the rest (the
   last worker computes the logits); on a host whose memory is a GPU device the host
   is last in ``tensor_split`` and holds the last blocks, as in mesh-llm and tightwad.
+* **Output head on the host.**  On a CPU-only host whose last chosen worker is a CPU too,
+  the output layer's weight matrix (``output.weight``, or ``token_embd.weight`` that tied
+  models reuse) is pinned to the host's CPU with a llama.cpp tensor buffer-type override
+  (``SplitPlan.output_on_host``).  llama.cpp still lists the output block under the last
+  worker (its ``output_norm`` runs there), but the vocabulary projection runs on the host,
+  so each decoded token brings back the hidden state (``n_embd`` floats: 2.3 KB for
+  SmolLM2) instead of the logits (``n_vocab`` floats: 196 KB for SmolLM2, 0.5 MB for a
+  128k vocabulary).  With a GPU worker last we leave the projection on its GPU.  In memory
+  terms the output block then belongs to the host: the host's count includes it and the
+  last worker's excludes it (its llama.cpp range is one block longer than its count).
 * We pass ``tensor_split`` as whole block counts: llama.cpp normalises them, and a
   count boundary ``c/total`` then compares exactly equal to ``float(j)/total``, so the
   blocks land exactly where the plan says (fractional shares can round across).
@@ -62,6 +72,11 @@ class WorkerInfo:
     proto: ProtoVersion
     free_bytes: int    # already capped by the worker's --max-memory-bytes
     rtt_ms: float = 0.0
+    device: str = "CPU"  # ggml device name the worker computes on ("CPU", "CUDA0", ...)
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device.upper().startswith("CPU")
 
     def __post_init__(self) -> None:
         if self.free_bytes < 0 or not math.isfinite(self.rtt_ms) or self.rtt_ms < 0:
@@ -74,11 +89,12 @@ class DevicePlacement:
     kind: Literal["host", "rpc"]
     worker_id: str | None
     endpoint: str | None
-    first_block: int               # blocks [first_block, stop_block) live here
+    first_block: int               # llama.cpp assigns blocks [first_block, stop_block) here
     stop_block: int
     bytes_estimate: int
     usable_bytes: int
-    proportion: float              # share of all blocks
+    proportion: float              # share of all blocks' memory
+    holds_output: bool = False     # the output projection's weights live here
 
     @property
     def n_blocks(self) -> int:
@@ -96,14 +112,18 @@ class SplitPlan:
     tensor_split: tuple[float, ...]         # per llama.cpp device: block counts
     n_gpu_layers: int
     rejected: tuple[tuple[str, str], ...] = field(default=())  # (worker_id, why)
+    #: Pin the output projection to the host CPU (a tensor override; see the module notes).
+    output_on_host: bool = False
 
     def to_status(self) -> dict:
         """Plain-data view for ``/api/status``."""
         return {
             "split": self.split, "reason": self.reason, "n_layers": self.n_layers,
             "n_gpu_layers": self.n_gpu_layers, "tensor_split": list(self.tensor_split),
+            "output_on_host": self.output_on_host,
             "devices": [{"name": d.name, "kind": d.kind, "worker_id": d.worker_id,
                          "endpoint": d.endpoint, "layers": [d.first_block, d.stop_block],
+                         "holds_output": d.holds_output,
                          "bytes_estimate": d.bytes_estimate, "proportion": d.proportion}
                         for d in self.devices],
             "rejected": [{"worker_id": w, "reason": r} for w, r in self.rejected],
@@ -200,32 +220,44 @@ def plan_split(model_size_bytes: int, n_layers: int, host: Capacity, workers: li
             f"host holds {host_cap} layers, {len(cands)} usable workers hold "
             f"{sum(c for _, c in cands)} more, {need} needed ({why})")
     caps = {w.worker_id: c for w, c in cands}
+    # The output projection stays on a CPU-only host when the last worker is a CPU too
+    # (module notes); the host then needs room for at least that block.
+    output_on_host = not host.has_gpu_device and host_cap >= 1 and chosen[-1].is_cpu
 
     usable = [_usable(w.free_bytes, safety_margin) for w in chosen] + [host_usable - block]
     counts = _allocate(n_blocks, usable, [caps[w.worker_id] for w in chosen] + [host_cap],
-                       [1] * len(chosen) + [0])
+                       [1] * len(chosen) + [1 if output_on_host else 0])
     worker_counts, host_count = counts[:-1], counts[-1]
-    rpc = [(f"RPC{i}", "rpc", w.worker_id, w.endpoint, c, u)
-           for i, (w, c, u) in enumerate(zip(chosen, worker_counts, usable))]
-    host_entry = ("host", "host", None, None, host_count, host_usable)
+    # Blocks llama.cpp assigns to each device: the output block is the last worker's in its
+    # eyes even when its weights are pinned to the host.
+    assigned = list(counts)
+    if output_on_host:
+        assigned[-2] += 1
+        assigned[-1] -= 1
+    rpc = [(f"RPC{i}", "rpc", w.worker_id, w.endpoint, c, a, u)
+           for i, (w, c, a, u) in enumerate(zip(chosen, worker_counts, assigned, usable))]
+    host_entry = ("host", "host", None, None, host_count, assigned[-1], host_usable)
     if host.has_gpu_device:
-        order, tensor_split, ngl = rpc + [host_entry], tuple(float(c) for c in counts), n_blocks
+        order, tensor_split, ngl = rpc + [host_entry], tuple(float(a) for a in assigned), n_blocks
+        output_holder = "host"
     else:
-        order, tensor_split, ngl = [host_entry] + rpc, tuple(float(c) for c in worker_counts), n_blocks - host_count
+        order, ngl = [host_entry] + rpc, n_blocks - assigned[-1]
+        tensor_split = tuple(float(a) for a in assigned[:-1])
+        output_holder = "host" if output_on_host else rpc[-1][0]
     devices, start = [], 0
-    for name, kind, wid, ep, c, u in order:
+    for name, kind, wid, ep, c, a, u in order:
         devices.append(DevicePlacement(
-            name, kind, wid, ep, start, start + c,
-            c * cost + (block if kind == "host" else 0), u, c / n_blocks))
-        start += c
+            name, kind, wid, ep, start, start + a,
+            c * cost + (block if kind == "host" else 0), u, c / n_blocks, name == output_holder))
+        start += a
     return SplitPlan(True, "forced" if force_split and host_cap >= n_blocks else "too_large_for_host",
                      model_size_bytes, n_layers, tuple(devices), tuple(w.endpoint for w in chosen),
-                     tensor_split, ngl, tuple(rejected))
+                     tensor_split, ngl, tuple(rejected), output_on_host)
 
 
 def _local_plan(model_size_bytes: int, n_layers: int, host: Capacity, usable: int,
                 block: int, cost: int) -> SplitPlan:
     n_blocks = n_layers + 1
-    dev = DevicePlacement("host", "host", None, None, 0, n_blocks, n_blocks * cost + block, usable, 1.0)
+    dev = DevicePlacement("host", "host", None, None, 0, n_blocks, n_blocks * cost + block, usable, 1.0, True)
     return SplitPlan(False, "fits_locally", model_size_bytes, n_layers, (dev,), (), (),
                      n_blocks if host.has_gpu_device else 0)

@@ -15,24 +15,32 @@ coordinator ending it, the link closing, or the worker node restarting its worke
 it.  ``connect`` streams from anyone but the holder are reset (``not_leased``).
 
 Bytes are pumped both ways; backpressure is the link's per-stream credit window
-(``STREAM_WINDOW_BYTES``): a pump ``send`` waits until the peer has credit.  When either
+(``STREAM_WINDOW_BYTES``): a pump ``send`` waits until the peer has credit.  The pump
+reading llama.cpp's side cuts its bytes into link frames where ggml RPC messages end
+(``framing.RpcFramer``): one frame per awaited request or reply instead of one per TCP
+read, which is what makes a tunnel nearly as fast as a direct connection.  When either
 side of a spliced connection ends or fails, both are closed: llama.cpp then sees its
 socket close and aborts its runner, which the node restarts with a new plan.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import trio
 
 from hydra_node.mesh.constants import DATA_CHUNK_BYTES
-from hydra_node.mesh.errors import LinkClosed, MeshError, StreamReset
+from hydra_node.mesh.errors import FrameRejected, LinkClosed, MeshError, StreamReset
 
 from ._proto import ProtoVersion, RPC_PROTO
+from . import native_pump
+from .dataconn import (DataConnError, DataConnection, DataListener, TooManyTickets, dial, parse_offer)
+from .framing import HOLD_S, PARTIAL_HOLD_S, Direction, RpcFramer
 from .lease import LeaseHeld, WorkerLease
 
 log = logging.getLogger("hydra.rpc.tunnel")
@@ -52,6 +60,9 @@ ACCEPT_RETRY_S = 0.1
 MAX_TAG_CHARS = 128
 #: Bound on connecting to the local worker port.
 LOCAL_CONNECT_TIMEOUT_S = 3.0
+#: Longest data-connection offer line, and how long each side waits for the other's line.
+MAX_OFFER_BYTES = 1024
+PATH_CHOICE_TIMEOUT_S = 15.0
 
 _STREAM_ERRORS = (StreamReset, LinkClosed)
 _TCP_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
@@ -77,11 +88,50 @@ class LeasedWorker:
 
 
 # ---------------------------------------------------------------- splicing
-async def splice(tcp: trio.SocketStream, stream) -> str:
+async def _pump_framed(tcp: trio.SocketStream, send, framer: RpcFramer) -> None:
+    """TCP -> ``send``, cutting where ``framer`` says (held bytes go after a quiet spell).
+
+    The socket's receive low-water mark follows ``framer.wanted``, so epoll reports it
+    readable once the part of a message being read is complete (llama.cpp writes a
+    request in three ``send()`` calls): one wake-up per part, not per ``send()``.  A
+    non-blocking read still returns whatever is there, and end-of-stream always wakes.
+    """
+    lowat, relaxed = 1, False
+    while True:
+        want = 1 if relaxed else framer.wanted
+        if want != lowat:
+            lowat = want
+            with contextlib.suppress(OSError):
+                tcp.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
+        if framer.held or lowat > 1:
+            data = None
+            with trio.move_on_after(HOLD_S if framer.between_messages else PARTIAL_HOLD_S):
+                data = await tcp.receive_some(PUMP_CHUNK_BYTES)
+            if data is None:  # quiet: send what is held, and take any bytes that come next
+                if framer.held:
+                    await send(framer.flush())
+                relaxed = True
+                continue
+        else:
+            data = await tcp.receive_some(PUMP_CHUNK_BYTES)
+        relaxed = False
+        if not data:
+            if framer.held:
+                await send(framer.flush())
+            return
+        if ready := framer.feed(data):
+            await send(ready)
+
+
+async def splice(tcp: trio.SocketStream, stream, direction: Direction | None = None, initial: bytes = b"") -> str:
     """Pump bytes both ways until either side ends or fails; return how it ended.
 
-    On a clean end of one direction the other is cut too (ggml RPC is request/response:
-    half-open connections are of no use) and the stream is reset by the caller's context.
+    ``direction`` names what the TCP side sends (``"request"``: llama.cpp's client,
+    ``"response"``: a worker) so that its bytes cross the link in whole ggml RPC messages;
+    None pumps every read as it comes.  On a clean end of one direction the other is cut
+    too (ggml RPC is request/response: half-open connections are of no use) and the stream
+    is reset by the caller's context.  ``initial`` is stream data already read (it goes
+    to the TCP side first).
     """
     ended = "eof"
 
@@ -93,8 +143,11 @@ async def splice(tcp: trio.SocketStream, stream) -> str:
         async with trio.open_nursery() as nursery:
             async def tcp_to_stream() -> None:
                 try:
-                    while data := await tcp.receive_some(PUMP_CHUNK_BYTES):
-                        await stream.send(data)
+                    if direction is None:
+                        while data := await tcp.receive_some(PUMP_CHUNK_BYTES):
+                            await stream.send(data)
+                    else:
+                        await _pump_framed(tcp, stream.send, RpcFramer(direction, PUMP_CHUNK_BYTES))
                     await stream.send_eof()
                 except _TCP_ERRORS as exc:
                     note(f"tcp: {type(exc).__name__}")
@@ -104,6 +157,8 @@ async def splice(tcp: trio.SocketStream, stream) -> str:
 
             async def stream_to_tcp() -> None:
                 try:
+                    if initial:
+                        await tcp.send_all(initial)
                     while data := await stream.receive():
                         await tcp.send_all(data)
                 except _TCP_ERRORS as exc:
@@ -123,6 +178,11 @@ async def splice(tcp: trio.SocketStream, stream) -> str:
 
 
 async def _read_line(stream, limit: int) -> bytes:
+    return (await _read_line_and_rest(stream, limit))[0]
+
+
+async def _read_line_and_rest(stream, limit: int) -> tuple[bytes, bytes]:
+    """One line from a stream, and whatever came after it in the same chunks."""
     buf = b""
     while b"\n" not in buf:
         chunk = await stream.receive()
@@ -130,8 +190,69 @@ async def _read_line(stream, limit: int) -> bytes:
             break
         buf += chunk
         if len(buf) > limit:
-            raise ValueError(f"lease reply longer than {limit} bytes")
-    return buf.split(b"\n", 1)[0]
+            raise ValueError(f"line longer than {limit} bytes")
+    line, _, rest = buf.partition(b"\n")
+    return line, rest
+
+
+async def splice_data(tcp: trio.SocketStream, conn: DataConnection, control, direction: Direction,
+                      *, use_native: bool = True) -> str:
+    """Pump between ``tcp`` and a data connection until either ends or fails, or the
+    ``control`` stream (the connection's link stream) ends; return how it ended.
+
+    The native pump (``native_pump.py``) does it when built; else this Python one.
+    """
+    if use_native and conn.idle and native_pump.native() is not None:
+        try:
+            return await native_pump.pump(tcp, conn, control)
+        finally:
+            with trio.CancelScope(shield=True):
+                await tcp.aclose()
+                await conn.aclose()
+    ended = "eof"
+
+    def note(how: str) -> None:
+        nonlocal ended
+        ended = how
+
+    try:
+        async with trio.open_nursery() as nursery:
+            async def tcp_to_data() -> None:
+                try:
+                    await _pump_framed(tcp, conn.send, RpcFramer(direction, PUMP_CHUNK_BYTES))
+                except _TCP_ERRORS as exc:
+                    note(f"tcp: {type(exc).__name__}")
+                nursery.cancel_scope.cancel()
+
+            async def data_to_tcp() -> None:
+                try:
+                    while data := await conn.receive():
+                        await tcp.send_all(data)
+                    note("data connection closed")
+                except FrameRejected as exc:
+                    note(f"data: {exc.code}")
+                    log.warning("event=tunnel_data_frame_rejected reason=%s detail=%r", exc.code, str(exc))
+                except _TCP_ERRORS as exc:
+                    note(f"tcp: {type(exc).__name__}")
+                nursery.cancel_scope.cancel()
+
+            async def watch_control() -> None:
+                try:
+                    while await control.receive():
+                        pass  # nothing is expected after the path choice
+                    note("control stream ended")
+                except _STREAM_ERRORS as exc:
+                    note(f"control: {exc}")
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(tcp_to_data)
+            nursery.start_soon(data_to_tcp)
+            nursery.start_soon(watch_control)
+    finally:
+        with trio.CancelScope(shield=True):
+            await tcp.aclose()
+            await conn.aclose()
+    return ended
 
 
 # ---------------------------------------------------------------- coordinator side
@@ -149,6 +270,9 @@ class RemoteWorkerTunnel:
         self.peer_id = peer_id
         self.tag = tag[:MAX_TAG_CHARS]
         self.connections = 0
+        self.data_connections = 0          # connections carried by a data connection
+        self.data_fallback: str | None = None  # why the last one used the link stream instead
+        self.worker_offers_data = False        # the lease reply said the worker node takes data connections
         self.bytes_up = 0
         self.bytes_down = 0
         self.ended: str | None = None
@@ -168,6 +292,7 @@ class RemoteWorkerTunnel:
                         reply = json.loads(await _read_line(lease, MAX_LEASE_REPLY_BYTES))
                     info = LeasedWorker(peer, "", ProtoVersion.parse(reply["proto"]), int(reply["free_bytes"]),
                                         str(reply.get("device", "")))
+                    self.worker_offers_data = reply.get("data") is True
                 except StreamReset as exc:
                     raise TunnelError(peer, f"lease refused: {exc}", exc.code or "refused") from None
                 except trio.TooSlowError:
@@ -224,17 +349,51 @@ class RemoteWorkerTunnel:
         async with limit:
             self.connections += 1
             try:
-                async with link.open_stream({"kind": "tunnel", "service": TUNNEL_SERVICE, "op": "connect",
-                                             "tag": self.tag}) as s:
-                    how = await splice(tcp, s)
-                    self.bytes_up += s.bytes_sent
-                    self.bytes_down += s.bytes_received
+                header = {"kind": "tunnel", "service": TUNNEL_SERVICE, "op": "connect", "tag": self.tag}
+                if self.worker_offers_data:
+                    header["data"] = 1
+                async with link.open_stream(header) as s:
+                    conn = await self._try_data_connection(link, s) if self.worker_offers_data else None
+                    if conn is not None:
+                        self.data_connections += 1
+                        await s.send(b"data\n")
+                        how = await splice_data(tcp, conn, s, "request")
+                        self.bytes_up += conn.bytes_sent
+                        self.bytes_down += conn.bytes_received
+                    else:
+                        if self.worker_offers_data:
+                            await s.send(b"link\n")
+                        how = await splice(tcp, s, "request")
+                        self.bytes_up += s.bytes_sent
+                        self.bytes_down += s.bytes_received
                 log.debug("event=rpc_tunnel_connection_end peer=%s how=%s", self.peer_id[:16], how)
             except _STREAM_ERRORS + (MeshError,) + _TCP_ERRORS as exc:
                 log.info("event=rpc_tunnel_connection_failed peer=%s error=%r", self.peer_id[:16], exc)
             finally:
                 with trio.CancelScope(shield=True):
                     await tcp.aclose()
+
+    async def _try_data_connection(self, link, stream) -> DataConnection | None:
+        """Read the worker node's offer and dial its data port; None: use the link stream."""
+        line = b""
+        with trio.move_on_after(PATH_CHOICE_TIMEOUT_S):
+            line = await _read_line(stream, MAX_OFFER_BYTES)
+        try:
+            port, ticket, secret = parse_offer(line)
+        except (ValueError, KeyError, TypeError):
+            self.data_fallback = "the worker node offered no data connection"
+            return None
+        host = getattr(link, "remote_host", None)
+        if not host:
+            self.data_fallback = "the peer's address is unknown"
+            return None
+        try:
+            return await dial(host, port, ticket, secret)
+        except DataConnError as exc:
+            self.data_fallback = str(exc)
+            log.warning("event=rpc_tunnel_data_fallback peer=%s reason=%s error=%r", self.peer_id[:16],
+                        exc.code, str(exc))
+            return None
 
 
 # ---------------------------------------------------------------- worker side
@@ -247,11 +406,16 @@ class RpcTunnelServer:
 
     def __init__(self, worker_id: str, worker_info: Callable[[], tuple[str, str, int, str] | None]):
         self.lease = WorkerLease(worker_id)
+        self.data = DataListener()
         self.worker_info = worker_info
         self._holders: dict[str, int] = {}        # coordinator -> open lease streams
         self._streams: set = set()                 # every stream we serve, for revoke()
         self.counters = {"leases_granted": 0, "leases_refused": 0, "connections": 0, "connections_refused": 0,
-                         "bytes_in": 0, "bytes_out": 0}
+                         "data_connections": 0, "bytes_in": 0, "bytes_out": 0}
+
+    async def serve_data(self, host: str, port: int = 0, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Accept tunnel data connections on ``host`` (the mesh listener's address)."""
+        await self.data.serve(host, port, task_status=task_status)
 
     def holder(self) -> str | None:
         return self.lease.holder()
@@ -275,7 +439,7 @@ class RpcTunnelServer:
         if op == "lease":
             await self._serve_lease(holder, stream)
         elif op == "connect":
-            await self._serve_connect(holder, stream)
+            await self._serve_connect(holder, stream, bool(header.get("data")))
         else:
             await stream.reset("refused", f"unknown rpc tunnel op {op!r}")
 
@@ -308,7 +472,8 @@ class RpcTunnelServer:
         log.info("event=rpc_lease_granted coordinator=%s", peer[:16])
         try:
             _, proto, free, device = info
-            await stream.send(json.dumps({"proto": proto, "free_bytes": free, "device": device}).encode() + b"\n")
+            await stream.send(json.dumps({"proto": proto, "free_bytes": free, "device": device,
+                                          "data": self.data.port is not None}).encode() + b"\n")
             while await stream.receive():
                 pass
         finally:
@@ -322,7 +487,7 @@ class RpcTunnelServer:
                     self.lease.release(peer)
                     log.info("event=rpc_lease_released coordinator=%s", peer[:16])
 
-    async def _serve_connect(self, peer: str, stream) -> None:
+    async def _serve_connect(self, peer: str, stream, header_wants_data: bool = False) -> None:
         if self.lease.holder() != peer:
             self.counters["connections_refused"] += 1
             await stream.reset("not_leased", "open a lease stream first; the RPC worker serves its lease holder only")
@@ -341,14 +506,58 @@ class RpcTunnelServer:
         self.counters["connections"] += 1
         self._streams.add(stream)
         try:
-            await splice(tcp, stream)
+            conn, initial = await self._choose_path(peer, stream, header_wants_data)
+            if conn is not None:
+                self.counters["data_connections"] += 1
+                await splice_data(tcp, conn, stream, "response")
+                self.counters["bytes_in"] += conn.bytes_received
+                self.counters["bytes_out"] += conn.bytes_sent
+            else:
+                await splice(tcp, stream, "response", initial=initial)
         finally:
             self._streams.discard(stream)
             self.counters["bytes_in"] += stream.bytes_received
             self.counters["bytes_out"] += stream.bytes_sent
+            with trio.CancelScope(shield=True):
+                await tcp.aclose()
+
+    async def _choose_path(self, peer: str, stream, wants_data: bool) -> tuple[DataConnection | None, bytes]:
+        """Offer a data connection (when asked and possible); return it, or None and the
+        stream bytes that followed the coordinator's ``link`` choice."""
+        if not wants_data:
+            return None, b""
+        ticket = waiter = None
+        if self.data.port is not None:
+            try:
+                ticket, waiter = self.data.issue(peer)
+            except TooManyTickets:
+                pass
+        offer = ticket.offer(self.data.port) if ticket is not None else {}
+        try:
+            await stream.send(json.dumps(offer).encode() + b"\n")
+            line, rest = b"", b""
+            with trio.move_on_after(PATH_CHOICE_TIMEOUT_S):
+                line, rest = await _read_line_and_rest(stream, MAX_OFFER_BYTES)
+            if line == b"data" and waiter is not None:
+                with trio.move_on_after(LOCAL_CONNECT_TIMEOUT_S):
+                    try:
+                        conn = await waiter.receive()
+                        conn.taken.set()
+                        return conn, b""
+                    except trio.EndOfChannel:
+                        pass  # the listener refused the connection (logged and counted there)
+                await stream.reset("refused", "no valid data connection arrived for the ticket")
+                raise StreamReset("data connection missing", code="refused")
+            if line != b"link":
+                await stream.reset("refused", f"expected 'data' or 'link', got {line[:32]!r}")
+                raise StreamReset("bad path choice", code="refused")
+            return None, rest
+        finally:
+            if ticket is not None:
+                self.data.withdraw(ticket)
 
     def status(self) -> dict:
-        return {"leased_to": self.lease.holder(), "counters": dict(self.counters)}
+        return {"leased_to": self.lease.holder(), "counters": dict(self.counters), "data": self.data.status()}
 
 
 TunnelHandler = Callable[[object, dict, object], Awaitable[None]]
