@@ -98,6 +98,12 @@ def test_split_over_mesh_tunnels(nodes, tmp_path):
     assert lease.startswith(coord.status()["node_id"])
 
     split_texts = [_complete(coord, BUNDLED_MODEL_ID, p) for p in PROMPTS]
+    # The bytes took the tunnel data connection (native pump), the output projection stayed home.
+    remote = [d for d in _split_of(coord.status())["plan"]["devices"] if d["kind"] == "rpc"][0]
+    assert remote["tunnel"]["data_connections"] >= 1 and remote["tunnel"]["data_fallback"] is None, remote
+    assert host["holds_output"] and _split_of(st)["plan"]["output_on_host"]
+    data = used.status()["rpc_worker"]["lease"]["data"]
+    assert data["accepted"] >= 1 and data["rejected"] == {}, data
 
     # Hot swap on the spare worker node: an unsplit copy as the reference; its RPC worker stays up.
     worker_pid = spare.status()["rpc_worker"]["pid"]
