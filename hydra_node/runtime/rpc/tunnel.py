@@ -123,58 +123,70 @@ async def _pump_framed(tcp: trio.SocketStream, send, framer: RpcFramer) -> None:
             await send(ready)
 
 
+async def _first_to_end(*pumps: Callable[[], Awaitable[str]]) -> str:
+    """Run ``pumps`` until the first one returns (how its side ended); cancel the rest.
+
+    ggml RPC is request/response: once one direction ends, the other is of no use.
+    """
+    ended = "cancelled"
+    async with trio.open_nursery() as nursery:
+        async def run(pump: Callable[[], Awaitable[str]]) -> None:
+            nonlocal ended
+            ended = await pump()
+            nursery.cancel_scope.cancel()
+
+        for pump in pumps:
+            nursery.start_soon(run, pump)
+    return ended
+
+
+def _how(exc: BaseException) -> str:
+    if isinstance(exc, FrameRejected):
+        log.warning("event=tunnel_data_frame_rejected reason=%s detail=%r", exc.code, str(exc))
+        return f"data: {exc.code}"
+    if isinstance(exc, _STREAM_ERRORS):
+        return f"stream: {exc}"
+    return f"tcp: {type(exc).__name__}"
+
+
 async def splice(tcp: trio.SocketStream, stream, direction: Direction | None = None, initial: bytes = b"") -> str:
     """Pump bytes both ways until either side ends or fails; return how it ended.
 
     ``direction`` names what the TCP side sends (``"request"``: llama.cpp's client,
     ``"response"``: a worker) so that its bytes cross the link in whole ggml RPC messages;
     None pumps every read as it comes.  On a clean end of one direction the other is cut
-    too (ggml RPC is request/response: half-open connections are of no use) and the stream
-    is reset by the caller's context.  ``initial`` is stream data already read (it goes
-    to the TCP side first).
+    too and the stream is reset by the caller's context.  ``initial`` is stream data
+    already read (it goes to the TCP side first).
     """
-    ended = "eof"
+    async def tcp_to_stream() -> str:
+        try:
+            if direction is None:
+                while data := await tcp.receive_some(PUMP_CHUNK_BYTES):
+                    await stream.send(data)
+            else:
+                await _pump_framed(tcp, stream.send, RpcFramer(direction, PUMP_CHUNK_BYTES))
+            await stream.send_eof()
+            return "eof"
+        except _TCP_ERRORS + _STREAM_ERRORS as exc:
+            return _how(exc)
 
-    def note(how: str) -> None:
-        nonlocal ended
-        ended = how
+    async def stream_to_tcp() -> str:
+        try:
+            if initial:
+                await tcp.send_all(initial)
+            while data := await stream.receive():
+                await tcp.send_all(data)
+            return "eof"
+        except _TCP_ERRORS + _STREAM_ERRORS as exc:
+            return _how(exc)
 
     try:
-        async with trio.open_nursery() as nursery:
-            async def tcp_to_stream() -> None:
-                try:
-                    if direction is None:
-                        while data := await tcp.receive_some(PUMP_CHUNK_BYTES):
-                            await stream.send(data)
-                    else:
-                        await _pump_framed(tcp, stream.send, RpcFramer(direction, PUMP_CHUNK_BYTES))
-                    await stream.send_eof()
-                except _TCP_ERRORS as exc:
-                    note(f"tcp: {type(exc).__name__}")
-                except _STREAM_ERRORS as exc:
-                    note(f"stream: {exc}")
-                nursery.cancel_scope.cancel()
-
-            async def stream_to_tcp() -> None:
-                try:
-                    if initial:
-                        await tcp.send_all(initial)
-                    while data := await stream.receive():
-                        await tcp.send_all(data)
-                except _TCP_ERRORS as exc:
-                    note(f"tcp: {type(exc).__name__}")
-                except _STREAM_ERRORS as exc:
-                    note(f"stream: {exc}")
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(tcp_to_stream)
-            nursery.start_soon(stream_to_tcp)
+        return await _first_to_end(tcp_to_stream, stream_to_tcp)
     finally:
         # Also when cancelled (the tunnel or lease went away): llama.cpp must see its socket
         # close, or it waits for a reply forever.
         with trio.CancelScope(shield=True):
             await tcp.aclose()
-    return ended
 
 
 async def _read_line(stream, limit: int) -> bytes:
@@ -202,57 +214,37 @@ async def splice_data(tcp: trio.SocketStream, conn: DataConnection, control, dir
 
     The native pump (``native_pump.py``) does it when built; else this Python one.
     """
-    if use_native and conn.idle and native_pump.native() is not None:
+    async def tcp_to_data() -> str:
         try:
-            return await native_pump.pump(tcp, conn, control)
-        finally:
-            with trio.CancelScope(shield=True):
-                await tcp.aclose()
-                await conn.aclose()
-    ended = "eof"
+            await _pump_framed(tcp, conn.send, RpcFramer(direction, PUMP_CHUNK_BYTES))
+            return "eof"
+        except _TCP_ERRORS as exc:
+            return _how(exc)
 
-    def note(how: str) -> None:
-        nonlocal ended
-        ended = how
+    async def data_to_tcp() -> str:
+        try:
+            while data := await conn.receive():
+                await tcp.send_all(data)
+            return "data connection closed"
+        except (FrameRejected,) + _TCP_ERRORS as exc:
+            return _how(exc)
+
+    async def watch_control() -> str:
+        try:
+            while await control.receive():
+                pass  # nothing is expected after the path choice
+            return "control stream ended"
+        except _STREAM_ERRORS as exc:
+            return f"control: {exc}"
 
     try:
-        async with trio.open_nursery() as nursery:
-            async def tcp_to_data() -> None:
-                try:
-                    await _pump_framed(tcp, conn.send, RpcFramer(direction, PUMP_CHUNK_BYTES))
-                except _TCP_ERRORS as exc:
-                    note(f"tcp: {type(exc).__name__}")
-                nursery.cancel_scope.cancel()
-
-            async def data_to_tcp() -> None:
-                try:
-                    while data := await conn.receive():
-                        await tcp.send_all(data)
-                    note("data connection closed")
-                except FrameRejected as exc:
-                    note(f"data: {exc.code}")
-                    log.warning("event=tunnel_data_frame_rejected reason=%s detail=%r", exc.code, str(exc))
-                except _TCP_ERRORS as exc:
-                    note(f"tcp: {type(exc).__name__}")
-                nursery.cancel_scope.cancel()
-
-            async def watch_control() -> None:
-                try:
-                    while await control.receive():
-                        pass  # nothing is expected after the path choice
-                    note("control stream ended")
-                except _STREAM_ERRORS as exc:
-                    note(f"control: {exc}")
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(tcp_to_data)
-            nursery.start_soon(data_to_tcp)
-            nursery.start_soon(watch_control)
+        if use_native and conn.idle and native_pump.native() is not None:
+            return await native_pump.pump(tcp, conn, control)
+        return await _first_to_end(tcp_to_data, data_to_tcp, watch_control)
     finally:
         with trio.CancelScope(shield=True):
             await tcp.aclose()
             await conn.aclose()
-    return ended
 
 
 # ---------------------------------------------------------------- coordinator side
