@@ -203,9 +203,7 @@ class MdnsService:
             await sock.bind(("", c.port))
             mreq = struct.pack("4s4s", socket.inet_aton(c.group), socket.inet_aton(c.interface))
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreq)
-            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(c.interface))
-            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 255)
-            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
+            self._send_multicast_from_interface(sock)
         except BaseException:
             sock.close()
             raise
@@ -218,13 +216,18 @@ class MdnsService:
         sock = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             await sock.bind((c.interface, 0))
-            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(c.interface))
-            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 255)
-            sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
+            self._send_multicast_from_interface(sock)
         except BaseException:
             sock.close()
             raise
         return sock
+
+    def _send_multicast_from_interface(self, sock: trio.socket.SocketType) -> None:
+        """Multicast out of the configured interface, to the whole site, looped back too
+        (on ``lo`` the loop cannot be turned off anyway: we filter our own packets)."""
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(self.config.interface))
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 255)
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
 
     async def _send(self, sock: trio.socket.SocketType, data: bytes, to: tuple[str, int] | None = None) -> None:
         try:

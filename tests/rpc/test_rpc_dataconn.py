@@ -110,12 +110,18 @@ async def test_listener_refuses_strangers_and_counts_why(nursery):
         await waiter.receive()
 
 
-async def test_dial_hands_the_connection_to_the_ticket_holder(nursery):
+async def _dialled(nursery):
+    """(listener, ticket, the coordinator's end, the worker node's end) of a fresh data connection."""
     listener = await _listener(nursery)
     ticket, waiter = listener.issue("coord/m")
     conn = await dial("127.0.0.1", listener.port, ticket.ticket_id, ticket.secret)
     served = await waiter.receive()
     served.taken.set()
+    return listener, ticket, conn, served
+
+
+async def test_dial_hands_the_connection_to_the_ticket_holder(nursery):
+    listener, ticket, conn, served = await _dialled(nursery)
     await conn.send(b"request")
     assert await served.receive() == b"request"
     await served.send(b"reply" * 30000)  # several frames
@@ -144,12 +150,8 @@ class _Control:
 
 
 async def _pumped_pair(nursery):
-    """(plain client socket, coordinator-side data connection's peer, pump result box)."""
-    listener = await _listener(nursery)
-    ticket, waiter = listener.issue("coord/m")
-    conn = await dial("127.0.0.1", listener.port, ticket.ticket_id, ticket.secret)
-    served = await waiter.receive()
-    served.taken.set()
+    """(plain client socket, the worker node's end, control stream, pump result box)."""
+    _, _, conn, served = await _dialled(nursery)
     plain_listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     client = await trio.open_tcp_stream("127.0.0.1", plain_listeners[0].socket.getsockname()[1])
     plain = await plain_listeners[0].accept()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import json
 import logging
 import os
 import struct
@@ -167,8 +168,6 @@ class TicketBook:
 
 def parse_offer(line: bytes) -> tuple[int, bytes, bytes]:
     """``(port, ticket_id, secret)`` from an offer line; ValueError if malformed."""
-    import json
-
     m = json.loads(line)
     port, ticket, secret = m["data_port"], bytes.fromhex(m["ticket"]), bytes.fromhex(m["secret"])
     if not isinstance(port, int) or not 0 < port < 65536 or len(ticket) != TICKET_BYTES or len(secret) != SECRET_BYTES:
@@ -264,8 +263,8 @@ async def dial(host: str, port: int, ticket_id: bytes, secret: bytes,
 class DataListener:
     """Worker-node side: accept data connections and hand each to the ticket's waiter.
 
-    ``expect(ticket)`` returns a receive channel that yields the :class:`DataConnection`
-    once the coordinator connected with that ticket.  Connections with an unknown,
+    ``issue(holder)`` returns a ticket and a receive channel that yields the
+    :class:`DataConnection` once the coordinator connected with that ticket.  Connections with an unknown,
     expired or used ticket, a bad magic or a hello that fails authentication are closed
     and counted in ``rejected`` (by code).
     """
@@ -331,32 +330,41 @@ class DataListener:
         await conn.closed.wait()
 
     async def _accept(self, tcp: trio.SocketStream):
-        want = len(MAGIC) + TICKET_BYTES
-        buf = b""
+        """Read and check ``MAGIC || ticket || hello``, answer with the accept frame;
+        ``(connection, waiter)``, or ``(None, None)`` after a counted rejection."""
+        buf = bytearray()
+
+        async def fill(n: int) -> bool:  # at least n bytes in buf (a coordinator sends nothing past the hello)
+            while len(buf) < n:
+                data = await tcp.receive_some(MAX_DATA_FRAME)
+                if not data:
+                    return False
+                buf.extend(data)
+            return True
+
+        head = len(MAGIC) + TICKET_BYTES + LENGTH.size
         with trio.move_on_after(DATA_HANDSHAKE_TIMEOUT_S) as scope:
             try:
-                while len(buf) < want + LENGTH.size or len(buf) < want + LENGTH.size + LENGTH.unpack_from(buf, want)[0]:
-                    if not MAGIC.startswith(buf[:len(MAGIC)]):
-                        self._reject("bad_magic", f"not a tunnel data connection: {buf[:16]!r}")
-                        return None, None
-                    if len(buf) >= want + LENGTH.size and LENGTH.unpack_from(buf, want)[0] > MAX_DATA_FRAME:
-                        self._reject("oversize", "hello frame too large")
-                        return None, None
-                    data = await tcp.receive_some(MAX_DATA_FRAME)
-                    if not data:
-                        self._reject("peer_closed", "closed during the data-connection hello")
-                        return None, None
-                    buf += data
+                if not await fill(len(MAGIC)) or not buf.startswith(MAGIC):
+                    self._reject("bad_magic", f"not a tunnel data connection: {bytes(buf[:16])!r}")
+                    return None, None
+                if not await fill(head):
+                    self._reject("peer_closed", "closed during the data-connection hello")
+                    return None, None
+                (n,) = LENGTH.unpack_from(buf, head - LENGTH.size)
+                if n > MAX_DATA_FRAME:
+                    self._reject("oversize", "hello frame too large")
+                    return None, None
+                if not await fill(head + n):
+                    self._reject("peer_closed", "closed during the data-connection hello")
+                    return None, None
             except (OSError, trio.BrokenResourceError) as exc:
                 self._reject("peer_closed", repr(exc))
                 return None, None
         if scope.cancelled_caught:
             self._reject("timeout", f"no data-connection hello within {DATA_HANDSHAKE_TIMEOUT_S} s")
             return None, None
-        if not buf.startswith(MAGIC):
-            self._reject("bad_magic", f"not a tunnel data connection: {buf[:16]!r}")
-            return None, None
-        ticket_id = buf[len(MAGIC):want]
+        ticket_id = bytes(buf[len(MAGIC):len(MAGIC) + TICKET_BYTES])
         ticket = self.book.claim(ticket_id, trio.current_time())
         waiter = self._waiters.pop(ticket_id, None)
         if ticket is None or waiter is None:
@@ -365,12 +373,12 @@ class DataListener:
         channel = channel_for(ticket.secret, "worker")
         reader = FrameReader(channel)
         try:
-            frames = reader.feed(buf[want:])
+            hello = reader.feed(bytes(buf[head - LENGTH.size:]))
         except FrameRejected as exc:
             waiter.close()
             self._reject(exc.code, f"hello: {exc}")
             return None, None
-        if frames != [b""]:
+        if hello != [b""]:
             waiter.close()
             self._reject("bad_frame", "the hello must be one empty frame")
             return None, None

@@ -207,8 +207,7 @@ async def _read_line_and_rest(stream, limit: int) -> tuple[bytes, bytes]:
     return line, rest
 
 
-async def splice_data(tcp: trio.SocketStream, conn: DataConnection, control, direction: Direction,
-                      *, use_native: bool = True) -> str:
+async def splice_data(tcp: trio.SocketStream, conn: DataConnection, control, direction: Direction) -> str:
     """Pump between ``tcp`` and a data connection until either ends or fails, or the
     ``control`` stream (the connection's link stream) ends; return how it ended.
 
@@ -238,7 +237,7 @@ async def splice_data(tcp: trio.SocketStream, conn: DataConnection, control, dir
             return f"control: {exc}"
 
     try:
-        if use_native and conn.idle and native_pump.native() is not None:
+        if conn.idle and native_pump.native() is not None:
             return await native_pump.pump(tcp, conn, control)
         return await _first_to_end(tcp_to_data, data_to_tcp, watch_control)
     finally:
@@ -349,15 +348,13 @@ class RemoteWorkerTunnel:
                     if conn is not None:
                         self.data_connections += 1
                         await s.send(b"data\n")
-                        how = await splice_data(tcp, conn, s, "request")
-                        self.bytes_up += conn.bytes_sent
-                        self.bytes_down += conn.bytes_received
+                        how, carrier = await splice_data(tcp, conn, s, "request"), conn
                     else:
                         if self.worker_offers_data:
                             await s.send(b"link\n")
-                        how = await splice(tcp, s, "request")
-                        self.bytes_up += s.bytes_sent
-                        self.bytes_down += s.bytes_received
+                        how, carrier = await splice(tcp, s, "request"), s
+                    self.bytes_up += carrier.bytes_sent
+                    self.bytes_down += carrier.bytes_received
                 log.debug("event=rpc_tunnel_connection_end peer=%s how=%s", self.peer_id[:16], how)
             except _STREAM_ERRORS + (MeshError,) + _TCP_ERRORS as exc:
                 log.info("event=rpc_tunnel_connection_failed peer=%s error=%r", self.peer_id[:16], exc)
@@ -375,7 +372,7 @@ class RemoteWorkerTunnel:
         except (ValueError, KeyError, TypeError):
             self.data_fallback = "the worker node offered no data connection"
             return None
-        host = getattr(link, "remote_host", None)
+        host = link.remote_host
         if not host:
             self.data_fallback = "the peer's address is unknown"
             return None
@@ -497,21 +494,21 @@ class RpcTunnelServer:
             return
         self.counters["connections"] += 1
         self._streams.add(stream)
+        carrier = stream
         try:
             conn, initial = await self._choose_path(peer, stream, header_wants_data)
             if conn is not None:
                 self.counters["data_connections"] += 1
+                carrier = conn
                 await splice_data(tcp, conn, stream, "response")
-                self.counters["bytes_in"] += conn.bytes_received
-                self.counters["bytes_out"] += conn.bytes_sent
             else:
                 await splice(tcp, stream, "response", initial=initial)
         finally:
             self._streams.discard(stream)
-            self.counters["bytes_in"] += stream.bytes_received
-            self.counters["bytes_out"] += stream.bytes_sent
+            self.counters["bytes_in"] += carrier.bytes_received
+            self.counters["bytes_out"] += carrier.bytes_sent
             with trio.CancelScope(shield=True):
-                await tcp.aclose()
+                await tcp.aclose()  # _choose_path may fail before a splice owns it
 
     async def _choose_path(self, peer: str, stream, wants_data: bool) -> tuple[DataConnection | None, bytes]:
         """Offer a data connection (when asked and possible); return it, or None and the
