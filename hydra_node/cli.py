@@ -8,14 +8,13 @@ import os
 import signal
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from hydra_node import __version__
-from hydra_node.discovery.cli_glue import add_discover_parser, add_serve_args as add_discovery_serve_args, cmd_discover
-from hydra_node.discovery.cli_glue import settings_from_args as discovery_settings_from_args
+from hydra_node.discovery.commands import add_discover_parser, add_serve_args as add_discovery_serve_args, cmd_discover
+from hydra_node.discovery.commands import settings_from_args as discovery_settings_from_args
 from hydra_node.runtime.hosting_cli import add_split_serve_args, add_swap_parser, cmd_swap, split_config_from_args
+from hydra_node.node_client import NodeClient, NodeClientError
 from hydra_node.runtime.speculative.cli_glue import add_speculative_serve_args, apply_speculative_args
 from hydra_node.config import (DEFAULT_API_PORT, DEFAULT_CONSOLE_PORT, DEFAULT_MESH_PORT, ConfigError, NodeConfig, default_home,
                                env_api_key, load_config_file)
@@ -127,7 +126,7 @@ def main(argv=None) -> int:
     try:
         return {"serve": cmd_serve, "client": cmd_serve, "status": cmd_status, "stop": cmd_stop,
                 "models": cmd_models, "invite": cmd_invite,
-                "swap": lambda a: cmd_swap(a, _console_port(a), env_api_key()),
+                "swap": lambda a: cmd_swap(a, _client(a)),
                 "discover": lambda a: cmd_discover(a, _home(a))}[args.command](args)
     except ConfigError as exc:
         print(f"hydra-node: configuration error: {exc}", file=sys.stderr)
@@ -199,16 +198,17 @@ def cmd_serve(args) -> int:
         print(f"hydra-node: cannot listen: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except BaseExceptionGroup as eg:
-        inner = _first_leaf(eg)
-        if isinstance(inner, (MeshError, JoinFailed)):
-            print(f"hydra-node: {_mesh_failure(inner)}", file=sys.stderr)
-            return EXIT_FAILED
-        if isinstance(inner, (ModelNotFound, NodeAlreadyRunning, IdentityError, RunnerLoadError, OSError)):
-            print(f"hydra-node: {inner}", file=sys.stderr)
-            return EXIT_FAILED
-        if isinstance(inner, KeyboardInterrupt):
+        # Report the group whole: every failure of the start-up, not only the first one.
+        leaves = _leaves(eg)
+        if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
             return 130
-        raise
+        expected = (MeshError, JoinFailed, ModelNotFound, NodeAlreadyRunning, IdentityError, RunnerLoadError, OSError)
+        if not all(isinstance(leaf, expected) for leaf in leaves):
+            raise
+        for leaf in leaves:
+            text = _mesh_failure(leaf) if isinstance(leaf, (MeshError, JoinFailed)) else str(leaf)
+            print(f"hydra-node: {text}", file=sys.stderr)
+        return EXIT_FAILED
     return 0
 
 
@@ -220,10 +220,11 @@ def _mesh_failure(exc: BaseException) -> str:
     return f"mesh error: {exc}"
 
 
-def _first_leaf(eg: BaseException) -> BaseException:
-    while isinstance(eg, BaseExceptionGroup):
-        eg = eg.exceptions[0]
-    return eg
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """Every exception inside ``exc`` (nested groups flattened), in order."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 def _console_port(args) -> int:
@@ -240,23 +241,16 @@ def _console_port(args) -> int:
     return DEFAULT_CONSOLE_PORT
 
 
-def _request_json(url: str, body: dict | None = None, timeout: float = 5.0):
-    """GET (or POST ``body``) a node's management API, with $HYDRA_API_KEY if set."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
-    key = env_api_key()
-    if key:
-        req.add_header("Authorization", f"Bearer {key}")
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+def _client(args) -> NodeClient:
+    """The client of the node found through --console or --home, with $HYDRA_API_KEY if set."""
+    return NodeClient(_console_port(args), env_api_key())
 
 
 def cmd_status(args) -> int:
-    port = _console_port(args)
     try:
-        st = _request_json(f"http://127.0.0.1:{port}/api/status")
-    except (urllib.error.URLError, OSError) as exc:
-        print(f"hydra-node: no node answering on 127.0.0.1:{port} ({getattr(exc, 'reason', exc)})", file=sys.stderr)
+        st = _client(args).get("/api/status")
+    except NodeClientError as exc:
+        print(f"hydra-node: {exc}", file=sys.stderr)
         return EXIT_FAILED
     if args.json:
         print(json.dumps(st, indent=2))
@@ -306,14 +300,10 @@ def _parse_duration(text: str) -> float:
 
 def cmd_invite(args) -> int:
     ttl = _parse_duration(args.ttl)
-    port = _console_port(args)
     try:
-        d = _request_json(f"http://127.0.0.1:{port}/api/invite", {"ttl_s": ttl}, timeout=10)
-    except urllib.error.HTTPError as exc:
-        print(f"hydra-node: the node refused: {exc.read().decode(errors='replace')}", file=sys.stderr)
-        return EXIT_FAILED
-    except (urllib.error.URLError, OSError) as exc:
-        print(f"hydra-node: no node answering on 127.0.0.1:{port} ({getattr(exc, 'reason', exc)})", file=sys.stderr)
+        d = _client(args).post("/api/invite", {"ttl_s": ttl}, timeout=10)
+    except NodeClientError as exc:
+        print(f"hydra-node: {exc}", file=sys.stderr)
         return EXIT_FAILED
     print(json.dumps(d, indent=2) if args.json else d["token"])
     return 0

@@ -17,9 +17,13 @@ import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from hydra_node.routing._config import SchedulerConfig, SchedulerConfigError
+
+if TYPE_CHECKING:  # the config loader stays importable without the services it configures
+    from hydra_node.discovery.node_choice import DiscoverySettings
+    from hydra_node.mesh.settings import MeshSettings
 
 DEFAULT_API_PORT = 9337
 DEFAULT_CONSOLE_PORT = 3131
@@ -315,8 +319,8 @@ class NodeConfig:
     rpc_worker: bool = True  # --no-rpc-worker: lend no memory to other nodes' models
     split_stall_timeout_s: float = 60.0  # --stall-timeout: a split runner silent this long is killed
     tunnel_port: int = 0  # --tunnel-port: data port of this node's RPC tunnels (0: any free port)
-    mesh: Any = None  # hydra_node.mesh.service.MeshSettings, or None for no mesh at all
-    discovery: Any = None  # hydra_node.discovery.node_choice.DiscoverySettings, or None (no discovery)
+    mesh: MeshSettings | None = None  # None: no mesh at all
+    discovery: DiscoverySettings | None = None  # None: no discovery
 
     def validate(self) -> None:
         for name, port in (("--port", self.api_port), ("--console", self.console_port)):

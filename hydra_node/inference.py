@@ -6,13 +6,24 @@ events: zero or more :class:`TextDelta` then exactly one :class:`Finished`, or a
 ``to_wire()``/``from_wire()`` pair made of CBOR-friendly types (dict, list, str,
 int, float, bool, None), so the same objects cross the runner channel and the
 peer links unchanged.
+
+Bytes from a peer or a child are decoded strictly (:mod:`hydra_node.codec`) and turned
+into typed events here: :func:`event_from_wire` returns a :class:`TextDelta` or a
+:class:`Finished`, or raises a :class:`RemoteError` — never another exception. A remote
+failure is never relayed as success: it becomes 502 (the peer failed, or broke the
+protocol: :class:`RemoteProtocolError`) or 503 (the peer is busy or unavailable), with
+the peer's message and code.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
-from typing import AsyncIterator, Literal, Protocol, AsyncContextManager
+from typing import Any, AsyncIterator, Literal, Protocol, AsyncContextManager
+
+from hydra_node.codec.errors import DecodeError
+from hydra_node.codec.framing import MessageDecoder, encode_message
 
 Kind = Literal["chat", "completion"]
 
@@ -22,6 +33,22 @@ MAX_TOKENS_LIMIT = 32768
 MAX_STOP_SEQUENCES = 4
 #: Characters of a session id kept for routing affinity (``X-Session-Id`` header or body ``user``).
 MAX_SESSION_CHARS = 256
+#: Largest frame of a remote generate stream: one event (a delta is a few tokens of text).
+MAX_EVENT_FRAME_BYTES = 1024 * 1024
+#: Characters of a remote error's message kept (the rest is cut).
+MAX_REMOTE_MESSAGE_CHARS = 1000
+#: Longest ``finish_reason`` and ``served_by`` accepted from a peer.
+MAX_FINISH_REASON_CHARS = 32
+MAX_SERVED_BY_CHARS = 128
+#: Largest token count in a finished event, and largest duration (ms) or retry-after (s).
+MAX_TOKEN_COUNT = 2**31 - 1
+MAX_EVENT_MILLIS = 1e12
+MAX_RETRY_AFTER_S = 3600.0
+#: Remote statuses that mean "the peer cannot serve this now" (relayed as 503); any other
+#: remote failure is relayed as 502.
+UNAVAILABLE_STATUSES = frozenset({429, 503})
+
+_CODE = re.compile(r"[a-z0-9_]{1,40}")
 
 
 class GenerationError(Exception):
@@ -46,10 +73,9 @@ class GenerationError(Exception):
                 "retryable": self.retryable, "retry_after": self.retry_after}
 
     @classmethod
-    def from_wire(cls, d: dict) -> "GenerationError":
-        return cls(str(d.get("message", "remote error")), code=str(d.get("code", "generation_failed")),
-                   status=int(d.get("status", 502)), retryable=bool(d.get("retryable", False)),
-                   retry_after=d.get("retry_after"))
+    def from_wire(cls, d: Any) -> "GenerationError":
+        """The error our own child reports (its status kept); see :func:`remote_error_from_wire`."""
+        return remote_error_from_wire(d, relay_status=True)
 
 
 class QueueFull(GenerationError):
@@ -61,6 +87,25 @@ class QueueFull(GenerationError):
 class ModelUnavailable(GenerationError):
     def __init__(self, message: str, *, retryable: bool = True):
         super().__init__(message, code="model_unavailable", status=503, retryable=retryable, retry_after=2.0)
+
+
+class RemoteError(GenerationError):
+    """A generation failed on the other side of a stream (a peer, or a child's channel).
+
+    ``status`` is ours to answer with: 502 or 503, never a success; ``remote_status`` is
+    what the remote claimed (None when it sent something malformed)."""
+
+    def __init__(self, message: str, *, code: str, status: int, retryable: bool = False,
+                 retry_after: float | None = None, remote_status: int | None = None):
+        super().__init__(message, code=code, status=status, retryable=retryable, retry_after=retry_after)
+        self.remote_status = remote_status
+
+
+class RemoteProtocolError(RemoteError):
+    """The remote sent bytes or an event that break the protocol (its fault): 502."""
+
+    def __init__(self, message: str, *, code: str = "bad_event", remote_status: int | None = None):
+        super().__init__(message, code=code, status=502, remote_status=remote_status)
 
 
 class InvalidRequest(ValueError):
@@ -89,6 +134,9 @@ class GenerationRequest:
     def __post_init__(self) -> None:
         if len(self.session) > MAX_SESSION_CHARS:
             object.__setattr__(self, "session", self.session[:MAX_SESSION_CHARS])
+        if isinstance(self.seed, int) and not -(2**63) <= self.seed < 2**64:
+            # keep the wire inside the CBOR data model; runners use the low 32 bits anyway
+            object.__setattr__(self, "seed", self.seed & (2**64 - 1))
         if self.kind not in ("chat", "completion"):
             raise InvalidRequest(f"unknown request kind {self.kind!r}")
         if self.kind == "chat" and not self.messages:
@@ -112,6 +160,10 @@ class GenerationRequest:
     def from_wire(cls, d: dict) -> "GenerationRequest":
         if not isinstance(d, dict):
             raise InvalidRequest("generation request must be a map")
+        for key in ("max_tokens", "seed"):
+            v = d.get(key)
+            if v is not None and (type(v) is not int or not -(2**63) <= v < 2**64):
+                raise InvalidRequest(f"'{key}' must be an integer or null", key)
         try:
             return cls(
                 model=str(d["model"]), kind=d["kind"],
@@ -157,21 +209,105 @@ class Finished:
 GenerationEvent = TextDelta | Finished
 
 
-def event_from_wire(d: dict) -> GenerationEvent:
+def _text(d: dict, key: str, limit: int, default: str | None = None) -> str:
+    v = d.get(key, default)
+    if not isinstance(v, str) or len(v) > limit:
+        raise RemoteProtocolError(f"{d.get('type', 'event')!s:.20} event: {key!r} must be text of at most "
+                                  f"{limit} characters, not {v!r:.40}")
+    return v
+
+
+def _count(d: dict, key: str, default: int | None = None) -> int:
+    v = d.get(key, default)
+    if type(v) is not int or not 0 <= v <= MAX_TOKEN_COUNT:
+        raise RemoteProtocolError(f"finished event: {key!r} must be a token count, not {v!r:.40}")
+    return v
+
+
+def _millis(d: dict, key: str) -> float:
+    v = d.get(key, 0.0)
+    if type(v) not in (int, float) or not 0.0 <= v <= MAX_EVENT_MILLIS:
+        raise RemoteProtocolError(f"finished event: {key!r} must be a duration in ms, not {v!r:.40}")
+    return float(v)
+
+
+def remote_error_from_wire(d: Any, *, relay_status: bool = False) -> GenerationError:
+    """The error a remote reports (``{"message", "code", "status", "retryable", "retry_after"}``).
+
+    A peer's (``relay_status=False``) becomes a :class:`RemoteError` with status 503 when the
+    peer is busy or unavailable (it said 429 or 503), else 502. Our own child's
+    (``relay_status=True``) keeps its 4xx/5xx status. A status that is not an error (below
+    400, or not a status at all) is a :class:`RemoteProtocolError`: 502. Returned, not raised."""
+    if not isinstance(d, dict):
+        return RemoteProtocolError("remote error is not a map")
+    message = d.get("message")
+    message = message[:MAX_REMOTE_MESSAGE_CHARS] if isinstance(message, str) and message else "remote error"
+    code = d.get("code")
+    code = code if isinstance(code, str) and _CODE.fullmatch(code) else "remote_error"
+    status = d.get("status")
+    if type(status) is not int or not 100 <= status <= 599:
+        return RemoteProtocolError(f"remote error with an invalid status {status!r:.20}: {message}", code="bad_status")
+    if status < 400:
+        return RemoteProtocolError(f"remote error claiming status {status}: {message}", code="bad_status",
+                                   remote_status=status)
+    retryable = d.get("retryable") is True
+    retry_after = d.get("retry_after")
+    if type(retry_after) not in (int, float) or not 0.0 <= retry_after <= MAX_RETRY_AFTER_S:
+        retry_after = None
+    if relay_status:
+        return GenerationError(message, code=code, status=status, retryable=retryable,
+                               retry_after=None if retry_after is None else float(retry_after))
+    return RemoteError(message, code=code, status=503 if status in UNAVAILABLE_STATUSES else 502,
+                       retryable=retryable, retry_after=None if retry_after is None else float(retry_after),
+                       remote_status=status)
+
+
+def event_from_wire(d: Any) -> GenerationEvent:
+    """A peer's event as a typed event; its error event, or anything malformed, raised as a
+    :class:`RemoteError` (502/503). Nothing else is ever raised, whatever `d` holds."""
     t = d.get("type") if isinstance(d, dict) else None
     if t == "delta":
-        return TextDelta(str(d["text"]))
+        return TextDelta(_text(d, "text", MAX_EVENT_FRAME_BYTES))
     if t == "finished":
-        try:
-            return Finished(str(d["finish_reason"]), int(d["prompt_tokens"]), int(d["completion_tokens"]),
-                            float(d.get("queue_wait_ms", 0.0)), float(d.get("ttft_ms", 0.0)),
-                            float(d.get("itl_ms", 0.0)), str(d.get("served_by", "")),
-                            int(d.get("cached_tokens", 0)))
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # a peer's malformed event
-            raise GenerationError(f"malformed finished event: {exc!r}", code="bad_event", status=502) from None
+        reason = _text(d, "finish_reason", MAX_FINISH_REASON_CHARS)
+        if not reason:
+            raise RemoteProtocolError("finished event: empty finish_reason")
+        return Finished(reason, _count(d, "prompt_tokens"), _count(d, "completion_tokens"),
+                        _millis(d, "queue_wait_ms"), _millis(d, "ttft_ms"), _millis(d, "itl_ms"),
+                        _text(d, "served_by", MAX_SERVED_BY_CHARS, ""), _count(d, "cached_tokens", 0))
     if t == "error":
-        raise GenerationError.from_wire(d)
-    raise GenerationError(f"malformed generation event {t!r}", code="bad_event", status=502)
+        raise remote_error_from_wire(d)
+    raise RemoteProtocolError(f"malformed generation event {t!r:.40}")
+
+
+def event_frame(event: GenerationEvent | GenerationError) -> bytes:
+    """The frame a host sends on a generate stream for `event` (an error ends the stream)."""
+    ev = {"type": "error", **event.to_wire()} if isinstance(event, GenerationError) else event.to_wire()
+    return encode_message({"op": "event", "ev": ev}, limit=MAX_EVENT_FRAME_BYTES)
+
+
+class EventStreamDecoder:
+    """The requester's side of a generate stream (sans-IO): bytes in, typed events out.
+
+    :meth:`next_event` returns the next event, None until more bytes arrive, or raises a
+    :class:`RemoteError` — for a bad frame, a malformed event or the host's error event."""
+
+    def __init__(self) -> None:
+        self._frames = MessageDecoder(MAX_EVENT_FRAME_BYTES)
+
+    def receive_data(self, data: bytes) -> None:
+        self._frames.receive_data(data)
+
+    def next_event(self) -> GenerationEvent | None:
+        try:
+            msg = self._frames.next_message()
+        except DecodeError as exc:
+            raise RemoteProtocolError(f"bad frame ({exc.code}): {exc}", code="bad_frame") from None
+        if msg is None:
+            return None
+        if msg["op"] != "event":
+            raise RemoteProtocolError(f"unexpected {msg['op']!r:.40} on a generate stream")
+        return event_from_wire(msg.get("ev"))
 
 
 class InferenceTarget(Protocol):

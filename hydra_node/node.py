@@ -1,9 +1,21 @@
-"""The node: owns the root nursery and the shutdown order; the only module that knows every service.
+"""The node: the composition root.  It owns the root nursery and the shutdown order, and it is
+the only module that knows every service and wires them together.
 
-Start-up order: identity → pid file / stale clean-up → model runners (ready) →
-management API → OpenAI API.  Shutdown (SIGINT/SIGTERM or :meth:`request_stop`):
-stop accepting, end idle connections, end in-flight streams with a final SSE
-error event, stop runners (terminate → grace → kill), remove pid files.
+Each service gets narrow, typed inputs (settings dataclasses, callables, small Protocols such as
+the mesh views in ``runtime/peers.py``) and never the ``Node``.  What crosses services is declared
+here and nowhere else: the management route table (``Node.management_routes``), the
+``/api/status`` sections (``Node.status_sections``, typed statistics rendered by
+``hydra_node/api/status_json.py``), the mesh's tunnel handlers, what goes into our announcement,
+the router's target sources and the scheduler's listeners.
+
+Start-up order (``Node.run``): identity (in ``__init__``) → pid file and stale clean-up → the
+models that fit locally, each ready → management API → OpenAI API → mesh (joined by the
+``--join`` plan; with discovery on it starts unjoined) → discovery (chooses and joins a mesh, then
+announces it) → scheduler sampling → speculation (draft server, draft tunnel port) → model
+runtime (RPC worker, models that wait for the mesh) → state ``serving`` and ports.json.
+Shutdown (SIGINT/SIGTERM or :meth:`Node.request_stop`): stop accepting, drain the APIs (in-flight
+streams end with a final SSE error event), leave the mesh (bounded), cancel the root nursery
+(runners and workers: terminate → grace → kill), remove the pid files.
 """
 
 from __future__ import annotations
@@ -13,22 +25,35 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any
 
 import trio
 
 from hydra_node import __version__
 from hydra_node.api.http import HttpServer
-from hydra_node.api.management import ManagementApi
+from hydra_node.api.management import Handler, ManagementApi
+from hydra_node.api.mesh_admin import invite_route
+from hydra_node.api.metrics import MetricsSources, NodeMetrics, RunnerSample
 from hydra_node.api.openai import OpenAIApi
+from hydra_node.api.runtime_admin import runtime_routes
+from hydra_node.api.status_json import to_json
 from hydra_node.config import NodeConfig
 from hydra_node.identity import load_or_create_identity
 from hydra_node.models import ModelRef, resolve_model
 from hydra_node.pidfile import reap_stale, read_pidfile, remove_pidfile, write_pidfile
+from hydra_node.mesh.announcer import AnnouncementContent
+from hydra_node.mesh.membership import Hardware, ModelEntry
+from hydra_node.discovery.service import DiscoveryService, NodeFacts
+from hydra_node.mesh.joining import JoinPlan
 from hydra_node.mesh.service import MeshService
-from hydra_node.router import Router, Target
+from hydra_node.router import RouteTarget, Router
+from hydra_node.routing.remote import RemoteGeneration
 from hydra_node.routing.live import LiveScheduling
-from hydra_node.routing.wiring import wire_scheduling
-from hydra_node.runtime.supervisor import RunnerSettings, RunnerSupervisor
+from hydra_node.runtime.hosting import HostMemory, ModelRuntime, RuntimeSettings
+from hydra_node.runtime.rpc.tunnel import TUNNEL_SERVICE
+from hydra_node.runtime.speculative.mesh import DRAFT_SERVICE, SpeculationService
+from hydra_node.runtime.supervisor import RunnerSettings, RunnerState, RunnerSupervisor
 
 log = logging.getLogger("hydra.node")
 
@@ -66,15 +91,18 @@ def check_rpc_support() -> None:
 
 
 class LocalRunners:
-    """Target source for the models this node hosts."""
+    """Target source for the models this node hosts (``runners``: model id → its supervisor,
+    filled by the model runtime)."""
 
-    def __init__(self, node_id: str):
+    def __init__(self, node_id: str, runners: Mapping[str, RunnerSupervisor]):
         self.node_id = node_id
-        self.runners: dict[str, RunnerSupervisor] = {}
+        self.runners = runners
 
-    def targets(self) -> list[Target]:
-        return [Target(model=r.model.id, node_id=self.node_id, local=True, open=r.generate,
-                       queue_depth=r.queue_depth + r.in_flight, state=r.state if r.state != "restarting" else "loading")
+    def targets(self) -> list[RouteTarget]:
+        # a restarting runner is listed as loading: it is coming back, the router waits or goes elsewhere
+        return [RouteTarget(model=r.model.id, node_id=self.node_id, local=True, open=r.generate,
+                            queue_depth=r.queue_depth + r.in_flight,
+                            state=RunnerState.LOADING if r.state == RunnerState.RESTARTING else r.state)
                 for r in self.runners.values()]
 
 
@@ -86,8 +114,11 @@ class Node:
         self.node_id = self.identity.node_id
         self.started_at = time.time()
         self.state = "starting"
-        self.router = Router(self.node_id, LiveScheduling(config.file.scheduler, self.node_id))
-        self.local = LocalRunners(self.node_id)
+        self.scheduling = LiveScheduling(config.file.scheduler, self.node_id)
+        self.router = Router(self.node_id, self.scheduling)
+        #: model id → runner supervisor: the model runtime fills it, the router and status read it.
+        self.runners: MutableMapping[str, RunnerSupervisor] = {}
+        self.local = LocalRunners(self.node_id, self.runners)
         self.router.add_source(self.local)
         self.models: list[ModelRef] = [] if config.no_model else [resolve_model(m) for m in (config.models or (None,))]
         self.api_server: HttpServer | None = None
@@ -95,31 +126,66 @@ class Node:
         self.requests_total: dict[str, int] = {}
         self._stop = trio.Event()
         self.pidfile = self.home / "run" / "node.pid"
-        self._extra_routes: dict = {("POST", "/api/invite"): self._api_invite}
-        self._status_sections: dict = {}
         self.mesh: MeshService | None = None
+        self.remote: RemoteGeneration | None = None
         if config.mesh is not None:
-            self.mesh = MeshService(self, config.mesh)
-            self.router.add_source(self.mesh)
-        from hydra_node.runtime.speculative.mesh import SpeculationService
-        self.speculation = SpeculationService(self)  # [defaults.speculative]: draft server, draft tunnel, runner args
-        self.metrics = wire_scheduling(self)  # /api/status sections, GET /metrics, gossip summary
-        from hydra_node.runtime.hosting import ModelRuntime
-        self.runtime = ModelRuntime(self)  # hosted models: placement, splits, RPC worker, hot swap
-        self.discovery = None  # mDNS / Nostr / --auto around the mesh start (hydra_node/discovery/node_glue.py)
+            self.mesh = MeshService(signing_key=self.identity.signing_key, state_dir=self.home / "mesh",
+                                    settings=config.mesh, announcement=self.announcement_content,
+                                    name=config.name or self.node_id[:8])
+            self.remote = RemoteGeneration(self.mesh, node_id=self.node_id, local_open=self._local_open)
+            self.router.add_source(self.remote)
+            self.mesh.handle_stream("generate", self.remote.serve)
+        f = config.file
+        # [defaults.speculative]: draft server, draft tunnel port, runner arguments
+        self.speculation = SpeculationService(f.defaults.speculative, log_dir=self.home / "logs",
+                                              threads=f.defaults.throughput.threads, mesh=self.mesh,
+                                              run_dir=self.home / "run")
+        # hosted models: placement, splits, RPC worker, hot swap
+        self.runtime = ModelRuntime(
+            RuntimeSettings(node_id=self.node_id, home=self.home, force_split=config.force_split,
+                            stall_timeout_s=config.split_stall_timeout_s,
+                            rpc_worker=config.rpc_worker and config.role != "client",
+                            tunnel_port=config.tunnel_port, max_memory_bytes=config.max_memory_bytes),
+            runners=self.runners, runner_settings=self.runner_settings, host_memory=self.host_memory,
+            mesh=self.mesh)
+        self.metrics = NodeMetrics(MetricsSources(
+            http_requests=lambda: self.requests_total, runners=self._runner_samples,
+            routing=self.router.statistics, scheduling=self.scheduling.statistics,
+            gossip=self.mesh.gossip_statistics if self.mesh is not None else lambda: None,
+            links=self._link_statistics))
+        self.scheduling.listeners.append(self.metrics.observe)
+        if self.mesh is not None:
+            self.mesh.handle_tunnel(DRAFT_SERVICE, self.speculation.handle_stream)
+            self.mesh.handle_tunnel(TUNNEL_SERVICE, self.runtime.tunnel_server.handle)
+        #: The management API's routes besides /health and /api/status: (method, path) → handler.
+        self.management_routes: dict[tuple[str, str], Handler] = {
+            ("POST", "/api/invite"): invite_route(self.mesh),
+            ("GET", "/metrics"): self.metrics.handle,
+            **runtime_routes(self.runtime),
+        }
+        #: Sections of /api/status beyond the node's own fields: name → typed statistics.
+        self.status_sections: dict[str, Callable[[], Any]] = {
+            "speculation": self.speculation.status,
+            "network_costs": self.scheduling.network_costs,
+            "scheduler": self.scheduling.status,
+            "splits": self.runtime.splits_status,
+            "rpc_worker": self.runtime.worker_status,
+        }
+        #: How the mesh is entered: the --join invites (TokenError here for a bad one), or our own mesh.
+        self.join_plan = JoinPlan.from_tokens(config.mesh.join, time.time()) if config.mesh is not None else None
+        self.discovery: DiscoveryService | None = None  # mDNS / Nostr / --auto: chooses and joins the mesh
         if self.mesh is not None and config.discovery is not None:
-            from hydra_node.discovery.node_glue import NodeDiscovery
-            self.discovery = NodeDiscovery(self, config.discovery)
+            self.discovery = DiscoveryService(self.mesh, NodeFacts(
+                node_id=self.node_id, name=config.name or self.node_id[:8],
+                configured_models=frozenset(m.id for m in self.models),
+                ready_models=lambda: sorted(r.model.id for r in self.runners.values() if r.state == "ready"),
+                serving_models=lambda: [m.id for m in self.router.models()],
+                spare_slots=self._spare_slots), config.discovery, home=self.home, plan=self.join_plan)
+            self.status_sections["discovery"] = self.discovery.status
 
     # ---- public surface used by the APIs ------------------------------------------
     def healthy(self) -> bool:
         return self.state == "serving"
-
-    def management_routes(self) -> dict:
-        return self._extra_routes
-
-    def add_status_section(self, name: str, fn) -> None:
-        self._status_sections[name] = fn
 
     def hardware(self) -> dict:
         cores = os.cpu_count() or 1
@@ -129,24 +195,45 @@ class Node:
             usable = min(usable, self.config.max_memory_bytes) if usable else self.config.max_memory_bytes
         return {"cores": cores, "ram_bytes": ram, "vram_bytes": 0, "usable_bytes": usable}
 
-    async def _api_invite(self, request):
-        from hydra_node.api.http import Response
-        from hydra_node.mesh.token import parse_invite
-        if self.mesh is None or self.mesh.mesh is None:
-            return Response.json(503, {"error": {"message": "this node is not in a mesh", "type": "server_error",
-                                                 "param": None, "code": "no_mesh"}})
-        try:
-            body = request.json() if request.body else {}
-            ttl = float(body.get("ttl_s", self.mesh.settings.invite_ttl_s))
-            if not (60 <= ttl <= 30 * 24 * 3600):
-                raise ValueError("ttl_s must be between 60 s and 30 days")
-        except (ValueError, TypeError, AttributeError) as exc:
-            return Response.json(400, {"error": {"message": f"bad invite request: {exc}", "type":
-                                                 "invalid_request_error", "param": "ttl_s", "code": "invalid_value"}})
-        token = self.mesh.invite(ttl)
-        tok = parse_invite(token, time.time())
-        return Response.json(200, {"token": token, "mesh_id": tok.mesh_id, "expires_at": tok.expires_at,
-                                   "addresses": list(tok.addrs)})
+    def host_memory(self) -> HostMemory:
+        hw = self.hardware()
+        return HostMemory(ram_bytes=hw["ram_bytes"], usable_bytes=hw["usable_bytes"])
+
+    # ---- what the root hands from one service to another ------------------------------
+    def announcement_content(self) -> AnnouncementContent:
+        """What our mesh announcement says: hosted models and their load, hardware, the RPC worker's
+        capacity, and ``extra`` from the speculation service (our draft), the scheduler (telemetry
+        summary) and the model runtime (RPC protocol and lease holder)."""
+        runners = list(self.runners.values())
+        rpc, rpc_extra = self.runtime.rpc_announcement()
+        return AnnouncementContent(
+            models=tuple(ModelEntry(r.model.id, str(r.state)) for r in runners), hardware=Hardware(**self.hardware()),
+            queue_depth=sum(r.queue_depth + r.in_flight for r in runners),
+            throughput_milli=tuple((r.model.id, int(r.stats.tokens_per_s * 1000)) for r in runners
+                                   if r.stats.tokens_per_s > 0),
+            api_port=self.api_server.port if self.api_server else None,
+            console_port=self.console_server.port if self.console_server else None,
+            rpc=rpc, extra={**self.speculation.announce_extra(), **self.scheduling.announce_extra(), **rpc_extra})
+
+    def _local_open(self, model_id: str):
+        """How a peer's ``generate`` stream runs on a model hosted here (None: not hosted)."""
+        runner = self.runners.get(model_id)
+        return runner.generate if runner is not None else None
+
+    def _spare_slots(self) -> int:
+        """Free request-queue slots of our ready models (published in our Nostr listing)."""
+        queue_size = self.config.file.defaults.throughput.queue_size
+        return sum(max(0, queue_size - r.queue_depth - r.in_flight) for r in self.runners.values()
+                   if r.state == RunnerState.READY)
+
+    def _runner_samples(self) -> list[RunnerSample]:
+        return [RunnerSample(model=r.model.id, queue_depth=r.queue_depth, in_flight=r.in_flight,
+                             tokens_per_s=r.stats.tokens_per_s, restarts=r.restarts,
+                             ready=r.state == RunnerState.READY)
+                for r in self.runners.values()]
+
+    def _link_statistics(self) -> list:
+        return [link.statistics() for link in self.mesh.open_links()] if self.mesh is not None else []
 
     def runner_settings(self) -> RunnerSettings:
         f = self.config.file
@@ -159,7 +246,8 @@ class Node:
                               extra_argv=self.speculation.runner_argv())
 
     def status(self) -> dict:
-        runners = list(self.local.runners.values())
+        """``/api/status``: the node's own fields, then each of :attr:`status_sections` as JSON."""
+        runners = list(self.runners.values())
         st = {
             "node_id": self.node_id,
             "name": self.config.name or self.node_id[:8],
@@ -172,20 +260,28 @@ class Node:
             "console_port": self.console_server.port if self.console_server else None,
             "uptime_s": round(time.time() - self.started_at, 1),
             "models": [r.status() for r in runners],
-            "serving_models": [r.model.id for r in runners if r.state == "ready"],
+            "serving_models": [r.model.id for r in runners if r.state == RunnerState.READY],
             "available_models": [m.id for m in self.router.models()],
             "peers": self.mesh.peers() if self.mesh else [],
-            "token": self.mesh.token() if self.mesh and self.mesh.mesh else None,
-            "mesh": self.mesh.status() if self.mesh else None,
+            "token": self.mesh.token() if self.mesh is not None else None,
+            "mesh": self._mesh_status(),
             "inflight_requests": sum(r.in_flight for r in runners),
             "queue_depth": sum(r.queue_depth for r in runners),
             "runner_restarts": sum(r.restarts for r in runners),
             "requests": dict(self.requests_total),
-            "routing": {"retries": self.router.retries, "no_target": self.router.no_target},
+            "routing": to_json(self.router.statistics()),
             "home": str(self.home),
         }
-        for name, fn in self._status_sections.items():
-            st[name] = fn()
+        for name, section in self.status_sections.items():
+            st[name] = to_json(section())
+        return st
+
+    def _mesh_status(self) -> dict | None:
+        if self.mesh is None:
+            return None
+        st = self.mesh.status()
+        if self.remote is not None:
+            st["counters"] = {**st.get("counters", {}), **self.remote.statistics().counters()}
         return st
 
     def request_stop(self) -> None:
@@ -215,9 +311,11 @@ class Node:
                     log.info("event=model_loading model=%s path=%s", model.id, model.path)
                     await self.runtime.start_model(root, model)
                 await self._start_services(root)
-                if self.mesh is not None:
-                    await root.start(self.discovery.run if self.discovery is not None else self.mesh.run)
-                    await root.start(self.router.scheduling.run, self.mesh)  # RTT samples, peer hints
+                if self.mesh is not None:  # joined by the plan, or by discovery (which may choose the mesh)
+                    await root.start(self.mesh.run, self.join_plan if self.discovery is None else None)
+                    if self.discovery is not None:
+                        await root.start(self.discovery.run)
+                    await root.start(self.scheduling.run, self.mesh)  # RTT samples, peer hints
                 await root.start(self.speculation.run)  # draft server, draft tunnel port (speculative/mesh.py)
                 await root.start(self.runtime.run)  # RPC worker, split models, hot swap (runtime/hosting.py)
                 self.state = "serving"
@@ -252,7 +350,8 @@ class Node:
 
     async def _start_services(self, nursery: trio.Nursery) -> None:
         c = self.config
-        mgmt = ManagementApi(self, headless=c.headless, api_key=c.api_key if c.listen_all else None)
+        mgmt = ManagementApi(healthy=self.healthy, status=self.status, routes=self.management_routes,
+                             headless=c.headless, api_key=c.api_key if c.listen_all else None)
         self.console_server = HttpServer(mgmt.handle, c.api_host, c.console_port, name="console")
         await nursery.start(self.console_server.run)
         api = OpenAIApi(self.router, api_key=c.api_key, on_request=self._count_request)

@@ -3,6 +3,11 @@
 A pid file is JSON: ``{"pid", "start_time", "argv", "owner_pid", "owner_start_time",
 "kind"}``.  ``start_time`` is the process start time read from ``/proc`` (clock
 ticks since boot), so a recycled pid is never mistaken for our process.
+
+Every child the node supervises (kinds ``runner``, ``rpc-worker``, ``draft-server``)
+has one in ``<home>/run`` while it runs (:mod:`hydra_node.runtime.supervise`).  Children
+die with the node (``PR_SET_PDEATHSIG``); :func:`reap_stale` at the next start removes
+the files they leave behind and kills any child that still outlived its owner.
 """
 
 from __future__ import annotations
@@ -15,24 +20,40 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
-def process_start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot, or None if it does not exist."""
+def _stat(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name, or None."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
     # The command name may contain spaces and parentheses: split after the last ')'.
-    rest = data[data.rfind(b")") + 2:].split()
+    return data[data.rfind(b")") + 2:].split()
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot, or None if it does not exist."""
+    rest = _stat(pid)
     try:
-        return int(rest[19])
+        return int(rest[19]) if rest is not None else None
     except (IndexError, ValueError):
         return None
 
 
 def is_same_process(pid: int, start_time: int | None) -> bool:
-    st = process_start_time(pid)
-    return st is not None and (start_time is None or st == start_time)
+    """``pid`` runs and is the process that started at ``start_time`` (any, if None).
+
+    A zombie does not run: an orphan killed with its owner may stay one where nothing
+    reaps reparented children (containers without an init).
+    """
+    rest = _stat(pid)
+    if rest is None or rest[:1] in ([b"Z"], [b"X"]):
+        return False
+    try:
+        st = int(rest[19])
+    except (IndexError, ValueError):
+        return False
+    return start_time is None or st == start_time
 
 
 @dataclass(frozen=True)
@@ -97,10 +118,29 @@ def reap_stale(run_dir: Path, log=None) -> list[str]:
             remove_pidfile(path)
             actions.append(f"removed stale pid file {path.name} (pid {rec.pid} gone)")
         elif rec.kind != "node" and not rec.owner_alive():
-            try:
-                os.kill(rec.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            killed = kill_recorded(rec)
             remove_pidfile(path)
-            actions.append(f"killed orphaned {rec.kind} pid {rec.pid} (owner {rec.owner_pid} gone)")
+            actions.append(f"killed orphaned {rec.kind} pid {rec.pid} (owner {rec.owner_pid} gone)" if killed
+                           else f"removed stale pid file {path.name} (pid {rec.pid} gone)")
     return actions
+
+
+def kill_recorded(rec: PidRecord) -> bool:
+    """SIGKILL the process ``rec`` describes, if it still is that process.
+
+    The pid is pinned with a pidfd first and its start time checked after, so a pid the
+    kernel recycled in between is never signalled.  False if it was already gone.
+    """
+    try:
+        fd = os.pidfd_open(rec.pid)
+    except ProcessLookupError:
+        return False
+    try:
+        if not rec.alive():
+            return False
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)

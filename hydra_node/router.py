@@ -31,8 +31,8 @@ class UnknownModel(GenerationError):
 
 
 @dataclass
-class Target:
-    """One place a model can run."""
+class RouteTarget:
+    """One place a model can run (a local runner or a peer), as the router ranks it."""
 
     model: str
     node_id: str
@@ -48,7 +48,15 @@ class Target:
 
 
 class TargetSource(Protocol):
-    def targets(self) -> list[Target]: ...
+    def targets(self) -> list[RouteTarget]: ...
+
+
+@dataclass(frozen=True)
+class RouterStatistics:
+    """Requests retried on a second target, and requests that found no ready target."""
+
+    retries: int
+    no_target: int
 
 
 @dataclass
@@ -72,8 +80,11 @@ class Router:
     def add_source(self, source: TargetSource) -> None:
         self._sources.append(source)
 
-    def all_targets(self) -> list[Target]:
-        out: list[Target] = []
+    def statistics(self) -> RouterStatistics:
+        return RouterStatistics(retries=self.retries, no_target=self.no_target)
+
+    def all_targets(self) -> list[RouteTarget]:
+        out: list[RouteTarget] = []
         for s in self._sources:
             out.extend(s.targets())
         return out
@@ -95,7 +106,7 @@ class Router:
         t = self._seen.get(model)
         return t is not None and time.monotonic() - t < REMEMBER_MODELS_S
 
-    def candidates(self, model: str) -> list[Target]:
+    def candidates(self, model: str) -> list[RouteTarget]:
         ts = [t for t in self.all_targets() if t.model == model]
         if not ts:
             known = [m.id for m in self.models()]

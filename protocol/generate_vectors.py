@@ -20,6 +20,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import cbor2  # noqa: E402
 from nacl.signing import SigningKey  # noqa: E402
 
 from hydra_node.mesh import cbor  # noqa: E402
@@ -91,6 +92,9 @@ def cbor_vectors() -> dict[str, Any]:
         ("lone break", "ff", "indefinite_length"),
         ("tag epoch time", "c11a514b67b0", "tag"),
         ("tag bignum", "c249010000000000000000", "tag"),
+        ("tag 35 (a regular expression in generic decoders)", "d8236161", "tag"),
+        ("tag 258 (a set in generic decoders)", "d901028101", "tag"),
+        ("tag nested in a map value", "a16172d8236161", "tag"),
         ("undefined", "f7", "bad_simple"),
         ("simple value 16", "f0", "bad_simple"),
         ("simple value 255", "f8ff", "bad_simple"),
@@ -354,11 +358,175 @@ def tunnel_data_vectors() -> dict[str, Any]:
     }
 
 
+def _codec_error(fn: Any) -> str:
+    from hydra_node.codec.errors import DecodeError
+    from hydra_node.runtime.rpc.lease_wire import ControlError
+
+    try:
+        fn()
+    except (DecodeError, ControlError) as exc:
+        return exc.code
+    raise AssertionError("expected an error")
+
+
+def _decode_all(data: bytes, limit: int) -> list[Any]:
+    from hydra_node.codec.framing import MessageDecoder
+
+    decoder = MessageDecoder(limit)
+    decoder.receive_data(data)
+    out = []
+    while (msg := decoder.next_message()) is not None:
+        out.append(msg)
+    return out
+
+
+def framing_vectors() -> dict[str, Any]:
+    from hydra_node.codec.framing import MAX_MESSAGE_DEPTH, MAX_OP_CHARS, encode_message
+
+    limit = 64
+    valid = [("small map", {"op": "ping", "n": 1}), ("event", {"op": "event", "ev": {"type": "delta", "text": "hi"}}),
+             ("bytes and floats", {"op": "x", "b": b"\x00\xff", "f": 0.5})]
+    out_valid = [{"name": n, "decoded": to_json(m), "hex": encode_message(m, limit=limit).hex()} for n, m in valid]
+    def fr(body: bytes) -> str:
+        return (len(body).to_bytes(4, "big") + body).hex()
+
+    invalid = [
+        ("length above the limit (refused before the body)", (limit + 1).to_bytes(4, "big").hex(), "too_large"),
+        ("body is not a map", fr(cbor.encode(1)), "bad_message"),
+        ("map without op", fr(cbor.encode({"a": 1})), "bad_message"),
+        ("op is not text", fr(cbor.encode({"op": 1})), "bad_message"),
+        ("op too long", fr(cbor.encode({"op": "a" * (MAX_OP_CHARS + 1)})), "bad_message"),
+        ("tag 35 (regex) in the body", fr(cbor2.dumps({"op": "x", "r": cbor2.CBORTag(35, "a")}, canonical=True)),
+         "tag"),
+        ("tag 258 (set) in the body", fr(cbor2.dumps({"op": "x", "s": cbor2.CBORTag(258, [1])}, canonical=True)),
+         "tag"),
+        ("duplicate key", fr(bytes.fromhex("a2626f706178626f706179")), "duplicate_key"),
+        ("float not in its shortest form", fr(bytes.fromhex("a26166fb3ff0000000000000626f706178")),
+         "non_canonical"),
+        ("too deep", fr(cbor.encode({"op": "x", "d": [[[[[[[[1]]]]]]]]})), "too_deep"),
+        ("truncated body: waiting for more", (5).to_bytes(4, "big").hex() + "a1626f70", None),
+    ]
+    out_invalid = []
+    for name, hexdata, expected in invalid:
+        data = bytes.fromhex(hexdata)
+        if expected is None:
+            assert _decode_all(data, limit) == []
+            out_invalid.append({"name": name, "hex": hexdata, "error": None})
+            continue
+        got = _codec_error(lambda data=data: _decode_all(data, limit))
+        assert got == expected, (name, got, expected)
+        out_invalid.append({"name": name, "hex": hexdata, "error": got})
+    return {"description": "Length-prefixed frames (protocol/README.md section 2.1): u32 big-endian length || one "
+                           "canonical CBOR map with a text 'op'; decoded with the frame limit below. An error of "
+                           "null means the decoder is still waiting for bytes (no message, no error).",
+            "limit": limit, "max_depth": MAX_MESSAGE_DEPTH, "max_op_chars": MAX_OP_CHARS,
+            "valid": out_valid, "invalid": out_invalid}
+
+
+def lease_vectors() -> dict[str, Any]:
+    from hydra_node.runtime.rpc._proto import ProtoVersion
+    from hydra_node.runtime.rpc.lease_wire import (MAX_CONTROL_FRAME_BYTES, ControlDecoder, DataOffer,
+                                                   LeaseGranted, NoDataOffer, PathChoice, encode_control)
+
+    def event_json(ev: Any) -> dict[str, Any]:
+        if isinstance(ev, LeaseGranted):
+            return {"type": "lease_granted", "proto": str(ev.proto), "free_bytes": ev.free_bytes,
+                    "device": ev.device, "data": ev.data}
+        if isinstance(ev, DataOffer):
+            return {"type": "data_offer", "port": ev.port, "ticket": ev.ticket.hex(), "secret": ev.secret.hex()}
+        if isinstance(ev, NoDataOffer):
+            return {"type": "no_data_offer"}
+        return {"type": "path", "via": ev.via}
+
+    grant = LeaseGranted(ProtoVersion(7, 0, 0), 6 * 2**30, "CUDA0 NVIDIA H200", True)
+    offer = DataOffer(40123, bytes(range(0xA0, 0xB0)), bytes(range(32)))
+    events = [("lease granted", grant), ("lease granted, no data connections", LeaseGranted(ProtoVersion(7, 1, 2), 0,
+                                                                                             "CPU", False)),
+              ("data offer", offer), ("no data offer", NoDataOffer()), ("path data", PathChoice("data")),
+              ("path link", PathChoice("link"))]
+    valid = [{"name": n, "event": event_json(ev), "hex": encode_control(ev).hex()} for n, ev in events]
+
+    def frame_of_raw(body: bytes) -> str:
+        return (len(body).to_bytes(4, "big") + body).hex()
+
+    def frame_of(msg: dict[str, Any]) -> str:
+        return frame_of_raw(cbor.encode(msg))
+
+    invalid_msgs = [
+        ("unknown op", frame_of({"op": "lease_revoked"}), "unexpected"),
+        ("grant without proto", frame_of({"op": "lease_granted", "free_bytes": 1, "device": "x", "data": True}),
+         "bad_message"),
+        ("grant with a bad proto", frame_of({"data": True, "device": "x", "free_bytes": 1, "op": "lease_granted",
+                                             "proto": "seven"}), "bad_message"),
+        ("grant with negative memory", frame_of({"data": True, "device": "x", "free_bytes": -1, "op": "lease_granted",
+                                                 "proto": "7.0.0"}), "bad_message"),
+        ("grant with data as an integer", frame_of({"data": 1, "device": "x", "free_bytes": 1, "op": "lease_granted",
+                                                    "proto": "7.0.0"}), "bad_message"),
+        ("offer with a short ticket", frame_of({"op": "data_offer", "port": 1, "ticket": b"ab",
+                                                "secret": bytes(32)}), "bad_message"),
+        ("offer with port 0", frame_of({"op": "data_offer", "port": 0, "ticket": bytes(16), "secret": bytes(32)}),
+         "bad_message"),
+        ("offer with a hex ticket (the old JSON line)", frame_of({"op": "data_offer", "port": 1, "ticket": "a0" * 16,
+                                                                  "secret": bytes(32)}), "bad_message"),
+        ("path neither data nor link", frame_of({"op": "path", "via": "carrier pigeon"}), "bad_message"),
+        ("old JSON lease line", b'{"proto": "7.0.0"}\n'.hex(), "too_large"),
+        ("nested value", frame_of({"op": "path", "via": ["link"]}), "too_deep"),
+        ("tag in a control frame", frame_of_raw(cbor2.dumps({"op": "path", "via": cbor2.CBORTag(35, "link")},
+                                                            canonical=True)), "tag"),
+        ("frame above the control limit", (MAX_CONTROL_FRAME_BYTES + 1).to_bytes(4, "big").hex(), "too_large"),
+    ]
+    invalid = []
+    for name, hexdata, expected in invalid_msgs:
+        def run(data: bytes = bytes.fromhex(hexdata)) -> None:
+            d = ControlDecoder()
+            d.receive_data(data)
+            d.next_event()
+        got = _codec_error(run)
+        assert got == expected, (name, got, expected)
+        invalid.append({"name": name, "hex": hexdata, "error": got})
+
+    raw = bytes([14]) + (24).to_bytes(8, "little") + bytes(24)  # the runner's ggml RPC HELLO
+    stories = [
+        {"name": "lease stream", "steps": [{"from": "worker_node", "hex": encode_control(grant).hex(),
+                                            "expect": ["LeaseGranted"], "event": event_json(grant), "rest": ""}]},
+        {"name": "connect over a data connection",
+         "steps": [{"from": "worker_node", "hex": encode_control(offer).hex(), "expect": ["DataOffer", "NoDataOffer"],
+                    "event": event_json(offer), "rest": ""},
+                   {"from": "coordinator", "hex": encode_control(PathChoice("data")).hex(), "expect": ["PathChoice"],
+                    "event": event_json(PathChoice("data")), "rest": ""}]},
+        {"name": "connect over the link stream, RPC bytes in the same chunk",
+         "steps": [{"from": "worker_node", "hex": encode_control(NoDataOffer()).hex(),
+                    "expect": ["DataOffer", "NoDataOffer"], "event": event_json(NoDataOffer()), "rest": ""},
+                   {"from": "coordinator", "hex": (encode_control(PathChoice("link")) + raw).hex(),
+                    "expect": ["PathChoice"], "event": event_json(PathChoice("link")), "rest": raw.hex()}]},
+        {"name": "a path choice where an offer is due",
+         "steps": [{"from": "worker_node", "hex": encode_control(PathChoice("link")).hex(),
+                    "expect": ["DataOffer", "NoDataOffer"], "error": "unexpected"}]},
+    ]
+    for story in stories:  # each step must hold against the code
+        for step in story["steps"]:
+            d = ControlDecoder()
+            d.receive_data(bytes.fromhex(step["hex"]))
+            kinds = {"LeaseGranted": LeaseGranted, "DataOffer": DataOffer, "NoDataOffer": NoDataOffer,
+                     "PathChoice": PathChoice}
+            expected = tuple(kinds[k] for k in step["expect"])
+            if "error" in step:
+                assert _codec_error(lambda d=d, e=expected: d.next_event(*e)) == step["error"]
+            else:
+                assert event_json(d.next_event(*expected)) == step["event"]
+                assert d.take_unconsumed().hex() == step["rest"]
+    return {"description": "RPC tunnel control messages (protocol/README.md section 11.6): length-prefixed "
+                           "canonical CBOR maps on tunnel/rpc streams; 'expect' lists the events the receiver "
+                           "accepts at that step, 'rest' the bytes that follow the message",
+            "limit": MAX_CONTROL_FRAME_BYTES, "valid": valid, "invalid": invalid, "stories": stories}
+
+
 def build_all() -> dict[str, Any]:
     return {
         "cbor.json": cbor_vectors(), "envelope.json": envelope_vectors(), "token.json": token_vectors(),
         "frames.json": frame_vectors(), "channel.json": channel_vectors(), "handshake.json": handshake_vectors(),
         "announce.json": announcement_vectors(), "tunnel_data.json": tunnel_data_vectors(),
+        "framing.json": framing_vectors(), "lease.json": lease_vectors(),
     }
 
 

@@ -1,4 +1,13 @@
-"""Fixtures shared by every test package."""
+"""Fixtures shared by every test package, and the `live` marker applied from one place.
+
+A test is `live` when it starts real processes or loads the real model: node processes
+(`harness.py`), network-namespace hosts (`netlab.py`), RPC workers, model runners, relay
+processes, the CLI. `pytest -m "not live"` is the fast inner loop; `make test` runs all.
+The marker is applied here, from the rules in `live_marker.py`, so new tests get it without
+remembering to: by the fixtures they use (directly or through other fixtures), by what their
+module imports, or by the older `slow`/`netns` markers. A module the rules miss can say
+`pytestmark = pytest.mark.live`.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from hydra_node.models import bundled_model_path
+from live_marker import is_live
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,3 +36,11 @@ def is_root() -> bool:
 requires_root = pytest.mark.skipif(not is_root(), reason="needs root for network namespaces")
 
 PYTHON = sys.executable
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    module_verdicts: dict[str, bool] = {}
+    for item in items:
+        if is_live(item, module_verdicts):
+            item.add_marker(pytest.mark.live)

@@ -8,8 +8,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from waiting import poll_until
 
 START_TIMEOUT_S = 90.0
 
@@ -36,20 +37,23 @@ class NodeProcess:
         return self
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Until the node wrote its bound ports (run/ports.json with its pid); fails at once if it exits."""
         ports = self.home / "run" / "ports.json"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def bound_ports() -> dict | None:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"node exited with {self.proc.returncode}: {self.log()[-3000:]}")
             try:
                 d = json.loads(ports.read_text())
-                if d.get("pid") == self.proc.pid:
-                    self.api_port, self.console_port = d["api_port"], d["console_port"]
-                    return
             except (OSError, ValueError):
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"node did not become ready in {timeout} s: {self.log()[-3000:]}")
+                return None
+            return d if d.get("pid") == self.proc.pid else None
+
+        try:
+            d = poll_until(bound_ports, timeout_s=timeout, what="node ready")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}: {self.log()[-3000:]}") from None
+        self.api_port, self.console_port = d["api_port"], d["console_port"]
 
     def log(self) -> str:
         try:
@@ -67,17 +71,21 @@ class NodeProcess:
         return json.loads(body)
 
     def wait_status(self, pred, timeout: float = 30.0, what: str = "condition") -> dict:
-        deadline = time.monotonic() + timeout
-        st = None
-        while time.monotonic() < deadline:
+        """The first /api/status for which ``pred`` holds, polled within ``timeout`` seconds."""
+        last: list[dict] = []
+
+        def matching_status() -> dict | None:
             try:
                 st = self.status()
-                if pred(st):
-                    return st
+                last[:] = [st]
+                return st if pred(st) else None
             except (OSError, AssertionError):
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"{what} not reached within {timeout} s; last status: {st}")
+                return None
+
+        try:
+            return poll_until(matching_status, timeout_s=timeout, what=what, interval_s=0.1)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; last status: {last[0] if last else None}") from None
 
     def invite(self, ttl_s: float = 3600) -> str:
         code, body = request("POST", self.console_port, "/api/invite", {"ttl_s": ttl_s})

@@ -9,8 +9,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from waiting import poll_until
 
 
 def _ip(*args: str) -> None:
@@ -90,11 +91,5 @@ def node_status(lab: NetLab, i: int, home: Path) -> dict | None:
 
 
 def wait_for(pred, timeout: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(interval)
-    raise TimeoutError(f"{what} not reached within {timeout} s")
+    """The first truthy ``pred()`` within ``timeout`` s (each poll runs a process in a namespace: 0.5 s apart)."""
+    return poll_until(pred, timeout_s=timeout, what=what, interval_s=interval)

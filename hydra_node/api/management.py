@@ -1,11 +1,22 @@
-"""The management API and console on :3131 (``/api/status``, ``/health``, ``/``)."""
+"""The management API and console on :3131 (``/api/status``, ``/health``, ``/``).
+
+The composition root (``hydra_node/node.py``) hands it what it serves: a ``healthy()`` and a
+``status()`` callable and the table of further routes (``(method, path)`` → handler; a path
+ending in ``/*`` matches any suffix), built there from the services' handlers.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from hydra_node.api.http import Request, Response
 from hydra_node.api.openai import ApiError
+
+__all__ = ["Handler", "ManagementApi"]
+
+Handler = Callable[[Request], Awaitable[Response]]
 
 _CONSOLE = """<!doctype html><html><head><meta charset="utf-8"><title>Hydra node</title>
 <style>body{font:14px system-ui,sans-serif;margin:2em;max-width:60em}pre{background:#f4f4f4;padding:1em;overflow:auto}</style>
@@ -17,23 +28,26 @@ r();setInterval(r,2000)</script></body></html>"""
 
 
 class ManagementApi:
-    def __init__(self, node, *, headless: bool, api_key: str | None = None):
-        self.node = node
+    def __init__(self, *, healthy: Callable[[], bool], status: Callable[[], Mapping[str, Any]],
+                 routes: Mapping[tuple[str, str], Handler], headless: bool, api_key: str | None = None):
+        self.healthy = healthy
+        self.status = status
+        self.routes = routes
         self.headless = headless
         self.api_key = api_key
 
     async def handle(self, request: Request) -> Response:
         path = request.path.rstrip("/") or "/"
         if path in ("/health", "/healthz"):
-            ok = self.node.healthy()
+            ok = self.healthy()
             return Response.json(200 if ok else 503, {"status": "ok" if ok else "degraded"})
         if not request.bearer_matches(self.api_key):
             return ApiError(401, "missing or invalid API key", "invalid_api_key").response()
         if path == "/api/status" and request.method == "GET":
-            return Response(200, json.dumps(self.node.status(), indent=None, default=str).encode())
-        handler = self.node.management_routes().get((request.method, path))
+            return Response(200, json.dumps(self.status(), indent=None, default=str).encode())
+        handler = self.routes.get((request.method, path))
         if handler is None:
-            for (method, prefix), h in self.node.management_routes().items():
+            for (method, prefix), h in self.routes.items():
                 if prefix.endswith("/*") and method == request.method and path.startswith(prefix[:-1]):
                     handler = h
                     break

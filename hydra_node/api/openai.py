@@ -29,7 +29,8 @@ class ApiError(Exception):
     """An error answered as ``{"error": {"message", "type", "param", "code"}}``."""
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-             413: "invalid_request_error", 429: "rate_limit_error", 499: "request_cancelled"}
+             409: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+             499: "request_cancelled"}
 
     def __init__(self, status: int, message: str, code: str, param: str | None = None,
                  retry_after: float | None = None):

@@ -1,23 +1,13 @@
 """Mesh discovery: mDNS on the LAN and Nostr listings (see ``docs/discovery.md``).
 
 Sans-IO cores: :mod:`mdns_wire`, :mod:`mdns_table`, :mod:`nostr_events`,
-:mod:`nostr_table`, :mod:`nostr_wire`, :mod:`lan_admission`, :mod:`auto`.
-trio drivers: :mod:`mdns` and :mod:`nostr_relay` / :mod:`nostr_services`.
+:mod:`nostr_table`, :mod:`nostr_wire`, :mod:`auto`, :mod:`node_choice` (settings, the LAN
+fingerprint, join candidates), :mod:`adverts` (what we advertise and publish).
+trio drivers: :mod:`mdns` and :mod:`nostr_relay` / :mod:`nostr_services`; :mod:`service` runs
+discovery inside ``serve`` (:class:`DiscoveryService`), :mod:`commands` is its command line.
 """
 
-from hydra_node.discovery.auto import AutoContext, Probe, ScoreBreakdown, explain, rank_listings, score_listing
-from hydra_node.discovery.lan_admission import (
-    AdmissionError,
-    InviteParser,
-    MeshSecret,
-    fingerprint_matches,
-    make_challenge,
-    make_proof,
-    may_join,
-    mesh_secret_from_invite,
-    token_fingerprint,
-    verify_proof,
-)
+from hydra_node.discovery.auto import AutoContext, ListingProbe, ListingScore, explain, rank_listings, score_listing
 from hydra_node.discovery.mdns import MDNS_GROUP, MDNS_PORT, MdnsConfig, MdnsService, MdnsStatistics
 from hydra_node.discovery.mdns_wire import SERVICE, MdnsAdvert, MdnsAdvertError, MdnsDecodeError
 from hydra_node.discovery.nostr_events import (
@@ -39,6 +29,7 @@ from hydra_node.discovery.nostr_services import (
     PublisherConfig,
     relays_or_default,
 )
+from hydra_node.discovery.node_choice import DiscoverySettings, lan_fingerprint, lan_fingerprint_matches
 from hydra_node.discovery.nostr_table import ListingTable
 from hydra_node.discovery.snapshot import (
     DiscoveryReport,
@@ -49,13 +40,12 @@ from hydra_node.discovery.snapshot import (
 )
 
 __all__ = [
-    "AdmissionError", "AutoContext", "DEFAULT_RELAYS", "Deletion", "DiscovererConfig", "DiscoveryReport",
-    "discover_once", "discovery_sources", "format_report", "report_to_json", "InviteParser", "Listing",
-    "ListingContent", "ListingRejected", "ListingTable", "MDNS_GROUP", "MDNS_PORT", "MdnsAdvert", "MdnsAdvertError",
-    "MdnsConfig", "MdnsDecodeError", "MdnsService", "MdnsStatistics", "MeshSecret", "NostrDiscoverer",
-    "NostrKeyError", "NostrPublisher", "Probe", "PublisherConfig", "RejectReason", "RelayConfig", "RelayConnection",
-    "SERVICE", "ScoreBreakdown", "build_deletion_event", "build_listing_event", "explain", "fingerprint_matches",
-    "load_or_create_nostr_keys", "make_challenge", "make_proof", "may_join", "mesh_secret_from_invite",
-    "nostr_key_path", "parse_event", "rank_listings", "relays_or_default", "score_listing", "token_fingerprint",
-    "validate_relay_url", "verify_proof",
+    "AutoContext", "DEFAULT_RELAYS", "Deletion", "DiscovererConfig", "DiscoveryReport", "DiscoverySettings",
+    "Listing", "ListingContent", "ListingProbe", "ListingRejected", "ListingScore", "ListingTable",
+    "MDNS_GROUP", "MDNS_PORT", "MdnsAdvert", "MdnsAdvertError", "MdnsConfig", "MdnsDecodeError", "MdnsService",
+    "MdnsStatistics", "NostrDiscoverer", "NostrKeyError", "NostrPublisher", "PublisherConfig", "RejectReason",
+    "RelayConfig", "RelayConnection", "SERVICE", "build_deletion_event", "build_listing_event", "discover_once",
+    "discovery_sources", "explain", "format_report", "lan_fingerprint", "lan_fingerprint_matches",
+    "load_or_create_nostr_keys", "nostr_key_path", "parse_event", "rank_listings", "relays_or_default",
+    "report_to_json", "score_listing", "validate_relay_url",
 ]

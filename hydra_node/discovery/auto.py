@@ -1,7 +1,7 @@
 """``--auto`` mesh choice (pure): score Nostr listings and rank them, best first.
 
 Starts from upstream Mesh LLM's ``score_mesh`` and adds what a node can measure.
-Every term is reported in :class:`ScoreBreakdown` so ``discover --json`` can show why.
+Every term is reported in :class:`ListingScore` so ``discover --json`` can show why.
 The formula is documented in ``docs/discovery.md``; weights are the named constants.
 """
 
@@ -33,7 +33,7 @@ STALE_CAP = 60.0
 
 
 @dataclass(frozen=True)
-class Probe:
+class ListingProbe:
     """What the caller measured towards a listing's entry point (None = not probed)."""
 
     reachable: bool
@@ -47,11 +47,11 @@ class AutoContext:
     mesh_name: str | None = None  # --mesh-name: only this name is eligible
     wanted_models: frozenset[str] = frozenset()  # what we want to use
     local_models: frozenset[str] = frozenset()  # what we could serve
-    probes: Mapping[tuple[str, str], Probe] = field(default_factory=dict)  # by Listing.key
+    probes: Mapping[tuple[str, str], ListingProbe] = field(default_factory=dict)  # by Listing.key
 
 
 @dataclass(frozen=True)
-class ScoreBreakdown:
+class ListingScore:
     listing: Listing
     eligible: bool
     reason: str  # why ineligible, "" otherwise
@@ -60,7 +60,7 @@ class ScoreBreakdown:
     rtt_ms: float | None
 
 
-def score_listing(listing: Listing, ctx: AutoContext) -> ScoreBreakdown:
+def score_listing(listing: Listing, ctx: AutoContext) -> ListingScore:
     c = listing.content
     terms: list[tuple[str, float]] = [("base", BASE)]
     reason = ""
@@ -110,10 +110,10 @@ def score_listing(listing: Listing, ctx: AutoContext) -> ScoreBreakdown:
     total = sum(v for _, v in terms)
     if not reason and total <= 0 and ctx.mesh_name is None:
         reason = "score_not_positive"
-    return ScoreBreakdown(listing, not reason, reason, total, tuple(terms), rtt)
+    return ListingScore(listing, not reason, reason, total, tuple(terms), rtt)
 
 
-def rank_listings(listings: Iterable[Listing], ctx: AutoContext) -> tuple[ScoreBreakdown, ...]:
+def rank_listings(listings: Iterable[Listing], ctx: AutoContext) -> tuple[ListingScore, ...]:
     """Eligible listings, best first; ties go to lower RTT, more nodes, then (pubkey, d, event id)."""
     scored = [score_listing(x, ctx) for x in listings]
     eligible = [s for s in scored if s.eligible]
@@ -122,7 +122,7 @@ def rank_listings(listings: Iterable[Listing], ctx: AutoContext) -> tuple[ScoreB
     return tuple(eligible)
 
 
-def explain(listings: Iterable[Listing], ctx: AutoContext) -> tuple[ScoreBreakdown, ...]:
+def explain(listings: Iterable[Listing], ctx: AutoContext) -> tuple[ListingScore, ...]:
     """Every listing with its breakdown (eligible ones first, in rank order), for ``discover``."""
     listings = tuple(listings)
     ranked = rank_listings(listings, ctx)

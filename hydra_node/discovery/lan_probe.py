@@ -9,15 +9,17 @@ timeout (the line then lists what it did see).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import secrets
 import sys
 
 import trio
 
-from hydra_node.discovery.lan_admission import token_fingerprint
 from hydra_node.discovery.mdns import MDNS_GROUP, MDNS_PORT, MdnsConfig, MdnsService
 from hydra_node.discovery.mdns_wire import MdnsAdvert
+from hydra_node.discovery.node_choice import lan_fingerprint
+from hydra_node.mesh.ids import MESH_KEY_BYTES, MeshSecret
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -27,14 +29,20 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--interface", default="127.0.0.1")
     p.add_argument("--name", default="probe")
     p.add_argument("--mesh-id", default="lab-mesh")
-    p.add_argument("--secret", default="lab-secret", help="mesh admission secret (lab use only)")
+    p.add_argument("--secret", default="lab-secret", help="text the lab mesh key is derived from (lab use only)")
     p.add_argument("--expect", type=int, default=1, help="number of other nodes to wait for")
     p.add_argument("--timeout", type=float, default=15.0)
     p.add_argument("--linger", type=float, default=2.0, help="seconds to stay announced after success")
     return p.parse_args(argv)
 
 
+def lab_mesh_key(secret: bytes) -> MeshSecret:
+    """A mesh key derived from a lab secret, so every probe started with it advertises the same fingerprint."""
+    return MeshSecret(hashlib.blake2b(secret, digest_size=MESH_KEY_BYTES, person=b"hydra-lab-mesh").digest())
+
+
 def make_advert(name: str, interface: str, port: int, mesh_id: str, secret: bytes) -> MdnsAdvert:
+    """A synthetic advert; its ``tok_fp`` is the node's own LAN fingerprint of the lab mesh key."""
     node_id = secrets.token_hex(16)
     return MdnsAdvert(
         instance=f"hydra-{node_id[:12]}",
@@ -42,7 +50,7 @@ def make_advert(name: str, interface: str, port: int, mesh_id: str, secret: byte
         addresses=(interface,),
         node_id=node_id,
         mesh_id=mesh_id,
-        token_fingerprint=token_fingerprint(secret, mesh_id),
+        token_fingerprint=lan_fingerprint(lab_mesh_key(secret)),
         name=name,
         models=("SmolLM2-135M-Instruct",),
         node_count=1,

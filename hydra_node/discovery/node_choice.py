@@ -8,7 +8,7 @@
   for that mesh id).  A node with no credential for an advertised mesh never tries to join it.
 * :func:`nostr_candidates` turns ranked Nostr listings into candidates (their invite token is
   public by design), dropping listings whose token is unusable or was issued by ourselves.
-* :func:`join_plan` orders them: LAN first (local, and we hold a credential), then Nostr in
+* :func:`ordered_candidates` orders them: LAN first (local, and we hold a credential), then Nostr in
   ``rank_listings`` order, at most ``MAX_JOIN_ATTEMPTS``.
 
 The last mesh a node was in is remembered in ``HOME/discovery/last_mesh.json`` (0600) for the
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from hydra_node.discovery.auto import ScoreBreakdown
+from hydra_node.discovery.auto import ListingScore
 from hydra_node.discovery.mdns import MDNS_GROUP, MDNS_PORT
 from hydra_node.discovery.mdns_wire import MdnsAdvert
 from hydra_node.discovery.nostr_relay import validate_relay_url
@@ -191,7 +191,7 @@ def lan_candidates(adverts: Iterable[MdnsAdvert], held: HeldCredentials, *, node
     return CandidateSet(tuple(c for _, c in out), tuple(skipped))
 
 
-def nostr_candidates(ranked: Sequence[ScoreBreakdown], *, node_id: str, now: float) -> CandidateSet:
+def nostr_candidates(ranked: Sequence[ListingScore], *, node_id: str, now: float) -> CandidateSet:
     """Ranked listings (``rank_listings`` order) whose invite token is usable and not our own."""
     out: list[JoinCandidate] = []
     skipped: list[Skipped] = []
@@ -214,7 +214,8 @@ def nostr_candidates(ranked: Sequence[ScoreBreakdown], *, node_id: str, now: flo
     return CandidateSet(tuple(out), tuple(skipped))
 
 
-def join_plan(lan: CandidateSet, nostr: CandidateSet, limit: int = MAX_JOIN_ATTEMPTS) -> tuple[JoinCandidate, ...]:
+def ordered_candidates(lan: CandidateSet, nostr: CandidateSet,
+                       limit: int = MAX_JOIN_ATTEMPTS) -> tuple[JoinCandidate, ...]:
     """LAN candidates first (we hold their credential, and they are near), then Nostr ones; at most ``limit``."""
     return (lan.candidates + nostr.candidates)[:limit]
 

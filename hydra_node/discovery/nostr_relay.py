@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import trio
 from nostr_sdk import Event
 
+from hydra_node.backoff import Backoff
 from hydra_node.discovery._ws import open_relay_websocket
 from hydra_node.discovery.nostr_wire import (
     RelayAuth,
@@ -79,8 +80,8 @@ def validate_relay_url(url: str) -> str:
 
 
 def backoff_delay(failures: int, rng: random.Random, config: RelayConfig) -> float:
-    """Exponential back-off with 'equal jitter': a delay in [d/2, d], d = min(cap, base * 2**n)."""
-    d = min(config.backoff_cap_s, config.backoff_base_s * 2 ** min(failures, 32))
+    """The node's exponential back-off with 'equal jitter': a delay in [d/2, d], d = min(cap, base * 2**n)."""
+    d = Backoff(initial_s=config.backoff_base_s, factor=2.0, max_s=config.backoff_cap_s, jitter=0.0).delay(failures, 0.0)
     return d / 2 + rng.uniform(0, d / 2)
 
 

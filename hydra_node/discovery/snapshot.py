@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from hydra_node.discovery.auto import AutoContext, ScoreBreakdown, explain
+from hydra_node.discovery.auto import AutoContext, ListingScore, explain
 from hydra_node.discovery.mdns import MdnsConfig, MdnsService
 from hydra_node.discovery.mdns_wire import MdnsAdvert
 from hydra_node.discovery.nostr_relay import RelayStatistics
@@ -25,7 +25,7 @@ LAN_SETTLE_S = 1.2  # covers the first two queries (0 and 1 s) and their answers
 @dataclass(frozen=True)
 class DiscoveryReport:
     lan: tuple[MdnsAdvert, ...]
-    nostr: tuple[ScoreBreakdown, ...]  # every listing, eligible ones first in --auto order
+    nostr: tuple[ListingScore, ...]  # every listing, eligible ones first in --auto order
     nostr_table: TableStatistics | None
     relays: tuple[RelayStatistics, ...]
 
@@ -74,7 +74,7 @@ def report_to_json(report: DiscoveryReport) -> dict[str, Any]:
                 "token_fingerprint": a.token_fingerprint, "addresses": list(a.addresses), "port": a.port,
                 "models": list(a.models), "node_count": a.node_count, "version": a.version}
 
-    def scored(s: ScoreBreakdown) -> dict[str, Any]:
+    def scored(s: ListingScore) -> dict[str, Any]:
         c = s.listing.content
         return {"pubkey": s.listing.pubkey, "d": s.listing.d, "created_at": s.listing.created_at,
                 "expires_at": s.listing.expires_at, "mesh_id": c.mesh_id, "name": c.name, "region": c.region,

@@ -110,6 +110,8 @@ class Message:
 
 @dataclass(frozen=True)
 class Ping:
+    """Link keep-alive and RTT probe (the frame; not the membership core's SWIM ``Ping`` message)."""
+
     opaque: bytes
 
     def __post_init__(self) -> None:
@@ -119,6 +121,8 @@ class Ping:
 
 @dataclass(frozen=True)
 class Pong:
+    """The answer to a Ping, echoing its opaque bytes."""
+
     opaque: bytes
 
     def __post_init__(self) -> None:

@@ -14,12 +14,14 @@ ephemeral X25519 secret; they carry the node keys, signatures over the running
 transcript hash (which covers the generation, the mesh id and both ephemeral
 keys) and the admission proof (a mesh-key MAC or an invite token). When the
 initiator was admitted by token, accept carries the mesh key. Exact derivations
-are in protocol/README.md and pinned by protocol/vectors/handshake.json.
+are in protocol/README.md and pinned by protocol/vectors/handshake.json. The messages and
+their parser are in :mod:`.handshake_messages`; this module is the state machine.
 The caller injects `now` and the ephemeral secret; nothing here reads a clock.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -42,8 +44,14 @@ from .errors import (
     RejectedByPeer,
     TokenError,
 )
-from .ids import MeshSecret, is_mesh_id, node_id_from_public_key
+from .handshake_messages import (Accept, Auth, HandshakeMessage, Hello, Reject, Welcome, handshake_failure,
+                                 parse_handshake_message)
+from .ids import MeshSecret, node_id_from_public_key
 from .token import InviteToken, parse_invite
+
+__all__ = ["Accept", "Auth", "Handshake", "HandshakeMessage", "HandshakeResult", "HandshakeState", "Hello",
+           "MESH_PROOF_INITIATOR", "MESH_PROOF_RESPONDER", "Reject", "TRANSCRIPT_LABEL", "TRANSITIONS", "Welcome",
+           "aead_nonce", "derive_key", "parse_handshake_message"]
 
 TRANSCRIPT_LABEL = b"hydra/handshake\x00"
 MESH_PROOF_RESPONDER = b"hydra/1/mesh-proof-responder"
@@ -69,113 +77,6 @@ def _seal(key: bytes, counter: int, aad: bytes, payload: dict[str, Any]) -> byte
     return sodium.crypto_aead_xchacha20poly1305_ietf_encrypt(cbor.encode(payload), aad, aead_nonce(counter), key)
 
 
-def _fail(cls: type[HandshakeError], code: str, message: str) -> HandshakeError:
-    return cls(message, code=code, reply=Reject(code=code, message=message).encode())
-
-
-# --- messages --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Hello:
-    eph: bytes
-    mesh: str
-    gen: int = PROTOCOL_GENERATION
-
-    def __post_init__(self) -> None:
-        if len(self.eph) != 32 or not is_mesh_id(self.mesh):
-            raise LocalProtocolError("hello needs a 32-byte ephemeral key and a mesh id")
-
-    def encode(self) -> bytes:
-        return cbor.encode({"eph": self.eph, "gen": self.gen, "mesh": self.mesh, "type": "hello"})
-
-
-@dataclass(frozen=True)
-class Welcome:
-    eph: bytes
-    box: bytes
-    gen: int = PROTOCOL_GENERATION
-
-    def encode(self) -> bytes:
-        return cbor.encode({"box": self.box, "eph": self.eph, "gen": self.gen, "type": "welcome"})
-
-
-@dataclass(frozen=True)
-class Auth:
-    box: bytes
-
-    def encode(self) -> bytes:
-        return cbor.encode({"box": self.box, "type": "auth"})
-
-
-@dataclass(frozen=True)
-class Accept:
-    box: bytes
-
-    def encode(self) -> bytes:
-        return cbor.encode({"box": self.box, "type": "accept"})
-
-
-@dataclass(frozen=True)
-class Reject:
-    code: str
-    message: str
-    gen: int = PROTOCOL_GENERATION
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.code, str) or not isinstance(self.message, str) or len(self.message) > 1024:
-            raise LocalProtocolError("reject needs a code and a message of at most 1024 characters")
-
-    def encode(self) -> bytes:
-        return cbor.encode({"code": self.code, "gen": self.gen, "message": self.message, "type": "reject"})
-
-
-HandshakeMessage = Hello | Welcome | Auth | Accept | Reject
-_FIELDS = {
-    "hello": {"eph", "gen", "mesh", "type"},
-    "welcome": {"box", "eph", "gen", "type"},
-    "auth": {"box", "type"},
-    "accept": {"box", "type"},
-    "reject": {"code", "gen", "message", "type"},
-}
-
-
-def parse_handshake_message(data: bytes) -> HandshakeMessage:
-    """Decode one handshake message; HandshakeError (code bad_handshake or generation_mismatch)."""
-    try:
-        msg = cbor.decode(data, max_size=MAX_HANDSHAKE_MESSAGE_BYTES)
-    except CborError as exc:
-        raise _fail(HandshakeError, "bad_handshake", f"handshake message is not canonical CBOR ({exc.code}): {exc}") from None
-    kind = msg.get("type") if isinstance(msg, dict) else None
-    if kind not in _FIELDS:
-        raise _fail(HandshakeError, "bad_handshake", f"unknown handshake message type {kind!r}")
-    if "gen" in _FIELDS[kind] and not isinstance(msg.get("gen"), int):
-        raise _fail(HandshakeError, "bad_handshake", f"{kind} must carry an integer protocol generation")
-    if "gen" in _FIELDS[kind] and msg.get("gen") != PROTOCOL_GENERATION:
-        if kind == "reject" and isinstance(msg.get("code"), str) and isinstance(msg.get("message"), str):
-            return Reject(code=msg["code"], message=msg["message"][:1024], gen=msg.get("gen"))
-        raise GenerationMismatch(
-            PROTOCOL_GENERATION, msg.get("gen"),
-            reply=Reject(code="generation_mismatch", message=f"this node speaks protocol generation {PROTOCOL_GENERATION}").encode(),
-        )
-    if set(msg) != _FIELDS[kind]:
-        raise _fail(HandshakeError, "bad_handshake", f"{kind} must have exactly the fields {sorted(_FIELDS[kind])}")
-    try:
-        if kind == "hello":
-            return Hello(eph=msg["eph"], mesh=msg["mesh"])
-        if kind == "welcome":
-            if not isinstance(msg["eph"], bytes) or len(msg["eph"]) != 32 or not isinstance(msg["box"], bytes):
-                raise LocalProtocolError("welcome needs eph (32 bytes) and box (bytes)")
-            return Welcome(eph=msg["eph"], box=msg["box"])
-        if kind in ("auth", "accept"):
-            if not isinstance(msg["box"], bytes):
-                raise LocalProtocolError(f"{kind} box must be bytes")
-            return Auth(box=msg["box"]) if kind == "auth" else Accept(box=msg["box"])
-        return Reject(code=msg["code"], message=msg["message"])
-    except (LocalProtocolError, TypeError) as exc:
-        raise _fail(HandshakeError, "bad_handshake", f"invalid {kind}: {exc}") from None
-
-
 # --- result and state machine -----------------------------------------------------------
 
 
@@ -197,15 +98,27 @@ class HandshakeResult:
         return node_id_from_public_key(self.peer_public_key)
 
 
+class HandshakeState(enum.Enum):
+    """Where one side of a handshake is (the values appear in error messages)."""
+
+    START = "start"  # initiator, before initiate()
+    WAIT_WELCOME = "wait_welcome"
+    WAIT_ACCEPT = "wait_accept"
+    WAIT_HELLO = "wait_hello"  # responder, before the hello
+    WAIT_AUTH = "wait_auth"
+    DONE = "done"
+    FAILED = "failed"
+
+
 # (role, state) -> {received message type: next state}; anything else is a protocol error.
-TRANSITIONS: dict[tuple[str, str], dict[type, str]] = {
-    ("initiator", "start"): {},
-    ("initiator", "wait_welcome"): {Welcome: "wait_accept"},
-    ("initiator", "wait_accept"): {Accept: "done"},
-    ("responder", "wait_hello"): {Hello: "wait_auth"},
-    ("responder", "wait_auth"): {Auth: "done"},
-    ("initiator", "done"): {},
-    ("responder", "done"): {},
+TRANSITIONS: dict[tuple[str, HandshakeState], dict[type, HandshakeState]] = {
+    ("initiator", HandshakeState.START): {},
+    ("initiator", HandshakeState.WAIT_WELCOME): {Welcome: HandshakeState.WAIT_ACCEPT},
+    ("initiator", HandshakeState.WAIT_ACCEPT): {Accept: HandshakeState.DONE},
+    ("responder", HandshakeState.WAIT_HELLO): {Hello: HandshakeState.WAIT_AUTH},
+    ("responder", HandshakeState.WAIT_AUTH): {Auth: HandshakeState.DONE},
+    ("initiator", HandshakeState.DONE): {},
+    ("responder", HandshakeState.DONE): {},
 }
 
 
@@ -234,7 +147,7 @@ class Handshake:
         if role == "responder" and not isinstance(credential, MeshSecret):
             raise LocalProtocolError("a responder must be a mesh member (MeshSecret)")
         self.role = role
-        self.state = "start" if role == "initiator" else "wait_hello"
+        self.state = HandshakeState.START if role == "initiator" else HandshakeState.WAIT_HELLO
         self._identity = identity
         self._public = bytes(identity.verify_key)
         self._credential = credential
@@ -261,16 +174,16 @@ class Handshake:
     @property
     def result(self) -> HandshakeResult:
         if self._result is None:
-            raise LocalProtocolError(f"handshake not complete (state {self.state})")
+            raise LocalProtocolError(f"handshake not complete (state {self.state.value})")
         return self._result
 
     def initiate(self) -> bytes:
         """The initiator's first message (hello)."""
-        if (self.role, self.state) != ("initiator", "start"):
-            raise LocalProtocolError(f"initiate() called in state {self.role}/{self.state}")
+        if (self.role, self.state) != ("initiator", HandshakeState.START):
+            raise LocalProtocolError(f"initiate() called in state {self.role}/{self.state.value}")
         hello = Hello(eph=self._eph_public, mesh=self._mesh_id).encode()
         self._h = _h(TRANSCRIPT_LABEL + hello)
-        self.state = "wait_welcome"
+        self.state = HandshakeState.WAIT_WELCOME
         return hello
 
     def receive(self, data: bytes) -> bytes | None:
@@ -278,26 +191,26 @@ class Handshake:
         try:
             msg = parse_handshake_message(data)
             if isinstance(msg, Reject):
-                self.state = "failed"
+                self.state = HandshakeState.FAILED
                 if msg.code == "generation_mismatch" or msg.gen != PROTOCOL_GENERATION:
                     raise GenerationMismatch(PROTOCOL_GENERATION, msg.gen)
                 raise RejectedByPeer(f"peer refused the handshake: {msg.code}: {msg.message}", code=msg.code)
             allowed = TRANSITIONS.get((self.role, self.state), {})
             next_state = allowed.get(type(msg))
             if next_state is None:
-                raise _fail(HandshakeError, "bad_handshake", f"unexpected {type(msg).__name__.lower()} in state {self.role}/{self.state}")
+                raise handshake_failure(HandshakeError, "bad_handshake", f"unexpected {type(msg).__name__.lower()} in state {self.role}/{self.state.value}")
             reply = getattr(self, f"_on_{type(msg).__name__.lower()}")(msg, data)
             self.state = next_state
             return reply
         except HandshakeError:
-            self.state = "failed"
+            self.state = HandshakeState.FAILED
             raise
 
     # -- responder side --
 
     def _on_hello(self, msg: Hello, raw: bytes) -> bytes:
         if msg.mesh != self._mesh_id:
-            raise _fail(AdmissionRefused, "foreign_mesh", f"this node belongs to mesh {self._mesh_id}, not {msg.mesh}")
+            raise handshake_failure(AdmissionRefused, "foreign_mesh", f"this node belongs to mesh {self._mesh_id}, not {msg.mesh}")
         self._h = _h(TRANSCRIPT_LABEL + raw)
         self._agree(msg.eph, responder_eph=self._eph_public)
         mesh: MeshSecret = self._credential  # type: ignore[assignment]
@@ -315,21 +228,21 @@ class Handshake:
         mesh: MeshSecret = self._credential  # type: ignore[assignment]
         key, sig = payload.get("key"), payload.get("sig")
         if set(payload) not in ({"key", "sig", "mac"}, {"key", "sig", "token"}) or not _is_key_sig(key, sig):
-            raise _fail(HandshakeError, "bad_handshake", "auth payload must be {key, sig, mac} or {key, sig, token}")
+            raise handshake_failure(HandshakeError, "bad_handshake", "auth payload must be {key, sig, mac} or {key, sig, token}")
         self._verify(key, signing_input("handshake-initiator", self._h), sig)
         invite_nonce = None
         if "mac" in payload:
             if not isinstance(payload["mac"], bytes) or not mesh.check_mac(MESH_PROOF_INITIATOR, self._h + key, payload["mac"]):
-                raise _fail(AdmissionRefused, "bad_mesh_proof", "the peer does not know this mesh's key")
+                raise handshake_failure(AdmissionRefused, "bad_mesh_proof", "the peer does not know this mesh's key")
             admitted_by = "mac"
         else:
             try:
                 token = parse_invite(payload["token"], self._now, expected_mesh_id=self._mesh_id)
             except TokenError as exc:
-                raise _fail(AdmissionRefused, exc.code, str(exc)) from None
+                raise handshake_failure(AdmissionRefused, exc.code, str(exc)) from None
             issuer = token.issuer_id
             if token.issuer_public_key != self._public and not (self._trusted_issuer and self._trusted_issuer(issuer)):
-                raise _fail(AdmissionRefused, "untrusted_issuer", f"invite issued by {issuer}, which is not a known member")
+                raise handshake_failure(AdmissionRefused, "untrusted_issuer", f"invite issued by {issuer}, which is not a known member")
             admitted_by, invite_nonce = "token", token.nonce
         self._h = _h(self._h + cbor.encode(payload))
         accept: dict[str, Any] = {"admitted": admitted_by}
@@ -347,13 +260,13 @@ class Handshake:
         payload = self._open(self._k_r2i, 0, msg.box, "welcome")
         key, sig, mac = payload.get("key"), payload.get("sig"), payload.get("mac")
         if set(payload) != {"key", "mac", "sig"} or not _is_key_sig(key, sig) or not isinstance(mac, bytes):
-            raise _fail(HandshakeError, "bad_handshake", "welcome payload must be {key, mac, sig}")
+            raise handshake_failure(HandshakeError, "bad_handshake", "welcome payload must be {key, mac, sig}")
         self._verify(key, signing_input("handshake-responder", self._h), sig)
         if self._expected_peer_id is not None and node_id_from_public_key(key) != self._expected_peer_id:
-            raise _fail(PeerAuthenticationFailed, "unexpected_peer", f"expected peer {self._expected_peer_id}, got {node_id_from_public_key(key)}")
+            raise handshake_failure(PeerAuthenticationFailed, "unexpected_peer", f"expected peer {self._expected_peer_id}, got {node_id_from_public_key(key)}")
         if isinstance(self._credential, MeshSecret):
             if not self._credential.check_mac(MESH_PROOF_RESPONDER, self._h + key, mac):
-                raise _fail(AdmissionRefused, "bad_mesh_proof", "the peer does not know this mesh's key")
+                raise handshake_failure(AdmissionRefused, "bad_mesh_proof", "the peer does not know this mesh's key")
         self._peer_key, self._peer_mac = key, mac
         h_welcome = self._h
         self._h = _h(self._h + cbor.encode(payload))
@@ -371,17 +284,17 @@ class Handshake:
         payload = self._open(self._k_r2i, 1, msg.box, "accept")
         if isinstance(self._credential, MeshSecret):
             if payload != {"admitted": "mac"}:
-                raise _fail(HandshakeError, "bad_handshake", "a member's accept must be exactly {admitted: mac}")
+                raise handshake_failure(HandshakeError, "bad_handshake", "a member's accept must be exactly {admitted: mac}")
             mesh = self._credential
         else:
             mesh_key = payload.get("mesh_key")
             if set(payload) != {"admitted", "mesh_key"} or payload["admitted"] != "token" or not isinstance(mesh_key, bytes) or len(mesh_key) != 32:
-                raise _fail(HandshakeError, "bad_handshake", "a joiner's accept must be {admitted: token, mesh_key}")
+                raise handshake_failure(HandshakeError, "bad_handshake", "a joiner's accept must be {admitted: token, mesh_key}")
             mesh = MeshSecret(mesh_key)
             if mesh.mesh_id != self._credential.mesh_id:
-                raise _fail(PeerAuthenticationFailed, "bad_mesh_key", "the mesh key received does not match the invite's mesh id")
+                raise handshake_failure(PeerAuthenticationFailed, "bad_mesh_key", "the mesh key received does not match the invite's mesh id")
             if not mesh.check_mac(MESH_PROOF_RESPONDER, self._h_welcome + self._peer_key, self._peer_mac):
-                raise _fail(PeerAuthenticationFailed, "bad_mesh_proof", "the responder's mesh proof does not match the mesh key it sent")
+                raise handshake_failure(PeerAuthenticationFailed, "bad_mesh_proof", "the responder's mesh proof does not match the mesh key it sent")
         self._h = _h(self._h + cbor.encode(payload))
         self._finish(self._peer_key, mesh, payload["admitted"], None)
         return None
@@ -392,9 +305,9 @@ class Handshake:
         try:
             self._shared = sodium.crypto_scalarmult(self._eph_secret, peer_eph)
         except (nacl.exceptions.CryptoError, nacl.exceptions.RuntimeError, nacl.exceptions.TypeError, nacl.exceptions.ValueError):
-            raise _fail(PeerAuthenticationFailed, "bad_ephemeral", "the peer's ephemeral key is a low-order point") from None
+            raise handshake_failure(PeerAuthenticationFailed, "bad_ephemeral", "the peer's ephemeral key is a low-order point") from None
         if self._shared == bytes(32):
-            raise _fail(PeerAuthenticationFailed, "bad_ephemeral", "the peer's ephemeral key is a low-order point")
+            raise handshake_failure(PeerAuthenticationFailed, "bad_ephemeral", "the peer's ephemeral key is a low-order point")
         self._h = _h(self._h + responder_eph)
         self._k_r2i = derive_key(self._shared, self._h, b"hs r2i")
         self._k_i2r = derive_key(self._shared, self._h, b"hs i2r")
@@ -403,22 +316,22 @@ class Handshake:
         try:
             plain = sodium.crypto_aead_xchacha20poly1305_ietf_decrypt(box, self._h, aead_nonce(counter), key)
         except nacl.exceptions.CryptoError:
-            raise _fail(HandshakeError, "bad_handshake", f"{what} box does not decrypt (tampered or wrong keys)") from None
+            raise handshake_failure(HandshakeError, "bad_handshake", f"{what} box does not decrypt (tampered or wrong keys)") from None
         try:
             payload = cbor.decode(plain, max_size=MAX_HANDSHAKE_MESSAGE_BYTES)
         except CborError as exc:
-            raise _fail(HandshakeError, "bad_handshake", f"{what} payload is not canonical CBOR: {exc}") from None
+            raise handshake_failure(HandshakeError, "bad_handshake", f"{what} payload is not canonical CBOR: {exc}") from None
         if not isinstance(payload, dict):
-            raise _fail(HandshakeError, "bad_handshake", f"{what} payload must be a map")
+            raise handshake_failure(HandshakeError, "bad_handshake", f"{what} payload must be a map")
         return payload
 
     def _verify(self, key: bytes, message: bytes, sig: bytes) -> None:
         try:
             nacl.signing.VerifyKey(key).verify(message, sig)
         except (nacl.exceptions.BadSignatureError, nacl.exceptions.ValueError, nacl.exceptions.TypeError):
-            raise _fail(PeerAuthenticationFailed, "bad_signature", "the peer's node key signature does not verify") from None
+            raise handshake_failure(PeerAuthenticationFailed, "bad_signature", "the peer's node key signature does not verify") from None
         if key == self._public:
-            raise _fail(PeerAuthenticationFailed, "self_connection", "the peer has this node's own identity")
+            raise handshake_failure(PeerAuthenticationFailed, "self_connection", "the peer has this node's own identity")
 
     def _finish(self, peer_key: bytes, mesh: MeshSecret, admitted_by: str, invite_nonce: bytes | None) -> None:
         k_i2r = derive_key(self._shared, self._h, b"app i2r")

@@ -12,21 +12,22 @@ from __future__ import annotations
 
 import collections
 import logging
-import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, AsyncIterator
 
-import nacl.signing
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from .channel import SecureChannel
 from .constants import MAX_PENDING_CONTROL_FRAMES, MAX_STREAMS_PER_LINK
 from .errors import FrameRejected, LinkClosed, LocalProtocolError, RemoteProtocolError, StreamReset
-from .faults import FAULT_DELAY_QUEUE_FRAMES, FaultInjection
+from .faults import FAULT_DELAY_QUEUE_FRAMES
 from .handshake import HandshakeResult
 from .ids import MeshSecret
+from .link_pings import PingTracker
+from .link_port import LinkPort
+from .link_settings import (CLOSE_TIMEOUT_S, HANDSHAKE_TIMEOUT_S, IDLE_TIMEOUT_S, MESSAGE_QUEUE_SIZE,
+                            PING_INTERVAL_S, LinkSettings, LinkStatistics, MessageHandler, StreamHandler)
 from .mux import (
     DataReceived,
     GoAwayReceived,
@@ -39,82 +40,11 @@ from .mux import (
     StreamWasReset,
     WindowOpened,
 )
-from .stream import LinkStream, Signal
+from .stream import LinkStream, Signal, StreamPort
+from .websocket import close_websocket, log_event
 
-log = logging.getLogger("hydra_node.mesh.link")
-
-HANDSHAKE_TIMEOUT_S = 10.0
-PING_INTERVAL_S = 5.0
-IDLE_TIMEOUT_S = 30.0
-"""A link that receives nothing (not even a PONG) for this long is closed."""
-CLOSE_TIMEOUT_S = 2.0
-MESSAGE_QUEUE_SIZE = 64
-"""Received priority-lane messages waiting for the handler; beyond this they are dropped and counted."""
-MAX_OUTSTANDING_PINGS = 8
-
-StreamHandler = Callable[["PeerLink", dict[str, Any], LinkStream], Awaitable[None]]
-MessageHandler = Callable[["PeerLink", dict[str, Any]], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class LinkSettings:
-    """Everything a link needs from the node. `mesh` is None only for a joiner with an invite."""
-
-    identity: nacl.signing.SigningKey
-    mesh: MeshSecret | None = None
-    trusted_issuer: Callable[[str], bool] | None = None
-    on_stream: StreamHandler | None = None
-    on_message: MessageHandler | None = None
-    fault: FaultInjection | None = None
-    ping_interval_s: float = PING_INTERVAL_S
-    idle_timeout_s: float = IDLE_TIMEOUT_S
-    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S
-    wall_clock: Callable[[], float] = field(default=time.time, repr=False)
-
-
-@dataclass(frozen=True)
-class LinkStatistics:
-    """Counters of one link. `messages_dropped` counts messages lost to fault injection
-    (sending) or to a full handler queue (receiving); `rejected` counts frames by code."""
-
-    peer_id: str
-    bytes_in: int
-    bytes_out: int
-    frames_in: int
-    frames_out: int
-    messages_in: int
-    messages_out: int
-    messages_dropped: int
-    streams_open: int
-    rtt_ms: float | None
-    rejected: Mapping[str, int]
-    closed: str | None
-
-
-def log_event(level: int, event: str, **fields: object) -> None:
-    """One structured key=value log line."""
-    parts = [f"event={event}"]
-    for key, value in fields.items():
-        text = str(value)
-        parts.append(f"{key}={text!r}" if (" " in text or not text) else f"{key}={text}")
-    log.log(level, " ".join(parts))
-
-
-async def close_websocket(ws: WebSocketConnection) -> None:
-    """Close handshake (bounded, shielded), then the TCP stream itself.
-
-    trio-websocket 0.12 leaves the socket open when the peer started the close
-    (its aclose() returns early), so the transport is closed here as well.
-    """
-    with trio.move_on_after(CLOSE_TIMEOUT_S) as scope:
-        scope.shield = True
-        await ws.aclose()
-        stream = getattr(ws, "_stream", None)
-        if stream is not None:
-            try:
-                await stream.aclose()
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                pass
+__all__ = ["CLOSE_TIMEOUT_S", "HANDSHAKE_TIMEOUT_S", "IDLE_TIMEOUT_S", "PING_INTERVAL_S", "LinkSettings",
+           "LinkStatistics", "MessageHandler", "PeerLink", "StreamHandler", "close_websocket", "log_event"]
 
 
 class PeerLink:
@@ -135,13 +65,14 @@ class PeerLink:
         self._rejected: collections.Counter[str] = collections.Counter()
         self._bytes_in = self._bytes_out = self._frames_in = self._frames_out = 0
         self._messages_in = self._messages_out = self._messages_dropped = 0
-        self._pings: dict[bytes, float] = {}
-        self._rtt_ms: float | None = None
+        self._pings = PingTracker()
         self._messages_send, self._messages_receive = trio.open_memory_channel[dict[str, Any]](MESSAGE_QUEUE_SIZE)
         self._fault = settings.fault
         self._delay_send, self._delay_receive = trio.open_memory_channel[tuple[float, bytes]](FAULT_DELAY_QUEUE_FRAMES)
         self._last_due = 0.0
         self._in_flight = 0  # frames taken from the multiplexer but not yet on the wire
+        self._port: StreamPort = LinkPort(self, self._mux, self._progress, wake_writer=self._wake_writer,
+                                          forget_stream=self._forget_stream)
 
     # -- identity --
 
@@ -172,7 +103,7 @@ class PeerLink:
 
     @property
     def rtt_ms(self) -> float | None:
-        return self._rtt_ms
+        return self._pings.rtt_ms
 
     @property
     def remote_host(self) -> str | None:
@@ -191,7 +122,7 @@ class PeerLink:
             peer_id=self.peer_id, bytes_in=self._bytes_in, bytes_out=self._bytes_out,
             frames_in=self._frames_in, frames_out=self._frames_out, messages_in=self._messages_in,
             messages_out=self._messages_out, messages_dropped=self._messages_dropped,
-            streams_open=len(self._streams), rtt_ms=self._rtt_ms, rejected=dict(self._rejected),
+            streams_open=len(self._streams), rtt_ms=self._pings.rtt_ms, rejected=dict(self._rejected),
             closed=self.close_error.code if self.close_error else None,
         )
 
@@ -275,7 +206,7 @@ class PeerLink:
         if len(self._streams) >= MAX_STREAMS_PER_LINK:
             raise LocalProtocolError(f"more than {MAX_STREAMS_PER_LINK} streams open on this link")
         stream_id = self._mux.open_stream(header)
-        stream = LinkStream(self, stream_id, header)
+        stream = LinkStream(self._port, stream_id, header)
         self._streams[stream_id] = stream
         self._wake_writer()
         try:
@@ -399,9 +330,7 @@ class PeerLink:
             except (trio.WouldBlock, trio.ClosedResourceError):
                 self._messages_dropped += 1
         elif isinstance(event, PongReceived):
-            sent = self._pings.pop(event.opaque, None)
-            if sent is not None:
-                self._rtt_ms = (trio.current_time() - sent) * 1000.0
+            self._pings.pong(event.opaque, trio.current_time())
         elif isinstance(event, StreamOpened):
             self._accept_stream(event)
         elif isinstance(event, StreamEnded):
@@ -420,7 +349,7 @@ class PeerLink:
         if handler is None or self._nursery is None:
             self._mux.reset_stream(event.stream_id, "refused", "this node accepts no streams")
             return
-        stream = LinkStream(self, event.stream_id, event.header)
+        stream = LinkStream(self._port, event.stream_id, event.header)
         self._streams[event.stream_id] = stream
         self._nursery.start_soon(self._serve_stream, handler, stream)
 
@@ -449,13 +378,8 @@ class PeerLink:
                 log_event(logging.ERROR, "message_handler_failed", peer=self.peer_id, error=repr(exc))
 
     async def _pinger(self) -> None:
-        counter = 0
         while True:
-            opaque = counter.to_bytes(8, "big")
-            counter += 1
-            self._pings[opaque] = trio.current_time()
-            while len(self._pings) > MAX_OUTSTANDING_PINGS:
-                self._pings.pop(next(iter(self._pings)))
+            opaque = self._pings.ping(trio.current_time())
             if self._mux.control_backlog < MAX_PENDING_CONTROL_FRAMES:
                 self._mux.send_ping(opaque)
                 self._wake_writer()

@@ -4,6 +4,9 @@ Inputs take `now` (seconds, any monotonic origin); every input returns a list of
 `Send(to, message)` for the driver to deliver and membership events for the node. The core
 never reads a clock, never sleeps and draws randomness only from the injected `random.Random`.
 See docs/membership.md for the algorithm and the detection bound.
+
+The class is split by job over sibling modules (see the class docstring); this module holds
+its public inputs and views, the timers and probing.
 """
 
 from __future__ import annotations
@@ -12,21 +15,18 @@ import math
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from .membership_announcement import Announcement, InvalidMessage, LocalMembershipError
 from .membership_broadcast import BroadcastQueue
-from .membership_config import (
-    Action, MembershipConfig, PeerDied, PeerJoined, PeerLeft, PeerRecovered, PeerSuspected,
-    PeerUpdated, Send,
-)
-from .membership_messages import (
-    Ack, Gossip, Leave, Message, PeerRecord, Ping, PingReq, Pull, Sync, decode_message,
-    merge_records,
-)
+from .membership_changes import PeerChanges, PeerEntry
+from .membership_config import Action, MembershipConfig
+from .membership_dissemination import Dissemination
+from .membership_handlers import MessageHandlers
+from .membership_messages import Gossip, Leave, Message, PeerRecord, Ping, PingReq, Sync, decode_message
 from .membership_probes import Probe, ProbeTable
-from .membership_state import PeerState, Trigger, transition
+from .membership_state import PeerState
 from .membership_stats import MembershipStatistics, PeerStatus
 
 __all__ = ["Membership"]
@@ -34,16 +34,13 @@ __all__ = ["Membership"]
 INF = math.inf
 
 
-@dataclass
-class _Peer:
-    record: PeerRecord
-    last_seen: float | None = None
-    own_probe_failed: bool = False  # our latest probe of this incarnation got no ack
-    death_claim: PeerRecord | None = None  # a dead/left claim waiting for our own probe
+class Membership(MessageHandlers, PeerChanges, Dissemination):
+    """Sans-IO membership of one node. Drive it with `tick(now)` at `next_deadline()`.
 
-
-class Membership:
-    """Sans-IO membership of one node. Drive it with `tick(now)` at `next_deadline()`."""
+    This module holds the inputs, views and timers; the message handlers, the merge and state
+    changes and the dissemination live in the `membership_handlers`, `membership_changes` and
+    `membership_dissemination` mixins, which share the state set up here.
+    """
 
     def __init__(self, announcement: Announcement, config: MembershipConfig | None = None,
                  rng: random.Random | None = None, *, now: float = 0.0,
@@ -58,7 +55,7 @@ class Membership:
         self._sign = sign or (lambda a: a)  # re-signs our announcement whenever the core re-stamps it
         self._ann = self._sign(announcement)
         self._left = False
-        self._peers: dict[str, _Peer] = {}
+        self._peers: dict[str, PeerEntry] = {}
         self._suspect_deadlines: dict[str, float] = {}
         self._tomb_deadlines: dict[str, float] = {}
         self._probes = ProbeTable(self.config.max_forwarded_probes)
@@ -238,210 +235,7 @@ class Membership:
         self._flush()
         return self._take()
 
-    # ---------------------------------------------------------------- message handlers
-    def _on_ping(self, sender: str, msg: Ping, now: float) -> None:
-        records = self._piggyback()
-        view = msg.view
-        me = self.self_record()
-        stale = view is None or view.node_id != self.node_id or view.key < me.digest().key
-        if stale and all(r.node_id != self.node_id for r in records):
-            records = (me, *records[: self.config.max_piggyback - 1])
-        self._send(sender, Ack(msg.probe_id, self.node_id, records), piggyback=False)
-        if sender not in self._peers:
-            self._send(sender, Pull((sender,)))
-
-    def _on_ack(self, sender: str, msg: Ack, now: float) -> None:
-        probe = self._probes.get(msg.probe_id)
-        if probe is not None and msg.subject == probe.target and (
-                sender == probe.target or sender in probe.helpers):
-            self._probes.end(probe)
-            peer = self._peers.get(probe.target)
-            if peer is not None:
-                peer.own_probe_failed = False
-                peer.death_claim = None
-                peer.last_seen = now
-            return
-        fwd = self._probes.pop_forward(msg.probe_id, sender, msg.subject)
-        if fwd is not None:
-            self._send(fwd.requester, Ack(fwd.their_probe_id, fwd.target))
-            return
-        self.ignored["unmatched_ack"] += 1
-
-    def _on_ping_req(self, sender: str, msg: PingReq, now: float) -> None:
-        if msg.target == self.node_id:
-            self._send(sender, Ack(msg.probe_id, self.node_id))
-            return
-        pid = None if msg.target == sender else self._probes.add_forward(
-            sender, msg.probe_id, msg.target, now + self.config.indirect_timeout)
-        if pid is None:
-            self.ignored["ping_req_refused"] += 1
-            return
-        rec = self.record(msg.target)
-        view = msg.view if msg.view is not None and msg.view.node_id == msg.target else (
-            None if rec is None else rec.digest())
-        self._send(msg.target, Ping(pid, view))
-
-    def _on_gossip(self, sender: str, msg: Gossip, now: float) -> None:
-        pass  # records were applied already
-
-    def _on_sync(self, sender: str, msg: Sync, now: float) -> None:
-        theirs = {d.node_id: d for d in msg.digest}
-        push, pull = [], []
-        for rec in self._all_records():
-            d = theirs.get(rec.node_id)
-            if d is None or rec.digest().key > d.key:
-                push.append(rec)
-        for d in msg.digest:
-            mine = self.record(d.node_id)
-            if (mine is None or d.key > mine.digest().key) and d.node_id != self.node_id:
-                pull.append(d.node_id)
-        self._send_records(sender, push)
-        if pull:
-            self._send(sender, Pull(tuple(pull)))
-
-    def _on_pull(self, sender: str, msg: Pull, now: float) -> None:
-        records = [r for r in map(self.record, dict.fromkeys(msg.ids)) if r is not None]
-        self._send_records(sender, records)
-
-    def _on_leave(self, sender: str, msg: Leave, now: float) -> None:
-        peer = self._peers.get(sender)
-        ann = None if peer is None else peer.record.announcement
-        if ann is not None and ann.incarnation > msg.incarnation:
-            self.ignored["stale_leave"] += 1
-            return
-        self._apply(PeerRecord(sender, msg.incarnation, PeerState.LEFT, ann), sender, now)
-
-    # ---------------------------------------------------------------- merge and state changes
-    def _apply(self, rec: PeerRecord, sender: str, now: float) -> None:
-        if rec.node_id == self.node_id:
-            self._about_me(rec.incarnation, rec.state)
-            return
-        if (self._verify is not None and rec.announcement is not None
-                and not self._verify(rec.announcement)):
-            self.rejected["bad_announcement_signature"] += 1
-            return
-        peer = self._peers.get(rec.node_id)
-        if peer is None:
-            self._learn(rec, sender, now)
-            return
-        cur = peer.record
-        merged = merge_records(cur, rec)
-        if merged == cur:
-            self.ignored["stale_record"] += 1
-            return
-        ann = merged.announcement
-        if ann is not None and ann != cur.announcement:
-            self._new_announcement(peer, ann, now)
-        cur = peer.record
-        if rec.status > cur.status:
-            if rec.state is PeerState.SUSPECT:
-                self._suspect(peer, now)
-            elif cur.state.is_tombstone:
-                trig = Trigger.LEAVE if rec.state is PeerState.LEFT else Trigger.CONFIRM
-                new_state = transition(cur.state, trig) if rec.state is not cur.state else cur.state
-                peer.record = PeerRecord(rec.node_id, rec.incarnation, new_state, cur.announcement)
-                self._enqueue(rec.node_id)
-            elif (rec.state is PeerState.LEFT and sender == rec.node_id) or (
-                    cur.state is PeerState.SUSPECT and peer.own_probe_failed):
-                self._tombstone(rec.node_id, rec.incarnation, rec.state, now)
-            else:  # an unverified death claim: suspect, and let our own probe decide
-                peer.death_claim = rec
-                if cur.state is PeerState.ALIVE:
-                    self._suspect(peer, now)
-                else:
-                    self._start_probe(rec.node_id, now)
-
-    def _learn(self, rec: PeerRecord, sender: str, now: float) -> None:
-        if len(self._peers) >= self.config.max_peers and not self._evict_tombstone():
-            self.rejected["over_max_peers"] += 1
-            return
-        if rec.state.is_member:
-            alive = PeerRecord(rec.node_id, rec.incarnation, transition(PeerState.UNKNOWN, Trigger.ALIVE),
-                               rec.announcement)
-            peer = self._peers[rec.node_id] = _Peer(alive, last_seen=now if sender == rec.node_id else None)
-            self._ring = None
-            self._out.append(PeerJoined(rec.node_id, rec.incarnation, rec.announcement))
-            self._enqueue(rec.node_id)
-            if rec.state is PeerState.SUSPECT:
-                self._suspect(peer, now)
-            return
-        trig = Trigger.LEAVE if rec.state is PeerState.LEFT else Trigger.CONFIRM
-        transition(PeerState.UNKNOWN, trig)
-        self._peers[rec.node_id] = _Peer(rec)
-        self._tomb_deadlines[rec.node_id] = now + self.config.tombstone_ttl
-        self._enqueue(rec.node_id)
-
-    def _new_announcement(self, peer: _Peer, ann: Announcement, now: float) -> None:
-        cur = peer.record
-        pid = cur.node_id
-        if ann.incarnation > cur.incarnation or (ann.incarnation == cur.incarnation and cur.state.is_member):
-            was = cur.state
-            state = transition(was, Trigger.ALIVE) if ann.incarnation > cur.incarnation else was
-            peer.record = PeerRecord(pid, ann.incarnation, state, ann)
-            if ann.incarnation > cur.incarnation:
-                peer.own_probe_failed = False
-                peer.death_claim = None
-                self._suspect_deadlines.pop(pid, None)
-                self._tomb_deadlines.pop(pid, None)
-                self._told.pop(pid, None)
-            if was.is_tombstone:
-                self._ring = None
-                self._out.append(PeerJoined(pid, ann.incarnation, ann))
-            elif was is PeerState.SUSPECT and state is PeerState.ALIVE:
-                self._out.append(PeerRecovered(pid, ann.incarnation))
-                self._out.append(PeerUpdated(pid, ann.incarnation, ann))
-            else:
-                self._out.append(PeerUpdated(pid, ann.incarnation, ann))
-        else:  # an older life's announcement on a tombstone: keep it for the status view
-            peer.record = PeerRecord(pid, cur.incarnation, cur.state, ann)
-        self._enqueue(pid)
-
-    def _suspect(self, peer: _Peer, now: float) -> None:
-        rec = peer.record
-        peer.record = PeerRecord(rec.node_id, rec.incarnation, transition(rec.state, Trigger.SUSPECT),
-                                 rec.announcement)
-        if rec.node_id not in self._suspect_deadlines:
-            self._suspect_deadlines[rec.node_id] = now + self.config.suspicion_timeout
-            self._out.append(PeerSuspected(rec.node_id, rec.incarnation))
-        self._enqueue(rec.node_id)
-        self._start_probe(rec.node_id, now)
-
-    def _tombstone(self, peer_id: str, incarnation: int | None, state: PeerState, now: float) -> None:
-        peer = self._peers[peer_id]
-        rec = peer.record
-        inc = rec.incarnation if incarnation is None else max(incarnation, rec.incarnation)
-        new = transition(rec.state, Trigger.LEAVE if state is PeerState.LEFT else Trigger.CONFIRM)
-        peer.record = PeerRecord(peer_id, inc, new, rec.announcement)
-        peer.death_claim = None
-        self._suspect_deadlines.pop(peer_id, None)
-        self._tomb_deadlines[peer_id] = now + self.config.tombstone_ttl
-        self._probes.end_target(peer_id)
-        self._ring = None
-        self._out.append((PeerLeft if new is PeerState.LEFT else PeerDied)(peer_id, inc))
-        self._enqueue(peer_id)
-
-    def _forget(self, peer_id: str) -> None:
-        transition(self._peers[peer_id].record.state, Trigger.EXPIRE)
-        del self._peers[peer_id]
-        self._tomb_deadlines.pop(peer_id, None)
-        self._told.pop(peer_id, None)
-        self._broadcasts.discard(peer_id)
-
-    def _evict_tombstone(self) -> bool:
-        if not self._tomb_deadlines:
-            return False
-        self._forget(min(self._tomb_deadlines, key=self._tomb_deadlines.__getitem__))
-        return True
-
-    def _about_me(self, incarnation: int, state: PeerState) -> None:
-        """Refute a suspicion/death of us, or a claim of a newer life of ours, by out-incarnating it."""
-        if incarnation < self.incarnation or (state is PeerState.ALIVE and incarnation == self.incarnation):
-            return
-        self.refutations += 1
-        self._ann = self._sign(replace(self._ann, incarnation=incarnation + 1, seq=self._ann.seq + 1))
-        self._enqueue(self.node_id)
-
-    # ---------------------------------------------------------------- probing
+    # ---------------------------------------------------------------- probing and reconnecting
     def _period_targets(self) -> list[str]:
         members = self.members()
         if not members:
@@ -490,41 +284,7 @@ class Membership:
         elif peer.record.state is PeerState.ALIVE:
             self._suspect(peer, now)
 
-    # ---------------------------------------------------------------- dissemination
-    def _enqueue(self, peer_id: str) -> None:
-        self._broadcasts.push(peer_id)
-
-    def _piggyback(self) -> tuple[PeerRecord, ...]:
-        """Up to max_piggyback queued changes to ride on the next message."""
-        limit = self.config.retransmit_limit(len(self._peers))
-        return tuple(self._broadcasts.take(self.config.max_piggyback, limit, self.record))
-
-    def _gossip_round(self) -> None:
-        members = sorted(self.members())
-        for target in self._rng.sample(members, min(self.config.gossip_fanout, len(members))):
-            records = self._piggyback()
-            if not records:
-                break
-            self._send(target, Gossip(records), piggyback=False)
-
-    def _flush(self) -> None:
-        """Push fresh changes at once instead of waiting for the next gossip round."""
-        if self._broadcasts.fresh:
-            self._broadcasts.fresh = False
-            self._gossip_round()
-
-    def _send_records(self, to: str, records: list[PeerRecord]) -> None:
-        size = max(1, self.config.max_records_per_message)
-        for i in range(0, len(records), size):
-            self._send(to, Gossip(tuple(records[i:i + size])), piggyback=False)
-
-    def _sync_message(self) -> Sync:
-        return Sync(tuple(r.digest() for r in self._all_records()), (self.self_record(),))
-
-    def _all_records(self) -> list[PeerRecord]:
-        return [self.self_record(), *(p.record for p in self._peers.values())]
-
-    def _tomb_peers(self) -> list[_Peer]:
+    def _tomb_peers(self) -> list[PeerEntry]:
         return [self._peers[i] for i in self._tomb_deadlines if i in self._peers]
 
     def _reconnect(self) -> None:
@@ -537,12 +297,7 @@ class Membership:
         if dead:
             self._send(self._rng.choice(dead), self._sync_message())
 
-    def _send(self, to: str, msg: Message, *, piggyback: bool = True) -> None:
-        if piggyback and isinstance(msg, (Ping, PingReq, Ack)) and not msg.records:
-            msg = replace(msg, records=self._piggyback())
-        self.sent[msg.TYPE] += 1
-        self._out.append(Send(to, msg))
-
+    # ---------------------------------------------------------------- output
     def _finish(self, sender: str) -> list[Action]:
         peer = self._peers.get(sender)
         if peer is not None and peer.record.state.is_tombstone and self._told.get(sender) != peer.record.incarnation:

@@ -22,6 +22,7 @@ A move not in the table raises LocalProtocolError (our side) or FlowControlError
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,10 +46,32 @@ from .frames import (
     encode_frame,
 )
 
-STREAM_TRANSITIONS: dict[str, dict[str, str]] = {
-    "open": {"send_eof": "local_closed", "recv_eof": "remote_closed", "send_data": "open", "recv_data": "open", "reset": "closed"},
-    "local_closed": {"recv_eof": "closed", "recv_data": "local_closed", "reset": "closed"},
-    "remote_closed": {"send_eof": "closed", "send_data": "remote_closed", "reset": "closed"},
+
+class StreamState(enum.Enum):
+    """Where one stream is; the values appear in error messages."""
+
+    OPEN = "open"
+    LOCAL_CLOSED = "local_closed"  # we sent our end of stream
+    REMOTE_CLOSED = "remote_closed"  # the peer sent its end of stream
+    CLOSED = "closed"
+
+
+class StreamEvent(enum.Enum):
+    """What moves a stream between states (ours: send_*; the peer's: recv_*)."""
+
+    SEND_EOF = "send_eof"
+    RECV_EOF = "recv_eof"
+    SEND_DATA = "send_data"
+    RECV_DATA = "recv_data"
+    RESET = "reset"
+
+
+_S, _E = StreamState, StreamEvent
+STREAM_TRANSITIONS: dict[StreamState, dict[StreamEvent, StreamState]] = {
+    _S.OPEN: {_E.SEND_EOF: _S.LOCAL_CLOSED, _E.RECV_EOF: _S.REMOTE_CLOSED, _E.SEND_DATA: _S.OPEN,
+              _E.RECV_DATA: _S.OPEN, _E.RESET: _S.CLOSED},
+    _S.LOCAL_CLOSED: {_E.RECV_EOF: _S.CLOSED, _E.RECV_DATA: _S.LOCAL_CLOSED, _E.RESET: _S.CLOSED},
+    _S.REMOTE_CLOSED: {_E.SEND_EOF: _S.CLOSED, _E.SEND_DATA: _S.REMOTE_CLOSED, _E.RESET: _S.CLOSED},
 }
 
 MAX_PEER_INDUCED_CONTROL_FRAMES = 4 * MAX_PENDING_CONTROL_FRAMES
@@ -109,7 +132,7 @@ MuxEvent = StreamOpened | DataReceived | StreamEnded | StreamWasReset | WindowOp
 @dataclass
 class _Stream:
     stream_id: int
-    state: str = "open"
+    state: StreamState = StreamState.OPEN
     send_credit: int = STREAM_WINDOW_BYTES
     send_buffer: bytearray = field(default_factory=bytearray)
     eof_pending: bool = False
@@ -147,11 +170,11 @@ class Multiplexer:
         return stream_id
 
     def send_data(self, stream_id: int, data: bytes) -> None:
-        stream = self._local_move(stream_id, "send_data")
+        stream = self._local_move(stream_id, StreamEvent.SEND_DATA)
         stream.send_buffer += data
 
     def send_eof(self, stream_id: int) -> None:
-        stream = self._local_move(stream_id, "send_eof")
+        stream = self._local_move(stream_id, StreamEvent.SEND_EOF)
         stream.eof_pending = True
 
     def reset_stream(self, stream_id: int, code: str, message: str = "") -> None:
@@ -172,7 +195,7 @@ class Multiplexer:
     def consumed(self, stream_id: int, n: int) -> None:
         """The application took `n` bytes of the stream; grant credit back when worthwhile."""
         stream = self._streams.get(stream_id)
-        if stream is None or stream.state in ("remote_closed", "closed"):
+        if stream is None or stream.state in (StreamState.REMOTE_CLOSED, StreamState.CLOSED):
             return
         stream.consumed_unacked += n
         if stream.consumed_unacked >= STREAM_WINDOW_BYTES // 2:
@@ -210,7 +233,7 @@ class Multiplexer:
                 return encode_frame(Data(stream_id, chunk))
             if stream.eof_pending and not stream.send_buffer:
                 stream.eof_pending = False
-                if stream.state == "closed":
+                if stream.state is StreamState.CLOSED:
                     self._forget(stream_id)
                 return encode_frame(Close(stream_id))
         return None
@@ -244,7 +267,7 @@ class Multiplexer:
                 return []
             raise FlowControlError(f"{type(frame).__name__.upper()} for stream {frame.stream_id}, which was never opened", code="stream_state")
         if isinstance(frame, Data):
-            self._remote_move(stream, "recv_data")
+            self._remote_move(stream, StreamEvent.RECV_DATA)
             if len(frame.data) > stream.receive_allowance:
                 raise FlowControlError(
                     f"peer sent {len(frame.data)} bytes on stream {stream.stream_id} with {stream.receive_allowance} of credit",
@@ -253,8 +276,8 @@ class Multiplexer:
             stream.receive_allowance -= len(frame.data)
             return [DataReceived(stream.stream_id, frame.data)]
         if isinstance(frame, Close):
-            self._remote_move(stream, "recv_eof")
-            if stream.state == "closed" and not stream.send_buffer and not stream.eof_pending:
+            self._remote_move(stream, StreamEvent.RECV_EOF)
+            if stream.state is StreamState.CLOSED and not stream.send_buffer and not stream.eof_pending:
                 self._forget(stream.stream_id)
             return [StreamEnded(stream.stream_id)]
         if isinstance(frame, Reset):
@@ -287,20 +310,21 @@ class Multiplexer:
             return 0 < stream_id <= self._last_peer_id
         return 0 < stream_id < self._next_local_id
 
-    def _local_move(self, stream_id: int, event: str) -> _Stream:
+    def _local_move(self, stream_id: int, event: StreamEvent) -> _Stream:
         stream = self._streams.get(stream_id)
         if stream is None:
-            raise LocalProtocolError(f"{event} on stream {stream_id}, which is closed or was never opened")
+            raise LocalProtocolError(f"{event.value} on stream {stream_id}, which is closed or was never opened")
         next_state = STREAM_TRANSITIONS.get(stream.state, {}).get(event)
         if next_state is None:
-            raise LocalProtocolError(f"{event} not allowed on stream {stream_id} in state {stream.state}")
+            raise LocalProtocolError(f"{event.value} not allowed on stream {stream_id} in state {stream.state.value}")
         stream.state = next_state
         return stream
 
-    def _remote_move(self, stream: _Stream, event: str) -> None:
+    def _remote_move(self, stream: _Stream, event: StreamEvent) -> None:
         next_state = STREAM_TRANSITIONS.get(stream.state, {}).get(event)
         if next_state is None:
-            raise FlowControlError(f"peer sent {event} on stream {stream.stream_id} in state {stream.state}", code="stream_state")
+            raise FlowControlError(f"peer sent {event.value} on stream {stream.stream_id} in state {stream.state.value}",
+                                   code="stream_state")
         stream.state = next_state
 
     def _forget(self, stream_id: int) -> None:

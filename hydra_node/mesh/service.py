@@ -1,311 +1,298 @@
-"""MeshService: the node's part in the mesh.
+"""MeshService: the node's part in the mesh — links, gossip and joining.
 
-It owns the mesh key (``HOME/mesh/mesh.key``, 0600), the link listener, one link per
-peer, the gossip driver around the membership core, invite tokens and joining,
-remote generation in both directions (``generate`` streams), and tunnels (``tunnel``
-streams, used by llama.cpp RPC).  The node plugs it in as a target source for the
-router and as a section of ``/api/status``.
+It holds one link per peer (:mod:`.links`), drives the membership core (:mod:`.gossip`), keeps our
+announcement current (:mod:`.announcer`, content supplied by the root), remembers peers
+(:mod:`.peerstore`) and enters a mesh through :meth:`MeshService.join` (:mod:`.joining`). Streams a
+peer opens are served by handlers the root declares (:meth:`handle_stream`, :meth:`handle_tunnel`);
+the mesh itself knows nothing of models or runners.
+
+Life: ``await nursery.start(mesh.run, plan)`` — with a plan it reports ready once in the mesh;
+without one it reports ready at once and a later ``await mesh.join(plan)`` (discovery) enters one.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import random
-import stat
 import time
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable
 
+import nacl.signing
 import trio
 
 from hydra_node import __version__
-from hydra_node.inference import (GenerationError, GenerationEvent, GenerationRequest, InvalidRequest,
-                                  ModelUnavailable, event_from_wire)
 from hydra_node.mesh.addresses import advertised_addresses
 from hydra_node.mesh.announce_sig import sign_announcement, verify_announcement
-from hydra_node.mesh.endpoints import LinkListener, connect_link
-from hydra_node.mesh.errors import HandshakeError, LinkClosed, MeshError, StreamReset, TokenError
-from hydra_node.mesh.faults import FaultInjection
-from hydra_node.mesh.gossip import GossipService
-from hydra_node.mesh.ids import MESH_KEY_BYTES, MeshSecret
+from hydra_node.mesh.announcer import ANNOUNCE_CHECK_S, AnnouncementContent, AnnouncementSource, Announcer
+from hydra_node.mesh.admission import admit_with_invite
+from hydra_node.mesh.endpoints import LinkListener
+from hydra_node.mesh.errors import LinkClosed, MeshError
+from hydra_node.mesh.gossip import GossipService, GossipServiceStatistics
+from hydra_node.mesh.ids import MeshSecret, node_id_from_public_key
+from hydra_node.mesh.joining import DialCandidate, JoinFailed, JoinPlan, plan_join
+from hydra_node.mesh.keyfile import load_mesh_key, save_mesh_key
 from hydra_node.mesh.link import LinkSettings, PeerLink
-from hydra_node.mesh.membership import Announcement, Hardware, Membership, MembershipConfig, ModelEntry
+from hydra_node.mesh.links import DIAL_TIMEOUT_S, LinkTable
+from hydra_node.mesh.membership import Announcement, Membership, PeerJoined, PeerUpdated
+from hydra_node.mesh.peerstore import PeerStore
+from hydra_node.mesh.settings import MeshSettings
+from hydra_node.mesh.status_view import mesh_section, peer_rows
 from hydra_node.mesh.stream import LinkStream
-from hydra_node.mesh.token import InviteToken, addr_to_url, issue_invite, parse_invite
-from hydra_node.router import Target
-from hydra_node.runtime.channel import ChannelError, FrameDecoder, encode_frame
+from hydra_node.mesh.stream_routes import StreamHandler, StreamRoutes
+from hydra_node.mesh.token import InviteToken, addr_to_url, issue_invite
+
+__all__ = ["AnnouncementContent", "DIAL_TIMEOUT_S", "DialCandidate", "JoinFailed", "JoinPlan", "MeshService",
+           "MeshSettings", "StreamHandler"]
 
 log = logging.getLogger("hydra.mesh")
 
-#: How often our announcement is re-checked for changes (queue depth, model states).
-ANNOUNCE_CHECK_S = 0.5
-#: How long a caller waits for a link to be dialled.
-DIAL_TIMEOUT_S = 3.0
-#: Bound on one background dial of a peer (all its addresses, handshake included).
-BACKGROUND_DIAL_TIMEOUT_S = 10.0
-#: Peers whose addresses are remembered in HOME/mesh/peers.json for a restart without --join.
-MAX_REMEMBERED_PEERS = 64
 #: Bound on the Leave broadcast at shutdown.
 LEAVE_TIMEOUT_S = 2.0
 #: A fresh /api/status token is issued when the current one has less than this left.
 TOKEN_REFRESH_MARGIN_S = 3600.0
-#: Stream frames are runner-channel frames; a generation event is small.
-STREAM_READ_LIMIT = 1 << 20
-#: Bound on closing a generation stream (reset or reading the final EOF).
-STREAM_CLOSE_TIMEOUT_S = 2.0
-
-
-#: Handshake refusals that retrying cannot fix.
-PERMANENT_JOIN_ERRORS = ("token_expired", "token_forged", "token_foreign_mesh", "token_malformed", "foreign_mesh",
-                         "admission_refused", "rejected_by_peer", "generation_mismatch",
-                         "peer_authentication_failed")
-
-
-class JoinFailed(Exception):
-    """`--join` could not reach or be admitted by any address in the token."""
-
-
-@dataclass(frozen=True)
-class MeshSettings:
-    listen_host: str = "0.0.0.0"
-    listen_port: int = 9338
-    advertise: tuple[str, ...] = ()
-    join: tuple[str, ...] = ()
-    role: str = "host"  # host | worker | client
-    join_timeout_s: float = 30.0
-    invite_ttl_s: float = 24 * 3600.0
-    membership: MembershipConfig = field(default_factory=MembershipConfig)
-    fault: FaultInjection | None = None
-
-
-def load_or_create_mesh_key(home: Path) -> MeshSecret | None:
-    path = home / "mesh" / "mesh.key"
-    if not path.exists():
-        return None
-    if stat.S_IMODE(path.stat().st_mode) & 0o077:
-        raise MeshError(f"{path} is readable by other users; run: chmod 600 {path}")
-    try:
-        key = bytes.fromhex(path.read_text().strip())
-        if len(key) != MESH_KEY_BYTES:
-            raise ValueError("wrong length")
-    except ValueError as exc:
-        raise MeshError(f"{path} is corrupt ({exc}); remove it to start a new mesh") from None
-    return MeshSecret(key)
-
-
-def save_mesh_key(home: Path, mesh: MeshSecret) -> None:
-    path = home / "mesh" / "mesh.key"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(mesh.mesh_key.hex() + "\n")
-    os.replace(tmp, path)
 
 
 class MeshService:
-    """Start with ``await nursery.start(mesh.run)``; it reports ready once listening (and joined)."""
+    """Our node in the mesh. ``state_dir`` is ``HOME/mesh`` (mesh.key, peers.json)."""
 
-    def __init__(self, node, settings: MeshSettings):
-        self.node = node
-        self.settings = settings
-        self.identity = node.identity
-        self.node_id = node.node_id
-        self.mesh: MeshSecret | None = None
-        self.port: int | None = None
-        self.addresses: list[str] = []
-        self.links: dict[str, PeerLink] = {}
-        self.gossip: GossipService | None = None
-        self.membership: Membership | None = None
+    def __init__(self, *, signing_key: nacl.signing.SigningKey, state_dir: Path, settings: MeshSettings,
+                 announcement: AnnouncementSource, name: str, version: str = __version__) -> None:
+        self._settings = settings
+        self._signing_key = signing_key
+        self.node_id = node_id_from_public_key(bytes(signing_key.verify_key))
+        self._key_path = state_dir / "mesh.key"
+        self._peer_store = PeerStore(state_dir / "peers.json")
+        self._announcer = Announcer(self.node_id, role=settings.role, name=name, version=version, source=announcement)
+        self._secret: MeshSecret | None = None
+        self._port: int | None = None  # the link listener's, once in a mesh
+        self._addresses: list[str] = []  # what we advertise (invites, announcements)
+        self._links: LinkTable | None = None
+        self._gossip: GossipService | None = None
+        self._membership: Membership | None = None
         self._listener: LinkListener | None = None
         self._nursery: trio.Nursery | None = None
-        self._dialing: dict[str, trio.Event] = {}
-        self._last_ann: tuple | None = None
-        self._token: tuple[str, float] | None = None
-        self._remembered: dict | None = None
-        self.incarnation = int(time.time())  # higher than any incarnation of an earlier run
-        self.counters = {"remote_generations_served": 0, "remote_generations_opened": 0,
-                         "remote_generation_errors": 0, "bad_stream_headers": 0, "unknown_messages": 0,
-                         "duplicate_links_closed": 0, "dial_failures": 0, "quarantined_streams": 0}
-        self.tunnel_handlers: dict[str, Callable[[PeerLink, dict, LinkStream], Awaitable[None]]] = {}
-        #: Callables returning entries merged into our announcement's ``extra`` (e.g. the telemetry
-        #: summary, hydra_node/routing/live.py). Return the same value until it really changed:
-        #: a changed ``extra`` is a new announcement.
-        self.extra_sources: list[Callable[[], dict]] = []
+        self._join_lock = trio.Lock()
+        self._left = False  # leave() was called: shutting down
+        self._session_nursery: trio.Nursery | None = None
+        self._token: tuple[str, float, str | None] | None = None  # (text, expires at, mesh id)
+        self._incarnation = int(time.time())  # higher than any incarnation of an earlier run
+        self._counters = {"bad_stream_headers": 0, "unknown_messages": 0, "quarantined_streams": 0}
+        self._routes = StreamRoutes()
 
-    # ---- lifecycle ------------------------------------------------------------------
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        tokens = [parse_invite(t, time.time()) for t in self.settings.join]  # TokenError: caller reports it
-        self.mesh = load_or_create_mesh_key(self.node.home)
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            first_link = None
-            if tokens and (self.mesh is None or self.mesh.mesh_id != tokens[0].mesh_id):
-                first_link = await self._join_with_invite(tokens[0])
-                self.mesh = first_link.mesh
-                save_mesh_key(self.node.home, self.mesh)
-                log.info("event=mesh_joined mesh_id=%s via=%s", self.mesh.mesh_id, first_link.peer_id[:16])
-            elif self.mesh is None:
-                self.mesh = MeshSecret.generate()
-                save_mesh_key(self.node.home, self.mesh)
-                log.info("event=mesh_created mesh_id=%s", self.mesh.mesh_id)
-            self._listener = LinkListener(self._link_settings(), on_link=self._on_inbound_link)
-            self.port = await nursery.start(self._listener.serve, self.settings.listen_host,
-                                            self.settings.listen_port)
-            self.addresses = advertised_addresses(self.settings.listen_host, self.port, self.settings.advertise)
-            self.membership = Membership(self._announcement(), self.settings.membership,
-                                         now=trio.current_time(), verify=verify_announcement,
-                                         sign=partial(sign_announcement, self.identity.signing_key))
-            self.gossip = await nursery.start(GossipService(
-                self.membership, self._send,
-                send_errors=(MeshError, OSError, trio.BrokenResourceError, trio.ClosedResourceError)).run)
-            nursery.start_soon(self._consume_events)
-            nursery.start_soon(self._announce_loop)
-            seeds = []
-            if first_link is not None:
-                self._adopt(first_link)
-                seeds.append(first_link.peer_id)
-            for tok in tokens:
-                if tok.issuer_id not in self.links:
-                    link = await self._dial_urls(tok.urls, tok.issuer_id, self.settings.join_timeout_s
-                                                 if first_link is None else DIAL_TIMEOUT_S)
-                    if link is not None:
-                        seeds.append(link.peer_id)
-                elif tok.issuer_id not in seeds:
-                    seeds.append(tok.issuer_id)
-            if tokens and not seeds:
-                raise JoinFailed(f"could not reach any address of the invite ({', '.join(tokens[0].addrs)})")
-            if seeds:
-                self.gossip.join(seeds)
-            elif not tokens:
-                nursery.start_soon(self._rejoin_known_peers)
-            log.info("event=mesh_ready mesh_id=%s port=%d addresses=%s", self.mesh.mesh_id, self.port,
-                     ",".join(self.addresses))
-            task_status.started(self)
-            await trio.sleep_forever()
+    # ---- read-only views (what consumers outside mesh/ may use) --------------------------
+    @property
+    def mesh_id(self) -> str | None:
+        """Our mesh's id, None until we are in a mesh."""
+        return self._secret.mesh_id if self._secret is not None else None
 
-    async def leave(self) -> None:
-        """Tell peers we are leaving (bounded) so they drop us at once instead of probing."""
-        if self.gossip is None:
-            return
-        with trio.move_on_after(LEAVE_TIMEOUT_S):
-            await self.gossip.leave()
-            # Close links gracefully: this flushes the queued Leave before the sockets go away,
-            # so peers see "left" at once instead of suspecting a crash.
-            async with trio.open_nursery() as nursery:
-                for link in list(self.links.values()):
-                    nursery.start_soon(link.aclose, "leaving", "node shutting down")
+    @property
+    def joined(self) -> bool:
+        return self._secret is not None
 
-    def _link_settings(self, mesh: MeshSecret | None = None) -> LinkSettings:
-        return LinkSettings(identity=self.identity.signing_key, mesh=mesh or self.mesh,
-                            trusted_issuer=self._trusted_issuer, on_stream=self._on_stream,
-                            on_message=self._on_message, fault=self.settings.fault)
+    @property
+    def mesh_secret(self) -> MeshSecret | None:
+        """The mesh key (for discovery's LAN fingerprint); None until in a mesh."""
+        return self._secret
 
-    def _trusted_issuer(self, node_id: str) -> bool:
-        return node_id == self.node_id or (self.membership is not None and node_id in self.membership.members())
+    @property
+    def port(self) -> int | None:
+        """The link listener's port, None until in a mesh."""
+        return self._port
 
-    async def _join_with_invite(self, token: InviteToken) -> PeerLink:
-        """Dial the token's addresses with the invite, retrying with back-off until join_timeout_s."""
-        deadline = trio.current_time() + self.settings.join_timeout_s
-        delay, last = 0.25, "no address tried"
-        settings = self._link_settings(mesh=None)
-        while True:
-            for url in token.urls:
-                try:
-                    with trio.fail_after(DIAL_TIMEOUT_S * 2):
-                        return await self._nursery.start(partial(connect_link, url, settings, invite=token,
-                                                                  expected_peer_id=token.issuer_id))
-                except HandshakeError as exc:
-                    if exc.code in PERMANENT_JOIN_ERRORS and "busy" not in str(exc):
-                        raise JoinFailed(f"{url} refused the invite: {exc}") from None
-                    last = f"{url}: {exc}"
-                except (LinkClosed, MeshError, OSError, trio.TooSlowError) as exc:
-                    last = f"{url}: {exc or type(exc).__name__}"
-            if trio.current_time() + delay > deadline:
-                raise JoinFailed(f"could not join the mesh within {self.settings.join_timeout_s:.0f} s; "
-                                 f"last error: {last}")
-            log.warning("event=join_retry in_s=%.2f last_error=%r", delay, last)
-            await trio.sleep(delay * random.uniform(0.8, 1.2))
-            delay = min(delay * 2, 5.0)
+    @property
+    def addresses(self) -> list[str]:
+        """The link addresses we advertise (in invites and our announcement)."""
+        return list(self._addresses)
 
-    # ---- links ------------------------------------------------------------------------
-    def _initiator_of(self, link: PeerLink) -> str:
-        return self.node_id if link.is_initiator else link.peer_id
+    @property
+    def listen_host(self) -> str:
+        return self._settings.listen_host
 
-    def _adopt(self, link: PeerLink) -> None:
-        """Keep one link per peer: the one initiated by the smaller node id (both sides agree)."""
-        old = self.links.get(link.peer_id)
-        if old is not None and old is not link and not old.closed:
-            keep, drop = sorted((old, link), key=self._initiator_of)
-            if drop is link:
-                self.counters["duplicate_links_closed"] += 1
-                self._nursery.start_soon(drop.aclose, "duplicate", "another link to this peer is kept")
-                return
-            self.counters["duplicate_links_closed"] += 1
-            self._nursery.start_soon(old.aclose, "duplicate", "another link to this peer is kept")
-        self.links[link.peer_id] = link
-        self._nursery.start_soon(self._watch_link, link)
-        if self.gossip is not None:
-            self.gossip.link_up(link.peer_id)
+    @property
+    def invite_ttl_s(self) -> float:
+        return self._settings.invite_ttl_s
 
-    async def _watch_link(self, link: PeerLink) -> None:
-        await link.wait_closed()
-        if self.links.get(link.peer_id) is link:
-            del self.links[link.peer_id]
-            if self.gossip is not None and link.close_error is not None:
-                self.gossip.link_down(link.peer_id)
+    def members(self) -> dict[str, Announcement]:
+        """Members (alive or suspect, not us) with a verified announcement."""
+        if self._membership is None:
+            return {}
+        return {pid: ann for pid, ann in self._membership.members().items() if ann is not None}
 
-    async def _on_inbound_link(self, link: PeerLink) -> None:
-        self._adopt(link)
-        await link.wait_closed()
+    def member_states(self, now: float) -> dict[str, str]:
+        """peer id → membership state ("alive", "suspect", "dead", "left") of every peer we know."""
+        if self._membership is None:
+            return {}
+        return {p.peer_id: p.state for p in self._membership.statistics(now).peers}
 
-    async def _dial_urls(self, urls, peer_id: str | None, timeout: float) -> PeerLink | None:
-        with trio.move_on_after(timeout):
-            for url in urls:
-                try:
-                    link = await self._nursery.start(partial(connect_link, url, self._link_settings(),
-                                                             expected_peer_id=peer_id))
-                except (MeshError, OSError) as exc:
-                    log.debug("event=dial_failed url=%s error=%r", url, exc)
-                    continue
-                self._adopt(link)
-                return self.links.get(link.peer_id, link)
-        self.counters["dial_failures"] += 1
-        return None
+    def link(self, peer_id: str) -> PeerLink | None:
+        """The open link to ``peer_id``, or None (never dials; see :meth:`link_to`)."""
+        return self._links.get(peer_id) if self._links is not None else None
+
+    def open_links(self) -> list[PeerLink]:
+        return self._links.open_links() if self._links is not None else []
 
     async def link_to(self, peer_id: str) -> PeerLink:
         """The open link to ``peer_id``, dialling it (once, shared by concurrent callers) if needed."""
-        link = self.links.get(peer_id)
-        if link is not None and not link.closed:
-            return link
-        pending = self._dialing.get(peer_id)
-        if pending is None:
-            # Dial in the background: a handshake on a loaded machine can outlast the caller's
-            # patience (gossip sends wait 1 s), and an abandoned dial would be wasted work.
-            pending = self._dialing[peer_id] = trio.Event()
-            self._nursery.start_soon(self._dial_peer, peer_id, pending)
-        with trio.move_on_after(DIAL_TIMEOUT_S):
-            await pending.wait()
-        link = self.links.get(peer_id)
-        if link is None or link.closed:
-            raise LinkClosed(f"no link to peer {peer_id[:16]}", code="unreachable")
-        return link
+        if self._links is None:
+            raise LinkClosed("this node is not in a mesh", code="unreachable")
+        return await self._links.link_to(peer_id)
 
-    async def _dial_peer(self, peer_id: str, done: trio.Event) -> None:
-        try:
-            # Any record, tombstones included: healing a partition means dialling peers we think are dead.
-            rec = self.membership.record(peer_id) if self.membership else None
-            ann = rec.announcement if rec is not None else None
-            if ann is not None:
-                await self._dial_urls([addr_to_url(a) for a in ann.addresses], peer_id, BACKGROUND_DIAL_TIMEOUT_S)
-        finally:
-            done.set()
-            self._dialing.pop(peer_id, None)
+    def gossip_statistics(self) -> GossipServiceStatistics | None:
+        """The gossip driver's statistics, None before we are in a mesh."""
+        return self._gossip.statistics() if self._gossip is not None else None
+
+    # ---- declared by the root ------------------------------------------------------------
+    def handle_stream(self, kind: str, handler: StreamHandler) -> None:
+        """Serve streams whose header has ``kind`` (e.g. "generate") with ``handler``."""
+        self._routes.add_kind(kind, handler)
+
+    def handle_tunnel(self, name: str, handler: StreamHandler) -> None:
+        """Serve ``tunnel`` streams whose header names ``service == name`` with ``handler``."""
+        self._routes.add_tunnel(name, handler)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    async def run(self, plan: JoinPlan | None = None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled; with ``plan``, ready once it got us into the mesh (JoinFailed if not)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if plan is not None:
+                await self.join(plan)
+            task_status.started(self)
+            await trio.sleep_forever()
+
+    async def join(self, plan: JoinPlan) -> tuple[str, ...]:
+        """Enter a mesh (or link further into ours) as ``plan`` says; returns the peers we seeded
+        gossip with. JoinFailed when the plan's invites got us nowhere; a failed first entry leaves
+        the service out of any mesh, so another plan can be tried."""
+        if self._nursery is None:
+            raise MeshError("the mesh service is not running; start it with nursery.start(mesh.run)")
+        async with self._join_lock:
+            held = self._secret if self._secret is not None else load_mesh_key(self._key_path)
+            steps = plan_join(plan, current_mesh_id=self.mesh_id, held_mesh_id=held.mesh_id if held else None)
+            if steps.conflict is not None:
+                raise JoinFailed(steps.conflict)
+            unreachable = JoinFailed(f"could not reach any address of the invite "
+                                     f"({', '.join(plan.invites[0].addrs) if plan.invites else '-'})")
+            if self._secret is not None:
+                seeds = await self._links.dial_candidates(steps.dials, DIAL_TIMEOUT_S)
+                if steps.must_reach and not seeds:
+                    raise unreachable
+            else:
+                session: trio.CancelScope = await self._nursery.start(self._session)
+                try:
+                    seeds = await self._enter(steps.admit_with, held, steps.dials, plan)
+                    if steps.must_reach and not seeds:
+                        raise unreachable
+                except BaseException:
+                    session.cancel()
+                    self._leave_session()
+                    raise
+            if seeds and not self._left:
+                self._gossip.join(seeds)
+            return tuple(seeds)
+
+    async def leave(self) -> None:
+        """Tell peers we are leaving (bounded) so they drop us at once instead of probing. After it, our
+        announcement is frozen and nobody is seeded: the membership core refuses both once left."""
+        if self._gossip is None or self._left:
+            return
+        self._left = True
+        with trio.move_on_after(LEAVE_TIMEOUT_S):
+            await self._gossip.leave()
+            # Close links gracefully: this flushes the queued Leave before the sockets go away,
+            # so peers see "left" at once instead of suspecting a crash.
+            await self._links.close_all("leaving", "node shutting down")
+
+    # ---- entering a mesh ---------------------------------------------------------------------
+    async def _session(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The tasks of one stay in a mesh (listener, gossip, links), cancelled together."""
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as session:
+                self._session_nursery = session
+                task_status.started(scope)
+                await trio.sleep_forever()
+
+    def _leave_session(self) -> None:
+        self._session_nursery = None
+        self._secret = self._gossip = self._membership = self._listener = self._links = None
+        self._port, self._addresses = None, []
+
+    async def _enter(self, admit_with: InviteToken | None, held: MeshSecret | None,
+                     dials: tuple[DialCandidate, ...], plan: JoinPlan) -> list[str]:
+        session = self._session_nursery
+        timeout_s = plan.admission_timeout_s if plan.admission_timeout_s is not None else self._settings.join_timeout_s
+        first_link = None
+        if admit_with is not None:
+            first_link = await admit_with_invite(session, admit_with, self._link_settings(mesh=None), timeout_s)
+            secret = first_link.mesh
+            save_mesh_key(self._key_path, secret)
+            log.info("event=mesh_joined mesh_id=%s via=%s", secret.mesh_id, first_link.peer_id[:16])
+        elif held is not None:
+            secret = held
+        else:
+            secret = MeshSecret.generate()
+            save_mesh_key(self._key_path, secret)
+            log.info("event=mesh_created mesh_id=%s", secret.mesh_id)
+        self._secret = secret
+        self._links = LinkTable(self.node_id, session, self._link_settings, addresses_of=self._addresses_of,
+                                on_up=self._link_up, on_down=self._link_down)
+        self._listener = LinkListener(self._link_settings(), on_link=self._on_inbound_link)
+        self._port = await session.start(self._listener.serve, self._settings.listen_host, self._settings.listen_port)
+        self._addresses = advertised_addresses(self._settings.listen_host, self._port, self._settings.advertise)
+        self._membership = Membership(self._announcement(), self._settings.membership, now=trio.current_time(),
+                                      verify=verify_announcement, sign=partial(sign_announcement, self._signing_key))
+        self._gossip = await session.start(GossipService(
+            self._membership, self._send,
+            send_errors=(MeshError, OSError, trio.BrokenResourceError, trio.ClosedResourceError)).run)
+        session.start_soon(self._consume_events)
+        session.start_soon(self._announce_loop)
+        seeds: list[str] = []
+        if first_link is not None:
+            self._links.adopt(first_link)
+            seeds.append(first_link.peer_id)
+        # Invites for the mesh whose key we already hold need no admission: dialling their issuers
+        # is then what gets us in, with the admission's patience. Members are dialled briefly.
+        patient = bool(plan.invites) and first_link is None
+        seeds += await self._links.dial_candidates(dials, timeout_s if patient else DIAL_TIMEOUT_S, skip=seeds)
+        if not plan.invites:
+            session.start_soon(self._rejoin_known_peers)
+        log.info("event=mesh_ready mesh_id=%s port=%d addresses=%s", secret.mesh_id, self._port,
+                 ",".join(self._addresses))
+        return seeds
+
+    async def _rejoin_known_peers(self) -> None:
+        """Without an invite: dial the members we knew before a restart (best effort, in the background)."""
+        candidates = self._peer_store.candidates(self.mesh_id)
+        seeds = await self._links.dial_candidates(candidates, DIAL_TIMEOUT_S)
+        if seeds and not self._left:
+            log.info("event=mesh_rejoined_known_peers peers=%d", len(seeds))
+            self._gossip.join(seeds)
+
+    # ---- links and messages --------------------------------------------------------------------
+    def _link_settings(self, mesh: MeshSecret | None = None) -> LinkSettings:
+        return LinkSettings(identity=self._signing_key, mesh=mesh or self._secret, trusted_issuer=self._trusted_issuer,
+                            on_stream=self._on_stream, on_message=self._on_message, fault=self._settings.fault)
+
+    def _trusted_issuer(self, node_id: str) -> bool:
+        return node_id == self.node_id or (self._membership is not None and node_id in self._membership.members())
+
+    def _addresses_of(self, peer_id: str) -> list[str]:
+        # Any record, tombstones included: healing a partition means dialling peers we think are dead.
+        rec = self._membership.record(peer_id) if self._membership is not None else None
+        ann = rec.announcement if rec is not None else None
+        return [addr_to_url(a) for a in ann.addresses] if ann is not None else []
+
+    def _link_up(self, peer_id: str) -> None:
+        if self._gossip is not None:
+            self._gossip.link_up(peer_id)
+
+    def _link_down(self, peer_id: str) -> None:
+        if self._gossip is not None:
+            self._gossip.link_down(peer_id)
+
+    async def _on_inbound_link(self, link: PeerLink) -> None:
+        self._links.adopt(link)
+        await link.wait_closed()
 
     async def _send(self, peer_id: str, wire: dict) -> None:
         link = await self.link_to(peer_id)
@@ -313,281 +300,74 @@ class MeshService:
 
     async def _on_message(self, link: PeerLink, body: dict) -> None:
         if body.get("t") == "gossip" and isinstance(body.get("m"), dict):
-            if self.gossip is not None:
-                await self.gossip.deliver(link.peer_id, body["m"])
+            if self._gossip is not None:
+                await self._gossip.deliver(link.peer_id, body["m"])
         else:
-            self.counters["unknown_messages"] += 1
+            self._counters["unknown_messages"] += 1
             log.warning("event=message_rejected peer=%s reason=unknown_type", link.peer_id[:16])
 
-    # ---- membership ---------------------------------------------------------------------
+    async def _on_stream(self, link: PeerLink, header: dict, stream: LinkStream) -> None:
+        if link.peer_id not in self.members():
+            # Quarantine: a peer gets no work done here before its first valid (signed) announcement.
+            self._counters["quarantined_streams"] += 1
+            await stream.reset("quarantined", "no valid announcement from this peer yet")
+            return
+        handler = self._routes.handler_for(header)
+        if handler is None:
+            kind = header.get("kind")
+            self._counters["bad_stream_headers"] += 1
+            log.warning("event=stream_rejected peer=%s kind=%r", link.peer_id[:16], kind)
+            await stream.reset("refused", f"unknown stream kind {kind!r}")
+            return
+        await handler(link, header, stream)
+
+    # ---- our announcement and the peers we remember ----------------------------------------------
     def _announcement(self) -> Announcement:
-        node = self.node
-        runners = list(node.local.runners.values())
-        models = tuple(ModelEntry(r.model.id, r.state) for r in runners)
-        tps = tuple((r.model.id, int(r.stats.tokens_per_s * 1000)) for r in runners if r.stats.tokens_per_s > 0)
-        hw = node.hardware()
-        return Announcement(
-            node_id=self.node_id, incarnation=self.membership.incarnation if self.membership else self.incarnation,
-            version=__version__, role=self.settings.role, addresses=tuple(self.addresses),
-            api_port=node.api_server.port if node.api_server else None,
-            console_port=node.console_server.port if node.console_server else None,
-            models=models, hardware=Hardware(**hw), queue_depth=sum(r.queue_depth + r.in_flight for r in runners),
-            throughput_milli=tps, rpc=self._rpc_capacity(), extra=self._extra())
-
-    def _rpc_capacity(self):
-        """Our RPC worker's capacity (hydra_node/runtime/hosting.py), None without a ready worker."""
-        runtime = getattr(self.node, "runtime", None)
-        return runtime.rpc_announcement()[0] if runtime is not None else None
-
-    def _extra(self) -> dict:
-        extra: dict = {}
-        for source in self.extra_sources:
-            extra.update(source())
-        extra["name"] = self.node.config.name or self.node_id[:8]
-        return extra
+        incarnation = self._membership.incarnation if self._membership is not None else self._incarnation
+        return self._announcer.build(incarnation=incarnation, addresses=tuple(self._addresses))
 
     async def _announce_loop(self) -> None:
         while True:
             ann = self._announcement()
-            key = (ann.models, ann.queue_depth, ann.api_port, ann.console_port, ann.addresses,
-                   ann.throughput_milli, ann.incarnation, ann.extra, ann.rpc)
-            if key != self._last_ann:
-                self._last_ann = key
-                self.gossip.local_update(ann)  # the core stamps incarnation and seq, then re-signs
+            if not self._left and self._announcer.changed(ann):
+                self._gossip.local_update(ann)  # the core stamps incarnation and seq, then re-signs
             await trio.sleep(ANNOUNCE_CHECK_S)
 
-    @property
-    def _known_peers_path(self) -> Path:
-        return self.node.home / "mesh" / "peers.json"
-
-    def _remember_peers(self) -> None:
-        """Keep the addresses of current members, so a restart without --join finds the mesh again."""
-        members = self.membership.members()
-        known = {pid: list(ann.addresses) for pid, ann in members.items() if ann is not None and ann.addresses}
-        if not known:
-            return
-        data = {"mesh_id": self.mesh.mesh_id,
-                "peers": dict(sorted(known.items())[:MAX_REMEMBERED_PEERS])}
-        if data == self._remembered:
-            return  # announcements change often (queue depth); the file only when addresses do
-        self._remembered = data
-        tmp = self._known_peers_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self._known_peers_path)
-
-    async def _rejoin_known_peers(self) -> None:
-        """After a restart without --join: dial the members we knew (best effort, in the background)."""
-        try:
-            data = json.loads(self._known_peers_path.read_text())
-        except (OSError, ValueError):
-            return
-        if not isinstance(data, dict) or data.get("mesh_id") != self.mesh.mesh_id:
-            return
-        seeds = []
-        for pid, addrs in list((data.get("peers") or {}).items())[:MAX_REMEMBERED_PEERS]:
-            if not isinstance(addrs, list):
-                continue
-            try:
-                urls = [addr_to_url(str(a)) for a in addrs[:8]]
-            except (TokenError, ValueError):
-                continue
-            link = await self._dial_urls(urls, pid, DIAL_TIMEOUT_S)
-            if link is not None:
-                seeds.append(pid)
-        if seeds:
-            log.info("event=mesh_rejoined_known_peers peers=%d", len(seeds))
-            self.gossip.join(seeds)
-
     async def _consume_events(self) -> None:
-        async for ev in self.gossip.events:
-            if type(ev).__name__ in ("PeerJoined", "PeerUpdated"):
-                self._remember_peers()
+        async for ev in self._gossip.events:
+            if isinstance(ev, (PeerJoined, PeerUpdated)):
+                self._peer_store.remember(self.mesh_id, self._membership.members())
             log.info("event=membership_%s peer=%s incarnation=%s", type(ev).__name__.lower(),
                      ev.peer_id[:16], getattr(ev, "incarnation", ""))
             # Links are not closed on PeerDied: a dead peer's link dies by itself (reset or idle
             # timeout), and closing a link to a falsely suspected peer only slows its refutation.
 
+    # ---- status, invites -----------------------------------------------------------------------
     def peers(self) -> list[dict]:
-        if self.membership is None:
+        if self._membership is None:
             return []
-        st = self.membership.statistics(trio.current_time())
-        members = self.membership.members()
-        out = []
-        for p in st.peers:
-            ann = members.get(p.peer_id)
-            link = self.links.get(p.peer_id)
-            out.append({"id": p.peer_id, "state": p.state, "role": p.role, "addresses": list(p.addresses),
-                        "models": [m for m, _ in p.models], "model_states": dict(p.models),
-                        "rtt_ms": None if link is None or link.rtt_ms is None else round(link.rtt_ms, 2),
-                        "last_seen": None if p.last_seen_s is None else round(p.last_seen_s, 2),
-                        "incarnation": p.incarnation, "api_port": ann.api_port if ann else None,
-                        "queue_depth": ann.queue_depth if ann else None, "linked": link is not None})
-        return out
+        return peer_rows(self._membership.statistics(trio.current_time()), self._membership.members(), self.link)
 
-    def token(self) -> str:
+    def token(self) -> str | None:
+        """A standing invite for /api/status (re-issued when close to expiry); None outside a mesh."""
+        if self._secret is None:
+            return None
         now = time.time()
-        if self._token is None or self._token[1] - now < TOKEN_REFRESH_MARGIN_S:
-            self._token = (self.invite(self.settings.invite_ttl_s), now + self.settings.invite_ttl_s)
+        if self._token is None or self._token[1] - now < TOKEN_REFRESH_MARGIN_S or self._token[2] != self.mesh_id:
+            self._token = (self.invite(self._settings.invite_ttl_s), now + self._settings.invite_ttl_s, self.mesh_id)
         return self._token[0]
 
     def invite(self, ttl_s: float) -> str:
-        return issue_invite(self.identity.signing_key, self.mesh.mesh_id, self.addresses, ttl_s, time.time())
+        if self._secret is None:
+            raise MeshError("this node is not in a mesh")
+        return issue_invite(self._signing_key, self._secret.mesh_id, self._addresses, ttl_s, time.time())
 
     def status(self) -> dict:
-        links = {pid[:16]: l.statistics() for pid, l in self.links.items()}
-        rejected: dict[str, int] = {}
-        bytes_in = sum(s.bytes_in for s in links.values())
-        bytes_out = sum(s.bytes_out for s in links.values())
-        for s in links.values():
-            for k, v in (getattr(s, "rejected", None) or {}).items():
-                rejected[k] = rejected.get(k, 0) + v
-        g = self.gossip.statistics() if self.gossip else None
-        return {"mesh_id": self.mesh.mesh_id if self.mesh else None, "port": self.port, "addresses": self.addresses,
-                "role": self.settings.role, "links": len(self.links), "frames_rejected": rejected,
-                "link_bytes_in": bytes_in, "link_bytes_out": bytes_out,
-                "handshake_failures": dict(self._listener.statistics().handshake_failures) if self._listener else {},
-                "membership": None if g is None else {
-                    "incarnation": g.membership.incarnation, "sent": g.membership.sent,
-                    "received": g.membership.received, "rejected": g.membership.rejected,
-                    "refutations": g.membership.refutations, "failed_sends": g.failed_sends,
-                    "dropped_sends": g.dropped_sends},
-                "counters": dict(self.counters)}
-
-    # ---- routing: remote targets --------------------------------------------------------
-    def targets(self) -> list[Target]:
-        if self.membership is None:
-            return []
-        out = []
-        states = {p.peer_id: p.state for p in self.membership.statistics(trio.current_time()).peers}
-        for peer_id, ann in self.membership.members().items():
-            if ann is None or ann.role == "client":
-                continue
-            link = self.links.get(peer_id)
-            rtt = link.rtt_ms if link is not None and link.rtt_ms is not None else 1000.0
-            for m in ann.models:
-                state = m.state if states.get(peer_id) == "alive" else "suspect"
-                out.append(Target(model=m.id, node_id=peer_id, local=False,
-                                  open=partial(self.open_remote, peer_id), queue_depth=ann.queue_depth,
-                                  rtt_ms=rtt, state=state))
-        return out
-
-    @asynccontextmanager
-    async def open_remote(self, peer_id: str, req: GenerationRequest) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
-        """Run ``req`` on ``peer_id``: events stream back; leaving early resets the stream (cancels it there)."""
-        try:
-            link = await self.link_to(peer_id)
-        except MeshError as exc:
-            raise ModelUnavailable(f"peer {peer_id[:16]} is unreachable: {exc}") from None
-        self.counters["remote_generations_opened"] += 1
-        finished = False
-        try:
-            async with link.open_stream({"kind": "generate", "req": req.to_wire()}) as stream:
-
-                async def events() -> AsyncIterator[GenerationEvent]:
-                    nonlocal finished
-                    decoder = FrameDecoder()
-                    started = False
-                    while True:
-                        try:
-                            data = await stream.receive()
-                        except (StreamReset, LinkClosed) as exc:
-                            raise GenerationError(f"peer {peer_id[:16]} lost: {exc}", code="peer_lost",
-                                                  status=502, retryable=not started) from None
-                        if not data:
-                            raise GenerationError(f"peer {peer_id[:16]} ended the stream early", code="peer_lost",
-                                                  status=502, retryable=not started)
-                        decoder.receive_data(data)
-                        while True:
-                            try:
-                                msg = decoder.next_message()
-                            except ChannelError as exc:
-                                raise GenerationError(f"peer {peer_id[:16]} sent a bad frame: {exc}",
-                                                      code="bad_frame", status=502) from None
-                            if msg is None:
-                                break
-                            ev = event_from_wire(msg.get("ev"))  # raises GenerationError for error events
-                            started = True
-                            yield ev
-                            if getattr(ev, "type", "") == "finished":
-                                finished = True
-                                return
-
-                try:
-                    yield events()
-                finally:
-                    with trio.CancelScope(shield=True), trio.move_on_after(STREAM_CLOSE_TIMEOUT_S):
-                        if not finished:
-                            await stream.reset("cancel", "requester gone")
-                        else:  # read the host's end-of-stream so the stream closes cleanly
-                            try:
-                                while await stream.receive():
-                                    pass
-                            except (StreamReset, LinkClosed):
-                                pass
-        except (StreamReset, LinkClosed) as exc:
-            if finished:
-                return  # the answer is complete; a late close is not the client's problem
-            self.counters["remote_generation_errors"] += 1
-            raise GenerationError(f"peer {peer_id[:16]} lost: {exc}", code="peer_lost", status=502,
-                                  retryable=True) from None
-
-    # ---- serving streams for peers --------------------------------------------------------
-    async def _on_stream(self, link: PeerLink, header: dict, stream: LinkStream) -> None:
-        if self.membership is None or link.peer_id not in self.membership.members():
-            # Quarantine: a peer gets no work done here before its first valid (signed) announcement.
-            self.counters["quarantined_streams"] += 1
-            await stream.reset("quarantined", "no valid announcement from this peer yet")
-            return
-        kind = header.get("kind")
-        if kind == "generate":
-            await self._serve_generate(link, header, stream)
-        elif kind == "tunnel" and header.get("service") in self.tunnel_handlers:
-            await self.tunnel_handlers[header["service"]](link, header, stream)
-        else:
-            self.counters["bad_stream_headers"] += 1
-            log.warning("event=stream_rejected peer=%s kind=%r", link.peer_id[:16], kind)
-            await stream.reset("refused", f"unknown stream kind {kind!r}")
-
-    async def _serve_generate(self, link: PeerLink, header: dict, stream: LinkStream) -> None:
-        async def send_error(err: GenerationError) -> None:
-            await stream.send(encode_frame({"op": "event", "ev": {"type": "error", **err.to_wire()}}))
-            await stream.send_eof()
-
-        try:
-            req = GenerationRequest.from_wire(header.get("req"))
-        except InvalidRequest as exc:
-            self.counters["bad_stream_headers"] += 1
-            await send_error(GenerationError(f"invalid request: {exc.message}", code="invalid_request", status=400))
-            return
-        runner = self.node.local.runners.get(req.model)
-        if runner is None:
-            await send_error(ModelUnavailable(f"peer {self.node_id[:16]} does not host {req.model!r}"))
-            return
-        self.counters["remote_generations_served"] += 1
-        gone = False
-        async with trio.open_nursery() as nursery:
-            async def watch() -> None:
-                nonlocal gone
-                try:
-                    while await stream.receive():
-                        pass
-                except (StreamReset, LinkClosed):
-                    gone = True
-                    nursery.cancel_scope.cancel()
-
-            nursery.start_soon(watch)
-            try:
-                async with runner.generate(req) as events:
-                    async for ev in events:
-                        await stream.send(encode_frame({"op": "event", "ev": ev.to_wire()}))
-                await stream.send_eof()
-            except GenerationError as exc:
-                try:
-                    await send_error(exc)
-                except (StreamReset, LinkClosed):
-                    pass
-            except (StreamReset, LinkClosed):
-                gone = True
-            nursery.cancel_scope.cancel()
-        if gone:
-            log.info("event=remote_generation_cancelled peer=%s model=%s", link.peer_id[:16], req.model)
+        links = self._links
+        return mesh_section(
+            mesh_id=self.mesh_id, port=self._port, addresses=self._addresses, role=self._settings.role,
+            links={pid[:16]: link.statistics() for pid, link in (links.items() if links else [])},
+            handshake_failures=self._listener.statistics().handshake_failures if self._listener else {},
+            gossip=self.gossip_statistics(),
+            counters={**self._counters, "duplicate_links_closed": links.duplicate_links_closed if links else 0,
+                      "dial_failures": links.dial_failures if links else 0})

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
-from .errors import LocalProtocolError, StreamReset
+from .errors import LinkClosed, LocalProtocolError, StreamReset
+from .mux import Multiplexer
 
-if TYPE_CHECKING:
-    from .link import PeerLink
+__all__ = ["FINISH_FLUSH_S", "SEND_BUFFER_BYTES", "LinkStream", "Signal", "StreamPort"]
 
 
 #: Bytes a stream may have queued in the multiplexer before send() waits (backpressure bound).
 SEND_BUFFER_BYTES = 256 * 1024
+#: Bound on a finished stream's last bytes reaching the wire before it is reset (peer not done yet).
+FINISH_FLUSH_S = 2.0
 
 
 class Signal:
@@ -31,6 +33,23 @@ class Signal:
         await self._event.wait()
 
 
+class StreamPort(Protocol):
+    """What a stream uses of its link (``PeerLink`` hands each stream one): the multiplexer, the
+    writer's wake-up, the progress signal and the link's close error. Streams know nothing else
+    of the link, so this module does not import ``link``."""
+
+    @property
+    def peer_id(self) -> str: ...
+    @property
+    def close_error(self) -> LinkClosed | None: ...
+    @property
+    def mux(self) -> Multiplexer: ...
+    @property
+    def progress(self) -> Signal: ...
+    def wake_writer(self) -> None: ...
+    def forget_stream(self, stream_id: int) -> None: ...
+
+
 class LinkStream:
     """A bidirectional byte stream with half-close, reset and backpressure.
 
@@ -39,7 +58,7 @@ class LinkStream:
     chunk, b"" at the peer's end of stream, and raises StreamReset or LinkClosed.
     """
 
-    def __init__(self, link: PeerLink, stream_id: int, header: dict[str, Any]) -> None:
+    def __init__(self, link: StreamPort, stream_id: int, header: dict[str, Any]) -> None:
         self._link = link
         self.stream_id = stream_id
         self.header = header
@@ -85,15 +104,15 @@ class LinkStream:
             return
         async with self._send_lock:
             self._check_usable()
-            mux = self._link._mux
+            mux = self._link.mux
             mux.send_data(self.stream_id, bytes(data))
-            self._link._wake_writer()
+            self._link.wake_writer()
             # Return once at most SEND_BUFFER_BYTES wait in the multiplexer for credit or the writer:
             # small writes (RPC commands, tokens) do not wait for a scheduling round trip, and a big
             # transfer still cannot grow the buffer without bound.
             while mux.buffered(self.stream_id) > SEND_BUFFER_BYTES:
                 self._check_usable()
-                await self._link._progress.wait()
+                await self._link.progress.wait()
             self._check_usable()
             self.bytes_sent += len(data)
 
@@ -104,8 +123,8 @@ class LinkStream:
             return
         self._check_usable()
         self._local_eof = True
-        self._link._mux.send_eof(self.stream_id)
-        self._link._wake_writer()
+        self._link.mux.send_eof(self.stream_id)
+        self._link.wake_writer()
 
     async def receive(self) -> bytes:
         """The next chunk of data; b"" once the peer has half-closed."""
@@ -120,8 +139,8 @@ class LinkStream:
             await self._signal.wait()
         chunk = self._incoming.popleft()
         self.bytes_received += len(chunk)
-        self._link._mux.consumed(self.stream_id, len(chunk))
-        self._link._wake_writer()
+        self._link.mux.consumed(self.stream_id, len(chunk))
+        self._link.wake_writer()
         return chunk
 
     async def receive_all(self, limit: int) -> bytes:
@@ -143,19 +162,24 @@ class LinkStream:
     def _reset_now(self, code: str, message: str) -> None:
         if self._reset is None:
             self._reset = StreamReset(f"stream {self.stream_id} reset locally: {code} {message}".strip(), code=code)
-            self._link._mux.reset_stream(self.stream_id, code, message)
-            self._link._wake_writer()
-        self._link._forget_stream(self.stream_id)
+            self._link.mux.reset_stream(self.stream_id, code, message)
+            self._link.wake_writer()
+        self._link.forget_stream(self.stream_id)
         self._signal.fire()
 
     async def _finish(self) -> None:
-        """End of use: half-close if needed; reset if the peer has not finished sending."""
+        """End of use: half-close if needed; reset if the peer has not finished sending — once what
+        we sent is on the wire (a reset drops unsent data, e.g. a final error event and our EOF)."""
         if self._reset is not None or self._link.close_error is not None:
-            self._link._forget_stream(self.stream_id)
+            self._link.forget_stream(self.stream_id)
             return
         if not self._local_eof:
             await self.send_eof()
         if self._remote_eof and not self._incoming:
-            self._link._forget_stream(self.stream_id)
-        else:
-            self._reset_now("cancel", "stream closed before the peer finished sending")
+            self._link.forget_stream(self.stream_id)
+            return
+        with trio.move_on_after(FINISH_FLUSH_S):
+            while (self._link.mux.buffered(self.stream_id) and self._reset is None
+                   and self._link.close_error is None):
+                await self._link.progress.wait()
+        self._reset_now("cancel", "stream closed before the peer finished sending")

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Protocol
 
 import trio
 
@@ -65,6 +65,27 @@ class RequestObservation:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+
+
+@dataclass(frozen=True)
+class SchedulingStatistics:
+    """The live scheduler's counters, for ``/metrics``."""
+
+    mode: SchedulerMode
+    #: The scheduler's decision counters (decisions, overrides, shadow_disagreements, ...).
+    decisions: Mapping[str, int]
+    #: ``LiveScheduling.counters``: attempts, failures (blamed or not), RTT samples, hint summaries.
+    counters: Mapping[str, int]
+    #: Targets with measured telemetry.
+    tracked_targets: int
+
+
+class MeshView(Protocol):
+    """What :meth:`LiveScheduling.sample` reads of the mesh (``MeshService`` satisfies it)."""
+
+    def members(self) -> Mapping[str, Any]: ...
+
+    def open_links(self) -> Sequence[Any]: ...
 
 
 def _finite(value: float, low: float, high: float) -> float:
@@ -208,16 +229,16 @@ class LiveScheduling:
             self.counters["failures_not_blamed"] += 1
 
     # ---- links and gossip ------------------------------------------------------------------
-    async def run(self, mesh, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, mesh: MeshView, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Sample link RTTs and merge peers' announced summaries until cancelled."""
         task_status.started()
         while True:
             self.sample(mesh, trio.current_time())
             await trio.sleep(SAMPLE_INTERVAL_S)
 
-    def sample(self, mesh, now: float) -> None:
-        members = mesh.membership.members() if mesh.membership is not None else {}
-        links = dict(mesh.links)
+    def sample(self, mesh: MeshView, now: float) -> None:
+        members = mesh.members()
+        links = {link.peer_id: link for link in mesh.open_links()}
         for peer_id in [p for p in self._last_rtt if p not in links]:
             del self._last_rtt[peer_id]
         for peer_id, link in links.items():
@@ -274,6 +295,10 @@ class LiveScheduling:
         return extra
 
     # ---- status ----------------------------------------------------------------------------
+    def statistics(self) -> SchedulingStatistics:
+        return SchedulingStatistics(mode=self.mode, decisions=dict(self.scheduler.state.counters),
+                                    counters=dict(self.counters), tracked_targets=len(self.telemetry))
+
     def network_costs(self) -> dict:
         snap = self.telemetry.snapshot(trio.current_time())
         snap["counters"] = dict(self.counters)

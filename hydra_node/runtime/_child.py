@@ -1,4 +1,4 @@
-"""Helpers for child processes the node supervises (model runners, draft servers)."""
+"""Helpers that run inside the node's child processes (model runners, draft servers)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ import time
 
 
 def die_with_parent(poll_s: float = 0.5) -> None:
-    """Exit when the node process goes away.
+    """Exit when the node process goes away: a back-up for children not started by the node.
 
-    PR_SET_PDEATHSIG fires when the *spawning thread* exits, and trio spawns from a
-    worker thread, so a daemon thread polls the parent pid instead.
+    Children the node starts already carry ``PR_SET_PDEATHSIG = SIGKILL``, set before exec
+    and bound to the node's long-lived spawner thread (:mod:`hydra_node.runtime._spawn`).
+    That signal follows the *thread* that forked, so a child started some other way (e.g.
+    from one of trio's cached worker threads, which exit when idle) cannot rely on it; this
+    daemon thread polls the parent pid instead and works whoever forked.
     """
     parent = os.getppid()
 

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import sys
-import urllib.error
-import urllib.parse
-import urllib.request
 
-#: Default bound on silence from a split runner during a generation (tokens, or prompt processing).
-DEFAULT_SPLIT_STALL_TIMEOUT_S = 60.0
-#: Bound on waiting for a hot-swapped model to become ready when the caller asks to wait.
-SWAP_WAIT_DEFAULT_S = 120.0
+from hydra_node.node_client import NodeClient, NodeClientError
+from hydra_node.runtime.hosting import DEFAULT_SPLIT_STALL_TIMEOUT_S, SWAP_WAIT_DEFAULT_S
 
 #: Bounds accepted for --stall-timeout.
 MIN_STALL_TIMEOUT_S = 1.0
@@ -58,34 +52,25 @@ def add_swap_parser(sub, add_home) -> None:
     add_home(sw)
 
 
-def _call(method: str, url: str, body: dict | None, api_key: str | None, timeout: float):
-    req = urllib.request.Request(url, method=method, data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+#: Bounds on the swap's other requests (listing the models, one unload).
+LIST_TIMEOUT_S = 10.0
+UNLOAD_TIMEOUT_S = 30.0
 
 
-def cmd_swap(args, port: int, api_key: str | None) -> int:
-    base = f"http://127.0.0.1:{port}"
+def cmd_swap(args, client: NodeClient) -> int:
     try:
-        before = _call("GET", f"{base}/api/runtime/models", None, api_key, 10.0)["models"]
+        before = client.get("/api/runtime/models", timeout=LIST_TIMEOUT_S)["models"]
         body = {"model": args.model, "wait": True, "timeout_s": args.timeout}
         if args.split:
             body["split"] = True
-        loaded = _call("POST", f"{base}/api/runtime/models", body, api_key, args.timeout + 10)
+        loaded = client.post("/api/runtime/models", body, timeout=args.timeout + 10)
         print(f"loaded {loaded['model']} ({'split' if loaded['split'] else 'local'}, state {loaded['state']})")
         if not args.keep:
             for model_id in before:
                 if model_id != loaded["model"]:
-                    _call("DELETE", f"{base}/api/runtime/models/{urllib.parse.quote(model_id, safe='')}", None,
-                          api_key, 30.0)
+                    client.delete(f"/api/runtime/models/{client.quote(model_id)}", timeout=UNLOAD_TIMEOUT_S)
                     print(f"unloaded {model_id}")
-    except urllib.error.HTTPError as exc:
-        print(f"hydra-node: the node refused: {exc.read().decode(errors='replace')}", file=sys.stderr)
-        return 1
-    except (urllib.error.URLError, OSError) as exc:
-        print(f"hydra-node: no node answering on 127.0.0.1:{port} ({getattr(exc, 'reason', exc)})", file=sys.stderr)
+    except NodeClientError as exc:
+        print(f"hydra-node: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -1,8 +1,8 @@
 """Model runner child process: one llama.cpp model, one generation at a time.
 
 Started by :mod:`hydra_node.runtime.supervisor` with a connected socket on
-``--fd``.  Speaks the runner channel (length-prefixed CBOR, see
-``docs/operations.md``):
+``--fd``.  Speaks the runner channel (length-prefixed canonical CBOR maps,
+:mod:`hydra_node.runtime.channel`, decoded strictly by :mod:`hydra_node.codec`):
 
   node -> runner: {"op": "generate", "id", "req"} | {"op": "cancel", "id"} | {"op": "ping", "n"} | {"op": "shutdown"}
   runner -> node: {"op": "ready", ...} | {"op": "delta", "id", "text"} | {"op": "done", "id", ...}
@@ -10,7 +10,8 @@ Started by :mod:`hydra_node.runtime.supervisor` with a connected socket on
 
 A reader thread handles cancel/ping while the main thread generates, so a
 cancel stops generation within one token.  The runner dies with its parent
-(PR_SET_PDEATHSIG) and exits when the socket closes.
+(PR_SET_PDEATHSIG, set before exec by :mod:`hydra_node.runtime.supervise`; a thread
+watching the parent pid backs it up) and exits when the socket closes.
 """
 
 from __future__ import annotations
@@ -201,12 +202,16 @@ def _reader(ch: Channel, runner: Runner, work: "queue.Queue") -> None:
             msg = ch.recv()
             if msg is None:
                 break
-            op = msg["op"]
+            op = msg["op"]  # the strict decoder guarantees a text op and an int id when present
+            if op in ("generate", "cancel") and "id" not in msg:
+                raise ChannelError(f"{op} needs an 'id'", code="bad_message")
             if op == "generate":
+                if not isinstance(msg.get("req"), dict):
+                    raise ChannelError("generate needs a 'req' map", code="bad_message")
                 work.put(msg)
             elif op == "cancel":
                 with runner.lock:
-                    runner.cancelled.add(int(msg["id"]))
+                    runner.cancelled.add(msg["id"])
             elif op == "ping":
                 ch.send({"op": "pong", "n": msg.get("n")})
             elif op == "shutdown":
@@ -264,7 +269,7 @@ def main(argv=None) -> int:
         msg = work.get()
         if msg is None:
             return 0
-        rid = int(msg["id"])
+        rid = msg["id"]  # checked by _reader
         with runner.lock:
             if rid in runner.cancelled:
                 runner.cancelled.discard(rid)

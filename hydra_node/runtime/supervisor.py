@@ -1,23 +1,20 @@
 """Supervision of one model runner child process, and the request queue in front of it.
 
-``RunnerSupervisor.run`` (started with ``nursery.start``) spawns the runner,
-waits for its ``ready`` frame, and restarts it on any exit with exponential
-back-off and jitter.  Too many crashes inside a window put it in state
+``RunnerSupervisor.run`` (started with ``nursery.start``) spawns the runner through the
+node's one child supervisor (:mod:`hydra_node.runtime.supervise`: it dies with the node and
+leaves a pid file while it runs), waits for its ``ready`` frame, and restarts it on any exit
+with exponential back-off and jitter.  Too many crashes inside a window put it in state
 ``failed`` (visible in ``/api/status``).  Requests wait in a bounded FIFO queue;
 overflow raises :class:`QueueFull` (HTTP 429 with ``Retry-After``).
 """
 
 from __future__ import annotations
 
-import collections
+import enum
 import itertools
 import logging
 import math
-import os
-import random
-import signal
 import socket
-import subprocess
 import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,11 +23,13 @@ from typing import AsyncIterator, Awaitable, Callable
 
 import trio
 
+from hydra_node.backoff import Backoff, CrashLoop
 from hydra_node.inference import (Finished, GenerationError, GenerationEvent, GenerationRequest,
                                   ModelUnavailable, QueueFull, TextDelta)
 from hydra_node.models import ModelRef
-from hydra_node.pidfile import remove_pidfile, write_pidfile
-from hydra_node.runtime.channel import ChannelError, FrameDecoder, encode_frame
+from hydra_node.runtime.channel import ChannelError, FrameDecoder, encode_frame, runner_event_from_wire
+from hydra_node.runtime.supervise import (ChildExited, ChildFailed, ChildNotReady, ChildOutput, ChildSpec,
+                                          ChildSupervisor, GiveUp)
 
 log = logging.getLogger("hydra.runner")
 
@@ -44,6 +43,18 @@ TERMINATE_GRACE_S = 3.0
 STDERR_TAIL_LINES = 40
 #: A runner that stays up this long resets the back-off.
 HEALTHY_AFTER_S = 30.0
+#: Restart delays are drawn within +-20 % of the back-off.
+RESTART_JITTER = 0.2
+
+
+class RunnerState(enum.StrEnum):
+    STARTING = "starting"      # not spawned yet
+    PLACING = "placing"        # a split model looking for workers (set by its host)
+    LOADING = "loading"        # spawned, loading the model
+    READY = "ready"
+    RESTARTING = "restarting"  # exited; waiting out the back-off
+    FAILED = "failed"          # crash loop, or the model cannot be loaded
+    STOPPED = "stopped"
 
 
 class RunnerCrashed(GenerationError):
@@ -134,10 +145,7 @@ class RunnerSupervisor:
         self.home = home
         self.settings = settings
         self.node_id = node_id
-        self.state = "starting"  # starting | loading | ready | restarting | failed | stopped
-        self.restarts = 0
-        self.last_error: str | None = None
-        self.pid: int | None = None
+        self._state = RunnerState.STARTING
         self.info: dict = {}
         self.stats = RequestStats()
         self.speculative: dict | None = None  # the runner's latest speculation figures (its done frames)
@@ -148,12 +156,43 @@ class RunnerSupervisor:
         self._pending: dict[int, trio.MemorySendChannel] = {}
         self._send_lock = trio.Lock()
         self._sock: trio.SocketStream | None = None
+        self._decoder = FrameDecoder()
         self._ready = trio.Event()
-        self._ever_ready = False
-        self._crash_times: collections.deque = collections.deque(maxlen=64)
-        self._stderr_tail: collections.deque = collections.deque(maxlen=STDERR_TAIL_LINES)
         self.pidfile = home / "run" / f"runner-{_safe(model.id)}.pid"
         self.logfile = home / "logs" / f"runner-{_safe(model.id)}.log"
+        self._output = ChildOutput(self.logfile, tail_lines=STDERR_TAIL_LINES)
+        self._stderr_tail = self._output.lines
+        self._child = ChildSupervisor(
+            f"model runner {model.id!r}", self._spec,
+            backoff=Backoff(initial_s=settings.backoff_initial_s, factor=2.0, max_s=settings.backoff_max_s,
+                            jitter=RESTART_JITTER, reset_after_s=HEALTHY_AFTER_S),
+            crash_loop=CrashLoop(settings.crash_loop_restarts, settings.crash_loop_window_s),
+            fatal_first_start=True, on_ready=self._on_ready)
+
+    # ---- state (hosts set it too: "placing" while a split waits for workers, "failed") ----
+    @property
+    def state(self) -> RunnerState:
+        return self._state
+
+    @state.setter
+    def state(self, value: RunnerState | str) -> None:
+        self._state = RunnerState(value)
+
+    @property
+    def restarts(self) -> int:
+        return self._child.restarts
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid
+
+    @property
+    def last_error(self) -> str | None:
+        return self._child.last_error
+
+    @last_error.setter
+    def last_error(self, value: str | None) -> None:
+        self._child.last_error = value
 
     # ---- status -------------------------------------------------------------------
     @property
@@ -166,7 +205,7 @@ class RunnerSupervisor:
 
     def status(self) -> dict:
         s = self.stats
-        return {"id": self.model.id, "path": str(self.model.path), "state": self.state, "pid": self.pid,
+        return {"id": self.model.id, "path": str(self.model.path), "state": self.state.value, "pid": self.pid,
                 "restarts": self.restarts, "last_error": self.last_error, "queue_depth": self._waiting,
                 "queue_capacity": self.settings.queue_size, "in_flight": self._in_flight,
                 "n_ctx": self.info.get("n_ctx"), "size_bytes": self.model.size_bytes,
@@ -187,51 +226,39 @@ class RunnerSupervisor:
         If the very first load fails, raises :class:`RunnerLoadError` so ``serve``
         exits with the reason instead of running without its model.
         """
-        consecutive = 0
         try:
-            while True:
-                t_spawn = trio.current_time()
-                first = not self._ever_ready
-                try:
-                    if self.prepare is not None:
-                        self.settings = await self.prepare()
-                    await self._run_child(task_status if first else None)
-                except RunnerLoadError as exc:
-                    if first:
-                        raise
-                    self.last_error = str(exc)
-                except _ChildExited as exc:
-                    self.last_error = str(exc)
-                now = trio.current_time()
-                if now - t_spawn > HEALTHY_AFTER_S:
-                    consecutive = 0
-                consecutive += 1
-                self._crash_times.append(now)
-                recent = [t for t in self._crash_times if now - t <= self.settings.crash_loop_window_s]
-                if len(recent) >= self.settings.crash_loop_restarts:
-                    self.state = "failed"
-                    log.error("event=runner_failed model=%s reason=crash_loop crashes=%d window_s=%s last_error=%r",
-                              self.model.id, len(recent), self.settings.crash_loop_window_s, self.last_error)
-                    if self.on_failed is not None:
-                        await self.on_failed()
-                    await trio.sleep_forever()
-                self.state = "restarting"
-                delay = min(self.settings.backoff_max_s,
-                            self.settings.backoff_initial_s * 2 ** (consecutive - 1))
-                delay *= random.uniform(0.8, 1.2)
-                log.warning("event=runner_restart model=%s in_s=%.2f restarts=%d last_error=%r",
-                            self.model.id, delay, self.restarts + 1, self.last_error)
-                await trio.sleep(delay)
-                self.restarts += 1
+            await self._child.run(task_status=task_status)
+        except ChildFailed as exc:
+            if exc.reason is not GiveUp.CRASH_LOOP:  # the first load (or the spawn) failed
+                raise RunnerLoadError(exc.last_error) from None
+            self.state = RunnerState.FAILED
+            log.error("event=runner_failed model=%s reason=crash_loop crashes=%d window_s=%s last_error=%r",
+                      self.model.id, exc.failures, self.settings.crash_loop_window_s, self.last_error)
+            if self.on_failed is not None:
+                await self.on_failed()
+            await trio.sleep_forever()
         finally:
-            self.state = "stopped"
+            self.state = RunnerState.STOPPED
 
-    async def _run_child(self, task_status) -> None:
-        self.state = "loading"
+    async def _spec(self) -> ChildSpec:
+        """Before every spawn: the settings (``prepare``), the channel, the argv."""
+        if self.prepare is not None:
+            try:
+                self.settings = await self.prepare()
+            except RunnerLoadError as exc:
+                raise ChildNotReady(str(exc)) from None
+        self.state = RunnerState.LOADING
         self._ready = trio.Event()
+        self._decoder = FrameDecoder()
         parent_sock, child_sock = socket.socketpair()
+        self._sock = trio.SocketStream(trio.socket.from_stdlib_socket(parent_sock))
+        return ChildSpec(self._argv(child_sock.fileno()), ready=self._await_ready, kind="runner",
+                         output=self._output, handover=(child_sock,), pidfile=self.pidfile,
+                         watch=self._watch, on_exit=self._gone, grace_s=TERMINATE_GRACE_S)
+
+    def _argv(self, fd: int) -> list[str]:
         s = self.settings
-        argv = [sys.executable, "-m", "hydra_node.runtime.runner_main", "--fd", str(child_sock.fileno()),
+        argv = [sys.executable, "-m", "hydra_node.runtime.runner_main", "--fd", str(fd),
                 "--model", str(self.model.path), "--model-id", self.model.id, "--n-ctx", str(s.n_ctx),
                 "--n-batch", str(s.n_batch), "--threads", str(s.threads), "--threads-batch", str(s.threads_batch)]
         if s.mlock:
@@ -250,76 +277,42 @@ class RunnerSupervisor:
             argv.append("--output-on-host")
         if s.inject_token_delay_ms > 0:
             argv += ["--inject-token-delay-ms", f"{s.inject_token_delay_ms:g}"]
-        argv += list(s.extra_argv)
-        self.logfile.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            proc = await trio.lowlevel.open_process(argv, pass_fds=(child_sock.fileno(),),
-                                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                    stderr=subprocess.PIPE)
-        finally:
-            child_sock.close()
-        self.pid = proc.pid
-        write_pidfile(self.pidfile, proc.pid, argv, kind="runner")
-        self._sock = trio.SocketStream(trio.socket.from_stdlib_socket(parent_sock))
-        log.info("event=runner_spawned model=%s pid=%d", self.model.id, proc.pid)
-        failure: Exception | None = None
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._pump_stderr, proc)
-                try:
-                    await self._session(proc, task_status)
-                except (RunnerLoadError, _ChildExited) as exc:
-                    failure = exc  # raised below, outside the nursery, so callers see it unwrapped
-                except trio.TooSlowError:
-                    failure = RunnerLoadError(f"model {self.model.id!r} did not load within "
-                                              f"{s.load_timeout_s:.0f} s")
-                nursery.cancel_scope.cancel()
-            if failure is not None:
-                raise failure
-        finally:
-            self.state = "restarting" if self.state != "failed" else self.state
-            self._fail_pending(RunnerCrashed(f"model runner for {self.model.id!r} exited unexpectedly"))
-            with trio.CancelScope(shield=True):
-                await _stop_process(proc)
-                self._sock.socket.close()
-                self._sock = None
-                remove_pidfile(self.pidfile)
-                self.pid = None
+        return argv + list(s.extra_argv)
 
-    async def _session(self, proc, task_status) -> None:
-        decoder = FrameDecoder()
+    async def _await_ready(self, proc) -> dict:
+        """The readiness reader: the runner's first frame must be ``ready``."""
         try:
             with trio.fail_after(self.settings.load_timeout_s):
-                msg = await self._recv(decoder, proc)
+                msg = await self._recv(self._decoder, proc)
+        except trio.TooSlowError:
+            raise ChildNotReady(f"model {self.model.id!r} did not load within "
+                                f"{self.settings.load_timeout_s:.0f} s") from None
         except _ChildExited as exc:
-            raise RunnerLoadError(f"model {self.model.id!r} failed to load: {exc}") from None
+            raise ChildNotReady(f"model {self.model.id!r} failed to load: {exc}") from None
         if msg["op"] == "fatal":
-            raise RunnerLoadError(f"model {self.model.id!r} failed to load: {msg.get('message')}")
+            raise ChildNotReady(f"model {self.model.id!r} failed to load: {msg.get('message')}")
         if msg["op"] != "ready":
-            raise RunnerLoadError(f"runner sent {msg['op']!r} before ready")
-        self.info = msg
-        self.state = "ready"
-        self._ready.set()
-        self._ever_ready = True
-        log.info("event=runner_ready model=%s pid=%d load_s=%.2f n_ctx=%s", self.model.id, proc.pid,
-                 msg.get("load_s", 0), msg.get("n_ctx"))
-        if task_status is not None:
-            task_status.started()
-        await self._read_loop(decoder, proc)
+            raise ChildNotReady(f"runner sent {msg['op']!r} before ready")
+        return msg
 
-    async def _pump_stderr(self, proc) -> None:
-        buf = b""
-        with open(self.logfile, "ab") as logf:
-            while True:
-                data = await proc.stderr.receive_some(65536)
-                if not data:
-                    return
-                logf.write(data)
-                logf.flush()
-                buf += data
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    self._stderr_tail.append(line.decode("utf-8", "replace"))
+    def _on_ready(self, msg: dict) -> None:
+        self.info = msg
+        self.state = RunnerState.READY
+        self._ready.set()
+        log.info("event=runner_ready model=%s pid=%s load_s=%.2f n_ctx=%s", self.model.id, self.pid,
+                 msg.get("load_s", 0), msg.get("n_ctx"))
+
+    async def _watch(self, proc, _ready: dict) -> None:
+        await self._read_loop(self._decoder, proc)
+
+    def _gone(self) -> None:
+        """The child is gone: fail what was waiting on it, close our end of the channel."""
+        if self.state is not RunnerState.FAILED:
+            self.state = RunnerState.RESTARTING
+        self._fail_pending(RunnerCrashed(f"model runner for {self.model.id!r} exited unexpectedly"))
+        if self._sock is not None:
+            self._sock.socket.close()
+            self._sock = None
 
     async def _recv(self, decoder: FrameDecoder, proc) -> dict:
         while True:
@@ -419,23 +412,20 @@ class RunnerSupervisor:
             async def events() -> AsyncIterator[GenerationEvent]:
                 nonlocal terminal
                 while (msg := await next_message()) is not None:
-                    op = msg["op"]
-                    if op == "delta":
-                        yield TextDelta(msg["text"])
-                    elif op == "done":
-                        terminal = True
-                        fin = Finished(msg["finish_reason"], msg["prompt_tokens"], msg["completion_tokens"],
-                                       queue_wait_ms, msg.get("ttft_ms", 0.0), msg.get("itl_ms", 0.0), self.node_id,
-                                       int(msg.get("cached_tokens", 0)))
-                        self.stats.observe(fin, fin.cached_tokens)
-                        if isinstance(msg.get("speculative"), dict):
-                            self.speculative = msg["speculative"]
-                        yield fin
-                        return
-                    elif op == "error":
+                    try:  # typed: a delta, a finished event, or the runner's (or a malformed answer's) error
+                        ev = runner_event_from_wire(msg, queue_wait_ms=queue_wait_ms, served_by=self.node_id)
+                    except GenerationError:
                         terminal = True
                         self.stats.failed += 1
-                        raise GenerationError.from_wire(msg)
+                        raise
+                    if isinstance(ev, Finished):
+                        terminal = True
+                        self.stats.observe(ev, ev.cached_tokens)
+                        if isinstance(msg.get("speculative"), dict):
+                            self.speculative = msg["speculative"]
+                        yield ev
+                        return
+                    yield ev
                 terminal = True
                 raise RunnerCrashed(f"model runner for {self.model.id!r} exited unexpectedly")
 
@@ -458,11 +448,7 @@ class RunnerSupervisor:
         """The runner is stuck (no RPC timeouts in llama.cpp): kill it; supervision restarts it."""
         log.error("event=runner_stalled model=%s pid=%s stall_s=%.1f action=kill", self.model.id, self.pid, stall)
         self.last_error = f"stalled: no output for {stall:.0f} s"
-        if self.pid:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        self._child.kill()
 
     async def _cancel_and_wait(self, rid: int, recv_ch: trio.MemoryReceiveChannel) -> None:
         """Tell the child to stop ``rid`` and wait (bounded) until it has, so the slot is really free."""
@@ -478,25 +464,11 @@ class RunnerSupervisor:
                         return
             if scope.cancelled_caught and self.pid:
                 log.error("event=runner_stuck model=%s pid=%s action=kill", self.model.id, self.pid)
-                try:
-                    os.kill(self.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                self._child.kill()
 
 
-class _ChildExited(Exception):
-    pass
-
-
-async def _stop_process(proc) -> None:
-    """Terminate, wait a grace period, kill, always wait (like trio.run_process)."""
-    if proc.returncode is None:
-        proc.terminate()
-        with trio.move_on_after(TERMINATE_GRACE_S):
-            await proc.wait()
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+#: What the channel reader raises when the runner is gone (the supervisor's "child exited").
+_ChildExited = ChildExited
 
 
 def _safe(name: str) -> str:

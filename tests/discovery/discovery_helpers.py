@@ -9,7 +9,8 @@ from typing import Any, Callable
 from nostr_sdk import LocalRelayBuilder, RateLimit
 from trio_websocket import ConnectionClosed
 
-from hydra_node.discovery.lan_admission import token_fingerprint
+from hydra_node.discovery.lan_probe import lab_mesh_key
+from hydra_node.discovery.node_choice import lan_fingerprint
 from hydra_node.discovery.mdns_wire import MdnsAdvert
 from hydra_node.discovery.nostr_relay import RelayConfig
 
@@ -21,7 +22,7 @@ def make_advert(name: str = "a", *, mesh_id: str = "mesh-1", secret: bytes = b"s
                 models: tuple[str, ...] = ("SmolLM2-135M",), origin: str | None = None) -> MdnsAdvert:
     node_id = secrets.token_hex(16)
     return MdnsAdvert(instance=f"hydra-{node_id[:12]}", port=port, addresses=("127.0.0.1",), node_id=node_id,
-                      mesh_id=mesh_id, token_fingerprint=token_fingerprint(secret, mesh_id), name=name,
+                      mesh_id=mesh_id, token_fingerprint=lan_fingerprint(lab_mesh_key(secret)), name=name,
                       models=models, node_count=1, version="0.1.0", origin=origin or secrets.token_hex(8))
 
 

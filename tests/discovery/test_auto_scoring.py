@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from hydra_node.discovery.auto import (
     AutoContext,
-    Probe,
+    ListingProbe,
     explain,
     rank_listings,
     score_listing,
@@ -51,14 +51,14 @@ def test_full_unreachable_named_and_expired_are_ineligible():
     assert score_listing(listing(name="private"), dataclasses.replace(ctx, mesh_name="Private")).eligible
     assert score_listing(listing(), dataclasses.replace(ctx, mesh_name="other")).reason == "name_mismatch"
     l = listing()
-    assert score_listing(l, dataclasses.replace(ctx, probes={l.key: Probe(False)})).reason == "unreachable"
+    assert score_listing(l, dataclasses.replace(ctx, probes={l.key: ListingProbe(False)})).reason == "unreachable"
     assert score_listing(listing(created=NOW - 500), ctx).reason == "expired"
 
 
 def test_rtt_and_staleness():
     l = listing()
-    fast = score_listing(l, AutoContext(now=NOW, probes={l.key: Probe(True, 10.0)}))
-    slow = score_listing(l, AutoContext(now=NOW, probes={l.key: Probe(True, 400.0)}))
+    fast = score_listing(l, AutoContext(now=NOW, probes={l.key: ListingProbe(True, 10.0)}))
+    slow = score_listing(l, AutoContext(now=NOW, probes={l.key: ListingProbe(True, 400.0)}))
     assert terms(fast)["rtt"] == 95 and "rtt" in terms(slow) and terms(slow)["rtt"] == 0
     stale = score_listing(listing(created=NOW - 90), AutoContext(now=NOW))
     assert terms(stale)["stale"] == -30
@@ -74,7 +74,7 @@ def test_rank_order_and_fallbacks():
     b = listing("bb", "m2", node_count=8)
     c = listing("cc", "m3", max_clients=1, client_count=1)
     d = listing("dd", "m4", node_count=1)
-    ctx = AutoContext(now=NOW, last_mesh_id="m1", probes={d.key: Probe(True, 5.0), a.key: Probe(True, 50.0)})
+    ctx = AutoContext(now=NOW, last_mesh_id="m1", probes={d.key: ListingProbe(True, 5.0), a.key: ListingProbe(True, 50.0)})
     ranked = rank_listings([b, c, d, a], ctx)
     assert [s.listing for s in ranked] == [a, d, b]  # sticky first, then d (fast), then b; c is full
     full = explain([b, c, d, a], ctx)
@@ -121,6 +121,6 @@ def test_more_nodes_or_lower_rtt_never_hurts(l, extra):
     ctx = AutoContext(now=NOW)
     bigger = dataclasses.replace(l, content=dataclasses.replace(l.content, node_count=l.content.node_count + extra))
     assert score_listing(bigger, ctx).total >= score_listing(l, ctx).total
-    near = AutoContext(now=NOW, probes={l.key: Probe(True, 5.0)})
-    far = AutoContext(now=NOW, probes={l.key: Probe(True, 5.0 + extra * 20)})
+    near = AutoContext(now=NOW, probes={l.key: ListingProbe(True, 5.0)})
+    far = AutoContext(now=NOW, probes={l.key: ListingProbe(True, 5.0 + extra * 20)})
     assert score_listing(l, near).total >= score_listing(l, far).total

@@ -1,4 +1,8 @@
-"""MdnsService on loopback multicast with a test port: mutual discovery, goodbyes, own packets."""
+"""MdnsService on loopback multicast with a test port: mutual discovery, goodbyes, own packets.
+
+Every service runs in this trio run and loopback multicast is delivered within the send call,
+so the tests use the autojump clock: announcement gaps and answer delays pass in virtual time.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import trio
 from discovery_helpers import make_advert
 from hydra_node.discovery.mdns import MdnsService
 from hydra_node.discovery.mdns_wire import decode_packet, encode_announcement, encode_query
+from waiting import TRIO_POLL_S, wait_until
 
 
 async def _send_raw(cfg, data: bytes) -> None:
@@ -19,7 +24,7 @@ async def _send_raw(cfg, data: bytes) -> None:
         await s.sendto(data, (cfg.group, cfg.port))
 
 
-async def test_two_services_see_each_other_and_goodbye_removes(nursery, mdns_config):
+async def test_two_services_see_each_other_and_goodbye_removes(nursery, mdns_config, autojump_clock):
     a, b = make_advert("a"), make_advert("b", port=9400)
     sa, sb = MdnsService(mdns_config, a), MdnsService(mdns_config, b)
     await nursery.start(sa.run)
@@ -37,17 +42,16 @@ async def test_two_services_see_each_other_and_goodbye_removes(nursery, mdns_con
     assert stats.own_dropped > 0 and stats.announcements_sent >= 1 and stats.adverts == 0
 
 
-async def test_a_lone_service_ignores_its_own_packets(nursery, mdns_config):
+async def test_a_lone_service_ignores_its_own_packets(nursery, mdns_config, autojump_clock):
     a = make_advert("alone")
     sa = MdnsService(mdns_config, a)
     await nursery.start(sa.run)
     with trio.fail_after(5):
-        while sa.statistics().own_dropped < 2:  # its own announcement and query came back
-            await trio.sleep(0.05)
+        await wait_until(lambda: sa.statistics().own_dropped >= 2)  # its own announcement and query came back
     assert sa.adverts() == () and sa.statistics().queries_answered == 0
 
 
-async def test_browse_only_and_update_propagates(nursery, mdns_config):
+async def test_browse_only_and_update_propagates(nursery, mdns_config, autojump_clock):
     a = make_advert("a")
     sa = MdnsService(mdns_config, a)
     browser = MdnsService(mdns_config, None)
@@ -62,27 +66,27 @@ async def test_browse_only_and_update_propagates(nursery, mdns_config):
     assert seen.models == ("x", "y")
 
 
-async def test_answers_queries_and_counts_junk(nursery, mdns_config):
+async def test_answers_queries_and_counts_junk(nursery, mdns_config, autojump_clock):
     mdns_config = dataclasses.replace(mdns_config, announce_gaps_s=(0.2, 0.4))
     a = make_advert("a")
     sa = MdnsService(mdns_config, a)
     browser = MdnsService(mdns_config, None)
+    started = trio.current_time()
     await nursery.start(sa.run)
     with trio.fail_after(10):
-        while sa.statistics().announcements_sent < 3:  # initial announcements done (0, 0.2, 0.6 s)
-            await trio.sleep(0.1)
+        await wait_until(lambda: sa.statistics().announcements_sent >= 3)  # initial announcements (0, 0.2, 0.6 s)
+    assert 0.6 <= trio.current_time() - started < 0.6 + 2 * TRIO_POLL_S  # virtual time: the gaps, exactly
     await _send_raw(mdns_config, b"\x00\x01junk")
     await _send_raw(mdns_config, encode_query(7))
     with trio.fail_after(5):
-        while sa.statistics().queries_answered < 1 or sa.statistics().malformed < 1:
-            await trio.sleep(0.05)
+        await wait_until(lambda: sa.statistics().queries_answered >= 1 and sa.statistics().malformed >= 1)
     # a late browser still learns about a through queries
     await nursery.start(browser.run)
     with trio.fail_after(5):
         await browser.wait_for(lambda ads: len(ads) == 1)
 
 
-async def test_foreign_advert_with_our_origin_is_dropped(nursery, mdns_config):
+async def test_foreign_advert_with_our_origin_is_dropped(nursery, mdns_config, autojump_clock):
     a = make_advert("a")
     sa = MdnsService(mdns_config, a)
     await nursery.start(sa.run)
@@ -94,7 +98,7 @@ async def test_foreign_advert_with_our_origin_is_dropped(nursery, mdns_config):
         assert await sa.wait_for(lambda ads: len(ads) == 1) == (honest,)
 
 
-async def test_one_shot_query_gets_a_unicast_answer(nursery, mdns_config):
+async def test_one_shot_query_gets_a_unicast_answer(nursery, mdns_config, autojump_clock):
     a = make_advert("a")
     await nursery.start(MdnsService(mdns_config, a).run)
     s = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

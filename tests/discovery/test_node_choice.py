@@ -19,7 +19,7 @@ from hydra_node.discovery.node_choice import (
     HeldCredentials,
     LastMesh,
     held_credentials,
-    join_plan,
+    ordered_candidates,
     lan_candidates,
     lan_fingerprint,
     last_mesh_path,
@@ -127,9 +127,9 @@ def test_plan_puts_lan_first_and_is_bounded():
     ls = [listing(issue_invite(key, x.mesh_id, ["127.0.0.1:9"], 3600, NOW), x.mesh_id, pubkey=f"{i:02x}")
           for i, x in enumerate(MeshSecret.generate() for _ in range(5))]
     nostr = nostr_candidates(rank_listings(ls, AutoContext(now=int(NOW))), node_id=ME, now=NOW)
-    plan = join_plan(lan, nostr, limit=4)
+    plan = ordered_candidates(lan, nostr, limit=4)
     assert [c.source for c in plan] == ["lan", "nostr", "nostr", "nostr"]
-    assert join_plan(CandidateSet(()), CandidateSet(())) == ()
+    assert ordered_candidates(CandidateSet(()), CandidateSet(())) == ()
 
 
 def test_probe_address():

@@ -1,4 +1,9 @@
-"""Publisher and discoverer against nostr-sdk's LocalRelay (and a hostile relay) on loopback."""
+"""Publisher and discoverer against nostr-sdk's LocalRelay (and a hostile relay) on loopback.
+
+LocalRelay runs on nostr-sdk's own threads, so its tests keep the real clock and wait for
+conditions with a bound. The hostile, silent and mute relays are trio servers in this run, so
+those tests use the autojump clock: timeouts, pings and back-off happen in virtual time.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +21,11 @@ from discovery_helpers import FAST_RELAY, build_local_relay
 from hydra_node.discovery.nostr_events import ListingContent, build_listing_event
 from hydra_node.discovery.nostr_relay import RelayConnection, backoff_delay, publish_once, validate_relay_url
 from hydra_node.discovery.nostr_services import DiscovererConfig, NostrDiscoverer, NostrPublisher, PublisherConfig
+from waiting import wait_until
 
 CONTENT = ListingContent(mesh_id="mesh-1", invite_token="invite-abc", serving=("SmolLM2-135M",), node_count=2)
+#: A listing published after the fact, to prove by its arrival that nothing unwanted came first.
+MARKER = ListingContent(mesh_id="marker", invite_token="invite-marker", serving=("SmolLM2-135M",), node_count=1)
 
 
 def pub_config(*urls, **kw) -> PublisherConfig:
@@ -54,10 +62,11 @@ async def test_publish_discover_and_delete_on_shutdown(nursery, relay_url):
     async with trio.open_nursery() as inner:
         await inner.start(late.run)
         with trio.fail_after(10):
-            while not late.statistics().relays[0].connected:
-                await trio.sleep(0.05)
-        await trio.sleep(0.3)
-        assert late.listings() == ()
+            await late.wait_synced()  # EOSE: the relay has sent every stored listing it would ever send
+            await publish_once(relay_url, build_listing_event(Keys.generate(), MARKER, now=int(time.time())))
+            first = await late.wait_for(lambda ls: len(ls) >= 1)
+        assert [listing.content for listing in first] == [MARKER]  # nothing from the deleted listing came before
+        assert late.statistics().relays[0].connected
         inner.cancel_scope.cancel()
 
 
@@ -70,8 +79,7 @@ async def test_expired_listing_is_ignored(nursery, relay_url):
     await nursery.start(present.run)
     with trio.fail_after(10):
         await present.wait_for(lambda ls: len(ls) == 1)
-        while future.statistics().table.rejected.get("expired", 0) < 1:
-            await trio.sleep(0.05)
+        await wait_until(lambda: future.statistics().table.rejected.get("expired", 0) >= 1)
     assert future.listings() == ()
 
 
@@ -87,12 +95,10 @@ async def test_relay_down_and_back(nursery):
     await nursery.start(publisher.run)
     try:
         with trio.fail_after(10):
-            while publisher.statistics().relays[0].ok_accepted < 1:
-                await trio.sleep(0.05)
+            await wait_until(lambda: publisher.statistics().relays[0].ok_accepted >= 1)
         relay.shutdown()
         with trio.fail_after(10):
-            while publisher.statistics().relays[0].failures < 1:
-                await trio.sleep(0.05)
+            await wait_until(lambda: publisher.statistics().relays[0].failures >= 1)
         relay = build_local_relay(port)  # a fresh relay: empty store
         await relay.run()
         discoverer = NostrDiscoverer(disc_config(url))
@@ -149,13 +155,12 @@ async def test_upstream_mesh_llm_events_are_ignored(nursery, relay_url):
     discoverer = NostrDiscoverer(disc_config(relay_url))
     await nursery.start(discoverer.run)
     with trio.fail_after(10):
-        while discoverer.statistics().table.rejected.get("upstream_mesh_llm", 0) < 1:
-            await trio.sleep(0.05)
+        await wait_until(lambda: discoverer.statistics().table.rejected.get("upstream_mesh_llm", 0) >= 1)
     assert discoverer.listings() == ()
     assert discoverer.statistics().relays[0].events_received == 1  # the relay filtered k=mesh-llm out
 
 
-async def test_hostile_relay_events_are_dropped_and_counted(nursery, hostile_relay):
+async def test_hostile_relay_events_are_dropped_and_counted(nursery, hostile_relay, autojump_clock):
     keys = Keys.generate()
     now = int(time.time())
     good = json.loads(build_listing_event(keys, CONTENT, now=now).as_json())
@@ -181,13 +186,12 @@ async def test_hostile_relay_events_are_dropped_and_counted(nursery, hostile_rel
     assert relay.received[0][0] == "REQ" and relay.received[0][2]["#k"] == ["hydra"]
 
 
-async def test_closed_subscription_reconnects_with_backoff(nursery, hostile_relay):
+async def test_closed_subscription_reconnects_with_backoff(nursery, hostile_relay, autojump_clock):
     relay = await hostile_relay(lambda sub: [["CLOSED", sub, "error: go away"]])
     discoverer = NostrDiscoverer(disc_config(relay.url))
     await nursery.start(discoverer.run)
     with trio.fail_after(10):
-        while discoverer.statistics().relays[0].connects < 3:
-            await trio.sleep(0.05)
+        await wait_until(lambda: discoverer.statistics().relays[0].connects >= 3)
     assert "go away" in discoverer.statistics().relays[0].last_error
 
 
@@ -241,25 +245,23 @@ async def _mute_websocket_server(nursery) -> int:
     return listeners[0].socket.getsockname()[1]
 
 
-async def test_hung_relay_times_out_and_retries(nursery):
+async def test_hung_relay_times_out_and_retries(nursery, autojump_clock):
     port = await _silent_tcp_server(nursery)
     cfg = dataclasses.replace(FAST_RELAY, connect_timeout_s=0.2)
     conn = RelayConnection(f"ws://127.0.0.1:{port}", config=cfg)
     await nursery.start(conn.run)
     with trio.fail_after(10):
-        while conn.statistics().failures < 2:
-            await trio.sleep(0.05)
+        await wait_until(lambda: conn.statistics().failures >= 2)
     assert "TooSlowError" in conn.statistics().last_error and not conn.connected
 
 
-async def test_unanswered_ping_ends_the_session(nursery):
+async def test_unanswered_ping_ends_the_session(nursery, autojump_clock):
     port = await _mute_websocket_server(nursery)
     cfg = dataclasses.replace(FAST_RELAY, ping_interval_s=0.1, ping_timeout_s=0.2)
     conn = RelayConnection(f"ws://127.0.0.1:{port}", config=cfg)
     await nursery.start(conn.run)
     with trio.fail_after(10):
-        while conn.statistics().failures < 1:
-            await trio.sleep(0.05)
+        await wait_until(lambda: conn.statistics().failures >= 1)
     stats = conn.statistics()
     assert stats.connects >= 1 and "TooSlowError" in stats.last_error
 

@@ -14,7 +14,7 @@ from hydra_node.mesh.channel import SecureChannel
 from hydra_node.mesh.errors import (
     AdmissionRefused, GenerationMismatch, HandshakeError, PeerAuthenticationFailed, RejectedByPeer,
 )
-from hydra_node.mesh.handshake import Handshake, parse_handshake_message
+from hydra_node.mesh.handshake import Handshake, HandshakeState, parse_handshake_message
 from hydra_node.mesh.ids import MeshSecret, node_id_from_public_key
 from hydra_node.mesh.token import issue_invite, parse_invite
 
@@ -165,7 +165,7 @@ def test_tampered_welcome_is_rejected() -> None:
     welcome["box"] = welcome["box"][:-1] + bytes([welcome["box"][-1] ^ 1])
     with pytest.raises(HandshakeError) as info:
         i.receive(cbor.encode(welcome))
-    assert info.value.code == "bad_handshake" and i.state == "failed"
+    assert info.value.code == "bad_handshake" and i.state is HandshakeState.FAILED
 
 
 def test_out_of_order_message_is_rejected() -> None:

@@ -1,4 +1,9 @@
-"""Real links over trio-websocket on 127.0.0.1: streams, gossip beside bulk data, admission, rejection."""
+"""Real links over trio-websocket on 127.0.0.1: streams, gossip beside bulk data, admission, rejection.
+
+Every test runs on trio's autojump clock: both ends live in this trio run and loopback TCP
+delivers within the send call, so pings, fault-injection delays and the `fail_after` bounds
+count virtual seconds and the suite never waits on the real clock.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from hydra_node.mesh.frames import Message, encode_frame
 from hydra_node.mesh.ids import MeshSecret, node_id_from_public_key
 from hydra_node.mesh.link import LinkSettings, PeerLink
 from hydra_node.mesh.token import issue_invite, parse_invite
+from waiting import wait_until
 
 TIMEOUT_S = 20
 
@@ -26,7 +32,7 @@ async def echo(link: PeerLink, header: dict[str, Any], stream: Any) -> None:
         await stream.send(chunk)
 
 
-async def test_concurrent_streams_echo(mesh, member_settings, start_listener) -> None:
+async def test_concurrent_streams_echo(mesh, member_settings, start_listener, autojump_clock) -> None:
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             listener, url = await start_listener(nursery, member_settings(mesh, on_stream=echo))
@@ -56,7 +62,8 @@ async def test_concurrent_streams_echo(mesh, member_settings, start_listener) ->
             nursery.cancel_scope.cancel()
 
 
-async def test_gossip_flows_while_a_bulk_stream_is_stalled_and_running(mesh, member_settings, start_listener) -> None:
+async def test_gossip_flows_while_a_bulk_stream_is_stalled_and_running(
+        mesh, member_settings, start_listener, autojump_clock) -> None:
     """A 6 MiB transfer whose reader pauses (window exhausted) must not delay priority-lane messages."""
     total = 6 * 1024 * 1024
     gate = trio.Event()
@@ -92,12 +99,10 @@ async def test_gossip_flows_while_a_bulk_stream_is_stalled_and_running(mesh, mem
                         sent.set()
 
                     nursery.start_soon(send_all)
-                    while progress["bulk"] < 1024 * 1024:
-                        await trio.sleep(0.01)
+                    await wait_until(lambda: progress["bulk"] >= 1024 * 1024)
                     for seq in range(20):  # the bulk sender is blocked on credit now
                         await link.send_message({"seq": seq})
-                    while len(seen) < 20:
-                        await trio.sleep(0.01)
+                    await wait_until(lambda: len(seen) >= 20)
                     assert not sent.is_set() and not progress["done"]
                     assert [s for s, _ in seen] == list(range(20))
                     gate.set()
@@ -105,14 +110,13 @@ async def test_gossip_flows_while_a_bulk_stream_is_stalled_and_running(mesh, mem
                         await link.send_message({"seq": seq})
                     digest = await stream.receive_all(64)
                     assert digest == hashlib.sha256(payload).digest()
-                while len(seen) < 40:
-                    await trio.sleep(0.01)
+                await wait_until(lambda: len(seen) >= 40)
                 assert [s for s, _ in seen] == list(range(40))
                 assert progress["bulk"] == total
             nursery.cancel_scope.cancel()
 
 
-async def test_joiner_with_invite_receives_mesh_key(mesh, member_settings) -> None:
+async def test_joiner_with_invite_receives_mesh_key(mesh, member_settings, autojump_clock) -> None:
     """The integration path: serve_links + nursery.start(connect_link, ..., invite=token)."""
     admitted: list[PeerLink] = []
 
@@ -130,7 +134,7 @@ async def test_joiner_with_invite_receives_mesh_key(mesh, member_settings) -> No
             async with link.open_stream({"kind": "echo"}) as stream:
                 await stream.send(b"hello")
                 assert await stream.receive() == b"hello"
-            await _wait_for(lambda: admitted)
+            await wait_until(lambda: admitted)
             assert admitted[0].peer_id == node_id_from_public_key(bytes(joiner.identity.verify_key))
             assert admitted[0].admitted_by == "token"
             await link.aclose()
@@ -143,7 +147,7 @@ async def test_joiner_with_invite_receives_mesh_key(mesh, member_settings) -> No
             nursery.cancel_scope.cancel()
 
 
-async def test_expired_invite_and_wrong_mesh_are_refused(mesh, member_settings, start_listener) -> None:
+async def test_expired_invite_and_wrong_mesh_are_refused(mesh, member_settings, start_listener, autojump_clock) -> None:
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             member = member_settings(mesh, wall_clock=lambda: 2e9)  # the member's clock is past the expiry
@@ -156,8 +160,7 @@ async def test_expired_invite_and_wrong_mesh_are_refused(mesh, member_settings, 
             with pytest.raises(RejectedByPeer) as info:
                 await nursery.start(connect_link, url, member_settings(MeshSecret.generate()))
             assert info.value.code == "foreign_mesh"
-            while sum(listener.statistics().handshake_failures.values()) < 2:
-                await trio.sleep(0.01)
+            await wait_until(lambda: sum(listener.statistics().handshake_failures.values()) >= 2)
             assert listener.statistics().handshake_failures == {"token_expired": 1, "foreign_mesh": 1}
             with pytest.raises(LinkClosed) as closed:
                 await nursery.start(connect_link, "ws://127.0.0.1:1", member_settings(mesh))
@@ -165,12 +168,7 @@ async def test_expired_invite_and_wrong_mesh_are_refused(mesh, member_settings, 
             nursery.cancel_scope.cancel()
 
 
-async def _wait_for(predicate: Any) -> None:
-    while not predicate():
-        await trio.sleep(0.01)
-
-
-async def test_replayed_frame_is_dropped_and_counted(mesh, member_settings, start_listener) -> None:
+async def test_replayed_frame_is_dropped_and_counted(mesh, member_settings, start_listener, autojump_clock) -> None:
     received: list[dict[str, Any]] = []
 
     async def on_message(link: PeerLink, body: dict[str, Any]) -> None:
@@ -180,27 +178,28 @@ async def test_replayed_frame_is_dropped_and_counted(mesh, member_settings, star
         async with trio.open_nursery() as nursery:
             listener, url = await start_listener(nursery, member_settings(mesh, on_message=on_message, ping_interval_s=60))
             async with open_link(url, member_settings(mesh, ping_interval_s=60)) as link:
-                await _wait_for(lambda: listener.links)
+                await wait_until(lambda: listener.links)
                 server_link = next(iter(listener.links))
-                await _wait_for(lambda: server_link.statistics().frames_in >= 1)  # the first ping
+                await wait_until(lambda: server_link.statistics().frames_in >= 1)  # the first ping
                 # seal one frame by hand and send it twice on the raw websocket
                 wire = link._channel.seal(encode_frame(Message({"seq": 1})))
                 await link._ws.send_message(wire)
                 await link._ws.send_message(wire)
-                await _wait_for(lambda: server_link.statistics().rejected.get("replay"))
+                await wait_until(lambda: server_link.statistics().rejected.get("replay"))
                 await link.send_message({"seq": 2})
-                await _wait_for(lambda: len(received) == 2)
+                await wait_until(lambda: len(received) == 2)
                 assert received == [{"seq": 1}, {"seq": 2}] and not server_link.closed
             nursery.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize("kind", ["tamper", "garbage", "text"])
-async def test_tampered_or_garbage_frame_closes_the_link(kind: str, mesh, member_settings, start_listener) -> None:
+async def test_tampered_or_garbage_frame_closes_the_link(
+        kind: str, mesh, member_settings, start_listener, autojump_clock) -> None:
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             listener, url = await start_listener(nursery, member_settings(mesh, on_stream=echo))
             async with open_link(url, member_settings(mesh, ping_interval_s=60)) as link:
-                await _wait_for(lambda: listener.links)
+                await wait_until(lambda: listener.links)
                 server_link = next(iter(listener.links))
                 if kind == "tamper":
                     wire = bytearray(link._channel.seal(encode_frame(Message({"x": 1}))))
@@ -214,7 +213,7 @@ async def test_tampered_or_garbage_frame_closes_the_link(kind: str, mesh, member
                 expected = {"tamper": "tamper", "garbage": "reorder", "text": "bad_frame"}[kind]
                 assert server_link.statistics().rejected == {expected: 1}
                 assert server_link.close_error.code == expected
-                await _wait_for(lambda: link.closed)
+                await wait_until(lambda: link.closed)
                 with pytest.raises(LinkClosed):
                     async with link.open_stream({"kind": "echo"}):
                         pass
@@ -226,14 +225,14 @@ async def test_tampered_or_garbage_frame_closes_the_link(kind: str, mesh, member
             nursery.cancel_scope.cancel()
 
 
-async def test_oversized_websocket_message_is_rejected(mesh, member_settings, start_listener) -> None:
+async def test_oversized_websocket_message_is_rejected(mesh, member_settings, start_listener, autojump_clock) -> None:
     from hydra_node.mesh.constants import MAX_FRAME_BYTES
 
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             listener, url = await start_listener(nursery, member_settings(mesh))
             async with open_link(url, member_settings(mesh, ping_interval_s=60)) as link:
-                await _wait_for(lambda: listener.links)
+                await wait_until(lambda: listener.links)
                 server_link = next(iter(listener.links))
                 await link._ws.send_message(b"\x00" * (MAX_FRAME_BYTES + 1))
                 await server_link.wait_closed()
@@ -241,7 +240,7 @@ async def test_oversized_websocket_message_is_rejected(mesh, member_settings, st
             nursery.cancel_scope.cancel()
 
 
-async def test_stream_reset_and_refusal(mesh, member_settings, start_listener) -> None:
+async def test_stream_reset_and_refusal(mesh, member_settings, start_listener, autojump_clock) -> None:
     async def failing(link: PeerLink, header: dict[str, Any], stream: Any) -> None:
         await stream.receive()
         raise RuntimeError("handler bug")
@@ -267,7 +266,7 @@ async def test_stream_reset_and_refusal(mesh, member_settings, start_listener) -
             nursery.cancel_scope.cancel()
 
 
-async def test_fault_injection_latency_and_message_loss(mesh, member_settings, start_listener) -> None:
+async def test_fault_injection_latency_and_message_loss(mesh, member_settings, start_listener, autojump_clock) -> None:
     received: list[dict[str, Any]] = []
 
     async def on_message(link: PeerLink, body: dict[str, Any]) -> None:
@@ -278,8 +277,8 @@ async def test_fault_injection_latency_and_message_loss(mesh, member_settings, s
             listener, url = await start_listener(nursery, member_settings(mesh, on_message=on_message, on_stream=echo))
             slow = member_settings(mesh, fault=FaultInjection(latency_s=0.05, message_loss=0.5, seed=3))
             async with open_link(url, slow) as link:
-                await _wait_for(lambda: link.rtt_ms is not None)
-                assert link.rtt_ms >= 50.0  # every frame waited in the delay line
+                await wait_until(lambda: link.rtt_ms is not None)
+                assert 50.0 <= link.rtt_ms < 60.0  # the ping's delay line; in virtual time nothing else costs
                 for seq in range(40):
                     await link.send_message({"seq": seq})
                 async with link.open_stream({"kind": "echo"}) as stream:  # streams stay reliable
@@ -289,12 +288,12 @@ async def test_fault_injection_latency_and_message_loss(mesh, member_settings, s
                         got += await stream.receive()
                 stats = link.statistics()
                 assert 0 < stats.messages_dropped < 40 and stats.messages_out == 40 - stats.messages_dropped
-                await _wait_for(lambda: len(received) == stats.messages_out)
+                await wait_until(lambda: len(received) == stats.messages_out)
                 seqs = [m["seq"] for m in received]
                 assert seqs == sorted(seqs)
             lossy = member_settings(mesh, ping_interval_s=60, fault=FaultInjection(frame_loss=0.5, seed=1))
             async with open_link(url, lossy) as link:
-                await _wait_for(lambda: listener.links)
+                await wait_until(lambda: listener.links)
                 (server_link,) = listener.links
                 with pytest.raises(LinkClosed):  # some frames vanish: the peer sees a counter gap and closes
                     for seq in range(1000):

@@ -15,6 +15,7 @@ from hydra_node.mesh.endpoints import connect_link, open_link
 from hydra_node.mesh.errors import GenerationMismatch, RejectedByPeer
 from hydra_node.mesh.handshake import Handshake, Reject, Welcome, parse_handshake_message
 from hydra_node.mesh.link import close_websocket
+from waiting import wait_until
 
 TIMEOUT_S = 30
 
@@ -36,7 +37,7 @@ async def _send_garbage(url: str, messages: list[bytes | str]) -> bytes | str | 
     return reply
 
 
-async def test_listener_survives_garbage(mesh, member_settings, start_listener) -> None:
+async def test_listener_survives_garbage(mesh, member_settings, start_listener, autojump_clock) -> None:
     rng = random.Random(1234)
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
@@ -75,7 +76,7 @@ async def test_listener_survives_garbage(mesh, member_settings, start_listener) 
             nursery.cancel_scope.cancel()
 
 
-async def test_generation_mismatch_over_the_wire(mesh, member_settings, start_listener) -> None:
+async def test_generation_mismatch_over_the_wire(mesh, member_settings, start_listener, autojump_clock) -> None:
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             listener, url = await start_listener(nursery, member_settings(mesh))
@@ -93,7 +94,8 @@ async def test_generation_mismatch_over_the_wire(mesh, member_settings, start_li
             nursery.cancel_scope.cancel()
 
 
-async def test_listener_bounds_concurrent_handshakes(mesh, member_settings, start_listener, monkeypatch) -> None:
+async def test_listener_bounds_concurrent_handshakes(
+        mesh, member_settings, start_listener, monkeypatch, autojump_clock) -> None:
     from hydra_node.mesh import endpoints
 
     monkeypatch.setattr(endpoints, "MAX_CONCURRENT_HANDSHAKES", 2)
@@ -114,8 +116,7 @@ async def test_listener_bounds_concurrent_handshakes(mesh, member_settings, star
 
             nursery.start_soon(stall)
             nursery.start_soon(stall)
-            while opened < 2:
-                await trio.sleep(0.01)
+            await wait_until(lambda: opened >= 2)
             with pytest.raises(RejectedByPeer) as info:
                 await nursery.start(connect_link, url, member_settings(mesh))
             assert info.value.code == "busy"

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from harness import NodeProcess, request
+from waiting import poll_until
 from hydra_node.models import BUNDLED_MODEL_ID
 
 MODEL = BUNDLED_MODEL_ID
@@ -101,12 +102,12 @@ def test_client_disconnect_cancels_the_remote_generation(mesh):
     s.close()
     def cancelled(st):
         return st["inflight_requests"] == 0
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def cancelled_counts() -> dict[str, int] | None:
         after = {n: mesh[n].status()["models"][0]["requests"]["cancelled"] for n in "ab"}
-        if sum(after.values()) > sum(before.values()):
-            break
-        time.sleep(0.1)
+        return after if sum(after.values()) > sum(before.values()) else None
+
+    after = poll_until(cancelled_counts, timeout_s=10, what="the remote generation cancelled", interval_s=0.1)
     assert sum(after.values()) == sum(before.values()) + 1
     for n in "ab":
         mesh[n].wait_status(cancelled, timeout=5, what="host idle again")

@@ -50,3 +50,54 @@ def test_bad_config_file_is_a_usage_error(tmp_path):
     cfg.write_text("[scheduler]\nmode = 'sideways'\n")
     r = run("serve", "--home", str(tmp_path), "--config", str(cfg))
     assert r.returncode == 2 and "[scheduler].mode" in r.stderr
+
+
+def _serve_failing_with(monkeypatch, tmp_path, exc: BaseException):
+    import trio
+
+    import hydra_node.node
+    from hydra_node import cli
+
+    def fail(*_a, **_k):
+        raise exc
+
+    monkeypatch.setattr(hydra_node.node, "check_rpc_support", lambda: None)
+    monkeypatch.setattr(trio, "run", fail)
+    return cli.main(["serve", "--home", str(tmp_path), "--port", "0", "--console", "0", "--mesh-port", "0"])
+
+
+def test_serve_reports_every_failure_of_an_exception_group(monkeypatch, tmp_path, capsys):
+    from hydra_node.mesh.service import JoinFailed
+    from hydra_node.models import ModelNotFound
+
+    group = ExceptionGroup("start-up", [ModelNotFound("no such model: a.gguf"),
+                                        ExceptionGroup("mesh", [JoinFailed("invite expired")])])
+    assert _serve_failing_with(monkeypatch, tmp_path, group) == 1
+    err = capsys.readouterr().err
+    assert "hydra-node: no such model: a.gguf" in err and "hydra-node: cannot join: invite expired" in err
+
+
+def test_serve_reraises_a_group_with_an_unexpected_failure(monkeypatch, tmp_path):
+    import pytest
+
+    from hydra_node.models import ModelNotFound
+
+    group = ExceptionGroup("start-up", [ModelNotFound("x"), ZeroDivisionError("bug")])
+    with pytest.raises(ExceptionGroup):
+        _serve_failing_with(monkeypatch, tmp_path, group)
+
+
+def test_status_and_swap_share_one_client_error_line(capsys):
+    from hydra_node.node_client import NodeClient, NodeUnreachable
+    from hydra_node.runtime.hosting_cli import cmd_swap
+
+    client = NodeClient(1)  # nothing listens on port 1
+    try:
+        client.get("/api/status", timeout=2)
+    except NodeUnreachable as exc:
+        assert str(exc).startswith("no node answering on 127.0.0.1:1 (")
+    else:
+        raise AssertionError("port 1 answered")
+    args = build_parser().parse_args(["swap", "m.gguf", "--console", "1"])
+    assert cmd_swap(args, client) == 1
+    assert capsys.readouterr().err.startswith("hydra-node: no node answering on 127.0.0.1:1 (")

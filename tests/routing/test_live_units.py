@@ -14,7 +14,7 @@ from hydra_node.config import ConfigError, parse_config_text
 from hydra_node.inference import Finished, GenerationError, GenerationRequest, TextDelta, event_from_wire
 from hydra_node.mesh.membership_announcement import Announcement, Hardware, ModelEntry
 from hydra_node.router import Router
-from hydra_node.router import Target as RouterTarget
+from hydra_node.router import RouteTarget as RouterTarget
 from hydra_node.routing import SchedulerConfig, SchedulerMode, Target
 from hydra_node.routing.live import ANNOUNCE_KEY, ANNOUNCED_ENTRIES, LiveScheduling
 
@@ -162,6 +162,7 @@ async def test_announced_summary_is_bounded_and_valid(autojump_clock):
 @dataclass
 class FakeLink:
     rtt_ms: float | None
+    peer_id: str = ""
 
 
 @dataclass
@@ -169,12 +170,11 @@ class FakeMesh:
     links: dict
     members_: dict
 
-    @property
-    def membership(self):
-        return self
-
     def members(self):
         return self.members_
+
+    def open_links(self):
+        return [FakeLink(link.rtt_ms, peer_id) for peer_id, link in self.links.items()]
 
 
 async def test_sample_records_rtt_and_merges_peer_hints(autojump_clock):

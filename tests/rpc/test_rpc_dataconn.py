@@ -13,6 +13,7 @@ from hydra_node.runtime.rpc import dataconn, native_pump
 from hydra_node.runtime.rpc.dataconn import (
     MAGIC, DataConnError, DataListener, FrameReader, TicketBook, TooManyTickets, channel_for, dial, parse_offer,
     seal_frame)
+from waiting import wait_until
 
 VECTORS = Path(__file__).resolve().parents[2] / "protocol" / "vectors" / "tunnel_data.json"
 
@@ -186,8 +187,7 @@ async def test_native_pump_carries_bytes_both_ways(nursery, needs_native):
         await served.send(b"answer")
         assert await client.receive_some(100) == b"answer"
         control.end.set()  # the link stream ended: the pump stops
-        while "how" not in result:
-            await trio.sleep(0.01)
+        await wait_until(lambda: "how" in result)  # the pump's thread is outside trio: real time, bounded
     assert result["how"] == "control stream ended" and result["sent"] == 100_001 and result["received"] == 6
 
 
@@ -197,7 +197,6 @@ async def test_native_pump_rejects_a_tampered_frame(nursery, needs_native):
     wire[-3] ^= 0x40
     with trio.fail_after(10):
         await served.tcp.send_all(bytes(wire))
-        while "how" not in result:
-            await trio.sleep(0.01)
+        await wait_until(lambda: "how" in result)
         assert await client.receive_some(100) == b""  # the TCP side is closed: llama.cpp sees an error
     assert result["how"] == "data: tamper"

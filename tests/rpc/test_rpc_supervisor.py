@@ -6,10 +6,14 @@ import os
 import random
 import signal
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 import trio
 
+from hydra_node.pidfile import read_pidfile, reap_stale
 from hydra_node.runtime.rpc import (
     RPC_PROTO, Backoff, RpcWorkerSupervisor, WorkerFailed, WorkerState, probe_worker)
 
@@ -87,3 +91,46 @@ async def test_supervisor_reports_spawn_failure(tmp_path):
             with pytest.raises(WorkerFailed, match="cannot spawn"):
                 await nursery.start(sup.run)
     assert sup.statistics().state is WorkerState.FAILED
+
+
+#: A node stand-in: supervises one worker, prints its pid, waits to be killed.
+_PARENT = """
+import sys, trio
+from pathlib import Path
+from hydra_node.runtime.rpc import RpcWorkerSupervisor
+async def main():
+    sup = RpcWorkerSupervisor(threads=1, max_memory_bytes=30_000_000, pidfile=Path(sys.argv[1]))
+    async with trio.open_nursery() as nursery:
+        stats = await nursery.start(sup.run)
+        print(stats.pid, flush=True)
+trio.run(main)
+"""
+
+
+def test_worker_dies_with_a_kill_9d_node_and_its_pid_file_is_reaped(tmp_path):
+    pidfile = tmp_path / "run" / "rpc-worker.pid"
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(pidfile)], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(parent.stdout.readline())
+        rec = read_pidfile(pidfile)
+        assert rec.pid == worker and rec.kind == "rpc-worker" and rec.owner_pid == parent.pid and _alive(worker)
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 5
+        while _gone_or_zombie(worker) is False and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone_or_zombie(worker), "the RPC worker survived a kill -9 of its node"
+        assert reap_stale(pidfile.parent) == [f"removed stale pid file rpc-worker.pid (pid {worker} gone)"]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        parent.stdout.close()
+
+
+def _gone_or_zombie(pid: int) -> bool:
+    """A worker orphaned by the kill may stay a zombie where nothing reaps reparented children."""
+    try:
+        return not _alive(pid)
+    except FileNotFoundError:
+        return True

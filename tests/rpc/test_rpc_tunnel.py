@@ -4,6 +4,10 @@ The "worker" is a plain TCP echo server: the tunnel carries any bytes, even ones
 not ggml RPC (its framer then only slows down), and tests/rpc/test_mesh_split.py runs
 real llama.cpp through it.
 Two coordinator links to one worker node show the lease rule.
+
+Time is virtual (trio's autojump clock) wherever every byte moves inside this trio run: the
+link and the Python pump. The native pump copies bytes on a thread of its own, which trio
+cannot see, so that variant keeps the real clock; every wait is for a condition, bounded.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 import pytest
 import trio
 from nacl.signing import SigningKey
+from trio.testing import MockClock
 
 from hydra_node.mesh.endpoints import LinkListener, open_link
 from hydra_node.mesh.errors import StreamReset
@@ -21,6 +26,7 @@ from hydra_node.mesh.ids import MeshSecret
 from hydra_node.mesh.link import LinkSettings
 from hydra_node.runtime.rpc import native_pump
 from hydra_node.runtime.rpc.tunnel import TUNNEL_SERVICE, RemoteWorkerTunnel, RpcTunnelServer, TunnelError
+from waiting import wait_until
 
 TIMEOUT_S = 20
 PAYLOAD = bytes(range(256)) * 4096  # 1 MiB: several stream windows, so backpressure is exercised
@@ -60,6 +66,15 @@ async def roundtrip(endpoint: str, payload: bytes) -> bytes:
     return bytes(got)
 
 
+@pytest.fixture
+def clock(request) -> MockClock | None:
+    """The autojump clock, except for the native pump, whose thread trio cannot see (None: the real clock)."""
+    params = getattr(request.node, "callspec", None)
+    if params is not None and params.params.get("worker_node") == "data-native":
+        return None
+    return MockClock(autojump_threshold=0)
+
+
 @pytest.fixture(params=["link", "data-native", "data-python"])
 async def worker_node(request, nursery, monkeypatch):
     """A listener that serves ``tunnel``/``rpc`` streams to an echo "worker", with each of
@@ -84,7 +99,7 @@ async def worker_node(request, nursery, monkeypatch):
     return server, f"ws://127.0.0.1:{port}", mesh
 
 
-async def test_tunnel_carries_bytes_and_leases_are_exclusive(worker_node) -> None:
+async def test_tunnel_carries_bytes_and_leases_are_exclusive(worker_node, clock) -> None:
     server, url, mesh = worker_node
     with trio.fail_after(TIMEOUT_S):
         async with open_link(url, LinkSettings(identity=SigningKey.generate(), mesh=mesh)) as a, \
@@ -100,8 +115,7 @@ async def test_tunnel_carries_bytes_and_leases_are_exclusive(worker_node) -> Non
                     # The path taken: a data connection when the worker node has a data port.
                     with_data = server.data.port is not None
                     assert tunnel.data_connections == (2 if with_data else 0) == server.counters["data_connections"]
-                    while tunnel.bytes_down < len(PAYLOAD) + 5:  # counted as each connection closes
-                        await trio.sleep(0.01)
+                    await wait_until(lambda: tunnel.bytes_down >= len(PAYLOAD) + 5)  # counted as each connection closes
                     assert tunnel.bytes_up == tunnel.bytes_down == len(PAYLOAD) + 5
 
                     # Another coordinator (and the same node for another model) is refused, clearly.
@@ -116,15 +130,14 @@ async def test_tunnel_carries_bytes_and_leases_are_exclusive(worker_node) -> Non
                         assert reset.value.code == "not_leased"
                     held.cancel_scope.cancel()
                 # The lease ended with its stream: b may take it now.
-                while server.holder() is not None:
-                    await trio.sleep(0.01)
+                await wait_until(lambda: server.holder() is None)
                 info_b = await nursery.start(RemoteWorkerTunnel(LinkDirectory(b), b.peer_id, tag="model-a").run)
                 assert await roundtrip(info_b.endpoint, b"hello") == b"hello"
                 assert server.counters["leases_refused"] == 2 and server.counters["connections_refused"] == 1
                 nursery.cancel_scope.cancel()
 
 
-async def test_worker_restart_revokes_the_lease(worker_node) -> None:
+async def test_worker_restart_revokes_the_lease(worker_node, clock) -> None:
     server, url, mesh = worker_node
     with trio.fail_after(TIMEOUT_S):
         async with open_link(url, LinkSettings(identity=SigningKey.generate(), mesh=mesh)) as a:
@@ -132,13 +145,12 @@ async def test_worker_restart_revokes_the_lease(worker_node) -> None:
             async with trio.open_nursery() as nursery:
                 await nursery.start(tunnel.run)
                 await server.revoke("worker restarted")
-                with trio.fail_after(5):
-                    while tunnel.ended is None:  # run() returns once the worker node ended the lease
-                        await trio.sleep(0.01)
+                with trio.fail_after(5):  # run() returns once the worker node ended the lease
+                    await wait_until(lambda: tunnel.ended is not None)
                 assert "worker_restarted" in tunnel.ended and server.holder() is None
 
 
-async def test_incompatible_worker_is_refused_clearly(nursery) -> None:
+async def test_incompatible_worker_is_refused_clearly(nursery, autojump_clock) -> None:
     mesh = MeshSecret(bytes([0x42]) * 32)
     endpoint = await echo_server(nursery)
     server = RpcTunnelServer("w", lambda: (endpoint, "8.0.0", 1 << 30, "CPU"))  # a newer major version
@@ -153,5 +165,4 @@ async def test_incompatible_worker_is_refused_clearly(nursery) -> None:
             with pytest.raises(TunnelError) as err:
                 await nursery.start(RemoteWorkerTunnel(LinkDirectory(a), a.peer_id, tag="m").run)
             assert err.value.code == "incompatible" and "8.0.0 is incompatible with ours 7.0.0" in str(err.value)
-            while server.holder() is not None:  # the refused lease is not kept
-                await trio.sleep(0.01)
+            await wait_until(lambda: server.holder() is None)  # the refused lease is not kept

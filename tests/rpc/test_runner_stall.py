@@ -15,6 +15,7 @@ import trio
 from hydra_node.inference import GenerationRequest
 from hydra_node.models import resolve_model
 from hydra_node.runtime.supervisor import RunnerSettings, RunnerStalled, RunnerSupervisor
+from waiting import wait_until
 
 STALL_S = 3.0
 TIMEOUT_S = 60
@@ -35,8 +36,7 @@ async def test_stalled_runner_is_killed_and_restarted(tmp_path) -> None:
                     async for _ in events:
                         os.kill(pid, signal.SIGSTOP)  # silent from the first token on
             assert err.value.code == "runner_stalled" and err.value.status == 504
-            while not (sup.state == "ready" and sup.pid not in (None, pid)):
-                await trio.sleep(0.05)
+            await wait_until(lambda: sup.state == "ready" and sup.pid not in (None, pid), interval_s=0.05)
             assert sup.restarts == 1
             async with sup.generate(GenerationRequest.from_wire({**req.to_wire(), "max_tokens": 4})) as events:
                 assert type([e async for e in events][-1]).__name__ == "Finished"

@@ -1,5 +1,9 @@
 """The worker's one JSON line on stdout, parsed into typed events (sans-IO).
 
+The line is decoded by the one strict decoder (:func:`hydra_node.codec.decode_object_line`:
+bounded, no duplicate keys, no NaN) and then checked field by field: any bytes give a
+:class:`Readiness`, a :class:`StartFailure` or :class:`BadReadiness`, nothing else.
+
 This is also how a coordinator learns a worker's RPC protocol version: the worker
 reports what its own server answered to a HELLO (``"proto": "7.0.0"``); the node
 gossips that value with the worker's advertisement, planners refuse incompatible
@@ -8,8 +12,10 @@ versions, and the runner probes the endpoint once more before llama.cpp sees it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+
+from hydra_node.codec.errors import DecodeError
+from hydra_node.codec.jsonline import decode_object_line
 
 from ._proto import ProtoVersion
 
@@ -62,10 +68,10 @@ def parse_readiness(line: bytes) -> Readiness | StartFailure:
     if len(line) > MAX_READINESS_LINE:
         raise BadReadiness(f"readiness line longer than {MAX_READINESS_LINE} bytes")
     try:
-        d = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise BadReadiness(f"readiness line is not JSON: {line[:80]!r}") from exc
-    if not isinstance(d, dict) or not isinstance(d.get("ready"), bool):
+        d = decode_object_line(line, max_bytes=MAX_READINESS_LINE)
+    except DecodeError as exc:
+        raise BadReadiness(f"readiness line is not a JSON object ({exc.code}): {line[:80]!r}") from None
+    if not isinstance(d.get("ready"), bool):
         raise BadReadiness("readiness line must be an object with a boolean 'ready'")
     if not d["ready"]:
         return StartFailure(_str(d, "error", "worker failed to start")[:256], d.get("permanent") is True)

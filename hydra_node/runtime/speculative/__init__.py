@@ -1,10 +1,13 @@
 """Exact speculative decoding: a draft proposes, the target verifies in one batched pass.
 
 Pure parts (no llama): :mod:`.acceptance` (the acceptance rules), :mod:`.controller`
-(adaptive draft length), :mod:`.sampling`, :mod:`.text`.  Engines over llama-cpp-python:
-:mod:`.engine`, :mod:`.target`, :mod:`.draft`, :mod:`.decoder`.  Across machines: :mod:`.wire` (the
-draft protocol), :mod:`.draft_server`, :mod:`.remote` (RemoteDrafter), :mod:`.runner_glue` (the model
-runner), :mod:`.mesh` (the node: draft server, tunnel service ``draft``).  See docs/speculative.md.
+(adaptive draft length), :mod:`.sampling`, :mod:`.errors`; incremental detokenising is the
+runtime's :mod:`hydra_node.runtime.textstream`.  Engines over llama-cpp-python: :mod:`.engine`,
+:mod:`.target`, :mod:`.draft`, :mod:`.decoder`, :mod:`.adapter` (decoder events → generation
+events), :mod:`.testpair` (test model pairs).  Across machines: :mod:`.wire` (the draft protocol),
+:mod:`.draft_server`, :mod:`.remote` (RemoteDrafter), :mod:`.runner_glue` (inside the model
+runner), :mod:`.mesh` (the node's side: draft server, tunnel service ``draft``, the runners' draft
+port), :mod:`.cli_glue` (``serve --draft/--draft-server/--speculative``).  See docs/speculative.md.
 """
 
 from .adapter import generate_events, sampling_for

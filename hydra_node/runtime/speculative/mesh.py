@@ -18,33 +18,37 @@ Without a draft peer the connection is closed at once and the runner generates a
 
 from __future__ import annotations
 
-import json
+import enum
 import logging
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import trio
 
+from hydra_node.backoff import Backoff
+from hydra_node.config import SpeculativeSection
 from hydra_node.mesh.errors import LinkClosed, MeshError, StreamReset
 from hydra_node.models import ModelNotFound, ModelRef, resolve_model
+from hydra_node.runtime.peers import PeerView, link_rtt_ms
 from hydra_node.runtime.rpc.tunnel import splice
+from hydra_node.runtime.supervise import ChildFailed, ChildNotReady, ChildOutput, ChildSpec, ChildState, ChildSupervisor
 
 from .runner_glue import argv_for
+from .wire import MAX_READY_LINE_BYTES, DraftReady, WireError, parse_ready_line
 
 log = logging.getLogger("hydra.speculative")
 
 DRAFT_SERVICE = "draft"
 #: Bound on the draft server's load (it prints its port when ready).
 DRAFT_READY_TIMEOUT_S = 120.0
-#: Longest ready line the draft server may print.
-MAX_READY_LINE_BYTES = 4096
-#: Restart delay after the draft server died (doubles up to the max while it keeps dying early).
-RESTART_BACKOFF_INITIAL_S = 1.0
-RESTART_BACKOFF_MAX_S = 30.0
-#: A draft server that ran this long before dying restarts after the initial delay again.
-HEALTHY_AFTER_S = 30.0
+#: Restart delay after the draft server died: 1 s doubling up to 30 s while it keeps dying
+#: early; one that was up 30 s restarts after 1 s again.
+RESTART_BACKOFF = Backoff(initial_s=1.0, factor=2.0, max_s=30.0, jitter=0.1, reset_after_s=30.0)
 #: Bound on opening a TCP connection to our own draft server, and on reaching a draft peer.
 LOCAL_CONNECT_TIMEOUT_S = 3.0
 PEER_OPEN_TIMEOUT_S = 3.0
@@ -64,78 +68,115 @@ def _resolve(ref: str, what: str) -> ModelRef:
 
 
 class DraftServerProcess:
-    """The draft server child: started, watched, restarted with backoff; ``endpoint`` while ready."""
+    """The draft server child, kept alive by the node's child supervisor; ``endpoint`` while ready."""
 
-    def __init__(self, model: ModelRef, logfile: Path, threads: int = 1, n_ctx: int = DRAFT_N_CTX) -> None:
+    def __init__(self, model: ModelRef, logfile: Path, threads: int = 1, n_ctx: int = DRAFT_N_CTX,
+                 pidfile: Path | None = None) -> None:
         self.model = model
         self.logfile = logfile
         self.threads, self.n_ctx = threads, n_ctx
         self.endpoint: str | None = None
-        self.state = "starting"
-        self.pid: int | None = None
-        self.restarts = 0
-        self.last_error: str | None = None
-
-    async def run(self) -> None:
-        delay = RESTART_BACKOFF_INITIAL_S
-        while True:
-            t0 = trio.current_time()
-            try:
-                await self._run_once()
-                self.last_error = "draft server exited"
-            except (OSError, ValueError, KeyError, trio.TooSlowError) as exc:
-                self.last_error = f"{type(exc).__name__}: {exc}"
-            if trio.current_time() - t0 > HEALTHY_AFTER_S:
-                delay = RESTART_BACKOFF_INITIAL_S
-            self.state = "restarting"
-            log.warning("event=draft_server_restart model=%s in_s=%.1f error=%r", self.model.id, delay, self.last_error)
-            await trio.sleep(delay)
-            delay = min(delay * 2, RESTART_BACKOFF_MAX_S)
-            self.restarts += 1
-
-    async def _run_once(self) -> None:
         argv = [sys.executable, "-m", "hydra_node.runtime.speculative.draft_server", "--model", str(self.model.path),
                 "--model-id", self.model.id, "--host", "127.0.0.1", "--port", "0", "--n-ctx", str(self.n_ctx),
                 "--threads", str(self.threads), "--die-with-parent"]
-        self.logfile.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.logfile, "ab") as err:
-            proc = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE, stderr=err)
-        self.pid = proc.pid
+        spec = ChildSpec(argv, ready=self._read_ready, kind="draft-server", stdout=subprocess.PIPE,
+                         output=ChildOutput(logfile), pidfile=pidfile, on_exit=self._gone)
+        self._child = ChildSupervisor(f"draft server {model.id!r}", spec, backoff=RESTART_BACKOFF,
+                                      on_ready=self._on_ready)
+
+    @property
+    def state(self) -> ChildState:
+        return self._child.state
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid
+
+    @property
+    def restarts(self) -> int:
+        return self._child.restarts
+
+    @property
+    def last_error(self) -> str | None:
+        return self._child.last_error
+
+    async def run(self) -> None:
+        """Keep the draft server up until cancelled; one that cannot be spawned stays ``failed``."""
         try:
-            with trio.fail_after(DRAFT_READY_TIMEOUT_S):
-                line = b""
-                while b"\n" not in line:
-                    chunk = await proc.stdout.receive_some(MAX_READY_LINE_BYTES)
-                    if not chunk:
-                        raise OSError(f"draft server exited while loading (see {self.logfile})")
-                    line += chunk
-                    if len(line) > MAX_READY_LINE_BYTES:
-                        raise ValueError("draft server's ready line is too long")
-            ready = json.loads(line.split(b"\n", 1)[0])
-            self.endpoint = f"127.0.0.1:{int(ready['port'])}"
-            self.state = "ready"
-            log.info("event=draft_server_ready model=%s endpoint=%s pid=%d", self.model.id, self.endpoint, proc.pid)
-            await proc.wait()
-        finally:
-            self.endpoint = None
-            self.pid = None
-            with trio.CancelScope(shield=True):
-                if proc.returncode is None:
-                    proc.kill()
-                await proc.wait()
+            await self._child.run()
+        except ChildFailed:
+            await trio.sleep_forever()  # the node serves on without a draft; status shows why
+
+    async def _read_ready(self, proc: trio.Process) -> DraftReady:
+        line = b""
+        with trio.move_on_after(DRAFT_READY_TIMEOUT_S):
+            while b"\n" not in line:
+                chunk = await proc.stdout.receive_some(MAX_READY_LINE_BYTES)
+                if not chunk:
+                    raise ChildNotReady(f"draft server exited while loading (see {self.logfile})")
+                line += chunk
+                if len(line) > MAX_READY_LINE_BYTES:
+                    raise ChildNotReady("draft server's ready line is too long")
+            try:
+                return parse_ready_line(line.split(b"\n", 1)[0])
+            except WireError as exc:
+                raise ChildNotReady(str(exc)) from None
+        raise ChildNotReady(f"draft server not ready after {DRAFT_READY_TIMEOUT_S:.0f} s (see {self.logfile})")
+
+    def _on_ready(self, ready: DraftReady) -> None:
+        self.endpoint = f"127.0.0.1:{ready.port}"
+        log.info("event=draft_server_ready model=%s endpoint=%s pid=%s", self.model.id, self.endpoint, self.pid)
+
+    def _gone(self) -> None:
+        self.endpoint = None
 
     def status(self) -> dict:
-        return {"model": self.model.id, "state": self.state, "endpoint": self.endpoint, "pid": self.pid,
+        return {"model": self.model.id, "state": self.state.value, "endpoint": self.endpoint, "pid": self.pid,
                 "restarts": self.restarts, "last_error": self.last_error}
 
 
-class SpeculationService:
-    """Wires ``[defaults.speculative]`` into a node (see the module docstring)."""
+class SpeculationMode(str, enum.Enum):
+    """How this node's runners speculate: not at all, with an in-process draft, or over the mesh."""
 
-    def __init__(self, node) -> None:
-        self.node = node
-        sec = node.config.file.defaults.speculative
-        self.section = sec
+    OFF = "off"
+    LOCAL = "local"
+    MESH = "mesh"
+
+
+@dataclass(frozen=True)
+class DraftPeer:
+    """An alive peer that serves a draft model the runners may use."""
+
+    peer: str
+    draft: str
+
+
+@dataclass(frozen=True)
+class SpeculationStatus:
+    """``/api/status`` ``speculation``."""
+
+    strategy: str
+    mode: SpeculationMode
+    wanted_draft: str | None
+    draft_endpoint: str | None
+    local_draft: str | None
+    draft_peers: tuple[DraftPeer, ...]
+    serving_draft: Mapping[str, Any] | None
+    counters: Mapping[str, int]
+
+
+class SpeculationService:
+    """``[defaults.speculative]`` on a node (see the module docstring).
+
+    Built by the composition root from the section, where logs go, the runner thread count and
+    the mesh (None without one); the root declares :meth:`handle_stream` as the mesh's ``draft``
+    tunnel handler, merges :meth:`announce_extra` into our announcement and shows :meth:`status`.
+    """
+
+    def __init__(self, section: SpeculativeSection, *, log_dir: Path, threads: int,
+                 mesh: PeerView | None, run_dir: Path | None = None) -> None:
+        sec = self.section = section
+        self.mesh = mesh
         self.strategy = sec.strategy
         self.server: DraftServerProcess | None = None
         self.local_draft: ModelRef | None = None
@@ -143,48 +184,47 @@ class SpeculationService:
         self.counters = {"tunnels_served": 0, "tunnels_refused": 0, "tunnels_opened": 0, "no_draft_peer": 0,
                          "tunnel_failures": 0}
         if sec.serve_draft:
-            threads = node.config.file.defaults.throughput.threads or 1
             self.server = DraftServerProcess(_resolve(sec.serve_draft, "serve_draft"),
-                                             node.home / "logs" / "draft-server.log", threads=threads)
-        mode = self.strategy
-        if mode == "auto":
-            mode = "off"
-            if sec.draft_model:
-                try:
-                    self.local_draft = resolve_model(sec.draft_model)
-                    mode = "local"
-                except ModelNotFound:
-                    mode = "mesh" if node.mesh is not None else "off"
-            elif node.mesh is not None:
-                mode = "mesh"
-        elif mode == "local":
-            self.local_draft = _resolve(sec.draft_model, "draft_model")
-        elif mode == "mesh" and node.mesh is None:
-            mode = "off"
-            log.warning("event=speculation_off reason=no_mesh strategy=mesh")
-        if mode == "mesh":
+                                             log_dir / "draft-server.log", threads=threads or 1,
+                                             pidfile=run_dir / "draft-server.pid" if run_dir is not None else None)
+        self.mode = self._choose_mode(sec, has_mesh=mesh is not None)
+        if self.mode is SpeculationMode.MESH:
             self.wanted = sec.draft_model
-        self.mode = mode
         self._listen_sock: socket.socket | None = None
         self.endpoint = ""
-        if mode == "mesh":
+        if self.mode is SpeculationMode.MESH:
             self._listen_sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             self._listen_sock.bind(("127.0.0.1", 0))
             self._listen_sock.listen(MAX_DRAFT_CONNECTIONS)
             self.endpoint = f"127.0.0.1:{self._listen_sock.getsockname()[1]}"
-        if node.mesh is not None:
-            node.mesh.tunnel_handlers[DRAFT_SERVICE] = self.handle_stream
-            node.mesh.extra_sources.append(self._announce)
-        node.add_status_section("speculation", self.status)
+
+    def _choose_mode(self, sec: SpeculativeSection, *, has_mesh: bool) -> SpeculationMode:
+        """The strategy made concrete; sets ``local_draft`` for an in-process draft."""
+        if sec.strategy == "auto":
+            if sec.draft_model:
+                try:
+                    self.local_draft = resolve_model(sec.draft_model)
+                    return SpeculationMode.LOCAL
+                except ModelNotFound:
+                    pass
+            return SpeculationMode.MESH if has_mesh else SpeculationMode.OFF
+        if sec.strategy == "local":
+            self.local_draft = _resolve(sec.draft_model, "draft_model")
+            return SpeculationMode.LOCAL
+        if sec.strategy == "mesh":
+            if has_mesh:
+                return SpeculationMode.MESH
+            log.warning("event=speculation_off reason=no_mesh strategy=mesh")
+        return SpeculationMode.OFF
 
     # ---- what runners get ---------------------------------------------------------------
     def runner_argv(self) -> tuple[str, ...]:
         s = self.section
         kw = dict(min_tokens=s.draft_min_tokens, max_tokens=s.draft_max_tokens, min_acceptance=s.min_acceptance,
                   min_speedup=s.min_predicted_speedup)
-        if self.mode == "mesh":
+        if self.mode is SpeculationMode.MESH:
             return tuple(argv_for(endpoint=self.endpoint, **kw))
-        if self.mode == "local":
+        if self.mode is SpeculationMode.LOCAL:
             return tuple(argv_for(model=str(self.local_draft.path), **kw))
         return ()
 
@@ -199,7 +239,8 @@ class SpeculationService:
             task_status.started(self)
             await trio.sleep_forever()
 
-    def _announce(self) -> dict:
+    def announce_extra(self) -> dict:
+        """``{"draft": model id}`` for our announcement while our draft server is ready, else ``{}``."""
         if self.server is not None and self.server.endpoint is not None:
             return {"draft": self.server.model.id}
         return {}
@@ -235,17 +276,17 @@ class SpeculationService:
     # ---- target side: the local tunnel port --------------------------------------------
     def draft_peers(self) -> list[tuple[str, str]]:
         """(peer id, draft model id) of alive peers announcing the wanted draft, lowest RTT first."""
-        mesh = self.node.mesh
-        if mesh is None or mesh.membership is None:
+        mesh = self.mesh
+        if mesh is None:
             return []
-        states = {p.peer_id: p.state for p in mesh.membership.statistics(trio.current_time()).peers}
+        states = mesh.member_states(trio.current_time())
         found = []
-        for peer_id, ann in mesh.membership.members().items():
+        for peer_id, ann in mesh.members().items():
             draft = dict(ann.extra).get("draft") if ann is not None else None
             if states.get(peer_id) != "alive" or not isinstance(draft, str) or (self.wanted and draft != self.wanted):
                 continue
-            link = mesh.links.get(peer_id)
-            rtt = link.rtt_ms if link is not None and link.rtt_ms is not None else float("inf")
+            rtt = link_rtt_ms(mesh, peer_id)
+            rtt = float("inf") if rtt is None else rtt
             found.append((rtt, peer_id, draft))
         return [(pid, draft) for _, pid, draft in sorted(found)]
 
@@ -270,7 +311,7 @@ class SpeculationService:
             for peer_id, _draft in self.draft_peers():
                 try:
                     with trio.fail_after(PEER_OPEN_TIMEOUT_S):
-                        link = await self.node.mesh.link_to(peer_id)
+                        link = await self.mesh.link_to(peer_id)
                     async with link.open_stream({"kind": "tunnel", "service": DRAFT_SERVICE}) as stream:
                         self.counters["tunnels_opened"] += 1
                         await splice(tcp, stream)
@@ -284,13 +325,14 @@ class SpeculationService:
             with trio.CancelScope(shield=True):
                 await tcp.aclose()
 
-    def status(self) -> dict:
-        return {"strategy": self.strategy, "mode": self.mode, "wanted_draft": self.wanted or None,
-                "draft_endpoint": self.endpoint or None,
-                "local_draft": str(self.local_draft.path) if self.local_draft is not None else None,
-                "draft_peers": [{"peer": pid[:16], "draft": d} for pid, d in self.draft_peers()],
-                "serving_draft": self.server.status() if self.server is not None else None,
-                "counters": dict(self.counters)}
+    def status(self) -> SpeculationStatus:
+        return SpeculationStatus(
+            strategy=self.strategy, mode=self.mode, wanted_draft=self.wanted or None,
+            draft_endpoint=self.endpoint or None,
+            local_draft=str(self.local_draft.path) if self.local_draft is not None else None,
+            draft_peers=tuple(DraftPeer(pid[:16], d) for pid, d in self.draft_peers()),
+            serving_draft=self.server.status() if self.server is not None else None,
+            counters=dict(self.counters))
 
 
 async def _splice_tcp(a: trio.SocketStream, b: trio.SocketStream) -> None:

@@ -4,8 +4,9 @@ mesh tunnel: ``127.0.0.1:Q`` on the target's node forwards to a peer's ``draft``
 One connection per request: :meth:`RemoteDrafter.start` connects, checks the server's
 ``hello`` (protocol, vocabulary fingerprint) and sends the prompt; ``propose`` is the only
 call that waits for an answer (``commit``/``extend`` are pipelined into the next round trip).
-Every failure — refused, closed, too slow, malformed, a different vocabulary — raises a
-:class:`SpeculationError` subclass, which makes the decoder finish with the target alone.
+Every byte from the server goes through the strict decoder (:mod:`.wire`, built on
+:mod:`hydra_node.codec`). Every failure — refused, closed, too slow, malformed, a different
+vocabulary — raises a :class:`SpeculationError` subclass, which makes the decoder finish with the target alone.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Sequence
 from .draft import Proposal
 from .errors import SpeculationError
 from .sampling import SamplingParams
-from .wire import DRAFT_PROTO, BoundedFrameDecoder, WireError, frame, parse_proposal, start_message
+from .wire import BoundedFrameDecoder, WireError, frame, parse_hello, parse_proposal, start_message
 
 #: Bound on connecting and on the server's hello (a tunnel to a peer that is gone fails here).
 CONNECT_TIMEOUT_S = 3.0
@@ -65,15 +66,14 @@ class RemoteDrafter:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock, self._decoder = sock, BoundedFrameDecoder()
         self.connects += 1
-        hello = self._receive(self.connect_timeout_s)
-        if hello.get("op") == "error":
-            self._fail(DraftUnavailable(f"draft refused: {hello.get('code')}: {hello.get('message', '')!s:.200}"))
-        if hello.get("op") != "hello" or hello.get("proto") != DRAFT_PROTO:
-            self._fail(DraftUnavailable(f"not a draft server of protocol {DRAFT_PROTO}: {hello!r:.120}"))
-        if hello.get("n_vocab") != self.n_vocab or hello.get("vocab") != self.vocab:
-            self._fail(DraftUnavailable(f"the draft {hello.get('model')!r:.60} has another vocabulary "
-                                        f"({hello.get('n_vocab')!r:.12} tokens) than the target ({self.n_vocab})"))
-        self.model = str(hello.get("model", ""))[:200]
+        try:
+            hello = parse_hello(self._receive(self.connect_timeout_s))
+        except WireError as exc:
+            self._fail(DraftUnavailable(str(exc)))
+        if hello.n_vocab != self.n_vocab or hello.vocab != self.vocab:
+            self._fail(DraftUnavailable(f"the draft {hello.model!r:.60} has another vocabulary "
+                                        f"({hello.n_vocab} tokens) than the target ({self.n_vocab})"))
+        self.model = hello.model
         self._send(start_message(prompt_tokens, sampling, seed))
 
     def propose(self, k: int) -> Proposal:

@@ -1,6 +1,7 @@
 """The draft protocol: what crosses between a target and a remote draft (sans-IO parts).
 
-Length-prefixed CBOR frames (:mod:`hydra_node.runtime.channel`), each a map with an ``op``:
+Length-prefixed canonical CBOR frames (:mod:`hydra_node.codec.framing`, the one strict
+decoder), each a map with an ``op``:
 
   server -> client, on connect: {"op": "hello", "proto": 1, "model": id, "n_vocab", "vocab": fingerprint,
                                  "n_ctx", "max_k"}  | {"op": "error", "code": "busy", ...}
@@ -19,9 +20,11 @@ Every size is bounded here; a peer that breaks a bound gets a typed :class:`Wire
 from __future__ import annotations
 
 import hashlib
-import struct
+from dataclasses import dataclass
 
-from hydra_node.runtime.channel import ChannelError, FrameDecoder, encode_frame
+from hydra_node.codec.errors import DecodeError
+from hydra_node.codec.framing import MessageDecoder, encode_message
+from hydra_node.codec.jsonline import decode_object_line
 
 from .errors import DraftProtocolError
 from .sampling import DRAFT_CANDIDATES_MAX, SamplingParams
@@ -36,8 +39,8 @@ MAX_PROMPT_TOKENS = 65536
 MAX_K = 64
 #: Most tokens one ``extend`` may carry (the decoder sends one per plain target step).
 MAX_EXTEND_TOKENS = 4096
-
-_HEADER = struct.Struct(">I")
+#: Longest ready line a draft server prints on stdout (a real one is about 150 bytes).
+MAX_READY_LINE_BYTES = 4096
 
 
 class WireError(DraftProtocolError):
@@ -48,26 +51,72 @@ class WireError(DraftProtocolError):
         self.code = code
 
 
-class BoundedFrameDecoder(FrameDecoder):
-    """A :class:`FrameDecoder` that refuses frames above ``limit`` before buffering them."""
+class BoundedFrameDecoder(MessageDecoder):
+    """The draft protocol's frame decoder: refuses frames above ``limit`` before buffering
+    them, and raises :class:`WireError` (never anything else) for any bad byte."""
 
     def __init__(self, limit: int = MAX_DRAFT_FRAME_BYTES) -> None:
-        super().__init__()
-        self.limit = limit
+        super().__init__(limit)
 
     def next_message(self) -> dict | None:
-        head = bytes(self._buf[:_HEADER.size])  # noqa: SLF001 - peek the length before the body arrives
-        if len(head) == _HEADER.size and _HEADER.unpack(head)[0] > self.limit:
-            raise WireError(f"frame of {_HEADER.unpack(head)[0]} bytes exceeds the {self.limit}-byte limit",
-                            "too_large")
         try:
             return super().next_message()
-        except ChannelError as exc:
-            raise WireError(str(exc)) from None
+        except DecodeError as exc:
+            raise WireError(str(exc), "too_large" if exc.code == "too_large" else "bad_frame") from None
 
 
 def frame(msg: dict) -> bytes:
-    return encode_frame(msg)
+    """One draft-protocol frame (canonical CBOR); ``EncodeError`` above the frame bound."""
+    return encode_message(msg, limit=MAX_DRAFT_FRAME_BYTES)
+
+
+@dataclass(frozen=True)
+class DraftHello:
+    """What a draft server says on connect (``hello``)."""
+
+    model: str
+    n_vocab: int
+    vocab: str
+    n_ctx: int
+    max_k: int
+
+
+def parse_hello(msg: dict) -> DraftHello:
+    """The server's first message as a :class:`DraftHello`; :class:`WireError` with code ``refused``
+    (its ``error``, e.g. busy), ``bad_proto`` (another protocol) or ``bad_hello`` (malformed)."""
+    if msg.get("op") == "error":
+        raise WireError(f"draft refused: {msg.get('code')!s:.40}: {msg.get('message', '')!s:.200}", "refused")
+    if msg.get("op") != "hello" or msg.get("proto") != DRAFT_PROTO:
+        raise WireError(f"not a draft server of protocol {DRAFT_PROTO}: {msg!r:.120}", "bad_proto")
+    model, vocab = msg.get("model", ""), msg.get("vocab")
+    if not isinstance(model, str) or not isinstance(vocab, str) or len(vocab) > 64:
+        raise WireError(f"malformed hello: {msg!r:.120}", "bad_hello")
+    return DraftHello(model[:200], int_field(msg, "n_vocab", 1, 2**31 - 1), vocab, int_field(msg, "n_ctx", 1, 2**31 - 1),
+                      int_field(msg, "max_k", 1, MAX_K, default=MAX_K))
+
+
+@dataclass(frozen=True)
+class DraftReady:
+    """The draft server's ready line: ``{"event": "ready", "port", "model", "n_vocab", "vocab"}``."""
+
+    port: int
+    model: str
+    n_vocab: int
+    vocab: str
+
+
+def parse_ready_line(line: bytes) -> DraftReady:
+    """The draft server's stdout line (with or without its newline), or :class:`WireError`."""
+    try:
+        d = decode_object_line(line, max_bytes=MAX_READY_LINE_BYTES)
+    except DecodeError as exc:
+        raise WireError(f"draft server ready line: {exc}", "bad_ready") from None
+    port, model, n_vocab, vocab = d.get("port"), d.get("model"), d.get("n_vocab"), d.get("vocab")
+    if (d.get("event") != "ready" or type(port) is not int or not 0 < port < 65536 or not isinstance(model, str)
+            or len(model) > 256 or type(n_vocab) is not int or not 0 < n_vocab < 2**31
+            or not isinstance(vocab, str) or len(vocab) > 64):
+        raise WireError(f"not a draft server ready line: {line[:120]!r}", "bad_ready")
+    return DraftReady(port, model, n_vocab, vocab)
 
 
 # ---------------------------------------------------------------- field checks

@@ -1,47 +1,46 @@
-"""Discovery inside ``serve``: choose a mesh (``--auto``), start it, then announce it (mDNS) and publish it (Nostr).
+"""DiscoveryService: choose a mesh (``--auto``), join it, then announce it (mDNS) and publish it (Nostr).
 
-:class:`NodeDiscovery` replaces ``node.mesh.run`` in the node's start-up when any discovery is on
-(``Node.run`` starts ``discovery.run`` instead).  ``run`` is a long-lived task:
+The root starts the mesh service without a plan, then ``discovery.run`` (instead of joining itself):
 
 1. ``--auto`` (without ``--join``): browse the LAN (a browse-only :class:`MdnsService`) and Nostr
    (:class:`NostrDiscoverer`) for up to ``auto_wait_s`` — less once relays are synced and the LAN
    has had ``LAN_SETTLE_S``, or as soon as a LAN mesh we hold a credential for shows up; probe the
-   invite addresses of the best listings (timed TCP connect); build the join plan
-   (:func:`node_choice.join_plan`) and try it in order, falling back to the next candidate; with
-   none left, start (or resume) our own mesh.
-2. Start the mesh (``MeshService.run``) — with the chosen invite token as ``join``.
-3. Remember the mesh in ``HOME/discovery/last_mesh.json``; start the mDNS responder (it browses
+   invite addresses of the best listings (timed TCP connect); order the candidates
+   (:func:`node_choice.ordered_candidates`) and try each with ``mesh.join(plan)``, falling back to the next;
+   with none left, start (or resume) our own mesh (``mesh.join`` of an empty plan).
+   Otherwise: ``mesh.join`` of the root's plan (``--join`` tokens, or none).
+2. Remember the mesh in ``HOME/discovery/last_mesh.json``; start the mDNS responder (it browses
    too) and the Nostr publisher (``--publish``), and a loop that refreshes both when the node
    count or the models change.
 
-Shutdown is the node's root cancel: the publisher deletes its listing (NIP-09, shielded, ≤ 3 s)
+Shutdown is the root's cancel: the publisher deletes its listing (NIP-09, shielded, ≤ 3 s)
 and the responder multicasts a goodbye (≤ 1 s).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
+import enum
 import logging
-import secrets
 import time
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
 
 import trio
 
-from hydra_node import __version__
-from hydra_node.discovery.auto import AutoContext, Probe, rank_listings
+from hydra_node.discovery.adverts import listing_content, mdns_advert
+from hydra_node.discovery.auto import AutoContext, ListingProbe, rank_listings
 from hydra_node.discovery.mdns import MdnsConfig, MdnsService
-from hydra_node.discovery.mdns_wire import MAX_ADDRESSES, MAX_MODELS, MdnsAdvert, MdnsAdvertError
+from hydra_node.discovery.mdns_wire import MdnsAdvertError
 from hydra_node.discovery.node_choice import (
     CandidateSet,
     DiscoverySettings,
     JoinCandidate,
     LastMesh,
     held_credentials,
-    join_plan,
+    ordered_candidates,
     lan_candidates,
-    lan_fingerprint,
     load_last_mesh,
     nostr_candidates,
     probe_address,
@@ -58,8 +57,11 @@ from hydra_node.discovery.nostr_services import (
 )
 from hydra_node.discovery.snapshot import LAN_SETTLE_S
 from hydra_node.mesh.errors import MeshError, TokenError
-from hydra_node.mesh.service import DIAL_TIMEOUT_S, JoinFailed, load_or_create_mesh_key
-from hydra_node.mesh.token import parse_invite
+from hydra_node.mesh.ids import MeshSecret
+from hydra_node.mesh.joining import DialCandidate, JoinFailed, JoinPlan
+from hydra_node.mesh.keyfile import load_mesh_key, mesh_key_path
+
+__all__ = ["DiscoveryMesh", "DiscoveryPhase", "DiscoveryService", "NodeFacts"]
 
 log = logging.getLogger("hydra.discovery.node")
 
@@ -67,52 +69,83 @@ REFRESH_CHECK_S = 2.0  # how often the advert / listing are compared with the no
 LAN_FIRST_ANSWER_S = 0.3  # with Nostr listings in hand: unicast answers to the first query come in ms
 PROBE_LIMIT = 8  # listings probed (timed TCP connect) before ranking
 PROBE_TIMEOUT_S = 1.0
-MAX_LISTED_MODELS = 32  # ListingContent bound
-MAX_MODEL_NAME = 128
+MAX_RECORDED_SKIPS = 32  # skipped listings kept for /api/status
 
 
-def _join_failure(exc: BaseException) -> BaseException | None:
-    """The join failure inside ``exc`` (a bare one or a group of only such), else None."""
-    if isinstance(exc, (JoinFailed, MeshError)):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        leaves = [_join_failure(e) for e in exc.exceptions]
-        if leaves and all(leaf is not None for leaf in leaves):
-            return leaves[0]
-    return None
+class DiscoveryPhase(enum.Enum):
+    IDLE = "idle"
+    DISCOVERING = "discovering"
+    JOINING = "joining"
+    READY = "ready"
 
 
-class NodeDiscovery:
-    def __init__(self, node, settings: DiscoverySettings):
+class DiscoveryMesh(Protocol):
+    """What discovery needs of the mesh service (its public surface only)."""
+
+    @property
+    def port(self) -> int | None: ...
+    @property
+    def addresses(self) -> list[str]: ...
+    @property
+    def mesh_id(self) -> str | None: ...
+    @property
+    def mesh_secret(self) -> MeshSecret | None: ...
+    @property
+    def invite_ttl_s(self) -> float: ...
+    async def join(self, plan: JoinPlan) -> tuple[str, ...]: ...
+    def peers(self) -> list[dict]: ...
+    def token(self) -> str | None: ...
+    def invite(self, ttl_s: float) -> str: ...
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What discovery reads about the node, as callables the root supplies."""
+
+    node_id: str
+    name: str
+    configured_models: frozenset[str]  # the models this node was started with (the --auto model bonus)
+    ready_models: Callable[[], list[str]]  # local models ready to serve
+    serving_models: Callable[[], list[str]]  # every model the router can reach (ours and peers')
+    spare_slots: Callable[[], int]  # free request-queue slots of our ready models
+
+
+class DiscoveryService:
+    """Enters the mesh for the root (``plan``: the ``--join`` invites, or empty) — or, with ``--auto``,
+    chooses which mesh — then keeps our mDNS advert and Nostr listing current. ``home`` holds the
+    mesh key it reads, ``discovery/last_mesh.json`` and the Nostr key."""
+
+    def __init__(self, mesh: DiscoveryMesh, node: NodeFacts, settings: DiscoverySettings, *, home: Path,
+                 plan: JoinPlan | None = None) -> None:
+        self.mesh = mesh
         self.node = node
         self.settings = settings
+        self.home = home
+        self.plan = plan or JoinPlan()
         self.responder: MdnsService | None = None
         self.publisher: NostrPublisher | None = None
-        self.phase = "idle"  # idle | discovering | joining | ready
+        self.phase = DiscoveryPhase.IDLE
         self.auto: dict[str, Any] = {}
         self._last_key: tuple | None = None
         self._nostr_keys = None
         if settings.publish:  # load (or create) the key now, so a bad key file stops the start-up plainly
             try:
-                self._nostr_keys = load_or_create_nostr_keys(node.home)
+                self._nostr_keys = load_or_create_nostr_keys(home)
             except NostrKeyError as exc:
                 raise RuntimeError(str(exc)) from None
-        node.add_status_section("discovery", self.status)
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        mesh = self.node.mesh
+        """Join (choosing the mesh with ``--auto``), then announce and publish until cancelled."""
         async with trio.open_nursery() as nursery:
-            joined_with: str | None = None
-            if self.settings.auto and not mesh.settings.join:
-                joined_with = await self._auto_join(nursery)
+            if self.settings.auto and not self.plan.invites:
+                joined_with = await self._auto_join()
             else:
-                await nursery.start(mesh.run)
-                joined_with = mesh.settings.join[0] if mesh.settings.join else None
+                await self.mesh.join(self.plan)
+                joined_with = self.plan.invites[0].text if self.plan.invites else None
             self._remember(joined_with)
             if self.settings.use_mdns:
-                advert = self._advert()
-                self.responder = MdnsService(self._mdns_config(), advert)
+                self.responder = MdnsService(self._mdns_config(), self._advert())
                 await nursery.start(self.responder.run)
             if self.settings.publish:
                 self.publisher = NostrPublisher(self._nostr_keys, self._listing, PublisherConfig(
@@ -123,7 +156,7 @@ class NodeDiscovery:
                          ",".join(self.publisher.config.relays))
             self._last_key = self._state_key()
             nursery.start_soon(self._refresh_loop)
-            self.phase = "ready"
+            self.phase = DiscoveryPhase.READY
             task_status.started(self)
 
     def _mdns_config(self) -> MdnsConfig:
@@ -131,71 +164,53 @@ class NodeDiscovery:
         return MdnsConfig(group=s.mdns_group, port=s.mdns_port, interface=s.mdns_interface)
 
     # ---- --auto --------------------------------------------------------------------------
-    async def _auto_join(self, nursery: trio.Nursery) -> str | None:
-        """Discover, try the plan in order; returns the invite token joined with (None: own mesh)."""
-        mesh = self.node.mesh
+    async def _auto_join(self) -> str | None:
+        """Discover, try the candidates in order; returns the invite token joined with (None: own mesh)."""
         s = self.settings
-        self.phase = "discovering"
+        self.phase = DiscoveryPhase.DISCOVERING
         t0 = trio.current_time()
         now = time.time()
-        last = load_last_mesh(self.node.home)
-        held = held_credentials(load_or_create_mesh_key(self.node.home), last, now)
+        last = load_last_mesh(self.home)
+        held = held_credentials(load_mesh_key(mesh_key_path(self.home)), last, now)
         lan, nostr = await self._scan(held, last)
-        plan = join_plan(lan, nostr)
+        candidates = ordered_candidates(lan, nostr)
         self.auto = {"discovery_s": round(trio.current_time() - t0, 3),
-                     "candidates": [c.describe() for c in plan],
-                     "skipped": [dataclasses.asdict(x) for x in lan.skipped + nostr.skipped][:32],
+                     "candidates": [c.describe() for c in candidates],
+                     "skipped": [dataclasses.asdict(x) for x in lan.skipped + nostr.skipped][:MAX_RECORDED_SKIPS],
                      "attempts": [], "outcome": None}
         log.info("event=auto_discovered lan=%d nostr=%d plan=%d in_s=%.2f", len(lan.candidates),
-                 len(nostr.candidates), len(plan), self.auto["discovery_s"])
-        self.phase = "joining"
-        original = mesh.settings
-        member = [c for c in plan if c.token is None]
-        if member:  # we are a member of a mesh seen on the LAN: resume it and dial its nodes
-            await nursery.start(mesh.run)
-            for cand in member:
-                if await self._dial_member(cand):
+                 len(nostr.candidates), len(candidates), self.auto["discovery_s"])
+        self.phase = DiscoveryPhase.JOINING
+        members = [c for c in candidates if c.token is None]
+        if members:  # we are a member of a mesh seen on the LAN: resume it and dial its nodes
+            for cand in members:
+                if await self.mesh.join(JoinPlan(members=(DialCandidate(cand.urls, cand.peer_id),))):
                     self._outcome("joined", cand)
                     return None
+                self.auto["attempts"].append({**cand.describe(), "error": "unreachable"})
             self._outcome("resumed", None)
             return None
-        for cand in plan:
-            mesh.settings = dataclasses.replace(original, join=(cand.token,),
-                                                join_timeout_s=min(original.join_timeout_s, s.join_attempt_s))
+        for cand in candidates:
             try:
-                await nursery.start(mesh.run)
-            except BaseException as exc:  # noqa: BLE001 - only join failures are swallowed, see below
-                failure = _join_failure(exc)
-                if failure is None:
-                    raise
-                self.auto["attempts"].append({**cand.describe(), "error": str(failure)[:300]})
+                plan = JoinPlan.from_tokens((cand.token,), time.time(), admission_timeout_s=s.join_attempt_s)
+                await self.mesh.join(plan)
+            except (JoinFailed, MeshError, TokenError) as exc:
+                self.auto["attempts"].append({**cand.describe(), "error": str(exc)[:300]})
                 log.warning("event=auto_join_failed source=%s mesh_id=%s error=%r", cand.source, cand.mesh_id,
-                            str(failure)[:300])
-                mesh.settings = original
-                mesh.links.clear()
+                            str(exc)[:300])
                 continue
             self._outcome("joined", cand)
             return cand.token
-        mesh.settings = original
-        await nursery.start(mesh.run)
-        self._outcome("created" if not plan else "created_after_failures", None)
+        await self.mesh.join(JoinPlan())
+        self._outcome("created" if not candidates else "created_after_failures", None)
         return None
 
     def _outcome(self, what: str, cand: JoinCandidate | None) -> None:
         self.auto["outcome"] = what
-        self.auto["mesh_id"] = self.node.mesh.mesh.mesh_id if self.node.mesh.mesh else None
+        self.auto["mesh_id"] = self.mesh.mesh_id
         if cand is not None:
             self.auto["chosen"] = cand.describe()
         log.info("event=auto_%s mesh_id=%s source=%s", what, self.auto["mesh_id"], cand.source if cand else "-")
-
-    async def _dial_member(self, cand: JoinCandidate) -> bool:
-        mesh = self.node.mesh
-        link = await mesh._dial_urls(list(cand.urls), cand.peer_id, DIAL_TIMEOUT_S)  # member-to-member link
-        if link is None:
-            self.auto["attempts"].append({**cand.describe(), "error": "unreachable"})
-            return False
-        mesh.gossip.join([link.peer_id])
-        return True
 
     async def _scan(self, held, last: LastMesh | None) -> tuple[CandidateSet, CandidateSet]:
         s = self.settings
@@ -232,7 +247,7 @@ class NodeDiscovery:
             if discoverer is not None and not any(c.token is None for c in lan.candidates):
                 listings = discoverer.listings()
                 ctx = AutoContext(now=int(time.time()), last_mesh_id=last_id, mesh_name=s.mesh_name,
-                                  local_models=frozenset(m.id for m in self.node.models))
+                                  local_models=self.node.configured_models)
                 pre = rank_listings(listings, ctx)[:PROBE_LIMIT]
                 probes = await self._probe([x.listing for x in pre])
                 ranked = rank_listings(listings, dataclasses.replace(ctx, probes=probes))
@@ -244,21 +259,18 @@ class NodeDiscovery:
         probes: dict = {}
 
         async def one(listing) -> None:
+            probes[listing.key] = ListingProbe(False)
             target = probe_address(listing.content.invite_token, time.time())
             if target is None:
-                probes[listing.key] = Probe(False)
                 return
             t0 = trio.current_time()
             with trio.move_on_after(PROBE_TIMEOUT_S):
                 try:
                     stream = await trio.open_tcp_stream(*target)
                 except OSError:
-                    probes[listing.key] = Probe(False)
                     return
                 await stream.aclose()
-                probes[listing.key] = Probe(True, (trio.current_time() - t0) * 1000.0)
-                return
-            probes[listing.key] = Probe(False)
+                probes[listing.key] = ListingProbe(True, (trio.current_time() - t0) * 1000.0)
 
         async with trio.open_nursery() as n:
             for listing in listings:
@@ -267,77 +279,31 @@ class NodeDiscovery:
 
     # ---- what we announce and publish ----------------------------------------------------
     def _remember(self, token: str | None) -> None:
-        mesh = self.node.mesh
-        if mesh.mesh is None:
+        if self.mesh.mesh_id is None:
             return
         try:
-            save_last_mesh(self.node.home, LastMesh(mesh.mesh.mesh_id, time.time(), token))
+            save_last_mesh(self.home, LastMesh(self.mesh.mesh_id, time.time(), token))
         except OSError as exc:
             log.warning("event=last_mesh_not_saved error=%r", exc)
 
     def _alive_peers(self) -> list[dict]:
-        return [p for p in self.node.mesh.peers() if p.get("state") == "alive"]
+        return [p for p in self.mesh.peers() if p.get("state") == "alive"]
 
-    def _local_ready_models(self) -> list[str]:
-        return sorted(r.model.id for r in self.node.local.runners.values() if r.state == "ready")
-
-    def _advert(self) -> MdnsAdvert:
-        node, mesh = self.node, self.node.mesh
-        ips: list[str] = []
-        for addr in mesh.addresses:
-            host = addr.split("://", 1)[-1].rsplit(":", 1)[0]
-            try:
-                ipaddress.IPv4Address(host)
-            except ValueError:
-                continue
-            if host not in ips:
-                ips.append(host)
-        if any(not ip.startswith("127.") for ip in ips):  # loopback only when it is all we have
-            ips = [ip for ip in ips if not ip.startswith("127.")]
-        if not ips:
-            ips = [self.settings.mdns_interface if self.settings.mdns_interface != "0.0.0.0" else "127.0.0.1"]
-        name = "".join(ch for ch in (node.config.name or node.node_id[:8]) if ch.isprintable() and ch != "|")[:64]
-        models = self._local_ready_models()[:MAX_MODELS]
+    def _advert(self):
         origin = self.responder.origin if self.responder is not None else None
-        while True:
-            try:
-                kw = dict(instance=f"hydra-{node.node_id[:12]}", port=mesh.port, addresses=tuple(ips[:MAX_ADDRESSES]),
-                          node_id=node.node_id, mesh_id=mesh.mesh.mesh_id, token_fingerprint=lan_fingerprint(mesh.mesh),
-                          name=name, models=tuple(models), node_count=min(1 + len(self._alive_peers()), 100_000),
-                          version=__version__)
-                return MdnsAdvert(**kw, origin=origin or secrets.token_hex(8))
-            except MdnsAdvertError:
-                if not models:
-                    raise
-                models = models[:-1]  # the TXT string is full: list fewer models
+        return mdns_advert(self.mesh, node_id=self.node.node_id, name=self.node.name,
+                           ready_models=self.node.ready_models(), alive_peers=len(self._alive_peers()),
+                           fallback_ip=self.settings.mdns_interface, origin=origin)
 
     def _listing(self) -> ListingContent | None:
-        node, mesh = self.node, self.node.mesh
-        if mesh.mesh is None or mesh.port is None:
+        if self.mesh.mesh_id is None or self.mesh.port is None:
             return None
-        peers = self._alive_peers()
-        serving = sorted({m.id for m in node.router.models() if 0 < len(m.id) <= MAX_MODEL_NAME
-                          and m.id.isprintable()})[:MAX_LISTED_MODELS]
-        queue_size = node.runner_settings().queue_size
-        spare = sum(max(0, queue_size - r.queue_depth - r.in_flight) for r in node.local.runners.values()
-                    if r.state == "ready")
-        token = mesh.token()
-        try:
-            if parse_invite(token, time.time()).mesh_id != mesh.mesh.mesh_id:  # cached before a join switched meshes
-                token = mesh.invite(mesh.settings.invite_ttl_s)
-        except TokenError:
-            token = mesh.invite(mesh.settings.invite_ttl_s)
-        return ListingContent(
-            mesh_id=mesh.mesh.mesh_id, invite_token=token, serving=tuple(serving),
-            node_count=min(1 + len(peers), 1_000_000),
-            client_count=min(sum(1 for p in peers if p.get("role") == "client"), 1_000_000),
-            max_clients=self.settings.max_clients, spare_slots=min(spare, 1_000_000),
-            name=self.settings.mesh_name, region=self.settings.region, version=__version__[:64])
+        return listing_content(self.mesh, self.settings, peers=self._alive_peers(),
+                               serving=self.node.serving_models(), spare_slots=self.node.spare_slots())
 
     def _state_key(self) -> tuple:
-        peers = self._alive_peers()
-        return (len(peers), tuple(self._local_ready_models()),
-                tuple(sorted(m.id for m in self.node.router.models())), self.node.mesh.mesh.mesh_id)
+        return (len(self._alive_peers()), tuple(self.node.ready_models()), tuple(sorted(self.node.serving_models())),
+                self.mesh.mesh_id)
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -357,7 +323,7 @@ class NodeDiscovery:
     # ---- status ----------------------------------------------------------------------------
     def status(self) -> dict:
         s = self.settings
-        out: dict[str, Any] = {"mode": s.mode, "phase": self.phase, "auto": s.auto, "publish": s.publish,
+        out: dict[str, Any] = {"mode": s.mode, "phase": self.phase.value, "auto": s.auto, "publish": s.publish,
                                "mdns": None, "nostr": None}
         if s.auto:
             out["auto_result"] = self.auto

@@ -17,6 +17,8 @@ from hydra_node.discovery.node_choice import (
     load_last_mesh,
 )
 
+__all__ = ["add_discover_parser", "add_serve_args", "cmd_discover", "os_errors", "settings_from_args"]
+
 DISCOVER_WAIT_S = 5.0  # `discover --wait` default: returns earlier once relays are synced and the LAN settled
 MAX_DISCOVER_WAIT_S = 120.0
 
@@ -71,6 +73,26 @@ def settings_from_args(args) -> DiscoverySettings | None:
     return s if s.active else None
 
 
+def os_errors(exc: BaseException) -> list[OSError] | None:
+    """Every OSError in ``exc`` (a bare one, or a group however nested) when that is all it holds;
+    None when anything else is in it (a bug, or a cancellation: the caller re-raises it whole)."""
+    if isinstance(exc, OSError):
+        return [exc]
+    if isinstance(exc, BaseExceptionGroup):
+        matched, rest = exc.split(OSError)
+        if rest is None and matched is not None:
+            out: list[OSError] = []
+            pending: list[BaseException] = [matched]
+            while pending:
+                e = pending.pop(0)
+                if isinstance(e, BaseExceptionGroup):
+                    pending[:0] = list(e.exceptions)
+                else:
+                    out.append(e)  # type: ignore[arg-type]
+            return out
+    return None
+
+
 def add_discover_parser(sub) -> None:
     d = sub.add_parser("discover", help="list the meshes on the LAN (mDNS) and on Nostr",
                        description="Browse mDNS and/or Nostr relays for a few seconds and list what is there, "
@@ -112,12 +134,11 @@ def cmd_discover(args, home: Path) -> int:
             nostr=DiscovererConfig(relays=relays_or_default(s.relays)) if nostr else None,
             context=ctx))
     except (OSError, BaseExceptionGroup) as exc:  # e.g. no multicast route for the mDNS group
-        leaf = exc
-        while isinstance(leaf, BaseExceptionGroup):
-            leaf = leaf.exceptions[0]
-        if not isinstance(leaf, OSError):
+        errors = os_errors(exc)
+        if errors is None:
             raise
-        print(f"hydra-node: discover: {leaf}", file=sys.stderr)
+        for err in errors:  # every one: the mDNS and the Nostr side can both fail
+            print(f"hydra-node: discover: {err}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(report_to_json(report), indent=2))

@@ -1,0 +1,145 @@
+"""The link table: one open link per peer, dialled on demand and shared by concurrent callers.
+
+When both sides dial each other at once, each keeps the link initiated by the smaller node id, so
+both keep the same one. Links run in the nursery the table is given (the service's session).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import Callable, Iterable
+
+import trio
+
+from .endpoints import connect_link
+from .errors import LinkClosed, MeshError
+from .joining import DialCandidate
+from .link import LinkSettings, PeerLink
+
+__all__ = ["BACKGROUND_DIAL_TIMEOUT_S", "DIAL_TIMEOUT_S", "LinkTable"]
+
+log = logging.getLogger("hydra.mesh")
+
+#: How long a caller waits for a link to be dialled.
+DIAL_TIMEOUT_S = 3.0
+#: Bound on one background dial of a peer (all its addresses, handshake included).
+BACKGROUND_DIAL_TIMEOUT_S = 10.0
+
+
+class LinkTable:
+    """``addresses_of(peer_id)`` gives the link URLs to dial a peer by id (from its announcement);
+    ``on_up``/``on_down(peer_id)`` report a link adopted / lost with an error."""
+
+    def __init__(self, node_id: str, nursery: trio.Nursery, settings: Callable[[], LinkSettings], *,
+                 addresses_of: Callable[[str], Iterable[str]], on_up: Callable[[str], None],
+                 on_down: Callable[[str], None]) -> None:
+        self.node_id = node_id
+        self._nursery = nursery
+        self._settings = settings
+        self._addresses_of = addresses_of
+        self._on_up = on_up
+        self._on_down = on_down
+        self._links: dict[str, PeerLink] = {}
+        self._dialing: dict[str, trio.Event] = {}
+        self.duplicate_links_closed = 0
+        self.dial_failures = 0
+
+    def get(self, peer_id: str) -> PeerLink | None:
+        link = self._links.get(peer_id)
+        return link if link is not None and not link.closed else None
+
+    def open_links(self) -> list[PeerLink]:
+        return [link for link in self._links.values() if not link.closed]
+
+    def __len__(self) -> int:
+        return len(self._links)
+
+    def items(self) -> list[tuple[str, PeerLink]]:
+        return list(self._links.items())
+
+    def _initiator_of(self, link: PeerLink) -> str:
+        return self.node_id if link.is_initiator else link.peer_id
+
+    def adopt(self, link: PeerLink) -> None:
+        """Keep one link per peer: the one initiated by the smaller node id (both sides agree)."""
+        old = self._links.get(link.peer_id)
+        if old is not None and old is not link and not old.closed:
+            keep, drop = sorted((old, link), key=self._initiator_of)
+            self.duplicate_links_closed += 1
+            self._nursery.start_soon(drop.aclose, "duplicate", "another link to this peer is kept")
+            if drop is link:
+                return
+        self._links[link.peer_id] = link
+        self._nursery.start_soon(self._watch, link)
+        self._on_up(link.peer_id)
+
+    async def _watch(self, link: PeerLink) -> None:
+        await link.wait_closed()
+        if self._links.get(link.peer_id) is link:
+            del self._links[link.peer_id]
+            if link.close_error is not None:
+                self._on_down(link.peer_id)
+
+    async def dial(self, urls: Iterable[str], peer_id: str | None, timeout_s: float) -> PeerLink | None:
+        """Dial ``urls`` in order (all within ``timeout_s``) and adopt the first link; None if none answered."""
+        with trio.move_on_after(timeout_s):
+            for url in urls:
+                try:
+                    link = await self._nursery.start(partial(connect_link, url, self._settings(),
+                                                             expected_peer_id=peer_id))
+                except (MeshError, OSError) as exc:
+                    log.debug("event=dial_failed url=%s error=%r", url, exc)
+                    continue
+                self.adopt(link)
+                return self._links.get(link.peer_id, link)
+        self.dial_failures += 1
+        return None
+
+    async def dial_candidates(self, candidates: Iterable[DialCandidate], timeout_s: float, *,
+                              skip: Iterable[str] = ()) -> list[str]:
+        """Link with each candidate (``timeout_s`` each) we have no link to; the peer ids now linked,
+        in order, without those in ``skip``."""
+        skip = set(skip)
+        linked: list[str] = []
+        for cand in candidates:
+            if cand.peer_id is not None and (cand.peer_id in skip or self.get(cand.peer_id) is not None):
+                if cand.peer_id not in skip and cand.peer_id not in linked:
+                    linked.append(cand.peer_id)
+                continue
+            link = await self.dial(cand.urls, cand.peer_id, timeout_s)
+            if link is not None and link.peer_id not in linked and link.peer_id not in skip:
+                linked.append(link.peer_id)
+        return linked
+
+    async def link_to(self, peer_id: str) -> PeerLink:
+        """The open link to ``peer_id``, dialling it (once, shared by concurrent callers) if needed."""
+        link = self.get(peer_id)
+        if link is not None:
+            return link
+        pending = self._dialing.get(peer_id)
+        if pending is None:
+            # Dial in the background: a handshake on a loaded machine can outlast the caller's
+            # patience (gossip sends wait 1 s), and an abandoned dial would be wasted work.
+            pending = self._dialing[peer_id] = trio.Event()
+            self._nursery.start_soon(self._dial_peer, peer_id, pending)
+        with trio.move_on_after(DIAL_TIMEOUT_S):
+            await pending.wait()
+        link = self.get(peer_id)
+        if link is None:
+            raise LinkClosed(f"no link to peer {peer_id[:16]}", code="unreachable")
+        return link
+
+    async def _dial_peer(self, peer_id: str, done: trio.Event) -> None:
+        try:
+            urls = list(self._addresses_of(peer_id))
+            if urls:
+                await self.dial(urls, peer_id, BACKGROUND_DIAL_TIMEOUT_S)
+        finally:
+            done.set()
+            self._dialing.pop(peer_id, None)
+
+    async def close_all(self, code: str, message: str) -> None:
+        async with trio.open_nursery() as nursery:
+            for link in list(self._links.values()):
+                nursery.start_soon(link.aclose, code, message)
