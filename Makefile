@@ -11,7 +11,7 @@ STAMP := $(VENV)/.hydra-installed
 PUMP_SO := hydra_node/native/_pump.so
 CC ?= cc
 
-.PHONY: install serve test bench clean lint
+.PHONY: install serve test test-fast bench clean lint
 
 install: $(STAMP) $(PUMP_SO)
 
@@ -39,6 +39,10 @@ serve: install
 
 test: install
 	$(PY) -m pytest -q
+
+# The inner loop: everything but the tests that start real processes or load the model.
+test-fast: install
+	$(PY) -m pytest -q -m "not live"
 
 bench: install
 	$(PY) bench/api_overhead.py

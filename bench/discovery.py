@@ -26,12 +26,12 @@ from pathlib import Path
 import trio
 from nostr_sdk import Keys, LocalRelayBuilder, RateLimit
 
-from hydra_node.discovery import _uniffi_trio
-from hydra_node.discovery.lan_probe import make_advert
-from hydra_node.discovery.mdns import MdnsConfig, MdnsService
-from hydra_node.discovery.nostr_events import ListingContent
-from hydra_node.discovery.nostr_relay import RelayConfig
-from hydra_node.discovery.nostr_services import DiscovererConfig, NostrDiscoverer, NostrPublisher, PublisherConfig
+from hydra_node.discovery.nostr import _uniffi_trio
+from hydra_node.discovery.mdns.probe import make_advert
+from hydra_node.discovery.mdns.service import MdnsConfig, MdnsService
+from hydra_node.discovery.nostr.events import ListingContent
+from hydra_node.discovery.nostr.relay import RelayConfig
+from hydra_node.discovery.nostr.services import DiscovererConfig, NostrDiscoverer, NostrPublisher, PublisherConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 RELAY_CFG = RelayConfig(connect_timeout_s=2.0, disconnect_timeout_s=0.5, backoff_base_s=0.05, backoff_cap_s=0.5)
@@ -122,7 +122,7 @@ def bench_mdns_netns(runs: int, n: int) -> None:
         for _ in range(runs):
             port = str(random.randrange(20000, 60000))
             t0 = time.monotonic()
-            procs = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "hydra_node.discovery.lan_probe",
+            procs = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "hydra_node.discovery.mdns.probe",
                                        "--interface", f"10.79.0.{i}", "--port", port, "--expect", str(n - 1),
                                        "--timeout", "15", "--linger", "1.5"], stdout=subprocess.PIPE, cwd=ROOT)
                      for i, ns in enumerate(hosts, start=1)]

@@ -17,7 +17,7 @@ import argparse
 import time
 
 from hydra_node.mesh.membership import MembershipConfig, PeerDied, PeerState
-from hydra_node.mesh.membership_sim import ENVELOPE_OVERHEAD_BYTES, SimNetwork
+from hydra_node.mesh.membership.sim import ENVELOPE_OVERHEAD_BYTES, SimNetwork
 
 
 def build(n: int, seed: int, loss: float) -> SimNetwork:

@@ -129,9 +129,9 @@ async def _tunnel_main(spec: dict) -> None:
     import trio
     from nacl.signing import SigningKey
 
-    from hydra_node.mesh.endpoints import LinkListener, open_link
-    from hydra_node.mesh.ids import MeshSecret
-    from hydra_node.mesh.link import LinkSettings
+    from hydra_node.mesh.link.endpoints import LinkListener, open_link
+    from hydra_node.mesh.wire.ids import MeshSecret
+    from hydra_node.mesh.link.peer_link import LinkSettings
     from hydra_node.runtime.rpc.tunnel import RemoteWorkerTunnel, RpcTunnelServer
 
     mesh = MeshSecret(bytes.fromhex(spec["mesh"]))

@@ -11,7 +11,7 @@ Bytes from a peer or a child are decoded strictly (:mod:`hydra_node.codec`) and 
 into typed events here: :func:`event_from_wire` returns a :class:`TextDelta` or a
 :class:`Finished`, or raises a :class:`RemoteError` — never another exception. A remote
 failure is never relayed as success: it becomes 502 (the peer failed, or broke the
-protocol: :class:`RemoteProtocolError`) or 503 (the peer is busy or unavailable), with
+protocol: :class:`MalformedRemoteEvent`) or 503 (the peer is busy or unavailable), with
 the peer's message and code.
 """
 
@@ -101,7 +101,7 @@ class RemoteError(GenerationError):
         self.remote_status = remote_status
 
 
-class RemoteProtocolError(RemoteError):
+class MalformedRemoteEvent(RemoteError):
     """The remote sent bytes or an event that break the protocol (its fault): 502."""
 
     def __init__(self, message: str, *, code: str = "bad_event", remote_status: int | None = None):
@@ -212,7 +212,7 @@ GenerationEvent = TextDelta | Finished
 def _text(d: dict, key: str, limit: int, default: str | None = None) -> str:
     v = d.get(key, default)
     if not isinstance(v, str) or len(v) > limit:
-        raise RemoteProtocolError(f"{d.get('type', 'event')!s:.20} event: {key!r} must be text of at most "
+        raise MalformedRemoteEvent(f"{d.get('type', 'event')!s:.20} event: {key!r} must be text of at most "
                                   f"{limit} characters, not {v!r:.40}")
     return v
 
@@ -220,14 +220,14 @@ def _text(d: dict, key: str, limit: int, default: str | None = None) -> str:
 def _count(d: dict, key: str, default: int | None = None) -> int:
     v = d.get(key, default)
     if type(v) is not int or not 0 <= v <= MAX_TOKEN_COUNT:
-        raise RemoteProtocolError(f"finished event: {key!r} must be a token count, not {v!r:.40}")
+        raise MalformedRemoteEvent(f"finished event: {key!r} must be a token count, not {v!r:.40}")
     return v
 
 
 def _millis(d: dict, key: str) -> float:
     v = d.get(key, 0.0)
     if type(v) not in (int, float) or not 0.0 <= v <= MAX_EVENT_MILLIS:
-        raise RemoteProtocolError(f"finished event: {key!r} must be a duration in ms, not {v!r:.40}")
+        raise MalformedRemoteEvent(f"finished event: {key!r} must be a duration in ms, not {v!r:.40}")
     return float(v)
 
 
@@ -237,18 +237,18 @@ def remote_error_from_wire(d: Any, *, relay_status: bool = False) -> GenerationE
     A peer's (``relay_status=False``) becomes a :class:`RemoteError` with status 503 when the
     peer is busy or unavailable (it said 429 or 503), else 502. Our own child's
     (``relay_status=True``) keeps its 4xx/5xx status. A status that is not an error (below
-    400, or not a status at all) is a :class:`RemoteProtocolError`: 502. Returned, not raised."""
+    400, or not a status at all) is a :class:`MalformedRemoteEvent`: 502. Returned, not raised."""
     if not isinstance(d, dict):
-        return RemoteProtocolError("remote error is not a map")
+        return MalformedRemoteEvent("remote error is not a map")
     message = d.get("message")
     message = message[:MAX_REMOTE_MESSAGE_CHARS] if isinstance(message, str) and message else "remote error"
     code = d.get("code")
     code = code if isinstance(code, str) and _CODE.fullmatch(code) else "remote_error"
     status = d.get("status")
     if type(status) is not int or not 100 <= status <= 599:
-        return RemoteProtocolError(f"remote error with an invalid status {status!r:.20}: {message}", code="bad_status")
+        return MalformedRemoteEvent(f"remote error with an invalid status {status!r:.20}: {message}", code="bad_status")
     if status < 400:
-        return RemoteProtocolError(f"remote error claiming status {status}: {message}", code="bad_status",
+        return MalformedRemoteEvent(f"remote error claiming status {status}: {message}", code="bad_status",
                                    remote_status=status)
     retryable = d.get("retryable") is True
     retry_after = d.get("retry_after")
@@ -271,13 +271,13 @@ def event_from_wire(d: Any) -> GenerationEvent:
     if t == "finished":
         reason = _text(d, "finish_reason", MAX_FINISH_REASON_CHARS)
         if not reason:
-            raise RemoteProtocolError("finished event: empty finish_reason")
+            raise MalformedRemoteEvent("finished event: empty finish_reason")
         return Finished(reason, _count(d, "prompt_tokens"), _count(d, "completion_tokens"),
                         _millis(d, "queue_wait_ms"), _millis(d, "ttft_ms"), _millis(d, "itl_ms"),
                         _text(d, "served_by", MAX_SERVED_BY_CHARS, ""), _count(d, "cached_tokens", 0))
     if t == "error":
         raise remote_error_from_wire(d)
-    raise RemoteProtocolError(f"malformed generation event {t!r:.40}")
+    raise MalformedRemoteEvent(f"malformed generation event {t!r:.40}")
 
 
 def event_frame(event: GenerationEvent | GenerationError) -> bytes:
@@ -302,11 +302,11 @@ class EventStreamDecoder:
         try:
             msg = self._frames.next_message()
         except DecodeError as exc:
-            raise RemoteProtocolError(f"bad frame ({exc.code}): {exc}", code="bad_frame") from None
+            raise MalformedRemoteEvent(f"bad frame ({exc.code}): {exc}", code="bad_frame") from None
         if msg is None:
             return None
         if msg["op"] != "event":
-            raise RemoteProtocolError(f"unexpected {msg['op']!r:.40} on a generate stream")
+            raise MalformedRemoteEvent(f"unexpected {msg['op']!r:.40} on a generate stream")
         return event_from_wire(msg.get("ev"))
 
 

@@ -39,7 +39,7 @@ from hydra_node.api.openai import OpenAIApi
 from hydra_node.api.runtime_admin import runtime_routes
 from hydra_node.api.status_json import to_json
 from hydra_node.config import NodeConfig
-from hydra_node.identity import load_or_create_identity
+from hydra_node.mesh.identity import load_or_create_identity
 from hydra_node.models import ModelRef, resolve_model
 from hydra_node.pidfile import reap_stale, read_pidfile, remove_pidfile, write_pidfile
 from hydra_node.mesh.announcer import AnnouncementContent
@@ -47,13 +47,14 @@ from hydra_node.mesh.membership import Hardware, ModelEntry
 from hydra_node.discovery.service import DiscoveryService, NodeFacts
 from hydra_node.mesh.joining import JoinPlan
 from hydra_node.mesh.service import MeshService
-from hydra_node.router import RouteTarget, Router
+from hydra_node.routing.router import RouteTarget, Router
 from hydra_node.routing.remote import RemoteGeneration
 from hydra_node.routing.live import LiveScheduling
-from hydra_node.runtime.hosting import HostMemory, ModelRuntime, RuntimeSettings
+from hydra_node.runtime.hosting.service import HostMemory, ModelRuntime, RuntimeSettings
 from hydra_node.runtime.rpc.tunnel import TUNNEL_SERVICE
-from hydra_node.runtime.speculative.mesh import DRAFT_SERVICE, SpeculationService
-from hydra_node.runtime.supervisor import RunnerSettings, RunnerState, RunnerSupervisor
+from hydra_node.runtime.speculative.service import DRAFT_SERVICE, SpeculationService
+from hydra_node.runtime.runner.records import RunnerSettings, RunnerState
+from hydra_node.runtime.runner.supervisor import RunnerSupervisor
 
 log = logging.getLogger("hydra.node")
 
@@ -316,8 +317,8 @@ class Node:
                     if self.discovery is not None:
                         await root.start(self.discovery.run)
                     await root.start(self.scheduling.run, self.mesh)  # RTT samples, peer hints
-                await root.start(self.speculation.run)  # draft server, draft tunnel port (speculative/mesh.py)
-                await root.start(self.runtime.run)  # RPC worker, split models, hot swap (runtime/hosting.py)
+                await root.start(self.speculation.run)  # draft server, draft tunnel port (runtime/speculative/service.py)
+                await root.start(self.runtime.run)  # RPC worker, split models, hot swap (runtime/hosting/)
                 self.state = "serving"
                 self._write_ports()
                 log.info("event=node_ready node_id=%s api=http://%s:%s/v1 console=http://%s:%s models=%s",

@@ -23,14 +23,14 @@ sys.path.insert(0, str(ROOT))
 import cbor2  # noqa: E402
 from nacl.signing import SigningKey  # noqa: E402
 
-from hydra_node.mesh import cbor  # noqa: E402
-from hydra_node.mesh.channel import SecureChannel  # noqa: E402
-from hydra_node.mesh.envelope import seal  # noqa: E402
-from hydra_node.mesh.errors import MeshError  # noqa: E402
-from hydra_node.mesh.frames import Close, Data, GoAway, Message, Open, Ping, Pong, Reset, Window, encode_frame  # noqa: E402
-from hydra_node.mesh.handshake import Handshake  # noqa: E402
-from hydra_node.mesh.ids import MeshSecret, node_id_from_public_key  # noqa: E402
-from hydra_node.mesh.token import issue_invite, parse_invite  # noqa: E402
+from hydra_node.mesh.wire import cbor  # noqa: E402
+from hydra_node.mesh.wire.secure_channel import SecureChannel  # noqa: E402
+from hydra_node.mesh.wire.envelope import seal  # noqa: E402
+from hydra_node.mesh.wire.errors import MeshError  # noqa: E402
+from hydra_node.mesh.wire.frames import Close, Data, GoAway, Message, Open, LinkPing, LinkPong, Reset, Window, encode_frame  # noqa: E402
+from hydra_node.mesh.wire.handshake import Handshake  # noqa: E402
+from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key  # noqa: E402
+from hydra_node.mesh.wire.token import issue_invite, parse_invite  # noqa: E402
 
 VECTORS = ROOT / "protocol" / "vectors"
 SEED_A = bytes([0xA1]) * 32
@@ -180,7 +180,7 @@ def frame_vectors() -> dict[str, Any]:
         ("open", Open(1, {"kind": "generate", "model": "smollm2-135m"})),
         ("data", Data(1, b"hello")), ("close", Close(1)), ("reset", Reset(2, "cancel", "client went away")),
         ("window", Window(3, 131072)), ("message", Message({"t": "gossip", "seq": 1})),
-        ("ping", Ping(bytes(8))), ("pong", Pong(b"\x00\x00\x00\x00\x00\x00\x00\x07")), ("goaway", GoAway("normal", "")),
+        ("ping", LinkPing(bytes(8))), ("pong", LinkPong(b"\x00\x00\x00\x00\x00\x00\x00\x07")), ("goaway", GoAway("normal", "")),
     ]
     valid = [{"name": n, "hex": encode_frame(f).hex(), "kind": type(f).__name__} for n, f in frames]
     invalid = [
@@ -190,7 +190,7 @@ def frame_vectors() -> dict[str, Any]:
         ("open header not canonical", "0100000001a2616201616101", "bad_cbor"), ("close with payload", "030000000100", "bad_frame"),
         ("window of zero", "050000000100000000", "bad_frame"), ("ping of 7 bytes", "0700000000" + "00" * 7, "bad_frame"),
     ]
-    from hydra_node.mesh.frames import decode_frame
+    from hydra_node.mesh.wire.frames import decode_frame
 
     out_invalid = []
     for name, hexstr, expected in invalid:
@@ -309,8 +309,8 @@ def announcement_vectors() -> dict[str, Any]:
     """Signed announcements (section 11.2) and a gossip message carrying one (section 11.1)."""
     import dataclasses
 
-    from hydra_node.mesh.announce_sig import _unsigned_bytes, sign_announcement
-    from hydra_node.mesh.ids import node_id_from_public_key
+    from hydra_node.mesh.membership.signing import _unsigned_bytes, sign_announcement
+    from hydra_node.mesh.wire.ids import node_id_from_public_key
     from hydra_node.mesh.membership import Announcement, Gossip, Hardware, ModelEntry, PeerRecord, PeerState
 
     key = SigningKey(bytes(range(32, 64)))

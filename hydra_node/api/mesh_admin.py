@@ -12,7 +12,7 @@ from typing import Protocol
 from hydra_node.api.http import Request, Response
 from hydra_node.api.management import Handler
 from hydra_node.api.openai import ApiError
-from hydra_node.mesh.token import parse_invite
+from hydra_node.mesh.wire.token import parse_invite
 
 __all__ = ["MAX_INVITE_TTL_S", "MIN_INVITE_TTL_S", "InviteIssuer", "invite_route"]
 

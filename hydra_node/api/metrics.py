@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hydra_node.api.http import Request, Response
-from hydra_node.router import RouterStatistics
+from hydra_node.routing.router import RouterStatistics
 from hydra_node.routing.live import RequestObservation, SchedulingStatistics
 
 __all__ = ["MAX_MODEL_LABELS", "MetricsSources", "NodeMetrics", "RunnerSample"]

@@ -22,8 +22,8 @@ from hydra_node.api.management import Handler
 from hydra_node.api.openai import ApiError
 from hydra_node.api.status_json import to_json
 from hydra_node.models import ModelNotFound, ModelRef, resolve_model
-from hydra_node.runtime.hosting import SWAP_WAIT_DEFAULT_S, ModelConflict, ModelNotHosted
-from hydra_node.runtime.supervisor import RunnerState
+from hydra_node.runtime.hosting.service import SWAP_WAIT_DEFAULT_S, ModelConflict, ModelNotHosted
+from hydra_node.runtime.runner.records import RunnerState
 
 __all__ = ["MAX_BODY_BYTES", "MAX_WAIT_S", "HostedModelView", "RuntimeAdmin", "runtime_routes"]
 

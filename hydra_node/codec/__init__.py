@@ -15,10 +15,10 @@ Pure and sans-IO: no trio, no sockets, no clock. The wire rules are written in
 
 from __future__ import annotations
 
-from . import cbor
-from .errors import CodecError, DecodeError, EncodeError, FrameError
-from .framing import MessageDecoder, encode_message
-from .jsonline import decode_object_line
+from hydra_node.codec import cbor
+from hydra_node.codec.errors import CodecError, DecodeError, EncodeError, FrameError
+from hydra_node.codec.framing import MessageDecoder, encode_message
+from hydra_node.codec.jsonline import decode_object_line
 
 __all__ = ["CodecError", "DecodeError", "EncodeError", "FrameError", "MessageDecoder", "cbor",
            "decode_object_line", "encode_message"]

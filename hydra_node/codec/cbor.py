@@ -27,7 +27,7 @@ from typing import Any
 
 import cbor2
 
-from .errors import DecodeError, EncodeError
+from hydra_node.codec.errors import DecodeError, EncodeError
 
 __all__ = ["DEFAULT_MAX_SIZE", "MAX_DEPTH", "decode", "encode"]
 

@@ -8,13 +8,13 @@ tried to send a value outside the data model or a frame above its bound.
 
 from __future__ import annotations
 
-__all__ = ["CodecError", "DecodeError", "EncodeError", "FrameError"]
+__all__ = ["CodecError", "CodedError", "DecodeError", "EncodeError", "FrameError"]
 
 
-class CodecError(Exception):
-    """Base of the codec's errors; `code` names the defect."""
+class CodedError(Exception):
+    """An error with a stable, short `code` naming the defect (the base of every protocol error we raise)."""
 
-    code = "codec"
+    code = "error"
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
@@ -24,6 +24,12 @@ class CodecError(Exception):
     @property
     def message(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class CodecError(CodedError):
+    """Base of the codec's errors; `code` names the defect."""
+
+    code = "codec"
 
 
 class DecodeError(CodecError):

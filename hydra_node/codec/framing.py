@@ -20,8 +20,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from . import cbor
-from .errors import DecodeError, EncodeError, FrameError
+from hydra_node.codec import cbor
+from hydra_node.codec.errors import DecodeError, EncodeError, FrameError
 
 __all__ = ["HEADER_BYTES", "MAX_MESSAGE_DEPTH", "MAX_OP_CHARS", "MessageDecoder", "encode_message"]
 

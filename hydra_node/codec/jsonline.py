@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .errors import DecodeError
+from hydra_node.codec.errors import DecodeError
 
 __all__ = ["MAX_JSON_DEPTH", "decode_object_line"]
 

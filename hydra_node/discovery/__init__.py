@@ -8,9 +8,9 @@ discovery inside ``serve`` (:class:`DiscoveryService`), :mod:`commands` is its c
 """
 
 from hydra_node.discovery.auto import AutoContext, ListingProbe, ListingScore, explain, rank_listings, score_listing
-from hydra_node.discovery.mdns import MDNS_GROUP, MDNS_PORT, MdnsConfig, MdnsService, MdnsStatistics
-from hydra_node.discovery.mdns_wire import SERVICE, MdnsAdvert, MdnsAdvertError, MdnsDecodeError
-from hydra_node.discovery.nostr_events import (
+from hydra_node.discovery.mdns.service import MDNS_GROUP, MDNS_PORT, MdnsConfig, MdnsService, MdnsStatistics
+from hydra_node.discovery.mdns.wire import SERVICE, MdnsAdvert, MdnsAdvertError, MdnsDecodeError
+from hydra_node.discovery.nostr.events import (
     Deletion,
     Listing,
     ListingContent,
@@ -20,9 +20,9 @@ from hydra_node.discovery.nostr_events import (
     build_listing_event,
     parse_event,
 )
-from hydra_node.discovery.nostr_keys import NostrKeyError, load_or_create_nostr_keys, nostr_key_path
-from hydra_node.discovery.nostr_relay import DEFAULT_RELAYS, RelayConfig, RelayConnection, validate_relay_url
-from hydra_node.discovery.nostr_services import (
+from hydra_node.discovery.nostr.keys import NostrKeyError, load_or_create_nostr_keys, nostr_key_path
+from hydra_node.discovery.nostr.relay import DEFAULT_RELAYS, RelayConfig, RelayConnection, validate_relay_url
+from hydra_node.discovery.nostr.services import (
     DiscovererConfig,
     NostrDiscoverer,
     NostrPublisher,
@@ -30,7 +30,7 @@ from hydra_node.discovery.nostr_services import (
     relays_or_default,
 )
 from hydra_node.discovery.node_choice import DiscoverySettings, lan_fingerprint, lan_fingerprint_matches
-from hydra_node.discovery.nostr_table import ListingTable
+from hydra_node.discovery.nostr.table import ListingTable
 from hydra_node.discovery.snapshot import (
     DiscoveryReport,
     discover_once,

@@ -12,12 +12,12 @@ import time
 from typing import Protocol
 
 from hydra_node import __version__
-from hydra_node.discovery.mdns_wire import MAX_ADDRESSES, MAX_MODELS, MdnsAdvert, MdnsAdvertError
+from hydra_node.discovery.mdns.wire import MAX_ADDRESSES, MAX_MODELS, MdnsAdvert, MdnsAdvertError
 from hydra_node.discovery.node_choice import DiscoverySettings, lan_fingerprint
-from hydra_node.discovery.nostr_events import ListingContent
-from hydra_node.mesh.errors import TokenError
-from hydra_node.mesh.ids import MeshSecret
-from hydra_node.mesh.token import parse_invite
+from hydra_node.discovery.nostr.events import ListingContent
+from hydra_node.mesh.wire.errors import TokenError
+from hydra_node.mesh.wire.ids import MeshSecret
+from hydra_node.mesh.wire.token import parse_invite
 
 __all__ = ["MAX_LISTED_MODELS", "MAX_MODEL_NAME", "advert_ips", "listing_content", "mdns_advert"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from hydra_node.discovery.nostr_events import APP_TAG, Listing
+from hydra_node.discovery.nostr.events import APP_TAG, Listing
 
 BASE = 100.0
 PUBLIC_MESH = 300.0  # unnamed listing, or named "hydra", or the name asked for

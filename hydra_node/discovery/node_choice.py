@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from hydra_node.discovery.auto import ListingScore
-from hydra_node.discovery.mdns import MDNS_GROUP, MDNS_PORT
-from hydra_node.discovery.mdns_wire import MdnsAdvert
-from hydra_node.discovery.nostr_relay import validate_relay_url
+from hydra_node.discovery.mdns.service import MDNS_GROUP, MDNS_PORT
+from hydra_node.discovery.mdns.wire import MdnsAdvert
+from hydra_node.discovery.nostr.relay import validate_relay_url
 from hydra_node.discovery.snapshot import discovery_sources
-from hydra_node.mesh.errors import TokenError
-from hydra_node.mesh.ids import MeshSecret, is_mesh_id
-from hydra_node.mesh.token import InviteToken, parse_invite
+from hydra_node.mesh.wire.errors import TokenError
+from hydra_node.mesh.wire.ids import MeshSecret, is_mesh_id
+from hydra_node.mesh.wire.token import InviteToken, parse_invite
 
 DISCOVERY_MODES = ("mdns", "nostr", "both")
 LAN_FINGERPRINT_LABEL = b"hydra-lan-fingerprint-v1"

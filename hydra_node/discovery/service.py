@@ -29,10 +29,10 @@ from typing import Any, Callable, Protocol
 
 import trio
 
-from hydra_node.discovery.adverts import listing_content, mdns_advert
+from hydra_node.discovery.adverts import AdvertisedMesh, listing_content, mdns_advert
 from hydra_node.discovery.auto import AutoContext, ListingProbe, rank_listings
-from hydra_node.discovery.mdns import MdnsConfig, MdnsService
-from hydra_node.discovery.mdns_wire import MdnsAdvertError
+from hydra_node.discovery.mdns.service import MdnsConfig, MdnsService
+from hydra_node.discovery.mdns.wire import MdnsAdvertError
 from hydra_node.discovery.node_choice import (
     CandidateSet,
     DiscoverySettings,
@@ -46,9 +46,9 @@ from hydra_node.discovery.node_choice import (
     probe_address,
     save_last_mesh,
 )
-from hydra_node.discovery.nostr_events import ListingContent
-from hydra_node.discovery.nostr_keys import NostrKeyError, load_or_create_nostr_keys
-from hydra_node.discovery.nostr_services import (
+from hydra_node.discovery.nostr.events import ListingContent
+from hydra_node.discovery.nostr.keys import NostrKeyError, load_or_create_nostr_keys
+from hydra_node.discovery.nostr.services import (
     DiscovererConfig,
     NostrDiscoverer,
     NostrPublisher,
@@ -56,8 +56,7 @@ from hydra_node.discovery.nostr_services import (
     relays_or_default,
 )
 from hydra_node.discovery.snapshot import LAN_SETTLE_S
-from hydra_node.mesh.errors import MeshError, TokenError
-from hydra_node.mesh.ids import MeshSecret
+from hydra_node.mesh.wire.errors import MeshError, TokenError
 from hydra_node.mesh.joining import DialCandidate, JoinFailed, JoinPlan
 from hydra_node.mesh.keyfile import load_mesh_key, mesh_key_path
 
@@ -79,23 +78,11 @@ class DiscoveryPhase(enum.Enum):
     READY = "ready"
 
 
-class DiscoveryMesh(Protocol):
+class DiscoveryMesh(AdvertisedMesh, Protocol):
     """What discovery needs of the mesh service (its public surface only)."""
 
-    @property
-    def port(self) -> int | None: ...
-    @property
-    def addresses(self) -> list[str]: ...
-    @property
-    def mesh_id(self) -> str | None: ...
-    @property
-    def mesh_secret(self) -> MeshSecret | None: ...
-    @property
-    def invite_ttl_s(self) -> float: ...
     async def join(self, plan: JoinPlan) -> tuple[str, ...]: ...
     def peers(self) -> list[dict]: ...
-    def token(self) -> str | None: ...
-    def invite(self, ttl_s: float) -> str: ...
 
 
 @dataclass(frozen=True)

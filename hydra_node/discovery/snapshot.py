@@ -13,11 +13,11 @@ from typing import Any
 import trio
 
 from hydra_node.discovery.auto import AutoContext, ListingScore, explain
-from hydra_node.discovery.mdns import MdnsConfig, MdnsService
-from hydra_node.discovery.mdns_wire import MdnsAdvert
-from hydra_node.discovery.nostr_relay import RelayStatistics
-from hydra_node.discovery.nostr_services import DiscovererConfig, NostrDiscoverer
-from hydra_node.discovery.nostr_table import TableStatistics
+from hydra_node.discovery.mdns.service import MdnsConfig, MdnsService
+from hydra_node.discovery.mdns.wire import MdnsAdvert
+from hydra_node.discovery.nostr.relay import RelayStatistics
+from hydra_node.discovery.nostr.services import DiscovererConfig, NostrDiscoverer
+from hydra_node.discovery.nostr.table import TableStatistics
 
 LAN_SETTLE_S = 1.2  # covers the first two queries (0 and 1 s) and their answers
 

@@ -1,11 +1,11 @@
 """Mesh: encrypted peer links (handshake, frames, streams) and, beside them, membership and gossip.
 
 The wire protocol is specified language-neutrally in protocol/README.md. Link
-public surface: `hydra_node.mesh.endpoints` (connect_link, open_link,
-LinkListener, serve_links), `hydra_node.mesh.link` (PeerLink, LinkSettings),
-`hydra_node.mesh.token` (issue_invite, parse_invite), `hydra_node.mesh.ids`
-(node_id_from_public_key, MeshSecret), `hydra_node.mesh.envelope` (seal,
-open_envelope), `hydra_node.mesh.cbor` (encode, decode).
+public surface: `hydra_node.mesh.link.endpoints` (connect_link, open_link,
+LinkListener, serve_links), `hydra_node.mesh.link.peer_link` (PeerLink, LinkSettings),
+`hydra_node.mesh.wire.token` (issue_invite, parse_invite), `hydra_node.mesh.wire.ids`
+(node_id_from_public_key, MeshSecret), `hydra_node.mesh.wire.envelope` (seal,
+open_envelope), `hydra_node.mesh.wire.cbor` (encode, decode).
 
 The node's part in the mesh is `hydra_node.mesh.service.MeshService` (links, gossip,
 `join(plan)`), built by the composition root from narrow inputs: a signing key, its state

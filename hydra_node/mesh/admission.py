@@ -10,11 +10,11 @@ import trio
 
 from hydra_node.backoff import Backoff
 
-from .endpoints import connect_link
-from .errors import HandshakeError, LinkClosed, MeshError
-from .joining import PERMANENT_JOIN_ERRORS, JoinFailed
-from .link import LinkSettings, PeerLink
-from .token import InviteToken
+from hydra_node.mesh.link.endpoints import connect_link
+from hydra_node.mesh.wire.errors import HandshakeError, LinkClosed, MeshError
+from hydra_node.mesh.joining import PERMANENT_JOIN_ERRORS, JoinFailed
+from hydra_node.mesh.link.peer_link import LinkSettings, PeerLink
+from hydra_node.mesh.wire.token import InviteToken
 
 __all__ = ["ADMISSION_ATTEMPT_S", "ADMISSION_RETRY_S", "admit_with_invite"]
 

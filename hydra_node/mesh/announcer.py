@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .membership import Announcement, Hardware, ModelEntry, RpcCapacity
+from hydra_node.mesh.membership import Announcement, Hardware, ModelEntry, RpcCapacity
 
 __all__ = ["ANNOUNCE_CHECK_S", "AnnouncementContent", "AnnouncementSource", "Announcer"]
 

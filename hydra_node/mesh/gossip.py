@@ -15,7 +15,7 @@ from typing import Any
 
 import trio
 
-from .membership import (
+from hydra_node.mesh.membership import (
     Action, Announcement, LocalMembershipError, Membership, MembershipEvent, MembershipStatistics,
     Send,
 )

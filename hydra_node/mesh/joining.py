@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from .token import InviteToken, parse_invite
+from hydra_node.mesh.wire.token import InviteToken, parse_invite
 
 __all__ = ["DialCandidate", "JoinFailed", "JoinPlan", "JoinSteps", "PERMANENT_JOIN_ERRORS", "plan_join"]
 

@@ -9,8 +9,8 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import MeshError
-from .ids import MESH_KEY_BYTES, MeshSecret
+from hydra_node.mesh.wire.errors import MeshError
+from hydra_node.mesh.wire.ids import MESH_KEY_BYTES, MeshSecret
 
 __all__ = ["load_mesh_key", "mesh_key_path", "save_mesh_key"]
 

@@ -12,10 +12,10 @@ from typing import Callable, Iterable
 
 import trio
 
-from .endpoints import connect_link
-from .errors import LinkClosed, MeshError
-from .joining import DialCandidate
-from .link import LinkSettings, PeerLink
+from hydra_node.mesh.link.endpoints import connect_link
+from hydra_node.mesh.wire.errors import LinkClosed, MeshError
+from hydra_node.mesh.joining import DialCandidate
+from hydra_node.mesh.link.peer_link import LinkSettings, PeerLink
 
 __all__ = ["BACKGROUND_DIAL_TIMEOUT_S", "DIAL_TIMEOUT_S", "LinkTable"]
 

@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import TokenError
-from .joining import DialCandidate
-from .membership import Announcement
-from .token import addr_to_url
+from hydra_node.mesh.wire.errors import TokenError
+from hydra_node.mesh.joining import DialCandidate
+from hydra_node.mesh.membership import Announcement
+from hydra_node.mesh.wire.token import addr_to_url
 
 __all__ = ["MAX_ADDRESSES_PER_PEER", "MAX_REMEMBERED_PEERS", "PeerStore", "remembered_candidates",
            "remembered_document"]

@@ -21,25 +21,25 @@ import nacl.signing
 import trio
 
 from hydra_node import __version__
-from hydra_node.mesh.addresses import advertised_addresses
-from hydra_node.mesh.announce_sig import sign_announcement, verify_announcement
+from hydra_node.mesh.link.addresses import advertised_addresses
+from hydra_node.mesh.membership.signing import sign_announcement, verify_announcement
 from hydra_node.mesh.announcer import ANNOUNCE_CHECK_S, AnnouncementContent, AnnouncementSource, Announcer
 from hydra_node.mesh.admission import admit_with_invite
-from hydra_node.mesh.endpoints import LinkListener
-from hydra_node.mesh.errors import LinkClosed, MeshError
+from hydra_node.mesh.link.endpoints import LinkListener
+from hydra_node.mesh.wire.errors import LinkClosed, MeshError
 from hydra_node.mesh.gossip import GossipService, GossipServiceStatistics
-from hydra_node.mesh.ids import MeshSecret, node_id_from_public_key
+from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key
 from hydra_node.mesh.joining import DialCandidate, JoinFailed, JoinPlan, plan_join
 from hydra_node.mesh.keyfile import load_mesh_key, save_mesh_key
-from hydra_node.mesh.link import LinkSettings, PeerLink
+from hydra_node.mesh.link.peer_link import LinkSettings, PeerLink
 from hydra_node.mesh.links import DIAL_TIMEOUT_S, LinkTable
 from hydra_node.mesh.membership import Announcement, Membership, PeerJoined, PeerUpdated
 from hydra_node.mesh.peerstore import PeerStore
 from hydra_node.mesh.settings import MeshSettings
 from hydra_node.mesh.status_view import mesh_section, peer_rows
-from hydra_node.mesh.stream import LinkStream
+from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.mesh.stream_routes import StreamHandler, StreamRoutes
-from hydra_node.mesh.token import InviteToken, addr_to_url, issue_invite
+from hydra_node.mesh.wire.token import InviteToken, addr_to_url, issue_invite
 
 __all__ = ["AnnouncementContent", "DIAL_TIMEOUT_S", "DialCandidate", "JoinFailed", "JoinPlan", "MeshService",
            "MeshSettings", "StreamHandler"]

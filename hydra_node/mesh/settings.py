@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .faults import FaultInjection
-from .membership import MembershipConfig
+from hydra_node.mesh.link.faults import FaultInjection
+from hydra_node.mesh.membership import MembershipConfig
 
 __all__ = ["MeshSettings"]
 

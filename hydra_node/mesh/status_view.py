@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from .gossip import GossipServiceStatistics
-from .link import LinkStatistics, PeerLink
-from .membership import Announcement, MembershipStatistics
+from hydra_node.mesh.gossip import GossipServiceStatistics
+from hydra_node.mesh.link.peer_link import LinkStatistics, PeerLink
+from hydra_node.mesh.membership import Announcement, MembershipStatistics
 
 __all__ = ["mesh_section", "peer_rows"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .link_settings import StreamHandler
+from hydra_node.mesh.link.settings import StreamHandler
 
 __all__ = ["StreamHandler", "StreamRoutes", "TUNNEL_KIND"]
 

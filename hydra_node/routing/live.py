@@ -43,7 +43,7 @@ SAMPLE_INTERVAL_S = 0.5
 #: entries: each rebuild is a new announcement that gossip spreads, so this bounds that traffic.
 ANNOUNCE_REFRESH_S = 2.0
 #: Summary entries put in our announcement. An announcement's ``extra`` holds at most 256 items
-#: (hydra_node/mesh/membership_announcement.py) and an entry is at most 13; 8 entries stay < 110.
+#: (hydra_node/mesh/membership/announcement.py) and an entry is at most 13; 8 entries stay < 110.
 ANNOUNCED_ENTRIES = 8
 #: Key of the summary in the announcement's ``extra``.
 ANNOUNCE_KEY = "tm"

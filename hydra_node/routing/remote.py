@@ -23,11 +23,11 @@ import trio
 
 from hydra_node.inference import (EventStreamDecoder, GenerationError, GenerationEvent, GenerationRequest,
                                   InvalidRequest, ModelUnavailable, event_frame)
-from hydra_node.mesh.errors import LinkClosed, MeshError, StreamReset
-from hydra_node.mesh.link import PeerLink
+from hydra_node.mesh.wire.errors import LinkClosed, MeshError, StreamReset
+from hydra_node.mesh.link.peer_link import PeerLink
 from hydra_node.mesh.membership import Announcement
-from hydra_node.mesh.stream import LinkStream
-from hydra_node.router import RouteTarget
+from hydra_node.mesh.link.stream import LinkStream
+from hydra_node.routing.router import RouteTarget
 
 __all__ = ["LocalOpen", "MeshMembers", "RemoteGeneration", "RemoteGenerationStatistics"]
 

@@ -35,7 +35,7 @@ import trio
 from hydra_node.backoff import Backoff, CrashLoop
 from hydra_node.pidfile import remove_pidfile, write_pidfile
 
-from ._spawn import describe_returncode, open_child_process, stop_process
+from hydra_node.runtime._spawn import describe_returncode, open_child_process, stop_process
 
 __all__ = ["ChildState", "GiveUp", "ChildNotReady", "ChildExited", "ChildFailed", "ChildOutput", "ChildSpec",
            "ChildSupervisor", "describe_returncode"]

@@ -99,8 +99,8 @@ def test_encoder_refuses_values_outside_the_model(value: object) -> None:
 
 
 def test_mesh_module_is_the_same_codec_with_mesh_errors() -> None:
-    from hydra_node.mesh import cbor as mesh_cbor
-    from hydra_node.mesh.errors import CborError, LocalProtocolError
+    from hydra_node.mesh.wire import cbor as mesh_cbor
+    from hydra_node.mesh.wire.errors import CborError, LocalProtocolError
 
     assert mesh_cbor.encode({"b": 1, "a": [1.5]}) == cbor.encode({"b": 1, "a": [1.5]})
     with pytest.raises(CborError) as info:

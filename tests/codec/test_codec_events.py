@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hydra_node.inference import (EventStreamDecoder, Finished, GenerationError, GenerationRequest, InvalidRequest,
-                                  QueueFull, RemoteError, RemoteProtocolError, TextDelta, event_frame, event_from_wire)
-from hydra_node.runtime.channel import (ChannelError, FrameDecoder, RunnerProtocolError, encode_frame,
+                                  QueueFull, RemoteError, MalformedRemoteEvent, TextDelta, event_frame, event_from_wire)
+from hydra_node.runtime.runner.channel import (ChannelError, FrameDecoder, RunnerProtocolError, encode_frame,
                                         runner_event_from_wire)
 
 leaves = (st.none() | st.booleans() | st.integers(-(2**64), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False)
@@ -72,7 +72,7 @@ def test_event_stream_whole_byte_by_byte_and_trailing_junk(texts: list[str], jun
 
 @pytest.mark.parametrize("status", [200, 204, 302, 399])
 def test_a_remote_error_claiming_success_becomes_502(status: int) -> None:
-    with pytest.raises(RemoteProtocolError) as info:
+    with pytest.raises(MalformedRemoteEvent) as info:
         event_from_wire({"type": "error", "message": "all good, honest", "code": "ok", "status": status})
     err = info.value
     assert err.status == 502 and err.code == "bad_status" and "all good, honest" in err.message
@@ -106,7 +106,7 @@ def test_a_queue_full_peer_round_trips_as_503_over_the_stream() -> None:
     {"type": "finished", "finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1, "ttft_ms": "x"},
 ])
 def test_malformed_events_are_protocol_errors(ev: Any) -> None:
-    with pytest.raises(RemoteProtocolError) as info:
+    with pytest.raises(MalformedRemoteEvent) as info:
         event_from_wire(ev)
     assert info.value.status == 502
 
@@ -116,7 +116,7 @@ def test_stream_frames_with_tags_or_other_ops_are_protocol_errors() -> None:
     for data in (len(tagged).to_bytes(4, "big") + tagged, encode_frame({"op": "hello"}), b"\xff\xff\xff\xff"):
         decoder = EventStreamDecoder()
         decoder.receive_data(data)
-        with pytest.raises(RemoteProtocolError) as info:
+        with pytest.raises(MalformedRemoteEvent) as info:
             decoder.next_event()
         assert info.value.status == 502
 
@@ -151,7 +151,7 @@ def test_runner_errors_keep_their_status_and_bad_answers_are_502() -> None:
         runner_event_from_wire({"op": "error", "id": 1, "code": "context_length_exceeded", "status": 400,
                                 "message": "too long"}, queue_wait_ms=0, served_by="me")
     assert (info.value.status, info.value.code) == (400, "context_length_exceeded")
-    with pytest.raises(RemoteProtocolError) as info:
+    with pytest.raises(MalformedRemoteEvent) as info:
         runner_event_from_wire({"op": "error", "id": 1, "status": 200}, queue_wait_ms=0, served_by="me")
     assert info.value.status == 502 and info.value.code == "bad_status"
     with pytest.raises(RunnerProtocolError) as info:

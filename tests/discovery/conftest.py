@@ -9,8 +9,8 @@ import pytest
 from trio_websocket import serve_websocket
 
 from discovery_helpers import TEST_GROUP, HostileRelay, build_local_relay
-from hydra_node.discovery import _uniffi_trio
-from hydra_node.discovery.mdns import MdnsConfig
+from hydra_node.discovery.nostr import _uniffi_trio
+from hydra_node.discovery.mdns.service import MdnsConfig
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ from typing import Any, Callable
 from nostr_sdk import LocalRelayBuilder, RateLimit
 from trio_websocket import ConnectionClosed
 
-from hydra_node.discovery.lan_probe import lab_mesh_key
+from hydra_node.discovery.mdns.probe import lab_mesh_key
 from hydra_node.discovery.node_choice import lan_fingerprint
-from hydra_node.discovery.mdns_wire import MdnsAdvert
-from hydra_node.discovery.nostr_relay import RelayConfig
+from hydra_node.discovery.mdns.wire import MdnsAdvert
+from hydra_node.discovery.nostr.relay import RelayConfig
 
 TEST_GROUP = "224.0.0.251"
 FAST_RELAY = RelayConfig(connect_timeout_s=2.0, disconnect_timeout_s=0.5, backoff_base_s=0.05, backoff_cap_s=0.5)

@@ -14,7 +14,7 @@ from hydra_node.discovery.auto import (
     rank_listings,
     score_listing,
 )
-from hydra_node.discovery.nostr_events import Listing, ListingContent
+from hydra_node.discovery.nostr.events import Listing, ListingContent
 
 NOW = 1_800_000_000
 

@@ -9,13 +9,13 @@ import time
 import nacl.signing
 
 from hydra_node.discovery.adverts import advert_ips, listing_content, mdns_advert
-from hydra_node.discovery.commands import os_errors
+from hydra_node.cli.discovery import os_errors
 from hydra_node.discovery.node_choice import (CandidateSet, DiscoverySettings, JoinCandidate, lan_fingerprint,
                                               load_last_mesh)
 from hydra_node.discovery.service import DiscoveryPhase, DiscoveryService, NodeFacts
-from hydra_node.mesh.ids import MeshSecret
+from hydra_node.mesh.wire.ids import MeshSecret
 from hydra_node.mesh.joining import JoinFailed, JoinPlan
-from hydra_node.mesh.token import issue_invite, parse_invite
+from hydra_node.mesh.wire.token import issue_invite, parse_invite
 
 NODE = secrets.token_hex(32)
 

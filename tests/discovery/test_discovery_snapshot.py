@@ -9,9 +9,9 @@ import trio
 from nostr_sdk import Keys
 
 from discovery_helpers import FAST_RELAY, make_advert
-from hydra_node.discovery.mdns import MdnsService
-from hydra_node.discovery.nostr_events import ListingContent
-from hydra_node.discovery.nostr_services import DiscovererConfig, NostrPublisher, PublisherConfig
+from hydra_node.discovery.mdns.service import MdnsService
+from hydra_node.discovery.nostr.events import ListingContent
+from hydra_node.discovery.nostr.services import DiscovererConfig, NostrPublisher, PublisherConfig
 from hydra_node.discovery.snapshot import discover_once, format_report, report_to_json, discovery_sources
 
 

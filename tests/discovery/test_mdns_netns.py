@@ -60,7 +60,7 @@ class Lab:
 
 
 def _probe_cmd(ns: str, i: int, port: int) -> list[str]:
-    return ["ip", "netns", "exec", ns, sys.executable, "-m", "hydra_node.discovery.lan_probe",
+    return ["ip", "netns", "exec", ns, sys.executable, "-m", "hydra_node.discovery.mdns.probe",
             "--interface", f"10.79.0.{i}", "--port", str(port), "--name", f"host{i}",
             "--expect", str(N_HOSTS - 1), "--timeout", "15", "--linger", "3"]
 

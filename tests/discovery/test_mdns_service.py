@@ -12,8 +12,8 @@ import socket
 import trio
 
 from discovery_helpers import make_advert
-from hydra_node.discovery.mdns import MdnsService
-from hydra_node.discovery.mdns_wire import decode_packet, encode_announcement, encode_query
+from hydra_node.discovery.mdns.service import MdnsService
+from hydra_node.discovery.mdns.wire import decode_packet, encode_announcement, encode_query
 from waiting import TRIO_POLL_S, wait_until
 
 

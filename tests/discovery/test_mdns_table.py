@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from discovery_helpers import make_advert
-from hydra_node.discovery.mdns_table import AdvertTable
-from hydra_node.discovery.mdns_wire import MdnsResponse
+from hydra_node.discovery.mdns.table import AdvertTable
+from hydra_node.discovery.mdns.wire import MdnsResponse
 
 
 def resp(*adverts, ttl=120, goodbyes=()):

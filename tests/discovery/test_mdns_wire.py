@@ -9,7 +9,7 @@ from dnslib import DNSHeader, DNSRecord, PTR, QTYPE, RR, SRV, TXT, A
 from hypothesis import given, settings, strategies as st
 
 from discovery_helpers import make_advert
-from hydra_node.discovery.mdns_wire import (
+from hydra_node.discovery.mdns.wire import (
     CACHE_FLUSH,
     SERVICE,
     MdnsAdvertError,

@@ -11,7 +11,7 @@ import nacl.signing
 import pytest
 
 from hydra_node.discovery.auto import AutoContext, rank_listings
-from hydra_node.discovery.mdns_wire import MdnsAdvert
+from hydra_node.discovery.mdns.wire import MdnsAdvert
 from hydra_node.discovery.node_choice import (
     CandidateSet,
     DiscoverySettings,
@@ -28,9 +28,9 @@ from hydra_node.discovery.node_choice import (
     probe_address,
     save_last_mesh,
 )
-from hydra_node.discovery.nostr_events import Listing, ListingContent
-from hydra_node.mesh.ids import MeshSecret, node_id_from_public_key
-from hydra_node.mesh.token import issue_invite, parse_invite
+from hydra_node.discovery.nostr.events import Listing, ListingContent
+from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key
+from hydra_node.mesh.wire.token import issue_invite, parse_invite
 
 NOW = time.time()
 ME = secrets.token_hex(32)

@@ -95,10 +95,10 @@ def publish_decoy(relay_url: str, addr: str) -> str:
     import trio
     from nostr_sdk import Keys
 
-    from hydra_node.discovery.nostr_events import ListingContent, build_listing_event
-    from hydra_node.discovery.nostr_relay import publish_once
-    from hydra_node.mesh.ids import MeshSecret
-    from hydra_node.mesh.token import issue_invite
+    from hydra_node.discovery.nostr.events import ListingContent, build_listing_event
+    from hydra_node.discovery.nostr.relay import publish_once
+    from hydra_node.mesh.wire.ids import MeshSecret
+    from hydra_node.mesh.wire.token import issue_invite
 
     mesh = MeshSecret.generate()
     now = time.time()

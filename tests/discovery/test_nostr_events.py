@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from nostr_sdk import EventBuilder, Keys, Kind, Tag, Timestamp
 
-from hydra_node.discovery.nostr_events import (
+from hydra_node.discovery.nostr.events import (
     MAX_CONTENT,
     Deletion,
     Listing,

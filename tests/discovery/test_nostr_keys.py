@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from hydra_node.discovery.nostr_keys import NostrKeyError, load_or_create_nostr_keys, nostr_key_path
+from hydra_node.discovery.nostr.keys import NostrKeyError, load_or_create_nostr_keys, nostr_key_path
 
 
 def test_created_with_private_modes_and_reloaded(tmp_path):

@@ -18,9 +18,9 @@ import trio
 from nostr_sdk import EventBuilder, Keys, Kind, Tag, Timestamp
 
 from discovery_helpers import FAST_RELAY, build_local_relay
-from hydra_node.discovery.nostr_events import ListingContent, build_listing_event
-from hydra_node.discovery.nostr_relay import RelayConnection, backoff_delay, publish_once, validate_relay_url
-from hydra_node.discovery.nostr_services import DiscovererConfig, NostrDiscoverer, NostrPublisher, PublisherConfig
+from hydra_node.discovery.nostr.events import ListingContent, build_listing_event
+from hydra_node.discovery.nostr.relay import RelayConnection, backoff_delay, publish_once, validate_relay_url
+from hydra_node.discovery.nostr.services import DiscovererConfig, NostrDiscoverer, NostrPublisher, PublisherConfig
 from waiting import wait_until
 
 CONTENT = ListingContent(mesh_id="mesh-1", invite_token="invite-abc", serving=("SmolLM2-135M",), node_count=2)
@@ -84,7 +84,7 @@ async def test_expired_listing_is_ignored(nursery, relay_url):
 
 
 async def test_relay_down_and_back(nursery):
-    from hydra_node.discovery import _uniffi_trio
+    from hydra_node.discovery.nostr import _uniffi_trio
 
     _uniffi_trio.install()
     port = free_port()

@@ -8,8 +8,8 @@ import json
 from hypothesis import given, settings, strategies as st
 from nostr_sdk import Keys
 
-from hydra_node.discovery.nostr_events import ListingContent, build_deletion_event, build_listing_event
-from hydra_node.discovery.nostr_table import ListingTable
+from hydra_node.discovery.nostr.events import ListingContent, build_deletion_event, build_listing_event
+from hydra_node.discovery.nostr.table import ListingTable
 
 NOW = 1_800_000_000
 KEYS = [Keys.generate() for _ in range(3)]

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from nostr_sdk import Keys
 
-from hydra_node.discovery.nostr_events import ListingContent, build_listing_event
-from hydra_node.discovery.nostr_wire import (
+from hydra_node.discovery.nostr.events import ListingContent, build_listing_event
+from hydra_node.discovery.nostr.wire import (
     RelayAuth,
     RelayClosed,
     RelayEose,

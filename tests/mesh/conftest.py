@@ -8,9 +8,9 @@ import pytest
 import trio
 from nacl.signing import SigningKey
 
-from hydra_node.mesh.endpoints import LinkListener
-from hydra_node.mesh.ids import MeshSecret
-from hydra_node.mesh.link import LinkSettings
+from hydra_node.mesh.link.endpoints import LinkListener
+from hydra_node.mesh.wire.ids import MeshSecret
+from hydra_node.mesh.link.peer_link import LinkSettings
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import dataclasses
 
 import nacl.signing
 
-from hydra_node.mesh.announce_sig import sign_announcement, verify_announcement
-from hydra_node.mesh.ids import node_id_from_public_key
+from hydra_node.mesh.membership.signing import sign_announcement, verify_announcement
+from hydra_node.mesh.wire.ids import node_id_from_public_key
 from hydra_node.mesh.membership import Announcement, Gossip, Membership, ModelEntry, PeerRecord, PeerState
 
 

@@ -9,14 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
-from hydra_node.mesh import cbor
-from hydra_node.mesh.channel import SecureChannel
-from hydra_node.mesh.errors import (
+from hydra_node.mesh.wire import cbor
+from hydra_node.mesh.wire.secure_channel import SecureChannel
+from hydra_node.mesh.wire.errors import (
     AdmissionRefused, GenerationMismatch, HandshakeError, PeerAuthenticationFailed, RejectedByPeer,
 )
-from hydra_node.mesh.handshake import Handshake, HandshakeState, parse_handshake_message
-from hydra_node.mesh.ids import MeshSecret, node_id_from_public_key
-from hydra_node.mesh.token import issue_invite, parse_invite
+from hydra_node.mesh.wire.handshake import Handshake, HandshakeState, parse_handshake_message
+from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key
+from hydra_node.mesh.wire.token import issue_invite, parse_invite
 
 NOW = 1_800_000_000
 MESH = MeshSecret(bytes([1]) * 32)

@@ -7,10 +7,10 @@ import time
 import pytest
 from nacl.signing import SigningKey
 
-from hydra_node.mesh.errors import TokenError
-from hydra_node.mesh.ids import MeshSecret, node_id_from_public_key
+from hydra_node.mesh.wire.errors import TokenError
+from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key
 from hydra_node.mesh.joining import DialCandidate, JoinPlan, plan_join
-from hydra_node.mesh.token import issue_invite, parse_invite
+from hydra_node.mesh.wire.token import issue_invite, parse_invite
 
 NOW = time.time()
 MESH_A = MeshSecret(bytes([1]) * 32).mesh_id

@@ -15,13 +15,13 @@ import pytest
 import trio
 from nacl.signing import SigningKey
 
-from hydra_node.mesh.endpoints import connect_link, open_link, serve_links
-from hydra_node.mesh.errors import LinkClosed, RejectedByPeer, StreamReset
-from hydra_node.mesh.faults import FaultInjection
-from hydra_node.mesh.frames import Message, encode_frame
-from hydra_node.mesh.ids import MeshSecret, node_id_from_public_key
-from hydra_node.mesh.link import LinkSettings, PeerLink
-from hydra_node.mesh.token import issue_invite, parse_invite
+from hydra_node.mesh.link.endpoints import connect_link, open_link, serve_links
+from hydra_node.mesh.wire.errors import LinkClosed, RejectedByPeer, StreamReset
+from hydra_node.mesh.link.faults import FaultInjection
+from hydra_node.mesh.wire.frames import Message, encode_frame
+from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key
+from hydra_node.mesh.link.peer_link import LinkSettings, PeerLink
+from hydra_node.mesh.wire.token import issue_invite, parse_invite
 from waiting import wait_until
 
 TIMEOUT_S = 20
@@ -226,7 +226,7 @@ async def test_tampered_or_garbage_frame_closes_the_link(
 
 
 async def test_oversized_websocket_message_is_rejected(mesh, member_settings, start_listener, autojump_clock) -> None:
-    from hydra_node.mesh.constants import MAX_FRAME_BYTES
+    from hydra_node.mesh.wire.constants import MAX_LINK_FRAME_BYTES
 
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
@@ -234,7 +234,7 @@ async def test_oversized_websocket_message_is_rejected(mesh, member_settings, st
             async with open_link(url, member_settings(mesh, ping_interval_s=60)) as link:
                 await wait_until(lambda: listener.links)
                 server_link = next(iter(listener.links))
-                await link._ws.send_message(b"\x00" * (MAX_FRAME_BYTES + 1))
+                await link._ws.send_message(b"\x00" * (MAX_LINK_FRAME_BYTES + 1))
                 await server_link.wait_closed()
                 assert server_link.statistics().rejected == {"oversize": 1}
             nursery.cancel_scope.cancel()

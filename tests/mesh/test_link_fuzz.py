@@ -10,11 +10,11 @@ from nacl.bindings import crypto_scalarmult_base
 from nacl.signing import SigningKey
 from trio_websocket import ConnectionClosed, open_websocket_url
 
-from hydra_node.mesh import cbor
-from hydra_node.mesh.endpoints import connect_link, open_link
-from hydra_node.mesh.errors import GenerationMismatch, RejectedByPeer
-from hydra_node.mesh.handshake import Handshake, Reject, Welcome, parse_handshake_message
-from hydra_node.mesh.link import close_websocket
+from hydra_node.mesh.wire import cbor
+from hydra_node.mesh.link.endpoints import connect_link, open_link
+from hydra_node.mesh.wire.errors import GenerationMismatch, RejectedByPeer
+from hydra_node.mesh.wire.handshake import Handshake, Reject, Welcome, parse_handshake_message
+from hydra_node.mesh.link.peer_link import close_websocket
 from waiting import wait_until
 
 TIMEOUT_S = 30
@@ -96,7 +96,7 @@ async def test_generation_mismatch_over_the_wire(mesh, member_settings, start_li
 
 async def test_listener_bounds_concurrent_handshakes(
         mesh, member_settings, start_listener, monkeypatch, autojump_clock) -> None:
-    from hydra_node.mesh import endpoints
+    from hydra_node.mesh.link import endpoints
 
     monkeypatch.setattr(endpoints, "MAX_CONCURRENT_HANDSHAKES", 2)
     with trio.fail_after(TIMEOUT_S):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hydra_node.mesh.link_pings import PingTracker
+from hydra_node.mesh.link.pings import PingTracker
 
 
 def test_a_pong_for_an_outstanding_ping_sets_the_rtt() -> None:

@@ -12,7 +12,7 @@ from hydra_node.mesh.membership import (
     ModelEntry, PeerDied, PeerJoined, PeerRecord, PeerRecovered, PeerState, PeerSuspected,
     PeerUpdated, Ping, PingReq, Pull, Send, Sync,
 )
-from hydra_node.mesh.membership_sim import SimNetwork
+from hydra_node.mesh.membership.sim import SimNetwork
 
 CFG = MembershipConfig()
 S = PeerState

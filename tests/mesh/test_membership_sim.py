@@ -7,7 +7,7 @@ import pytest
 from hydra_node.mesh.membership import (
     Gossip, Leave, MembershipConfig, PeerDied, PeerJoined, PeerLeft, PeerRecord, PeerState,
 )
-from hydra_node.mesh.membership_sim import LanDelay, SimNetwork
+from hydra_node.mesh.membership.sim import LanDelay, SimNetwork
 
 ALIVE, SUSPECT, DEAD, LEFT = PeerState.ALIVE, PeerState.SUSPECT, PeerState.DEAD, PeerState.LEFT
 BOUND = MembershipConfig().detection_bound(dissemination=1.0)

@@ -131,7 +131,7 @@ def test_api_only_client_uses_the_mesh_and_hosts_nothing(mesh, tmp_path):
 
 
 def test_invite_errors_are_clear(mesh, tmp_path):
-    from hydra_node.mesh.token import issue_invite
+    from hydra_node.mesh.wire.token import issue_invite
     import nacl.signing
     st = mesh["a"].status()
     mesh_id = st["mesh"]["mesh_id"]

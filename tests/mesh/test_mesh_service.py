@@ -18,13 +18,13 @@ from nacl.signing import SigningKey
 from waiting import wait_until
 
 from hydra_node.mesh.announcer import ANNOUNCE_CHECK_S, AnnouncementContent
-from hydra_node.mesh.errors import MeshError, StreamReset
-from hydra_node.mesh.ids import MeshSecret
+from hydra_node.mesh.wire.errors import MeshError, StreamReset
+from hydra_node.mesh.wire.ids import MeshSecret
 from hydra_node.mesh.joining import DialCandidate, JoinFailed, JoinPlan
 from hydra_node.mesh.keyfile import load_mesh_key, mesh_key_path, save_mesh_key
 from hydra_node.mesh.membership import ModelEntry
 from hydra_node.mesh.service import MeshService, MeshSettings
-from hydra_node.mesh.token import issue_invite
+from hydra_node.mesh.wire.token import issue_invite
 
 JOIN_S = 20.0  # bound on getting into a mesh and seeing each other (loaded 2-core machine)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from hydra_node.mesh.endpoints import open_link
-from hydra_node.mesh.errors import StreamReset
+from hydra_node.mesh.link.endpoints import open_link
+from hydra_node.mesh.wire.errors import StreamReset
 
 PAYLOAD = b"x" * 200_000  # more than one DATA chunk: still queued when the handler returns
 

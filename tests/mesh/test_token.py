@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
-from hydra_node.mesh import cbor
-from hydra_node.mesh.errors import LocalProtocolError, TokenError, TokenExpired, TokenForeignMesh, TokenForged, TokenMalformed
-from hydra_node.mesh.ids import MeshSecret, node_id_from_public_key
-from hydra_node.mesh.token import InviteToken, issue_invite, parse_invite
+from hydra_node.mesh.wire import cbor
+from hydra_node.mesh.wire.errors import LocalProtocolError, TokenError, TokenExpired, TokenForeignMesh, TokenForged, TokenMalformed
+from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key
+from hydra_node.mesh.wire.token import InviteToken, issue_invite, parse_invite
 
 NOW = 1_800_000_000
 KEY = SigningKey(bytes([9]) * 32)
@@ -70,7 +70,7 @@ def test_malformed(text: str) -> None:
 
 
 def test_malformed_body_signed_correctly() -> None:
-    from hydra_node.mesh.envelope import seal
+    from hydra_node.mesh.wire.envelope import seal
 
     raw = seal(KEY, "invite", {"mesh": MESH.mesh_id, "exp": NOW + 5})
     text = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from nacl.signing import SigningKey
 
-from hydra_node.mesh import cbor
-from hydra_node.mesh.channel import SecureChannel
-from hydra_node.mesh.envelope import open_envelope
-from hydra_node.mesh.errors import CborError, EnvelopeError, FrameRejected, HandshakeError, MeshError
-from hydra_node.mesh.frames import KIND, decode_frame, encode_frame
-from hydra_node.mesh.token import parse_invite
+from hydra_node.mesh.wire import cbor
+from hydra_node.mesh.wire.secure_channel import SecureChannel
+from hydra_node.mesh.wire.envelope import open_envelope
+from hydra_node.mesh.wire.errors import CborError, EnvelopeError, FrameRejected, HandshakeError, MeshError
+from hydra_node.mesh.wire.frames import KIND, decode_frame, encode_frame
+from hydra_node.mesh.wire.token import parse_invite
 
 PROTOCOL = Path(__file__).resolve().parents[2] / "protocol"
 VECTORS = PROTOCOL / "vectors"
@@ -155,7 +155,7 @@ def test_handshake_stories(story: dict[str, Any]) -> None:
 # ---- signed announcements and gossip messages (protocol/README.md section 11) --------------
 
 def test_announcement_vectors():
-    from hydra_node.mesh.announce_sig import _unsigned_bytes, verify_announcement
+    from hydra_node.mesh.membership.signing import _unsigned_bytes, verify_announcement
     from hydra_node.mesh.membership import Announcement
 
     doc = load("announce.json")

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hydra_node.mesh import cbor
-from hydra_node.mesh.errors import CborError, LocalProtocolError
+from hydra_node.mesh.wire import cbor
+from hydra_node.mesh.wire.errors import CborError, LocalProtocolError
 
 cbor_values = st.recursive(
     st.none()

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hydra_node.mesh.channel import SecureChannel
-from hydra_node.mesh.constants import DATA_CHUNK_BYTES, MAX_FRAME_BYTES
-from hydra_node.mesh.errors import FrameRejected, LocalProtocolError
-from hydra_node.mesh.frames import (
-    Close, Data, GoAway, Message, Open, Ping, Pong, Reset, Window, decode_frame, encode_frame,
+from hydra_node.mesh.wire.secure_channel import SecureChannel
+from hydra_node.mesh.wire.constants import DATA_CHUNK_BYTES, MAX_LINK_FRAME_BYTES
+from hydra_node.mesh.wire.errors import FrameRejected, LocalProtocolError
+from hydra_node.mesh.wire.frames import (
+    Close, Data, GoAway, Message, Open, LinkPing, LinkPong, Reset, Window, decode_frame, encode_frame,
 )
 
 stream_ids = st.integers(1, 2**32 - 1)
@@ -22,8 +22,8 @@ frames = st.one_of(
     st.builds(Reset, stream_ids, st.text(min_size=1, max_size=20), reasons),
     st.builds(Window, stream_ids, st.integers(1, 2**31 - 1)),
     st.builds(Message, st.dictionaries(st.text(max_size=8), st.integers(0, 99), max_size=4)),
-    st.builds(Ping, st.binary(min_size=8, max_size=8)),
-    st.builds(Pong, st.binary(min_size=8, max_size=8)),
+    st.builds(LinkPing, st.binary(min_size=8, max_size=8)),
+    st.builds(LinkPong, st.binary(min_size=8, max_size=8)),
     st.builds(GoAway, st.text(min_size=1, max_size=20), reasons),
 )
 
@@ -52,7 +52,7 @@ def test_frames_validate_on_construction() -> None:
     with pytest.raises(LocalProtocolError):
         Window(1, 0)
     with pytest.raises(LocalProtocolError):
-        Ping(b"short")
+        LinkPing(b"short")
 
 
 def _pair() -> tuple[SecureChannel, SecureChannel]:
@@ -76,7 +76,7 @@ def test_channel_rejects_tamper_replay_reorder_oversize() -> None:
         (second[:-1] + bytes([second[-1] ^ 0x80]), "tamper"),
         (second[:8] + bytes([second[8] ^ 1]) + second[9:], "tamper"),
         (b"\x00" * 10, "bad_frame"),
-        (b"\x00" * (MAX_FRAME_BYTES + 1), "oversize"),
+        (b"\x00" * (MAX_LINK_FRAME_BYTES + 1), "oversize"),
     ]:
         with pytest.raises(FrameRejected) as info:
             b.open(bad)
@@ -97,4 +97,4 @@ def test_random_wire_bytes_are_rejected_with_a_code(data: bytes) -> None:
 def test_seal_refuses_oversize_plaintext() -> None:
     a, _ = _pair()
     with pytest.raises(LocalProtocolError):
-        a.seal(b"x" * MAX_FRAME_BYTES)
+        a.seal(b"x" * MAX_LINK_FRAME_BYTES)

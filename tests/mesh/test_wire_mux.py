@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hydra_node.mesh.constants import DATA_CHUNK_BYTES, MAX_STREAMS_PER_LINK, STREAM_WINDOW_BYTES
-from hydra_node.mesh.errors import FlowControlError, LocalProtocolError, RemoteProtocolError
-from hydra_node.mesh.frames import Close, Data, Message, Open, Reset, Window, decode_frame, encode_frame
-from hydra_node.mesh.mux import (
+from hydra_node.mesh.wire.constants import DATA_CHUNK_BYTES, MAX_STREAMS_PER_LINK, STREAM_WINDOW_BYTES
+from hydra_node.mesh.wire.errors import FlowControlError, LocalProtocolError, RemoteProtocolError
+from hydra_node.mesh.wire.frames import Close, Data, Message, Open, Reset, Window, decode_frame, encode_frame
+from hydra_node.mesh.wire.mux import (
     DataReceived, MessageReceived, Multiplexer, StreamEnded, StreamOpened, StreamWasReset, WindowOpened,
 )
 

@@ -7,7 +7,7 @@ import sys
 
 
 from hydra_node import __version__
-from hydra_node.cli import build_parser
+from hydra_node.cli.main import build_parser
 
 
 def run(*args, **kw):
@@ -56,7 +56,7 @@ def _serve_failing_with(monkeypatch, tmp_path, exc: BaseException):
     import trio
 
     import hydra_node.node
-    from hydra_node import cli
+    from hydra_node.cli import main as cli
 
     def fail(*_a, **_k):
         raise exc
@@ -88,8 +88,8 @@ def test_serve_reraises_a_group_with_an_unexpected_failure(monkeypatch, tmp_path
 
 
 def test_status_and_swap_share_one_client_error_line(capsys):
-    from hydra_node.node_client import NodeClient, NodeUnreachable
-    from hydra_node.runtime.hosting_cli import cmd_swap
+    from hydra_node.cli.client import NodeClient, NodeUnreachable
+    from hydra_node.cli.models import cmd_swap
 
     client = NodeClient(1)  # nothing listens on port 1
     try:

@@ -1,4 +1,4 @@
-"""Placement (hydra_node/runtime/placement.py): pure, so every case is plain data in, a decision out."""
+"""Placement (hydra_node/runtime/hosting/placement.py): pure, so every case is plain data in, a decision out."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from hydra_node.runtime.placement import (UNKNOWN_RTT_MS, IgnoredWorker, Placement, fits_locally, place,
+from hydra_node.runtime.hosting.placement import (UNKNOWN_RTT_MS, IgnoredWorker, Placement, fits_locally, place,
                                           usable_workers)
 from hydra_node.runtime.rpc import RPC_PROTO, Capacity, PlanError, WorkerInfo
 

@@ -13,7 +13,7 @@ from hydra_node.api.status_json import to_json
 from hydra_node.config import NodeConfig
 from hydra_node.mesh.settings import MeshSettings
 from hydra_node.node import Node
-from hydra_node.runtime.hosting import RpcWorkerOff
+from hydra_node.runtime.hosting.service import RpcWorkerOff
 
 SECTIONS = {"speculation", "network_costs", "scheduler", "splits", "rpc_worker"}
 ROUTES = {("POST", "/api/invite"), ("GET", "/metrics"), ("GET", "/api/runtime/models"),

@@ -10,8 +10,8 @@ import pytest
 from hydra_node.api.http import Request
 from hydra_node.api.runtime_admin import MAX_BODY_BYTES, runtime_routes
 from hydra_node.models import BUNDLED_MODEL_ID
-from hydra_node.runtime.hosting import ModelConflict, ModelNotHosted
-from hydra_node.runtime.supervisor import RunnerState
+from hydra_node.runtime.hosting.service import ModelConflict, ModelNotHosted
+from hydra_node.runtime.runner.records import RunnerState
 
 
 @dataclass(frozen=True)

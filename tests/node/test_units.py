@@ -10,9 +10,9 @@ from hypothesis import given, strategies as st
 
 from hydra_node.api.openai import ApiError, parse_request
 from hydra_node.config import ConfigError, NodeConfig, parse_config_text
-from hydra_node.identity import IdentityError, load_or_create_identity
-from hydra_node.runtime.channel import MAX_FRAME_BYTES, ChannelError, FrameDecoder, encode_frame
-from hydra_node.runtime.textstream import TextAssembler
+from hydra_node.mesh.identity import IdentityError, load_or_create_identity
+from hydra_node.runtime.runner.channel import MAX_CHANNEL_FRAME_BYTES, ChannelError, FrameDecoder, encode_frame
+from hydra_node.runtime.runner.textstream import TextAssembler
 
 
 # ---- config ---------------------------------------------------------------------------
@@ -146,7 +146,7 @@ def test_garbage_frames_raise_channel_error_only(data):
 
 def test_oversized_frame_is_refused():
     d = FrameDecoder()
-    d.receive_data((MAX_FRAME_BYTES + 1).to_bytes(4, "big"))
+    d.receive_data((MAX_CHANNEL_FRAME_BYTES + 1).to_bytes(4, "big"))
     with pytest.raises(ChannelError):
         d.next_message()
 

@@ -12,9 +12,9 @@ import trio
 
 from hydra_node.config import ConfigError, parse_config_text
 from hydra_node.inference import Finished, GenerationError, GenerationRequest, TextDelta, event_from_wire
-from hydra_node.mesh.membership_announcement import Announcement, Hardware, ModelEntry
-from hydra_node.router import Router
-from hydra_node.router import RouteTarget as RouterTarget
+from hydra_node.mesh.membership.announcement import Announcement, Hardware, ModelEntry
+from hydra_node.routing.router import Router
+from hydra_node.routing.router import RouteTarget as RouterTarget
 from hydra_node.routing import SchedulerConfig, SchedulerMode, Target
 from hydra_node.routing.live import ANNOUNCE_KEY, ANNOUNCED_ENTRIES, LiveScheduling
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from hydra_node.mesh.errors import FrameRejected
+from hydra_node.mesh.wire.errors import FrameRejected
 from hydra_node.runtime.rpc import dataconn, native_pump
 from hydra_node.runtime.rpc.dataconn import (
     MAGIC, DataConnError, DataListener, FrameReader, TicketBook, TooManyTickets, channel_for, dial, parse_offer,

@@ -20,10 +20,10 @@ import trio
 from nacl.signing import SigningKey
 from trio.testing import MockClock
 
-from hydra_node.mesh.endpoints import LinkListener, open_link
-from hydra_node.mesh.errors import StreamReset
-from hydra_node.mesh.ids import MeshSecret
-from hydra_node.mesh.link import LinkSettings
+from hydra_node.mesh.link.endpoints import LinkListener, open_link
+from hydra_node.mesh.wire.errors import StreamReset
+from hydra_node.mesh.wire.ids import MeshSecret
+from hydra_node.mesh.link.peer_link import LinkSettings
 from hydra_node.runtime.rpc import native_pump
 from hydra_node.runtime.rpc.tunnel import TUNNEL_SERVICE, RemoteWorkerTunnel, RpcTunnelServer, TunnelError
 from waiting import wait_until

@@ -14,7 +14,8 @@ import trio
 
 from hydra_node.inference import GenerationRequest
 from hydra_node.models import resolve_model
-from hydra_node.runtime.supervisor import RunnerSettings, RunnerStalled, RunnerSupervisor
+from hydra_node.runtime.runner.records import RunnerSettings, RunnerStalled
+from hydra_node.runtime.runner.supervisor import RunnerSupervisor
 from waiting import wait_until
 
 STALL_S = 3.0

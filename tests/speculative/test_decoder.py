@@ -213,7 +213,7 @@ def test_target_session_verify_rolls_back_its_cache(target_engine, reference):
 
 def test_generation_contract_adapter(target_engine, draft_engine, reference):
     from hydra_node.inference import Finished, GenerationRequest, TextDelta
-    from hydra_node.runtime.speculative.adapter import generate_events
+    from hydra_node.runtime.speculative.child.adapter import generate_events
 
     req = GenerationRequest(model="m", kind="completion", prompt=PROMPTS["list"], max_tokens=12, temperature=0.0)
     dec = SpeculativeDecoder(target_engine, DraftSession(draft_engine), fixed_k(3))

@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from hydra_node.runtime.speculative import Completion, Emitted, SamplingParams, SpeculativeDecoder
-from hydra_node.runtime.speculative import draft_server as ds
-from hydra_node.runtime.speculative.remote import DraftUnavailable, RemoteDrafter
+from hydra_node.runtime.speculative.child import draft_server as ds
+from hydra_node.runtime.speculative.child.remote import DraftUnavailable, RemoteDrafter
 from hydra_node.runtime.speculative.wire import BoundedFrameDecoder, frame, vocab_fingerprint
 
 PROMPT = "def fibonacci(n):"

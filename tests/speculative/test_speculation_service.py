@@ -10,7 +10,7 @@ import pytest
 from hydra_node.api.status_json import to_json
 from hydra_node.config import SpeculativeSection
 from hydra_node.models import BUNDLED_MODEL_ID
-from hydra_node.runtime.speculative.mesh import SpeculationMode, SpeculationService
+from hydra_node.runtime.speculative.service import SpeculationMode, SpeculationService
 
 A, B, C, D = ("a" * 64, "b" * 64, "c" * 64, "d" * 64)
 

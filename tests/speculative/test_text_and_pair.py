@@ -8,8 +8,8 @@ from hypothesis import given, strategies as st
 
 from hydra_node.runtime.speculative.sampling import (
     DRAFT_CANDIDATES_MAX, SamplingParams, draft_distribution, target_distribution)
-from hydra_node.runtime.speculative.testpair import ensure_converted_target
-from hydra_node.runtime.textstream import TextAssembler
+from hydra_node.runtime.speculative.child.testpair import ensure_converted_target
+from hydra_node.runtime.runner.textstream import TextAssembler
 
 
 def test_utf8_character_split_across_tokens_is_held_until_complete():

@@ -9,12 +9,12 @@ Public surface (importing this package does not load llama.cpp):
 * :mod:`.readiness`, :mod:`.probe` – how a worker's version and memory are learnt.
 """
 
-from ._proto import RPC_PROTO, IncompatibleWorker, ProtoVersion, RpcProtocolError, check_worker_proto
-from .lease import LeaseError, LeaseHeld, LeaseNotHeld, WorkerLease
-from .plan import Capacity, DevicePlacement, PlanError, SplitPlan, WorkerInfo, plan_split
-from .probe import WorkerHello, WorkerUnreachable, probe_worker
-from .readiness import BadReadiness, Readiness, StartFailure, parse_readiness
-from .supervisor import Backoff, RpcWorkerSupervisor, WorkerFailed, WorkerState, WorkerStatistics
+from hydra_node.runtime.rpc._proto import RPC_PROTO, IncompatibleWorker, ProtoVersion, RpcProtocolError, check_worker_proto
+from hydra_node.runtime.rpc.lease import LeaseError, LeaseHeld, LeaseNotHeld, WorkerLease
+from hydra_node.runtime.rpc.plan import Capacity, DevicePlacement, PlanError, SplitPlan, WorkerInfo, plan_split
+from hydra_node.runtime.rpc.probe import WorkerHello, WorkerUnreachable, probe_worker
+from hydra_node.runtime.rpc.readiness import BadReadiness, Readiness, StartFailure, parse_readiness
+from hydra_node.runtime.rpc.supervisor import Backoff, RpcWorkerSupervisor, WorkerFailed, WorkerState, WorkerStatistics
 
 __all__ = [
     "RPC_PROTO", "IncompatibleWorker", "ProtoVersion", "RpcProtocolError", "check_worker_proto",

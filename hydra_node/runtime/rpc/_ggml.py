@@ -17,7 +17,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._proto import (  # re-exported: the protocol version is part of this binding's contract
+from hydra_node.runtime.rpc._proto import (  # re-exported: the protocol version is part of this binding's contract
     GGML_RPC_MAX_SERVERS, RPC_PROTO, RPC_PROTO_MAJOR_VERSION, RPC_PROTO_MINOR_VERSION,
     RPC_PROTO_PATCH_VERSION, ProtoVersion)
 

@@ -22,11 +22,11 @@ import os
 import re
 from dataclasses import dataclass
 
-from . import _ggml
-from ._proto import GGML_RPC_MAX_SERVERS, check_worker_proto
-from .plan import SplitPlan
-from .probe import PROBE_TIMEOUT_S, parse_endpoint, probe_worker
-from .worker import CHILD_ENV
+from hydra_node.runtime.rpc import _ggml
+from hydra_node.runtime.rpc._proto import GGML_RPC_MAX_SERVERS, check_worker_proto
+from hydra_node.runtime.rpc.plan import SplitPlan
+from hydra_node.runtime.rpc.probe import PROBE_TIMEOUT_S, parse_endpoint, probe_worker
+from hydra_node.runtime.rpc.worker import CHILD_ENV
 
 #: llama.cpp's ``LLAMA_SPLIT_MODE_LAYER``: whole layers per device.
 LLAMA_SPLIT_MODE_LAYER = 1

@@ -18,7 +18,7 @@ How it is secured (protocol/README.md, "Tunnel data connections")::
 The ticket and the 32-byte secret travel only inside the authenticated, encrypted link
 stream, are single-use and expire after ``TICKET_TTL_S``.  Keys per direction are
 BLAKE2b-256 of the secret with personalisations ``hydra-tun-c2w`` / ``hydra-tun-w2c``;
-frames are :class:`~hydra_node.mesh.channel.SecureChannel` frames (counter + XChaCha20-
+frames are :class:`~hydra_node.mesh.wire.secure_channel.SecureChannel` frames (counter + XChaCha20-
 Poly1305), so replayed, reordered, tampered or oversized frames are rejected (typed,
 counted) and end the connection.  Everything sans-IO lives in this module's first half;
 the trio part is :class:`DataListener` and :func:`dial`.
@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 
 import trio
 
-from hydra_node.mesh.channel import SecureChannel
-from hydra_node.mesh.constants import FRAME_OVERHEAD_BYTES
-from hydra_node.mesh.errors import FrameRejected
+from hydra_node.mesh.wire.secure_channel import SecureChannel
+from hydra_node.mesh.wire.constants import FRAME_OVERHEAD_BYTES
+from hydra_node.mesh.wire.errors import FrameRejected
 
 log = logging.getLogger("hydra.rpc.dataconn")
 

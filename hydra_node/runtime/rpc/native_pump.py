@@ -16,7 +16,7 @@ from pathlib import Path
 
 import trio
 
-from .dataconn import DataConnection
+from hydra_node.runtime.rpc.dataconn import DataConnection
 
 log = logging.getLogger("hydra.rpc.native_pump")
 

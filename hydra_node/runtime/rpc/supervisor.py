@@ -29,8 +29,8 @@ from hydra_node.backoff import Backoff, CrashLoop
 from hydra_node.runtime.supervise import (ChildFailed, ChildNotReady, ChildOutput, ChildSpec, ChildState,
                                           ChildSupervisor, GiveUp)
 
-from .readiness import MAX_READINESS_LINE, BadReadiness, Readiness, StartFailure, parse_readiness
-from .worker import LOOPBACK, READY_TIMEOUT_S
+from hydra_node.runtime.rpc.readiness import MAX_READINESS_LINE, BadReadiness, Readiness, StartFailure, parse_readiness
+from hydra_node.runtime.rpc.worker import LOOPBACK, READY_TIMEOUT_S
 
 __all__ = ["Backoff", "RpcWorkerSupervisor", "WorkerFailed", "WorkerState", "WorkerStatistics",
            "free_loopback_port"]

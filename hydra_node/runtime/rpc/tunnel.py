@@ -31,13 +31,13 @@ from __future__ import annotations
 
 from typing import Awaitable, Callable
 
-from .tunnel_client import (
+from hydra_node.runtime.rpc.tunnel_client import (
     ACCEPT_RETRY_S, LEASE_TIMEOUT_S, MAX_CONNECTIONS_PER_TUNNEL, LeasedWorker, LinkDialer,
     RemoteWorkerTunnel, TunnelError,
 )
-from .tunnel_control import MAX_TAG_CHARS, PATH_CHOICE_TIMEOUT_S, TUNNEL_SERVICE, read_control
-from .tunnel_server import LOCAL_CONNECT_TIMEOUT_S, RpcTunnelServer
-from .tunnel_splice import PUMP_CHUNK_BYTES, splice, splice_data
+from hydra_node.runtime.rpc.tunnel_control import MAX_TAG_CHARS, PATH_CHOICE_TIMEOUT_S, TUNNEL_SERVICE, read_control
+from hydra_node.runtime.rpc.tunnel_server import LOCAL_CONNECT_TIMEOUT_S, RpcTunnelServer
+from hydra_node.runtime.rpc.tunnel_splice import PUMP_CHUNK_BYTES, splice, splice_data
 
 __all__ = [
     "ACCEPT_RETRY_S", "LEASE_TIMEOUT_S", "LOCAL_CONNECT_TIMEOUT_S", "MAX_CONNECTIONS_PER_TUNNEL",

@@ -13,13 +13,13 @@ from typing import Any, Protocol
 
 import trio
 
-from hydra_node.mesh.errors import MeshError, StreamReset
+from hydra_node.mesh.wire.errors import MeshError, StreamReset
 
-from ._proto import RPC_PROTO, ProtoVersion
-from .dataconn import DataConnError, DataConnection, dial
-from .lease_wire import ControlError, DataOffer, LeaseGranted, NoDataOffer, PathChoice, encode_control
-from .tunnel_control import MAX_TAG_CHARS, PATH_CHOICE_TIMEOUT_S, TUNNEL_SERVICE, read_control
-from .tunnel_splice import STREAM_ERRORS, TCP_ERRORS, splice, splice_data
+from hydra_node.runtime.rpc._proto import RPC_PROTO, ProtoVersion
+from hydra_node.runtime.rpc.dataconn import DataConnError, DataConnection, dial
+from hydra_node.runtime.rpc.lease_wire import ControlError, DataOffer, LeaseGranted, NoDataOffer, PathChoice, encode_control
+from hydra_node.runtime.rpc.tunnel_control import MAX_TAG_CHARS, PATH_CHOICE_TIMEOUT_S, TUNNEL_SERVICE, read_control
+from hydra_node.runtime.rpc.tunnel_splice import STREAM_ERRORS, TCP_ERRORS, splice, splice_data
 
 __all__ = [
     "ACCEPT_RETRY_S", "LEASE_TIMEOUT_S", "MAX_CONNECTIONS_PER_TUNNEL", "LeasedWorker", "LinkDialer",

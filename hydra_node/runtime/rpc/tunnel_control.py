@@ -7,7 +7,7 @@ data-connection offer, path choice) are encoded and decoded by :mod:`.lease_wire
 
 from __future__ import annotations
 
-from .lease_wire import ControlDecoder, ControlEvent
+from hydra_node.runtime.rpc.lease_wire import ControlDecoder, ControlEvent
 
 __all__ = ["MAX_TAG_CHARS", "PATH_CHOICE_TIMEOUT_S", "TUNNEL_SERVICE", "read_control"]
 

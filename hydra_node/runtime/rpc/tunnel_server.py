@@ -12,14 +12,14 @@ from typing import Callable
 
 import trio
 
-from hydra_node.mesh.errors import StreamReset
+from hydra_node.mesh.wire.errors import StreamReset
 
-from ._proto import ProtoVersion
-from .dataconn import DataConnection, DataListener, TooManyTickets
-from .lease import LeaseHeld, WorkerLease
-from .lease_wire import ControlError, DataOffer, LeaseGranted, NoDataOffer, PathChoice, encode_control
-from .tunnel_control import MAX_TAG_CHARS, PATH_CHOICE_TIMEOUT_S, read_control
-from .tunnel_splice import splice, splice_data
+from hydra_node.runtime.rpc._proto import ProtoVersion
+from hydra_node.runtime.rpc.dataconn import DataConnection, DataListener, TooManyTickets
+from hydra_node.runtime.rpc.lease import LeaseHeld, WorkerLease
+from hydra_node.runtime.rpc.lease_wire import ControlError, DataOffer, LeaseGranted, NoDataOffer, PathChoice, encode_control
+from hydra_node.runtime.rpc.tunnel_control import MAX_TAG_CHARS, PATH_CHOICE_TIMEOUT_S, read_control
+from hydra_node.runtime.rpc.tunnel_splice import splice, splice_data
 
 __all__ = ["LOCAL_CONNECT_TIMEOUT_S", "RpcTunnelServer"]
 

@@ -18,12 +18,12 @@ from typing import Awaitable, Callable
 
 import trio
 
-from hydra_node.mesh.constants import DATA_CHUNK_BYTES
-from hydra_node.mesh.errors import FrameRejected, LinkClosed, StreamReset
+from hydra_node.mesh.wire.constants import DATA_CHUNK_BYTES
+from hydra_node.mesh.wire.errors import FrameRejected, LinkClosed, StreamReset
 
-from . import native_pump
-from .dataconn import DataConnection
-from .framing import HOLD_S, PARTIAL_HOLD_S, Direction, RpcFramer
+from hydra_node.runtime.rpc import native_pump
+from hydra_node.runtime.rpc.dataconn import DataConnection
+from hydra_node.runtime.rpc.framing import HOLD_S, PARTIAL_HOLD_S, Direction, RpcFramer
 
 __all__ = ["PUMP_CHUNK_BYTES", "STREAM_ERRORS", "TCP_ERRORS", "splice", "splice_data"]
 

@@ -13,8 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import DraftProtocolError
-from .sampling import SparseDist, sample
+from hydra_node.runtime.speculative.errors import DraftProtocolError
+from hydra_node.runtime.speculative.sampling import SparseDist, sample
 
 
 @dataclass(frozen=True)

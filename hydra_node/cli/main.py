@@ -1,0 +1,325 @@
+"""`hydra-node` (also `hydra`): the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from hydra_node import __version__
+from hydra_node.cli.discovery import add_discover_parser, add_serve_args as add_discovery_serve_args, cmd_discover
+from hydra_node.cli.discovery import settings_from_args as discovery_settings_from_args
+from hydra_node.cli.models import add_split_serve_args, add_swap_parser, cmd_swap, split_config_from_args
+from hydra_node.cli.client import NodeClient, NodeClientError
+from hydra_node.cli.speculative import add_speculative_serve_args, apply_speculative_args
+from hydra_node.config import (DEFAULT_API_PORT, DEFAULT_CONSOLE_PORT, DEFAULT_MESH_PORT, ConfigError, NodeConfig, default_home,
+                               env_api_key, load_config_file)
+
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+
+
+def _home(args) -> Path:
+    return Path(args.home).expanduser() if getattr(args, "home", None) else default_home()
+
+
+def _add_home(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--home", metavar="DIR",
+                   help="state directory: identity, pid files, logs (default: $HYDRA_HOME or ~/.hydra). "
+                        "Nodes with different homes never share state.")
+
+
+def _add_node_args(s: argparse.ArgumentParser, join_required: bool = False) -> None:
+    s.add_argument("--join", action="append", default=[], metavar="TOKEN", required=join_required,
+                   help="join the mesh of this invite token (repeatable: more seeds)")
+    s.add_argument("--port", type=int, default=None, help=f"OpenAI API port (default {DEFAULT_API_PORT}; 0 = any)")
+    s.add_argument("--console", type=int, default=None, metavar="PORT",
+                   help=f"management API and console port (default {DEFAULT_CONSOLE_PORT}; 0 = any)")
+    s.add_argument("--mesh-port", type=int, default=None, metavar="PORT",
+                   help=f"peer link port (default {DEFAULT_MESH_PORT}; 0 = any)")
+    s.add_argument("--mesh-host", default="0.0.0.0", metavar="HOST",
+                   help="address the peer link listener binds (default 0.0.0.0; links are authenticated and encrypted)")
+    s.add_argument("--advertise", action="append", default=[], metavar="HOST[:PORT]",
+                   help="address peers should dial (default: this machine's addresses); repeatable")
+    s.add_argument("--join-timeout", type=float, default=30.0, metavar="S",
+                   help="give up joining after this many seconds (default 30)")
+    s.add_argument("--headless", action="store_true", help="no web console (the management API stays up)")
+    s.add_argument("--config", metavar="FILE", help="TOML config file (see docs/config.md)")
+    s.add_argument("--name", help="a human-readable name for this node")
+    _add_home(s)
+    s.add_argument("--listen-all", action="store_true",
+                   help="bind the APIs on 0.0.0.0 instead of 127.0.0.1; requires --api-key or HYDRA_API_KEY")
+    s.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (env HYDRA_API_KEY)")
+    s.add_argument("--log-format", choices=("kv", "json"), default="kv", help="log line format (default kv)")
+    s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hydra-node",
+        description="Hydra: a peer-to-peer LLM inference mesh. Every machine runs one node; any node answers "
+                    "OpenAI-style requests for any model in the mesh.",
+        epilog="Quick start: `hydra-node serve` (bundled model), then "
+               "`curl localhost:9337/v1/chat/completions -d '{\"model\":\"SmolLM2-135M-Instruct-Q4_1\","
+               "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'`")
+    p.add_argument("--version", action="version", version=f"hydra-node {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    s = sub.add_parser("serve", help="run a node (OpenAI API on :9337, management API on :3131)",
+                       description="Run a node in the foreground until SIGINT/SIGTERM. With no --model, serves the "
+                                   "bundled SmolLM2-135M-Instruct (id SmolLM2-135M-Instruct-Q4_1). Without --join "
+                                   "it starts a new one-node mesh; `hydra-node invite` prints a token others join with.")
+    s.add_argument("--model", action="append", default=[], metavar="PATH_OR_ID",
+                   help="a GGUF file (optionally ID=PATH) or the bundled id; repeatable")
+    s.add_argument("--no-model", action="store_true",
+                   help="host no model: join the mesh, answer the API and offer capacity")
+    s.add_argument("--max-memory", type=float, metavar="GB",
+                   help="cap the memory this node advertises and uses (GB)")
+    _add_node_args(s)
+    add_discovery_serve_args(s)
+    add_split_serve_args(s)
+    add_speculative_serve_args(s)
+
+    c = sub.add_parser("client", help="API-only member of a mesh: no model, no capacity",
+                       description="Join a mesh as an API-only client: the OpenAI API on this machine answers for "
+                                   "every model in the mesh, but this node hosts nothing.")
+    _add_node_args(c, join_required=True)
+
+    inv = sub.add_parser("invite", help="print an invite token for the running node's mesh",
+                         description="Ask the running node (found through --home or --console) for a new invite "
+                                     "token. Whoever holds it can join the mesh until it expires.")
+    inv.add_argument("--ttl", default="24h", help="lifetime: seconds, or with a unit s/m/h/d (default 24h)")
+    inv.add_argument("--console", type=int, default=None, metavar="PORT", help="management port of the node")
+    inv.add_argument("--json", action="store_true", help="print JSON with the expiry and addresses")
+    _add_home(inv)
+
+    st = sub.add_parser("status", help="show the status of a running node",
+                        description="Query a running node's management API (/api/status).")
+    st.add_argument("--console", type=int, default=None, metavar="PORT",
+                    help=f"management port of the node (default: from the node's pid file in --home, else {DEFAULT_CONSOLE_PORT})")
+    st.add_argument("--json", action="store_true", help="print the raw JSON")
+    _add_home(st)
+
+    sp = sub.add_parser("stop", help="stop the node running with this home",
+                        description="Send SIGTERM to the node whose pid file is in --home and wait for it to exit.")
+    _add_home(sp)
+    sp.add_argument("--timeout", type=float, default=20.0, help="seconds to wait before giving up (default 20)")
+
+    add_discover_parser(sub)
+    add_swap_parser(sub, _add_home)
+
+    sub.add_parser("models", help="list the models this machine can serve",
+                   description="List the bundled model and its id.")
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return {"serve": cmd_serve, "client": cmd_serve, "status": cmd_status, "stop": cmd_stop,
+                "models": cmd_models, "invite": cmd_invite,
+                "swap": lambda a: cmd_swap(a, _client(a)),
+                "discover": lambda a: cmd_discover(a, _home(a))}[args.command](args)
+    except ConfigError as exc:
+        print(f"hydra-node: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+def node_config_from_args(args) -> NodeConfig:
+    from hydra_node.mesh.service import MeshSettings
+
+    file_cfg = apply_speculative_args(args, load_config_file(args.config))
+    api_key = args.api_key or env_api_key()
+    client = args.command == "client"
+    models = () if client else tuple(args.model)
+    no_model = client or args.no_model
+    if not client and args.no_model and args.model:
+        raise ConfigError("--no-model and --model exclude each other")
+    role = "client" if client else ("worker" if no_model else "host")
+    mesh = MeshSettings(listen_host=args.mesh_host,
+                        listen_port=DEFAULT_MESH_PORT if args.mesh_port is None else args.mesh_port,
+                        advertise=tuple(args.advertise), join=tuple(args.join), role=role,
+                        join_timeout_s=args.join_timeout)
+    max_mem = getattr(args, "max_memory", None)
+    if max_mem is not None and max_mem <= 0:
+        raise ConfigError("--max-memory: must be > 0 GB")
+    cfg = NodeConfig(
+        home=_home(args), models=models, no_model=no_model, name=args.name or "",
+        api_host="0.0.0.0" if args.listen_all else "127.0.0.1",
+        api_port=DEFAULT_API_PORT if args.port is None else args.port,
+        console_port=DEFAULT_CONSOLE_PORT if args.console is None else args.console,
+        headless=args.headless, listen_all=args.listen_all, api_key=api_key, file=file_cfg,
+        log_format=args.log_format, role=role, mesh=mesh,
+        max_memory_bytes=int(max_mem * 1e9) if max_mem else None, **split_config_from_args(args, ConfigError))
+    if args.command == "serve":
+        try:
+            cfg = cfg.replace(discovery=discovery_settings_from_args(args))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    cfg.validate()
+    if not (0 <= mesh.listen_port <= 65535):
+        raise ConfigError(f"--mesh-port: must be a TCP port, not {mesh.listen_port}")
+    return cfg
+
+
+def cmd_serve(args) -> int:
+    import trio
+
+    from hydra_node.mesh.identity import IdentityError
+    from hydra_node.logging_setup import setup_logging
+    from hydra_node.models import ModelNotFound
+    from hydra_node.node import NodeAlreadyRunning, check_rpc_support, serve
+    from hydra_node.mesh.wire.errors import MeshError
+    from hydra_node.mesh.service import JoinFailed
+    from hydra_node.runtime.runner.records import RunnerLoadError
+
+    cfg = node_config_from_args(args)
+    setup_logging(cfg.log_format, args.log_level, cfg.home / "logs" / "node.log")
+    try:
+        check_rpc_support()
+        trio.run(serve, cfg)
+    except (MeshError, JoinFailed) as exc:
+        print(f"hydra-node: {_mesh_failure(exc)}", file=sys.stderr)
+        return EXIT_FAILED
+    except (ModelNotFound, NodeAlreadyRunning, IdentityError, RunnerLoadError, RuntimeError) as exc:
+        print(f"hydra-node: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as exc:
+        print(f"hydra-node: cannot listen: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except BaseExceptionGroup as eg:
+        # Report the group whole: every failure of the start-up, not only the first one.
+        leaves = _leaves(eg)
+        if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+            return 130
+        expected = (MeshError, JoinFailed, ModelNotFound, NodeAlreadyRunning, IdentityError, RunnerLoadError, OSError)
+        if not all(isinstance(leaf, expected) for leaf in leaves):
+            raise
+        for leaf in leaves:
+            text = _mesh_failure(leaf) if isinstance(leaf, (MeshError, JoinFailed)) else str(leaf)
+            print(f"hydra-node: {text}", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+def _mesh_failure(exc: BaseException) -> str:
+    from hydra_node.mesh.wire.errors import TokenError
+    from hydra_node.mesh.service import JoinFailed
+    if isinstance(exc, (JoinFailed, TokenError)):
+        return f"cannot join: {exc}"
+    return f"mesh error: {exc}"
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """Every exception inside ``exc`` (nested groups flattened), in order."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _console_port(args) -> int:
+    if args.console:
+        return args.console
+    from hydra_node.pidfile import read_pidfile
+    rec = read_pidfile(_home(args) / "run" / "node.pid")
+    info = _home(args) / "run" / "ports.json"
+    if rec is not None and info.exists():
+        try:
+            return int(json.loads(info.read_text())["console_port"])
+        except (ValueError, KeyError):
+            pass
+    return DEFAULT_CONSOLE_PORT
+
+
+def _client(args) -> NodeClient:
+    """The client of the node found through --console or --home, with $HYDRA_API_KEY if set."""
+    return NodeClient(_console_port(args), env_api_key())
+
+
+def cmd_status(args) -> int:
+    try:
+        st = _client(args).get("/api/status")
+    except NodeClientError as exc:
+        print(f"hydra-node: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    print(f"node {st['node_id']} ({st.get('name')})  version {st['version']}  state {st['node_state']}  "
+          f"uptime {st['uptime_s']:.0f}s")
+    print(f"API http://127.0.0.1:{st.get('api_port')}/v1   in-flight {st['inflight_requests']}   "
+          f"queued {st['queue_depth']}   runner restarts {st['runner_restarts']}")
+    for m in st.get("models", []):
+        r = m.get("requests", {})
+        print(f"  model {m['id']}: {m['state']}  pid {m.get('pid')}  restarts {m['restarts']}  "
+              f"done {r.get('completed', 0)}  ttft {r.get('ttft_ms', 0)} ms  {r.get('tokens_per_s', 0)} tok/s")
+    peers = st.get("peers", [])
+    print(f"peers: {len(peers)}")
+    for p in peers:
+        print(f"  {p.get('id')} {p.get('state')} rtt {p.get('rtt_ms')} ms models {','.join(p.get('models', []))}")
+    return 0
+
+
+def cmd_stop(args) -> int:
+    from hydra_node.pidfile import read_pidfile
+    home = _home(args)
+    path = home / "run" / "node.pid"
+    rec = read_pidfile(path)
+    if rec is None or not rec.alive():
+        print(f"hydra-node: no node is running with home {home}", file=sys.stderr)
+        return EXIT_FAILED
+    os.kill(rec.pid, signal.SIGTERM)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        if not rec.alive():
+            print(f"stopped node pid {rec.pid}")
+            return 0
+        time.sleep(0.1)
+    print(f"hydra-node: node pid {rec.pid} did not stop within {args.timeout:.0f} s", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _parse_duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    t = text.strip().lower()
+    try:
+        return float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise ConfigError(f"--ttl: not a duration: {text!r} (examples: 3600, 90m, 24h, 7d)") from None
+
+
+def cmd_invite(args) -> int:
+    ttl = _parse_duration(args.ttl)
+    try:
+        d = _client(args).post("/api/invite", {"ttl_s": ttl}, timeout=10)
+    except NodeClientError as exc:
+        print(f"hydra-node: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(json.dumps(d, indent=2) if args.json else d["token"])
+    return 0
+
+
+def cmd_models(args) -> int:
+    from hydra_node.models import BUNDLED_MODEL_ID, ModelNotFound, bundled_model_path
+    try:
+        path = bundled_model_path()
+        print(f"{BUNDLED_MODEL_ID}\t{path.stat().st_size / 1e6:.0f} MB\t{path}  (bundled default)")
+    except ModelNotFound as exc:
+        print(f"hydra-node: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print("Any GGUF file can be served with `hydra-node serve --model PATH` (or --model ID=PATH).")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

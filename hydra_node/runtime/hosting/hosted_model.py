@@ -1,0 +1,301 @@
+"""One model hosted on this node: its runner supervisor and, for a split, its plan and tunnels.
+
+Before every spawn the runner supervisor calls :meth:`HostedModel._prepare`: drop the old plan's
+tunnels, place the model again (:func:`~hydra_node.runtime.hosting.placement.place` over the workers
+:func:`~hydra_node.runtime.hosting.placement.usable_workers` finds), lease the planned workers through
+:class:`~hydra_node.runtime.rpc.tunnel.RemoteWorkerTunnel`s, and hand the runner its settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import trio
+
+from hydra_node.backoff import Backoff
+from hydra_node.models import ModelRef
+from hydra_node.runtime.peers import PeerView
+from hydra_node.runtime.hosting.placement import WORKER_DISCOVERY_WAIT_S, IgnoredWorker, fits_locally, place
+from hydra_node.runtime.rpc.gguf_meta import GgufError, layer_count
+from hydra_node.runtime.rpc.plan import Capacity, PlanError, SplitPlan, WorkerInfo
+from hydra_node.runtime.rpc.tunnel import LeasedWorker, RemoteWorkerTunnel, TunnelError
+from hydra_node.runtime.runner.records import RunnerLoadError, RunnerSettings, RunnerState
+from hydra_node.runtime.runner.supervisor import RunnerSupervisor
+
+__all__ = ["MAX_TAG_CHARS", "HostedModel", "HostedModelStatus", "Hosting", "HostingSettings"]
+
+log = logging.getLogger("hydra.hosting")
+
+#: Plans tried per placement before waiting (each failed lease excludes one worker).
+MAX_PLACEMENT_ATTEMPTS = 4
+#: Waiting between placements when nothing fits (no usable workers yet), doubling up to the max.
+PLACEMENT_RETRY_INITIAL_S = 0.5
+PLACEMENT_RETRY_MAX_S = 10.0
+PLACEMENT_BACKOFF = Backoff(initial_s=PLACEMENT_RETRY_INITIAL_S, factor=2.0, max_s=PLACEMENT_RETRY_MAX_S, jitter=0.0)
+#: A split model's first load is retried this many times (a worker can vanish during a load).
+MAX_SPLIT_LOAD_ATTEMPTS = 3
+#: Bound on dropping a plan's tunnels (and on an unload: runner terminate → grace → kill is ~3 s).
+UNLOAD_TIMEOUT_S = 10.0
+#: Longest lease tag (a model id).
+MAX_TAG_CHARS = 128
+#: Ignored workers listed in a hosted model's status.
+MAX_IGNORED_LISTED = 8
+
+
+class HostingSettings(Protocol):
+    """The settings a hosted model reads (``RuntimeSettings`` satisfies it)."""
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def home(self) -> Path: ...
+
+    @property
+    def stall_timeout_s(self) -> float: ...
+
+
+class Hosting(Protocol):
+    """What a hosted model needs of the runtime that hosts it (``ModelRuntime`` satisfies it)."""
+
+    settings: HostingSettings
+    mesh: PeerView | None
+    runners: MutableMapping[str, RunnerSupervisor]
+    runner_settings: Callable[[], RunnerSettings]
+
+    def host_free_bytes(self, exclude: str | None = None) -> int: ...
+
+    def remote_workers(self, excluded: set[str], tag: str) -> tuple[list[WorkerInfo], list[IgnoredWorker]]: ...
+
+
+@dataclass(frozen=True)
+class HostedModelStatus:
+    """A hosted model's placement, as ``/api/status`` ``splits.<id>`` and ``/api/runtime/models`` show it."""
+
+    model: str
+    state: RunnerState
+    force_split: bool
+    split: bool
+    fallback_local: bool
+    placements: int
+    placement_error: str | None
+    size_bytes: int
+    n_layers: int | None
+    ignored_workers: tuple[IgnoredWorker, ...]
+    #: The plan (``SplitPlan.to_status()`` with each device's peer and tunnel); absent without a plan.
+    plan: Mapping[str, Any] | None = field(default=None, metadata={"omit_none": True})
+
+
+class HostedModel:
+    """One model on this node (see the module docstring)."""
+
+    def __init__(self, runtime: Hosting, model: ModelRef, *, force_split: bool):
+        self.runtime = runtime
+        self.model = model
+        self.force_split = force_split
+        self.size_bytes = model.size_bytes
+        try:
+            self.n_layers: int | None = layer_count(model.path)
+        except GgufError as exc:
+            log.warning("event=gguf_unreadable model=%s error=%r action=never_split", model.id, exc)
+            self.n_layers = None
+        self.sup = RunnerSupervisor(model, runtime.settings.home, runtime.runner_settings(),
+                                    node_id=runtime.settings.node_id, prepare=self._prepare,
+                                    on_failed=self._drop_tunnels)
+        self.scope = trio.CancelScope()
+        self.done = trio.Event()
+        self.plan: SplitPlan | None = None
+        self.fallback = False
+        self.placement_error: str | None = None
+        self.placements = 0
+        self.tunnels: list[tuple[RemoteWorkerTunnel, LeasedWorker]] = []
+        self.ignored: list[IgnoredWorker] = []
+        self._nursery: trio.Nursery | None = None
+        self._tunnel_scope: trio.CancelScope | None = None
+        self._tunnels_done: trio.Event | None = None
+        self._discovery_deadline: float | None = None
+
+    @property
+    def lease_tag(self) -> str:
+        return self.model.id[:MAX_TAG_CHARS]
+
+    @property
+    def state(self) -> RunnerState:
+        return self.sup.state
+
+    @property
+    def last_error(self) -> str | None:
+        return self.sup.last_error
+
+    def fits_locally(self) -> bool:
+        """True when the model can start before the mesh is up (no split wanted or needed)."""
+        return fits_locally(self.size_bytes, self.n_layers, self._host(), force_split=self.force_split)
+
+    # ---- lifecycle -------------------------------------------------------------
+    async def run(self, *, strict: bool = False, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Host the model until cancelled (``self.scope``).  ``strict``: a failed first load
+        raises :class:`RunnerLoadError` (start-up); otherwise the model stays listed as failed."""
+        runners = self.runtime.runners
+        runners[self.model.id] = self.sup
+        try:
+            with self.scope:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    if not strict:
+                        task_status.started(self)
+                    attempts = 0
+                    while True:
+                        try:
+                            await self.sup.run(task_status=task_status if strict else trio.TASK_STATUS_IGNORED)
+                        except RunnerLoadError as exc:
+                            attempts += 1
+                            split = self.plan is not None and self.plan.split
+                            if strict and not split:
+                                raise
+                            if split and attempts < MAX_SPLIT_LOAD_ATTEMPTS:
+                                log.warning("event=split_load_retry model=%s attempt=%d error=%r",
+                                            self.model.id, attempts, str(exc))
+                                continue
+                            self.sup.last_error = str(exc)
+                            log.error("event=model_failed model=%s error=%r", self.model.id, str(exc))
+                        break
+                    await self._drop_tunnels()
+                    self.sup.state = RunnerState.FAILED
+                    await trio.sleep_forever()
+        finally:
+            if runners.get(self.model.id) is self.sup:
+                del runners[self.model.id]
+            self.done.set()
+
+    async def _prepare(self) -> RunnerSettings:
+        """Before every spawn: drop the old plan's tunnels, place again, open new tunnels."""
+        await self._drop_tunnels()
+        attempt = 0
+        while True:
+            try:
+                return await self._place()
+            except PlanError as exc:
+                if self.runtime.mesh is None:
+                    raise RunnerLoadError(f"model {self.model.id!r} does not fit this node and there is no mesh "
+                                          f"to split it over: {exc}") from None
+                self.sup.state = RunnerState.PLACING
+                self.placement_error = str(exc)
+                self.sup.last_error = f"no placement: {exc}"
+                delay = PLACEMENT_BACKOFF.delay(attempt, 0.0)
+                log.warning("event=placement_failed model=%s retry_in_s=%.1f error=%r", self.model.id, delay, str(exc))
+                await trio.sleep(delay)
+                attempt += 1
+
+    def _waiting_for_workers(self) -> bool:
+        """A node that just joined learns the mesh's workers from gossip in a moment: a forced
+        split waits for them (bounded) before its first load falls back to unsplit."""
+        if self.sup.restarts or self.plan is not None:
+            return False
+        if self._discovery_deadline is None:
+            self._discovery_deadline = trio.current_time() + WORKER_DISCOVERY_WAIT_S
+        return trio.current_time() < self._discovery_deadline
+
+    def _host(self) -> Capacity:
+        return Capacity(self.runtime.host_free_bytes(exclude=self.model.id))
+
+    async def _place(self) -> RunnerSettings:
+        base = self.runtime.runner_settings()
+        self.placements += 1
+        if self.n_layers is None:
+            self.plan, self.fallback, self.placement_error = None, False, None
+            return base
+        excluded: set[str] = set()
+        failures: list[IgnoredWorker] = []
+        for _ in range(MAX_PLACEMENT_ATTEMPTS):
+            workers, ignored = self.runtime.remote_workers(excluded, self.lease_tag)
+            self.ignored = ignored + failures
+            waiting = self.force_split and self._waiting_for_workers()
+            placement = place(self.size_bytes, self.n_layers, self._host(), workers,
+                              force_split=self.force_split, waiting_for_workers=waiting)
+            plan = placement.plan
+            if not placement.split:
+                self.plan, self.fallback, self.placement_error = plan, placement.fallback, None
+                log.info("event=placement model=%s split=false fallback=%s", self.model.id, placement.fallback)
+                return base
+            peers = [ep.removeprefix("peer:") for ep in plan.rpc_endpoints]
+            try:
+                leased = await self._nursery.start(self._hold_tunnels, peers)
+            except TunnelError as exc:
+                excluded.add(exc.peer_id)
+                failures.append(IgnoredWorker(exc.peer_id, str(exc)))
+                self.ignored.append(IgnoredWorker(exc.peer_id, str(exc)))
+                log.warning("event=tunnel_failed model=%s peer=%s code=%s error=%r", self.model.id,
+                            exc.peer_id[:16], exc.code, str(exc))
+                continue
+            self.plan, self.fallback, self.placement_error = plan, False, None
+            log.info("event=placement model=%s split=true layers=%s", self.model.id,
+                     ",".join(f"{d.worker_id[:8] if d.worker_id else 'host'}:{d.first_block}-{d.stop_block}"
+                              for d in plan.devices))
+            return dataclasses.replace(base, rpc_endpoints=tuple(w.endpoint for w in leased),
+                                       tensor_split=plan.tensor_split, n_gpu_layers=plan.n_gpu_layers,
+                                       output_on_host=plan.output_on_host,
+                                       stall_timeout_s=self.runtime.settings.stall_timeout_s)
+        raise PlanError(f"no usable workers after {MAX_PLACEMENT_ATTEMPTS} attempts "
+                        f"({'; '.join(w.reason for w in self.ignored[-MAX_PLACEMENT_ATTEMPTS:])})")
+
+    async def _hold_tunnels(self, peers: list[str], *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Lease every worker of a plan (in plan order) and keep the tunnels until cancelled."""
+        failure: TunnelError | None = None
+        done = self._tunnels_done = trio.Event()
+        try:
+            with trio.CancelScope() as scope:
+                self._tunnel_scope = scope
+                async with trio.open_nursery() as nursery:
+                    opened: list[tuple[RemoteWorkerTunnel, LeasedWorker]] = []
+                    for peer in peers:
+                        tunnel = RemoteWorkerTunnel(self.runtime.mesh, peer, tag=self.lease_tag)
+                        try:
+                            opened.append((tunnel, await nursery.start(tunnel.run)))
+                        except TunnelError as exc:
+                            failure = exc
+                            nursery.cancel_scope.cancel()
+                            break
+                    if failure is None:
+                        self.tunnels = opened
+                        task_status.started([w for _, w in opened])
+                        await trio.sleep_forever()
+        finally:
+            self.tunnels = []
+            done.set()
+        if failure is not None:
+            raise failure
+
+    async def _drop_tunnels(self) -> None:
+        if self._tunnel_scope is not None:
+            self._tunnel_scope.cancel()
+            with trio.CancelScope(shield=True), trio.move_on_after(UNLOAD_TIMEOUT_S):
+                await self._tunnels_done.wait()
+            self._tunnel_scope = None
+
+    # ---- status ----------------------------------------------------------------
+    def status(self) -> HostedModelStatus:
+        plan = self.plan
+        plan_status = None
+        if plan is not None:
+            plan_status = plan.to_status()
+            tunnels = {w.peer_id: (t, w) for t, w in self.tunnels}
+            for d in plan_status["devices"]:
+                peer = d["worker_id"]
+                d["peer"] = peer if peer else self.runtime.settings.node_id
+                if peer in tunnels:
+                    t, w = tunnels[peer]
+                    d["endpoint"] = w.endpoint
+                    d["tunnel"] = {"connections": t.connections, "data_connections": t.data_connections,
+                                   "data_fallback": t.data_fallback,
+                                   "bytes_up": t.bytes_up, "bytes_down": t.bytes_down,
+                                   "worker_proto": str(w.proto), "worker_free_bytes": w.free_bytes}
+        return HostedModelStatus(
+            model=self.model.id, state=self.sup.state, force_split=self.force_split,
+            split=bool(plan and plan.split), fallback_local=self.fallback, placements=self.placements,
+            placement_error=self.placement_error, size_bytes=self.size_bytes, n_layers=self.n_layers,
+            ignored_workers=tuple(self.ignored[-MAX_IGNORED_LISTED:]), plan=plan_status)

@@ -1,0 +1,89 @@
+"""Runner channel (sans-IO): length-prefixed canonical CBOR maps between the node and its
+model runner children over a socketpair.
+
+The framing and the strict decoding are :mod:`hydra_node.codec.framing`'s (the one
+decoder of bytes from a peer or a child); this module adds the channel's bound, the
+check that an ``id`` is a request id, and the typed reading of a runner's answers
+(:func:`runner_event_from_wire`). A bad frame raises :class:`ChannelError` (the child is
+broken and gets restarted); a malformed answer to a request raises
+:class:`RunnerProtocolError`, a ``GenerationError`` the API answers with 502.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hydra_node.codec.errors import DecodeError, FrameError
+from hydra_node.codec.framing import MessageDecoder, encode_message
+from hydra_node.inference import Finished, MalformedRemoteEvent, TextDelta, remote_error_from_wire
+
+__all__ = ["MAX_CHANNEL_FRAME_BYTES", "ChannelError", "FrameDecoder", "RunnerProtocolError",
+           "encode_frame", "runner_event_from_wire"]
+
+#: Largest runner-channel frame: one request or one text delta; prompts are capped at the API's 8 MiB body.
+MAX_CHANNEL_FRAME_BYTES = 16 * 1024 * 1024
+#: Largest request id (ids are a counter; a child echoes them back).
+MAX_REQUEST_ID = 2**63 - 1
+
+#: The byte stream is not a valid sequence of frames (any codec ``DecodeError``).
+ChannelError = DecodeError
+
+
+def encode_frame(msg: dict, *, limit: int = MAX_CHANNEL_FRAME_BYTES) -> bytes:
+    """One frame for `msg`; ``EncodeError`` (our bug) above `limit` or outside the data model."""
+    return encode_message(msg, limit=limit)
+
+
+class FrameDecoder(MessageDecoder):
+    """Accumulates bytes; :meth:`next_message` returns a map with a text ``op`` or None when more
+    is needed, and raises :class:`ChannelError` on anything else."""
+
+    def __init__(self, limit: int = MAX_CHANNEL_FRAME_BYTES) -> None:
+        super().__init__(limit)
+
+    def check(self, msg: dict[str, Any]) -> None:
+        rid = msg.get("id")
+        if rid is not None and (type(rid) is not int or not 0 <= rid <= MAX_REQUEST_ID):
+            raise FrameError(f"{msg['op']}: 'id' must be a request id, not {rid!r:.40}", code="bad_message")
+
+
+class RunnerProtocolError(MalformedRemoteEvent):
+    """A runner sent an answer that breaks the channel protocol (the child's fault): 502."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="bad_runner_message")
+
+
+def _count(msg: dict, key: str, default: int | None = None) -> int:
+    v = msg.get(key, default)
+    if type(v) is not int or not 0 <= v < 2**31:
+        raise RunnerProtocolError(f"runner {msg.get('op')}: {key!r} must be a count, not {v!r:.40}")
+    return v
+
+
+def _millis(msg: dict, key: str) -> float:
+    v = msg.get(key, 0.0)
+    if type(v) not in (int, float) or not 0.0 <= v <= 1e12:
+        raise RunnerProtocolError(f"runner {msg.get('op')}: {key!r} must be a duration, not {v!r:.40}")
+    return float(v)
+
+
+def runner_event_from_wire(msg: dict, *, queue_wait_ms: float, served_by: str) -> TextDelta | Finished:
+    """A runner's ``delta`` or ``done`` as a typed event; its ``error`` raised as the
+    ``GenerationError`` it reports (the runner's status kept: it is our own child);
+    anything malformed raises :class:`RunnerProtocolError`."""
+    op = msg.get("op")
+    if op == "delta":
+        text = msg.get("text")
+        if not isinstance(text, str):
+            raise RunnerProtocolError("runner delta: 'text' must be text")
+        return TextDelta(text)
+    if op == "done":
+        reason = msg.get("finish_reason")
+        if not isinstance(reason, str) or not reason or len(reason) > 32:
+            raise RunnerProtocolError(f"runner done: bad finish_reason {reason!r:.40}")
+        return Finished(reason, _count(msg, "prompt_tokens"), _count(msg, "completion_tokens"), queue_wait_ms,
+                        _millis(msg, "ttft_ms"), _millis(msg, "itl_ms"), served_by, _count(msg, "cached_tokens", 0))
+    if op == "error":
+        raise remote_error_from_wire(msg, relay_status=True)
+    raise RunnerProtocolError(f"runner sent {op!r:.40} where a delta, done or error was expected")

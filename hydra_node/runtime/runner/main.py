@@ -1,0 +1,291 @@
+"""Model runner child process: one llama.cpp model, one generation at a time.
+
+Started by :mod:`hydra_node.runtime.runner.supervisor` with a connected socket on
+``--fd``.  Speaks the runner channel (length-prefixed canonical CBOR maps,
+:mod:`hydra_node.runtime.runner.channel`, decoded strictly by :mod:`hydra_node.codec`):
+
+  node -> runner: {"op": "generate", "id", "req"} | {"op": "cancel", "id"} | {"op": "ping", "n"} | {"op": "shutdown"}
+  runner -> node: {"op": "ready", ...} | {"op": "delta", "id", "text"} | {"op": "done", "id", ...}
+                  | {"op": "error", "id", "message", "code", "status"} | {"op": "pong", "n"} | {"op": "fatal", "message"}
+
+A reader thread handles cancel/ping while the main thread generates, so a
+cancel stops generation within one token.  The runner dies with its parent
+(PR_SET_PDEATHSIG, set before exec by :mod:`hydra_node.runtime.supervise`; a thread
+watching the parent pid backs it up) and exits when the socket closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+
+from hydra_node.runtime.runner.channel import ChannelError, FrameDecoder, encode_frame
+from hydra_node.runtime.runner.textstream import TextAssembler
+from hydra_node.runtime._child import TokenClock, die_with_parent
+
+#: Generate requests buffered in the child; the node's supervisor admits one at a time.
+WORK_QUEUE_BOUND = 4
+
+
+class Channel:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.decoder = FrameDecoder()
+
+    def send(self, msg: dict) -> None:
+        data = encode_frame(msg)
+        with self.lock:
+            self.sock.sendall(data)
+
+    def recv(self) -> dict | None:
+        while True:
+            msg = self.decoder.next_message()
+            if msg is not None:
+                return msg
+            data = self.sock.recv(65536)
+            if not data:
+                return None
+            self.decoder.receive_data(data)
+
+
+def _chat_formatter(llm):
+    from llama_cpp import llama_chat_format
+
+    template = llm.metadata.get("tokenizer.chat_template")
+    if not template:
+        return None
+    eos_id, bos_id = llm.token_eos(), llm.token_bos()
+    eos = llm._model.token_get_text(eos_id) if eos_id != -1 else ""
+    bos = llm._model.token_get_text(bos_id) if bos_id != -1 else ""
+    return llama_chat_format.Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos,
+                                                 stop_token_ids=[eos_id])
+
+
+class Runner:
+    def __init__(self, args):
+        self.args = args
+        self.cancelled: set[int] = set()
+        self.current: int | None = None
+        self.lock = threading.Lock()
+
+    def load(self):
+        import llama_cpp
+
+        if not llama_cpp.llama_supports_rpc():
+            raise RuntimeError("llama-cpp-python was built without RPC support; run `make install` "
+                               "(it builds llama-cpp-python with -DGGML_RPC=on)")
+        kwargs = {}
+        from hydra_node.runtime.rpc.coordinator import output_projection_on_host
+
+        if self.args.rpc:
+            from hydra_node.runtime.rpc.coordinator import register_rpc_servers
+
+            register_rpc_servers(self.args.rpc)
+            kwargs["n_gpu_layers"] = -1 if self.args.n_gpu_layers is None else self.args.n_gpu_layers
+            if self.args.tensor_split:
+                kwargs["tensor_split"] = [float(x) for x in self.args.tensor_split.split(",")]
+                kwargs["split_mode"] = llama_cpp.LLAMA_SPLIT_MODE_LAYER
+        elif self.args.n_gpu_layers is not None:
+            kwargs["n_gpu_layers"] = self.args.n_gpu_layers
+        t0 = time.monotonic()
+        with output_projection_on_host(self.args.output_on_host):
+            self.llm = llama_cpp.Llama(
+                model_path=self.args.model, n_ctx=self.args.n_ctx, n_batch=self.args.n_batch,
+                n_threads=self.args.threads or None, n_threads_batch=self.args.threads_batch or None,
+                use_mlock=self.args.mlock, verbose=self.args.verbose, **kwargs)
+        if self.args.warmup:
+            # The first decode allocates compute buffers and faults the weights in (seconds on
+            # a cold machine); pay that before reporting ready, not in the first request's TTFT.
+            warm = self.llm.tokenize(b"Hydra warm-up: the quick brown fox jumps over the lazy dog.")
+            for _ in zip(range(2), self.llm.generate(warm, temp=0.0, top_k=1)):
+                pass
+            self.llm.reset()
+        self.load_s = time.monotonic() - t0
+        self.n_ctx = self.llm.n_ctx()
+        self.formatter = _chat_formatter(self.llm)
+        self.vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
+        self.n_layers = int(llama_cpp.llama_model_n_layer(self.llm._model.model))
+        self.is_eog = lambda tok: bool(llama_cpp.llama_vocab_is_eog(self.vocab, tok))
+        from hydra_node.runtime.speculative.child.runner_glue import RunnerSpeculation
+
+        self.speculation = RunnerSpeculation.create(self.llm, self.args)  # --draft-endpoint / --draft-model
+
+    def prompt_tokens(self, req: dict) -> list[int]:
+        if req["kind"] == "chat":
+            messages = [{"role": r, "content": c} for r, c in req["messages"]]
+            if self.formatter is not None:
+                res = self.formatter(messages=messages)
+                return self.llm.tokenize(res.prompt.encode("utf-8"), add_bos=not res.added_special, special=True)
+            text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+            text += "<|im_start|>assistant\n"
+            return self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+        return self.llm.tokenize(req.get("prompt", "").encode("utf-8"), add_bos=True, special=False)
+
+    def is_cancelled(self, rid: int) -> bool:
+        with self.lock:
+            return rid in self.cancelled
+
+    def generate(self, ch: Channel, rid: int, req: dict) -> None:
+        clock = TokenClock()  # TTFT counts from here: tokenising is part of it
+        tokens = self.prompt_tokens(req)
+        if len(tokens) >= self.n_ctx:
+            ch.send({"op": "error", "id": rid, "code": "context_length_exceeded", "status": 400,
+                     "message": f"prompt is {len(tokens)} tokens; this model's context is {self.n_ctx} tokens"})
+            return
+        budget = self.n_ctx - len(tokens)
+        max_tokens = min(req.get("max_tokens") or budget, budget)
+        if self.speculation is not None and self.speculation.can_serve(req):
+            self.speculation.generate(ch, rid, req, tokens, max_tokens, self.is_cancelled)
+            return
+        if req.get("seed") is not None:
+            self.llm.set_seed(int(req["seed"]) & 0xFFFFFFFF)
+        if not self.args.prompt_cache:
+            self.llm.reset()  # full re-evaluation: bit-for-bit reproducible greedy output
+        cached = 0
+        prev = self.llm._input_ids[: self.llm.n_tokens].tolist()
+        for a, b in zip(prev, tokens):
+            if a != b:
+                break
+            cached += 1
+        temp = float(req.get("temperature", 0.8))
+        asm = TextAssembler(tuple(req.get("stop") or ()))
+        n = 0
+        finish = "length"
+        gen = self.llm.generate(tokens, temp=temp, top_p=float(req.get("top_p", 0.95)),
+                                top_k=0 if temp <= 0 else 40, min_p=0.0, repeat_penalty=1.0, reset=True)
+        generated: list[int] = []
+        try:
+            for tok in gen:
+                if self.is_cancelled(rid):
+                    finish = "cancelled"
+                    break
+                clock.tick()
+                if self.is_eog(tok):
+                    finish = "stop"
+                    break
+                n += 1
+                if self.args.inject_token_delay_ms > 0:  # test/bench knob: a slower host
+                    time.sleep(self.args.inject_token_delay_ms / 1000.0)
+                piece = self.llm.detokenize([tok], prev_tokens=tokens + generated)
+                generated.append(tok)
+                text = asm.feed(piece)
+                if text:
+                    ch.send({"op": "delta", "id": rid, "text": text})
+                if asm.stopped:
+                    finish = "stop"
+                    break
+                if n >= max_tokens:
+                    break
+        finally:
+            gen.close()
+        if finish == "cancelled":
+            ch.send({"op": "error", "id": rid, "code": "cancelled", "status": 499, "message": "cancelled"})
+            return
+        tail = asm.flush()
+        if tail:
+            ch.send({"op": "delta", "id": rid, "text": tail})
+        ch.send({"op": "done", "id": rid, "finish_reason": finish, "prompt_tokens": len(tokens),
+                 "completion_tokens": n, "cached_tokens": cached, "ttft_ms": clock.ttft_ms(),
+                 "itl_ms": clock.itl_ms(n)})
+
+
+def _reader(ch: Channel, runner: Runner, work: "queue.Queue") -> None:
+    try:
+        while True:
+            msg = ch.recv()
+            if msg is None:
+                break
+            op = msg["op"]  # the strict decoder guarantees a text op and an int id when present
+            if op in ("generate", "cancel") and "id" not in msg:
+                raise ChannelError(f"{op} needs an 'id'", code="bad_message")
+            if op == "generate":
+                if not isinstance(msg.get("req"), dict):
+                    raise ChannelError("generate needs a 'req' map", code="bad_message")
+                work.put(msg)
+            elif op == "cancel":
+                with runner.lock:
+                    runner.cancelled.add(msg["id"])
+            elif op == "ping":
+                ch.send({"op": "pong", "n": msg.get("n")})
+            elif op == "shutdown":
+                break
+    except (OSError, ChannelError):
+        pass
+    work.put(None)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="hydra-node runner", description="Hydra model runner (internal)")
+    p.add_argument("--fd", type=int, required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--model-id", required=True)
+    p.add_argument("--n-ctx", type=int, default=4096)
+    p.add_argument("--n-batch", type=int, default=512)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--threads-batch", type=int, default=0)
+    p.add_argument("--mlock", action="store_true")
+    p.add_argument("--rpc", action="append", default=[])
+    p.add_argument("--tensor-split", default="")
+    p.add_argument("--n-gpu-layers", type=int, default=None,
+                   help="layers offloaded to RPC/GPU devices (a split plan's n_gpu_layers)")
+    p.add_argument("--output-on-host", action="store_true",
+                   help="keep the output projection in host memory (a split plan's output_on_host)")
+    p.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
+                   help="re-evaluate every prompt from scratch instead of reusing the cached prefix")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up decode")
+    p.add_argument("--inject-token-delay-ms", type=float, default=0.0,
+                   help="sleep this long after every generated token (test/bench knob; [runner] config)")
+    p.add_argument("--verbose", action="store_true")
+    from hydra_node.runtime.speculative.child.runner_glue import add_runner_args
+
+    add_runner_args(p)  # --draft-endpoint / --draft-model (docs/speculative.md)
+    args = p.parse_args(argv)
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node decides when we stop
+    sock = socket.socket(fileno=args.fd)
+    ch = Channel(sock)
+    runner = Runner(args)
+    try:
+        runner.load()
+    except Exception as exc:  # report why loading failed, then exit non-zero
+        try:
+            ch.send({"op": "fatal", "message": f"{type(exc).__name__}: {exc}"})
+        except OSError:
+            pass
+        return 2
+    ch.send({"op": "ready", "pid": os.getpid(), "n_ctx": runner.n_ctx, "load_s": runner.load_s,
+             "n_params": runner.llm._model.n_params(), "size_bytes": runner.llm._model.size(),
+             "n_layers": runner.n_layers})
+    work: "queue.Queue" = queue.Queue(WORK_QUEUE_BOUND)
+    threading.Thread(target=_reader, args=(ch, runner, work), daemon=True).start()
+    while True:
+        msg = work.get()
+        if msg is None:
+            return 0
+        rid = msg["id"]  # checked by _reader
+        with runner.lock:
+            if rid in runner.cancelled:
+                runner.cancelled.discard(rid)
+                ch.send({"op": "error", "id": rid, "code": "cancelled", "status": 499, "message": "cancelled"})
+                continue
+        try:
+            runner.generate(ch, rid, msg["req"])
+        except OSError:
+            return 0
+        except Exception as exc:
+            ch.send({"op": "error", "id": rid, "code": "runner_error", "status": 500,
+                     "message": f"{type(exc).__name__}: {exc}"})
+        finally:
+            with runner.lock:
+                runner.cancelled.discard(rid)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

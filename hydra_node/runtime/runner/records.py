@@ -1,0 +1,95 @@
+"""The model runner's typed records: its state, settings, rolling request statistics and errors.
+
+Pure data, no I/O: :mod:`hydra_node.runtime.runner.supervisor` drives them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from hydra_node.inference import Finished, GenerationError
+
+__all__ = ["RequestStats", "RunnerCrashed", "RunnerLoadError", "RunnerSettings", "RunnerStalled", "RunnerState"]
+
+
+class RunnerState(enum.StrEnum):
+    STARTING = "starting"      # not spawned yet
+    PLACING = "placing"        # a split model looking for workers (set by its host)
+    LOADING = "loading"        # spawned, loading the model
+    READY = "ready"
+    RESTARTING = "restarting"  # exited; waiting out the back-off
+    FAILED = "failed"          # crash loop, or the model cannot be loaded
+    STOPPED = "stopped"
+
+
+class RunnerCrashed(GenerationError):
+    def __init__(self, message: str):
+        super().__init__(message, code="runner_crashed", status=502, retryable=True)
+
+
+class RunnerStalled(GenerationError):
+    def __init__(self, message: str):
+        super().__init__(message, code="runner_stalled", status=504, retryable=False)
+
+
+class RunnerLoadError(Exception):
+    """The model could not be loaded at all (bad file, no memory, no RPC support)."""
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    threads: int = 0
+    threads_batch: int = 0
+    mlock: bool = False
+    prompt_cache: bool = True
+    warmup: bool = True
+    queue_size: int = 16
+    load_timeout_s: float = 120.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    crash_loop_restarts: int = 5
+    crash_loop_window_s: float = 60.0
+    rpc_endpoints: tuple[str, ...] = ()
+    tensor_split: tuple[float, ...] = ()
+    inject_token_delay_ms: float = 0.0  # test/bench knob: the runner sleeps this long per token
+    #: llama.cpp ``n_gpu_layers`` for a split plan (None: -1 with RPC endpoints, else 0).
+    n_gpu_layers: int | None = None
+    #: Keep the output projection in host memory (a split plan's ``output_on_host``).
+    output_on_host: bool = False
+    #: Give up on a generation (and kill the runner) when no frame comes for this long; 0 = never.
+    #: Split runners need it: a stalled RPC worker or tunnel blocks llama.cpp forever.
+    stall_timeout_s: float = 0.0
+    #: More runner arguments (speculative decoding: hydra_node/runtime/speculative/child/runner_glue.py).
+    extra_argv: tuple[str, ...] = ()
+
+
+@dataclass
+class RequestStats:
+    """Rolling per-runner request statistics (for status and, later, the scheduler)."""
+
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    queue_wait_ms: float = 0.0
+    ttft_ms: float = 0.0
+    itl_ms: float = 0.0
+    tokens_per_s: float = 0.0
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+
+    def observe(self, fin: Finished, cached: int, alpha: float = 0.2) -> None:
+        self.completed += 1
+        first = self.completed == 1
+        def ewma(old, new):
+            return new if first else (1 - alpha) * old + alpha * new
+        self.queue_wait_ms = ewma(self.queue_wait_ms, fin.queue_wait_ms)
+        self.ttft_ms = ewma(self.ttft_ms, fin.ttft_ms)
+        if fin.completion_tokens > 1:
+            self.itl_ms = ewma(self.itl_ms, fin.itl_ms)
+            if fin.itl_ms > 0:
+                self.tokens_per_s = ewma(self.tokens_per_s, 1000.0 / fin.itl_ms)
+        self.cached_tokens += cached
+        self.prompt_tokens += fin.prompt_tokens

@@ -1,0 +1,393 @@
+"""Supervision of one model runner child process, and the request queue in front of it.
+
+``RunnerSupervisor.run`` (started with ``nursery.start``) spawns the runner through the
+node's one child supervisor (:mod:`hydra_node.runtime.supervise`: it dies with the node and
+leaves a pid file while it runs), waits for its ``ready`` frame, and restarts it on any exit
+with exponential back-off and jitter.  Too many crashes inside a window put it in state
+``failed`` (visible in ``/api/status``).  Requests wait in a bounded FIFO queue;
+overflow raises :class:`QueueFull` (HTTP 429 with ``Retry-After``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import socket
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator, Awaitable, Callable
+
+import trio
+
+from hydra_node.backoff import Backoff, CrashLoop
+from hydra_node.inference import (Finished, GenerationError, GenerationEvent, GenerationRequest,
+                                  ModelUnavailable, QueueFull)
+from hydra_node.models import ModelRef
+from hydra_node.runtime.runner.records import (RequestStats, RunnerCrashed, RunnerLoadError, RunnerSettings,
+                                              RunnerStalled, RunnerState)
+from hydra_node.runtime.runner.channel import ChannelError, FrameDecoder, encode_frame, runner_event_from_wire
+from hydra_node.runtime.supervise import (ChildExited, ChildFailed, ChildNotReady, ChildOutput, ChildSpec,
+                                          ChildSupervisor, GiveUp)
+
+log = logging.getLogger("hydra.runner")
+
+#: Text deltas buffered per request between the runner reader and the HTTP writer.
+DELTA_BUFFER = 256
+#: How long a cancelled generation may take to acknowledge before the runner is killed.
+CANCEL_ACK_TIMEOUT_S = 5.0
+#: Grace period between SIGTERM and SIGKILL when stopping a runner.
+TERMINATE_GRACE_S = 3.0
+#: Lines of runner stderr kept for error messages.
+STDERR_TAIL_LINES = 40
+#: A runner that stays up this long resets the back-off.
+HEALTHY_AFTER_S = 30.0
+#: Restart delays are drawn within +-20 % of the back-off.
+RESTART_JITTER = 0.2
+
+
+class RunnerSupervisor:
+    """One model, one child process, one generation at a time, a bounded queue."""
+
+    def __init__(self, model: ModelRef, home: Path, settings: RunnerSettings, node_id: str = "",
+                 prepare: Callable[[], Awaitable[RunnerSettings]] | None = None,
+                 on_failed: Callable[[], Awaitable[None]] | None = None):
+        """``prepare``, if given, is awaited before every spawn and returns the settings to
+        spawn with (a split model replans its workers there; it may wait, e.g. for workers).
+        ``on_failed`` is awaited when a crash loop puts the runner in state failed (a split
+        model gives its workers' leases back there)."""
+        self.model = model
+        self.prepare = prepare
+        self.on_failed = on_failed
+        self.home = home
+        self.settings = settings
+        self.node_id = node_id
+        self._state = RunnerState.STARTING
+        self.info: dict = {}
+        self.stats = RequestStats()
+        self.speculative: dict | None = None  # the runner's latest speculation figures (its done frames)
+        self._waiting = 0
+        self._in_flight = 0
+        self._slot = trio.Lock()  # FIFO-fair: one generation at a time in the child
+        self._ids = itertools.count(1)
+        self._pending: dict[int, trio.MemorySendChannel] = {}
+        self._send_lock = trio.Lock()
+        self._sock: trio.SocketStream | None = None
+        self._decoder = FrameDecoder()
+        self._ready = trio.Event()
+        self.pidfile = home / "run" / f"runner-{_safe(model.id)}.pid"
+        self.logfile = home / "logs" / f"runner-{_safe(model.id)}.log"
+        self._output = ChildOutput(self.logfile, tail_lines=STDERR_TAIL_LINES)
+        self._stderr_tail = self._output.lines
+        self._child = ChildSupervisor(
+            f"model runner {model.id!r}", self._spec,
+            backoff=Backoff(initial_s=settings.backoff_initial_s, factor=2.0, max_s=settings.backoff_max_s,
+                            jitter=RESTART_JITTER, reset_after_s=HEALTHY_AFTER_S),
+            crash_loop=CrashLoop(settings.crash_loop_restarts, settings.crash_loop_window_s),
+            fatal_first_start=True, on_ready=self._on_ready)
+
+    # ---- state (hosts set it too: "placing" while a split waits for workers, "failed") ----
+    @property
+    def state(self) -> RunnerState:
+        return self._state
+
+    @state.setter
+    def state(self, value: RunnerState | str) -> None:
+        self._state = RunnerState(value)
+
+    @property
+    def restarts(self) -> int:
+        return self._child.restarts
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid
+
+    @property
+    def last_error(self) -> str | None:
+        return self._child.last_error
+
+    @last_error.setter
+    def last_error(self, value: str | None) -> None:
+        self._child.last_error = value
+
+    # ---- status -------------------------------------------------------------------
+    @property
+    def queue_depth(self) -> int:
+        return self._waiting
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def status(self) -> dict:
+        s = self.stats
+        return {"id": self.model.id, "path": str(self.model.path), "state": self.state.value, "pid": self.pid,
+                "restarts": self.restarts, "last_error": self.last_error, "queue_depth": self._waiting,
+                "queue_capacity": self.settings.queue_size, "in_flight": self._in_flight,
+                "n_ctx": self.info.get("n_ctx"), "size_bytes": self.model.size_bytes,
+                "requests": {"completed": s.completed, "failed": s.failed, "cancelled": s.cancelled,
+                             "queue_wait_ms": round(s.queue_wait_ms, 2), "ttft_ms": round(s.ttft_ms, 2),
+                             "itl_ms": round(s.itl_ms, 2), "tokens_per_s": round(s.tokens_per_s, 1),
+                             "prefix_cache_hit_rate": round(s.cached_tokens / s.prompt_tokens, 3)
+                             if s.prompt_tokens else 0.0},
+                "speculative": self.speculative}
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+
+    # ---- supervision --------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Run the child until cancelled.  Reports started once the first load succeeded.
+
+        If the very first load fails, raises :class:`RunnerLoadError` so ``serve``
+        exits with the reason instead of running without its model.
+        """
+        try:
+            await self._child.run(task_status=task_status)
+        except ChildFailed as exc:
+            if exc.reason is not GiveUp.CRASH_LOOP:  # the first load (or the spawn) failed
+                raise RunnerLoadError(exc.last_error) from None
+            self.state = RunnerState.FAILED
+            log.error("event=runner_failed model=%s reason=crash_loop crashes=%d window_s=%s last_error=%r",
+                      self.model.id, exc.failures, self.settings.crash_loop_window_s, self.last_error)
+            if self.on_failed is not None:
+                await self.on_failed()
+            await trio.sleep_forever()
+        finally:
+            self.state = RunnerState.STOPPED
+
+    async def _spec(self) -> ChildSpec:
+        """Before every spawn: the settings (``prepare``), the channel, the argv."""
+        if self.prepare is not None:
+            try:
+                self.settings = await self.prepare()
+            except RunnerLoadError as exc:
+                raise ChildNotReady(str(exc)) from None
+        self.state = RunnerState.LOADING
+        self._ready = trio.Event()
+        self._decoder = FrameDecoder()
+        parent_sock, child_sock = socket.socketpair()
+        self._sock = trio.SocketStream(trio.socket.from_stdlib_socket(parent_sock))
+        return ChildSpec(self._argv(child_sock.fileno()), ready=self._await_ready, kind="runner",
+                         output=self._output, handover=(child_sock,), pidfile=self.pidfile,
+                         watch=self._watch, on_exit=self._gone, grace_s=TERMINATE_GRACE_S)
+
+    def _argv(self, fd: int) -> list[str]:
+        s = self.settings
+        argv = [sys.executable, "-m", "hydra_node.runtime.runner.main", "--fd", str(fd),
+                "--model", str(self.model.path), "--model-id", self.model.id, "--n-ctx", str(s.n_ctx),
+                "--n-batch", str(s.n_batch), "--threads", str(s.threads), "--threads-batch", str(s.threads_batch)]
+        if s.mlock:
+            argv.append("--mlock")
+        if not s.prompt_cache:
+            argv.append("--no-prompt-cache")
+        if not s.warmup:
+            argv.append("--no-warmup")
+        for ep in s.rpc_endpoints:
+            argv += ["--rpc", ep]
+        if s.n_gpu_layers is not None:
+            argv += ["--n-gpu-layers", str(s.n_gpu_layers)]
+        if s.tensor_split:
+            argv += ["--tensor-split", ",".join(f"{x:.4f}" for x in s.tensor_split)]
+        if s.output_on_host:
+            argv.append("--output-on-host")
+        if s.inject_token_delay_ms > 0:
+            argv += ["--inject-token-delay-ms", f"{s.inject_token_delay_ms:g}"]
+        return argv + list(s.extra_argv)
+
+    async def _await_ready(self, proc) -> dict:
+        """The readiness reader: the runner's first frame must be ``ready``."""
+        try:
+            with trio.fail_after(self.settings.load_timeout_s):
+                msg = await self._recv(self._decoder, proc)
+        except trio.TooSlowError:
+            raise ChildNotReady(f"model {self.model.id!r} did not load within "
+                                f"{self.settings.load_timeout_s:.0f} s") from None
+        except _ChildExited as exc:
+            raise ChildNotReady(f"model {self.model.id!r} failed to load: {exc}") from None
+        if msg["op"] == "fatal":
+            raise ChildNotReady(f"model {self.model.id!r} failed to load: {msg.get('message')}")
+        if msg["op"] != "ready":
+            raise ChildNotReady(f"runner sent {msg['op']!r} before ready")
+        return msg
+
+    def _on_ready(self, msg: dict) -> None:
+        self.info = msg
+        self.state = RunnerState.READY
+        self._ready.set()
+        log.info("event=runner_ready model=%s pid=%s load_s=%.2f n_ctx=%s", self.model.id, self.pid,
+                 msg.get("load_s", 0), msg.get("n_ctx"))
+
+    async def _watch(self, proc, _ready: dict) -> None:
+        await self._read_loop(self._decoder, proc)
+
+    def _gone(self) -> None:
+        """The child is gone: fail what was waiting on it, close our end of the channel."""
+        if self.state is not RunnerState.FAILED:
+            self.state = RunnerState.RESTARTING
+        self._fail_pending(RunnerCrashed(f"model runner for {self.model.id!r} exited unexpectedly"))
+        if self._sock is not None:
+            self._sock.socket.close()
+            self._sock = None
+
+    async def _recv(self, decoder: FrameDecoder, proc) -> dict:
+        while True:
+            try:
+                msg = decoder.next_message()
+            except ChannelError as exc:
+                raise _ChildExited(f"runner sent a bad frame: {exc}") from None
+            if msg is not None:
+                return msg
+            try:
+                data = await self._sock.receive_some(65536)
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                with trio.move_on_after(2):
+                    await proc.wait()
+                tail = " | ".join(list(self._stderr_tail)[-5:])
+                code = proc.returncode
+                how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                raise _ChildExited(f"runner exited ({how}){': ' + tail if tail else ''}")
+            decoder.receive_data(data)
+
+    async def _read_loop(self, decoder: FrameDecoder, proc) -> None:
+        while True:
+            msg = await self._recv(decoder, proc)
+            ch = self._pending.get(msg.get("id"))
+            if ch is None:
+                continue  # pong, or a late frame for a request already given up
+            try:
+                await ch.send(msg)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._pending.pop(msg.get("id"), None)
+
+    def _fail_pending(self, err: GenerationError) -> None:
+        for rid, ch in list(self._pending.items()):
+            try:
+                ch.send_nowait({"op": "error", "id": rid, **err.to_wire()})
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            ch.close()
+        self._pending.clear()
+
+    async def _send(self, msg: dict) -> None:
+        if self._sock is None:
+            raise ModelUnavailable(f"model {self.model.id!r} runner is not running")
+        async with self._send_lock:
+            try:
+                await self._sock.send_all(encode_frame(msg))
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise RunnerCrashed(f"lost the runner channel: {exc}") from None
+
+    # ---- requests -----------------------------------------------------------------
+    def _check_available(self) -> None:
+        if self.state == "failed":
+            raise ModelUnavailable(f"model {self.model.id!r} is in state failed (crash loop): {self.last_error}",
+                                   retryable=True)
+        if self.state != "ready":
+            raise ModelUnavailable(f"model {self.model.id!r} is {self.state}; try again shortly")
+
+    @asynccontextmanager
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
+        self._check_available()
+        if self._waiting >= self.settings.queue_size:
+            raise QueueFull(self.model.id, retry_after=max(1.0, math.ceil(self.stats.ttft_ms / 1000 + 1)))
+        t0 = trio.current_time()
+        self._waiting += 1
+        try:
+            await self._slot.acquire()
+        finally:
+            self._waiting -= 1
+        rid = next(self._ids)
+        send_ch, recv_ch = trio.open_memory_channel(DELTA_BUFFER)
+        terminal = False
+        self._in_flight += 1
+        try:
+            self._check_available()
+            self._pending[rid] = send_ch
+            await self._send({"op": "generate", "id": rid, "req": req.to_wire()})
+            queue_wait_ms = (trio.current_time() - t0) * 1000
+
+            async def next_message() -> dict | None:
+                stall = self.settings.stall_timeout_s
+                if stall <= 0:
+                    try:
+                        return await recv_ch.receive()
+                    except trio.EndOfChannel:
+                        return None
+                with trio.move_on_after(stall):
+                    try:
+                        return await recv_ch.receive()
+                    except trio.EndOfChannel:
+                        return None
+                self._kill_stalled(stall)
+                raise RunnerStalled(f"model runner for {self.model.id!r} produced nothing for {stall:.0f} s "
+                                    f"(a stalled RPC worker or tunnel); the runner was restarted")
+
+            async def events() -> AsyncIterator[GenerationEvent]:
+                nonlocal terminal
+                while (msg := await next_message()) is not None:
+                    try:  # typed: a delta, a finished event, or the runner's (or a malformed answer's) error
+                        ev = runner_event_from_wire(msg, queue_wait_ms=queue_wait_ms, served_by=self.node_id)
+                    except GenerationError:
+                        terminal = True
+                        self.stats.failed += 1
+                        raise
+                    if isinstance(ev, Finished):
+                        terminal = True
+                        self.stats.observe(ev, ev.cached_tokens)
+                        if isinstance(msg.get("speculative"), dict):
+                            self.speculative = msg["speculative"]
+                        yield ev
+                        return
+                    yield ev
+                terminal = True
+                raise RunnerCrashed(f"model runner for {self.model.id!r} exited unexpectedly")
+
+            yield events()
+        except RunnerStalled:
+            terminal = True
+            self.stats.failed += 1
+            raise
+        finally:
+            try:
+                if not terminal and rid in self._pending:
+                    await self._cancel_and_wait(rid, recv_ch)
+            finally:
+                self._in_flight -= 1
+                self._pending.pop(rid, None)
+                send_ch.close()
+                self._slot.release()
+
+    def _kill_stalled(self, stall: float) -> None:
+        """The runner is stuck (no RPC timeouts in llama.cpp): kill it; supervision restarts it."""
+        log.error("event=runner_stalled model=%s pid=%s stall_s=%.1f action=kill", self.model.id, self.pid, stall)
+        self.last_error = f"stalled: no output for {stall:.0f} s"
+        self._child.kill()
+
+    async def _cancel_and_wait(self, rid: int, recv_ch: trio.MemoryReceiveChannel) -> None:
+        """Tell the child to stop ``rid`` and wait (bounded) until it has, so the slot is really free."""
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(CANCEL_ACK_TIMEOUT_S) as scope:
+                try:
+                    await self._send({"op": "cancel", "id": rid})
+                except GenerationError:
+                    return
+                async for msg in recv_ch:
+                    if msg["op"] in ("done", "error"):
+                        self.stats.cancelled += 1
+                        return
+            if scope.cancelled_caught and self.pid:
+                log.error("event=runner_stuck model=%s pid=%s action=kill", self.model.id, self.pid)
+                self._child.kill()
+
+
+#: What the channel reader raises when the runner is gone (the supervisor's "child exited").
+_ChildExited = ChildExited
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:64]
