@@ -20,6 +20,7 @@ streams end with a final SSE error event), leave the mesh (bounded), cancel the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -260,10 +261,10 @@ class Node:
             "api_port": self.api_server.port if self.api_server else None,
             "console_port": self.console_server.port if self.console_server else None,
             "uptime_s": round(time.time() - self.started_at, 1),
-            "models": [r.status() for r in runners],
+            "models": [to_json(r.status()) for r in runners],
             "serving_models": [r.model.id for r in runners if r.state == RunnerState.READY],
             "available_models": [m.id for m in self.router.models()],
-            "peers": self.mesh.peers() if self.mesh else [],
+            "peers": to_json(self.mesh.peers()) if self.mesh else [],
             "token": self.mesh.token() if self.mesh is not None else None,
             "mesh": self._mesh_status(),
             "inflight_requests": sum(r.in_flight for r in runners),
@@ -282,8 +283,8 @@ class Node:
             return None
         st = self.mesh.status()
         if self.remote is not None:
-            st["counters"] = {**st.get("counters", {}), **self.remote.statistics().counters()}
-        return st
+            st = dataclasses.replace(st, counters={**st.counters, **self.remote.statistics().counters()})
+        return to_json(st)
 
     def request_stop(self) -> None:
         self._stop.set()

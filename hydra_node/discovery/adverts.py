@@ -18,6 +18,7 @@ from hydra_node.discovery.nostr.events import ListingContent
 from hydra_node.mesh.wire.errors import TokenError
 from hydra_node.mesh.wire.ids import MeshSecret
 from hydra_node.mesh.wire.token import parse_invite
+from hydra_node.mesh.status_view import PeerRow
 
 __all__ = ["MAX_LISTED_MODELS", "MAX_MODEL_NAME", "advert_ips", "listing_content", "mdns_advert"]
 
@@ -80,7 +81,7 @@ def mdns_advert(mesh: AdvertisedMesh, *, node_id: str, name: str, ready_models: 
             models = models[:-1]  # the TXT string is full: list fewer models
 
 
-def listing_content(mesh: AdvertisedMesh, settings: DiscoverySettings, *, peers: list[dict], serving: list[str],
+def listing_content(mesh: AdvertisedMesh, settings: DiscoverySettings, *, peers: list[PeerRow], serving: list[str],
                     spare_slots: int) -> ListingContent:
     """Our Nostr listing: the mesh, a standing invite for it, what it serves and how full it is."""
     listed = sorted({m for m in serving if 0 < len(m) <= MAX_MODEL_NAME and m.isprintable()})[:MAX_LISTED_MODELS]
@@ -93,6 +94,6 @@ def listing_content(mesh: AdvertisedMesh, settings: DiscoverySettings, *, peers:
     return ListingContent(
         mesh_id=mesh.mesh_id, invite_token=token, serving=tuple(listed),
         node_count=min(1 + len(peers), MAX_LISTING_COUNT),
-        client_count=min(sum(1 for p in peers if p.get("role") == "client"), MAX_LISTING_COUNT),
+        client_count=min(sum(1 for p in peers if p.role == "client"), MAX_LISTING_COUNT),
         max_clients=settings.max_clients, spare_slots=min(spare_slots, MAX_LISTING_COUNT),
         name=settings.mesh_name, region=settings.region, version=__version__[:64])

@@ -30,6 +30,7 @@ from typing import Any, Callable, Protocol
 import trio
 
 from hydra_node.discovery.adverts import AdvertisedMesh, listing_content, mdns_advert
+from hydra_node.mesh.status_view import PeerRow
 from hydra_node.discovery.auto import AutoContext, ListingProbe, rank_listings
 from hydra_node.discovery.mdns.service import MdnsConfig, MdnsService
 from hydra_node.discovery.mdns.wire import MdnsAdvertError
@@ -82,7 +83,7 @@ class DiscoveryMesh(AdvertisedMesh, Protocol):
     """What discovery needs of the mesh service (its public surface only)."""
 
     async def join(self, plan: JoinPlan) -> tuple[str, ...]: ...
-    def peers(self) -> list[dict]: ...
+    def peers(self) -> list[PeerRow]: ...
 
 
 @dataclass(frozen=True)
@@ -273,8 +274,8 @@ class DiscoveryService:
         except OSError as exc:
             log.warning("event=last_mesh_not_saved error=%r", exc)
 
-    def _alive_peers(self) -> list[dict]:
-        return [p for p in self.mesh.peers() if p.get("state") == "alive"]
+    def _alive_peers(self) -> list[PeerRow]:
+        return [p for p in self.mesh.peers() if p.state == "alive"]
 
     def _advert(self):
         origin = self.responder.origin if self.responder is not None else None

@@ -36,7 +36,7 @@ from hydra_node.mesh.links import DIAL_TIMEOUT_S, LinkTable
 from hydra_node.mesh.membership import Announcement, Membership, PeerJoined, PeerUpdated
 from hydra_node.mesh.peerstore import PeerStore
 from hydra_node.mesh.settings import MeshSettings
-from hydra_node.mesh.status_view import mesh_section, peer_rows
+from hydra_node.mesh.status_view import MeshStatus, PeerRow, mesh_section, peer_rows
 from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.mesh.stream_routes import StreamHandler, StreamRoutes
 from hydra_node.mesh.wire.token import InviteToken, addr_to_url, issue_invite
@@ -343,7 +343,7 @@ class MeshService:
             # timeout), and closing a link to a falsely suspected peer only slows its refutation.
 
     # ---- status, invites -----------------------------------------------------------------------
-    def peers(self) -> list[dict]:
+    def peers(self) -> list[PeerRow]:
         if self._membership is None:
             return []
         return peer_rows(self._membership.statistics(trio.current_time()), self._membership.members(), self.link)
@@ -362,7 +362,7 @@ class MeshService:
             raise MeshError("this node is not in a mesh")
         return issue_invite(self._signing_key, self._secret.mesh_id, self._addresses, ttl_s, time.time())
 
-    def status(self) -> dict:
+    def status(self) -> MeshStatus:
         links = self._links
         return mesh_section(
             mesh_id=self.mesh_id, port=self._port, addresses=self._addresses, role=self._settings.role,

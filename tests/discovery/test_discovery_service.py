@@ -16,9 +16,15 @@ from hydra_node.discovery.service import DiscoveryPhase, DiscoveryService, NodeF
 from hydra_node.mesh.wire.ids import MeshSecret
 from hydra_node.mesh.joining import JoinFailed, JoinPlan
 from hydra_node.mesh.wire.token import issue_invite, parse_invite
+from hydra_node.mesh.status_view import PeerRow
 
 NODE = secrets.token_hex(32)
 
+
+
+def _row(peer_id: str, state: str, role: str) -> PeerRow:
+    return PeerRow(id=peer_id, state=state, role=role, addresses=(), models=(), model_states={}, rtt_ms=None,
+                   last_seen=None, incarnation=1, api_port=None, queue_depth=None, linked=state == "alive")
 
 class FakeMesh:
     """The mesh service's public surface, recording the plans it is asked to join."""
@@ -52,8 +58,8 @@ class FakeMesh:
             return ()
         return tuple(c.peer_id for c in plan.members) or tuple(t.issuer_id for t in plan.invites)
 
-    def peers(self) -> list[dict]:
-        return [{"state": "alive", "role": "client"}, {"state": "alive", "role": "host"}, {"state": "dead"}]
+    def peers(self) -> list[PeerRow]:
+        return [_row("p1", "alive", "client"), _row("p2", "alive", "host"), _row("p3", "dead", "host")]
 
     def token(self) -> str | None:
         return self.invite(self.invite_ttl_s) if self.secret else None

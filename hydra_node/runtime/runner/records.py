@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 from hydra_node.inference import Finished, GenerationError
 
-__all__ = ["RequestStats", "RunnerCrashed", "RunnerLoadError", "RunnerSettings", "RunnerStalled", "RunnerState"]
+__all__ = ["RequestStats", "RequestSummary", "RunnerCrashed", "RunnerLoadError", "RunnerSettings", "RunnerStalled",
+           "RunnerState", "RunnerStatus"]
 
 
 class RunnerState(enum.StrEnum):
@@ -93,3 +95,44 @@ class RequestStats:
                 self.tokens_per_s = ewma(self.tokens_per_s, 1000.0 / fin.itl_ms)
         self.cached_tokens += cached
         self.prompt_tokens += fin.prompt_tokens
+
+
+@dataclass(frozen=True)
+class RequestSummary:
+    """:class:`RequestStats` rounded for ``/api/status``."""
+
+    completed: int
+    failed: int
+    cancelled: int
+    queue_wait_ms: float
+    ttft_ms: float
+    itl_ms: float
+    tokens_per_s: float
+    prefix_cache_hit_rate: float
+
+    @classmethod
+    def of(cls, s: RequestStats) -> RequestSummary:
+        return cls(completed=s.completed, failed=s.failed, cancelled=s.cancelled,
+                   queue_wait_ms=round(s.queue_wait_ms, 2), ttft_ms=round(s.ttft_ms, 2), itl_ms=round(s.itl_ms, 2),
+                   tokens_per_s=round(s.tokens_per_s, 1),
+                   prefix_cache_hit_rate=round(s.cached_tokens / s.prompt_tokens, 3) if s.prompt_tokens else 0.0)
+
+
+@dataclass(frozen=True)
+class RunnerStatus:
+    """One runner in ``/api/status`` ``models``."""
+
+    id: str
+    path: str
+    state: RunnerState
+    pid: int | None
+    restarts: int
+    last_error: str | None
+    queue_depth: int
+    queue_capacity: int
+    in_flight: int
+    n_ctx: int | None
+    size_bytes: int | None
+    requests: RequestSummary
+    #: The runner's own speculative-decoding figures, as it reported them (None without a draft).
+    speculative: Mapping[str, Any] | None

@@ -25,8 +25,8 @@ from hydra_node.backoff import Backoff, CrashLoop
 from hydra_node.inference import (Finished, GenerationError, GenerationEvent, GenerationRequest,
                                   ModelUnavailable, QueueFull)
 from hydra_node.models import ModelRef
-from hydra_node.runtime.runner.records import (RequestStats, RunnerCrashed, RunnerLoadError, RunnerSettings,
-                                              RunnerStalled, RunnerState)
+from hydra_node.runtime.runner.records import (RequestStats, RequestSummary, RunnerCrashed, RunnerLoadError, RunnerSettings,
+                                              RunnerStalled, RunnerState, RunnerStatus)
 from hydra_node.runtime.runner.channel import ChannelError, FrameDecoder, encode_frame, runner_event_from_wire
 from hydra_node.runtime.supervise import (ChildExited, ChildFailed, ChildNotReady, ChildOutput, ChildSpec,
                                           ChildSupervisor, GiveUp)
@@ -121,18 +121,12 @@ class RunnerSupervisor:
     def in_flight(self) -> int:
         return self._in_flight
 
-    def status(self) -> dict:
-        s = self.stats
-        return {"id": self.model.id, "path": str(self.model.path), "state": self.state.value, "pid": self.pid,
-                "restarts": self.restarts, "last_error": self.last_error, "queue_depth": self._waiting,
-                "queue_capacity": self.settings.queue_size, "in_flight": self._in_flight,
-                "n_ctx": self.info.get("n_ctx"), "size_bytes": self.model.size_bytes,
-                "requests": {"completed": s.completed, "failed": s.failed, "cancelled": s.cancelled,
-                             "queue_wait_ms": round(s.queue_wait_ms, 2), "ttft_ms": round(s.ttft_ms, 2),
-                             "itl_ms": round(s.itl_ms, 2), "tokens_per_s": round(s.tokens_per_s, 1),
-                             "prefix_cache_hit_rate": round(s.cached_tokens / s.prompt_tokens, 3)
-                             if s.prompt_tokens else 0.0},
-                "speculative": self.speculative}
+    def status(self) -> RunnerStatus:
+        return RunnerStatus(id=self.model.id, path=str(self.model.path), state=self.state, pid=self.pid,
+                            restarts=self.restarts, last_error=self.last_error, queue_depth=self._waiting,
+                            queue_capacity=self.settings.queue_size, in_flight=self._in_flight,
+                            n_ctx=self.info.get("n_ctx"), size_bytes=self.model.size_bytes,
+                            requests=RequestSummary.of(self.stats), speculative=self.speculative)
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
