@@ -11,7 +11,7 @@ import trio
 from hydra_node.mesh.wire.errors import FrameRejected
 from hydra_node.runtime.rpc import dataconn, native_pump
 from hydra_node.runtime.rpc.dataconn import (
-    MAGIC, DataConnError, DataListener, FrameReader, TicketBook, TooManyTickets, channel_for, dial, parse_offer,
+    MAGIC, DataConnError, DataListener, FrameReader, TicketBook, TooManyTickets, channel_for, dial,
     seal_frame)
 from waiting import wait_until
 
@@ -66,12 +66,6 @@ def test_tickets_are_single_use_expire_and_are_bounded():
         book.issue("p", now=6.0)
     assert book.claim(old.ticket_id, now=10.0) is None  # expired
     assert len(book) == 1
-    port, tid, secret = parse_offer(json.dumps(t.offer(4242)).encode())
-    assert (port, tid, secret) == (4242, t.ticket_id, t.secret)
-    for bad in (b"{}", b"not json", json.dumps({**t.offer(4242), "data_port": 0}).encode(),
-                json.dumps({**t.offer(1), "ticket": "ab"}).encode()):
-        with pytest.raises((ValueError, KeyError)):
-            parse_offer(bad)
 
 
 # ---------------------------------------------------------------- the listener

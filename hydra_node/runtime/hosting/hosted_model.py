@@ -23,11 +23,11 @@ from hydra_node.runtime.peers import PeerView
 from hydra_node.runtime.hosting.placement import WORKER_DISCOVERY_WAIT_S, IgnoredWorker, fits_locally, place
 from hydra_node.runtime.rpc.gguf_meta import GgufError, layer_count
 from hydra_node.runtime.rpc.plan import Capacity, PlanError, SplitPlan, WorkerInfo
-from hydra_node.runtime.rpc.tunnel import LeasedWorker, RemoteWorkerTunnel, TunnelError
+from hydra_node.runtime.rpc.tunnel import MAX_TAG_CHARS, LeasedWorker, RemoteWorkerTunnel, TunnelError
 from hydra_node.runtime.runner.records import RunnerLoadError, RunnerSettings, RunnerState
 from hydra_node.runtime.runner.supervisor import RunnerSupervisor
 
-__all__ = ["MAX_TAG_CHARS", "HostedModel", "HostedModelStatus", "Hosting", "HostingSettings"]
+__all__ = ["HostedModel", "HostedModelStatus", "Hosting", "HostingSettings"]
 
 log = logging.getLogger("hydra.hosting")
 
@@ -41,8 +41,6 @@ PLACEMENT_BACKOFF = Backoff(initial_s=PLACEMENT_RETRY_INITIAL_S, factor=2.0, max
 MAX_SPLIT_LOAD_ATTEMPTS = 3
 #: Bound on dropping a plan's tunnels (and on an unload: runner terminate → grace → kill is ~3 s).
 UNLOAD_TIMEOUT_S = 10.0
-#: Longest lease tag (a model id).
-MAX_TAG_CHARS = 128
 #: Ignored workers listed in a hosted model's status.
 MAX_IGNORED_LISTED = 8
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import json
 import logging
 import os
 import struct
@@ -125,10 +124,6 @@ class Ticket:
     holder: str        # the lease holder it was offered to
     expires_at: float
 
-    def offer(self, port: int) -> dict:
-        """What the worker node sends on the connect stream."""
-        return {"data_port": port, "ticket": self.ticket_id.hex(), "secret": self.secret.hex()}
-
 
 class TooManyTickets(Exception):
     pass
@@ -164,15 +159,6 @@ class TicketBook:
 
     def __len__(self) -> int:
         return len(self._tickets)
-
-
-def parse_offer(line: bytes) -> tuple[int, bytes, bytes]:
-    """``(port, ticket_id, secret)`` from an offer line; ValueError if malformed."""
-    m = json.loads(line)
-    port, ticket, secret = m["data_port"], bytes.fromhex(m["ticket"]), bytes.fromhex(m["secret"])
-    if not isinstance(port, int) or not 0 < port < 65536 or len(ticket) != TICKET_BYTES or len(secret) != SECRET_BYTES:
-        raise ValueError("malformed data-connection offer")
-    return port, ticket, secret
 
 
 # ---------------------------------------------------------------- trio
