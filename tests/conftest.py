@@ -16,11 +16,33 @@ import sys
 from pathlib import Path
 
 import pytest
+from trio.testing import MockClock
 
 from hydra_node.models import bundled_model_path
 from live_marker import is_live
+from waiting import AUTOJUMP_IDLE_S
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def autojump_clock() -> MockClock:
+    """Virtual time for driver tests (overrides pytest-trio's fixture of the same name).
+
+    pytest-trio's own clock jumps the moment the run is idle (threshold 0). Over real loopback
+    sockets that is a race: on a loaded machine the kernel can hand loopback bytes over a moment
+    later (softirq work deferred to ksoftirqd), the run looks idle, and the clock leaps past a
+    handshake, ping or idle deadline that real time never reached. Waiting AUTOJUMP_IDLE_S of real
+    idleness first keeps timer-only waits effectively instant and real I/O honest.
+    """
+    return MockClock(autojump_threshold=AUTOJUMP_IDLE_S)
+
+
+@pytest.fixture
+def instant_clock() -> MockClock:
+    """Virtual time that jumps the moment the run is idle: only for tests with no real I/O at all
+    (in-memory channels and cores), where no race with the kernel exists."""
+    return MockClock(autojump_threshold=0)
 
 
 @pytest.fixture(scope="session")

@@ -16,10 +16,13 @@ from typing import Callable, TypeVar
 
 import trio
 
-__all__ = ["TRIO_POLL_S", "poll_until", "wait_until"]
+__all__ = ["AUTOJUMP_IDLE_S", "TRIO_POLL_S", "poll_until", "wait_until"]
 
 T = TypeVar("T")
 
+#: Real seconds a trio run must sit idle before the tests' mock clock jumps to the next deadline
+#: (the ``autojump_clock`` fixture in conftest.py says why it is not 0).
+AUTOJUMP_IDLE_S = 0.02
 #: Poll interval inside trio: short, as polling in-process state is cheap (and free in virtual time).
 TRIO_POLL_S = 0.01
 

@@ -69,7 +69,7 @@ async def wait_for(predicate, step: float = 0.05) -> float:
 
 
 @pytest.mark.parametrize("refuse", [False, True], ids=["silent", "refused"])
-async def test_three_services_join_detect_a_kill_and_see_a_leave(autojump_clock, refuse: bool) -> None:
+async def test_three_services_join_detect_a_kill_and_see_a_leave(instant_clock, refuse: bool) -> None:
     mesh = MemoryMesh(refuse=refuse)
     with trio.fail_after(300):
         async with trio.open_nursery() as nursery:

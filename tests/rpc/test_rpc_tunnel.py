@@ -26,7 +26,7 @@ from hydra_node.mesh.wire.ids import MeshSecret
 from hydra_node.mesh.link.peer_link import LinkSettings
 from hydra_node.runtime.rpc import native_pump
 from hydra_node.runtime.rpc.tunnel import TUNNEL_SERVICE, RemoteWorkerTunnel, RpcTunnelServer, TunnelError
-from waiting import wait_until
+from waiting import AUTOJUMP_IDLE_S, wait_until
 
 TIMEOUT_S = 20
 PAYLOAD = bytes(range(256)) * 4096  # 1 MiB: several stream windows, so backpressure is exercised
@@ -72,7 +72,7 @@ def clock(request) -> MockClock | None:
     params = getattr(request.node, "callspec", None)
     if params is not None and params.params.get("worker_node") == "data-native":
         return None
-    return MockClock(autojump_threshold=0)
+    return MockClock(autojump_threshold=AUTOJUMP_IDLE_S)
 
 
 @pytest.fixture(params=["link", "data-native", "data-python"])
