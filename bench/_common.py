@@ -42,3 +42,76 @@ def stream_completion(port: int, body: dict, path: str = "/v1/completions") -> t
 
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
+
+
+def stream_chat(port: int, body: dict, timeout_s: float, path: str = "/v1/chat/completions") -> tuple[float, float, int]:
+    """POST a streaming chat request to 127.0.0.1 (any server: chunked or not). Returns
+    (ttft_s, latency_s, completion_tokens): TTFT at the first non-empty content delta; tokens
+    from the final `usage` chunk, else the number of content deltas. Raises on a non-200 reply,
+    an error event, a stream that ends without [DONE], or past ``timeout_s`` in all."""
+    import http.client
+
+    body = dict(body, stream=True, stream_options={"include_usage": True})
+    deadline = time.perf_counter() + timeout_s
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {resp.read(2000)!r}")
+        t_first, deltas, usage = None, 0, None
+        while True:
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"stream ran past {timeout_s} s")
+            line = resp.readline(1 << 20)
+            if not line:
+                raise RuntimeError("stream ended without data: [DONE]")
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                break
+            event = json.loads(data)
+            if "error" in event:
+                raise RuntimeError(f"error event: {event['error']}")
+            if event.get("usage"):
+                usage = event["usage"].get("completion_tokens")
+            for choice in event.get("choices") or ():
+                if (choice.get("delta") or {}).get("content"):
+                    deltas += 1
+                    if t_first is None:
+                        t_first = time.perf_counter()
+        t_end = time.perf_counter()
+    finally:
+        conn.close()
+    if t_first is None:
+        raise RuntimeError("no content in the stream")
+    return t_first - t0, t_end - t0, usage if usage is not None else deltas
+
+
+def process_tree_rss(pid: int) -> int:
+    """Resident set size in bytes of ``pid`` and all its descendants (Linux /proc)."""
+    from harness import pids_with_parent
+
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next((int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:")), 0)
+        except OSError:
+            continue
+        todo.extend(pids_with_parent(p))
+    return total
+
+
+def percentile(xs, q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); nan for no samples."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, int(-(-q * len(s) // 100)) - 1))]

@@ -6,8 +6,9 @@ naming the key, e.g. ``[scheduler].mode: must be one of off, shadow, active``.
 
 Sections follow the seed README.  Keys that the node does not act on yet are
 *reserved*: they are accepted and validated for type, listed in
-``docs/config.md`` and in ``RESERVED_KEYS``, and reported in ``/api/status`` so
-nobody believes they took effect.
+``docs/config.md`` and in ``RESERVED_KEYS``; those a file sets are in
+``FileConfig.reserved_keys``, logged at start and reported in ``/api/status``
+(``config.reserved_keys``) so nobody believes they took effect.  Every other key acts.
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from hydra_node.routing._config import SchedulerConfig, SchedulerConfigError
+from hydra_node.runtime.runner.llama_params import (
+    FLASH_ATTENTION_MODES,
+    KV_CACHE_TYPES,
+    MMAP_MODES,
+    kv_flash_conflict,
+)
 
 if TYPE_CHECKING:  # the config loader stays importable without the services it configures
     from hydra_node.discovery.node_choice import DiscoverySettings
@@ -73,6 +80,9 @@ def _coerce(key: str, typ: Any, value: Any) -> Any:
         value = float(value)
     elif t == "str":
         _check(isinstance(value, str), key, f"must be a string, not {value!r}")
+    elif t == "str | bool":  # a switch that also has "auto": true → "on", false → "off"
+        _check(isinstance(value, (bool, str)), key, f"must be true, false or a string, not {value!r}")
+        value = ("on" if value else "off") if isinstance(value, bool) else value
     elif t.startswith("int | str") or t == "str | int":
         _check(isinstance(value, (int, str)) and not isinstance(value, bool), key, f"must be an integer or a string, not {value!r}")
     elif t.startswith("tuple"):
@@ -110,49 +120,79 @@ class PrefixCacheSection:
 class ModelFitSection:
     ctx_size: int = 4096
     batch: int = 512
-    ubatch: int = 512
-    flash_attention: str = "auto"
+    ubatch: int = 512  # llama.cpp n_ubatch, capped at batch (as llama.cpp does)
+    flash_attention: str | bool = "auto"  # auto | on | off (true = on, false = off)
     kv_cache_policy: str = "balanced"
-    kv_dtype: str = "auto"
+    kv_dtype: str = "auto"  # K and V cache type; auto = f16 (llama.cpp's default)
+    type_k: str = ""  # K cache type; "" = kv_dtype
+    type_v: str = ""  # V cache type; "" = kv_dtype
     prompt_cache: bool = True
     prefix_cache: PrefixCacheSection = field(default_factory=PrefixCacheSection,
                                              metadata={"section": PrefixCacheSection})
+
+    @property
+    def cache_type_k(self) -> str:
+        return self.type_k or (self.kv_dtype if self.kv_dtype != "auto" else "f16")
+
+    @property
+    def cache_type_v(self) -> str:
+        return self.type_v or (self.kv_dtype if self.kv_dtype != "auto" else "f16")
 
     def validate(self, prefix: str) -> None:
         _check(128 <= self.ctx_size <= 1 << 20, f"[{prefix}].ctx_size", f"must be between 128 and 1048576, not {self.ctx_size}")
         _positive(prefix, "batch", self.batch)
         _positive(prefix, "ubatch", self.ubatch)
-        _one_of(prefix, "flash_attention", self.flash_attention, ("auto", "on", "off"))
+        _one_of(prefix, "flash_attention", self.flash_attention, FLASH_ATTENTION_MODES)
         _one_of(prefix, "kv_cache_policy", self.kv_cache_policy, ("balanced", "quality", "memory"))
+        _one_of(prefix, "kv_dtype", self.kv_dtype, ("auto", *KV_CACHE_TYPES))
+        for key in ("type_k", "type_v"):
+            if getattr(self, key):
+                _one_of(prefix, key, getattr(self, key), KV_CACHE_TYPES)
+        conflict = kv_flash_conflict(self.cache_type_v, self.flash_attention)
+        _check(conflict is None, f"[{prefix}].{'type_v' if self.type_v else 'kv_dtype'}", conflict or "")
 
 
 @dataclass(frozen=True)
 class HardwareSection:
     model_runtime: str = "auto"
     device: str = "auto"
-    gpu_layers: int | str = "auto"
+    gpu_layers: int | str = "auto"  # layers offloaded to a GPU; auto = all when ggml has a GPU device
     split_mode: str = "layer"
     tensor_split: tuple = ()
-    mmap: str = "auto"
+    mmap: str | bool = "auto"  # auto | on | off (true = on, false = off)
     mlock: bool = False
     direct_io: bool = False
     warmup: bool = True
-    safety_margin_gb: float = 1.0
+    safety_margin_gb: float = 1.0  # free memory placement leaves unplanned
     moe_cpu: bool = False
+
+    @property
+    def n_gpu_layers(self) -> int | None:
+        """llama.cpp ``n_gpu_layers`` (None: auto)."""
+        return None if self.gpu_layers == "auto" else int(self.gpu_layers)
 
     def validate(self, prefix: str) -> None:
         _one_of(prefix, "model_runtime", self.model_runtime, ("auto", "llama.cpp"))
         _one_of(prefix, "split_mode", self.split_mode, ("layer", "row", "none"))
-        _one_of(prefix, "mmap", str(self.mmap), ("auto", "true", "false"))
+        _one_of(prefix, "mmap", self.mmap, MMAP_MODES)
         _positive(prefix, "safety_margin_gb", self.safety_margin_gb, zero_ok=True)
         if isinstance(self.gpu_layers, str):
             _check(self.gpu_layers == "auto", f"[{prefix}].gpu_layers", "must be an integer or \"auto\"")
+        else:
+            _check(self.gpu_layers >= -1, f"[{prefix}].gpu_layers", f"must be -1 (all), >= 0 or \"auto\", not {self.gpu_layers}")
+
+
+#: ``[defaults.throughput].parallel``: default sequences per runner, and the most (the engine's slot bound).
+DEFAULT_PARALLEL = 4
+MAX_PARALLEL = 64
 
 
 @dataclass(frozen=True)
 class ThroughputSection:
-    parallel: int = 1
-    continuous_batching: bool = False
+    #: Sequences one runner decodes together (llama-server -np); each gets ctx_size / parallel of the KV cache.
+    parallel: int = DEFAULT_PARALLEL
+    #: false: one sequence at a time through Llama.generate (then parallel must be 1).
+    continuous_batching: bool = True
     threads: int = 0  # 0 = all cores
     threads_batch: int = 0
     tuning_profile: str = "balanced"
@@ -163,7 +203,10 @@ class ThroughputSection:
     queue_size: int = 16  # requests waiting per runner before 429
 
     def validate(self, prefix: str) -> None:
-        _check(self.parallel == 1, f"[{prefix}].parallel", "only 1 is supported by this runtime (one sequence per runner)")
+        _check(isinstance(self.parallel, int) and 1 <= self.parallel <= MAX_PARALLEL, f"[{prefix}].parallel",
+               f"must be an integer between 1 and {MAX_PARALLEL}, not {self.parallel!r}")
+        _check(self.continuous_batching or self.parallel == 1, f"[{prefix}].parallel",
+               "parallel > 1 needs continuous_batching = true (without it the runner generates one sequence at a time)")
         _positive(prefix, "threads", self.threads, zero_ok=True)
         _positive(prefix, "threads_batch", self.threads_batch, zero_ok=True)
         _check(1 <= self.queue_size <= 4096, f"[{prefix}].queue_size", f"must be between 1 and 4096, not {self.queue_size}")
@@ -244,15 +287,36 @@ class RunnerSection:
 MAX_INJECT_TOKEN_DELAY_MS = 60_000.0
 
 
-#: Keys accepted and validated but not acted on yet (documented in docs/config.md).
+#: Keys (or whole tables) accepted and validated but not acted on yet (documented in docs/config.md).
+#: Those present in a file are listed in ``FileConfig.reserved_keys``: logged at start
+#: (``event=config_reserved_keys``) and shown in ``/api/status`` ``config.reserved_keys``.
 RESERVED_KEYS = (
-    "defaults.model_fit.flash_attention", "defaults.model_fit.kv_cache_policy", "defaults.model_fit.kv_dtype",
-    "defaults.model_fit.prefix_cache", "defaults.hardware.model_runtime", "defaults.hardware.device",
+    "defaults.model_fit.kv_cache_policy", "defaults.model_fit.prefix_cache", "defaults.hardware.device",
     "defaults.hardware.direct_io", "defaults.hardware.moe_cpu", "defaults.hardware.split_mode",
-    "defaults.hardware.tensor_split", "defaults.throughput.continuous_batching", "defaults.throughput.tuning_profile",
+    "defaults.hardware.tensor_split", "defaults.throughput.tuning_profile",
     "defaults.throughput.priority", "defaults.throughput.numa", "defaults.throughput.cpu_affinity",
     "defaults.throughput.slot_prompt_similarity", "defaults.skippy", "placement",
 )
+
+
+def reserved_keys_in(data: Mapping[str, Any]) -> tuple[str, ...]:
+    """The reserved keys set in parsed TOML ``data`` (a reserved table lists each key set in it)."""
+    found: list[str] = []
+
+    def leaves(path: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for key, sub in value.items():
+                leaves(f"{path}.{key}", sub)
+        else:
+            found.append(path)
+
+    for reserved in RESERVED_KEYS:
+        node: Any = data
+        for part in reserved.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if node is not None:
+            leaves(reserved, node)
+    return tuple(sorted(found))
 
 
 @dataclass(frozen=True)
@@ -261,6 +325,8 @@ class FileConfig:
     defaults: DefaultsSection = field(default_factory=DefaultsSection, metadata={"section": DefaultsSection})
     placement: PlacementSection = field(default_factory=PlacementSection, metadata={"section": PlacementSection})
     runner: RunnerSection = field(default_factory=RunnerSection, metadata={"section": RunnerSection})
+    #: The reserved keys (:data:`RESERVED_KEYS`) this file sets; computed by the loader, not a table.
+    reserved_keys: tuple[str, ...] = field(default=(), metadata={"computed": True})
 
 
 def parse_config_text(text: str, source: str = "<config>") -> FileConfig:
@@ -268,14 +334,14 @@ def parse_config_text(text: str, source: str = "<config>") -> FileConfig:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    known = {f.name: f for f in fields(FileConfig)}
+    known = {f.name: f for f in fields(FileConfig) if not f.metadata.get("computed")}
     kwargs = {}
     for key, value in data.items():
         if key not in known:
             raise ConfigError(f"[{key}]: unknown section (known: {', '.join(sorted(known))})")
         parse = known[key].metadata.get("parse")
         kwargs[key] = parse(value) if parse else _section(known[key].metadata["section"], value, key)
-    return FileConfig(**kwargs)
+    return FileConfig(**kwargs, reserved_keys=reserved_keys_in(data))
 
 
 def load_config_file(path: str | os.PathLike | None) -> FileConfig:

@@ -172,6 +172,7 @@ class Node:
             "scheduler": self.scheduling.status,
             "splits": self.runtime.splits_status,
             "rpc_worker": self.runtime.worker_status,
+            "config": lambda: {"reserved_keys": list(self.config.file.reserved_keys)},
         }
         #: How the mesh is entered: the --join invites (TokenError here for a bad one), or our own mesh.
         self.join_plan = JoinPlan.from_tokens(config.mesh.join, time.time()) if config.mesh is not None else None
@@ -192,10 +193,9 @@ class Node:
     def hardware(self) -> dict:
         cores = os.cpu_count() or 1
         ram, avail = _meminfo()
-        usable = avail
-        if self.config.max_memory_bytes:
-            usable = min(usable, self.config.max_memory_bytes) if usable else self.config.max_memory_bytes
-        return {"cores": cores, "ram_bytes": ram, "vram_bytes": 0, "usable_bytes": usable}
+        margin = int(self.config.file.defaults.hardware.safety_margin_gb * (1 << 30))
+        mem = HostMemory.budget(ram, avail, safety_margin_bytes=margin, max_memory_bytes=self.config.max_memory_bytes)
+        return {"cores": cores, "ram_bytes": ram, "vram_bytes": 0, "usable_bytes": mem.usable_bytes}
 
     def host_memory(self) -> HostMemory:
         hw = self.hardware()
@@ -240,7 +240,10 @@ class Node:
     def runner_settings(self) -> RunnerSettings:
         f = self.config.file
         mf, tp, hw, rn = f.defaults.model_fit, f.defaults.throughput, f.defaults.hardware, f.runner
-        return RunnerSettings(n_ctx=mf.ctx_size, n_batch=mf.batch, threads=tp.threads, threads_batch=tp.threads_batch,
+        return RunnerSettings(n_ctx=mf.ctx_size, n_batch=mf.batch, parallel=tp.parallel,
+                              continuous_batching=tp.continuous_batching, threads=tp.threads, threads_batch=tp.threads_batch,
+                              n_ubatch=mf.ubatch, flash_attention=mf.flash_attention, type_k=mf.cache_type_k,
+                              type_v=mf.cache_type_v, mmap=hw.mmap, n_gpu_layers=hw.n_gpu_layers,
                               mlock=hw.mlock, prompt_cache=mf.prompt_cache, warmup=hw.warmup, queue_size=tp.queue_size, load_timeout_s=rn.load_timeout_s,
                               backoff_initial_s=rn.restart_backoff_initial_s, backoff_max_s=rn.restart_backoff_max_s,
                               crash_loop_restarts=rn.crash_loop_restarts, crash_loop_window_s=rn.crash_loop_window_s,
@@ -306,6 +309,8 @@ class Node:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self._claim_home()
+        if self.config.file.reserved_keys:  # set in the file, not acted on yet (docs/config.md)
+            log.warning("event=config_reserved_keys keys=%s", ",".join(self.config.file.reserved_keys))
         try:
             async with trio.open_nursery() as root:
                 root.start_soon(self._watch_signals, root.cancel_scope)

@@ -126,7 +126,7 @@ def test_two_nodes_with_different_homes_do_not_interfere(tmp_path):
 
 def test_queue_overflow_is_429_with_retry_after(tmp_path):
     cfg = tmp_path / "hydra.toml"
-    cfg.write_text("[defaults.throughput]\nqueue_size = 1\n")
+    cfg.write_text("[defaults.throughput]\nqueue_size = 1\nparallel = 1\n")  # one slot: the second request waits
     n = NodeProcess(tmp_path / "home", "--config", str(cfg)).start()
     socks = []
     try:

@@ -15,7 +15,7 @@ from hydra_node.mesh.settings import MeshSettings
 from hydra_node.node import Node
 from hydra_node.runtime.hosting.service import RpcWorkerOff
 
-SECTIONS = {"speculation", "network_costs", "scheduler", "splits", "rpc_worker"}
+SECTIONS = {"speculation", "network_costs", "scheduler", "splits", "rpc_worker", "config"}
 ROUTES = {("POST", "/api/invite"), ("GET", "/metrics"), ("GET", "/api/runtime/models"),
           ("POST", "/api/runtime/models"), ("DELETE", "/api/runtime/models/*")}
 

@@ -62,7 +62,9 @@ tuning_profile = "balanced"
     ("[schedular]\n", "[schedular]"),
     ("[defaults.model_fit]\nctx_size = 'big'\n", "[defaults.model_fit].ctx_size"),
     ("[defaults.model_fit]\nctx_size = 12\n", "[defaults.model_fit].ctx_size"),
-    ("[defaults.throughput]\nparallel = 4\n", "[defaults.throughput].parallel"),
+    ("[defaults.throughput]\nparallel = 65\n", "[defaults.throughput].parallel"),
+    ("[defaults.throughput]\nparallel = 0\n", "[defaults.throughput].parallel"),
+    ("[defaults.throughput]\nparallel = 2\ncontinuous_batching = false\n", "[defaults.throughput].parallel"),
     ("[defaults.hardware]\nmlock = 1\n", "[defaults.hardware].mlock"),
     ("[defaults.model_fit.prefix_cache]\nnope = 1\n", "[defaults.model_fit.prefix_cache].nope"),
     ("[runner]\nload_timeout_s = -1\n", "[runner].load_timeout_s"),
@@ -183,3 +185,63 @@ def test_identity_is_created_0600_and_stable(tmp_path):
     path.write_text("zz")
     with pytest.raises(IdentityError, match="corrupt"):
         load_or_create_identity(tmp_path)
+
+
+def test_admission_limit_is_fifo_and_resizable():
+    import trio
+    import trio.testing
+
+    from hydra_node.runtime.runner.admission import AdmissionLimit
+
+    async def main():
+        lim = AdmissionLimit(2)
+        order: list[int] = []
+
+        async def job(i: int, hold: trio.Event) -> None:
+            await lim.acquire()
+            order.append(i)
+            await hold.wait()
+            lim.release()
+
+        holds = [trio.Event() for _ in range(5)]
+        async with trio.open_nursery() as n:
+            for i in range(5):
+                n.start_soon(job, i, holds[i])
+                await trio.testing.wait_all_tasks_blocked()
+            assert order == [0, 1] and lim.used == 2  # two admitted, three waiting in order
+            lim.resize(3)
+            await trio.testing.wait_all_tasks_blocked()
+            assert order == [0, 1, 2]
+            lim.resize(1)  # shrinking cuts nobody short: 3 run until they finish
+            holds[0].set()
+            holds[1].set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert order == [0, 1, 2] and lim.used == 1
+            holds[2].set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert order == [0, 1, 2, 3]
+            holds[3].set()
+            holds[4].set()
+        assert order == [0, 1, 2, 3, 4] and lim.used == 0
+        with pytest.raises(RuntimeError):
+            lim.release()
+
+    trio.run(main)
+
+
+def test_admission_limit_waiter_cancelled_before_its_turn_takes_no_slot():
+    import trio
+    import trio.testing
+
+    from hydra_node.runtime.runner.admission import AdmissionLimit
+
+    async def main():
+        lim = AdmissionLimit(1)
+        await lim.acquire()
+        with trio.move_on_after(1):
+            await lim.acquire()
+        assert lim.used == 1
+        lim.release()
+        assert lim.used == 0
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

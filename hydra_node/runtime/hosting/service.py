@@ -84,10 +84,22 @@ class RuntimeSettings:
 
 @dataclass(frozen=True)
 class HostMemory:
-    """The host's memory: total RAM and what this node may use (``--max-memory`` applied)."""
+    """The host's memory: total RAM and what this node may use (safety margin and ``--max-memory`` applied)."""
 
     ram_bytes: int
     usable_bytes: int
+
+    @classmethod
+    def budget(cls, ram_bytes: int, available_bytes: int, *, safety_margin_bytes: int = 0,
+               max_memory_bytes: int | None = None) -> HostMemory:
+        """What placement may fill: the available memory less ``[defaults.hardware].safety_margin_gb``,
+        capped by ``--max-memory`` (which alone counts when the available memory is unknown, 0)."""
+        if safety_margin_bytes < 0:
+            raise ValueError("safety_margin_bytes must be >= 0")
+        usable = max(0, available_bytes - safety_margin_bytes) if available_bytes else 0
+        if max_memory_bytes:
+            usable = min(usable, max_memory_bytes) if available_bytes else max_memory_bytes
+        return cls(ram_bytes=ram_bytes, usable_bytes=usable)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,10 @@
-"""Model runner child process: one llama.cpp model, one generation at a time.
+"""Model runner child process: one llama.cpp model, ``--parallel`` sequences batched together.
+
+With continuous batching (the default) the main thread runs the engine loop
+(:mod:`hydra_node.runtime.runner.engine_loop`, :mod:`hydra_node.runtime.engine`): one
+``llama_decode`` per step over every active sequence.  With a draft model
+(speculative decoding) or ``--no-continuous-batching`` it generates one sequence at a
+time through ``Llama.generate`` (the :class:`Runner` below).
 
 Started by :mod:`hydra_node.runtime.runner.supervisor` with a connected socket on
 ``--fd``.  Speaks the runner channel (length-prefixed canonical CBOR maps,
@@ -81,9 +87,16 @@ class Runner:
         if not llama_cpp.llama_supports_rpc():
             raise RuntimeError("llama-cpp-python was built without RPC support; run `make install` "
                                "(it builds llama-cpp-python with -DGGML_RPC=on)")
-        kwargs = {}
+        from hydra_node.runtime.rpc._ggml import load as load_ggml
         from hydra_node.runtime.rpc.coordinator import output_projection_on_host
+        from hydra_node.runtime.runner import llama_params
 
+        gpu_devices = llama_params.count_gpu_devices(load_ggml())  # before any RPC device joins the registry
+        a = self.args  # the speed knobs ([defaults.model_fit], [defaults.hardware], [defaults.throughput])
+        kwargs = llama_params.llama_kwargs(
+            llama_cpp, n_ubatch=a.n_ubatch, flash_attention=a.flash_attn, type_k=a.type_k, type_v=a.type_v,
+            mmap=a.mmap, mlock=a.mlock, threads=a.threads, threads_batch=a.threads_batch,
+            n_gpu_layers=a.n_gpu_layers, gpu_devices=gpu_devices)
         if self.args.rpc:
             from hydra_node.runtime.rpc.coordinator import register_rpc_servers
 
@@ -92,15 +105,23 @@ class Runner:
             if self.args.tensor_split:
                 kwargs["tensor_split"] = [float(x) for x in self.args.tensor_split.split(",")]
                 kwargs["split_mode"] = llama_cpp.LLAMA_SPLIT_MODE_LAYER
-        elif self.args.n_gpu_layers is not None:
-            kwargs["n_gpu_layers"] = self.args.n_gpu_layers
         t0 = time.monotonic()
         with output_projection_on_host(self.args.output_on_host):
             self.llm = llama_cpp.Llama(
                 model_path=self.args.model, n_ctx=self.args.n_ctx, n_batch=self.args.n_batch,
-                n_threads=self.args.threads or None, n_threads_batch=self.args.threads_batch or None,
-                use_mlock=self.args.mlock, verbose=self.args.verbose, **kwargs)
-        if self.args.warmup:
+                verbose=self.args.verbose, **kwargs)
+        ctx = self.llm._ctx.ctx
+        fa = "on" if kwargs["flash_attn"] else "off"
+        self.llama_report = {  # what llama.cpp runs with, read back where it can be (the ready message)
+            "n_batch": int(llama_cpp.llama_n_batch(ctx)), "n_ubatch": int(llama_cpp.llama_n_ubatch(ctx)),
+            "flash_attn": fa if a.flash_attn != "auto" else f"auto: {fa}", "type_k": a.type_k, "type_v": a.type_v,
+            "use_mmap": bool(kwargs["use_mmap"] and llama_cpp.llama_supports_mmap()),
+            "use_mlock": a.mlock, "threads": int(llama_cpp.llama_n_threads(ctx)),
+            "threads_batch": int(llama_cpp.llama_n_threads_batch(ctx)),
+            "gpu_layers": {**llama_params.gpu_report(a.n_gpu_layers, gpu_devices, len(a.rpc)),
+                           "n_gpu_layers": int(kwargs["n_gpu_layers"])}}
+        batching = self.args.continuous_batching and not (self.args.draft_endpoint or self.args.draft_model)
+        if self.args.warmup and not batching:  # the engine warms its own context up (below)
             # The first decode allocates compute buffers and faults the weights in (seconds on
             # a cold machine); pay that before reporting ready, not in the first request's TTFT.
             warm = self.llm.tokenize(b"Hydra warm-up: the quick brown fox jumps over the lazy dog.")
@@ -116,6 +137,25 @@ class Runner:
         from hydra_node.runtime.speculative.child.runner_glue import RunnerSpeculation
 
         self.speculation = RunnerSpeculation.create(self.llm, self.args)  # --draft-endpoint / --draft-model
+        self.engine = None  # continuous batching; None: one sequence at a time (a draft, or switched off)
+        if batching:
+            from hydra_node.runtime.engine.batch import BatchEngine
+
+            self.engine = BatchEngine(self.llm, n_slots=self.args.parallel,
+                                      prompt_cache=self.args.prompt_cache, send=lambda m: None,
+                                      token_delay_s=self.args.inject_token_delay_ms / 1000.0)
+            if self.args.warmup:
+                self.engine.warmup(self.llm.tokenize(b"Hydra warm-up: the quick brown fox jumps over the lazy dog."))
+            self.n_ctx = self.engine.ctx_per_slot  # what one request may use
+            self.load_s = time.monotonic() - t0  # the engine's context and warm-up are part of loading
+
+    def engine_report(self) -> dict:
+        """How this runner generates (the ready message; shown in /api/status)."""
+        if self.engine is not None:
+            return {"mode": "continuous_batching", "parallel": self.engine.n_slots,
+                    "ctx_per_slot": self.engine.ctx_per_slot, "n_ctx_total": self.engine.n_ctx}
+        why = "speculative decoding (one sequence)" if self.speculation is not None else "continuous_batching = false"
+        return {"mode": "sequential", "parallel": 1, "ctx_per_slot": self.n_ctx, "n_ctx_total": self.n_ctx, "reason": why}
 
     def prompt_tokens(self, req: dict) -> list[int]:
         if req["kind"] == "chat":
@@ -209,6 +249,8 @@ def _reader(ch: Channel, runner: Runner, work: "queue.Queue") -> None:
                 if not isinstance(msg.get("req"), dict):
                     raise ChannelError("generate needs a 'req' map", code="bad_message")
                 work.put(msg)
+            elif op == "cancel" and runner.engine is not None:
+                work.put(msg)  # the engine loop takes cancels in order with the generates
             elif op == "cancel":
                 with runner.lock:
                     runner.cancelled.add(msg["id"])
@@ -231,6 +273,11 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--threads-batch", type=int, default=0)
     p.add_argument("--mlock", action="store_true")
+    p.add_argument("--n-ubatch", type=int, default=512, help="llama.cpp n_ubatch ([defaults.model_fit].ubatch)")
+    p.add_argument("--flash-attn", default="auto", choices=("auto", "on", "off"))
+    p.add_argument("--type-k", default="f16", help="K cache ggml type ([defaults.model_fit].type_k)")
+    p.add_argument("--type-v", default="f16", help="V cache ggml type ([defaults.model_fit].type_v)")
+    p.add_argument("--mmap", default="auto", choices=("auto", "on", "off"))
     p.add_argument("--rpc", action="append", default=[])
     p.add_argument("--tensor-split", default="")
     p.add_argument("--n-gpu-layers", type=int, default=None,
@@ -245,6 +292,9 @@ def main(argv=None) -> int:
     p.add_argument("--verbose", action="store_true")
     from hydra_node.runtime.speculative.child.runner_glue import add_runner_args
 
+    p.add_argument("--parallel", type=int, default=1, help="sequences decoded together ([defaults.throughput].parallel)")
+    p.add_argument("--no-continuous-batching", dest="continuous_batching", action="store_false",
+                   help="one sequence at a time through Llama.generate ([defaults.throughput].continuous_batching)")
     add_runner_args(p)  # --draft-endpoint / --draft-model (docs/speculative.md)
     args = p.parse_args(argv)
     die_with_parent()
@@ -262,8 +312,18 @@ def main(argv=None) -> int:
         return 2
     ch.send({"op": "ready", "pid": os.getpid(), "n_ctx": runner.n_ctx, "load_s": runner.load_s,
              "n_params": runner.llm._model.n_params(), "size_bytes": runner.llm._model.size(),
-             "n_layers": runner.n_layers})
-    work: "queue.Queue" = queue.Queue(WORK_QUEUE_BOUND)
+             "n_layers": runner.n_layers, "llama": runner.llama_report, "engine": runner.engine_report()})
+    if runner.engine is not None:
+        from hydra_node.runtime.runner.engine_loop import run_engine_loop, work_queue_bound
+
+        runner.engine.send = ch.send
+        work: "queue.Queue" = queue.Queue(work_queue_bound(runner.engine.n_slots))
+        threading.Thread(target=_reader, args=(ch, runner, work), daemon=True).start()
+        try:
+            return run_engine_loop(runner.engine, work, runner.prompt_tokens, ch.send)
+        except OSError:
+            return 0
+    work = queue.Queue(WORK_QUEUE_BOUND)
     threading.Thread(target=_reader, args=(ch, runner, work), daemon=True).start()
     while True:
         msg = work.get()

@@ -43,6 +43,19 @@ class RunnerLoadError(Exception):
 class RunnerSettings:
     n_ctx: int = 4096
     n_batch: int = 512
+    #: Sequences the runner decodes together (``[defaults.throughput].parallel``; 1 with a draft model).
+    parallel: int = 1
+    #: False: one sequence at a time through ``Llama.generate`` (needs parallel = 1).
+    continuous_batching: bool = True
+    #: llama.cpp ``n_ubatch`` (capped at ``n_batch`` by llama.cpp).
+    n_ubatch: int = 512
+    #: auto | on | off (``hydra_node/runtime/runner/llama_params.py``: auto runs as on).
+    flash_attention: str = "auto"
+    #: KV cache ggml types by name (``llama_params.KV_CACHE_TYPES``).
+    type_k: str = "f16"
+    type_v: str = "f16"
+    #: auto | on | off: map the model file (auto: llama.cpp's default, on where supported).
+    mmap: str = "auto"
     threads: int = 0
     threads_batch: int = 0
     mlock: bool = False
@@ -57,7 +70,8 @@ class RunnerSettings:
     rpc_endpoints: tuple[str, ...] = ()
     tensor_split: tuple[float, ...] = ()
     inject_token_delay_ms: float = 0.0  # test/bench knob: the runner sleeps this long per token
-    #: llama.cpp ``n_gpu_layers`` for a split plan (None: -1 with RPC endpoints, else 0).
+    #: llama.cpp ``n_gpu_layers``: ``[defaults.hardware].gpu_layers``, or a split plan's.  None: auto
+    #: (-1 with RPC endpoints or a GPU device, else 0).
     n_gpu_layers: int | None = None
     #: Keep the output projection in host memory (a split plan's ``output_on_host``).
     output_on_host: bool = False
@@ -136,3 +150,9 @@ class RunnerStatus:
     requests: RequestSummary
     #: The runner's own speculative-decoding figures, as it reported them (None without a draft).
     speculative: Mapping[str, Any] | None
+    #: The llama.cpp parameters the runner loaded with, as its ready message reported them
+    #: (n_ubatch, flash_attn, type_k, type_v, use_mmap, use_mlock, threads, gpu_layers); None before.
+    llama: Mapping[str, Any] | None = None
+    #: How the runner generates, from its ready message: mode (continuous_batching | sequential, with
+    #: the reason), parallel, ctx_per_slot (n_ctx / parallel), n_ctx_total; None before it is ready.
+    engine: Mapping[str, Any] | None = None

@@ -27,6 +27,7 @@ from hydra_node.inference import (Finished, GenerationError, GenerationEvent, Ge
 from hydra_node.models import ModelRef
 from hydra_node.runtime.runner.records import (RequestStats, RequestSummary, RunnerCrashed, RunnerLoadError, RunnerSettings,
                                               RunnerStalled, RunnerState, RunnerStatus)
+from hydra_node.runtime.runner.admission import AdmissionLimit
 from hydra_node.runtime.runner.channel import ChannelError, FrameDecoder, encode_frame, runner_event_from_wire
 from hydra_node.runtime.supervise import (ChildExited, ChildFailed, ChildNotReady, ChildOutput, ChildSpec,
                                           ChildSupervisor, GiveUp)
@@ -48,7 +49,7 @@ RESTART_JITTER = 0.2
 
 
 class RunnerSupervisor:
-    """One model, one child process, one generation at a time, a bounded queue."""
+    """One model, one child process, up to ``parallel`` generations batched in it, a bounded queue."""
 
     def __init__(self, model: ModelRef, home: Path, settings: RunnerSettings, node_id: str = "",
                  prepare: Callable[[], Awaitable[RunnerSettings]] | None = None,
@@ -69,7 +70,7 @@ class RunnerSupervisor:
         self.speculative: dict | None = None  # the runner's latest speculation figures (its done frames)
         self._waiting = 0
         self._in_flight = 0
-        self._slot = trio.Lock()  # FIFO-fair: one generation at a time in the child
+        self._slot = AdmissionLimit(settings.parallel)  # FIFO-fair; the child's ready frame resizes it
         self._ids = itertools.count(1)
         self._pending: dict[int, trio.MemorySendChannel] = {}
         self._send_lock = trio.Lock()
@@ -126,7 +127,8 @@ class RunnerSupervisor:
                             restarts=self.restarts, last_error=self.last_error, queue_depth=self._waiting,
                             queue_capacity=self.settings.queue_size, in_flight=self._in_flight,
                             n_ctx=self.info.get("n_ctx"), size_bytes=self.model.size_bytes,
-                            requests=RequestSummary.of(self.stats), speculative=self.speculative)
+                            requests=RequestSummary.of(self.stats), speculative=self.speculative,
+                            llama=self.info.get("llama"), engine=self.info.get("engine"))
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
@@ -172,7 +174,12 @@ class RunnerSupervisor:
         s = self.settings
         argv = [sys.executable, "-m", "hydra_node.runtime.runner.main", "--fd", str(fd),
                 "--model", str(self.model.path), "--model-id", self.model.id, "--n-ctx", str(s.n_ctx),
-                "--n-batch", str(s.n_batch), "--threads", str(s.threads), "--threads-batch", str(s.threads_batch)]
+                "--n-batch", str(s.n_batch), "--threads", str(s.threads), "--threads-batch", str(s.threads_batch),
+                "--n-ubatch", str(s.n_ubatch), "--flash-attn", s.flash_attention, "--type-k", s.type_k,
+                "--type-v", s.type_v, "--mmap", s.mmap]
+        argv += ["--parallel", str(s.parallel)]
+        if not s.continuous_batching:
+            argv.append("--no-continuous-batching")
         if s.mlock:
             argv.append("--mlock")
         if not s.prompt_cache:
@@ -209,10 +216,17 @@ class RunnerSupervisor:
 
     def _on_ready(self, msg: dict) -> None:
         self.info = msg
+        engine = msg.get("engine")
+        self._slot.resize(engine["parallel"] if isinstance(engine, dict) and isinstance(engine.get("parallel"), int)
+                          and engine["parallel"] >= 1 else 1)
         self.state = RunnerState.READY
         self._ready.set()
         log.info("event=runner_ready model=%s pid=%s load_s=%.2f n_ctx=%s", self.model.id, self.pid,
                  msg.get("load_s", 0), msg.get("n_ctx"))
+        gpu = (msg.get("llama") or {}).get("gpu_layers") or {}
+        if gpu.get("note"):  # gpu_layers asked for, but llama.cpp has no GPU to put them on
+            log.warning("event=gpu_layers_ignored model=%s requested=%s note=%r", self.model.id,
+                        gpu.get("requested"), gpu["note"])
 
     async def _watch(self, proc, _ready: dict) -> None:
         await self._read_loop(self._decoder, proc)

@@ -1,0 +1,2 @@
+"""The continuous-batching engine of a model runner: a pure slot scheduler (slots) and its
+llama.cpp driver (batch), which runs inside the runner child."""

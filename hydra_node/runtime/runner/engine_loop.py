@@ -1,0 +1,63 @@
+"""The runner child's main loop when it runs the continuous-batching engine.
+
+The reader thread (:func:`hydra_node.runtime.runner.main._reader`) puts ``generate`` and
+``cancel`` frames on ``work`` (``None`` when the channel closes).  This loop, on the main
+thread, takes everything waiting, hands it to the :class:`~hydra_node.runtime.engine.batch.BatchEngine`
+(a new request joins the running batch at the next step) and runs one engine step; when no
+sequence is active it blocks on ``work`` instead of spinning.
+"""
+
+from __future__ import annotations
+
+import queue
+from typing import Callable
+
+from hydra_node.runtime._child import TokenClock
+
+__all__ = ["run_engine_loop", "work_queue_bound"]
+
+#: Frames the reader may queue ahead of the engine: the node admits at most ``parallel``
+#: generations, each may be followed by its cancel, plus slack for the channel's control frames.
+WORK_QUEUE_SLACK = 8
+
+
+def work_queue_bound(parallel: int) -> int:
+    return 2 * parallel + WORK_QUEUE_SLACK
+
+
+def run_engine_loop(engine, work: "queue.Queue", prompt_tokens: Callable[[dict], list[int]],
+                    send: Callable[[dict], None]) -> int:
+    """Run until the channel closes (returns 0); an ``OSError`` from ``send`` propagates."""
+    while True:
+        msgs = [work.get()] if engine.idle else []
+        while True:
+            try:
+                msgs.append(work.get_nowait())
+            except queue.Empty:
+                break
+        for msg in msgs:
+            if msg is None:
+                return 0
+            if msg["op"] == "cancel":
+                engine.cancel(msg["id"])
+            elif msg["op"] == "generate":
+                _submit(engine, msg, prompt_tokens, send)
+        if not engine.idle:
+            try:
+                engine.step()
+            except OSError:
+                raise
+            except Exception as exc:  # a bug or a llama.cpp failure: fail what runs, keep serving
+                engine.fail_all(f"{type(exc).__name__}: {exc}")
+
+
+def _submit(engine, msg: dict, prompt_tokens: Callable[[dict], list[int]], send: Callable[[dict], None]) -> None:
+    rid = msg["id"]
+    clock = TokenClock()  # TTFT counts from here: tokenising is part of it
+    try:
+        tokens = prompt_tokens(msg["req"])
+    except Exception as exc:
+        send({"op": "error", "id": rid, "code": "runner_error", "status": 500,
+              "message": f"cannot tokenise the prompt: {type(exc).__name__}: {exc}"})
+        return
+    engine.submit(rid, msg["req"], tokens, clock)

@@ -1,0 +1,168 @@
+"""The slot scheduler: admission, chunked prefill, fairness, cancellation, KV accounting."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hydra_node.runtime.engine.slots import Finish, Rejected, SlotConfig, SlotScheduler, StepPlan
+
+
+def run_step(s: SlotScheduler, plan: StepPlan, token: int = 7) -> list:
+    """What the engine does: every row with logits samples one token."""
+    sampled = {d.rid: token for d in plan.decode}
+    sampled.update({c.rid: token for c in plan.prefill if c.last})
+    return s.commit(plan, sampled)
+
+
+def test_config_refuses_more_slots_than_batch_rows():
+    with pytest.raises(ValueError, match="n_batch"):
+        SlotConfig(n_slots=8, n_batch=4, ctx_per_slot=64)
+    with pytest.raises(ValueError, match="n_slots"):
+        SlotConfig(n_slots=0, n_batch=4, ctx_per_slot=64)
+
+
+def test_prompt_longer_than_slot_context_is_rejected():
+    s = SlotScheduler(SlotConfig(n_slots=2, n_batch=8, ctx_per_slot=16))
+    with pytest.raises(Rejected) as e:
+        s.submit(1, list(range(16)), 4)
+    assert e.value.code == "context_length_exceeded" and e.value.status == 400
+
+
+def test_long_prompt_is_chunked_and_decoders_keep_going():
+    s = SlotScheduler(SlotConfig(n_slots=2, n_batch=8, ctx_per_slot=100, prompt_cache=False))
+    s.submit(1, [1, 2, 3], 50)
+    p = s.plan()
+    assert [c.length for c in p.prefill] == [3] and p.prefill[0].last
+    run_step(s, p)
+    s.submit(2, list(range(40)), 5)  # a long prompt arrives while 1 decodes
+    lengths = []
+    for _ in range(6):  # 40 prompt tokens, 7 rows of room per step: 7+7+7+7+7+5
+        p = s.plan()
+        assert [d.rid for d in p.decode] == [1]  # never stalled
+        assert p.n_tokens <= 8
+        lengths.append(p.prefill[0].length)
+        assert p.prefill[0].last == (len(lengths) == 6)
+        run_step(s, p)
+    assert lengths == [7, 7, 7, 7, 7, 5]
+    p = s.plan()
+    assert {d.rid for d in p.decode} == {1, 2}
+
+
+def test_max_tokens_and_context_end_finish_with_length():
+    s = SlotScheduler(SlotConfig(n_slots=1, n_batch=4, ctx_per_slot=6, prompt_cache=False))
+    s.submit(1, [1, 2, 3, 4], 100)  # room for 2 tokens: 6 - 4
+    assert run_step(s, s.plan()) == []
+    assert run_step(s, s.plan()) == [(1, Finish.LENGTH)]
+    assert s.idle
+
+
+def test_cancelled_sequence_leaves_at_next_plan_and_frees_its_slot():
+    s = SlotScheduler(SlotConfig(n_slots=1, n_batch=4, ctx_per_slot=64))
+    s.submit(1, [1, 2], 10)
+    s.submit(2, [3, 4], 10)
+    run_step(s, s.plan())
+    assert s.cancel(1)
+    p = s.plan()
+    assert p.finished == ((1, Finish.CANCELLED),)
+    assert [a.rid for a in p.admitted] == [2] and not any(d.rid == 1 for d in p.decode)
+    assert not s.cancel(99)
+
+
+def test_prompt_cache_reuses_the_common_prefix_of_a_released_slot():
+    s = SlotScheduler(SlotConfig(n_slots=2, n_batch=16, ctx_per_slot=64))
+    s.submit(1, [5, 6, 7, 8], 2)
+    run_step(s, s.plan(), token=9)
+    assert run_step(s, s.plan(), token=10) == [(1, Finish.LENGTH)]
+    slot = next(i for i in range(2) if s.resident(i))
+    assert s.resident(slot) == (5, 6, 7, 8, 9)  # 10 was sampled but never fed
+    s.submit(2, [5, 6, 7, 8, 9, 1], 2)
+    p = s.plan()
+    assert p.admitted[0].slot == slot and p.admitted[0].reused == 5
+    assert p.prefill[0].start == 5 and p.prefill[0].length == 1
+    s.submit(3, [5, 6], 2)  # identical to a prefix: one token is still evaluated
+    s.finish(2)
+    p = s.plan()
+    assert p.admitted[0].reused == 1
+
+
+def test_waiting_queue_is_bounded():
+    s = SlotScheduler(SlotConfig(n_slots=1, n_batch=4, ctx_per_slot=64, max_waiting=1))
+    s.submit(1, [1], 5)
+    s.submit(2, [1], 5)
+    with pytest.raises(Rejected) as e:
+        s.submit(3, [1], 5)
+    assert e.value.status == 429
+
+
+ops = st.lists(st.one_of(
+    st.tuples(st.just("submit"), st.integers(1, 120), st.integers(1, 40)),
+    st.tuples(st.just("cancel"), st.integers(0, 30)),
+    st.tuples(st.just("stop"), st.integers(0, 30)),
+    st.tuples(st.just("step"), st.just(0)),
+), max_size=120)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n_slots=st.integers(1, 8), extra=st.integers(0, 64), ctx=st.integers(2, 128), ops=ops,
+       cache=st.booleans())
+def test_scheduler_invariants(n_slots, extra, ctx, ops, cache):
+    cfg = SlotConfig(n_slots=n_slots, n_batch=n_slots + extra, ctx_per_slot=ctx, max_waiting=4, prompt_cache=cache)
+    s = SlotScheduler(cfg)
+    rid = 0
+    cancelled: set[int] = set()
+    done: set[int] = set()
+    for op in ops:
+        if op[0] == "submit":
+            rid += 1
+            try:
+                s.submit(rid, [(rid + i) % 50 for i in range(op[1])], op[2])
+            except Rejected:
+                done.add(rid)
+        elif op[0] == "cancel":
+            if s.cancel(op[1]):
+                cancelled.add(op[1])
+        elif op[0] == "stop" and s.is_active(op[1]):
+            s.finish(op[1])
+            done.add(op[1])
+        else:
+            before = {r: (seq.prefilled, seq.generated) for r, seq in s._active.items()}
+            p = s.plan()
+            for r, why in p.finished:
+                assert why is Finish.CANCELLED and r in cancelled
+                done.add(r)
+            rows = [d.rid for d in p.decode] + [c.rid for c in p.prefill]
+            assert p.n_tokens <= cfg.n_batch  # the batch never overflows
+            assert len(rows) == len(set(rows))
+            assert not (set(rows) & (cancelled | done))  # finished sequences never reappear
+            assert set(rows) == set(s._active)  # every admitted sequence makes progress this step
+            slots = [d.slot for d in p.decode] + [c.slot for c in p.prefill]
+            assert len(slots) == len(set(slots)) and all(0 <= x < n_slots for x in slots)
+            for d in p.decode:
+                assert d.pos < ctx  # fed within its own slot's cells
+            for c in p.prefill:
+                assert c.start + c.length <= ctx
+            for r, why in run_step(s, p):
+                assert why is Finish.LENGTH
+                done.add(r)
+            for r, (pre, gen) in before.items():
+                if r in s._active:
+                    seq = s._active[r]
+                    assert (seq.prefilled, seq.generated) > (pre, gen)
+        st_ = s.statistics()
+        assert st_.kv_used <= st_.kv_total
+        assert all(0 <= used <= ctx for used in s.kv_by_slot().values())  # KV never over a slot's budget
+
+
+def test_two_long_prompts_share_the_prefill_room_fairly():
+    s = SlotScheduler(SlotConfig(n_slots=3, n_batch=9, ctx_per_slot=200, prompt_cache=False))
+    s.submit(1, [1], 50)
+    run_step(s, s.plan())  # 1 is decoding now
+    s.submit(2, list(range(100)), 5)
+    s.submit(3, list(range(100)), 5)
+    p = s.plan()
+    assert [d.rid for d in p.decode] == [1]
+    assert sorted(c.length for c in p.prefill) == [4, 4]  # 8 rows of room, split evenly
+    run_step(s, p)
+    p2 = s.plan()
+    assert sum(c.length for c in p2.prefill) == 8
