@@ -189,7 +189,7 @@ MAX_PARALLEL = 64
 
 @dataclass(frozen=True)
 class ThroughputSection:
-    #: Sequences one runner decodes together (llama-server -np); each gets ctx_size / parallel of the KV cache.
+    #: Sequences one runner decodes together (llama-server -np); they share the ctx_size KV cells.
     parallel: int = DEFAULT_PARALLEL
     #: false: one sequence at a time through Llama.generate (then parallel must be 1).
     continuous_batching: bool = True

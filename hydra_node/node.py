@@ -209,7 +209,8 @@ class Node:
         runners = list(self.runners.values())
         rpc, rpc_extra = self.runtime.rpc_announcement()
         return AnnouncementContent(
-            models=tuple(ModelEntry(r.model.id, str(r.state)) for r in runners), hardware=Hardware(**self.hardware()),
+            models=tuple(ModelEntry(r.model.id, str(r.state), r.free_slots) for r in runners),
+            hardware=Hardware(**self.hardware()),
             queue_depth=sum(r.queue_depth + r.in_flight for r in runners),
             throughput_milli=tuple((r.model.id, int(r.stats.tokens_per_s * 1000)) for r in runners
                                    if r.stats.tokens_per_s > 0),
@@ -231,7 +232,7 @@ class Node:
     def _runner_samples(self) -> list[RunnerSample]:
         return [RunnerSample(model=r.model.id, queue_depth=r.queue_depth, in_flight=r.in_flight,
                              tokens_per_s=r.stats.tokens_per_s, restarts=r.restarts,
-                             ready=r.state == RunnerState.READY)
+                             ready=r.state == RunnerState.READY, engine=r.engine_stats)
                 for r in self.runners.values()]
 
     def _link_statistics(self) -> list:

@@ -321,6 +321,9 @@ def announcement_vectors() -> dict[str, Any]:
         hardware=Hardware(cores=8, ram_bytes=16 << 30, vram_bytes=0, usable_bytes=12 << 30), queue_depth=1,
         throughput_milli=(("SmolLM2-135M-Instruct-Q4_1", 180000),), extra={"name": "alpha"}))
     forged = dataclasses.replace(ann, queue_depth=0)
+    slots = sign_announcement(key, dataclasses.replace(  # a model entry with the optional free_slots
+        ann, seq=4, models=(ModelEntry("SmolLM2-135M-Instruct-Q4_1", "ready", free_slots=3),),
+        extra={"name": "alpha"}))
     gossip = Gossip((PeerRecord(nid, ann.incarnation, PeerState.ALIVE, ann),))
     message = {"t": "gossip", "m": gossip.to_wire()}
     return {
@@ -328,7 +331,10 @@ def announcement_vectors() -> dict[str, Any]:
         "seed": {"bytes": bytes(range(32, 64)).hex()},
         "valid": [{"name": "signed_announcement", "wire": to_json(ann.to_wire()),
                    "signing_input": {"bytes": _unsigned_bytes(ann).hex()},
-                   "signature": {"bytes": dict(ann.extra)["sig"].hex()}}],
+                   "signature": {"bytes": dict(ann.extra)["sig"].hex()}},
+                  {"name": "signed_announcement_with_free_slots", "wire": to_json(slots.to_wire()),
+                   "signing_input": {"bytes": _unsigned_bytes(slots).hex()},
+                   "signature": {"bytes": dict(slots.extra)["sig"].hex()}}],
         "invalid": [{"name": "queue_depth_changed_after_signing", "wire": to_json(forged.to_wire()),
                      "error": "bad_announcement_signature"}],
         "messages": [{"name": "gossip_message_on_the_priority_lane", "decoded": to_json(message),

@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from hydra_node.api.http import Request, Response
 from hydra_node.routing.router import RouterStatistics
 from hydra_node.routing.live import RequestObservation, SchedulingStatistics
+from hydra_node.runtime.engine.stats import EngineStatistics
 
 __all__ = ["MAX_MODEL_LABELS", "MetricsSources", "NodeMetrics", "RunnerSample"]
 
@@ -51,6 +52,8 @@ class RunnerSample:
     tokens_per_s: float
     restarts: int
     ready: bool
+    #: The continuous-batching engine's latest figures; None before its first report or without it.
+    engine: EngineStatistics | None = None
 
 
 @dataclass(frozen=True)
@@ -146,13 +149,26 @@ class _ScrapeCollector:
                                 labels=("model",))
         restarts = CounterMetricFamily("hydra_runner_restarts", "Restarts of a local runner", labels=("model",))
         up = GaugeMetricFamily("hydra_runner_ready", "1 if the local runner is ready", labels=("model",))
+        batch = GaugeMetricFamily("hydra_engine_batch_size", "Mean sequences per engine step over the "
+                                  "latest steps (continuous batching)", labels=("model",))
+        free = GaugeMetricFamily("hydra_engine_free_slots", "Sequence slots free in a local runner",
+                                 labels=("model",))
+        kv_used = GaugeMetricFamily("hydra_engine_kv_cells_used", "KV cache cells the active sequences use",
+                                    labels=("model",))
+        kv_budget = GaugeMetricFamily("hydra_engine_kv_cells_budget", "KV cache cells the slots may use",
+                                      labels=("model",))
         for r in list(self.sources.runners())[:MAX_MODEL_LABELS]:
             queue.add_metric((r.model,), r.queue_depth)
             inflight.add_metric((r.model,), r.in_flight)
             tps.add_metric((r.model,), r.tokens_per_s)
             restarts.add_metric((r.model,), r.restarts)
             up.add_metric((r.model,), 1.0 if r.ready else 0.0)
-        yield from (queue, inflight, tps, restarts, up)
+            if r.engine is not None:
+                batch.add_metric((r.model,), r.engine.batch_mean)
+                free.add_metric((r.model,), r.engine.free_slots)
+                kv_used.add_metric((r.model,), r.engine.kv_used)
+                kv_budget.add_metric((r.model,), r.engine.kv_budget)
+        yield from (queue, inflight, tps, restarts, up, batch, free, kv_used, kv_budget)
 
     def _routing(self):
         router = self.sources.routing()

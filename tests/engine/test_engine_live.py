@@ -66,8 +66,9 @@ def run(eng, reqs: dict[int, tuple[bytes, dict]], cancel_after: dict[int, int] |
     return out
 
 
-def test_ctx_is_split_over_the_slots(engine):
-    assert engine.ctx_per_slot == engine.n_ctx // SLOTS == 256
+def test_every_sequence_may_use_the_whole_unified_cache(engine):
+    assert engine.n_ctx == 2048 and engine._ll.llama_n_ctx_seq(engine.ctx) == engine.n_ctx  # kv_unified
+    assert engine.ctx_per_slot == engine.n_ctx  # the most one request may use
 
 
 def test_eight_concurrent_streams_finish_with_correct_usage(engine):
@@ -81,6 +82,10 @@ def test_eight_concurrent_streams_finish_with_correct_usage(engine):
         if end["finish_reason"] == "length":
             assert end["completion_tokens"] == GREEDY["max_tokens"]
         assert out[i]["text"]
+    st = engine.statistics()  # the figures the runner reports to the node (its stats frames)
+    assert (st.active, st.free_slots, st.n_slots) == (0, SLOTS, SLOTS) and st.kv_used == 0
+    assert st.steps >= GREEDY["max_tokens"] and 1 < st.batch_mean <= SLOTS, st
+    assert st.prefill_tokens_per_s > 0 and st.decode_tokens_per_s > 0, st
 
 
 def test_greedy_output_is_the_same_alone_and_in_a_full_batch(engine):
@@ -105,9 +110,75 @@ def test_cancel_mid_batch_leaves_the_others_byte_identical(engine):
 
 def test_stop_string_and_too_long_prompt(engine):
     out = run(engine, {1: (b"1, 2, 3, 4,", {"temperature": 0.0, "max_tokens": 40, "stop": [" 7"]}),
-                       2: (b"word " * 300, GREEDY)})
+                       2: (b"word " * 2100, GREEDY)})  # more than the whole context
     assert out[1]["end"]["finish_reason"] == "stop" and "7" not in out[1]["text"]
     assert out[2]["end"]["op"] == "error" and out[2]["end"]["code"] == "context_length_exceeded"
+
+
+# ---- the KV budget: a small context, so long prompts are cheap ----------------------------------
+
+SMALL_CTX, SMALL_SLOTS = 256, 4  # ctx_size / parallel = 64 tokens
+
+
+@pytest.fixture(scope="module")
+def small(model_path):
+    import llama_cpp
+
+    from hydra_node.runtime.engine.batch import BatchEngine
+
+    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=SMALL_CTX, n_batch=64, verbose=False)
+    frames: list[dict] = []
+    eng = BatchEngine(llm, n_slots=SMALL_SLOTS, prompt_cache=False, send=frames.append)
+    eng.frames = frames
+    yield eng
+    eng.close()
+
+
+def staggered(eng, first: tuple[bytes, dict], second: tuple[bytes, dict], after: int) -> dict[int, dict]:
+    """Request 1 starts alone; request 2 joins after ``after`` steps, while 1 is generating."""
+    eng.frames.clear()
+    eng.submit(1, first[1], eng.llm.tokenize(first[0]), TokenClock())
+    for _ in range(after):
+        eng.step()
+    assert not eng.idle, "request 1 ended before request 2 joined"
+    eng.submit(2, second[1], eng.llm.tokenize(second[0]), TokenClock())
+    while not eng.idle:
+        eng.step()
+        st = eng.statistics()
+        assert st.kv_used <= st.kv_budget == SMALL_CTX
+    out: dict[int, dict] = {}
+    for f in eng.frames:
+        o = out.setdefault(f["id"], {"text": "", "end": None})
+        if f["op"] == "delta":
+            o["text"] += f["text"]
+        else:
+            o["end"] = f
+    return out
+
+
+def test_a_prompt_longer_than_ctx_over_parallel_succeeds_while_another_stream_runs(small):
+    long_prompt = b"The history of the city, told year by year: " + b"and then it rained again, " * 25
+    n = len(small.llm.tokenize(long_prompt))
+    assert SMALL_CTX // SMALL_SLOTS < n < SMALL_CTX - 40
+    stream = (b"1, 2, 3, 4,", {"temperature": 0.0, "max_tokens": 30})
+    out = staggered(small, stream, (long_prompt, {"temperature": 0.0, "max_tokens": 8}), after=3)
+    assert out[2]["end"]["op"] == "done", out[2]["end"]
+    assert out[2]["end"]["prompt_tokens"] == n and out[2]["end"]["completion_tokens"] >= 1
+    alone = staggered(small, stream, (b"x", {"temperature": 0.0, "max_tokens": 1}), after=1)
+    assert out[1]["text"] == alone[1]["text"] and out[1]["end"]["finish_reason"] == "length"
+
+
+def test_a_full_cache_cuts_the_younger_stream_and_leaves_the_older_intact(small):
+    # 1: ~150 prompt cells + up to 79 decoded; 2: ~60 + up to 79: together more than 256 cells
+    older = (b"Chapter one. " + b"It was a long and quiet afternoon, " * 18, {"temperature": 0.0, "max_tokens": 80})
+    younger = (b"Chapter two. " + b"the rain kept falling, " * 10, {"temperature": 0.0, "max_tokens": 80})
+    assert len(small.llm.tokenize(older[0])) + len(small.llm.tokenize(younger[0])) + 2 * 79 > SMALL_CTX
+    out = staggered(small, older, younger, after=4)
+    end1, end2 = out[1]["end"], out[2]["end"]
+    assert end2["op"] == "done" and end2["finish_reason"] == "length" and end2["completion_tokens"] < 80, end2
+    alone = staggered(small, older, (b"x", {"temperature": 0.0, "max_tokens": 1}), after=4)
+    assert end1["op"] == "done" and out[1]["text"] == alone[1]["text"]  # its KV was never touched
+    assert end1["completion_tokens"] == alone[1]["end"]["completion_tokens"]
 
 
 # ---- through a real node ---------------------------------------------------------------------
@@ -150,6 +221,11 @@ def test_kill_9_mid_batch_fails_every_stream_cleanly_and_the_next_request_succee
             t.start()
         started.wait(120)
         node.wait_status(lambda s: s["models"][0]["in_flight"] == 4, what="four streams in the batch")
+        # the runner's stats frames reach /api/status: four sequences decoding together, no slot free
+        es = node.wait_status(lambda s: (s["models"][0]["engine_stats"] or {}).get("active") == 4,
+                              what="engine stats with four active sequences")["models"][0]["engine_stats"]
+        assert (es["n_slots"], es["free_slots"], es["batch_last"]) == (4, 0, 4), es
+        assert 0 < es["kv_used"] <= es["kv_budget"] and es["decode_tokens_per_s"] > 0 and es["steps"] > 0, es
         pid = node.runner_pid()
         os.kill(pid, signal.SIGKILL)
         for t in threads:
@@ -164,5 +240,13 @@ def test_kill_9_mid_batch_fails_every_stream_cleanly_and_the_next_request_succee
                              {"model": BUNDLED_MODEL_ID, "prompt": "Hello", "max_tokens": 4, "temperature": 0})
         assert code == 200, body
         assert json.loads(body)["usage"]["completion_tokens"] == 4
+        # the new child's figures only (the killed one's were dropped), sent once it went idle again
+        es = node.wait_status(lambda s: (s["models"][0]["engine_stats"] or {}).get("active") == 0,
+                              what="engine stats after the request")["models"][0]["engine_stats"]
+        assert es["free_slots"] == 4 and es["batch_last"] == 1 and es["prefix_hits"] + es["prefix_misses"] == 1, es
+        assert es["prefill_tokens_per_s"] > 0 and es["steps"] >= 4, es
+        code, metrics = request("GET", node.console_port, "/metrics")
+        assert code == 200 and f'hydra_engine_free_slots{{model="{BUNDLED_MODEL_ID}"}} 4.0' in metrics, \
+            metrics[-2000:]
     finally:
         node.kill_all()

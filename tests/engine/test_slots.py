@@ -17,20 +17,22 @@ def run_step(s: SlotScheduler, plan: StepPlan, token: int = 7) -> list:
 
 def test_config_refuses_more_slots_than_batch_rows():
     with pytest.raises(ValueError, match="n_batch"):
-        SlotConfig(n_slots=8, n_batch=4, ctx_per_slot=64)
+        SlotConfig(n_slots=8, n_batch=4, n_ctx=512)
     with pytest.raises(ValueError, match="n_slots"):
-        SlotConfig(n_slots=0, n_batch=4, ctx_per_slot=64)
+        SlotConfig(n_slots=0, n_batch=4, n_ctx=64)
 
 
-def test_prompt_longer_than_slot_context_is_rejected():
-    s = SlotScheduler(SlotConfig(n_slots=2, n_batch=8, ctx_per_slot=16))
+def test_prompt_as_long_as_the_whole_context_is_rejected():
+    s = SlotScheduler(SlotConfig(n_slots=2, n_batch=8, n_ctx=32))
+    s.submit(1, list(range(31)), 4)  # longer than n_ctx / n_slots, shorter than n_ctx: taken
     with pytest.raises(Rejected) as e:
-        s.submit(1, list(range(16)), 4)
+        s.submit(2, list(range(32)), 4)
     assert e.value.code == "context_length_exceeded" and e.value.status == 400
+    assert "32 tokens (ctx_size" in str(e.value)
 
 
 def test_long_prompt_is_chunked_and_decoders_keep_going():
-    s = SlotScheduler(SlotConfig(n_slots=2, n_batch=8, ctx_per_slot=100, prompt_cache=False))
+    s = SlotScheduler(SlotConfig(n_slots=2, n_batch=8, n_ctx=200, prompt_cache=False))
     s.submit(1, [1, 2, 3], 50)
     p = s.plan()
     assert [c.length for c in p.prefill] == [3] and p.prefill[0].last
@@ -50,7 +52,7 @@ def test_long_prompt_is_chunked_and_decoders_keep_going():
 
 
 def test_max_tokens_and_context_end_finish_with_length():
-    s = SlotScheduler(SlotConfig(n_slots=1, n_batch=4, ctx_per_slot=6, prompt_cache=False))
+    s = SlotScheduler(SlotConfig(n_slots=1, n_batch=4, n_ctx=6, prompt_cache=False))
     s.submit(1, [1, 2, 3, 4], 100)  # room for 2 tokens: 6 - 4
     assert run_step(s, s.plan()) == []
     assert run_step(s, s.plan()) == [(1, Finish.LENGTH)]
@@ -58,7 +60,7 @@ def test_max_tokens_and_context_end_finish_with_length():
 
 
 def test_cancelled_sequence_leaves_at_next_plan_and_frees_its_slot():
-    s = SlotScheduler(SlotConfig(n_slots=1, n_batch=4, ctx_per_slot=64))
+    s = SlotScheduler(SlotConfig(n_slots=1, n_batch=4, n_ctx=64))
     s.submit(1, [1, 2], 10)
     s.submit(2, [3, 4], 10)
     run_step(s, s.plan())
@@ -70,7 +72,7 @@ def test_cancelled_sequence_leaves_at_next_plan_and_frees_its_slot():
 
 
 def test_prompt_cache_reuses_the_common_prefix_of_a_released_slot():
-    s = SlotScheduler(SlotConfig(n_slots=2, n_batch=16, ctx_per_slot=64))
+    s = SlotScheduler(SlotConfig(n_slots=2, n_batch=16, n_ctx=128))
     s.submit(1, [5, 6, 7, 8], 2)
     run_step(s, s.plan(), token=9)
     assert run_step(s, s.plan(), token=10) == [(1, Finish.LENGTH)]
@@ -87,7 +89,7 @@ def test_prompt_cache_reuses_the_common_prefix_of_a_released_slot():
 
 
 def test_waiting_queue_is_bounded():
-    s = SlotScheduler(SlotConfig(n_slots=1, n_batch=4, ctx_per_slot=64, max_waiting=1))
+    s = SlotScheduler(SlotConfig(n_slots=1, n_batch=4, n_ctx=64, max_waiting=1))
     s.submit(1, [1], 5)
     s.submit(2, [1], 5)
     with pytest.raises(Rejected) as e:
@@ -104,15 +106,19 @@ ops = st.lists(st.one_of(
 
 
 @settings(max_examples=200, deadline=None)
-@given(n_slots=st.integers(1, 8), extra=st.integers(0, 64), ctx=st.integers(2, 128), ops=ops,
-       cache=st.booleans())
-def test_scheduler_invariants(n_slots, extra, ctx, ops, cache):
-    cfg = SlotConfig(n_slots=n_slots, n_batch=n_slots + extra, ctx_per_slot=ctx, max_waiting=4, prompt_cache=cache)
+@given(n_slots=st.integers(1, 8), extra=st.integers(0, 64), ctx=st.integers(2, 256), ops=ops,
+       cache=st.booleans(), reserve=st.one_of(st.none(), st.integers(0, 16)))
+def test_scheduler_invariants(n_slots, extra, ctx, ops, cache, reserve):
+    cfg = SlotConfig(n_slots=n_slots, n_batch=n_slots + extra, n_ctx=ctx, max_waiting=4, prompt_cache=cache,
+                     decode_reserve=reserve)
     s = SlotScheduler(cfg)
+    cells = [0] * n_slots  # what llama.cpp holds per sequence id, driven only by what the plans tell the engine
     rid = 0
     cancelled: set[int] = set()
     done: set[int] = set()
-    for op in ops:
+    for op in [*ops, *[("drain", 0)] * 10_000]:  # then step until idle: no deadlock, invariants all the way
+        if op[0] == "drain" and s.idle:
+            break
         if op[0] == "submit":
             rid += 1
             try:
@@ -129,8 +135,17 @@ def test_scheduler_invariants(n_slots, extra, ctx, ops, cache):
             before = {r: (seq.prefilled, seq.generated) for r, seq in s._active.items()}
             p = s.plan()
             for r, why in p.finished:
-                assert why is Finish.CANCELLED and r in cancelled
+                if why is Finish.CANCELLED:
+                    assert r in cancelled
+                else:  # the cache ran out: only a sequence decoding past its reservation is cut
+                    assert why is Finish.LENGTH and before[r][1] >= 1
                 done.add(r)
+            for slot in p.evicted:  # the engine: llama_memory_seq_rm(slot, 0, -1)
+                assert slot not in {seq.slot for seq in s._active.values()} - {a.slot for a in p.admitted}
+                cells[slot] = 0
+            for a in p.admitted:  # the engine: llama_memory_seq_rm(slot, reused, -1)
+                assert a.reused <= cells[a.slot]
+                cells[a.slot] = a.reused
             rows = [d.rid for d in p.decode] + [c.rid for c in p.prefill]
             assert p.n_tokens <= cfg.n_batch  # the batch never overflows
             assert len(rows) == len(set(rows))
@@ -138,10 +153,13 @@ def test_scheduler_invariants(n_slots, extra, ctx, ops, cache):
             assert set(rows) == set(s._active)  # every admitted sequence makes progress this step
             slots = [d.slot for d in p.decode] + [c.slot for c in p.prefill]
             assert len(slots) == len(set(slots)) and all(0 <= x < n_slots for x in slots)
-            for d in p.decode:
-                assert d.pos < ctx  # fed within its own slot's cells
+            for d in p.decode:  # appended right after the sequence's own cells: nothing is overwritten
+                assert d.pos == cells[d.slot] < ctx
+                cells[d.slot] += 1
             for c in p.prefill:
-                assert c.start + c.length <= ctx
+                assert c.start == cells[c.slot] and c.start + c.length <= ctx
+                cells[c.slot] += c.length
+            assert sum(cells) <= ctx  # llama_decode always finds room: the cache never over-commits
             for r, why in run_step(s, p):
                 assert why is Finish.LENGTH
                 done.add(r)
@@ -150,12 +168,77 @@ def test_scheduler_invariants(n_slots, extra, ctx, ops, cache):
                     seq = s._active[r]
                     assert (seq.prefilled, seq.generated) > (pre, gen)
         st_ = s.statistics()
-        assert st_.kv_used <= st_.kv_total
-        assert all(0 <= used <= ctx for used in s.kv_by_slot().values())  # KV never over a slot's budget
+        assert st_.kv_used <= st_.kv_reserved <= st_.kv_total == ctx  # reservations never over-commit
+        for seq in s._active.values():
+            assert cells[seq.slot] == seq.kv_used <= seq.reserved
+        for slot in range(n_slots):
+            if slot not in s.kv_by_slot():
+                assert len(s.resident(slot)) == cells[slot]  # a free slot's cells are accounted for
+    assert s.idle
+
+
+def test_a_prompt_longer_than_ctx_over_parallel_is_admitted_while_another_runs():
+    s = SlotScheduler(SlotConfig(n_slots=4, n_batch=16, n_ctx=64, prompt_cache=False))
+    s.submit(1, [1, 2], 30)
+    run_step(s, s.plan())  # 1 decodes
+    s.submit(2, list(range(40)), 4)  # 40 > 64 / 4 tokens
+    p = s.plan()
+    assert [a.rid for a in p.admitted] == [2] and [d.rid for d in p.decode] == [1]
+    while s.is_active(2):
+        run_step(s, p)
+        p = s.plan()
+    assert s.is_active(1)  # it never lost its place
+
+
+def test_two_long_prompts_that_do_not_fit_together_run_one_after_the_other():
+    s = SlotScheduler(SlotConfig(n_slots=2, n_batch=8, n_ctx=64, prompt_cache=False))
+    s.submit(1, list(range(40)), 4)  # 40 prompt + 3 fed decode cells = 43 reserved
+    s.submit(2, list(range(1, 41)), 4)
+    s.submit(3, [5], 2)  # queued behind 2: FIFO, no overtaking
+    p = s.plan()
+    assert [a.rid for a in p.admitted] == [1]
+    order = []
+    while not s.idle:
+        order += [a.rid for a in p.admitted]
+        assert p.n_tokens <= 8 and s.statistics().kv_reserved <= 64
+        if s.is_active(2):
+            assert not s.is_active(1)
+        run_step(s, p)
+        p = s.plan()
+    assert order == [1, 2, 3]
+
+
+def test_a_full_cache_cuts_the_youngest_sequence_past_its_reservation():
+    s = SlotScheduler(SlotConfig(n_slots=2, n_batch=8, n_ctx=32, decode_reserve=2, prompt_cache=False))
+    s.submit(1, list(range(10)), 20)  # reserves 10 + 2; needs up to 10 + 19 cells
+    s.submit(2, list(range(10)), 20)
+    p = s.plan()
+    cut = []
+    while not s.idle:
+        cut += [(r, why) for r, why in p.finished]
+        assert s.statistics().kv_reserved <= 32
+        run_step(s, p)
+        p = s.plan()
+    assert cut == [(2, Finish.LENGTH)]  # 2 was admitted last; 1 ran to max_tokens
+
+
+def test_a_cached_prefix_is_evicted_only_when_a_reservation_needs_its_cells():
+    s = SlotScheduler(SlotConfig(n_slots=3, n_batch=8, n_ctx=40, decode_reserve=1))
+    s.submit(1, list(range(20)), 2)
+    while not s.idle:
+        run_step(s, s.plan())
+    cached = next(i for i in range(3) if s.resident(i))
+    s.submit(2, [9, 9], 2)  # fits beside the 21 cached cells
+    p = s.plan()
+    assert p.evicted == () and p.admitted[0].slot != cached
+    run_step(s, p)
+    s.submit(3, list(range(100, 120)), 2)  # 21 + 3 + 21 > 40: the cache must go
+    p = s.plan()
+    assert p.evicted == (cached,) and [a.rid for a in p.admitted] == [3]
 
 
 def test_two_long_prompts_share_the_prefill_room_fairly():
-    s = SlotScheduler(SlotConfig(n_slots=3, n_batch=9, ctx_per_slot=200, prompt_cache=False))
+    s = SlotScheduler(SlotConfig(n_slots=3, n_batch=9, n_ctx=600, prompt_cache=False))
     s.submit(1, [1], 50)
     run_step(s, s.plan())  # 1 is decoding now
     s.submit(2, list(range(100)), 5)

@@ -28,6 +28,9 @@ MAX_TEXT_CHARS = 256  # model ids, versions, addresses
 MAX_STATE_CHARS = 32
 MAX_ADDRESSES = 16
 MAX_MODELS = 64
+#: Largest ``free_slots`` a model entry may announce: far above any runner's parallel sequences
+#: (llama.cpp's LLAMA_MAX_SEQ is 256), small enough to be a sane scheduling input.
+MAX_FREE_SLOTS = 1024
 MAX_THROUGHPUT_HINTS = 64  # same bound as upstream advertised_model_throughput
 MAX_EXTRA_ITEMS = 256  # scalars + containers in `extra`, all levels together
 MAX_EXTRA_DEPTH = 4
@@ -123,22 +126,30 @@ def _thaw(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """A model the peer knows about and its state (e.g. "ready", "loading")."""
+    """A model the peer knows about and its state (e.g. "ready", "loading"), and optionally how
+    many more sequences its runner could take right now (``free_slots``; absent: not reported,
+    e.g. a runner without continuous batching, or an older node)."""
 
     id: str
     state: str
+    free_slots: int | None = None
 
     def __post_init__(self) -> None:
         text(self.id, "model id")
         text(self.state, "model state", MAX_STATE_CHARS)
+        if self.free_slots is not None:
+            uint(self.free_slots, "free_slots", MAX_FREE_SLOTS)
 
     def to_wire(self) -> dict:
-        return {"id": self.id, "state": self.state}
+        wire: dict = {"id": self.id, "state": self.state}
+        if self.free_slots is not None:  # omitted when unknown: the entry stays as older nodes wrote it
+            wire["free_slots"] = self.free_slots
+        return wire
 
     @classmethod
     def from_wire(cls, wire: Any) -> ModelEntry:
-        m = exact_map(wire, "model", frozenset({"id", "state"}))
-        return cls(m["id"], m["state"])
+        m = exact_map(wire, "model", frozenset({"id", "state"}), frozenset({"free_slots"}))
+        return cls(m["id"], m["state"], m.get("free_slots"))
 
 
 @dataclass(frozen=True)

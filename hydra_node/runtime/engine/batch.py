@@ -9,10 +9,13 @@ incrementally (:class:`~hydra_node.runtime.runner.textstream.TextAssembler`) and
 ``delta``/``done``/``error`` frames through ``send``.
 
 KV cache: the model's ``llama_cpp.Llama`` object keeps loading, tokenising and chat
-templates; its context is replaced by one made for ``n_slots`` sequences.  Every sequence
-(slot) may use ``n_ctx / n_slots`` cells, as llama-server ``-c``/``-np`` give each slot; the
-slot scheduler enforces that budget, so the slots together never need more than ``n_ctx``.
-The cache itself is unified (``kv_unified = true``, one buffer shared by the sequences):
+templates; its context is replaced by one made for ``n_slots`` sequences.  The cache is
+unified (``kv_unified = true``, one buffer of ``n_ctx`` cells shared by the sequences; llama.cpp
+then gives every sequence ``llama_n_ctx_seq = n_ctx``), so one request may use the whole
+context, as llama-server ``-kvu``.  The slot scheduler budgets the TOTAL cells (reservations,
+FIFO admission, the youngest over-reservation decoder cut with "length" when full: see
+:mod:`~hydra_node.runtime.engine.slots`), so ``llama_decode`` always finds room and no
+sequence's cells are overwritten; the engine drops the cells the plan evicts.  Why unified:
 measured on this CPU with the bundled model, a decode step of 8 sequences costs 88 ms of CPU
 with a unified cache and 142 ms with one stream per sequence (1 sequence: 16-17 ms either
 way), so the split layout would throw most of batching's gain away.  Sequence id = slot index.
@@ -27,6 +30,7 @@ from typing import Callable
 from hydra_node.runtime._child import TokenClock
 from hydra_node.runtime.engine.sampler import Sampler, SamplerParams
 from hydra_node.runtime.engine.slots import Finish, Rejected, SlotConfig, SlotScheduler, StepPlan
+from hydra_node.runtime.engine.stats import EngineStatistics, StepCounters
 from hydra_node.runtime.runner.textstream import TextAssembler
 
 __all__ = ["BatchEngine", "EngineStatistics"]
@@ -46,20 +50,11 @@ class _Live:
     generated: list[int] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class EngineStatistics:
-    n_slots: int
-    ctx_per_slot: int
-    active: int
-    waiting: int
-    steps: int
-    kv_used: int
-    kv_total: int
-
-
 class BatchEngine:
     def __init__(self, llm, *, n_slots: int, prompt_cache: bool, send: Callable[[dict], None],
-                 max_waiting: int = 16, token_delay_s: float = 0.0):
+                 max_waiting: int = 16, token_delay_s: float = 0.0,
+                 clock: Callable[[], float] = time.perf_counter):
+        """``clock`` times each step for the statistics' rates (any monotonic clock)."""
         import llama_cpp
         from llama_cpp import _internals
 
@@ -69,7 +64,7 @@ class BatchEngine:
         self.token_delay_s = token_delay_s
         params = llama_cpp.llama_context_params.from_buffer_copy(llm.context_params)
         params.n_seq_max = n_slots
-        params.kv_unified = True  # one shared buffer; the per-slot budget is the scheduler's (see above)
+        params.kv_unified = True  # one shared buffer; the total budget is the scheduler's (see above)
         params.n_batch = max(int(params.n_batch), n_slots)  # a row per decoding sequence, at least
         llm._ctx.close()  # free the one-sequence context before allocating ours
         llm._ctx = _internals.LlamaContext(model=llm._model, params=params, verbose=llm.verbose)
@@ -77,18 +72,21 @@ class BatchEngine:
         self.mem = llama_cpp.llama_get_memory(self.ctx)
         self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
         self.n_batch = int(llama_cpp.llama_n_batch(self.ctx))
-        self.ctx_per_slot = self.n_ctx // n_slots
+        self.ctx_per_slot = self.n_ctx  # the most one request may use: any sequence may fill the unified cache
         self.vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
-        self.sched = SlotScheduler(SlotConfig(n_slots=n_slots, n_batch=self.n_batch, ctx_per_slot=self.ctx_per_slot,
+        self.sched = SlotScheduler(SlotConfig(n_slots=n_slots, n_batch=self.n_batch, n_ctx=self.n_ctx,
                                               max_waiting=max_waiting, prompt_cache=prompt_cache))
         self.n_slots = n_slots
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._live: dict[int, _Live] = {}
+        self.clock = clock
+        self.counters = StepCounters()
+        self._prefix_base = (0, 0, 0)  # the scheduler's prefix counts at the end of the warm-up
 
     # ---- requests --------------------------------------------------------------------
     def submit(self, rid: int, req: dict, tokens: list[int], clock: TokenClock) -> None:
         """Queue a generation; it joins the batch at the next step.  Refusals become error frames."""
-        budget = self.ctx_per_slot - len(tokens)
+        budget = self.n_ctx - len(tokens)
         max_tokens = min(req.get("max_tokens") or budget, budget) if budget > 0 else 1
         try:
             self.sched.submit(rid, tokens, max_tokens)
@@ -106,20 +104,31 @@ class BatchEngine:
         return self.sched.idle
 
     def statistics(self) -> EngineStatistics:
-        s = self.sched.statistics()
-        return EngineStatistics(self.n_slots, self.ctx_per_slot, s.active, s.waiting, s.steps, s.kv_used, s.kv_total)
+        s, c = self.sched.statistics(), self.counters
+        prefill_tps, decode_tps = c.rates()
+        hits, misses, reused = (now - base for now, base in zip(
+            (s.prefix_hits, s.prefix_misses, s.prefix_reused_tokens), self._prefix_base))
+        return EngineStatistics(
+            n_slots=self.n_slots, ctx_per_slot=self.ctx_per_slot, steps=c.steps, batch_last=c.batch_last,
+            batch_mean=round(c.batch_mean, 3), active=s.active, waiting=s.waiting, free_slots=self.n_slots - s.active,
+            kv_used=s.kv_used, kv_budget=s.kv_total, prefill_tokens_per_s=round(prefill_tps, 1),
+            decode_tokens_per_s=round(decode_tps, 1), prefix_hits=hits, prefix_misses=misses,
+            prefix_reused_tokens=reused)
 
     # ---- one step ----------------------------------------------------------------------
     def step(self) -> None:
         plan = self.sched.plan()
-        for rid, _why in plan.finished:
-            self._end(rid, None)
+        for rid, why in plan.finished:  # cancelled, or cut with "length" because the KV cache is full
+            self._end(rid, None if why is Finish.CANCELLED else why.value)
+        for slot in plan.evicted:  # cached prefixes dropped to make room
+            self._ll.llama_memory_seq_rm(self.mem, slot, 0, -1)
         for a in plan.admitted:
             self._ll.llama_memory_seq_rm(self.mem, a.slot, a.reused, -1)
             self._live[a.rid].cached = a.reused
         if plan.empty:
             return
         rows = self._fill(plan)
+        t0 = self.clock()
         rc = self._ll.llama_decode(self.ctx, self._batch)
         if rc != 0:
             self._fail_step(plan, f"llama_decode failed (rc={rc}) on a batch of {plan.n_tokens} tokens")
@@ -148,6 +157,8 @@ class BatchEngine:
             self._end(rid, Finish.LENGTH.value)
         if sampled and self.token_delay_s > 0:  # test/bench knob: a slower host ([runner] config)
             time.sleep(self.token_delay_s)
+        self.counters.record(seqs=len(plan.decode) + len(plan.prefill), decode_tokens=len(plan.decode),
+                             prefill_tokens=plan.n_tokens - len(plan.decode), seconds=max(0.0, self.clock() - t0))
 
     def _fill(self, plan: StepPlan) -> dict[int, int]:
         """Write the plan into the llama_batch; returns rid -> row whose logits we sample."""
@@ -183,7 +194,8 @@ class BatchEngine:
             live = self._live.pop(rid)
             live.sampler.close()
             self.send({"op": "error", "id": rid, "code": "runner_error", "status": 500, "message": message})
-        self.sched.forget_resident()
+        for slot in self.sched.forget_resident():  # untrusted now: free their cells for the budget
+            self._ll.llama_memory_seq_rm(self.mem, slot, 0, -1)
 
     def _end(self, rid: int, finish: str | None) -> None:
         """Finish ``rid``: ``None`` = cancelled (an error frame), else a done frame with usage."""
@@ -221,6 +233,9 @@ class BatchEngine:
             self.send = send
         self._ll.llama_memory_clear(self.mem, True)
         self.sched.forget_resident()
+        self.counters = StepCounters()  # the figures describe served requests, not the warm-up
+        s = self.sched.statistics()
+        self._prefix_base = (s.prefix_hits, s.prefix_misses, s.prefix_reused_tokens)
 
     def close(self) -> None:
         for live in self._live.values():

@@ -1,9 +1,9 @@
 """The continuous-batching slot scheduler (pure: no llama.cpp, no clock, no I/O).
 
-A runner holds ``n_slots`` parallel sequences.  Each slot owns one llama.cpp sequence id
-and a fixed share of the KV cache, ``ctx_per_slot`` cells (as llama-server ``-c N -np P``:
-every slot gets ``N / P``).  Every engine step is ONE ``llama_decode`` over a batch of at
-most ``n_batch`` tokens, planned here:
+A runner holds ``n_slots`` parallel sequences.  Each slot owns one llama.cpp sequence id;
+the KV cache is unified (``n_ctx`` cells shared by every sequence, as llama-server ``-kvu``),
+so one request may use up to the whole context.  Every engine step is ONE ``llama_decode``
+over a batch of at most ``n_batch`` tokens, planned here:
 
 * every decoding sequence contributes exactly one token (the one it sampled last step);
 * the room left goes to prompt prefill in chunks, shared fairly between the sequences still
@@ -12,11 +12,24 @@ most ``n_batch`` tokens, planned here:
 
 Because ``n_slots <= n_batch`` the room left is always at least the number of prefilling
 sequences: every admitted sequence advances at every step.  A sequence finishes with
-``"length"`` when it reaches ``max_tokens`` or fills its slot's context, ``"stop"`` when the
+``"length"`` when it reaches ``max_tokens`` or the context, ``"stop"`` when the
 engine says so (end of generation, a stop string), ``"cancelled"`` when cancelled: it leaves
 the batch at the next plan.  A released slot remembers the tokens still in its KV cells, so
 a new prompt sharing that prefix skips re-evaluating it (the prompt cache), always keeping
 at least one token to evaluate so the first sample has logits.
+
+KV budget (total cells, never per slot).  Every admitted sequence holds a *reservation*: its
+whole prompt plus ``decode_reserve`` decode cells (fewer if ``max_tokens`` needs fewer).
+Reservations plus the cells still cached by free slots never exceed ``n_ctx``, so prefill and
+the reserved decode tokens always find room and no sequence's cells are ever overwritten:
+
+* admission is FIFO: the oldest waiting request is admitted when a slot is free AND its
+  reservation fits beside the others' (cached prefixes of free slots are evicted to make room,
+  only when that makes it fit); until then it and everything behind it wait.  Every sequence
+  ends (``max_tokens`` is capped at the context), so the wait always ends: no deadlock;
+* a decoding sequence past its reservation takes one free cell per step.  When the cells run
+  out (after evicting cached prefixes) the YOUNGEST such sequence (latest admitted) finishes
+  with ``"length"`` until the others fit; a sequence within its reservation is never cut.
 """
 
 from __future__ import annotations
@@ -53,9 +66,12 @@ class Rejected(Exception):
 class SlotConfig:
     n_slots: int
     n_batch: int
-    ctx_per_slot: int
+    n_ctx: int  # KV cells of the unified cache, shared by every sequence
     max_waiting: int = 16  # requests waiting for a free slot inside the child (the node admits n_slots)
     prompt_cache: bool = True
+    #: decode cells reserved per admitted sequence on top of its prompt; None: a quarter of
+    #: ``n_ctx / n_slots`` (256 at 4096 / 4), at least 1
+    decode_reserve: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.n_slots <= MAX_SLOTS:
@@ -63,10 +79,18 @@ class SlotConfig:
         if self.n_batch < self.n_slots:
             raise ValueError(f"n_batch ({self.n_batch}) must be at least n_slots ({self.n_slots}): "
                              "every decoding sequence needs one batch row per step")
-        if self.ctx_per_slot < 2:
-            raise ValueError(f"ctx_per_slot must be at least 2, not {self.ctx_per_slot}")
+        if self.n_ctx < 2:
+            raise ValueError(f"n_ctx must be at least 2, not {self.n_ctx}")
+        if self.decode_reserve is not None and self.decode_reserve < 0:
+            raise ValueError(f"decode_reserve must not be negative, not {self.decode_reserve}")
         if self.max_waiting < 0:
             raise ValueError("max_waiting must not be negative")
+
+    @property
+    def decode_room(self) -> int:
+        if self.decode_reserve is not None:
+            return self.decode_reserve
+        return max(1, self.n_ctx // (4 * self.n_slots))
 
 
 @dataclass(frozen=True)
@@ -99,9 +123,10 @@ class DecodeToken:
 @dataclass(frozen=True)
 class StepPlan:
     admitted: tuple[Admission, ...] = ()
-    finished: tuple[tuple[int, Finish], ...] = ()  # left before this step (cancelled)
+    finished: tuple[tuple[int, Finish], ...] = ()  # left before this step: cancelled, or "length" (KV full)
     decode: tuple[DecodeToken, ...] = ()
     prefill: tuple[PrefillChunk, ...] = ()
+    evicted: tuple[int, ...] = ()  # free slots whose cached cells must be dropped before this step
 
     @property
     def n_tokens(self) -> int:
@@ -119,6 +144,10 @@ class SlotStatistics:
     kv_used: int
     kv_total: int
     steps: int
+    kv_reserved: int = 0         # cells reserved by active sequences plus cached by free slots (<= kv_total)
+    prefix_hits: int = 0         # admissions that reused a free slot's cached prefix
+    prefix_misses: int = 0       # admissions that reused nothing
+    prefix_reused_tokens: int = 0  # prompt tokens those hits did not evaluate again
 
 
 @dataclass
@@ -130,6 +159,7 @@ class _Seq:
     prefilled: int = 0
     generated: int = 0
     cancelled: bool = False
+    reserved: int = 0  # KV cells this sequence may fill without taking more from the pool
     tokens: list[int] = field(default_factory=list)  # sampled tokens (for the slot's resident prefix)
 
     @property
@@ -151,6 +181,7 @@ class SlotScheduler:
         self._resident: list[tuple[int, ...]] = [() for _ in range(config.n_slots)]  # tokens left in a free slot
         self._rotate = 0
         self._steps = 0
+        self._prefix = [0, 0, 0]  # hits, misses, reused tokens (statistics)
 
     # ---- requests ------------------------------------------------------------------
     def submit(self, rid: int, prompt: Sequence[int], max_tokens: int) -> None:
@@ -158,10 +189,10 @@ class SlotScheduler:
             raise Rejected(f"request id {rid} is already running", code="bad_message", status=400)
         if not prompt:
             raise Rejected("the prompt is empty", code="invalid_request", status=400)
-        limit = self.config.ctx_per_slot
+        limit = self.config.n_ctx
         if len(prompt) >= limit:
-            raise Rejected(f"prompt is {len(prompt)} tokens; this runner's per-slot context is {limit} tokens "
-                           f"(ctx_size / parallel)", code="context_length_exceeded", status=400)
+            raise Rejected(f"prompt is {len(prompt)} tokens; this model's context is {limit} tokens (ctx_size, "
+                           f"shared by the runner's parallel sequences)", code="context_length_exceeded", status=400)
         if len(self._waiting) >= self.config.max_waiting + len(self._free):
             raise Rejected(f"runner is full ({self.config.n_slots} slots busy, {len(self._waiting)} waiting)",
                            code="queue_full", status=429)
@@ -196,9 +227,61 @@ class SlotScheduler:
         for s in [s for s in self._active.values() if s.cancelled]:
             self._release(s)
             finished.append((s.rid, Finish.CANCELLED))
-        admitted = [self._admit(self._waiting.popleft()) for _ in range(min(len(self._free), len(self._waiting)))]
+        evicted: list[int] = []
+        finished += self._grow(evicted)
+        admitted: list[Admission] = []
+        while self._waiting and self._free:
+            a = self._try_admit(self._waiting[0], evicted)
+            if a is None:
+                break  # FIFO: the head waits for room, and everything behind it
+            self._waiting.popleft()
+            admitted.append(a)
         decode = tuple(DecodeToken(s.rid, s.slot, s.kv_used) for s in self._active.values() if s.decoding)
-        return StepPlan(tuple(admitted), tuple(finished), decode, self._prefill(self.config.n_batch - len(decode)))
+        return StepPlan(tuple(admitted), tuple(finished), decode, self._prefill(self.config.n_batch - len(decode)),
+                        tuple(evicted))
+
+    # ---- the KV budget ---------------------------------------------------------------
+    def _committed(self) -> int:
+        """Cells spoken for: active reservations plus the prefixes free slots still cache."""
+        return sum(s.reserved for s in self._active.values()) + sum(len(r) for r in self._resident)
+
+    def _evict_one(self, evicted: list[int], keep: int = -1) -> int:
+        """Drop the cached cells of one free slot (oldest freed first, never ``keep``); cells freed."""
+        for slot in self._free:
+            if slot != keep and self._resident[slot]:
+                n = len(self._resident[slot])
+                self._resident[slot] = ()
+                evicted.append(slot)
+                return n
+        return 0
+
+    def _grow(self, evicted: list[int]) -> list[tuple[int, Finish]]:
+        """Every decoding sequence feeds one token now; one past its reservation needs a free cell.
+        Short of cells: evict cached prefixes, then finish the youngest such sequences ("length")."""
+        cut: list[tuple[int, Finish]] = []
+        while True:
+            growers = [s for s in self._active.values() if s.decoding and s.kv_used + 1 > s.reserved]
+            if len(growers) <= self.config.n_ctx - self._committed():
+                break
+            if not self._evict_one(evicted):
+                self._release(growers[-1])  # dict order = admission order: the last is the youngest
+                cut.append((growers[-1].rid, Finish.LENGTH))
+        for s in growers:
+            s.reserved = s.kv_used + 1
+        return cut
+
+    def _try_admit(self, s: _Seq, evicted: list[int]) -> Admission | None:
+        """Admit ``s`` if its reservation fits (evicting other free slots' prefixes if that makes it fit)."""
+        best, reused = self._pick_slot(s)
+        need = len(s.prompt) + min(s.max_tokens - 1, self.config.decode_room)
+        room = self.config.n_ctx - self._committed() + len(self._resident[best])  # best's cells become s's
+        others = sum(len(self._resident[x]) for x in self._free if x != best)
+        if room + others < need:
+            return None
+        while room < need:
+            room += self._evict_one(evicted, keep=best)
+        s.reserved = need
+        return self._admit(s, best, reused)
 
     def _prefill(self, room: int) -> tuple[PrefillChunk, ...]:
         needy = [s for s in self._active.values() if not s.decoding]
@@ -241,7 +324,7 @@ class SlotScheduler:
                 continue
             s.generated += 1
             s.tokens.append(tok)
-            if s.generated >= s.max_tokens or len(s.prompt) + s.generated >= self.config.ctx_per_slot:
+            if s.generated >= s.max_tokens or len(s.prompt) + s.generated >= self.config.n_ctx:
                 self._release(s)
                 out.append((rid, Finish.LENGTH))
         return out
@@ -253,24 +336,30 @@ class SlotScheduler:
             self._release(s)
 
     # ---- slots -----------------------------------------------------------------------
-    def _admit(self, s: _Seq) -> Admission:
+    def _pick_slot(self, s: _Seq) -> tuple[int, int]:
+        """The free slot caching the longest prefix of ``s``'s prompt, and how much of it to reuse."""
         best, reused = self._free[0], 0
         if self.config.prompt_cache:
             for slot in self._free:
                 n = _common_prefix(self._resident[slot], s.prompt)
                 if n > reused:
                     best, reused = slot, n
-        reused = min(reused, len(s.prompt) - 1)  # evaluate at least one token: the first sample needs logits
+        return best, min(reused, len(s.prompt) - 1)  # evaluate at least one token: the first sample needs logits
+
+    def _admit(self, s: _Seq, best: int, reused: int) -> Admission:
         self._free.remove(best)
         self._resident[best] = ()
         s.slot, s.prefilled = best, reused
+        self._prefix[0 if reused else 1] += 1
+        self._prefix[2] += reused
         self._active[s.rid] = s
         return Admission(s.rid, best, reused)
 
     def _release(self, s: _Seq) -> None:
         del self._active[s.rid]
-        fed = (s.prompt[: s.prefilled] + tuple(s.tokens[: max(0, s.generated - 1)]))
-        self._resident[s.slot] = fed if self.config.prompt_cache else ()
+        # the cells stay in the KV cache until evicted or re-used, so they count against the budget
+        # even without the prompt cache (which only decides whether a new prompt may reuse them)
+        self._resident[s.slot] = s.prompt[: s.prefilled] + tuple(s.tokens[: max(0, s.generated - 1)])
         self._free.append(s.slot)
 
     def resident(self, slot: int) -> tuple[int, ...]:
@@ -286,14 +375,19 @@ class SlotScheduler:
         self.forget_resident()
         return rids
 
-    def forget_resident(self) -> None:
-        """The KV cells of free slots can no longer be trusted (cleared, or a failed decode)."""
+    def forget_resident(self) -> list[int]:
+        """The KV cells of free slots can no longer be trusted (cleared, or a failed decode): the
+        slots that still held some, whose cells the engine must drop unless it clears the cache."""
+        held = [slot for slot, r in enumerate(self._resident) if r]
         self._resident = [() for _ in range(self.config.n_slots)]
+        return held
 
     def statistics(self) -> SlotStatistics:
         return SlotStatistics(active=len(self._active), waiting=len(self._waiting),
                               kv_used=sum(s.kv_used for s in self._active.values()),
-                              kv_total=self.config.n_slots * self.config.ctx_per_slot, steps=self._steps)
+                              kv_total=self.config.n_ctx, kv_reserved=self._committed(), steps=self._steps,
+                              prefix_hits=self._prefix[0], prefix_misses=self._prefix[1],
+                              prefix_reused_tokens=self._prefix[2])
 
     def kv_by_slot(self) -> dict[int, int]:
         return {s.slot: s.kv_used for s in self._active.values()}

@@ -4,21 +4,27 @@ model runner children over a socketpair.
 The framing and the strict decoding are :mod:`hydra_node.codec.framing`'s (the one
 decoder of bytes from a peer or a child); this module adds the channel's bound, the
 check that an ``id`` is a request id, and the typed reading of a runner's answers
-(:func:`runner_event_from_wire`). A bad frame raises :class:`ChannelError` (the child is
-broken and gets restarted); a malformed answer to a request raises
-:class:`RunnerProtocolError`, a ``GenerationError`` the API answers with 502.
+(:func:`runner_event_from_wire`) and of its engine figures (:func:`engine_stats_from_wire`).
+A bad frame raises :class:`ChannelError` (the child is broken and gets restarted); a
+malformed answer to a request raises :class:`RunnerProtocolError`, a ``GenerationError``
+the API answers with 502 (a malformed ``stats`` frame raises it too: the supervisor drops
+and counts it).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import fields
 from typing import Any
 
 from hydra_node.codec.errors import DecodeError, FrameError
 from hydra_node.codec.framing import MessageDecoder, encode_message
 from hydra_node.inference import Finished, MalformedRemoteEvent, TextDelta, remote_error_from_wire
+from hydra_node.runtime.engine.slots import MAX_SLOTS
+from hydra_node.runtime.engine.stats import EngineStatistics
 
 __all__ = ["MAX_CHANNEL_FRAME_BYTES", "ChannelError", "FrameDecoder", "RunnerProtocolError",
-           "encode_frame", "runner_event_from_wire"]
+           "encode_frame", "engine_stats_from_wire", "runner_event_from_wire"]
 
 #: Largest runner-channel frame: one request or one text delta; prompts are capped at the API's 8 MiB body.
 MAX_CHANNEL_FRAME_BYTES = 16 * 1024 * 1024
@@ -87,3 +93,47 @@ def runner_event_from_wire(msg: dict, *, queue_wait_ms: float, served_by: str) -
     if op == "error":
         raise remote_error_from_wire(msg, relay_status=True)
     raise RunnerProtocolError(f"runner sent {op!r:.40} where a delta, done or error was expected")
+
+
+#: Largest rate a runner may report (tokens per second): far above any real host, finite.
+MAX_TOKENS_PER_S = 1e9
+_STATS_FIELDS = tuple(f.name for f in fields(EngineStatistics))
+_STATS_RATES = frozenset({"batch_mean", "prefill_tokens_per_s", "decode_tokens_per_s"})
+#: Counters that only grow while a runner lives (reused tokens pass 2**31 within days): up to 2**53.
+_STATS_TOTALS = frozenset({"steps", "prefix_hits", "prefix_misses", "prefix_reused_tokens"})
+MAX_STATS_TOTAL = 2**53
+
+
+def _rate(msg: dict, key: str, top: float) -> float:
+    v = msg[key]
+    if type(v) not in (int, float) or not math.isfinite(v) or not 0.0 <= v <= top:
+        raise RunnerProtocolError(f"runner stats: {key!r} must be a number in [0, {top:g}], not {v!r:.40}")
+    return float(v)
+
+
+def _total(msg: dict, key: str) -> int:
+    v = msg[key]
+    if type(v) is not int or not 0 <= v <= MAX_STATS_TOTAL:
+        raise RunnerProtocolError(f"runner stats: {key!r} must be a total in [0, 2**53], not {v!r:.40}")
+    return v
+
+
+def engine_stats_from_wire(msg: dict) -> EngineStatistics:
+    """A runner's ``stats`` frame as :class:`EngineStatistics`; a missing, unknown or out-of-range
+    field, or figures that contradict each other, raise :class:`RunnerProtocolError`."""
+    if msg.get("op") != "stats":
+        raise RunnerProtocolError(f"runner sent {msg.get('op')!r:.40} where stats were expected")
+    keys = set(msg) - {"op"}
+    if keys != set(_STATS_FIELDS):
+        missing, unknown = sorted(set(_STATS_FIELDS) - keys), sorted(keys - set(_STATS_FIELDS))
+        raise RunnerProtocolError(f"runner stats: missing {missing[:4]!r:.80}, unknown {unknown[:4]!r:.80}")
+    n_slots = _count(msg, "n_slots")
+    if not 1 <= n_slots <= MAX_SLOTS:
+        raise RunnerProtocolError(f"runner stats: 'n_slots' must be 1..{MAX_SLOTS}, not {n_slots}")
+    values = {k: _rate(msg, k, n_slots if k == "batch_mean" else MAX_TOKENS_PER_S) if k in _STATS_RATES
+              else _total(msg, k) if k in _STATS_TOTALS else _count(msg, k) for k in _STATS_FIELDS}
+    st = EngineStatistics(**values)
+    if st.active + st.free_slots != n_slots or st.batch_last > n_slots or st.kv_used > st.kv_budget:
+        raise RunnerProtocolError(f"runner stats contradict themselves: {n_slots} slots, {st.active} active, "
+                                  f"{st.free_slots} free, batch {st.batch_last}, kv {st.kv_used}/{st.kv_budget}")
+    return st

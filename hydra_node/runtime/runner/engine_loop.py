@@ -4,12 +4,15 @@ The reader thread (:func:`hydra_node.runtime.runner.main._reader`) puts ``genera
 ``cancel`` frames on ``work`` (``None`` when the channel closes).  This loop, on the main
 thread, takes everything waiting, hands it to the :class:`~hydra_node.runtime.engine.batch.BatchEngine`
 (a new request joins the running batch at the next step) and runs one engine step; when no
-sequence is active it blocks on ``work`` instead of spinning.
+sequence is active it blocks on ``work`` instead of spinning.  With a ``cadence``
+(:class:`~hydra_node.runtime.engine.stats.StatsCadence`) it also sends the engine's figures,
+``{"op": "stats", ...}`` (:meth:`BatchEngine.statistics`), when the cadence says one is due.
 """
 
 from __future__ import annotations
 
 import queue
+import time
 from typing import Callable
 
 from hydra_node.runtime._child import TokenClock
@@ -26,8 +29,11 @@ def work_queue_bound(parallel: int) -> int:
 
 
 def run_engine_loop(engine, work: "queue.Queue", prompt_tokens: Callable[[dict], list[int]],
-                    send: Callable[[dict], None]) -> int:
-    """Run until the channel closes (returns 0); an ``OSError`` from ``send`` propagates."""
+                    send: Callable[[dict], None], *, cadence=None,
+                    now: Callable[[], float] = time.monotonic) -> int:
+    """Run until the channel closes (returns 0); an ``OSError`` from ``send`` propagates.
+    ``cadence``: when to send a stats frame (None: never); ``now`` is its clock."""
+    steps = 0
     while True:
         msgs = [work.get()] if engine.idle else []
         while True:
@@ -49,6 +55,10 @@ def run_engine_loop(engine, work: "queue.Queue", prompt_tokens: Callable[[dict],
                 raise
             except Exception as exc:  # a bug or a llama.cpp failure: fail what runs, keep serving
                 engine.fail_all(f"{type(exc).__name__}: {exc}")
+            steps += 1
+            if cadence is not None and cadence.due(steps, now(), idle=engine.idle):
+                send(engine.statistics().to_wire())
+                cadence.sent(steps, now())
 
 
 def _submit(engine, msg: dict, prompt_tokens: Callable[[dict], list[int]], send: Callable[[dict], None]) -> None:

@@ -13,6 +13,7 @@ Started by :mod:`hydra_node.runtime.runner.supervisor` with a connected socket o
   node -> runner: {"op": "generate", "id", "req"} | {"op": "cancel", "id"} | {"op": "ping", "n"} | {"op": "shutdown"}
   runner -> node: {"op": "ready", ...} | {"op": "delta", "id", "text"} | {"op": "done", "id", ...}
                   | {"op": "error", "id", "message", "code", "status"} | {"op": "pong", "n"} | {"op": "fatal", "message"}
+                  | {"op": "stats", ...} (the engine's figures: hydra_node/runtime/engine/stats.py)
 
 A reader thread handles cancel/ping while the main thread generates, so a
 cancel stops generation within one token.  The runner dies with its parent
@@ -314,13 +315,14 @@ def main(argv=None) -> int:
              "n_params": runner.llm._model.n_params(), "size_bytes": runner.llm._model.size(),
              "n_layers": runner.n_layers, "llama": runner.llama_report, "engine": runner.engine_report()})
     if runner.engine is not None:
+        from hydra_node.runtime.engine.stats import StatsCadence
         from hydra_node.runtime.runner.engine_loop import run_engine_loop, work_queue_bound
 
         runner.engine.send = ch.send
         work: "queue.Queue" = queue.Queue(work_queue_bound(runner.engine.n_slots))
         threading.Thread(target=_reader, args=(ch, runner, work), daemon=True).start()
         try:
-            return run_engine_loop(runner.engine, work, runner.prompt_tokens, ch.send)
+            return run_engine_loop(runner.engine, work, runner.prompt_tokens, ch.send, cadence=StatsCadence())
         except OSError:
             return 0
     work = queue.Queue(WORK_QUEUE_BOUND)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from hydra_node.inference import Finished, GenerationError
+from hydra_node.runtime.engine.stats import EngineStatistics
 
 __all__ = ["RequestStats", "RequestSummary", "RunnerCrashed", "RunnerLoadError", "RunnerSettings", "RunnerStalled",
            "RunnerState", "RunnerStatus"]
@@ -154,5 +155,9 @@ class RunnerStatus:
     #: (n_ubatch, flash_attn, type_k, type_v, use_mmap, use_mlock, threads, gpu_layers); None before.
     llama: Mapping[str, Any] | None = None
     #: How the runner generates, from its ready message: mode (continuous_batching | sequential, with
-    #: the reason), parallel, ctx_per_slot (n_ctx / parallel), n_ctx_total; None before it is ready.
+    #: the reason), parallel, ctx_per_slot (the most one request may use: n_ctx, the
+    #: unified KV cache is shared), n_ctx_total; None before it is ready.
     engine: Mapping[str, Any] | None = None
+    #: The continuous-batching engine's latest figures (its ``stats`` frames: batch size, free slots,
+    #: KV cells, prefill/decode tokens/s, prefix reuse); None before the first, or without the engine.
+    engine_stats: EngineStatistics | None = None

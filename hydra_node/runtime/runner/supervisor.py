@@ -28,7 +28,9 @@ from hydra_node.models import ModelRef
 from hydra_node.runtime.runner.records import (RequestStats, RequestSummary, RunnerCrashed, RunnerLoadError, RunnerSettings,
                                               RunnerStalled, RunnerState, RunnerStatus)
 from hydra_node.runtime.runner.admission import AdmissionLimit
-from hydra_node.runtime.runner.channel import ChannelError, FrameDecoder, encode_frame, runner_event_from_wire
+from hydra_node.runtime.engine.stats import EngineStatistics
+from hydra_node.runtime.runner.channel import (ChannelError, FrameDecoder, RunnerProtocolError, encode_frame,
+                                               engine_stats_from_wire, runner_event_from_wire)
 from hydra_node.runtime.supervise import (ChildExited, ChildFailed, ChildNotReady, ChildOutput, ChildSpec,
                                           ChildSupervisor, GiveUp)
 
@@ -68,6 +70,8 @@ class RunnerSupervisor:
         self.info: dict = {}
         self.stats = RequestStats()
         self.speculative: dict | None = None  # the runner's latest speculation figures (its done frames)
+        self.engine_stats: EngineStatistics | None = None  # the runner's latest stats frame (this child's)
+        self.stats_rejected = 0  # malformed stats frames dropped (the child's bug; logged)
         self._waiting = 0
         self._in_flight = 0
         self._slot = AdmissionLimit(settings.parallel)  # FIFO-fair; the child's ready frame resizes it
@@ -122,13 +126,22 @@ class RunnerSupervisor:
     def in_flight(self) -> int:
         return self._in_flight
 
+    @property
+    def free_slots(self) -> int | None:
+        """Sequences this runner could start now (its ``parallel`` minus those admitted; exact, as the
+        node admits every generation); None unless ready.  Announced to the mesh per model."""
+        if self.state is not RunnerState.READY:
+            return None
+        return max(0, self._slot.capacity - self._slot.used)
+
     def status(self) -> RunnerStatus:
         return RunnerStatus(id=self.model.id, path=str(self.model.path), state=self.state, pid=self.pid,
                             restarts=self.restarts, last_error=self.last_error, queue_depth=self._waiting,
                             queue_capacity=self.settings.queue_size, in_flight=self._in_flight,
                             n_ctx=self.info.get("n_ctx"), size_bytes=self.model.size_bytes,
                             requests=RequestSummary.of(self.stats), speculative=self.speculative,
-                            llama=self.info.get("llama"), engine=self.info.get("engine"))
+                            llama=self.info.get("llama"), engine=self.info.get("engine"),
+                            engine_stats=self.engine_stats)
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
@@ -164,6 +177,7 @@ class RunnerSupervisor:
         self.state = RunnerState.LOADING
         self._ready = trio.Event()
         self._decoder = FrameDecoder()
+        self.engine_stats = None  # a new child: the old one's figures no longer describe anything
         parent_sock, child_sock = socket.socketpair()
         self._sock = trio.SocketStream(trio.socket.from_stdlib_socket(parent_sock))
         return ChildSpec(self._argv(child_sock.fileno()), ready=self._await_ready, kind="runner",
@@ -264,6 +278,9 @@ class RunnerSupervisor:
     async def _read_loop(self, decoder: FrameDecoder, proc) -> None:
         while True:
             msg = await self._recv(decoder, proc)
+            if msg["op"] == "stats":
+                self._take_stats(msg)
+                continue
             ch = self._pending.get(msg.get("id"))
             if ch is None:
                 continue  # pong, or a late frame for a request already given up
@@ -271,6 +288,15 @@ class RunnerSupervisor:
                 await ch.send(msg)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._pending.pop(msg.get("id"), None)
+
+    def _take_stats(self, msg: dict) -> None:
+        """A stats frame: kept if well-formed; a malformed one is the child's bug, logged and dropped
+        (it answers no request, and the figures are not worth a restart)."""
+        try:
+            self.engine_stats = engine_stats_from_wire(msg)
+        except RunnerProtocolError as exc:
+            self.stats_rejected += 1
+            log.warning("event=runner_stats_rejected model=%s pid=%s reason=%r", self.model.id, self.pid, str(exc))
 
     def _fail_pending(self, err: GenerationError) -> None:
         for rid, ch in list(self._pending.items()):
