@@ -13,6 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from harness import NodeProcess  # noqa: E402
 
+from hydra_node.routing._metric import percentile as nearest_rank  # noqa: E402
+
 
 def stream_completion(port: int, body: dict, path: str = "/v1/completions") -> tuple[float, float, int]:
     """POST a streaming request on a raw socket. Returns (ttft_s, decode_s, tokens)."""
@@ -110,8 +112,6 @@ def process_tree_rss(pid: int) -> int:
 
 
 def percentile(xs, q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); nan for no samples."""
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, int(-(-q * len(s) // 100)) - 1))]
+    """Nearest-rank percentile (q in 0..100, the routing telemetry's rule); nan for no samples."""
+    value = nearest_rank(list(xs), q / 100)
+    return float("nan") if value is None else value

@@ -72,11 +72,6 @@ class GenerationError(Exception):
         return {"message": self.message, "code": self.code, "status": self.status,
                 "retryable": self.retryable, "retry_after": self.retry_after}
 
-    @classmethod
-    def from_wire(cls, d: Any) -> "GenerationError":
-        """The error our own child reports (its status kept); see :func:`remote_error_from_wire`."""
-        return remote_error_from_wire(d, relay_status=True)
-
 
 class QueueFull(GenerationError):
     def __init__(self, model: str, retry_after: float = 1.0):

@@ -74,6 +74,8 @@ def _meminfo() -> tuple[int, int]:
                     total = int(rest.split()[0]) * 1024
                 elif name == "MemAvailable":
                     avail = int(rest.split()[0]) * 1024
+                if total and avail:  # both near the top: skip the rest of the file
+                    break
     except (OSError, ValueError, IndexError):
         pass
     return total, avail
@@ -190,16 +192,11 @@ class Node:
     def healthy(self) -> bool:
         return self.state == "serving"
 
-    def hardware(self) -> dict:
-        cores = os.cpu_count() or 1
+    def host_memory(self) -> HostMemory:
+        """Total RAM and what placement may fill: MemAvailable less ``safety_margin_gb``, capped by ``--max-memory``."""
         ram, avail = _meminfo()
         margin = int(self.config.file.defaults.hardware.safety_margin_gb * (1 << 30))
-        mem = HostMemory.budget(ram, avail, safety_margin_bytes=margin, max_memory_bytes=self.config.max_memory_bytes)
-        return {"cores": cores, "ram_bytes": ram, "vram_bytes": 0, "usable_bytes": mem.usable_bytes}
-
-    def host_memory(self) -> HostMemory:
-        hw = self.hardware()
-        return HostMemory(ram_bytes=hw["ram_bytes"], usable_bytes=hw["usable_bytes"])
+        return HostMemory.budget(ram, avail, safety_margin_bytes=margin, max_memory_bytes=self.config.max_memory_bytes)
 
     # ---- what the root hands from one service to another ------------------------------
     def announcement_content(self) -> AnnouncementContent:
@@ -208,9 +205,11 @@ class Node:
         summary) and the model runtime (RPC protocol and lease holder)."""
         runners = list(self.runners.values())
         rpc, rpc_extra = self.runtime.rpc_announcement()
+        mem = self.host_memory()
         return AnnouncementContent(
             models=tuple(ModelEntry(r.model.id, str(r.state), r.free_slots) for r in runners),
-            hardware=Hardware(**self.hardware()),
+            hardware=Hardware(cores=os.cpu_count() or 1, ram_bytes=mem.ram_bytes, vram_bytes=0,
+                              usable_bytes=mem.usable_bytes),
             queue_depth=sum(r.queue_depth + r.in_flight for r in runners),
             throughput_milli=tuple((r.model.id, int(r.stats.tokens_per_s * 1000)) for r in runners
                                    if r.stats.tokens_per_s > 0),

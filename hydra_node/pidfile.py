@@ -31,13 +31,17 @@ def _stat(pid: int) -> list[bytes] | None:
     return data[data.rfind(b")") + 2:].split()
 
 
-def process_start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot, or None if it does not exist."""
-    rest = _stat(pid)
+def _start_time(rest: list[bytes] | None) -> int | None:
+    """The start time field of parsed ``/proc/<pid>/stat`` fields, or None."""
     try:
         return int(rest[19]) if rest is not None else None
     except (IndexError, ValueError):
         return None
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot, or None if it does not exist."""
+    return _start_time(_stat(pid))
 
 
 def is_same_process(pid: int, start_time: int | None) -> bool:
@@ -49,11 +53,8 @@ def is_same_process(pid: int, start_time: int | None) -> bool:
     rest = _stat(pid)
     if rest is None or rest[:1] in ([b"Z"], [b"X"]):
         return False
-    try:
-        st = int(rest[19])
-    except (IndexError, ValueError):
-        return False
-    return start_time is None or st == start_time
+    st = _start_time(rest)
+    return st is not None and (start_time is None or st == start_time)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from hydra_node.discovery.node_choice import (
     load_last_mesh,
 )
 
-__all__ = ["add_discover_parser", "add_serve_args", "cmd_discover", "os_errors", "settings_from_args"]
+__all__ = ["add_discover_parser", "add_serve_args", "cmd_discover", "exception_leaves", "os_errors", "settings_from_args"]
 
 DISCOVER_WAIT_S = 5.0  # `discover --wait` default: returns earlier once relays are synced and the LAN settled
 MAX_DISCOVER_WAIT_S = 120.0
@@ -73,24 +73,18 @@ def settings_from_args(args) -> DiscoverySettings | None:
     return s if s.active else None
 
 
+def exception_leaves(exc: BaseException) -> list[BaseException]:
+    """Every exception inside ``exc`` (nested groups flattened), in order."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in exception_leaves(inner)]
+    return [exc]
+
+
 def os_errors(exc: BaseException) -> list[OSError] | None:
     """Every OSError in ``exc`` (a bare one, or a group however nested) when that is all it holds;
     None when anything else is in it (a bug, or a cancellation: the caller re-raises it whole)."""
-    if isinstance(exc, OSError):
-        return [exc]
-    if isinstance(exc, BaseExceptionGroup):
-        matched, rest = exc.split(OSError)
-        if rest is None and matched is not None:
-            out: list[OSError] = []
-            pending: list[BaseException] = [matched]
-            while pending:
-                e = pending.pop(0)
-                if isinstance(e, BaseExceptionGroup):
-                    pending[:0] = list(e.exceptions)
-                else:
-                    out.append(e)  # type: ignore[arg-type]
-            return out
-    return None
+    leaves = exception_leaves(exc)
+    return leaves if all(isinstance(e, OSError) for e in leaves) else None  # type: ignore[return-value]
 
 
 def add_discover_parser(sub) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hydra_node import __version__
 from hydra_node.cli.discovery import add_discover_parser, add_serve_args as add_discovery_serve_args, cmd_discover
-from hydra_node.cli.discovery import settings_from_args as discovery_settings_from_args
+from hydra_node.cli.discovery import exception_leaves, settings_from_args as discovery_settings_from_args
 from hydra_node.cli.models import add_split_serve_args, add_swap_parser, cmd_swap, split_config_from_args
 from hydra_node.cli.client import NodeClient, NodeClientError
 from hydra_node.cli.speculative import add_speculative_serve_args, apply_speculative_args
@@ -199,7 +199,7 @@ def cmd_serve(args) -> int:
         return EXIT_FAILED
     except BaseExceptionGroup as eg:
         # Report the group whole: every failure of the start-up, not only the first one.
-        leaves = _leaves(eg)
+        leaves = exception_leaves(eg)
         if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
             return 130
         expected = (MeshError, JoinFailed, ModelNotFound, NodeAlreadyRunning, IdentityError, RunnerLoadError, OSError)
@@ -218,13 +218,6 @@ def _mesh_failure(exc: BaseException) -> str:
     if isinstance(exc, (JoinFailed, TokenError)):
         return f"cannot join: {exc}"
     return f"mesh error: {exc}"
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """Every exception inside ``exc`` (nested groups flattened), in order."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
 
 
 def _console_port(args) -> int:

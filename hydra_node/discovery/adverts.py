@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
-import time
 from typing import Protocol
 
 from hydra_node import __version__
 from hydra_node.discovery.mdns.wire import MAX_ADDRESSES, MAX_MODELS, MdnsAdvert, MdnsAdvertError
 from hydra_node.discovery.node_choice import DiscoverySettings, lan_fingerprint
 from hydra_node.discovery.nostr.events import ListingContent
-from hydra_node.mesh.wire.errors import TokenError
 from hydra_node.mesh.wire.ids import MeshSecret
-from hydra_node.mesh.wire.token import parse_invite
 from hydra_node.mesh.status_view import PeerRow
 
 __all__ = ["MAX_LISTED_MODELS", "MAX_MODEL_NAME", "advert_ips", "listing_content", "mdns_advert"]
@@ -38,10 +35,7 @@ class AdvertisedMesh(Protocol):
     def mesh_id(self) -> str | None: ...
     @property
     def mesh_secret(self) -> MeshSecret | None: ...
-    @property
-    def invite_ttl_s(self) -> float: ...
     def token(self) -> str | None: ...
-    def invite(self, ttl_s: float) -> str: ...
 
 
 def advert_ips(addresses: list[str], fallback: str) -> list[str]:
@@ -85,14 +79,9 @@ def listing_content(mesh: AdvertisedMesh, settings: DiscoverySettings, *, peers:
                     spare_slots: int) -> ListingContent:
     """Our Nostr listing: the mesh, a standing invite for it, what it serves and how full it is."""
     listed = sorted({m for m in serving if 0 < len(m) <= MAX_MODEL_NAME and m.isprintable()})[:MAX_LISTED_MODELS]
-    token = mesh.token()
-    try:
-        if token is None or parse_invite(token, time.time()).mesh_id != mesh.mesh_id:  # cached before a mesh switch
-            token = mesh.invite(mesh.invite_ttl_s)
-    except TokenError:
-        token = mesh.invite(mesh.invite_ttl_s)
+    # MeshService.token() is already re-issued near expiry and whenever our mesh changed.
     return ListingContent(
-        mesh_id=mesh.mesh_id, invite_token=token, serving=tuple(listed),
+        mesh_id=mesh.mesh_id, invite_token=mesh.token(), serving=tuple(listed),
         node_count=min(1 + len(peers), MAX_LISTING_COUNT),
         client_count=min(sum(1 for p in peers if p.role == "client"), MAX_LISTING_COUNT),
         max_clients=settings.max_clients, spare_slots=min(spare_slots, MAX_LISTING_COUNT),

@@ -52,9 +52,6 @@ class LinkTable:
     def open_links(self) -> list[PeerLink]:
         return [link for link in self._links.values() if not link.closed]
 
-    def __len__(self) -> int:
-        return len(self._links)
-
     def items(self) -> list[tuple[str, PeerLink]]:
         return list(self._links.items())
 

@@ -122,7 +122,7 @@ class MeshService:
         """peer id → membership state ("alive", "suspect", "dead", "left") of every peer we know."""
         if self._membership is None:
             return {}
-        return {p.peer_id: p.state for p in self._membership.statistics(now).peers}
+        return self._membership.peer_states()  # not statistics(): routing asks on every request
 
     def link(self, peer_id: str) -> PeerLink | None:
         """The open link to ``peer_id``, or None (never dials; see :meth:`link_to`)."""
@@ -366,8 +366,8 @@ class MeshService:
         links = self._links
         return mesh_section(
             mesh_id=self.mesh_id, port=self._port, addresses=self._addresses, role=self._settings.role,
-            links={pid[:16]: link.statistics() for pid, link in (links.items() if links else [])},
+            links={pid[:16]: link.statistics() for pid, link in (links.items() if links is not None else [])},
             handshake_failures=self._listener.statistics().handshake_failures if self._listener else {},
             gossip=self.gossip_statistics(),
-            counters={**self._counters, "duplicate_links_closed": links.duplicate_links_closed if links else 0,
-                      "dial_failures": links.dial_failures if links else 0})
+            counters={**self._counters, "duplicate_links_closed": links.duplicate_links_closed if links is not None else 0,
+                      "dial_failures": links.dial_failures if links is not None else 0})

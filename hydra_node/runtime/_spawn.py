@@ -25,7 +25,7 @@ import queue
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import trio
@@ -83,15 +83,13 @@ def _pipe_from_child() -> tuple[trio.lowlevel.FdStream, int]:
 
 
 async def open_child_process(argv: Sequence[str], *, stdout: int | None = subprocess.DEVNULL,
-                             stderr: int | None = subprocess.DEVNULL, pass_fds: Sequence[int] = (),
-                             env: Mapping[str, str] | None = None, cwd: str | None = None) -> trio.Process:
+                             stderr: int | None = subprocess.DEVNULL, pass_fds: Sequence[int] = ()) -> trio.Process:
     """Like ``trio.lowlevel.open_process`` (stdin is /dev/null), but the child dies with us.
 
     ``stdout``/``stderr``: ``subprocess.PIPE`` (a trio stream on the process object),
-    ``subprocess.DEVNULL`` or a file descriptor.  ``env`` is added to our environment.
+    ``subprocess.DEVNULL`` or a file descriptor.
     Raises ``OSError`` when the program cannot be started.
     """
-    child_env = {**os.environ, **env} if env else None
     out_stream = err_stream = None
     child_ends: list[int] = []
     try:
@@ -102,7 +100,7 @@ async def open_child_process(argv: Sequence[str], *, stdout: int | None = subpro
             err_stream, stderr = _pipe_from_child()
             child_ends.append(stderr)
         popen_call = partial(subprocess.Popen, list(argv), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                             pass_fds=tuple(pass_fds), env=child_env, cwd=cwd,
+                             pass_fds=tuple(pass_fds),
                              preexec_fn=_die_with_parent(os.getpid()))
         future = _spawner.submit(popen_call)
         with trio.CancelScope(shield=True):  # bounded by fork + exec; the Popen must not be lost

@@ -25,7 +25,7 @@ import logging
 import random
 import socket
 import subprocess
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from hydra_node.pidfile import remove_pidfile, write_pidfile
 from hydra_node.runtime._spawn import describe_returncode, open_child_process, stop_process
 
 __all__ = ["ChildState", "GiveUp", "ChildNotReady", "ChildExited", "ChildFailed", "ChildOutput", "ChildSpec",
-           "ChildSupervisor", "describe_returncode"]
+           "ChildSupervisor"]
 
 log = logging.getLogger("hydra.supervise")
 
@@ -137,8 +137,6 @@ class ChildSpec:
     argv: Sequence[str]
     ready: ReadinessReader
     kind: str = "child"
-    env: Mapping[str, str] | None = None
-    cwd: str | None = None
     stdout: int | None = subprocess.DEVNULL
     output: ChildOutput | None = None  # None: stderr is /dev/null
     #: Sockets the child inherits (pass their fd numbers in ``argv``); ours are closed once it runs.
@@ -250,7 +248,7 @@ class ChildSupervisor:
             proc = await open_child_process(
                 spec.argv, stdout=spec.stdout,
                 stderr=subprocess.PIPE if spec.output is not None else subprocess.DEVNULL,
-                pass_fds=tuple(s.fileno() for s in spec.handover), env=spec.env, cwd=spec.cwd)
+                pass_fds=tuple(s.fileno() for s in spec.handover))
         except OSError as exc:
             self.last_error = f"cannot spawn {self.name}: {exc}"
             if spec.on_exit is not None:

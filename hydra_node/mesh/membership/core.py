@@ -38,8 +38,8 @@ class Membership(MessageHandlers, PeerChanges, Dissemination):
     """Sans-IO membership of one node. Drive it with `tick(now)` at `next_deadline()`.
 
     This module holds the inputs, views and timers; the message handlers, the merge and state
-    changes and the dissemination live in the `membership_handlers`, `membership_changes` and
-    `membership_dissemination` mixins, which share the state set up here.
+    changes and the dissemination live in the `handlers`, `changes` and
+    `dissemination` mixins, which share the state set up here.
     """
 
     def __init__(self, announcement: Announcement, config: MembershipConfig | None = None,
@@ -103,6 +103,10 @@ class Membership(MessageHandlers, PeerChanges, Dissemination):
     def members(self) -> dict[str, Announcement]:
         """Alive and suspect peers (not us) and their announcements."""
         return {i: p.record.announcement for i, p in self._peers.items() if p.record.state.is_member}
+
+    def peer_states(self) -> dict[str, str]:
+        """Peer id → state name ("alive", "suspect", ...) of every peer we know (not us)."""
+        return {i: p.record.state.value for i, p in self._peers.items()}
 
     def statistics(self, now: float) -> MembershipStatistics:
         peers = tuple(

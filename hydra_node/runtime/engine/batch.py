@@ -24,7 +24,7 @@ way), so the split layout would throw most of batching's gain away.  Sequence id
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from hydra_node.runtime._child import TokenClock
@@ -47,7 +47,6 @@ class _Live:
     last: int = -1   # the latest sampled token, fed at the next step
     n: int = 0       # completion tokens (end-of-generation not counted)
     cached: int = 0  # prompt tokens reused from the slot's KV cells
-    generated: list[int] = field(default_factory=list)
 
 
 class BatchEngine:
@@ -143,7 +142,6 @@ class BatchEngine:
                 self._end(rid, "stop")
                 continue
             live.n += 1
-            live.generated.append(tok)
             text = live.asm.feed(self.llm.detokenize([tok]))
             if text:
                 self.send({"op": "delta", "id": rid, "text": text})

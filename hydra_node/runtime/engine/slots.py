@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 __all__ = ["Admission", "DecodeToken", "PrefillChunk", "SlotConfig", "SlotScheduler", "SlotStatistics",
-           "StepPlan", "Finish", "Rejected"]
+           "StepPlan", "Finish", "Rejected", "common_prefix"]
 
 #: Most parallel sequences one runner may hold (llama.cpp's LLAMA_MAX_SEQ is 256; 64 keeps
 #: per-step bookkeeping small and matches the config bound).
@@ -157,10 +157,13 @@ class _Seq:
     max_tokens: int
     slot: int = -1
     prefilled: int = 0
-    generated: int = 0
     cancelled: bool = False
     reserved: int = 0  # KV cells this sequence may fill without taking more from the pool
     tokens: list[int] = field(default_factory=list)  # sampled tokens (for the slot's resident prefix)
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens)
 
     @property
     def decoding(self) -> bool:
@@ -322,7 +325,6 @@ class SlotScheduler:
             s = self._active.get(rid)
             if s is None:
                 continue
-            s.generated += 1
             s.tokens.append(tok)
             if s.generated >= s.max_tokens or len(s.prompt) + s.generated >= self.config.n_ctx:
                 self._release(s)
@@ -341,7 +343,7 @@ class SlotScheduler:
         best, reused = self._free[0], 0
         if self.config.prompt_cache:
             for slot in self._free:
-                n = _common_prefix(self._resident[slot], s.prompt)
+                n = common_prefix(self._resident[slot], s.prompt)
                 if n > reused:
                     best, reused = slot, n
         return best, min(reused, len(s.prompt) - 1)  # evaluate at least one token: the first sample needs logits
@@ -397,7 +399,7 @@ class SlotScheduler:
         return not self._active and not self._waiting
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     for x, y in zip(a, b):
         if x != y:

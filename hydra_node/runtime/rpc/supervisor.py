@@ -37,8 +37,6 @@ __all__ = ["Backoff", "RpcWorkerSupervisor", "WorkerFailed", "WorkerState", "Wor
 
 log = logging.getLogger(__name__)
 
-#: Stderr lines kept for error reports.
-STDERR_TAIL_LINES = 40
 _READ_CHUNK = 4096
 
 #: The worker's states are the supervisor's: starting, ready, restarting, failed, stopped.
@@ -85,7 +83,7 @@ class RpcWorkerSupervisor:
         if max_memory_bytes:
             argv += ["--max-memory-bytes", str(max_memory_bytes)]
         self._ready_timeout = ready_timeout_s
-        self._output = ChildOutput(tail_lines=STDERR_TAIL_LINES)
+        self._output = ChildOutput()
         self._ready: Readiness | None = None
         spec = ChildSpec(argv, ready=self._await_readiness, kind="rpc-worker", stdout=subprocess.PIPE,
                          output=self._output, pidfile=pidfile, grace_s=grace_s)

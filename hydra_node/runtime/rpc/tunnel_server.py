@@ -17,7 +17,8 @@ from hydra_node.mesh.wire.errors import StreamReset
 from hydra_node.runtime.rpc._proto import ProtoVersion
 from hydra_node.runtime.rpc.dataconn import DataConnection, DataListener, TooManyTickets
 from hydra_node.runtime.rpc.lease import LeaseHeld, WorkerLease
-from hydra_node.runtime.rpc.lease_wire import ControlError, DataOffer, LeaseGranted, NoDataOffer, PathChoice, encode_control
+from hydra_node.runtime.rpc.lease_wire import (MAX_DEVICE_CHARS, ControlError, DataOffer, LeaseGranted, NoDataOffer,
+                                              PathChoice, encode_control)
 from hydra_node.runtime.rpc.tunnel_control import MAX_TAG_CHARS, PATH_CHOICE_TIMEOUT_S, read_control
 from hydra_node.runtime.rpc.tunnel_splice import splice, splice_data
 
@@ -104,7 +105,7 @@ class RpcTunnelServer:
         log.info("event=rpc_lease_granted coordinator=%s", peer[:16])
         try:
             _, proto, free, device = info
-            await stream.send(encode_control(LeaseGranted(ProtoVersion.parse(proto), free, device[:256],
+            await stream.send(encode_control(LeaseGranted(ProtoVersion.parse(proto), free, device[:MAX_DEVICE_CHARS],
                                                           self.data.port is not None)))
             while await stream.receive():
                 pass

@@ -19,7 +19,8 @@ from typing import Any
 
 from hydra_node.codec.errors import DecodeError, FrameError
 from hydra_node.codec.framing import MessageDecoder, encode_message
-from hydra_node.inference import Finished, MalformedRemoteEvent, TextDelta, remote_error_from_wire
+from hydra_node.inference import (MAX_EVENT_MILLIS, MAX_FINISH_REASON_CHARS, MAX_TOKEN_COUNT, Finished,
+                                  MalformedRemoteEvent, TextDelta, remote_error_from_wire)
 from hydra_node.runtime.engine.slots import MAX_SLOTS
 from hydra_node.runtime.engine.stats import EngineStatistics
 
@@ -35,17 +36,17 @@ MAX_REQUEST_ID = 2**63 - 1
 ChannelError = DecodeError
 
 
-def encode_frame(msg: dict, *, limit: int = MAX_CHANNEL_FRAME_BYTES) -> bytes:
-    """One frame for `msg`; ``EncodeError`` (our bug) above `limit` or outside the data model."""
-    return encode_message(msg, limit=limit)
+def encode_frame(msg: dict) -> bytes:
+    """One frame for `msg`; ``EncodeError`` (our bug) above the channel's bound or outside the data model."""
+    return encode_message(msg, limit=MAX_CHANNEL_FRAME_BYTES)
 
 
 class FrameDecoder(MessageDecoder):
     """Accumulates bytes; :meth:`next_message` returns a map with a text ``op`` or None when more
     is needed, and raises :class:`ChannelError` on anything else."""
 
-    def __init__(self, limit: int = MAX_CHANNEL_FRAME_BYTES) -> None:
-        super().__init__(limit)
+    def __init__(self) -> None:
+        super().__init__(MAX_CHANNEL_FRAME_BYTES)
 
     def check(self, msg: dict[str, Any]) -> None:
         rid = msg.get("id")
@@ -62,14 +63,14 @@ class RunnerProtocolError(MalformedRemoteEvent):
 
 def _count(msg: dict, key: str, default: int | None = None) -> int:
     v = msg.get(key, default)
-    if type(v) is not int or not 0 <= v < 2**31:
+    if type(v) is not int or not 0 <= v <= MAX_TOKEN_COUNT:
         raise RunnerProtocolError(f"runner {msg.get('op')}: {key!r} must be a count, not {v!r:.40}")
     return v
 
 
 def _millis(msg: dict, key: str) -> float:
     v = msg.get(key, 0.0)
-    if type(v) not in (int, float) or not 0.0 <= v <= 1e12:
+    if type(v) not in (int, float) or not 0.0 <= v <= MAX_EVENT_MILLIS:
         raise RunnerProtocolError(f"runner {msg.get('op')}: {key!r} must be a duration, not {v!r:.40}")
     return float(v)
 
@@ -86,7 +87,7 @@ def runner_event_from_wire(msg: dict, *, queue_wait_ms: float, served_by: str) -
         return TextDelta(text)
     if op == "done":
         reason = msg.get("finish_reason")
-        if not isinstance(reason, str) or not reason or len(reason) > 32:
+        if not isinstance(reason, str) or not reason or len(reason) > MAX_FINISH_REASON_CHARS:
             raise RunnerProtocolError(f"runner done: bad finish_reason {reason!r:.40}")
         return Finished(reason, _count(msg, "prompt_tokens"), _count(msg, "completion_tokens"), queue_wait_ms,
                         _millis(msg, "ttft_ms"), _millis(msg, "itl_ms"), served_by, _count(msg, "cached_tokens", 0))

@@ -32,12 +32,15 @@ import sys
 import threading
 import time
 
+from hydra_node.runtime.engine.slots import common_prefix
 from hydra_node.runtime.runner.channel import ChannelError, FrameDecoder, encode_frame
 from hydra_node.runtime.runner.textstream import TextAssembler
 from hydra_node.runtime._child import TokenClock, die_with_parent
 
 #: Generate requests buffered in the child; the node's supervisor admits one at a time.
 WORK_QUEUE_BOUND = 4
+#: The prompt decoded before reporting ready (compute buffers allocated, weights faulted in).
+WARMUP_TEXT = b"Hydra warm-up: the quick brown fox jumps over the lazy dog."
 
 
 class Channel:
@@ -125,7 +128,7 @@ class Runner:
         if self.args.warmup and not batching:  # the engine warms its own context up (below)
             # The first decode allocates compute buffers and faults the weights in (seconds on
             # a cold machine); pay that before reporting ready, not in the first request's TTFT.
-            warm = self.llm.tokenize(b"Hydra warm-up: the quick brown fox jumps over the lazy dog.")
+            warm = self.llm.tokenize(WARMUP_TEXT)
             for _ in zip(range(2), self.llm.generate(warm, temp=0.0, top_k=1)):
                 pass
             self.llm.reset()
@@ -146,7 +149,7 @@ class Runner:
                                       prompt_cache=self.args.prompt_cache, send=lambda m: None,
                                       token_delay_s=self.args.inject_token_delay_ms / 1000.0)
             if self.args.warmup:
-                self.engine.warmup(self.llm.tokenize(b"Hydra warm-up: the quick brown fox jumps over the lazy dog."))
+                self.engine.warmup(self.llm.tokenize(WARMUP_TEXT))
             self.n_ctx = self.engine.ctx_per_slot  # what one request may use
             self.load_s = time.monotonic() - t0  # the engine's context and warm-up are part of loading
 
@@ -189,12 +192,7 @@ class Runner:
             self.llm.set_seed(int(req["seed"]) & 0xFFFFFFFF)
         if not self.args.prompt_cache:
             self.llm.reset()  # full re-evaluation: bit-for-bit reproducible greedy output
-        cached = 0
-        prev = self.llm._input_ids[: self.llm.n_tokens].tolist()
-        for a, b in zip(prev, tokens):
-            if a != b:
-                break
-            cached += 1
+        cached = common_prefix(self.llm._input_ids[: self.llm.n_tokens].tolist(), tokens)
         temp = float(req.get("temperature", 0.8))
         asm = TextAssembler(tuple(req.get("stop") or ()))
         n = 0

@@ -97,7 +97,7 @@ class RequestStats:
     cached_tokens: int = 0
     prompt_tokens: int = 0
 
-    def observe(self, fin: Finished, cached: int, alpha: float = 0.2) -> None:
+    def observe(self, fin: Finished, alpha: float = 0.2) -> None:
         self.completed += 1
         first = self.completed == 1
         def ewma(old, new):
@@ -108,7 +108,7 @@ class RequestStats:
             self.itl_ms = ewma(self.itl_ms, fin.itl_ms)
             if fin.itl_ms > 0:
                 self.tokens_per_s = ewma(self.tokens_per_s, 1000.0 / fin.itl_ms)
-        self.cached_tokens += cached
+        self.cached_tokens += fin.cached_tokens
         self.prompt_tokens += fin.prompt_tokens
 
 

@@ -220,7 +220,7 @@ class RunnerSupervisor:
         except trio.TooSlowError:
             raise ChildNotReady(f"model {self.model.id!r} did not load within "
                                 f"{self.settings.load_timeout_s:.0f} s") from None
-        except _ChildExited as exc:
+        except ChildExited as exc:
             raise ChildNotReady(f"model {self.model.id!r} failed to load: {exc}") from None
         if msg["op"] == "fatal":
             raise ChildNotReady(f"model {self.model.id!r} failed to load: {msg.get('message')}")
@@ -259,7 +259,7 @@ class RunnerSupervisor:
             try:
                 msg = decoder.next_message()
             except ChannelError as exc:
-                raise _ChildExited(f"runner sent a bad frame: {exc}") from None
+                raise ChildExited(f"runner sent a bad frame: {exc}") from None
             if msg is not None:
                 return msg
             try:
@@ -272,7 +272,7 @@ class RunnerSupervisor:
                 tail = " | ".join(list(self._stderr_tail)[-5:])
                 code = proc.returncode
                 how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                raise _ChildExited(f"runner exited ({how}){': ' + tail if tail else ''}")
+                raise ChildExited(f"runner exited ({how}){': ' + tail if tail else ''}")
             decoder.receive_data(data)
 
     async def _read_loop(self, decoder: FrameDecoder, proc) -> None:
@@ -372,7 +372,7 @@ class RunnerSupervisor:
                         raise
                     if isinstance(ev, Finished):
                         terminal = True
-                        self.stats.observe(ev, ev.cached_tokens)
+                        self.stats.observe(ev)
                         if isinstance(msg.get("speculative"), dict):
                             self.speculative = msg["speculative"]
                         yield ev
@@ -418,9 +418,6 @@ class RunnerSupervisor:
                 log.error("event=runner_stuck model=%s pid=%s action=kill", self.model.id, self.pid)
                 self._child.kill()
 
-
-#: What the channel reader raises when the runner is gone (the supervisor's "child exited").
-_ChildExited = ChildExited
 
 
 def _safe(name: str) -> str:

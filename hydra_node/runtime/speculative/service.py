@@ -34,7 +34,7 @@ from hydra_node.backoff import Backoff
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError, StreamReset
 from hydra_node.models import ModelNotFound, ModelRef, resolve_model
 from hydra_node.runtime.peers import PeerView, link_rtt_ms
-from hydra_node.runtime.rpc.tunnel import splice
+from hydra_node.runtime.rpc.tunnel_splice import TCP_ERRORS, splice
 from hydra_node.runtime.supervise import ChildFailed, ChildNotReady, ChildOutput, ChildSpec, ChildState, ChildSupervisor
 
 from hydra_node.runtime.speculative.child.runner_glue import argv_for
@@ -67,8 +67,6 @@ PEER_OPEN_TIMEOUT_S = 3.0
 MAX_DRAFT_CONNECTIONS = 8
 #: Context of the served draft (a target's prompt plus its output must fit).
 DRAFT_N_CTX = 4096
-
-_TCP_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
 def _resolve(ref: str, what: str) -> ModelRef:
@@ -327,7 +325,7 @@ class SpeculationService:
                         self.counters["tunnels_opened"] += 1
                         await splice(tcp, stream)
                     return
-                except (MeshError, StreamReset, LinkClosed, trio.TooSlowError) + _TCP_ERRORS as exc:
+                except (MeshError, StreamReset, LinkClosed, trio.TooSlowError) + TCP_ERRORS as exc:
                     self.counters["tunnel_failures"] += 1
                     log.info("event=draft_tunnel_failed peer=%s error=%r", peer_id[:16], exc)
                     break  # the runner finishes this request alone; the next one tries again
@@ -353,7 +351,7 @@ async def _splice_tcp(a: trio.SocketStream, b: trio.SocketStream) -> None:
             try:
                 while data := await src.receive_some(65536):
                     await dst.send_all(data)
-            except _TCP_ERRORS:
+            except TCP_ERRORS:
                 pass
             nursery.cancel_scope.cancel()
 
