@@ -128,8 +128,8 @@ class LiveScheduling:
 
     def features(self, req: GenerationRequest) -> RequestFeatures:
         if req.kind == "chat":
-            body: dict = {"messages": [{"role": r, "content": c} for r, c in req.messages]}
-            chars = sum(len(c) for _, c in req.messages)
+            body: dict = {"messages": [{"role": m.role, "content": m.content} for m in req.messages]}
+            chars = sum(len(m.content) for m in req.messages)
         else:
             body = {"prompt": req.prompt}
             chars = len(req.prompt)

@@ -168,7 +168,7 @@ def test_parse_chat_accepts_text_parts_and_stream_options():
     req, stream, usage = parse_request(
         b'{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],'
         b'"stream":true,"stream_options":{"include_usage":true},"stop":"x","max_completion_tokens":5}', "chat")
-    assert req.messages == (("user", "ab"),) and stream and usage and req.stop == ("x",) and req.max_tokens == 5
+    assert [(m.role, m.content) for m in req.messages] == [("user", "ab")] and stream and usage and req.stop == ("x",) and req.max_tokens == 5
 
 
 # ---- identity ---------------------------------------------------------------------------

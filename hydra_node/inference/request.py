@@ -1,0 +1,319 @@
+"""What a generation is asked to do: :class:`GenerationRequest` and its parts.
+
+The same object crosses the runner channel and peer links (``to_wire``/``from_wire``, CBOR
+types only), so every field here is honoured wherever the request is served:
+
+* chat history: :class:`ChatMessage` (role, text, an assistant's :class:`ToolCall` list, a
+  tool result's ``tool_call_id``/``name``), rendered into a prompt by the HOST's runner with
+  the model's own chat template (``hydra_node.runtime.runner.chat_prompt``);
+* ``tools`` (:class:`ToolSpec`) and ``tool_choice`` are rendered into the prompt there too. The
+  model answers a call as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (the
+  format documented in docs/api.md); the API node that received the request parses it back
+  into ``tool_calls`` (``hydra_node.api.toolcalls``), so no host needs to parse anything;
+* ``grammar``: a GBNF grammar (root rule ``root``) built by the API node from a JSON schema,
+  a ``response_format`` or forced tools (``hydra_node.api.grammar``); the host's sampler
+  enforces it. With ``grammar_triggers`` the grammar is lazy: free text until one of those
+  words is generated, then the rest (from the word on) must match the grammar;
+* sampling: temperature, top_p, seed, presence/frequency penalties, logit bias;
+* ``logprobs``/``top_logprobs``: the host reports per-token log-probabilities in its deltas.
+
+A completion's prompt is text (``prompt``) or token ids (``prompt_tokens``), never both.
+Every text must be encodable as UTF-8 (a lone surrogate is refused here, naming the field,
+before it can reach a runner).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from hydra_node.inference.errors import InvalidRequest
+
+__all__ = ["Kind", "MAX_TOKENS_LIMIT", "MAX_STOP_SEQUENCES", "MAX_SESSION_CHARS", "MAX_TOOLS",
+           "MAX_LOGIT_BIAS", "MAX_TOP_LOGPROBS_REQUEST", "MAX_GRAMMAR_CHARS", "ToolCall", "ChatMessage",
+           "ToolSpec", "GenerationRequest"]
+
+Kind = Literal["chat", "completion"]
+
+#: Upper bound on generated tokens a single request may ask for.
+MAX_TOKENS_LIMIT = 32768
+#: Upper bound on stop sequences (OpenAI allows 4).
+MAX_STOP_SEQUENCES = 4
+#: Characters of a session id kept for routing affinity (``X-Session-Id`` header or body ``user``).
+MAX_SESSION_CHARS = 256
+#: Most tools one request may offer (OpenAI allows 128).
+MAX_TOOLS = 128
+#: Most ``logit_bias`` entries (OpenAI: 300).
+MAX_LOGIT_BIAS = 300
+#: Most alternatives per token for ``top_logprobs`` (OpenAI: 20).
+MAX_TOP_LOGPROBS_REQUEST = 20
+#: Longest GBNF grammar accepted.
+MAX_GRAMMAR_CHARS = 256 * 1024
+#: Most token ids in a completion prompt given as tokens.
+MAX_PROMPT_TOKENS = 1 << 20
+
+TOOL_CHOICES = ("auto", "none", "required", "function")
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def _utf8(text: str, param: str) -> str:
+    """``text`` if it can be encoded as UTF-8 (no lone surrogates), else a 400 naming ``param``."""
+    if not isinstance(text, str):
+        raise InvalidRequest(f"'{param}' must be a string", param)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest(f"'{param}' holds text that is not valid Unicode (a lone surrogate?)", param) from None
+    return text
+
+
+def _s(d: dict, key: str, default: str = "") -> str:
+    v = d.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, str):
+        raise InvalidRequest(f"'{key}' must be a string", key)
+    return v
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A function call made by the assistant: ``arguments`` is JSON text (as OpenAI sends it)."""
+    id: str
+    name: str
+    arguments: str = "{}"
+
+    def to_wire(self) -> dict:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+    @classmethod
+    def from_wire(cls, d: Any) -> "ToolCall":
+        if not isinstance(d, dict):
+            raise InvalidRequest("a tool call must be a map")
+        return cls(_s(d, "id"), _s(d, "name"), _s(d, "arguments", "{}"))
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # one of ROLES ("developer" is mapped to "system" by the API)
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls
+    tool_call_id: str = ""  # a tool result: the call it answers
+    name: str = ""  # a tool result: the function's name (optional)
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise InvalidRequest(f"message role must be one of {', '.join(ROLES)}, not {self.role!r:.40}", "messages")
+        _utf8(self.content, "messages")
+        for c in self.tool_calls:
+            for text in (c.id, c.name, c.arguments):
+                _utf8(text, "messages")
+        _utf8(self.tool_call_id, "messages")
+        _utf8(self.name, "messages")
+
+    @property
+    def plain(self) -> bool:
+        return not (self.tool_calls or self.tool_call_id or self.name)
+
+    def to_wire(self) -> list | dict:
+        """``[role, content]`` for a plain message (the form older peers read), else a map."""
+        if self.plain:
+            return [self.role, self.content]
+        return {"role": self.role, "content": self.content, "tool_calls": [c.to_wire() for c in self.tool_calls],
+                "tool_call_id": self.tool_call_id, "name": self.name}
+
+    @classmethod
+    def from_wire(cls, v: Any) -> "ChatMessage":
+        if isinstance(v, (list, tuple)) and len(v) == 2:
+            return cls(str(v[0]), str(v[1]))
+        if isinstance(v, cls):
+            return v
+        if not isinstance(v, dict):
+            raise InvalidRequest("a message must be [role, content] or a map", "messages")
+        calls = v.get("tool_calls") or []
+        if not isinstance(calls, list):
+            raise InvalidRequest("a message's 'tool_calls' must be a list", "messages")
+        return cls(_s(v, "role"), _s(v, "content"), tuple(ToolCall.from_wire(c) for c in calls),
+                   _s(v, "tool_call_id"), _s(v, "name"))
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A function the model may call: ``parameters`` is its JSON Schema as JSON text."""
+    name: str
+    description: str = ""
+    parameters: str = '{"type": "object", "properties": {}}'
+
+    def __post_init__(self) -> None:
+        if not self.name or len(self.name) > 64:
+            raise InvalidRequest("a tool's function name must be 1 to 64 characters", "tools")
+        for text in (self.name, self.description, self.parameters):
+            _utf8(text, "tools")
+
+    def to_wire(self) -> dict:
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+    @classmethod
+    def from_wire(cls, d: Any) -> "ToolSpec":
+        if not isinstance(d, dict):
+            raise InvalidRequest("a tool must be a map", "tools")
+        return cls(_s(d, "name"), _s(d, "description"), _s(d, "parameters", '{"type": "object", "properties": {}}'))
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    model: str
+    kind: Kind
+    messages: tuple[ChatMessage, ...] = ()  # for kind == "chat"; (role, content) pairs are accepted
+    prompt: str = ""  # for kind == "completion"
+    max_tokens: int | None = None
+    temperature: float = 0.8
+    top_p: float = 0.95
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    request_id: str = ""
+    session: str = ""  # routing affinity key (X-Session-Id, or the body's user/session_id); may be empty
+    prompt_tokens: tuple[int, ...] = ()  # a completion prompt given as token ids (then prompt == "")
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: str = "auto"  # one of TOOL_CHOICES; "function" forces tool_name
+    tool_name: str = ""
+    parallel_tool_calls: bool = True
+    grammar: str = ""  # GBNF, root rule "root"; "" = unconstrained
+    grammar_triggers: tuple[str, ...] = ()  # non-empty: the grammar is lazy, it starts at one of these words
+    logprobs: bool = False
+    top_logprobs: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias -100..100)
+
+    def __post_init__(self) -> None:
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - normalising a frozen dataclass
+        if len(self.session) > MAX_SESSION_CHARS:
+            set_("session", self.session[:MAX_SESSION_CHARS])
+        if isinstance(self.seed, int) and not -(2**63) <= self.seed < 2**64:
+            # keep the wire inside the CBOR data model; runners use the low 32 bits anyway
+            set_("seed", self.seed & (2**64 - 1))
+        if self.kind not in ("chat", "completion"):
+            raise InvalidRequest(f"unknown request kind {self.kind!r}")
+        set_("messages", tuple(ChatMessage.from_wire(m) for m in self.messages))
+        if self.kind == "chat" and not self.messages:
+            raise InvalidRequest("'messages' must be a non-empty array", "messages")
+        _utf8(self.prompt, "prompt")
+        for s in self.stop:
+            _utf8(s, "stop")
+        if self.max_tokens is not None and not (1 <= self.max_tokens <= MAX_TOKENS_LIMIT):
+            raise InvalidRequest(f"'max_tokens' must be between 1 and {MAX_TOKENS_LIMIT}", "max_tokens")
+        if not (0.0 <= self.temperature <= 2.0) or math.isnan(self.temperature):
+            raise InvalidRequest("'temperature' must be between 0 and 2", "temperature")
+        if not (0.0 < self.top_p <= 1.0):
+            raise InvalidRequest("'top_p' must be greater than 0 and at most 1", "top_p")
+        if len(self.stop) > MAX_STOP_SEQUENCES:
+            raise InvalidRequest(f"'stop' allows at most {MAX_STOP_SEQUENCES} sequences", "stop")
+        self._check_prompt_tokens()
+        self._check_tools()
+        if len(self.grammar) > MAX_GRAMMAR_CHARS:
+            raise InvalidRequest(f"the grammar is longer than {MAX_GRAMMAR_CHARS} characters", "response_format")
+        _utf8(self.grammar, "response_format")
+        if self.grammar_triggers and not self.grammar:
+            raise InvalidRequest("grammar triggers need a grammar")
+        for t in self.grammar_triggers:
+            if not t:
+                raise InvalidRequest("an empty grammar trigger")
+            _utf8(t, "tools")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS_REQUEST:
+            raise InvalidRequest(f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS_REQUEST}", "top_logprobs")
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        for key in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, key)
+            if not -2.0 <= v <= 2.0:  # NaN fails too
+                raise InvalidRequest(f"'{key}' must be between -2 and 2", key)
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise InvalidRequest(f"'logit_bias' allows at most {MAX_LOGIT_BIAS} entries", "logit_bias")
+        for tok, bias in self.logit_bias:
+            if type(tok) is not int or not 0 <= tok < 2**31 or not -100.0 <= bias <= 100.0:
+                raise InvalidRequest("'logit_bias' maps token ids to biases between -100 and 100", "logit_bias")
+
+    def _check_prompt_tokens(self) -> None:
+        if not self.prompt_tokens:
+            return
+        if self.kind != "completion" or self.prompt:
+            raise InvalidRequest("a prompt is text or token ids, not both", "prompt")
+        if len(self.prompt_tokens) > MAX_PROMPT_TOKENS or any(
+                type(t) is not int or not 0 <= t < 2**31 for t in self.prompt_tokens):
+            raise InvalidRequest("'prompt' token ids must be integers from 0 to 2^31-1", "prompt")
+
+    def _check_tools(self) -> None:
+        if len(self.tools) > MAX_TOOLS:
+            raise InvalidRequest(f"'tools' allows at most {MAX_TOOLS} functions", "tools")
+        if self.tools and self.kind != "chat":
+            raise InvalidRequest("'tools' needs a chat request", "tools")
+        if self.tool_choice not in TOOL_CHOICES:
+            raise InvalidRequest(f"'tool_choice' must be one of auto, none, required or a function", "tool_choice")
+        if self.tool_choice in ("required", "function") and not self.tools:
+            raise InvalidRequest("'tool_choice' requires 'tools'", "tool_choice")
+        if (self.tool_choice == "function") != bool(self.tool_name):
+            raise InvalidRequest("'tool_choice' names a function exactly when it is a function choice", "tool_choice")
+        if self.tool_name and self.tool_name not in {t.name for t in self.tools}:
+            raise InvalidRequest(f"'tool_choice' names {self.tool_name!r}, which is not in 'tools'", "tool_choice")
+
+    # ---- wire ---------------------------------------------------------------------------
+    def to_wire(self) -> dict:
+        """A CBOR-friendly map; the fields added after the first protocol version are sent only
+        when they differ from their defaults, so plain requests look as they always did."""
+        d: dict = {"model": self.model, "kind": self.kind, "messages": [m.to_wire() for m in self.messages],
+                   "prompt": self.prompt, "max_tokens": self.max_tokens, "temperature": self.temperature,
+                   "top_p": self.top_p, "stop": list(self.stop), "seed": self.seed,
+                   "request_id": self.request_id, "session": self.session}
+        extra = {"prompt_tokens": list(self.prompt_tokens), "tools": [t.to_wire() for t in self.tools],
+                 "tool_choice": self.tool_choice, "tool_name": self.tool_name,
+                 "parallel_tool_calls": self.parallel_tool_calls, "grammar": self.grammar,
+                 "grammar_triggers": list(self.grammar_triggers), "logprobs": self.logprobs,
+                 "top_logprobs": self.top_logprobs, "presence_penalty": self.presence_penalty,
+                 "frequency_penalty": self.frequency_penalty,
+                 "logit_bias": [[t, b] for t, b in self.logit_bias]}
+        defaults = {"prompt_tokens": [], "tools": [], "tool_choice": "auto", "tool_name": "",
+                    "parallel_tool_calls": True, "grammar": "", "grammar_triggers": [], "logprobs": False,
+                    "top_logprobs": 0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": []}
+        d.update({k: v for k, v in extra.items() if v != defaults[k]})
+        return d
+
+    @classmethod
+    def from_wire(cls, d: dict) -> "GenerationRequest":
+        if not isinstance(d, dict):
+            raise InvalidRequest("generation request must be a map")
+        for key in ("max_tokens", "seed"):
+            v = d.get(key)
+            if v is not None and (type(v) is not int or not -(2**63) <= v < 2**64):
+                raise InvalidRequest(f"'{key}' must be an integer or null", key)
+        for key in ("prompt_tokens", "tools", "grammar_triggers", "logit_bias", "messages", "stop"):
+            if not isinstance(d.get(key) or [], list):
+                raise InvalidRequest(f"'{key}' must be a list", key)
+        for key in ("logprobs", "parallel_tool_calls"):
+            if key in d and type(d[key]) is not bool:
+                raise InvalidRequest(f"'{key}' must be a boolean", key)
+        if "top_logprobs" in d and type(d["top_logprobs"]) is not int:
+            raise InvalidRequest("'top_logprobs' must be an integer", "top_logprobs")
+        try:
+            return cls(
+                model=str(d["model"]), kind=d["kind"],
+                messages=tuple(ChatMessage.from_wire(m) for m in d.get("messages") or ()),
+                prompt=str(d.get("prompt") or ""), max_tokens=d.get("max_tokens"),
+                temperature=float(d.get("temperature", 0.8)), top_p=float(d.get("top_p", 0.95)),
+                stop=tuple(str(s) for s in d.get("stop") or ()), seed=d.get("seed"),
+                request_id=str(d.get("request_id") or ""), session=str(d.get("session") or ""),
+                prompt_tokens=tuple(d.get("prompt_tokens") or ()),
+                tools=tuple(ToolSpec.from_wire(t) for t in d.get("tools") or ()),
+                tool_choice=_s(d, "tool_choice", "auto"), tool_name=_s(d, "tool_name"),
+                parallel_tool_calls=d.get("parallel_tool_calls", True), grammar=_s(d, "grammar"),
+                grammar_triggers=tuple(str(t) for t in d.get("grammar_triggers") or ()),
+                logprobs=d.get("logprobs", False), top_logprobs=d.get("top_logprobs", 0),
+                presence_penalty=float(d.get("presence_penalty", 0.0)),
+                frequency_penalty=float(d.get("frequency_penalty", 0.0)),
+                logit_bias=tuple((t, float(b)) for t, b in d.get("logit_bias") or ()),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, InvalidRequest):
+                raise
+            raise InvalidRequest(f"malformed generation request: {exc}") from None
