@@ -105,7 +105,7 @@ class LocalRunners:
     def targets(self) -> list[RouteTarget]:
         # a restarting runner is listed as loading: it is coming back, the router waits or goes elsewhere
         return [RouteTarget(model=r.model.id, node_id=self.node_id, local=True, open=r.generate,
-                            queue_depth=r.queue_depth + r.in_flight,
+                            queue_depth=r.queue_depth + r.in_flight, slots=r.slots, free_slots=r.free_slots,
                             state=RunnerState.LOADING if r.state == RunnerState.RESTARTING else r.state)
                 for r in self.runners.values()]
 

@@ -156,8 +156,10 @@ class LiveScheduling:
             if not key.is_local:
                 announced = max(0, announced - self._ended_since_announce.get(key, 0))
             load = max(self.in_flight.get(key, 0), announced)
+            # a host with free slots is not busy: requests run side by side in its engine
+            slots = max(1, rt.slots)
             candidates.append(Candidate(target=key, context_length=ASSUMED_CONTEXT_TOKENS,
-                                        in_flight=load, queue_depth=max(0, load - 1), slots=1))
+                                        in_flight=load, queue_depth=max(0, load - slots), slots=slots))
         decision = self.scheduler.decide(candidates, self.features(req), trio.current_time(), baseline=keys[0])
         if decision.target is None or decision.target not in by_key:
             return ready, decision

@@ -88,8 +88,11 @@ class RemoteGeneration:
             rtt = link.rtt_ms if link is not None and link.rtt_ms is not None else UNLINKED_RTT_MS
             for m in ann.models:
                 state = m.state if states.get(peer_id) == "alive" else "suspect"
+                # capacity as announced: what it serves (its queue) plus what it could still start
+                slots = max(1, ann.queue_depth + m.free_slots) if m.free_slots is not None else 1
                 out.append(RouteTarget(model=m.id, node_id=peer_id, local=False, open=partial(self.open_remote, peer_id),
-                                  queue_depth=ann.queue_depth, rtt_ms=rtt, state=state))
+                                  queue_depth=ann.queue_depth, rtt_ms=rtt, state=state, slots=slots,
+                                  free_slots=m.free_slots))
         return out
 
     @asynccontextmanager

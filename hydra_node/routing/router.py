@@ -38,9 +38,18 @@ class RouteTarget:
     node_id: str
     local: bool
     open: Callable  # (GenerationRequest) -> async context manager of events
-    queue_depth: int = 0
+    queue_depth: int = 0  # requests waiting or being served there (local: live; remote: as announced)
     rtt_ms: float = 0.0
     state: str = "ready"
+    slots: int = 1  # sequences the target serves at once (its runner's parallel; remote: estimated)
+    free_slots: int | None = None  # sequences it could start now (local: live; remote: as announced)
+
+    @property
+    def busy(self) -> bool:
+        """True when a request sent now would wait for a slot there."""
+        if self.free_slots is not None:
+            return self.free_slots <= 0
+        return self.queue_depth >= self.slots
 
     @property
     def key(self) -> str:
@@ -115,7 +124,10 @@ class Router:
                 raise ModelUnavailable(f"no host for {model!r} is reachable right now; its hosts left the mesh")
             raise UnknownModel(model, known)
         ready = [t for t in ts if t.state == "ready"]
-        return sorted(ready, key=lambda t: (not t.local, t.queue_depth, t.rtt_ms, t.node_id))
+        # the fixed rule: local first, then a host with a free slot before a busy one, then the shortest
+        # queue per slot, the nearest, and the node id (deterministic)
+        return sorted(ready, key=lambda t: (not t.local, t.busy, t.queue_depth / max(1, t.slots), t.rtt_ms,
+                                            t.node_id))
 
     @asynccontextmanager
     async def generate(self, req: GenerationRequest) -> AsyncIterator[AsyncIterator[GenerationEvent]]:

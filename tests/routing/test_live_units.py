@@ -238,3 +238,33 @@ def test_a_peers_malformed_finished_event_is_a_typed_error(wire):
     with pytest.raises(GenerationError) as e:
         event_from_wire(wire)
     assert e.value.code == "bad_event" and e.value.status == 502
+
+
+def test_fixed_rule_prefers_a_host_with_free_slots_over_a_busy_one():
+    """A host whose engine has free slots is not busy, however many requests it already serves."""
+    busy = RouterTarget(MODEL, SLOW, False, FakeHost(0.1).open, queue_depth=1, rtt_ms=1.0, slots=1, free_slots=0)
+    roomy = RouterTarget(MODEL, FAST, False, FakeHost(0.1).open, queue_depth=3, rtt_ms=5.0, slots=8, free_slots=5)
+    router = Router("me", LiveScheduling(SchedulerConfig(), "me"))
+    router.add_source(Source([busy, roomy]))
+    assert [t.node_id for t in router.candidates(MODEL)] == [FAST, SLOW]
+    # without slot figures (a peer that does not announce them) the queue decides, as before
+    old_busy = RouterTarget(MODEL, SLOW, False, FakeHost(0.1).open, queue_depth=1, rtt_ms=1.0)
+    old_roomy = RouterTarget(MODEL, FAST, False, FakeHost(0.1).open, queue_depth=3, rtt_ms=5.0)
+    router2 = Router("me", LiveScheduling(SchedulerConfig(), "me"))
+    router2.add_source(Source([old_busy, old_roomy]))
+    assert [t.node_id for t in router2.candidates(MODEL)] == [SLOW, FAST]
+
+
+async def test_scheduler_sees_slots_so_a_parallel_host_has_no_queue_wait(autojump_clock):
+    """The scheduler's expected queue wait uses the target's slots: 3 in flight on 8 slots wait for nothing."""
+    hosts = {FAST: FakeHost(0.01), SLOW: FakeHost(0.01)}
+    live = LiveScheduling(SchedulerConfig.from_mapping({"mode": "active"}), "me")
+    router = Router("me", live)
+    wide = RouterTarget(MODEL, FAST, False, hosts[FAST].open, queue_depth=3, rtt_ms=1.0, slots=8, free_slots=5)
+    narrow = RouterTarget(MODEL, SLOW, False, hosts[SLOW].open, queue_depth=3, rtt_ms=1.0, slots=1, free_slots=0)
+    router.add_source(Source([narrow, wide]))
+    await _teach(router, hosts)
+    _, decision = live.order(router.candidates(MODEL), _req("which?"))
+    scores = {s.target.node: s for s in decision.scores}
+    assert decision.target.node == FAST
+    assert scores[FAST].queue_ms == 0 < scores[SLOW].queue_ms

@@ -127,6 +127,11 @@ class RunnerSupervisor:
         return self._in_flight
 
     @property
+    def slots(self) -> int:
+        """Sequences this runner decodes together (its engine's ``parallel``, once ready)."""
+        return self._slot.capacity
+
+    @property
     def free_slots(self) -> int | None:
         """Sequences this runner could start now (its ``parallel`` minus those admitted; exact, as the
         node admits every generation); None unless ready.  Announced to the mesh per model."""
