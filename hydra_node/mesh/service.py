@@ -76,7 +76,8 @@ class MeshService:
         self._session_nursery: trio.Nursery | None = None
         self._token: tuple[str, float, str | None] | None = None  # (text, expires at, mesh id)
         self._incarnation = int(time.time())  # higher than any incarnation of an earlier run
-        self._counters = {"bad_stream_headers": 0, "unknown_messages": 0, "quarantined_streams": 0}
+        self._counters = {"bad_stream_headers": 0, "unknown_messages": 0, "quarantined_streams": 0,
+                          "announce_errors": 0}
         self._routes = StreamRoutes()
 
     # ---- read-only views (what consumers outside mesh/ may use) --------------------------
@@ -327,10 +328,22 @@ class MeshService:
         return self._announcer.build(incarnation=incarnation, addresses=tuple(self._addresses))
 
     async def _announce_loop(self) -> None:
+        """Re-check our announcement every ANNOUNCE_CHECK_S. Content the announcement cannot hold
+        (the root's data, not validated here) is logged once per distinct reason, counted
+        (``announce_errors``) and skipped: the last good announcement stays, the node carries on."""
+        last_error = None
         while True:
-            ann = self._announcement()
-            if not self._left and self._announcer.changed(ann):
-                self._gossip.local_update(ann)  # the core stamps incarnation and seq, then re-signs
+            try:
+                ann = self._announcement()
+            except (ValueError, TypeError) as exc:  # InvalidMessage is a ValueError
+                self._counters["announce_errors"] += 1
+                if str(exc) != last_error:
+                    last_error = str(exc)
+                    log.error("event=announcement_invalid reason=%r action=keep_last", last_error)
+            else:
+                last_error = None
+                if not self._left and self._announcer.changed(ann):
+                    self._gossip.local_update(ann)  # the core stamps incarnation and seq, then re-signs
             await trio.sleep(ANNOUNCE_CHECK_S)
 
     async def _consume_events(self) -> None:

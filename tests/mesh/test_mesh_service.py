@@ -150,3 +150,23 @@ async def test_after_leaving_announcement_changes_are_not_published(nursery, tmp
     content["now"] = AnnouncementContent(queue_depth=5)  # e.g. the telemetry summary moving at shutdown
     await trio.sleep(10 * ANNOUNCE_CHECK_S)  # virtual time: the announce loop ran many times
     assert service.joined and service.gossip_statistics().membership.left
+
+
+async def test_content_the_announcement_cannot_hold_is_counted_and_the_node_carries_on(nursery, tmp_path,
+                                                                                       autojump_clock):
+    """The announce loop never ends the node over the root's data: it keeps the last good announcement."""
+    good = AnnouncementContent(models=(ModelEntry("m1", "ready"),))
+    too_many = AnnouncementContent(models=tuple(ModelEntry(f"m{i}", "ready") for i in range(65)))
+    content = {"now": good}
+    a = await nursery.start(MeshService(signing_key=SigningKey.generate(), state_dir=tmp_path / "a" / "mesh",
+                                        settings=MeshSettings(listen_host="127.0.0.1", listen_port=0),
+                                        announcement=lambda: content["now"], name="alpha").run, JoinPlan())
+    b = await nursery.start(make_service(tmp_path / "b", "beta").run, plan_from(a))
+    with trio.fail_after(JOIN_S):
+        await wait_until(lambda: a.node_id in b.members())
+    content["now"] = too_many  # 65 model entries: the announcement refuses them
+    await trio.sleep(10 * ANNOUNCE_CHECK_S)
+    assert a.status().counters["announce_errors"] >= 10
+    content["now"] = AnnouncementContent(models=(ModelEntry("m2", "ready"),))  # good again: published
+    with trio.fail_after(JOIN_S):
+        await wait_until(lambda: b.members()[a.node_id].models == (ModelEntry("m2", "ready"),))

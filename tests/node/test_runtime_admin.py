@@ -121,3 +121,34 @@ async def test_unload():
     assert status == 404 and body["error"]["code"] == "model_not_found"
     status, body = await _call(rt, "DELETE", f"/api/runtime/models/{BUNDLED_MODEL_ID}")
     assert status == 200 and body == {"id": BUNDLED_MODEL_ID, "unloaded": True} and rt.unloaded == [BUNDLED_MODEL_ID]
+
+
+@pytest.mark.parametrize("ref,fragment", [
+    ("bad\x00id=/x.gguf", "non-printable"), ("tab\tid=/x.gguf", "non-printable"),
+    ("x" * 129 + "=/x.gguf", "the most is 128"), (" padded=/x.gguf", "blank at either end"),
+    ("..=/x.gguf", "'..'"), ("\ud800=/x.gguf", "non-printable"),
+])
+async def test_bad_model_ids_are_400_and_nothing_is_loaded(ref, fragment):
+    """An id the mesh announcement or a file name cannot hold is refused before anything is registered."""
+    rt = FakeRuntime()
+    status, body = await _call(rt, "POST", "/api/runtime/models", {"model": ref})
+    assert status == 400 and body["error"]["code"] == "invalid_model_id" and fragment in body["error"]["message"]
+    assert rt.loaded == []
+
+
+async def test_a_65th_model_is_refused():
+    from hydra_node.runtime.hosting.service import TooManyModels
+
+    status, body = await _call(FakeRuntime(load_error=TooManyModels("hosts 64 models already")), "POST",
+                               "/api/runtime/models", {"model": BUNDLED_MODEL_ID})
+    assert status == 409 and body["error"]["code"] == "too_many_models"
+
+
+async def test_the_runtime_refuses_more_models_than_an_announcement_holds(tmp_path):
+    from hydra_node.models import MAX_HOSTED_MODELS, resolve_model
+    from hydra_node.runtime.hosting.service import ModelRuntime, TooManyModels
+
+    runtime = ModelRuntime.__new__(ModelRuntime)  # only the bookkeeping load() checks first
+    runtime.runners, runtime.hosted = {}, {f"m{i}": object() for i in range(MAX_HOSTED_MODELS)}
+    with pytest.raises(TooManyModels, match="the most is 64"):
+        await runtime.load(resolve_model(None))

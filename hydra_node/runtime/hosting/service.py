@@ -35,7 +35,7 @@ from typing import Any
 import trio
 
 from hydra_node.mesh.membership.announcement import RpcCapacity
-from hydra_node.models import ModelRef
+from hydra_node.models import MAX_HOSTED_MODELS, ModelRef
 from hydra_node.runtime.hosting.hosted_model import UNLOAD_TIMEOUT_S, HostedModel, HostedModelStatus
 from hydra_node.runtime.peers import PeerView, link_rtt_ms
 from hydra_node.runtime.hosting.placement import IgnoredWorker, usable_workers
@@ -67,6 +67,10 @@ class ModelConflict(Exception):
 
 class ModelNotHosted(Exception):
     """No hosted model has this id."""
+
+
+class TooManyModels(Exception):
+    """The node hosts MAX_HOSTED_MODELS models already."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +256,8 @@ class ModelRuntime:
         """Host ``model`` on the running node; returns at once (the model loads in the background)."""
         if model.id in self.runners:
             raise ModelConflict(f"model {model.id!r} is already hosted on this node")
+        if len(self.hosted) >= MAX_HOSTED_MODELS:
+            raise TooManyModels(f"this node hosts {len(self.hosted)} models already; the most is {MAX_HOSTED_MODELS}")
         if self._nursery is None:
             raise RuntimeError("the model runtime is not running yet")
         split = self.settings.force_split if force_split is None else force_split
