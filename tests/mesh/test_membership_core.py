@@ -260,3 +260,31 @@ def test_simulation_is_deterministic_for_a_seed() -> None:
         return net.log
 
     assert run() == run()
+
+
+def test_a_claim_far_above_what_the_victim_announced_is_rejected_and_counted() -> None:
+    """A member cannot poison another's incarnation (issue 14 item 4): the victim stays alive."""
+    from hydra_node.mesh.membership.changes import MAX_CLAIMED_INCARNATION, MAX_INCARNATION_LEAD
+
+    w = Wire("a", "b", "c").joined()
+    w.run_until(3.0)
+    a = w.cores["a"]
+    for inc in (2**63 - 1, MAX_CLAIMED_INCARNATION + 1, MAX_INCARNATION_LEAD + 1):
+        actions = a.on_message("c", Gossip((PeerRecord("b", inc, S.DEAD),)).to_wire(), 3.0)
+        assert not any(isinstance(e, (PeerSuspected, PeerDied)) for e in actions)
+    assert a.state_of("b") is S.ALIVE
+    assert a.statistics(3.0).rejected == {"incarnation_over_cap": 2, "incarnation_beyond_announced": 1}
+    # a claim within reach of what b signed is still acted on (suspect, then b refutes)
+    actions = a.on_message("c", Gossip((PeerRecord("b", MAX_INCARNATION_LEAD, S.DEAD),)).to_wire(), 3.0)
+    assert any(isinstance(e, PeerSuspected) and e.peer_id == "b" for e in actions)
+
+
+def test_refuting_the_highest_allowed_claim_about_us_succeeds_within_the_field() -> None:
+    from hydra_node.mesh.membership.changes import MAX_CLAIMED_INCARNATION
+
+    w = Wire("a", "b").joined()
+    a = w.cores["a"]
+    a.on_message("b", Gossip((PeerRecord("a", MAX_CLAIMED_INCARNATION, S.DEAD),)).to_wire(), 1.0)
+    assert a.incarnation == MAX_CLAIMED_INCARNATION + 1 < 2**63 - 1  # the announcement still validates
+    a.on_message("b", Gossip((PeerRecord("a", 2**63 - 1, S.DEAD),)).to_wire(), 1.0)
+    assert a.incarnation == MAX_CLAIMED_INCARNATION + 1 and a.statistics(1.0).rejected == {"incarnation_over_cap": 1}

@@ -22,7 +22,16 @@ from hydra_node.mesh.membership.messages import PeerRecord, merge_records
 from hydra_node.mesh.membership.probes import ProbeTable
 from hydra_node.mesh.membership.state import PeerState, Trigger, transition
 
-__all__ = ["PeerChanges", "PeerEntry"]
+__all__ = ["MAX_CLAIMED_INCARNATION", "MAX_INCARNATION_LEAD", "PeerChanges", "PeerEntry"]
+
+#: Highest incarnation any record may claim. Incarnations start at the Unix time of a node's start
+#: and grow by one per refutation, so real ones are near 2^31; the cap leaves room for a
+#: refutation (+1) far inside the wire's 2^63-1, so refuting always succeeds.
+MAX_CLAIMED_INCARNATION = 2**62
+#: How far a third party's claim may run ahead of the subject's own highest signed announcement
+#: that we know: more is a claim about a life the subject never announced (a lie, or news so
+#: stale-ahead that dropping it is safe: the subject's next announcement carries it).
+MAX_INCARNATION_LEAD = 16
 
 
 @dataclass
@@ -56,6 +65,9 @@ class PeerChanges:
     _out: list[Action]
 
     def _apply(self, rec: PeerRecord, sender: str, now: float) -> None:
+        if rec.incarnation > MAX_CLAIMED_INCARNATION:
+            self.rejected["incarnation_over_cap"] += 1
+            return
         if rec.node_id == self.node_id:
             self._about_me(rec.incarnation, rec.state)
             return
@@ -64,6 +76,9 @@ class PeerChanges:
             self.rejected["bad_announcement_signature"] += 1
             return
         peer = self._peers.get(rec.node_id)
+        if sender != rec.node_id and self._beyond_announced(rec, peer):
+            self.rejected["incarnation_beyond_announced"] += 1
+            return
         if peer is None:
             self._learn(rec, sender, now)
             return
@@ -93,6 +108,14 @@ class PeerChanges:
                     self._suspect(peer, now)
                 else:
                     self._start_probe(rec.node_id, now)
+
+    @staticmethod
+    def _beyond_announced(rec: PeerRecord, peer: PeerEntry | None) -> bool:
+        """True if a third party's claim names an incarnation far above the highest the subject
+        itself has signed (in the record, or in what we hold); unknown subjects are only capped."""
+        said = [a.incarnation for a in (rec.announcement, peer.record.announcement if peer else None)
+                if a is not None]
+        return bool(said) and rec.incarnation > max(said) + MAX_INCARNATION_LEAD
 
     def _learn(self, rec: PeerRecord, sender: str, now: float) -> None:
         if len(self._peers) >= self.config.max_peers and not self._evict_tombstone():
