@@ -12,6 +12,7 @@ from typing import Callable, Iterable
 
 import trio
 
+from hydra_node.mesh.dial_limits import DialLimiter
 from hydra_node.mesh.link.endpoints import connect_link
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError
 from hydra_node.mesh.joining import DialCandidate
@@ -44,6 +45,8 @@ class LinkTable:
         self._dialing: dict[str, trio.Event] = {}
         self.duplicate_links_closed = 0
         self.dial_failures = 0
+        #: dials of peers by their announced addresses are rate-limited (see mesh/dial_limits.py)
+        self.dial_limiter = DialLimiter()
 
     def get(self, peer_id: str) -> PeerLink | None:
         link = self._links.get(peer_id)
@@ -68,6 +71,7 @@ class LinkTable:
             if drop is link:
                 return
         self._links[link.peer_id] = link
+        self.dial_limiter.linked(link.peer_id)
         self._nursery.start_soon(self._watch, link)
         self._on_up(link.peer_id)
 
@@ -128,10 +132,13 @@ class LinkTable:
         return link
 
     async def _dial_peer(self, peer_id: str, done: trio.Event) -> None:
+        """Dial a peer at the addresses it announced, unless the dial limiter defers it (then the
+        caller finds no link: the peer is unreachable for now)."""
         try:
             urls = list(self._addresses_of(peer_id))
-            if urls:
-                await self.dial(urls, peer_id, BACKGROUND_DIAL_TIMEOUT_S)
+            if urls and self.dial_limiter.allow(peer_id, trio.current_time()):
+                if await self.dial(urls, peer_id, BACKGROUND_DIAL_TIMEOUT_S) is None:
+                    self.dial_limiter.failed(peer_id, trio.current_time())
         finally:
             done.set()
             self._dialing.pop(peer_id, None)

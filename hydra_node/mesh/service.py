@@ -383,4 +383,5 @@ class MeshService:
             handshake_failures=self._listener.statistics().handshake_failures if self._listener else {},
             gossip=self.gossip_statistics(),
             counters={**self._counters, "duplicate_links_closed": links.duplicate_links_closed if links is not None else 0,
-                      "dial_failures": links.dial_failures if links is not None else 0})
+                      "dial_failures": links.dial_failures if links is not None else 0,
+                      "dials_deferred": links.dial_limiter.deferred if links is not None else 0})

@@ -67,7 +67,10 @@ def test_announcement_wire_round_trip_is_exact_and_cbor_friendly() -> None:
 
 @pytest.mark.parametrize("change", [
     {"node_id": ""}, {"node_id": "x" * 129}, {"incarnation": -1}, {"seq": 1.5}, {"role": "boss"},
-    {"api_port": 70000}, {"addresses": ["a"] * 17}, {"queue_depth": True},
+    {"api_port": 70000}, {"addresses": ["a:1"] * 17}, {"queue_depth": True}, {"addresses": ["a"]},
+    {"addresses": ["evil host:80"]}, {"addresses": ["h:0"]}, {"addresses": ["h:70000"]},
+    {"addresses": ["http://h:80"]}, {"addresses": ["h:80/x y"]}, {"addresses": ["-h:80"]},
+    {"addresses": ["h" * 300 + ":1"]},
     {"throughput_milli": {"m": 2.5}}, {"extra": {"f": 1.0}}, {"extra": {1: "x"}},
     {"extra": {"a": {"b": {"c": {"d": {"e": 1}}}}}}, {"extra": {"big": list(range(300))}},
     {"models": [{"id": "m"}]}, {"hardware": {"cores": 1}}, {"version": "bad\nline"},
@@ -163,3 +166,10 @@ def test_config_validation_and_bound() -> None:
         MembershipConfig(probe_timeout=0.8, indirect_timeout=0.8)
     with pytest.raises(LocalMembershipError):
         MembershipConfig(max_piggyback=100)
+
+
+@pytest.mark.parametrize("addr", ["a.lan:7946", "10.0.0.1:9338", "[fe80::1]:7946", "ws://h:1", "wss://x.y:443/mesh"])
+def test_plausible_addresses_are_accepted(addr: str) -> None:
+    from hydra_node.mesh.membership.announcement import address
+
+    assert address(addr) == addr

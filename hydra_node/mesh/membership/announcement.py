@@ -7,6 +7,8 @@ link layer can sign and send them. Decoding is strict: unknown or missing keys a
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +67,21 @@ def uint(value: Any, name: str, maximum: int = MAX_UINT) -> int:
     if not 0 <= value <= maximum:
         raise InvalidMessage(f"{name} must be in 0..{maximum}")
     return value
+
+
+#: An address peers may dial: ``host:port`` or ``ws[s]://host:port[/path]``; host a DNS name, an
+#: IPv4 address or a bracketed IPv6 address; port 1-65535.
+_ADDRESS = re.compile(r"(?:wss?://)?(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\])"
+                      r":(?P<port>[0-9]{1,5})(?:/[!-~]{0,100})?")
+MAX_ADDRESS_CHARS = 300
+
+
+def address(value: Any, name: str = "address") -> str:
+    v = text(value, name, MAX_ADDRESS_CHARS)
+    m = _ADDRESS.fullmatch(v)
+    if m is None or not 1 <= int(m["port"]) <= 65535:
+        raise InvalidMessage(f"{name} must be host:port or ws[s]://host:port[/path], not {v[:60]!r}")
+    return v
 
 
 def node_id(value: Any, name: str = "node_id") -> str:
@@ -235,7 +252,7 @@ class Announcement:
         if self.role not in ROLES:
             raise InvalidMessage(f"role must be one of {ROLES}, got {self.role!r}")
         set_ = object.__setattr__
-        set_(self, "addresses", tuple(text(a, "address") for a in seq_of(self.addresses, "addresses", MAX_ADDRESSES)))
+        set_(self, "addresses", tuple(address(a) for a in seq_of(self.addresses, "addresses", MAX_ADDRESSES)))
         for name in ("api_port", "console_port"):
             if getattr(self, name) is not None:
                 uint(getattr(self, name), name, 65535)
