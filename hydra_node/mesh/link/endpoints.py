@@ -13,7 +13,8 @@ import trio
 import trio_websocket
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, open_websocket_url, serve_websocket
 
-from hydra_node.mesh.wire.constants import MAX_LINK_FRAME_BYTES
+from hydra_node.mesh.link.websocket import set_message_limit
+from hydra_node.mesh.wire.constants import MAX_HANDSHAKE_MESSAGE_BYTES, MAX_LINK_FRAME_BYTES
 from hydra_node.mesh.wire.errors import HandshakeError, LinkClosed, LocalProtocolError
 from hydra_node.mesh.wire.handshake import Handshake, HandshakeResult, Reject
 from hydra_node.mesh.link.peer_link import CLOSE_TIMEOUT_S, LinkSettings, PeerLink, close_websocket, log_event
@@ -24,11 +25,27 @@ WS_MESSAGE_QUEUE = 4
 WS_RECEIVE_BUFFER = 64 * 1024
 MAX_CONCURRENT_HANDSHAKES = 64
 """Handshakes a listener runs at once; further connections are closed at once (counted as busy)."""
+MAX_HANDSHAKES_PER_ADDRESS = 8
+"""Handshakes one remote address may hold at once, so stalled hellos from one host cannot take
+every slot (further ones from it are refused as busy)."""
+ACCEPT_HANDSHAKE_TIMEOUT_S = 5.0
+"""Bound on a handshake a listener answers (at most the link setting): a stalled hello frees its
+slot quickly."""
+HANDSHAKE_WS_MESSAGE_BYTES = MAX_HANDSHAKE_MESSAGE_BYTES + 1024
+"""Largest websocket message before authentication: a handshake message and some slack."""
 
 LinkHandler = Callable[[PeerLink], Awaitable[None]]
 
 
 async def _run_handshake(ws: WebSocketConnection, handshake: Handshake, timeout_s: float) -> HandshakeResult:
+    """Run ``handshake`` over ``ws``: messages are limited to handshake size until it completes."""
+    set_message_limit(ws, HANDSHAKE_WS_MESSAGE_BYTES)
+    result = await _exchange(ws, handshake, timeout_s)
+    set_message_limit(ws, MAX_LINK_FRAME_BYTES)
+    return result
+
+
+async def _exchange(ws: WebSocketConnection, handshake: Handshake, timeout_s: float) -> HandshakeResult:
     try:
         with trio.fail_after(timeout_s):
             if handshake.role == "initiator":
@@ -134,6 +151,7 @@ class LinkListener:
         self.links: set[PeerLink] = set()
         self._failures: collections.Counter[str] = collections.Counter()
         self._handshaking = 0
+        self._handshaking_from: collections.Counter[str] = collections.Counter()
 
     def statistics(self) -> ListenerStatistics:
         return ListenerStatistics(
@@ -165,15 +183,20 @@ class LinkListener:
             log_event(logging.ERROR, "link_connection_failed", error=repr(exc))
 
     async def _handle_connection(self, request: WebSocketRequest) -> None:
-        if self._handshaking >= MAX_CONCURRENT_HANDSHAKES:
+        source = _source_address(request)
+        if self._handshaking >= MAX_CONCURRENT_HANDSHAKES or self._handshaking_from[source] >= MAX_HANDSHAKES_PER_ADDRESS:
             self._failures["busy"] += 1
             await self._refuse_busy(request)
             return
         self._handshaking += 1
+        self._handshaking_from[source] += 1
         try:
             link = await self._admit(request)
         finally:
             self._handshaking -= 1
+            self._handshaking_from[source] -= 1
+            if self._handshaking_from[source] <= 0:
+                del self._handshaking_from[source]
         if link is None:
             return
         self._links_opened += 1
@@ -213,7 +236,7 @@ class LinkListener:
             now=settings.wall_clock(), trusted_issuer=settings.trusted_issuer,
         )
         try:
-            result = await _run_handshake(ws, handshake, settings.handshake_timeout_s)
+            result = await _run_handshake(ws, handshake, min(settings.handshake_timeout_s, ACCEPT_HANDSHAKE_TIMEOUT_S))
         except HandshakeError as exc:
             self._failures[exc.code] += 1
             log_event(logging.WARNING, "handshake_failed", remote=_remote(ws), reason=exc.code, detail=str(exc))
@@ -226,6 +249,14 @@ class LinkListener:
             await self._on_link(link)  # type: ignore[misc]
         except Exception as exc:
             log_event(logging.ERROR, "on_link_failed", peer=link.peer_id, error=repr(exc))
+
+
+def _source_address(request: WebSocketRequest) -> str:
+    """The remote IP of a connection being accepted ("?" if unknown): handshake slots are per address."""
+    try:
+        return str(request.remote.address)
+    except Exception:
+        return "?"
 
 
 def _remote(ws: WebSocketConnection) -> str:

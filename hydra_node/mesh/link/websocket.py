@@ -9,7 +9,7 @@ from trio_websocket import WebSocketConnection
 
 from hydra_node.mesh.link.settings import CLOSE_TIMEOUT_S
 
-__all__ = ["close_websocket", "log_event"]
+__all__ = ["close_websocket", "log_event", "set_message_limit"]
 
 log = logging.getLogger("hydra_node.mesh.link.peer_link")
 
@@ -38,3 +38,15 @@ async def close_websocket(ws: WebSocketConnection) -> None:
                 await stream.aclose()
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass
+
+
+def set_message_limit(ws: WebSocketConnection, max_bytes: int) -> None:
+    """Largest websocket message ``ws`` assembles from now on (bigger: closed with 1009).
+
+    trio-websocket takes the limit once, at connection set-up; before authentication a link only
+    needs handshake-sized messages, so the endpoints lower it for the handshake and raise it to
+    the frame bound after. The attribute is trio-websocket 0.12's (pinned in pyproject.toml).
+    """
+    if not hasattr(ws, "_max_message_size"):
+        raise RuntimeError("trio-websocket changed: WebSocketConnection has no _max_message_size")
+    ws._max_message_size = max_bytes

@@ -210,7 +210,7 @@ class Handshake:
 
     def _on_hello(self, msg: Hello, raw: bytes) -> bytes:
         if msg.mesh != self._mesh_id:
-            raise handshake_failure(AdmissionRefused, "foreign_mesh", f"this node belongs to mesh {self._mesh_id}, not {msg.mesh}")
+            raise handshake_failure(AdmissionRefused, "foreign_mesh", "this node belongs to another mesh")  # never name ours to a stranger
         self._h = _h(TRANSCRIPT_LABEL + raw)
         self._agree(msg.eph, responder_eph=self._eph_public)
         mesh: MeshSecret = self._credential  # type: ignore[assignment]
