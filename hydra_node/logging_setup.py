@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import sys
 import time
+
+#: ``node.log`` is rotated at this size, keeping LOG_BACKUPS old files (node.log.1 ...).
+LOG_MAX_BYTES = 10 * 1024 * 1024
+LOG_BACKUPS = 3
 
 
 class _JsonFormatter(logging.Formatter):
@@ -35,7 +40,7 @@ def setup_logging(fmt: str = "kv", level: str = "info", logfile=None) -> None:
     root.addHandler(handler)
     if logfile is not None:
         logfile.parent.mkdir(parents=True, exist_ok=True)
-        fh = logging.FileHandler(logfile)
+        fh = logging.handlers.RotatingFileHandler(logfile, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS)
         fh.setFormatter(formatter)
         root.addHandler(fh)
     root.setLevel(getattr(logging, level.upper(), logging.INFO))

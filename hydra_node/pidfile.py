@@ -68,7 +68,9 @@ class PidRecord:
     created_at: float
 
     def alive(self) -> bool:
-        return is_same_process(self.pid, self.start_time)
+        """The recorded process still runs. A record without a start time proves nothing about
+        whoever has that pid now, so it is never alive (and never signalled)."""
+        return self.start_time is not None and is_same_process(self.pid, self.start_time)
 
     def owner_alive(self) -> bool:
         return is_same_process(self.owner_pid, self.owner_start_time)
@@ -127,10 +129,16 @@ def reap_stale(run_dir: Path, log=None) -> list[str]:
 
 
 def kill_recorded(rec: PidRecord) -> bool:
-    """SIGKILL the process ``rec`` describes, if it still is that process.
+    """SIGKILL the process ``rec`` describes, if it still is that process (:func:`signal_recorded`)."""
+    return signal_recorded(rec, signal.SIGKILL)
+
+
+def signal_recorded(rec: PidRecord, sig: int) -> bool:
+    """Send ``sig`` to the process ``rec`` describes, if it still is that process.
 
     The pid is pinned with a pidfd first and its start time checked after, so a pid the
-    kernel recycled in between is never signalled.  False if it was already gone.
+    kernel recycled in between is never signalled; nor is any pid of a record without a start
+    time.  False if it was already gone.
     """
     try:
         fd = os.pidfd_open(rec.pid)
@@ -139,7 +147,7 @@ def kill_recorded(rec: PidRecord) -> bool:
     try:
         if not rec.alive():
             return False
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        signal.pidfd_send_signal(fd, sig)
         return True
     except ProcessLookupError:
         return False

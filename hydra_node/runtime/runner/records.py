@@ -68,6 +68,9 @@ class RunnerSettings:
     backoff_max_s: float = 30.0
     crash_loop_restarts: int = 5
     crash_loop_window_s: float = 60.0
+    #: A runner put in state failed by a crash loop is tried again after this long (0 = never):
+    #: whatever broke it (memory pressure, a lost RPC worker) may have passed.
+    failed_retry_s: float = 300.0
     rpc_endpoints: tuple[str, ...] = ()
     tensor_split: tuple[float, ...] = ()
     inject_token_delay_ms: float = 0.0  # test/bench knob: the runner sleeps this long per token
