@@ -249,3 +249,67 @@ def test_two_long_prompts_share_the_prefill_room_fairly():
     run_step(s, p)
     p2 = s.plan()
     assert sum(c.length for c in p2.prefill) == 8
+
+
+def _prefill(s: SlotScheduler) -> None:
+    """Run steps until no sequence is prefilling."""
+    for _ in range(100):
+        p = s.plan()
+        run_step(s, p)
+        if not p.prefill:
+            return
+
+
+def test_a_prefix_held_by_a_generating_slot_is_copied_not_recomputed():
+    """A shared system prompt: the second request copies the first's cells while the first still runs."""
+    system = list(range(100, 180))  # 80 shared tokens
+    s = SlotScheduler(SlotConfig(n_slots=2, n_batch=64, n_ctx=1024, min_shared_tokens=32))
+    s.submit(1, system + [1, 2, 3], 50)
+    _prefill(s)
+    assert s.is_active(1)
+    s.submit(2, system + [9, 9], 5)
+    p = s.plan()
+    (a,) = p.admitted
+    assert a.copy_from == 0 and a.slot == 1 and a.reused == 80
+    assert [(c.start, c.length) for c in p.prefill] == [(80, 2)]  # only the new tokens are evaluated
+    st_ = s.statistics()
+    assert st_.prefix_shared == 1 and st_.prefix_hits == 1 and st_.prefix_reused_tokens == 80
+
+
+def test_short_shared_prefixes_and_sharing_off_are_not_copied():
+    for cfg in (dict(min_shared_tokens=64), dict(share_prefixes=False, min_shared_tokens=1)):
+        s = SlotScheduler(SlotConfig(n_slots=2, n_batch=64, n_ctx=1024, **cfg))
+        s.submit(1, list(range(40)) + [1], 50)
+        _prefill(s)
+        s.submit(2, list(range(40)) + [2], 5)
+        (a,) = s.plan().admitted
+        assert a.copy_from == -1 and a.reused == 0
+
+
+def test_max_cached_drops_the_oldest_free_prefix_at_the_next_plan():
+    s = SlotScheduler(SlotConfig(n_slots=3, n_batch=64, n_ctx=1024, max_cached=1))
+    for rid in (1, 2):
+        s.submit(rid, [rid] * 10, 1)
+    run_step(s, s.plan())  # both prefill, sample one token and finish with "length"
+    assert s.idle and sum(bool(s.resident(x)) for x in range(3)) == 1
+    p = s.plan()  # the engine drops the older one's cells now
+    assert len(p.evicted) == 1 and not s.resident(p.evicted[0]) and s.resident(1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(prompts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=40), min_size=1, max_size=8),
+       min_shared=st.integers(1, 8))
+def test_copies_only_name_active_slots_and_reuse_what_they_hold(prompts, min_shared):
+    s = SlotScheduler(SlotConfig(n_slots=3, n_batch=16, n_ctx=512, min_shared_tokens=min_shared))
+    for rid, prompt in enumerate(prompts):
+        s.submit(rid, prompt, 3)
+        p = s.plan()
+        for a in p.admitted:
+            if a.copy_from >= 0:
+                holder = [r for r in range(rid) if s.is_active(r) and s._active[r].slot == a.copy_from]
+                assert holder and a.copy_from != a.slot and a.reused >= min_shared
+                assert tuple(s._active[holder[0]].cached()[: a.reused]) == tuple(s.prompt_of(a.rid)[: a.reused])
+            assert a.reused < len(s.prompt_of(a.rid))
+        run_step(s, p)
+    st_ = s.statistics()
+    assert st_.kv_reserved <= st_.kv_total

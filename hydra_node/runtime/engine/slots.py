@@ -16,7 +16,12 @@ sequences: every admitted sequence advances at every step.  A sequence finishes 
 engine says so (end of generation, a stop string), ``"cancelled"`` when cancelled: it leaves
 the batch at the next plan.  A released slot remembers the tokens still in its KV cells, so
 a new prompt sharing that prefix skips re-evaluating it (the prompt cache), always keeping
-at least one token to evaluate so the first sample has logits.
+at least one token to evaluate so the first sample has logits.  With ``share_prefixes`` a new
+prompt may also reuse a prefix held by a slot that is still generating (a shared system prompt,
+the same chat continued in parallel): the admission names that slot (``copy_from``) and the
+engine copies the cells (``llama_memory_seq_cp``; in the unified cache the cells are shared, not
+duplicated) when the shared part is at least ``min_shared_tokens`` and longer than any free
+slot's.  ``max_cached`` bounds how many free slots keep their prefix (the oldest is dropped).
 
 KV budget (total cells, never per slot).  Every admitted sequence holds a *reservation*: its
 whole prompt plus ``decode_reserve`` decode cells (fewer if ``max_tokens`` needs fewer).
@@ -34,121 +39,15 @@ the reserved decode tokens always find room and no sequence's cells are ever ove
 
 from __future__ import annotations
 
-import enum
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-__all__ = ["Admission", "DecodeToken", "PrefillChunk", "SlotConfig", "SlotScheduler", "SlotStatistics",
+from hydra_node.runtime.engine.slot_types import (MAX_SLOTS, Admission, DecodeToken, Finish, PrefillChunk, Rejected,
+                                                  SlotConfig, SlotStatistics, StepPlan)
+
+__all__ = ["MAX_SLOTS", "Admission", "DecodeToken", "PrefillChunk", "SlotConfig", "SlotScheduler", "SlotStatistics",
            "StepPlan", "Finish", "Rejected", "common_prefix"]
-
-#: Most parallel sequences one runner may hold (llama.cpp's LLAMA_MAX_SEQ is 256; 64 keeps
-#: per-step bookkeeping small and matches the config bound).
-MAX_SLOTS = 64
-
-
-class Finish(enum.StrEnum):
-    STOP = "stop"
-    LENGTH = "length"
-    CANCELLED = "cancelled"
-
-
-class Rejected(Exception):
-    """A request the scheduler cannot take: ``code`` and ``status`` say why (the runner's error frame)."""
-
-    def __init__(self, message: str, *, code: str, status: int):
-        super().__init__(message)
-        self.code = code
-        self.status = status
-
-
-@dataclass(frozen=True)
-class SlotConfig:
-    n_slots: int
-    n_batch: int
-    n_ctx: int  # KV cells of the unified cache, shared by every sequence
-    max_waiting: int = 16  # requests waiting for a free slot inside the child (the node admits n_slots)
-    prompt_cache: bool = True
-    #: decode cells reserved per admitted sequence on top of its prompt; None: a quarter of
-    #: ``n_ctx / n_slots`` (256 at 4096 / 4), at least 1
-    decode_reserve: int | None = None
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.n_slots <= MAX_SLOTS:
-            raise ValueError(f"n_slots must be between 1 and {MAX_SLOTS}, not {self.n_slots}")
-        if self.n_batch < self.n_slots:
-            raise ValueError(f"n_batch ({self.n_batch}) must be at least n_slots ({self.n_slots}): "
-                             "every decoding sequence needs one batch row per step")
-        if self.n_ctx < 2:
-            raise ValueError(f"n_ctx must be at least 2, not {self.n_ctx}")
-        if self.decode_reserve is not None and self.decode_reserve < 0:
-            raise ValueError(f"decode_reserve must not be negative, not {self.decode_reserve}")
-        if self.max_waiting < 0:
-            raise ValueError("max_waiting must not be negative")
-
-    @property
-    def decode_room(self) -> int:
-        if self.decode_reserve is not None:
-            return self.decode_reserve
-        return max(1, self.n_ctx // (4 * self.n_slots))
-
-
-@dataclass(frozen=True)
-class Admission:
-    """``rid`` took ``slot``; its first ``reused`` prompt tokens are already in the slot's KV."""
-    rid: int
-    slot: int
-    reused: int
-
-
-@dataclass(frozen=True)
-class PrefillChunk:
-    """Prompt tokens ``[start, start + length)`` of ``rid``, at positions ``start...``; ``last``
-    means the chunk ends the prompt, so its final row needs logits (the first sample)."""
-    rid: int
-    slot: int
-    start: int
-    length: int
-    last: bool
-
-
-@dataclass(frozen=True)
-class DecodeToken:
-    """Feed ``rid``'s latest sampled token at position ``pos``; its row needs logits."""
-    rid: int
-    slot: int
-    pos: int
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    admitted: tuple[Admission, ...] = ()
-    finished: tuple[tuple[int, Finish], ...] = ()  # left before this step: cancelled, or "length" (KV full)
-    decode: tuple[DecodeToken, ...] = ()
-    prefill: tuple[PrefillChunk, ...] = ()
-    evicted: tuple[int, ...] = ()  # free slots whose cached cells must be dropped before this step
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.decode) + sum(c.length for c in self.prefill)
-
-    @property
-    def empty(self) -> bool:
-        return self.n_tokens == 0
-
-
-@dataclass(frozen=True)
-class SlotStatistics:
-    active: int
-    waiting: int
-    kv_used: int
-    kv_total: int
-    steps: int
-    kv_reserved: int = 0         # cells reserved by active sequences plus cached by free slots (<= kv_total)
-    prefix_hits: int = 0         # admissions that reused a free slot's cached prefix
-    prefix_misses: int = 0       # admissions that reused nothing
-    prefix_reused_tokens: int = 0  # prompt tokens those hits did not evaluate again
-
 
 @dataclass
 class _Seq:
@@ -174,6 +73,10 @@ class _Seq:
         """Cells this sequence occupies: the prompt evaluated so far and every fed sampled token."""
         return self.prefilled + max(0, self.generated - 1)
 
+    def cached(self) -> tuple[int, ...]:
+        """The tokens whose cells are in the KV cache now (positions ``[0, kv_used)``)."""
+        return self.prompt[: self.prefilled] + tuple(self.tokens[: max(0, self.generated - 1)])
+
 
 class SlotScheduler:
     def __init__(self, config: SlotConfig):
@@ -184,7 +87,10 @@ class SlotScheduler:
         self._resident: list[tuple[int, ...]] = [() for _ in range(config.n_slots)]  # tokens left in a free slot
         self._rotate = 0
         self._steps = 0
-        self._prefix = [0, 0, 0]  # hits, misses, reused tokens (statistics)
+        self._prefix = [0, 0, 0, 0]  # hits, misses, reused tokens, shared from an active slot (statistics)
+        self._freed_at: dict[int, int] = {}  # free slot -> release order (the oldest cache is dropped first)
+        self._releases = 0
+        self._pending_evictions: list[int] = []  # over max_cached: dropped at the next plan
 
     # ---- requests ------------------------------------------------------------------
     def submit(self, rid: int, prompt: Sequence[int], max_tokens: int) -> None:
@@ -230,7 +136,8 @@ class SlotScheduler:
         for s in [s for s in self._active.values() if s.cancelled]:
             self._release(s)
             finished.append((s.rid, Finish.CANCELLED))
-        evicted: list[int] = []
+        evicted: list[int] = self._pending_evictions
+        self._pending_evictions = []
         finished += self._grow(evicted)
         admitted: list[Admission] = []
         while self._waiting and self._free:
@@ -275,7 +182,7 @@ class SlotScheduler:
 
     def _try_admit(self, s: _Seq, evicted: list[int]) -> Admission | None:
         """Admit ``s`` if its reservation fits (evicting other free slots' prefixes if that makes it fit)."""
-        best, reused = self._pick_slot(s)
+        best, reused, source = self._pick_slot(s)
         need = len(s.prompt) + min(s.max_tokens - 1, self.config.decode_room)
         room = self.config.n_ctx - self._committed() + len(self._resident[best])  # best's cells become s's
         others = sum(len(self._resident[x]) for x in self._free if x != best)
@@ -284,7 +191,7 @@ class SlotScheduler:
         while room < need:
             room += self._evict_one(evicted, keep=best)
         s.reserved = need
-        return self._admit(s, best, reused)
+        return self._admit(s, best, reused, source)
 
     def _prefill(self, room: int) -> tuple[PrefillChunk, ...]:
         needy = [s for s in self._active.values() if not s.decoding]
@@ -338,31 +245,57 @@ class SlotScheduler:
             self._release(s)
 
     # ---- slots -----------------------------------------------------------------------
-    def _pick_slot(self, s: _Seq) -> tuple[int, int]:
-        """The free slot caching the longest prefix of ``s``'s prompt, and how much of it to reuse."""
+    def _pick_slot(self, s: _Seq) -> tuple[int, int, int]:
+        """(slot, prefix tokens to reuse, source slot or -1): the free slot caching the longest prefix
+        of ``s``'s prompt, or, when a slot still generating holds a longer one (``share_prefixes``,
+        at least ``min_shared_tokens``), a free slot to copy that prefix into."""
+        limit = len(s.prompt) - 1  # evaluate at least one token: the first sample needs logits
         best, reused = self._free[0], 0
-        if self.config.prompt_cache:
-            for slot in self._free:
-                n = common_prefix(self._resident[slot], s.prompt)
-                if n > reused:
-                    best, reused = slot, n
-        return best, min(reused, len(s.prompt) - 1)  # evaluate at least one token: the first sample needs logits
+        if not self.config.prompt_cache:
+            return best, 0, -1
+        for slot in self._free:
+            n = common_prefix(self._resident[slot], s.prompt)
+            if n > reused:
+                best, reused = slot, n
+        reused = min(reused, limit)
+        source, shared = -1, 0
+        if self.config.share_prefixes:
+            for other in self._active.values():
+                n = min(common_prefix(other.cached(), s.prompt), limit)
+                if n > shared:
+                    source, shared = other.slot, n
+        if source >= 0 and shared >= self.config.min_shared_tokens and shared > reused:
+            # copy into the free slot whose own cache is worth least: an empty one, else the oldest
+            empty = [x for x in self._free if not self._resident[x]]
+            dest = empty[0] if empty else min(self._free, key=lambda x: self._freed_at.get(x, -1))
+            return dest, shared, source
+        return best, reused, -1
 
-    def _admit(self, s: _Seq, best: int, reused: int) -> Admission:
+    def _admit(self, s: _Seq, best: int, reused: int, source: int = -1) -> Admission:
         self._free.remove(best)
+        self._freed_at.pop(best, None)
         self._resident[best] = ()
         s.slot, s.prefilled = best, reused
         self._prefix[0 if reused else 1] += 1
         self._prefix[2] += reused
+        self._prefix[3] += 1 if source >= 0 else 0
         self._active[s.rid] = s
-        return Admission(s.rid, best, reused)
+        return Admission(s.rid, best, reused, source)
 
     def _release(self, s: _Seq) -> None:
         del self._active[s.rid]
         # the cells stay in the KV cache until evicted or re-used, so they count against the budget
         # even without the prompt cache (which only decides whether a new prompt may reuse them)
-        self._resident[s.slot] = s.prompt[: s.prefilled] + tuple(s.tokens[: max(0, s.generated - 1)])
+        self._resident[s.slot] = s.cached()
         self._free.append(s.slot)
+        self._releases += 1
+        self._freed_at[s.slot] = self._releases
+        cap = self.config.max_cached
+        if cap is not None:
+            cached = sorted((x for x in self._free if self._resident[x]), key=lambda x: self._freed_at.get(x, -1))
+            for slot in cached[: max(0, len(cached) - cap)]:
+                self._resident[slot] = ()
+                self._pending_evictions.append(slot)
 
     def resident(self, slot: int) -> tuple[int, ...]:
         """Tokens a free slot still holds in its KV cells (the engine keeps cells ``[0, len)``)."""
@@ -380,8 +313,9 @@ class SlotScheduler:
     def forget_resident(self) -> list[int]:
         """The KV cells of free slots can no longer be trusted (cleared, or a failed decode): the
         slots that still held some, whose cells the engine must drop unless it clears the cache."""
-        held = [slot for slot, r in enumerate(self._resident) if r]
+        held = sorted({slot for slot, r in enumerate(self._resident) if r} | set(self._pending_evictions))
         self._resident = [() for _ in range(self.config.n_slots)]
+        self._pending_evictions = []
         return held
 
     def statistics(self) -> SlotStatistics:
@@ -389,7 +323,7 @@ class SlotScheduler:
                               kv_used=sum(s.kv_used for s in self._active.values()),
                               kv_total=self.config.n_ctx, kv_reserved=self._committed(), steps=self._steps,
                               prefix_hits=self._prefix[0], prefix_misses=self._prefix[1],
-                              prefix_reused_tokens=self._prefix[2])
+                              prefix_reused_tokens=self._prefix[2], prefix_shared=self._prefix[3])
 
     def kv_by_slot(self) -> dict[int, int]:
         return {s.slot: s.kv_used for s in self._active.values()}

@@ -51,6 +51,7 @@ class EngineStatistics:
     prefix_hits: int      # admissions that reused a cached prefix
     prefix_misses: int    # admissions that reused nothing
     prefix_reused_tokens: int  # prompt tokens not evaluated thanks to the prefix cache
+    prefix_shared: int = 0  # hits copied from a slot still generating ([defaults.model_fit.prefix_cache])
 
     def to_wire(self) -> dict:
         return {"op": "stats", **asdict(self)}
