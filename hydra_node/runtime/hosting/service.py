@@ -228,6 +228,14 @@ class ModelRuntime:
         local = sum(h.size_bytes for h in self.hosted.values())
         return max(0, worker_free - local)
 
+    def vram_bytes(self) -> int:
+        """GPU memory of this machine as ggml's device API reports it (the RPC worker computes on
+        the first GPU device when there is one); 0 without a GPU or a running worker."""
+        if self.worker is None:
+            return 0
+        st = self.worker.statistics()
+        return st.total_bytes if st.device and not st.device.upper().startswith("CPU") else 0
+
     def rpc_announcement(self) -> tuple[RpcCapacity | None, dict]:
         """``(RpcCapacity | None, extra)`` for this node's gossip announcement."""
         info = self._worker_info()
