@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from harness import NodeProcess  # noqa: E402
+from harness import NodeProcess  # noqa: E402,F401 - re-exported for the benches
 
 from hydra_node.routing._metric import percentile as nearest_rank  # noqa: E402
 

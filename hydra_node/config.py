@@ -1,7 +1,7 @@
 """Typed configuration: TOML (`--config FILE`) into frozen dataclasses, then CLI overrides.
 
 The loader is the only place that reads environment variables (``HYDRA_HOME``,
-``HYDRA_API_KEY``).  Unknown keys and bad values fail with :class:`ConfigError`
+``HYDRA_API_KEY``, ``HYDRA_JOIN``).  Unknown keys and bad values fail with :class:`ConfigError`
 naming the key, e.g. ``[scheduler].mode: must be one of off, shadow, active``.
 
 Sections follow the seed README.  Keys that the node does not act on yet are
@@ -110,10 +110,18 @@ def _scheduler_section(data: Any) -> SchedulerConfig:
 
 @dataclass(frozen=True)
 class PrefixCacheSection:
-    enabled: bool = True
-    max_entries: int = 64
-    min_tokens: int = 64
-    payload_mode: str = "auto"
+    """Prefix reuse across a runner's slots (the engine's slot scheduler, docs/config.md)."""
+    enabled: bool = True  # copy a prefix held by a slot that is still generating
+    max_entries: int = 64  # free slots that keep their cached prefix (the oldest is dropped beyond)
+    min_tokens: int = 64  # shortest prefix worth copying from another slot
+    payload_mode: str = "auto"  # reserved: KV state across the mesh (placement)
+
+    def validate(self, prefix: str) -> None:
+        _check(isinstance(self.enabled, bool), f"[{prefix}].enabled", "must be true or false")
+        for key in ("max_entries", "min_tokens"):
+            v = getattr(self, key)
+            _check(type(v) is int and 0 <= v <= 1 << 20, f"[{prefix}].{key}", f"must be an integer >= 0, not {v!r}")
+        _check(self.min_tokens >= 1, f"[{prefix}].min_tokens", "must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,7 @@ class ModelFitSection:
                 _one_of(prefix, key, getattr(self, key), KV_CACHE_TYPES)
         conflict = kv_flash_conflict(self.cache_type_v, self.flash_attention)
         _check(conflict is None, f"[{prefix}].{'type_v' if self.type_v else 'kv_dtype'}", conflict or "")
+        self.prefix_cache.validate(f"{prefix}.prefix_cache")
 
 
 @dataclass(frozen=True)
@@ -272,13 +281,15 @@ class RunnerSection:
     restart_backoff_max_s: float = 30.0
     crash_loop_restarts: int = 5  # this many crashes within crash_loop_window_s -> state "failed"
     crash_loop_window_s: float = 60.0
+    failed_retry_s: float = 300.0  # a failed runner (crash loop) is tried again after this long; 0 = never
     #: Test and benchmark knob: the runner sleeps this long after every generated token (default 0),
     #: making this host measurably slower, e.g. to watch the scheduler steer traffic away from it.
     inject_token_delay_ms: float = 0.0
 
     def validate(self, prefix: str) -> None:
         for f in fields(self):
-            _positive(prefix, f.name, getattr(self, f.name), zero_ok=f.name == "inject_token_delay_ms")
+            _positive(prefix, f.name, getattr(self, f.name),
+                      zero_ok=f.name in ("inject_token_delay_ms", "failed_retry_s"))
         _check(self.inject_token_delay_ms <= MAX_INJECT_TOKEN_DELAY_MS, f"[{prefix}].inject_token_delay_ms",
                f"must be at most {MAX_INJECT_TOKEN_DELAY_MS:g}, not {self.inject_token_delay_ms}")
 
@@ -291,7 +302,7 @@ MAX_INJECT_TOKEN_DELAY_MS = 60_000.0
 #: Those present in a file are listed in ``FileConfig.reserved_keys``: logged at start
 #: (``event=config_reserved_keys``) and shown in ``/api/status`` ``config.reserved_keys``.
 RESERVED_KEYS = (
-    "defaults.model_fit.kv_cache_policy", "defaults.model_fit.prefix_cache", "defaults.hardware.device",
+    "defaults.model_fit.kv_cache_policy", "defaults.model_fit.prefix_cache.payload_mode", "defaults.hardware.device",
     "defaults.hardware.direct_io", "defaults.hardware.moe_cpu", "defaults.hardware.split_mode",
     "defaults.hardware.tensor_split", "defaults.throughput.tuning_profile",
     "defaults.throughput.priority", "defaults.throughput.numa", "defaults.throughput.cpu_affinity",
@@ -320,11 +331,34 @@ def reserved_keys_in(data: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class ApiSection:
+    """``[api]``: who may reach the HTTP APIs (docs/security.md).  The flags ``--cors-origin`` and
+    ``--allow-host`` add to these lists."""
+
+    #: Origins a browser page may call the OpenAI API from (``"*"``: any); none by default.
+    cors_origins: tuple = ()
+    #: Host names (``name`` or ``name:port``) accepted besides 127.0.0.1, localhost and [::1], for reverse proxies.
+    allow_hosts: tuple = ()
+
+    def validate(self, prefix: str) -> None:
+        from hydra_node.api.http_guard import normalize_origin, valid_host_name
+
+        for origin in self.cors_origins:
+            _check(isinstance(origin, str) and (origin == "*" or normalize_origin(origin) == origin),
+                   f"[{prefix}].cors_origins", "each must be \"*\" or an origin as browsers send it "
+                   f"(lower-case scheme://host[:port], no path or trailing slash), not {origin!r}")
+        for host in self.allow_hosts:
+            _check(isinstance(host, str) and valid_host_name(host), f"[{prefix}].allow_hosts",
+                   f"each must be a host name, optionally with :port, not {host!r}")
+
+
+@dataclass(frozen=True)
 class FileConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig, metadata={"parse": _scheduler_section})
     defaults: DefaultsSection = field(default_factory=DefaultsSection, metadata={"section": DefaultsSection})
     placement: PlacementSection = field(default_factory=PlacementSection, metadata={"section": PlacementSection})
     runner: RunnerSection = field(default_factory=RunnerSection, metadata={"section": RunnerSection})
+    api: ApiSection = field(default_factory=ApiSection, metadata={"section": ApiSection})
     #: The reserved keys (:data:`RESERVED_KEYS`) this file sets; computed by the loader, not a table.
     reserved_keys: tuple[str, ...] = field(default=(), metadata={"computed": True})
 
@@ -363,6 +397,11 @@ def env_api_key() -> str | None:
     return os.environ.get("HYDRA_API_KEY") or None
 
 
+def env_join() -> tuple[str, ...]:
+    """Invite tokens from ``HYDRA_JOIN`` (whitespace-separated), so they need not be on the command line."""
+    return tuple(os.environ.get("HYDRA_JOIN", "").split())
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     """Everything `serve` needs, after merging file config, environment and flags."""
@@ -395,8 +434,8 @@ class NodeConfig:
         if self.listen_all and not self.api_key:
             raise ConfigError("--listen-all: refusing to listen on all interfaces without an API key; "
                               "pass --api-key KEY or set HYDRA_API_KEY")
-        if self.api_key is not None and len(self.api_key) < 8:
-            raise ConfigError("--api-key: must be at least 8 characters")
+        if self.api_key is not None and (len(self.api_key) < 8 or not all("!" <= c <= "~" for c in self.api_key)):
+            raise ConfigError("--api-key: must be at least 8 printable ASCII characters without spaces")
 
     def replace(self, **kw) -> "NodeConfig":
         return dataclasses.replace(self, **kw)

@@ -33,6 +33,7 @@ import trio
 
 from hydra_node import __version__
 from hydra_node.api.http import HttpServer
+from hydra_node.api.http_guard import GuardSettings
 from hydra_node.api.management import Handler, ManagementApi
 from hydra_node.api.mesh_admin import invite_route
 from hydra_node.api.metrics import MetricsSources, NodeMetrics, RunnerSample
@@ -50,6 +51,7 @@ from hydra_node.mesh.joining import JoinPlan
 from hydra_node.mesh.service import MeshService
 from hydra_node.routing.router import RouteTarget, Router
 from hydra_node.routing.remote import RemoteGeneration
+from hydra_node.routing.remote_embed import RemoteEmbeddings
 from hydra_node.routing.live import LiveScheduling
 from hydra_node.runtime.hosting.service import HostMemory, ModelRuntime, RuntimeSettings
 from hydra_node.runtime.rpc.tunnel import TUNNEL_SERVICE
@@ -105,7 +107,8 @@ class LocalRunners:
     def targets(self) -> list[RouteTarget]:
         # a restarting runner is listed as loading: it is coming back, the router waits or goes elsewhere
         return [RouteTarget(model=r.model.id, node_id=self.node_id, local=True, open=r.generate,
-                            queue_depth=r.queue_depth + r.in_flight, slots=r.slots, free_slots=r.free_slots,
+                            embed=r.embeddings.embed, queue_depth=r.queue_depth + r.in_flight, slots=r.slots,
+                            free_slots=r.free_slots,
                             state=RunnerState.LOADING if r.state == RunnerState.RESTARTING else r.state)
                 for r in self.runners.values()]
 
@@ -136,9 +139,12 @@ class Node:
             self.mesh = MeshService(signing_key=self.identity.signing_key, state_dir=self.home / "mesh",
                                     settings=config.mesh, announcement=self.announcement_content,
                                     name=config.name or self.node_id[:8])
-            self.remote = RemoteGeneration(self.mesh, node_id=self.node_id, local_open=self._local_open)
+            self.embeddings = RemoteEmbeddings(self.mesh, node_id=self.node_id, local_embed=self._local_embed)
+            self.remote = RemoteGeneration(self.mesh, node_id=self.node_id, local_open=self._local_open,
+                                           embed_remote=self.embeddings.embed_remote)
             self.router.add_source(self.remote)
             self.mesh.handle_stream("generate", self.remote.serve)
+            self.mesh.handle_stream("embed", self.embeddings.serve)
         f = config.file
         # [defaults.speculative]: draft server, draft tunnel port, runner arguments
         self.speculation = SpeculationService(f.defaults.speculative, log_dir=self.home / "logs",
@@ -174,7 +180,9 @@ class Node:
             "scheduler": self.scheduling.status,
             "splits": self.runtime.splits_status,
             "rpc_worker": self.runtime.worker_status,
-            "config": lambda: {"reserved_keys": list(self.config.file.reserved_keys)},
+            "config": lambda: {"reserved_keys": list(self.config.file.reserved_keys),
+                               "api": {"cors_origins": list(self.config.file.api.cors_origins),
+                                       "allow_hosts": list(self.config.file.api.allow_hosts)}},
         }
         #: How the mesh is entered: the --join invites (TokenError here for a bad one), or our own mesh.
         self.join_plan = JoinPlan.from_tokens(config.mesh.join, time.time()) if config.mesh is not None else None
@@ -189,8 +197,16 @@ class Node:
             self.status_sections["discovery"] = self.discovery.status
 
     # ---- public surface used by the APIs ------------------------------------------
-    def healthy(self) -> bool:
-        return self.state == "serving"
+    def health(self) -> tuple[int, dict]:
+        """``/health`` on both ports: 200 ``ok`` while serving with every hosted model usable; 503
+        ``degraded`` naming the models in state failed (they retry after ``failed_retry_s``);
+        503 with the node's state while it starts or stops."""
+        if self.state != "serving":
+            return 503, {"status": str(self.state)}
+        failed = sorted(r.model.id for r in self.runners.values() if r.state == RunnerState.FAILED)
+        if failed:
+            return 503, {"status": "degraded", "failed_models": failed}
+        return 200, {"status": "ok"}
 
     def host_memory(self) -> HostMemory:
         """Total RAM and what placement may fill: MemAvailable less ``safety_margin_gb``, capped by ``--max-memory``."""
@@ -208,7 +224,7 @@ class Node:
         mem = self.host_memory()
         return AnnouncementContent(
             models=tuple(ModelEntry(r.model.id, str(r.state), r.free_slots) for r in runners),
-            hardware=Hardware(cores=os.cpu_count() or 1, ram_bytes=mem.ram_bytes, vram_bytes=0,
+            hardware=Hardware(cores=os.cpu_count() or 1, ram_bytes=mem.ram_bytes, vram_bytes=self.runtime.vram_bytes(),
                               usable_bytes=mem.usable_bytes),
             queue_depth=sum(r.queue_depth + r.in_flight for r in runners),
             throughput_milli=tuple((r.model.id, int(r.stats.tokens_per_s * 1000)) for r in runners
@@ -216,6 +232,11 @@ class Node:
             api_port=self.api_server.port if self.api_server else None,
             console_port=self.console_server.port if self.console_server else None,
             rpc=rpc, extra={**self.speculation.announce_extra(), **self.scheduling.announce_extra(), **rpc_extra})
+
+    def _local_embed(self, model_id: str):
+        """How a peer's ``embed`` stream runs on a model hosted here (None: not hosted)."""
+        runner = self.runners.get(model_id)
+        return runner.embeddings.embed if runner is not None else None
 
     def _local_open(self, model_id: str):
         """How a peer's ``generate`` stream runs on a model hosted here (None: not hosted)."""
@@ -244,9 +265,12 @@ class Node:
                               continuous_batching=tp.continuous_batching, threads=tp.threads, threads_batch=tp.threads_batch,
                               n_ubatch=mf.ubatch, flash_attention=mf.flash_attention, type_k=mf.cache_type_k,
                               type_v=mf.cache_type_v, mmap=hw.mmap, n_gpu_layers=hw.n_gpu_layers,
-                              mlock=hw.mlock, prompt_cache=mf.prompt_cache, warmup=hw.warmup, queue_size=tp.queue_size, load_timeout_s=rn.load_timeout_s,
+                              mlock=hw.mlock, prompt_cache=mf.prompt_cache, share_prefixes=mf.prefix_cache.enabled,
+                              min_shared_tokens=mf.prefix_cache.min_tokens,
+                              max_cached_prefixes=mf.prefix_cache.max_entries, warmup=hw.warmup, queue_size=tp.queue_size, load_timeout_s=rn.load_timeout_s,
                               backoff_initial_s=rn.restart_backoff_initial_s, backoff_max_s=rn.restart_backoff_max_s,
                               crash_loop_restarts=rn.crash_loop_restarts, crash_loop_window_s=rn.crash_loop_window_s,
+                              failed_retry_s=rn.failed_retry_s,
                               inject_token_delay_ms=rn.inject_token_delay_ms,
                               extra_argv=self.speculation.runner_argv())
 
@@ -268,7 +292,6 @@ class Node:
             "serving_models": [r.model.id for r in runners if r.state == RunnerState.READY],
             "available_models": [m.id for m in self.router.models()],
             "peers": to_json(self.mesh.peers()) if self.mesh else [],
-            "token": self.mesh.token() if self.mesh is not None else None,
             "mesh": self._mesh_status(),
             "inflight_requests": sum(r.in_flight for r in runners),
             "queue_depth": sum(r.queue_depth for r in runners),
@@ -357,12 +380,18 @@ class Node:
 
     async def _start_services(self, nursery: trio.Nursery) -> None:
         c = self.config
-        mgmt = ManagementApi(healthy=self.healthy, status=self.status, routes=self.management_routes,
+        mgmt = ManagementApi(health=self.health, status=self.status, routes=self.management_routes,
                              headless=c.headless, api_key=c.api_key if c.listen_all else None)
-        self.console_server = HttpServer(mgmt.handle, c.api_host, c.console_port, name="console")
+        # Host (DNS rebinding) on loopback listeners, Origin/Content-Type (CSRF) on the management
+        # port, CORS on the OpenAI port, the key before any body is read (docs/security.md).
+        loopback = not c.listen_all
+        self.console_server = HttpServer(mgmt.handle, c.api_host, c.console_port, name="console", guard=GuardSettings(
+            check_host=loopback, allowed_hosts=c.file.api.allow_hosts, csrf=True, api_key=mgmt.api_key))
         await nursery.start(self.console_server.run)
-        api = OpenAIApi(self.router, api_key=c.api_key, on_request=self._count_request)
-        self.api_server = HttpServer(api.handle, c.api_host, c.api_port, name="api")
+        api = OpenAIApi(self.router, api_key=c.api_key, on_request=self._count_request, health=self.health)
+        self.api_server = HttpServer(api.handle, c.api_host, c.api_port, name="api", guard=GuardSettings(
+            check_host=loopback, allowed_hosts=c.file.api.allow_hosts, cors_origins=c.file.api.cors_origins,
+            api_key=c.api_key), on_refused=self._count_request)
         await nursery.start(self.api_server.run)
 
     async def _watch_signals(self, root_scope: trio.CancelScope) -> None:

@@ -122,7 +122,10 @@ def request(method: str, port: int, path: str, body: bytes | str | dict | None =
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     if isinstance(body, dict):
         body = json.dumps(body)
-    conn.request(method, path, body=body, headers=headers or {})
+    headers = dict(headers or {})
+    if method in ("POST", "PUT", "PATCH", "DELETE") and not any(k.lower() == "content-type" for k in headers):
+        headers["Content-Type"] = "application/json"  # the management API refuses state changes without it
+    conn.request(method, path, body=body, headers=headers)
     r = conn.getresponse()
     data = r.read().decode("utf-8", "replace")
     conn.close()

@@ -1,8 +1,13 @@
 """The management API and console on :3131 (``/api/status``, ``/health``, ``/``).
 
-The composition root (``hydra_node/node.py``) hands it what it serves: a ``healthy()`` and a
+The composition root (``hydra_node/node.py``) hands it what it serves: a ``health()`` (status code and body) and a
 ``status()`` callable and the table of further routes (``(method, path)`` → handler; a path
 ending in ``/*`` matches any suffix), built there from the services' handlers.
+
+The HTTP server in front of it (``api/http.py`` with ``api/http_guard.py``, set up by the root)
+refuses, before any handler runs: a foreign ``Host`` on loopback (DNS rebinding), and state
+changes (POST/PUT/PATCH/DELETE) without ``Content-Type: application/json`` or from a foreign
+``Origin`` (CSRF).  ``/api/status`` hands out no invite token: ``POST /api/invite`` mints one.
 """
 
 from __future__ import annotations
@@ -28,9 +33,9 @@ r();setInterval(r,2000)</script></body></html>"""
 
 
 class ManagementApi:
-    def __init__(self, *, healthy: Callable[[], bool], status: Callable[[], Mapping[str, Any]],
+    def __init__(self, *, health: Callable[[], tuple[int, Mapping[str, Any]]], status: Callable[[], Mapping[str, Any]],
                  routes: Mapping[tuple[str, str], Handler], headless: bool, api_key: str | None = None):
-        self.healthy = healthy
+        self.health = health
         self.status = status
         self.routes = routes
         self.headless = headless
@@ -39,8 +44,8 @@ class ManagementApi:
     async def handle(self, request: Request) -> Response:
         path = request.path.rstrip("/") or "/"
         if path in ("/health", "/healthz"):
-            ok = self.healthy()
-            return Response.json(200 if ok else 503, {"status": "ok" if ok else "degraded"})
+            status, body = self.health()
+            return Response.json(status, body)
         if not request.bearer_matches(self.api_key):
             return ApiError(401, "missing or invalid API key", "invalid_api_key").response()
         if path == "/api/status" and request.method == "GET":

@@ -1,180 +1,59 @@
-"""The OpenAI-compatible API: request parsing, responses, SSE chunks, error bodies.
+"""The OpenAI-compatible API on :9337: routes, and chat/completion answers (whole or streamed).
 
-Parsing is pure (JSON body -> :class:`GenerationRequest` or :class:`ApiError`);
-the handler drives a generation through the router and formats it.
+Parsing is pure (:mod:`hydra_node.api.openai_parse`: body -> requests or a 400 naming the
+parameter); running a chat is :mod:`hydra_node.api.chat`; several choices at once
+(``n``, several prompts) is :mod:`hydra_node.api.fanout`; the shapes are
+:mod:`hydra_node.api.openai_format`. ``/v1/responses`` and ``/v1/embeddings`` have their own
+handlers (:mod:`hydra_node.api.responses`, :mod:`hydra_node.api.embeddings`). docs/api.md is
+the compatibility table.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import math
-import secrets
 import time
+from contextlib import aclosing
+from urllib.parse import unquote
 
 import trio
 
+from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart
+from hydra_node.api.embeddings import EmbeddingsApi
+from hydra_node.api.fanout import StreamFanOut, run_all
 from hydra_node.api.http import Request, Response, StreamResponse
-from hydra_node.inference import (Finished, GenerationError, GenerationRequest, InvalidRequest, TextDelta)
+from hydra_node.api.openai_errors import ApiError, bad
+from hydra_node.api.openai_format import (DONE, ChunkMaker, chat_choice, completion_choice, sse, sum_usage)
+from hydra_node.api.openai_parse import MAX_JSON_DEPTH, ParsedBody, expand, parse_body, parse_request
+from hydra_node.api.responses import ResponsesApi
+from hydra_node.inference import GenerationError, GenerationRequest
+
+__all__ = ["ApiError", "OpenAIApi", "parse_request", "bad"]
 
 log = logging.getLogger("hydra.api")
 
-_ROLES = ("system", "user", "assistant", "tool", "developer")
-#: Largest accepted chat history, in messages.
-MAX_MESSAGES = 4096
-
-
-class ApiError(Exception):
-    """An error answered as ``{"error": {"message", "type", "param", "code"}}``."""
-
-    TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-             409: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-             499: "request_cancelled"}
-
-    def __init__(self, status: int, message: str, code: str, param: str | None = None,
-                 retry_after: float | None = None):
-        super().__init__(message)
-        self.status, self.message, self.code, self.param, self.retry_after = status, message, code, param, retry_after
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "server_error"),
-                          "param": self.param, "code": self.code}}
-
-    def response(self) -> Response:
-        headers = []
-        if self.retry_after is not None:
-            headers.append(("retry-after", str(max(1, math.ceil(self.retry_after)))))
-        return Response.json(self.status, self.body(), headers)
-
-    @classmethod
-    def from_generation(cls, exc: GenerationError) -> "ApiError":
-        return cls(exc.status, exc.message, exc.code, retry_after=exc.retry_after)
-
-
-def _bad(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
-    return ApiError(400, message, code, param)
-
-
-def _number(body: dict, key: str, default: float) -> float:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise _bad(f"'{key}' must be a number", key, "invalid_type")
-    return float(v)
-
-
-def _content_text(content, i: int) -> str:
-    if isinstance(content, str):
-        return content
-    if content is None:
-        return ""
-    if isinstance(content, list):  # [{"type": "text", "text": "..."}]
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise _bad(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise _bad(f"messages[{i}].content must be a string or an array of text parts", f"messages[{i}].content",
-               "invalid_type")
-
-
-def parse_request(raw: bytes, kind: str) -> tuple[GenerationRequest, bool, bool]:
-    """Parse a chat or completion body. Returns (request, stream, include_usage_in_stream)."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _bad(f"request body is not valid JSON: {exc}", None, "invalid_json") from None
-    if not isinstance(body, dict):
-        raise _bad("request body must be a JSON object", None, "invalid_type")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _bad("'model' is required and must be a string", "model", "missing_required_parameter")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise _bad("'stream' must be a boolean", "stream", "invalid_type")
-    opts = body.get("stream_options") or {}
-    include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
-    n = body.get("n", 1)
-    if n != 1:
-        raise _bad("only n = 1 is supported", "n")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
-        raise _bad("'max_tokens' must be an integer", "max_tokens", "invalid_type")
-    stop = body.get("stop")
-    if stop is None:
-        stop = ()
-    elif isinstance(stop, str):
-        stop = (stop,)
-    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        stop = tuple(stop)
-    else:
-        raise _bad("'stop' must be a string or an array of strings", "stop", "invalid_type")
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise _bad("'seed' must be an integer", "seed", "invalid_type")
-    fields = dict(model=model, max_tokens=max_tokens, temperature=_number(body, "temperature", 0.8),
-                  top_p=_number(body, "top_p", 0.95), stop=stop, seed=seed,
-                  request_id=("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12))
-    for key in ("session_id", "prompt_cache_key", "user"):  # routing affinity key, if the client sent one
-        if isinstance(body.get(key), str) and body[key]:
-            fields["session"] = body[key]
-            break
-    if kind == "chat":
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise _bad("'messages' must be a non-empty array", "messages",
-                       "missing_required_parameter" if msgs is None else "invalid_type")
-        if len(msgs) > MAX_MESSAGES:
-            raise _bad(f"'messages' has more than {MAX_MESSAGES} entries", "messages")
-        parsed = []
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict):
-                raise _bad(f"messages[{i}] must be an object", f"messages[{i}]", "invalid_type")
-            role = m.get("role")
-            if role not in _ROLES:
-                raise _bad(f"messages[{i}].role must be one of {', '.join(_ROLES)}", f"messages[{i}].role")
-            parsed.append(("system" if role == "developer" else role, _content_text(m.get("content"), i)))
-        fields["messages"] = tuple(parsed)
-    else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise _bad("'prompt' must be a string", "prompt",
-                       "missing_required_parameter" if prompt is None else "invalid_type")
-        fields["prompt"] = prompt
-    try:
-        req = GenerationRequest(kind=kind, **fields)
-    except InvalidRequest as exc:
-        raise _bad(exc.message, exc.param) from None
-    return req, stream, include_usage
-
-
-def _usage(fin: Finished) -> dict:
-    return {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
-            "total_tokens": fin.prompt_tokens + fin.completion_tokens}
-
-
-def _sse(obj) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+_MODELS_PREFIXES = ("/v1/models/", "/models/")
 
 
 class OpenAIApi:
-    """Routes for :9337.  ``router`` provides ``generate(req)`` and ``models()``."""
+    """Routes for :9337.  ``router`` provides ``generate(req)``, ``models()`` and ``recently_seen(id)``."""
 
-    def __init__(self, router, *, api_key: str | None = None, on_request=None):
+    def __init__(self, router, *, api_key: str | None = None, on_request=None, health=None):
+        """``health()``: ``(status, body)`` for ``/health`` (the node's: degraded while a model failed)."""
         self.router = router
+        self.health = health
         self.api_key = api_key
         self.on_request = on_request  # callback(path, status) for counters
+        self.responses = ResponsesApi(router)
+        self.embeddings = EmbeddingsApi(router)
 
     async def handle(self, request: Request) -> Response | StreamResponse:
         try:
             resp = await self._route(request)
         except ApiError as exc:
             resp = exc.response()
+        except RecursionError:  # a handler decoded a body nested deeper than Python's stack allows
+            resp = bad(f"request body nests deeper than {MAX_JSON_DEPTH} levels", None, "invalid_json").response()
         if self.on_request is not None:
             self.on_request(request.path, resp.status)
         return resp
@@ -186,116 +65,138 @@ class OpenAIApi:
     async def _route(self, request: Request) -> Response | StreamResponse:
         path = request.path.rstrip("/") or "/"
         if path in ("/health", "/healthz"):
-            return Response.json(200, {"status": "ok"})
+            return Response.json(*(self.health() if self.health is not None else (200, {"status": "ok"})))
         self._check_auth(request)
         if path in ("/v1/models", "/models"):
-            if request.method != "GET":
-                raise ApiError(405, "use GET", "method_not_allowed")
+            _method(request, "GET")
             return Response.json(200, self.models_body())
+        if path.startswith(_MODELS_PREFIXES):
+            _method(request, "GET")
+            return Response.json(200, self.model_body(path.split("/models/", 1)[1]))
         if path in ("/v1/chat/completions", "/v1/completions"):
-            if request.method != "POST":
-                raise ApiError(405, "use POST", "method_not_allowed")
-            kind = "chat" if path.endswith("chat/completions") else "completion"
-            req, stream, include_usage = parse_request(request.body, kind)
-            session = request.headers.get("x-session-id", "")
-            if session:  # routing affinity (docs/scheduler.md); the header wins over the body's user
-                req = dataclasses.replace(req, session=session)
-            self._check_model(req.model)
-            if stream:
-                return await self._stream(req, include_usage)
-            return await self._complete(req)
+            _method(request, "POST")
+            return await self._generate(request, "chat" if path.endswith("chat/completions") else "completion")
+        for name, handler in (("/v1/responses", self.responses), ("/v1/embeddings", self.embeddings)):
+            if path == name or path.startswith(name + "/"):
+                return await handler.handle(request)
         raise ApiError(404, f"no route for {request.method} {request.path}", "not_found")
 
+    # ---- models ---------------------------------------------------------------------------
     def models_body(self) -> dict:
         now = int(time.time())
-        return {"object": "list", "data": [
-            {"id": m.id, "object": "model", "created": now, "owned_by": "hydra", "hosts": m.hosts,
-             "states": m.states} for m in self.router.models()]}
+        return {"object": "list", "data": [self._model_obj(m, now) for m in self.router.models()]}
+
+    @staticmethod
+    def _model_obj(m, now: int) -> dict:
+        return {"id": m.id, "object": "model", "created": now, "owned_by": "hydra", "hosts": m.hosts,
+                "states": m.states}
+
+    def model_body(self, raw_id: str) -> dict:
+        """``GET /v1/models/{id}``: the id is the rest of the path (ids may hold ``/``), raw or %-encoded."""
+        by_id = {m.id: m for m in self.router.models()}
+        for candidate in (raw_id, unquote(raw_id)):
+            if candidate in by_id:
+                return self._model_obj(by_id[candidate], int(time.time()))
+        raise ApiError(404, f"The model {unquote(raw_id)!r} does not exist", "model_not_found", "model")
 
     def _check_model(self, model: str) -> None:
         if model not in {m.id for m in self.router.models()} and not self.router.recently_seen(model):
             known = ", ".join(m.id for m in self.router.models()) or "none"
             raise ApiError(404, f"model {model!r} does not exist (available: {known})", "model_not_found", "model")
 
-    async def _complete(self, req: GenerationRequest) -> Response:
-        text: list[str] = []
-        fin: Finished | None = None
+    # ---- chat and completions -------------------------------------------------------------
+    async def _generate(self, request: Request, kind: str) -> Response | StreamResponse:
+        parsed = parse_body(request.body, kind)
+        session = request.headers.get("x-session-id", "")
+        if session:  # routing affinity (docs/scheduler.md); the header wins over the body's user
+            parsed = dataclasses.replace(parsed, requests=tuple(
+                dataclasses.replace(r, session=session) for r in parsed.requests))
+        self._check_model(parsed.request.model)
+        reqs = expand(parsed)
+        if parsed.stream:
+            return await self._stream(parsed, reqs)
+        return await self._complete(parsed, reqs)
+
+    def _echo_text(self, parsed: ParsedBody, index: int) -> str | None:
+        return parsed.requests[index // parsed.n].prompt if parsed.echo else None
+
+    async def _complete(self, parsed: ParsedBody, reqs: list[GenerationRequest]) -> Response:
         try:
-            async with self.router.generate(req) as events:
-                async for ev in events:
-                    if isinstance(ev, TextDelta):
-                        text.append(ev.text)
-                    elif isinstance(ev, Finished):
-                        fin = ev
+            outs = await run_all(self.router, reqs)
         except GenerationError as exc:
             raise ApiError.from_generation(exc) from None
-        if fin is None:
-            raise ApiError(502, "the generation ended without a result", "incomplete_generation")
-        created = int(time.time())
-        content = "".join(text)
+        req, created = parsed.request, int(time.time())
+        served_by = outs[0].served_by
+        usage = sum_usage(o.usage for o in outs)
         if req.kind == "chat":
             body = {"id": req.request_id, "object": "chat.completion", "created": created, "model": req.model,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                                 "logprobs": None, "finish_reason": fin.finish_reason}],
-                    "usage": _usage(fin), "system_fingerprint": fin.served_by or None}
+                    "choices": [chat_choice(i, o, req.logprobs) for i, o in enumerate(outs)],
+                    "usage": usage, "system_fingerprint": served_by or None}
         else:
             body = {"id": req.request_id, "object": "text_completion", "created": created, "model": req.model,
-                    "choices": [{"index": 0, "text": content, "logprobs": None, "finish_reason": fin.finish_reason}],
-                    "usage": _usage(fin)}
-        return Response.json(200, body, [("x-hydra-served-by", fin.served_by)] if fin.served_by else [])
+                    "choices": [completion_choice(i, o, self._echo_text(parsed, i), parsed.completion_logprobs)
+                                for i, o in enumerate(outs)], "usage": usage}
+        return Response.json(200, body, [("x-hydra-served-by", served_by)] if served_by else [])
 
-    async def _stream(self, req: GenerationRequest, include_usage: bool) -> StreamResponse | Response:
-        created = int(time.time())
-        chat = req.kind == "chat"
-        obj = "chat.completion.chunk" if chat else "text_completion"
-
-        def chunk(delta_text: str | None, finish: str | None, role: bool = False) -> dict:
-            if chat:
-                delta = {"role": "assistant", "content": ""} if role else (
-                    {"content": delta_text} if delta_text is not None else {})
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": finish}
-            return {"id": req.request_id, "object": obj, "created": created, "model": req.model,
-                    "choices": [choice]}
-
-        # Open the generation before answering 200, so routing errors get a proper status.
-        cm = self.router.generate(req)
+    async def _stream(self, parsed: ParsedBody, reqs: list[GenerationRequest]) -> StreamResponse:
+        req, chat = parsed.request, parsed.request.kind == "chat"
+        # Open every generation before answering 200, so routing errors get a proper status.
+        fan = StreamFanOut(self.router, reqs)
         try:
-            events = await cm.__aenter__()
+            await fan.open()
         except GenerationError as exc:
             raise ApiError.from_generation(exc) from None
+        chunks = ChunkMaker(req.request_id, req.model, int(time.time()), chat, logprobs=req.logprobs,
+                            completion_top=parsed.completion_logprobs)
 
         async def body():
             try:
-                if chat:
-                    yield _sse(chunk(None, None, role=True))
-                async for ev in events:
-                    if isinstance(ev, TextDelta):
-                        yield _sse(chunk(ev.text, None))
-                    elif isinstance(ev, Finished):
-                        yield _sse(chunk(None, ev.finish_reason))
-                        if include_usage:
-                            yield _sse({"id": req.request_id, "object": obj, "created": created,
-                                        "model": req.model, "choices": [], "usage": _usage(ev)})
-                yield b"data: [DONE]\n\n"
+                for k in range(len(reqs)):
+                    if chat:
+                        yield chunks.role(k)
+                    elif parsed.echo:
+                        yield chunks.text(k, self._echo_text(parsed, k) or "")
+                usages = []
+                async with aclosing(fan.events()) as events:
+                    async for k, ev in events:
+                        if isinstance(ev, ContentDelta):
+                            yield chunks.text(k, ev.text, ev.logprobs)
+                        elif isinstance(ev, ToolCallStart):
+                            yield chunks.tool_call_start(k, ev)
+                        elif isinstance(ev, ToolCallArguments):
+                            yield chunks.tool_call_arguments(k, ev.index, ev.text)
+                        elif isinstance(ev, ToolCallDelta) and not ev.call.streamed:  # streamed: already sent
+                            yield chunks.tool_call(k, ev.call)
+                        elif isinstance(ev, ChatDone):
+                            usages.append(ev.usage)
+                            yield chunks.finish(k, ev.finish_reason, ev.served_by)
+                if parsed.include_usage:
+                    yield chunks.usage(sum_usage(usages))
+                yield DONE
             except GenerationError as exc:
-                yield _sse(ApiError.from_generation(exc).body())
-                yield b"data: [DONE]\n\n"
+                yield sse(ApiError.from_generation(exc).body())
+                yield DONE
             finally:
                 await close()
 
         closed = False
 
         async def close() -> None:
-            # Leaving the generation always cancels it where it runs (bounded, shielded).
+            # Leaving the generations always cancels them where they run (bounded, shielded).
             nonlocal closed
             if not closed:
                 closed = True
                 with trio.CancelScope(shield=True):
-                    await cm.__aexit__(None, None, None)
+                    await fan.close()
 
         def interrupted(reason: str) -> bytes:
-            return _sse(ApiError(503, f"stream ended: {reason}", "node_shutting_down").body()) + b"data: [DONE]\n\n"
+            return sse(ApiError(503, f"stream ended: {reason}", "node_shutting_down").body()) + DONE
 
-        return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=close)
+        hosts = ",".join(dict.fromkeys(h for h in fan.served_by if h))  # each host once, in choice order
+        return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=close,
+                              headers=[("x-hydra-served-by", hosts)] if hosts else [])
+
+
+def _method(request: Request, method: str) -> None:
+    if request.method != method:
+        raise ApiError(405, f"use {method}", "method_not_allowed")

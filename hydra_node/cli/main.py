@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
 import signal
 import sys
 import time
@@ -17,7 +17,7 @@ from hydra_node.cli.models import add_split_serve_args, add_swap_parser, cmd_swa
 from hydra_node.cli.client import NodeClient, NodeClientError
 from hydra_node.cli.speculative import add_speculative_serve_args, apply_speculative_args
 from hydra_node.config import (DEFAULT_API_PORT, DEFAULT_CONSOLE_PORT, DEFAULT_MESH_PORT, ConfigError, NodeConfig, default_home,
-                               env_api_key, load_config_file)
+                               env_api_key, env_join, load_config_file)
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -34,8 +34,11 @@ def _add_home(p: argparse.ArgumentParser) -> None:
 
 
 def _add_node_args(s: argparse.ArgumentParser, join_required: bool = False) -> None:
-    s.add_argument("--join", action="append", default=[], metavar="TOKEN", required=join_required,
-                   help="join the mesh of this invite token (repeatable: more seeds)")
+    s.add_argument("--join", action="append", default=[], metavar="TOKEN",
+                   help="join the mesh of this invite token (repeatable: more seeds; also $HYDRA_JOIN)"
+                        + ("; required (or --join-file, $HYDRA_JOIN)" if join_required else ""))
+    s.add_argument("--join-file", metavar="PATH",
+                   help="read invite tokens (whitespace-separated) from this file, so they do not show in ps")
     s.add_argument("--port", type=int, default=None, help=f"OpenAI API port (default {DEFAULT_API_PORT}; 0 = any)")
     s.add_argument("--console", type=int, default=None, metavar="PORT",
                    help=f"management API and console port (default {DEFAULT_CONSOLE_PORT}; 0 = any)")
@@ -54,6 +57,14 @@ def _add_node_args(s: argparse.ArgumentParser, join_required: bool = False) -> N
     s.add_argument("--listen-all", action="store_true",
                    help="bind the APIs on 0.0.0.0 instead of 127.0.0.1; requires --api-key or HYDRA_API_KEY")
     s.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (env HYDRA_API_KEY)")
+    s.add_argument("--api-key-file", metavar="PATH",
+                   help="read the API key from this file (so it does not show in ps)")
+    s.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let browser pages from ORIGIN (scheme://host[:port], or *) call the OpenAI API; "
+                        "repeatable; adds to [api].cors_origins (default: none)")
+    s.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="accept this Host header (NAME or NAME:PORT) besides 127.0.0.1, localhost and [::1], "
+                        "e.g. behind a reverse proxy; repeatable; adds to [api].allow_hosts")
     s.add_argument("--log-format", choices=("kv", "json"), default="kv", help="log line format (default kv)")
     s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
@@ -91,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     inv = sub.add_parser("invite", help="print an invite token for the running node's mesh",
                          description="Ask the running node (found through --home or --console) for a new invite "
-                                     "token. Whoever holds it can join the mesh until it expires.")
+                                     "token (POST /api/invite; /api/status does not show one). Whoever holds it "
+                                     "can join the mesh until it expires.")
     inv.add_argument("--ttl", default="24h", help="lifetime: seconds, or with a unit s/m/h/d (default 24h)")
     inv.add_argument("--console", type=int, default=None, metavar="PORT", help="management port of the node")
     inv.add_argument("--json", action="store_true", help="print JSON with the expiry and addresses")
@@ -135,20 +147,49 @@ def main(argv=None) -> int:
         return 130
 
 
+def read_secret_file(flag: str, path: str) -> str:
+    """The contents of a secret file (``--api-key-file``, ``--join-file``), stripped; a clear error otherwise."""
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{flag} {p}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    if not text:
+        raise ConfigError(f"{flag} {p}: the file is empty")
+    return text
+
+
 def node_config_from_args(args) -> NodeConfig:
     from hydra_node.mesh.service import MeshSettings
 
     file_cfg = apply_speculative_args(args, load_config_file(args.config))
-    api_key = args.api_key or env_api_key()
+    flag_origins = tuple(o if o == "*" else o.strip().lower().rstrip("/") for o in args.cors_origin)
+    api = dataclasses.replace(file_cfg.api, cors_origins=file_cfg.api.cors_origins + flag_origins,
+                              allow_hosts=file_cfg.api.allow_hosts + tuple(args.allow_host))
+    try:
+        api.validate("api")
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("[api].cors_origins", "--cors-origin / [api].cors_origins")
+                          .replace("[api].allow_hosts", "--allow-host / [api].allow_hosts")) from None
+    file_cfg = dataclasses.replace(file_cfg, api=api)
+    if args.api_key and args.api_key_file:
+        raise ConfigError("--api-key and --api-key-file exclude each other")
+    api_key = args.api_key or (read_secret_file("--api-key-file", args.api_key_file) if args.api_key_file
+                               else env_api_key())
+    joins = tuple(args.join) + (tuple(read_secret_file("--join-file", args.join_file).split())
+                                if args.join_file else ()) + env_join()
+    args.join = list(joins)  # what the discovery options see too (--auto excludes every way of joining)
     client = args.command == "client"
     models = () if client else tuple(args.model)
     no_model = client or args.no_model
     if not client and args.no_model and args.model:
         raise ConfigError("--no-model and --model exclude each other")
     role = "client" if client else ("worker" if no_model else "host")
+    if client and not joins:
+        raise ConfigError("client: needs an invite token: --join TOKEN, --join-file PATH or $HYDRA_JOIN")
     mesh = MeshSettings(listen_host=args.mesh_host,
                         listen_port=DEFAULT_MESH_PORT if args.mesh_port is None else args.mesh_port,
-                        advertise=tuple(args.advertise), join=tuple(args.join), role=role,
+                        advertise=tuple(args.advertise), join=joins, role=role,
                         join_timeout_s=args.join_timeout)
     max_mem = getattr(args, "max_memory", None)
     if max_mem is not None and max_mem <= 0:
@@ -183,7 +224,10 @@ def cmd_serve(args) -> int:
     from hydra_node.mesh.service import JoinFailed
     from hydra_node.runtime.runner.records import RunnerLoadError
 
+    from hydra_node.cli.home import check_home
+
     cfg = node_config_from_args(args)
+    check_home(cfg.home)  # a read-only or unusable home: one clear line, exit 2
     setup_logging(cfg.log_format, args.log_level, cfg.home / "logs" / "node.log")
     try:
         check_rpc_support()
@@ -264,14 +308,14 @@ def cmd_status(args) -> int:
 
 
 def cmd_stop(args) -> int:
-    from hydra_node.pidfile import read_pidfile
+    from hydra_node.pidfile import read_pidfile, signal_recorded
     home = _home(args)
     path = home / "run" / "node.pid"
     rec = read_pidfile(path)
-    if rec is None or not rec.alive():
+    # only the very process that wrote the file (pid and start time) is ever signalled
+    if rec is None or not signal_recorded(rec, signal.SIGTERM):
         print(f"hydra-node: no node is running with home {home}", file=sys.stderr)
         return EXIT_FAILED
-    os.kill(rec.pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         if not rec.alive():

@@ -250,7 +250,7 @@ class GenerationRequest:
         if self.tools and self.kind != "chat":
             raise InvalidRequest("'tools' needs a chat request", "tools")
         if self.tool_choice not in TOOL_CHOICES:
-            raise InvalidRequest(f"'tool_choice' must be one of auto, none, required or a function", "tool_choice")
+            raise InvalidRequest("'tool_choice' must be one of auto, none, required or a function", "tool_choice")
         if self.tool_choice in ("required", "function") and not self.tools:
             raise InvalidRequest("'tool_choice' requires 'tools'", "tool_choice")
         if (self.tool_choice == "function") != bool(self.tool_name):

@@ -130,13 +130,14 @@ class LiveScheduling:
         if req.kind == "chat":
             body: dict = {"messages": [{"role": m.role, "content": m.content} for m in req.messages]}
             chars = sum(len(m.content) for m in req.messages)
+            chars += sum(len(t.description) + len(t.parameters) for t in req.tools)  # rendered into the prompt
         else:
             body = {"prompt": req.prompt}
             chars = len(req.prompt)
         if req.max_tokens is not None:
             body["max_tokens"] = req.max_tokens
-        return request_features(body, req.model, chars // CHARS_PER_TOKEN + 1, self.config,
-                                session_header=req.session or None)
+        tokens = len(req.prompt_tokens) or chars // CHARS_PER_TOKEN + 1  # a token prompt is counted exactly
+        return request_features(body, req.model, tokens, self.config, session_header=req.session or None)
 
     def order(self, ready: list, req: GenerationRequest) -> tuple[list, Decision | None]:
         """Order ``ready`` (router targets, sorted by the fixed rule) for this request.

@@ -68,10 +68,13 @@ class RemoteGenerationStatistics:
 class RemoteGeneration:
     """A router target source for members' models, and the host side of their requests to us."""
 
-    def __init__(self, mesh: MeshMembers, *, node_id: str, local_open: LocalOpen) -> None:
+    def __init__(self, mesh: MeshMembers, *, node_id: str, local_open: LocalOpen,
+                 embed_remote: Callable | None = None) -> None:
+        """``embed_remote(peer_id, EmbeddingRequest)``: the ``embed`` of our remote targets (remote_embed.py)."""
         self._mesh = mesh
         self.node_id = node_id
         self._local_open = local_open
+        self._embed_remote = embed_remote
         self._opened = self._served = self._errors = self._bad_requests = 0
 
     def statistics(self) -> RemoteGenerationStatistics:
@@ -92,7 +95,8 @@ class RemoteGeneration:
                 slots = max(1, ann.queue_depth + m.free_slots) if m.free_slots is not None else 1
                 out.append(RouteTarget(model=m.id, node_id=peer_id, local=False, open=partial(self.open_remote, peer_id),
                                   queue_depth=ann.queue_depth, rtt_ms=rtt, state=state, slots=slots,
-                                  free_slots=m.free_slots))
+                                  free_slots=m.free_slots,
+                                  embed=None if self._embed_remote is None else partial(self._embed_remote, peer_id)))
         return out
 
     @asynccontextmanager

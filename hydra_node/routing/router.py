@@ -4,7 +4,8 @@ The fixed rule (scheduler mode ``off``, and what ``shadow`` routes) is: local ru
 if this node hosts the model, else the remote host with the lowest queue, then the
 lowest RTT.  With ``scheduling`` (hydra_node/routing/live.py) the scheduler orders
 the targets in mode ``active`` and every attempt feeds its telemetry.  A failure
-before the first event retries once on the next target.
+before the first event retries once on the next target.  Embeddings (:meth:`Router.embed`) go to
+the first target of the fixed rule that can embed (the scheduler ignores them), retried the same way.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Protocol
 
-from hydra_node.inference import GenerationError, GenerationEvent, GenerationRequest, ModelUnavailable
+from hydra_node.inference import (EmbeddingRequest, EmbeddingResult, GenerationError, GenerationEvent,
+                                  GenerationRequest, ModelUnavailable)
 
 log = logging.getLogger("hydra.router")
 
@@ -43,6 +45,7 @@ class RouteTarget:
     state: str = "ready"
     slots: int = 1  # sequences the target serves at once (its runner's parallel; remote: estimated)
     free_slots: int | None = None  # sequences it could start now (local: live; remote: as announced)
+    embed: Callable | None = None  # async (EmbeddingRequest) -> EmbeddingResult; None: cannot embed
 
     @property
     def busy(self) -> bool:
@@ -150,7 +153,7 @@ class Router:
                 async with open_target(target, req) as events:
                     first = await _first_event(events)
                     yielded = True
-                    yield _chain(first, events)
+                    yield RoutedEvents(_chain(first, events), target.node_id)
                     return
             except GenerationError as exc:
                 if (exc.retryable and not yielded and not getattr(exc, "streamed", False) and attempt == 0
@@ -160,6 +163,43 @@ class Router:
                 raise
         assert last_err is not None
         raise last_err
+
+
+    async def embed(self, req: EmbeddingRequest) -> EmbeddingResult:
+        """Embed on the first target of the fixed rule (the scheduler neither orders nor measures
+        embeddings); a retryable failure is tried once more on the next target."""
+        candidates = [t for t in self.candidates(req.model) if t.embed is not None]
+        if not candidates:
+            self.no_target += 1
+            raise ModelUnavailable(f"no host can embed with {req.model!r} right now")
+        for attempt, target in enumerate(candidates[:2]):
+            try:
+                return await target.embed(req)
+            except GenerationError as exc:
+                if not (exc.retryable and attempt == 0 and len(candidates) > 1):
+                    raise
+                self.retries += 1
+                log.info("event=route_retry kind=embed model=%s target=%s after=%r", req.model,
+                         candidates[1].key, exc)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+class RoutedEvents:
+    """The events of a routed generation, and ``served_by``: the node generating them, known before
+    the first event is read (an API can name it in its response headers, streams included)."""
+
+    def __init__(self, events: AsyncIterator, served_by: str):
+        self._events = events
+        self.served_by = served_by
+
+    def __aiter__(self) -> "RoutedEvents":
+        return self
+
+    async def __anext__(self):
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
 
 
 async def _first_event(events: AsyncIterator[GenerationEvent]) -> GenerationEvent | None:

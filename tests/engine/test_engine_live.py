@@ -200,7 +200,7 @@ def test_kill_9_mid_batch_fails_every_stream_cleanly_and_the_next_request_succee
         def stream() -> None:
             payload = json.dumps(LONG).encode()
             sock = socket.create_connection(("127.0.0.1", node.api_port), timeout=120)
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
             data = b""
             while b"data: " not in data:  # the first event: this stream is generating

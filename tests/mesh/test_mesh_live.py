@@ -94,7 +94,7 @@ def test_client_disconnect_cancels_the_remote_generation(mesh):
     payload = json.dumps({"model": MODEL, "prompt": "1, 2, 3, 4, 5,", "max_tokens": 3000, "temperature": 0,
                           "stream": True}).encode()
     s = socket.create_connection(("127.0.0.1", mesh["c"].api_port), timeout=30)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(payload)).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + str(len(payload)).encode()
               + b"\r\n\r\n" + payload)
     data = b""
     while data.count(b"data: ") < 3:

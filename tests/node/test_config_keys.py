@@ -118,6 +118,7 @@ ubatch = 128
 kv_cache_policy = "memory"
 [defaults.model_fit.prefix_cache]
 enabled = true
+payload_mode = "auto"
 [defaults.hardware]
 device = "auto"
 mlock = false
@@ -127,7 +128,7 @@ prefill_chunk_size = 256
 s3_bucket = "models"
 """)
     assert cfg.reserved_keys == ("defaults.hardware.device", "defaults.model_fit.kv_cache_policy",
-                                 "defaults.model_fit.prefix_cache.enabled", "defaults.skippy.prefill_chunk_size",
+                                 "defaults.model_fit.prefix_cache.payload_mode", "defaults.skippy.prefill_chunk_size",
                                  "placement.s3_bucket")
 
 
@@ -139,7 +140,7 @@ def test_implemented_keys_are_not_reserved():
 
 async def test_reserved_keys_are_logged_at_start_and_in_status(tmp_path, caplog):
     node = _node(tmp_path, "[defaults.throughput]\nnuma = 'off'\n[placement]\ncache_ttl_secs = 5\n")
-    assert node.status()["config"] == {"reserved_keys": ["defaults.throughput.numa", "placement.cache_ttl_secs"]}
+    assert node.status()["config"]["reserved_keys"] == ["defaults.throughput.numa", "placement.cache_ttl_secs"]
     caplog.set_level(logging.INFO, logger="hydra.node")
     async with trio.open_nursery() as nursery:
         with trio.fail_after(30):
@@ -150,7 +151,7 @@ async def test_reserved_keys_are_logged_at_start_and_in_status(tmp_path, caplog)
 
 
 async def test_status_shows_no_reserved_keys_without_any(tmp_path):
-    assert _node(tmp_path, "[defaults.model_fit]\nubatch = 64\n").status()["config"] == {"reserved_keys": []}
+    assert _node(tmp_path, "[defaults.model_fit]\nubatch = 64\n").status()["config"]["reserved_keys"] == []
 
 
 # ---- the memory budget: safety_margin_gb -----------------------------------------------------
@@ -280,3 +281,17 @@ async def test_a_runner_loads_with_the_knobs_and_generates(tmp_path, model_path,
     gpu = report["gpu_layers"]
     assert gpu["requested"] == 3 and gpu["n_gpu_layers"] == 3
     assert ("note" in gpu) == (gpu["gpu_devices"] == 0)  # a CPU-only build says gpu_layers did nothing
+
+
+def test_prefix_cache_keys_reach_the_runner_and_its_engine(tmp_path):
+    """[defaults.model_fit.prefix_cache] enabled/min_tokens/max_entries act (payload_mode stays reserved)."""
+    text = "[defaults.model_fit.prefix_cache]\nenabled = false\nmin_tokens = 32\nmax_entries = 2\n"
+    node = _node(tmp_path, text)
+    assert node.config.file.reserved_keys == ()
+    argv = _argv(node.runner_settings(), tmp_path)
+    assert _flag(argv, "--prefix-min-tokens") == "32" and _flag(argv, "--prefix-max-entries") == "2"
+    assert "--no-prefix-sharing" in argv
+    assert "--no-prefix-sharing" not in _argv(_node(tmp_path / "d").runner_settings(), tmp_path)
+    with pytest.raises(ConfigError, match=r"prefix_cache\]\.min_tokens"):
+        NodeConfig(home=tmp_path, no_model=True,
+                   file=parse_config_text("[defaults.model_fit.prefix_cache]\nmin_tokens = 0\n")).validate()

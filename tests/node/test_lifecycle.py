@@ -26,7 +26,7 @@ def open_stream(port: int, body: dict) -> tuple[socket.socket, bytes]:
     """Start a streaming request on a raw socket; return it once the first SSE event arrived."""
     payload = json.dumps(body).encode()
     s = socket.create_connection(("127.0.0.1", port), timeout=60)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
     data = b""
     while b"data: " not in data:
@@ -177,7 +177,7 @@ def test_api_key_is_enforced_and_headless_hides_console(tmp_path):
 def test_crash_loop_is_reported_as_failed(tmp_path):
     cfg = tmp_path / "hydra.toml"
     cfg.write_text("[runner]\ncrash_loop_restarts = 2\ncrash_loop_window_s = 60.0\n"
-                   "restart_backoff_initial_s = 0.1\n")
+                   "restart_backoff_initial_s = 0.1\nfailed_retry_s = 4\n")
     n = NodeProcess(tmp_path / "home", "--config", str(cfg)).start()
     try:
         for _ in range(2):
@@ -188,7 +188,13 @@ def test_crash_loop_is_reported_as_failed(tmp_path):
         assert "killed by signal 9" in st["models"][0]["last_error"]
         code, body = request("POST", n.api_port, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1})
         assert code == 503 and "failed" in json.loads(body)["error"]["message"]
-        assert request("GET", n.console_port, "/health")[0] == 200  # the node itself is still up
+        for port in (n.console_port, n.api_port):  # the node is up, and says a model failed
+            code, body = request("GET", port, "/health")
+            assert code == 503 and json.loads(body) == {"status": "degraded", "failed_models": [MODEL]}
+        # after failed_retry_s the runner is tried again, and serves
+        n.wait_status(lambda st: st["models"][0]["state"] == "ready", what="ready after the retry")
+        code, _ = request("POST", n.api_port, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1})
+        assert code == 200 and request("GET", n.console_port, "/health")[0] == 200
     finally:
         n.kill_all()
 

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 
 def _dry_run(*args: str, home: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "-n", "-C", str(ROOT), "install", *args, f"HOME={home}"],
+    # -B: print every step as if nothing were built yet (this checkout's .venv may be up to date)
+    return subprocess.run(["make", "-n", "-B", "-C", str(ROOT), "install", *args, f"HOME={home}"],
                           capture_output=True, text=True, timeout=60)
 
 

@@ -111,10 +111,16 @@ def test_malformed_json_is_400(node):
     ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}, "max_tokens"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 1.0}, "n"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": True}, "n"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
+     "max_completion_tokens"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "audio": {"voice": "x"}}, "audio"),
+    ({"model": MODEL, "prompt": "x", "suffix": "y"}, "suffix"),
 ])
 def test_bad_fields_are_400_naming_the_param(node, body, param):
-    code, err = _error(request("POST", node.api_port, "/v1/chat/completions", body))
+    path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+    code, err = _error(request("POST", node.api_port, path, body))
     assert code == 400 and err["param"] == param and err["type"] == "invalid_request_error"
 
 
@@ -142,12 +148,19 @@ def test_oversized_headers_are_431(node):
 
 def test_unknown_route_404_and_wrong_method_405(node):
     assert _error(request("GET", node.api_port, "/v1/nothing"))[0] == 404
-    assert _error(request("GET", node.api_port, "/v1/chat/completions"))[0] == 405
+    code, err = _error(request("GET", node.api_port, "/v1/chat/completions"))
+    assert code == 405 and err["type"] == "invalid_request_error"
+
+
+def test_deeply_nested_json_is_400_and_node_survives(node):
+    code, err = _error(request("POST", node.api_port, "/v1/chat/completions", b"[" * 100000 + b"]" * 100000))
+    assert code == 400 and err["code"] == "invalid_json"
+    assert request("GET", node.api_port, "/v1/models")[0] == 200
 
 
 def test_keep_alive_serves_two_requests_on_one_socket(node):
     with socket.create_connection(("127.0.0.1", node.api_port), timeout=30) as s:
-        req = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+        req = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
         s.sendall(req + req)
         data = b""
         while data.count(b"HTTP/1.1 200") < 2:
@@ -173,3 +186,9 @@ def test_management_api(node):
     assert request("GET", node.console_port, "/health")[0] == 200
     code, body = request("GET", node.console_port, "/")
     assert code == 200 and "Hydra" in body
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/embeddings"])
+def test_deeply_nested_json_is_400_on_every_post_route(node, path):
+    code, err = _error(request("POST", node.api_port, path, b"[" * 100000 + b"]" * 100000))
+    assert code == 400 and err["code"] == "invalid_json"

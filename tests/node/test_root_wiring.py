@@ -47,7 +47,7 @@ async def test_status_without_a_mesh_and_its_management_routes(tmp_path):
         with trio.fail_after(30):
             await nursery.start(node.run)
         st = node.status()
-        assert st["node_state"] == "serving" and st["mesh"] is None and st["token"] is None
+        assert st["node_state"] == "serving" and st["mesh"] is None and "token" not in st
         assert st["models"] == [] and SECTIONS <= set(st)
         invite = await node.management_routes[("POST", "/api/invite")](_get("/api/invite", b"{}", "POST"))
         assert invite.status == 503 and json.loads(invite.body)["error"]["code"] == "no_mesh"
@@ -91,7 +91,7 @@ async def test_a_meshed_node_issues_invites_and_exports_mesh_statistics(tmp_path
         with trio.fail_after(30):
             await nursery.start(node.run)
         st = node.status()
-        assert st["mesh"]["mesh_id"] and st["token"]
+        assert st["mesh"]["mesh_id"] and "token" not in st  # invites only through POST /api/invite
         assert "remote_generations_opened" in st["mesh"]["counters"]  # remote generation's, merged by the root
         invite = await node.management_routes[("POST", "/api/invite")](
             _get("/api/invite", json.dumps({"ttl_s": 120}).encode(), "POST"))

@@ -268,3 +268,15 @@ async def test_scheduler_sees_slots_so_a_parallel_host_has_no_queue_wait(autojum
     scores = {s.target.node: s for s in decision.scores}
     assert decision.target.node == FAST
     assert scores[FAST].queue_ms == 0 < scores[SLOW].queue_ms
+
+
+def test_prompt_size_counts_token_prompts_and_tool_definitions():
+    live = LiveScheduling(SchedulerConfig(), "me")
+    toks = GenerationRequest(model=MODEL, kind="completion", prompt_tokens=tuple(range(800)), max_tokens=4)
+    assert live.features(toks).prompt_tokens == 800
+    from hydra_node.inference import ToolSpec
+
+    plain = GenerationRequest(model=MODEL, kind="chat", messages=(("user", "hi"),), max_tokens=4)
+    tooled = GenerationRequest(model=MODEL, kind="chat", messages=(("user", "hi"),), max_tokens=4,
+                               tools=(ToolSpec("f", "x" * 400, '{"type": "object", "properties": {}}'),))
+    assert live.features(tooled).prompt_tokens > live.features(plain).prompt_tokens + 90

@@ -78,3 +78,12 @@ def test_node_log_rotates(tmp_path):
     logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
     assert logs == ["node.log", "node.log.1", "node.log.2", "node.log.3"]
     assert all((tmp_path / "logs" / n).stat().st_size <= 2200 for n in logs)
+
+
+def test_model_ids_become_distinct_bounded_ascii_file_names():
+    from hydra_node.runtime.runner.supervisor import _safe
+
+    ids = ["a/b", "a_b", "a:b", "é" * 128, "x" * 128, "hf://org/model-Q4.gguf"]
+    names = [_safe(i) for i in ids]
+    assert len(set(names)) == len(ids)
+    assert all(n.isascii() and len(n.encode()) <= 64 and "/" not in n for n in names)

@@ -4,9 +4,14 @@ Runs inside the runner child (:mod:`hydra_node.runtime.runner.main`), on the mai
 The plan of every step comes from the pure :class:`~hydra_node.runtime.engine.slots.SlotScheduler`;
 this module turns it into one ``llama_batch`` (every decoding sequence's last token, then
 prefill chunks), calls ``llama_decode`` once, samples each row that has logits with that
-sequence's native sampler chain (:mod:`hydra_node.runtime.engine.sampler`), detokenises
-incrementally (:class:`~hydra_node.runtime.runner.textstream.TextAssembler`) and sends
-``delta``/``done``/``error`` frames through ``send``.
+sequence's native sampler chain (:mod:`hydra_node.runtime.engine.sampler`: logit bias,
+penalties, grammar, temperature...), detokenises incrementally
+(:class:`~hydra_node.runtime.runner.textstream.TextAssembler`) and sends ``delta``/``done``/``error``
+frames through ``send``.  A request that asks for ``logprobs`` gets one entry per generated token
+(:mod:`hydra_node.runtime.engine.logprobs`) in its delta frames, ``"logprobs": [entry, ...]``; the
+entries of tokens whose text is held back (a possible stop sequence, part of a UTF-8 character)
+ride with the next delta, or with the final flush (a delta whose text may be empty).  So a
+request's entries number its ``completion_tokens``.
 
 KV cache: the model's ``llama_cpp.Llama`` object keeps loading, tokenising and chat
 templates; its context is replaced by one made for ``n_slots`` sequences.  The cache is
@@ -27,8 +32,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from hydra_node.inference import MAX_TOP_LOGPROBS_REQUEST as MAX_TOP_LOGPROBS
 from hydra_node.runtime._child import TokenClock
-from hydra_node.runtime.engine.sampler import Sampler, SamplerParams
+from hydra_node.runtime.engine.logprobs import LogprobReporter, TokenPieces, row_logits
+from hydra_node.runtime.engine.sampler import Sampler, SamplerParams, SamplingError
 from hydra_node.runtime.engine.slots import Finish, Rejected, SlotConfig, SlotScheduler, StepPlan
 from hydra_node.runtime.engine.stats import EngineStatistics, StepCounters
 from hydra_node.runtime.runner.textstream import TextAssembler
@@ -38,12 +45,14 @@ __all__ = ["BatchEngine", "EngineStatistics"]
 
 @dataclass
 class _Live:
-    """A sequence's engine-side state: sampler, text assembly, timing, usage."""
+    """A sequence's engine-side state: sampler, text assembly, timing, usage, logprobs."""
     rid: int
     prompt_len: int
     sampler: Sampler
     asm: TextAssembler
     clock: TokenClock
+    reporter: LogprobReporter | None = None  # the request asked for logprobs
+    pending: list | None = None  # logprob entries not sent yet (their text is held back)
     last: int = -1   # the latest sampled token, fed at the next step
     n: int = 0       # completion tokens (end-of-generation not counted)
     cached: int = 0  # prompt tokens reused from the slot's KV cells
@@ -52,8 +61,10 @@ class _Live:
 class BatchEngine:
     def __init__(self, llm, *, n_slots: int, prompt_cache: bool, send: Callable[[dict], None],
                  max_waiting: int = 16, token_delay_s: float = 0.0,
-                 clock: Callable[[], float] = time.perf_counter):
-        """``clock`` times each step for the statistics' rates (any monotonic clock)."""
+                 clock: Callable[[], float] = time.perf_counter, share_prefixes: bool = True,
+                 min_shared_tokens: int = 64, max_cached: int | None = None):
+        """``clock`` times each step for the statistics' rates (any monotonic clock); the prefix
+        options are the slot scheduler's ([defaults.model_fit.prefix_cache], see slots.py)."""
         import llama_cpp
         from llama_cpp import _internals
 
@@ -73,14 +84,18 @@ class BatchEngine:
         self.n_batch = int(llama_cpp.llama_n_batch(self.ctx))
         self.ctx_per_slot = self.n_ctx  # the most one request may use: any sequence may fill the unified cache
         self.vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        self._pieces = TokenPieces(self.vocab)  # token text for logprobs, shared by the sequences
         self.sched = SlotScheduler(SlotConfig(n_slots=n_slots, n_batch=self.n_batch, n_ctx=self.n_ctx,
-                                              max_waiting=max_waiting, prompt_cache=prompt_cache))
+                                              max_waiting=max_waiting, prompt_cache=prompt_cache,
+                                              share_prefixes=share_prefixes, min_shared_tokens=min_shared_tokens,
+                                              max_cached=max_cached))
         self.n_slots = n_slots
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._live: dict[int, _Live] = {}
         self.clock = clock
         self.counters = StepCounters()
-        self._prefix_base = (0, 0, 0)  # the scheduler's prefix counts at the end of the warm-up
+        self._prefix_base = (0, 0, 0, 0)  # the scheduler's prefix counts at the end of the warm-up
 
     # ---- requests --------------------------------------------------------------------
     def submit(self, rid: int, req: dict, tokens: list[int], clock: TokenClock) -> None:
@@ -88,12 +103,32 @@ class BatchEngine:
         budget = self.n_ctx - len(tokens)
         max_tokens = min(req.get("max_tokens") or budget, budget) if budget > 0 else 1
         try:
+            reporter = self._reporter(req)
+            sampler = Sampler(SamplerParams.from_request(req), self.vocab, window=max_tokens)
+        except SamplingError as exc:  # an invalid grammar, a token outside the vocabulary...
+            self.send(exc.frame(rid))
+            return
+        except Exception as exc:  # our bug or llama.cpp's: this request fails, the engine goes on
+            self.send({"op": "error", "id": rid, "code": "runner_error", "status": 500,
+                       "message": f"cannot set up sampling: {type(exc).__name__}: {exc}"})
+            return
+        try:
             self.sched.submit(rid, tokens, max_tokens)
         except Rejected as exc:
+            sampler.close()
             self.send({"op": "error", "id": rid, "code": exc.code, "status": exc.status, "message": str(exc)})
             return
-        self._live[rid] = _Live(rid, len(tokens), Sampler(SamplerParams.from_request(req)),
-                                TextAssembler(tuple(req.get("stop") or ())), clock)
+        self._live[rid] = _Live(rid, len(tokens), sampler, TextAssembler(tuple(req.get("stop") or ())), clock,
+                                reporter, [] if reporter is not None else None)
+
+    def _reporter(self, req: dict) -> LogprobReporter | None:
+        want, top = req.get("logprobs", False), req.get("top_logprobs", 0)
+        if type(want) is not bool or type(top) is not int or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise SamplingError(f"'logprobs' must be a boolean and 'top_logprobs' an integer from 0 to "
+                                f"{MAX_TOP_LOGPROBS}")
+        if top and not want:
+            raise SamplingError("'top_logprobs' needs 'logprobs': true")
+        return LogprobReporter(top, self._pieces) if want else None
 
     def cancel(self, rid: int) -> None:
         self.sched.cancel(rid)  # an unknown id (already finished) is ignored
@@ -105,14 +140,14 @@ class BatchEngine:
     def statistics(self) -> EngineStatistics:
         s, c = self.sched.statistics(), self.counters
         prefill_tps, decode_tps = c.rates()
-        hits, misses, reused = (now - base for now, base in zip(
-            (s.prefix_hits, s.prefix_misses, s.prefix_reused_tokens), self._prefix_base))
+        hits, misses, reused, shared = (now - base for now, base in zip(
+            (s.prefix_hits, s.prefix_misses, s.prefix_reused_tokens, s.prefix_shared), self._prefix_base))
         return EngineStatistics(
             n_slots=self.n_slots, ctx_per_slot=self.ctx_per_slot, steps=c.steps, batch_last=c.batch_last,
             batch_mean=round(c.batch_mean, 3), active=s.active, waiting=s.waiting, free_slots=self.n_slots - s.active,
             kv_used=s.kv_used, kv_budget=s.kv_total, prefill_tokens_per_s=round(prefill_tps, 1),
             decode_tokens_per_s=round(decode_tps, 1), prefix_hits=hits, prefix_misses=misses,
-            prefix_reused_tokens=reused)
+            prefix_reused_tokens=reused, prefix_shared=shared)
 
     # ---- one step ----------------------------------------------------------------------
     def step(self) -> None:
@@ -122,7 +157,11 @@ class BatchEngine:
         for slot in plan.evicted:  # cached prefixes dropped to make room
             self._ll.llama_memory_seq_rm(self.mem, slot, 0, -1)
         for a in plan.admitted:
-            self._ll.llama_memory_seq_rm(self.mem, a.slot, a.reused, -1)
+            if a.copy_from >= 0:  # a prefix another slot holds: share its cells (unified cache: no copy)
+                self._ll.llama_memory_seq_rm(self.mem, a.slot, 0, -1)
+                self._ll.llama_memory_seq_cp(self.mem, a.copy_from, a.slot, 0, a.reused)
+            else:
+                self._ll.llama_memory_seq_rm(self.mem, a.slot, a.reused, -1)
             self._live[a.rid].cached = a.reused
         if plan.empty:
             return
@@ -135,16 +174,24 @@ class BatchEngine:
         sampled: dict[int, int] = {}
         for rid, row in rows.items():
             live = self._live[rid]
-            tok = live.sampler.sample(self.ctx, row)
+            try:
+                tok = live.sampler.sample(self.ctx, row)
+            except SamplingError as exc:  # its grammar left no token: this request fails, the others go on
+                self.sched.finish(rid)
+                self._live.pop(rid).sampler.close()
+                self.send(exc.frame(rid))
+                continue
             live.clock.tick()
             if self._ll.llama_vocab_is_eog(self.vocab, tok):
                 self.sched.finish(rid)
                 self._end(rid, "stop")
                 continue
             live.n += 1
+            if live.reporter is not None:  # before the next decode overwrites this row's logits
+                live.pending.append(live.reporter.entry(row_logits(self.ctx, row, self.n_vocab), tok))
             text = live.asm.feed(self.llm.detokenize([tok]))
             if text:
-                self.send({"op": "delta", "id": rid, "text": text})
+                self._delta(live, text)
             if live.asm.stopped:
                 self.sched.finish(rid)
                 self._end(rid, "stop")
@@ -203,11 +250,17 @@ class BatchEngine:
             self.send({"op": "error", "id": rid, "code": "cancelled", "status": 499, "message": "cancelled"})
             return
         tail = live.asm.flush()
-        if tail:
-            self.send({"op": "delta", "id": rid, "text": tail})
+        if tail or live.pending:
+            self._delta(live, tail)
         self.send({"op": "done", "id": rid, "finish_reason": finish, "prompt_tokens": live.prompt_len,
                    "completion_tokens": live.n, "cached_tokens": live.cached, "ttft_ms": live.clock.ttft_ms(),
                    "itl_ms": live.clock.itl_ms(live.n)})
+
+    def _delta(self, live: _Live, text: str) -> None:
+        frame = {"op": "delta", "id": live.rid, "text": text}
+        if live.pending:
+            frame["logprobs"], live.pending = live.pending, []
+        self.send(frame)
 
     def fail_all(self, message: str) -> None:
         """Something went wrong mid-step: every sequence gets an error, the KV cache is cleared."""
@@ -229,11 +282,23 @@ class BatchEngine:
                 self.step()
         finally:
             self.send = send
-        self._ll.llama_memory_clear(self.mem, True)
-        self.sched.forget_resident()
+        self.clear_cache()
         self.counters = StepCounters()  # the figures describe served requests, not the warm-up
         s = self.sched.statistics()
-        self._prefix_base = (s.prefix_hits, s.prefix_misses, s.prefix_reused_tokens)
+        self._prefix_base = (s.prefix_hits, s.prefix_misses, s.prefix_reused_tokens, s.prefix_shared)
+
+    def clear_cache(self) -> None:
+        """Drop every cached prefix (only while idle): the next requests start from an empty KV cache.
+
+        Other sequences' cells in the unified cache are masked out, yet their presence changes a
+        sequence's logits: on the bundled model the same greedy request gave identical logits for its
+        first tokens, then a logprob 0.1 apart, depending only on whether another (finished) sequence's
+        cells were still cached.  The cause (likely which kernel llama.cpp picks for the cache's
+        occupancy) is not established; so greedy output is reproducible from an empty cache, and
+        may part at a near tie otherwise."""
+        assert self.idle, "clear_cache while sequences are active"
+        self._ll.llama_memory_clear(self.mem, True)
+        self.sched.forget_resident()
 
     def close(self) -> None:
         for live in self._live.values():

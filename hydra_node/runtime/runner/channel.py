@@ -20,7 +20,8 @@ from typing import Any
 from hydra_node.codec.errors import DecodeError, FrameError
 from hydra_node.codec.framing import MessageDecoder, encode_message
 from hydra_node.inference import (MAX_EVENT_MILLIS, MAX_FINISH_REASON_CHARS, MAX_TOKEN_COUNT, Finished,
-                                  MalformedRemoteEvent, TextDelta, remote_error_from_wire)
+                                  MalformedRemoteEvent, TextDelta, TokenLogprob, remote_error_from_wire)
+from hydra_node.inference.events import MAX_DELTA_LOGPROBS
 from hydra_node.runtime.engine.slots import MAX_SLOTS
 from hydra_node.runtime.engine.stats import EngineStatistics
 
@@ -75,8 +76,22 @@ def _millis(msg: dict, key: str) -> float:
     return float(v)
 
 
+def _logprobs(msg: dict) -> tuple[TokenLogprob, ...]:
+    """A delta's ``logprobs`` (absent: none): a list of at most MAX_DELTA_LOGPROBS token entries."""
+    lps = msg.get("logprobs", [])
+    if not isinstance(lps, list) or len(lps) > MAX_DELTA_LOGPROBS:
+        raise RunnerProtocolError(f"runner delta: 'logprobs' must be a list of at most {MAX_DELTA_LOGPROBS} entries")
+    try:
+        return tuple(TokenLogprob.from_wire(e) for e in lps)
+    except RunnerProtocolError:
+        raise
+    except MalformedRemoteEvent as exc:
+        raise RunnerProtocolError(f"runner {exc}") from None
+
+
 def runner_event_from_wire(msg: dict, *, queue_wait_ms: float, served_by: str) -> TextDelta | Finished:
-    """A runner's ``delta`` or ``done`` as a typed event; its ``error`` raised as the
+    """A runner's ``delta`` (with its ``logprobs`` entries, :class:`TokenLogprob`'s wire form,
+    decoded strictly) or ``done`` as a typed event; its ``error`` raised as the
     ``GenerationError`` it reports (the runner's status kept: it is our own child);
     anything malformed raises :class:`RunnerProtocolError`."""
     op = msg.get("op")
@@ -84,7 +99,7 @@ def runner_event_from_wire(msg: dict, *, queue_wait_ms: float, served_by: str) -
         text = msg.get("text")
         if not isinstance(text, str):
             raise RunnerProtocolError("runner delta: 'text' must be text")
-        return TextDelta(text)
+        return TextDelta(text, _logprobs(msg))
     if op == "done":
         reason = msg.get("finish_reason")
         if not isinstance(reason, str) or not reason or len(reason) > MAX_FINISH_REASON_CHARS:
@@ -101,7 +116,7 @@ MAX_TOKENS_PER_S = 1e9
 _STATS_FIELDS = tuple(f.name for f in fields(EngineStatistics))
 _STATS_RATES = frozenset({"batch_mean", "prefill_tokens_per_s", "decode_tokens_per_s"})
 #: Counters that only grow while a runner lives (reused tokens pass 2**31 within days): up to 2**53.
-_STATS_TOTALS = frozenset({"steps", "prefix_hits", "prefix_misses", "prefix_reused_tokens"})
+_STATS_TOTALS = frozenset({"steps", "prefix_hits", "prefix_misses", "prefix_reused_tokens", "prefix_shared"})
 MAX_STATS_TOTAL = 2**53
 
 

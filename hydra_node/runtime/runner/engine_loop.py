@@ -16,6 +16,7 @@ import time
 from typing import Callable
 
 from hydra_node.runtime._child import TokenClock
+from hydra_node.runtime.runner.chat_prompt import InvalidPrompt
 
 __all__ = ["run_engine_loop", "work_queue_bound"]
 
@@ -30,12 +31,13 @@ def work_queue_bound(parallel: int) -> int:
 
 def run_engine_loop(engine, work: "queue.Queue", prompt_tokens: Callable[[dict], list[int]],
                     send: Callable[[dict], None], *, cadence=None,
-                    now: Callable[[], float] = time.monotonic) -> int:
+                    now: Callable[[], float] = time.monotonic, embed=None) -> int:
     """Run until the channel closes (returns 0); an ``OSError`` from ``send`` propagates.
-    ``cadence``: when to send a stats frame (None: never); ``now`` is its clock."""
+    ``cadence``: when to send a stats frame (None: never); ``now`` is its clock; ``embed``: the
+    runner's :class:`~hydra_node.runtime.runner.embed.Embedder` (None: no embeddings)."""
     steps = 0
     while True:
-        msgs = [work.get()] if engine.idle else []
+        msgs = [work.get()] if engine.idle and not (embed is not None and embed.busy) else []
         while True:
             try:
                 msgs.append(work.get_nowait())
@@ -44,6 +46,8 @@ def run_engine_loop(engine, work: "queue.Queue", prompt_tokens: Callable[[dict],
         for msg in msgs:
             if msg is None:
                 return 0
+            if embed is not None and embed.take(msg):  # embeds and their cancels: runner/embed.py
+                continue
             if msg["op"] == "cancel":
                 engine.cancel(msg["id"])
             elif msg["op"] == "generate":
@@ -59,6 +63,8 @@ def run_engine_loop(engine, work: "queue.Queue", prompt_tokens: Callable[[dict],
             if cadence is not None and cadence.due(steps, now(), idle=engine.idle):
                 send(engine.statistics().to_wire())
                 cadence.sent(steps, now())
+        if embed is not None and embed.busy:
+            embed.step()  # one bounded embedding step between engine steps
 
 
 def _submit(engine, msg: dict, prompt_tokens: Callable[[dict], list[int]], send: Callable[[dict], None]) -> None:
@@ -66,6 +72,9 @@ def _submit(engine, msg: dict, prompt_tokens: Callable[[dict], list[int]], send:
     clock = TokenClock()  # TTFT counts from here: tokenising is part of it
     try:
         tokens = prompt_tokens(msg["req"])
+    except InvalidPrompt as exc:  # the client's fault (a token outside the vocabulary, ...): 400
+        send({"op": "error", "id": rid, "code": exc.code, "status": exc.status, "message": str(exc)})
+        return
     except Exception as exc:
         send({"op": "error", "id": rid, "code": "runner_error", "status": 500,
               "message": f"cannot tokenise the prompt: {type(exc).__name__}: {exc}"})

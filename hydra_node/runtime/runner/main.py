@@ -1,10 +1,12 @@
 """Model runner child process: one llama.cpp model, ``--parallel`` sequences batched together.
 
-With continuous batching (the default) the main thread runs the engine loop
-(:mod:`hydra_node.runtime.runner.engine_loop`, :mod:`hydra_node.runtime.engine`): one
-``llama_decode`` per step over every active sequence.  With a draft model
-(speculative decoding) or ``--no-continuous-batching`` it generates one sequence at a
-time through ``Llama.generate`` (the :class:`Runner` below).
+The main thread runs the engine loop (:mod:`hydra_node.runtime.runner.engine_loop`,
+:mod:`hydra_node.runtime.engine`): one ``llama_decode`` per step over every active sequence,
+each with its own sampler chain (grammar, penalties, logit bias, logprobs).  With
+``--no-continuous-batching`` the engine runs with one slot (one sequence at a time, every
+sampling feature still there).  Only with a draft model (speculative decoding) does it generate
+one sequence at a time through ``Llama.generate`` (:meth:`Runner.generate`); such a runner refuses
+what that path cannot honour (``unsupported_with_speculation``, runner_glue.py).
 
 Started by :mod:`hydra_node.runtime.runner.supervisor` with a connected socket on
 ``--fd``.  Speaks the runner channel (length-prefixed canonical CBOR maps,
@@ -14,6 +16,8 @@ Started by :mod:`hydra_node.runtime.runner.supervisor` with a connected socket o
   runner -> node: {"op": "ready", ...} | {"op": "delta", "id", "text"} | {"op": "done", "id", ...}
                   | {"op": "error", "id", "message", "code", "status"} | {"op": "pong", "n"} | {"op": "fatal", "message"}
                   | {"op": "stats", ...} (the engine's figures: hydra_node/runtime/engine/stats.py)
+  embeddings (runner/embed.py): {"op": "embed", "id", "req"} -> {"op": "vectors", "id", "v"} ...
+                  then {"op": "embedded", "id", "prompt_tokens"} or an error
 
 A reader thread handles cancel/ping while the main thread generates, so a
 cancel stops generation within one token.  The runner dies with its parent
@@ -34,6 +38,8 @@ import time
 
 from hydra_node.runtime.engine.slots import common_prefix
 from hydra_node.runtime.runner.channel import ChannelError, FrameDecoder, encode_frame
+from hydra_node.runtime.runner.embed import Embedder
+from hydra_node.runtime.runner.chat_prompt import ChatTemplate, InvalidPrompt, completion_token_ids
 from hydra_node.runtime.runner.textstream import TextAssembler
 from hydra_node.runtime._child import TokenClock, die_with_parent
 
@@ -65,17 +71,12 @@ class Channel:
             self.decoder.receive_data(data)
 
 
-def _chat_formatter(llm):
-    from llama_cpp import llama_chat_format
-
-    template = llm.metadata.get("tokenizer.chat_template")
-    if not template:
-        return None
+def _chat_formatter(llm) -> ChatTemplate:
+    """The model's GGUF chat template, compiled and probed once (ChatML when it has none)."""
     eos_id, bos_id = llm.token_eos(), llm.token_bos()
     eos = llm._model.token_get_text(eos_id) if eos_id != -1 else ""
     bos = llm._model.token_get_text(bos_id) if bos_id != -1 else ""
-    return llama_chat_format.Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos,
-                                                 stop_token_ids=[eos_id])
+    return ChatTemplate(llm.metadata.get("tokenizer.chat_template") or None, bos_token=bos, eos_token=eos)
 
 
 class Runner:
@@ -124,7 +125,7 @@ class Runner:
             "threads_batch": int(llama_cpp.llama_n_threads_batch(ctx)),
             "gpu_layers": {**llama_params.gpu_report(a.n_gpu_layers, gpu_devices, len(a.rpc)),
                            "n_gpu_layers": int(kwargs["n_gpu_layers"])}}
-        batching = self.args.continuous_batching and not (self.args.draft_endpoint or self.args.draft_model)
+        batching = not (self.args.draft_endpoint or self.args.draft_model)  # the engine, unless a draft
         if self.args.warmup and not batching:  # the engine warms its own context up (below)
             # The first decode allocates compute buffers and faults the weights in (seconds on
             # a cold machine); pay that before reporting ready, not in the first request's TTFT.
@@ -141,12 +142,15 @@ class Runner:
         from hydra_node.runtime.speculative.child.runner_glue import RunnerSpeculation
 
         self.speculation = RunnerSpeculation.create(self.llm, self.args)  # --draft-endpoint / --draft-model
-        self.engine = None  # continuous batching; None: one sequence at a time (a draft, or switched off)
+        self.engine = None  # the batch engine; None: speculative decoding (a draft), one sequence at a time
         if batching:
             from hydra_node.runtime.engine.batch import BatchEngine
 
-            self.engine = BatchEngine(self.llm, n_slots=self.args.parallel,
+            self.engine = BatchEngine(self.llm, n_slots=self.args.parallel if self.args.continuous_batching else 1,
                                       prompt_cache=self.args.prompt_cache, send=lambda m: None,
+                                      share_prefixes=self.args.prefix_sharing,
+                                      min_shared_tokens=self.args.prefix_min_tokens,
+                                      max_cached=self.args.prefix_max_entries,
                                       token_delay_s=self.args.inject_token_delay_ms / 1000.0)
             if self.args.warmup:
                 self.engine.warmup(self.llm.tokenize(WARMUP_TEXT))
@@ -156,20 +160,21 @@ class Runner:
     def engine_report(self) -> dict:
         """How this runner generates (the ready message; shown in /api/status)."""
         if self.engine is not None:
-            return {"mode": "continuous_batching", "parallel": self.engine.n_slots,
-                    "ctx_per_slot": self.engine.ctx_per_slot, "n_ctx_total": self.engine.n_ctx}
-        why = "speculative decoding (one sequence)" if self.speculation is not None else "continuous_batching = false"
-        return {"mode": "sequential", "parallel": 1, "ctx_per_slot": self.n_ctx, "n_ctx_total": self.n_ctx, "reason": why}
+            report = {"mode": "continuous_batching", "parallel": self.engine.n_slots,
+                      "ctx_per_slot": self.engine.ctx_per_slot, "n_ctx_total": self.engine.n_ctx}
+            if not self.args.continuous_batching:
+                report.update(mode="sequential", reason="continuous_batching = false (the batch engine, one slot)")
+            return report
+        return {"mode": "sequential", "parallel": 1, "ctx_per_slot": self.n_ctx, "n_ctx_total": self.n_ctx,
+                "reason": "speculative decoding (one sequence)"}
 
     def prompt_tokens(self, req: dict) -> list[int]:
+        """The request's prompt as tokens (chat_prompt.py); :class:`InvalidPrompt` (400) when it cannot be one."""
         if req["kind"] == "chat":
-            messages = [{"role": r, "content": c} for r, c in req["messages"]]
-            if self.formatter is not None:
-                res = self.formatter(messages=messages)
-                return self.llm.tokenize(res.prompt.encode("utf-8"), add_bos=not res.added_special, special=True)
-            text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-            text += "<|im_start|>assistant\n"
-            return self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+            res = self.formatter.render(req)
+            return self.llm.tokenize(res.text.encode("utf-8"), add_bos=not res.added_special, special=True)
+        if req.get("prompt_tokens"):  # token ids are used as they are: no BOS
+            return completion_token_ids(req["prompt_tokens"], self.llm.n_vocab())
         return self.llm.tokenize(req.get("prompt", "").encode("utf-8"), add_bos=True, special=False)
 
     def is_cancelled(self, rid: int) -> bool:
@@ -178,10 +183,20 @@ class Runner:
 
     def generate(self, ch: Channel, rid: int, req: dict) -> None:
         clock = TokenClock()  # TTFT counts from here: tokenising is part of it
-        tokens = self.prompt_tokens(req)
+        try:
+            tokens = self.prompt_tokens(req)
+        except InvalidPrompt as exc:
+            ch.send({"op": "error", "id": rid, "code": exc.code, "status": exc.status, "message": str(exc)})
+            return
         if len(tokens) >= self.n_ctx:
             ch.send({"op": "error", "id": rid, "code": "context_length_exceeded", "status": 400,
                      "message": f"prompt is {len(tokens)} tokens; this model's context is {self.n_ctx} tokens"})
+            return
+        from hydra_node.runtime.speculative.child.runner_glue import unsupported_with_speculation
+
+        refusal = unsupported_with_speculation(req)  # this path (a draft) has no per-request sampler chain
+        if refusal is not None:
+            ch.send({"op": "error", "id": rid, **refusal})
             return
         budget = self.n_ctx - len(tokens)
         max_tokens = min(req.get("max_tokens") or budget, budget)
@@ -242,11 +257,11 @@ def _reader(ch: Channel, runner: Runner, work: "queue.Queue") -> None:
             if msg is None:
                 break
             op = msg["op"]  # the strict decoder guarantees a text op and an int id when present
-            if op in ("generate", "cancel") and "id" not in msg:
+            if op in ("generate", "embed", "cancel") and "id" not in msg:
                 raise ChannelError(f"{op} needs an 'id'", code="bad_message")
-            if op == "generate":
+            if op in ("generate", "embed"):  # embed: runner/embed.py, worked between engine steps
                 if not isinstance(msg.get("req"), dict):
-                    raise ChannelError("generate needs a 'req' map", code="bad_message")
+                    raise ChannelError(f"{op} needs a 'req' map", code="bad_message")
                 work.put(msg)
             elif op == "cancel" and runner.engine is not None:
                 work.put(msg)  # the engine loop takes cancels in order with the generates
@@ -283,6 +298,12 @@ def main(argv=None) -> int:
                    help="layers offloaded to RPC/GPU devices (a split plan's n_gpu_layers)")
     p.add_argument("--output-on-host", action="store_true",
                    help="keep the output projection in host memory (a split plan's output_on_host)")
+    p.add_argument("--no-prefix-sharing", dest="prefix_sharing", action="store_false",
+                   help="never copy a prefix held by another slot ([defaults.model_fit.prefix_cache] enabled = false)")
+    p.add_argument("--prefix-min-tokens", type=int, default=64,
+                   help="shortest prefix copied from another slot ([defaults.model_fit.prefix_cache] min_tokens)")
+    p.add_argument("--prefix-max-entries", type=int, default=64,
+                   help="free slots that keep their cached prefix ([defaults.model_fit.prefix_cache] max_entries)")
     p.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
                    help="re-evaluate every prompt from scratch instead of reusing the cached prefix")
     p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up decode")
@@ -293,7 +314,8 @@ def main(argv=None) -> int:
 
     p.add_argument("--parallel", type=int, default=1, help="sequences decoded together ([defaults.throughput].parallel)")
     p.add_argument("--no-continuous-batching", dest="continuous_batching", action="store_false",
-                   help="one sequence at a time through Llama.generate ([defaults.throughput].continuous_batching)")
+                   help="the batch engine with one slot, whatever --parallel says "
+                        "([defaults.throughput].continuous_batching)")
     add_runner_args(p)  # --draft-endpoint / --draft-model (docs/speculative.md)
     args = p.parse_args(argv)
     die_with_parent()
@@ -320,16 +342,24 @@ def main(argv=None) -> int:
         work: "queue.Queue" = queue.Queue(work_queue_bound(runner.engine.n_slots))
         threading.Thread(target=_reader, args=(ch, runner, work), daemon=True).start()
         try:
-            return run_engine_loop(runner.engine, work, runner.prompt_tokens, ch.send, cadence=StatsCadence())
+            return run_engine_loop(runner.engine, work, runner.prompt_tokens, ch.send, cadence=StatsCadence(),
+                                   embed=Embedder.for_llama(runner.llm, ch.send))
         except OSError:
             return 0
     work = queue.Queue(WORK_QUEUE_BOUND)
     threading.Thread(target=_reader, args=(ch, runner, work), daemon=True).start()
+    embedder = Embedder.for_llama(runner.llm, ch.send)
     while True:
         msg = work.get()
         if msg is None:
             return 0
         rid = msg["id"]  # checked by _reader
+        if embedder.take(msg):  # an embed: worked through at once (nothing else runs meanwhile)
+            try:
+                embedder.run_all()
+            except OSError:
+                return 0
+            continue
         with runner.lock:
             if rid in runner.cancelled:
                 runner.cancelled.discard(rid)

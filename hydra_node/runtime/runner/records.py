@@ -46,7 +46,7 @@ class RunnerSettings:
     n_batch: int = 512
     #: Sequences the runner decodes together (``[defaults.throughput].parallel``; 1 with a draft model).
     parallel: int = 1
-    #: False: one sequence at a time through ``Llama.generate`` (needs parallel = 1).
+    #: False: one sequence at a time (the batch engine with one slot; needs parallel = 1).
     continuous_batching: bool = True
     #: llama.cpp ``n_ubatch`` (capped at ``n_batch`` by llama.cpp).
     n_ubatch: int = 512
@@ -68,6 +68,10 @@ class RunnerSettings:
     backoff_max_s: float = 30.0
     crash_loop_restarts: int = 5
     crash_loop_window_s: float = 60.0
+    #: Prefix sharing across slots ([defaults.model_fit.prefix_cache]: enabled, min_tokens, max_entries).
+    share_prefixes: bool = True
+    min_shared_tokens: int = 64
+    max_cached_prefixes: int = 64
     #: A runner put in state failed by a crash loop is tried again after this long (0 = never):
     #: whatever broke it (memory pressure, a lost RPC worker) may have passed.
     failed_retry_s: float = 300.0

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import hashlib
 import math
 import socket
-import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
@@ -25,9 +25,11 @@ from hydra_node.backoff import Backoff, CrashLoop
 from hydra_node.inference import (Finished, GenerationError, GenerationEvent, GenerationRequest,
                                   ModelUnavailable, QueueFull)
 from hydra_node.models import ModelRef
+from hydra_node.runtime.runner.argv import runner_argv
 from hydra_node.runtime.runner.records import (RequestStats, RequestSummary, RunnerCrashed, RunnerLoadError, RunnerSettings,
                                               RunnerStalled, RunnerState, RunnerStatus)
 from hydra_node.runtime.runner.admission import AdmissionLimit
+from hydra_node.runtime.runner.embed_call import RunnerEmbeddings
 from hydra_node.runtime.engine.stats import EngineStatistics
 from hydra_node.runtime.runner.channel import (ChannelError, FrameDecoder, RunnerProtocolError, encode_frame,
                                                engine_stats_from_wire, runner_event_from_wire)
@@ -81,6 +83,7 @@ class RunnerSupervisor:
         self._sock: trio.SocketStream | None = None
         self._decoder = FrameDecoder()
         self._ready = trio.Event()
+        self.embeddings = RunnerEmbeddings(self)  # .embed(req): runner/embed_call.py
         self.pidfile = home / "run" / f"runner-{_safe(model.id)}.pid"
         self.logfile = home / "logs" / f"runner-{_safe(model.id)}.log"
         self._output = ChildOutput(self.logfile, tail_lines=STDERR_TAIL_LINES)
@@ -159,18 +162,33 @@ class RunnerSupervisor:
         exits with the reason instead of running without its model.
         """
         try:
-            await self._child.run(task_status=task_status)
-        except ChildFailed as exc:
-            if exc.reason is not GiveUp.CRASH_LOOP:  # the first load (or the spawn) failed
-                raise RunnerLoadError(exc.last_error) from None
-            self.state = RunnerState.FAILED
-            log.error("event=runner_failed model=%s reason=crash_loop crashes=%d window_s=%s last_error=%r",
-                      self.model.id, exc.failures, self.settings.crash_loop_window_s, self.last_error)
-            if self.on_failed is not None:
-                await self.on_failed()
-            await trio.sleep_forever()
+            while True:
+                try:
+                    await self._child.run(task_status=task_status)
+                except ChildFailed as exc:
+                    if exc.reason is not GiveUp.CRASH_LOOP:  # the first load (or the spawn) failed
+                        raise RunnerLoadError(exc.last_error) from None
+                    await self._failed(exc)
+                    task_status = trio.TASK_STATUS_IGNORED  # readiness was reported by the first life
         finally:
             self.state = RunnerState.STOPPED
+
+    async def _failed(self, exc: ChildFailed) -> None:
+        """A crash loop: state failed (requests get 503), then, after ``failed_retry_s``, try again."""
+        self.state = RunnerState.FAILED
+        retry = self.settings.failed_retry_s
+        log.error("event=runner_failed model=%s reason=crash_loop crashes=%d window_s=%s retry_in_s=%s "
+                  "last_error=%r", self.model.id, exc.failures, self.settings.crash_loop_window_s,
+                  retry if retry > 0 else "never", self.last_error)
+        if self.on_failed is not None:
+            await self.on_failed()
+        if retry <= 0:
+            await trio.sleep_forever()
+        await trio.sleep(retry)
+        log.info("event=runner_retry model=%s after_s=%s", self.model.id, retry)
+        if self._child.crash_loop is not None:
+            self._child.crash_loop.reset()
+        self.state = RunnerState.LOADING
 
     async def _spec(self) -> ChildSpec:
         """Before every spawn: the settings (``prepare``), the channel, the argv."""
@@ -190,32 +208,7 @@ class RunnerSupervisor:
                          watch=self._watch, on_exit=self._gone, grace_s=TERMINATE_GRACE_S)
 
     def _argv(self, fd: int) -> list[str]:
-        s = self.settings
-        argv = [sys.executable, "-m", "hydra_node.runtime.runner.main", "--fd", str(fd),
-                "--model", str(self.model.path), "--model-id", self.model.id, "--n-ctx", str(s.n_ctx),
-                "--n-batch", str(s.n_batch), "--threads", str(s.threads), "--threads-batch", str(s.threads_batch),
-                "--n-ubatch", str(s.n_ubatch), "--flash-attn", s.flash_attention, "--type-k", s.type_k,
-                "--type-v", s.type_v, "--mmap", s.mmap]
-        argv += ["--parallel", str(s.parallel)]
-        if not s.continuous_batching:
-            argv.append("--no-continuous-batching")
-        if s.mlock:
-            argv.append("--mlock")
-        if not s.prompt_cache:
-            argv.append("--no-prompt-cache")
-        if not s.warmup:
-            argv.append("--no-warmup")
-        for ep in s.rpc_endpoints:
-            argv += ["--rpc", ep]
-        if s.n_gpu_layers is not None:
-            argv += ["--n-gpu-layers", str(s.n_gpu_layers)]
-        if s.tensor_split:
-            argv += ["--tensor-split", ",".join(f"{x:.4f}" for x in s.tensor_split)]
-        if s.output_on_host:
-            argv.append("--output-on-host")
-        if s.inject_token_delay_ms > 0:
-            argv += ["--inject-token-delay-ms", f"{s.inject_token_delay_ms:g}"]
-        return argv + list(s.extra_argv)
+        return runner_argv(self.settings, self.model, fd)
 
     async def _await_ready(self, proc) -> dict:
         """The readiness reader: the runner's first frame must be ``ready``."""
@@ -313,11 +306,20 @@ class RunnerSupervisor:
         self._pending.clear()
 
     async def _send(self, msg: dict) -> None:
+        """Send one frame. A message that cannot be encoded is the caller's error (400), sent as
+        nothing; a frame is written whole or not at all (a cancelled caller never leaves half a
+        frame that would break the channel for every other request)."""
         if self._sock is None:
             raise ModelUnavailable(f"model {self.model.id!r} runner is not running")
+        try:
+            frame = encode_frame(msg)
+        except Exception as exc:  # the codec's EncodeError, UnicodeEncodeError, ...: nothing was sent
+            raise GenerationError(f"the request cannot be sent to the model runner: {exc}",
+                                  code="unencodable_request", status=400) from None
         async with self._send_lock:
             try:
-                await self._sock.send_all(encode_frame(msg))
+                with trio.CancelScope(shield=True):
+                    await self._sock.send_all(frame)
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 raise RunnerCrashed(f"lost the runner channel: {exc}") from None
 
@@ -347,7 +349,11 @@ class RunnerSupervisor:
         try:
             self._check_available()
             self._pending[rid] = send_ch
-            await self._send({"op": "generate", "id": rid, "req": req.to_wire()})
+            try:
+                await self._send({"op": "generate", "id": rid, "req": req.to_wire()})
+            except GenerationError:
+                terminal = True  # the child never saw this request: nothing to cancel there
+                raise
             queue_wait_ms = (trio.current_time() - t0) * 1000
 
             async def next_message() -> dict | None:
@@ -426,4 +432,7 @@ class RunnerSupervisor:
 
 
 def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:64]
+    """A file-name part for a model id: ASCII letters, digits, ``-_.`` (at most 48), then a short hash
+    of the whole id, so two ids never share a pid or log file and no name outgrows 255 bytes."""
+    readable = "".join(c if (c.isascii() and c.isalnum()) or c in "-_." else "_" for c in name)[:48]
+    return f"{readable}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:10]}"

@@ -6,7 +6,8 @@ with a draft that is either local (``--draft-model PATH``) or remote (``--draft-
 take this path (sampled requests keep the runner's llama.cpp sampler, whose chain the
 speculative sampler does not reproduce); the output is the target's own greedy output.
 The runner reports :meth:`RunnerSpeculation.status` in its ``done`` frames; the supervisor
-keeps the latest for ``/api/status`` (``models[].speculative``).
+keeps the latest for ``/api/status`` (``models[].speculative``).  A request with a grammar,
+penalties, a logit bias or logprobs is refused (:func:`unsupported_with_speculation`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,29 @@ def argv_for(*, endpoint: str = "", model: str = "", min_tokens: int = 1, max_to
         argv += ["--draft-min-tokens", str(min_tokens), "--draft-max-tokens", str(max_tokens),
                  "--draft-min-acceptance", f"{min_acceptance:g}", "--draft-min-speedup", f"{min_speedup:g}"]
     return argv
+
+
+#: Request fields (wire names) the speculative runner cannot honour, and how a client names them.
+#: Its plain path (``Llama.generate``) and the speculative decoder have no per-request sampler chain.
+UNSUPPORTED_WITH_SPECULATION = (
+    ("grammar", "'response_format'/'tools' (a grammar constraint)"),
+    ("logit_bias", "'logit_bias'"),
+    ("presence_penalty", "'presence_penalty'"),
+    ("frequency_penalty", "'frequency_penalty'"),
+    ("logprobs", "'logprobs'"),
+    ("top_logprobs", "'top_logprobs'"),
+)
+
+
+def unsupported_with_speculation(req: dict) -> dict | None:
+    """The error (``code``, ``status``, ``message``) for a request a speculative runner must refuse
+    (a 400 naming the parameter, never served without it), or None when it can serve it."""
+    for key, param in UNSUPPORTED_WITH_SPECULATION:
+        if req.get(key):
+            return {"code": "unsupported_with_speculation", "status": 400,
+                    "message": f"{param} is not supported by this model's runner: it serves with speculative "
+                               f"decoding (a draft model), which has no per-request sampler chain"}
+    return None
 
 
 class RunnerSpeculation:

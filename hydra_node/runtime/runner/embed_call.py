@@ -1,0 +1,101 @@
+"""The node side of a runner's embeddings: an ``embed`` request over the runner channel and its reply.
+
+:class:`RunnerEmbeddings` belongs to one :class:`~hydra_node.runtime.runner.supervisor.RunnerSupervisor`
+and uses its channel (request ids, the pending-reply table, ``_send``, availability and stall
+handling: the same rules as a generation). At most EMBEDS_IN_FLIGHT requests are in the child at
+once (its work queue keeps slack for them); more wait here, up to the runner's ``queue_size``,
+then 429 ``queue_full``. Embeddings do not take generation slots and are not counted in the
+queue depth the router and the mesh see: the scheduler ignores them (docs in
+hydra_node/runtime/runner/embed.py on what they cost the batch).
+
+The child's messages are read by :class:`~hydra_node.inference.EmbeddingAssembler` (strict: a
+malformed reply is a 502; the child's own error keeps its status, e.g. 400
+``context_length_exceeded``).
+"""
+
+from __future__ import annotations
+
+import trio
+
+from hydra_node.inference import EmbeddingAssembler, EmbeddingRequest, EmbeddingResult, GenerationError, QueueFull
+from hydra_node.runtime.runner.records import RunnerCrashed, RunnerStalled
+
+__all__ = ["EMBEDS_IN_FLIGHT", "RunnerEmbeddings"]
+
+#: Embedding requests one runner child holds at once.
+EMBEDS_IN_FLIGHT = 2
+#: Reply messages buffered between the channel reader and the request.
+REPLY_BUFFER = 16
+#: Bound on telling the child to drop an abandoned request.
+CANCEL_SEND_TIMEOUT_S = 2.0
+
+
+class RunnerEmbeddings:
+    def __init__(self, sup) -> None:
+        self._sup = sup
+        self._gate = trio.Semaphore(EMBEDS_IN_FLIGHT)
+        self.waiting = 0
+        self.served = 0
+        self.failed = 0
+
+    async def embed(self, req: EmbeddingRequest) -> EmbeddingResult:
+        sup = self._sup
+        sup._check_available()
+        if self.waiting >= sup.settings.queue_size:
+            raise QueueFull(sup.model.id)
+        self.waiting += 1
+        try:
+            await self._gate.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            sup._check_available()
+            result = await self._exchange(req)
+            self.served += 1
+            return result
+        except GenerationError:
+            self.failed += 1
+            raise
+        finally:
+            self._gate.release()
+
+    async def _exchange(self, req: EmbeddingRequest) -> EmbeddingResult:
+        sup = self._sup
+        rid = next(sup._ids)
+        send_ch, recv_ch = trio.open_memory_channel(REPLY_BUFFER)
+        sup._pending[rid] = send_ch
+        reply = EmbeddingAssembler(len(req.inputs), relay_status=True, served_by=sup.node_id)
+        ended = False
+        try:
+            await sup._send({"op": "embed", "id": rid, "req": req.to_wire()})
+            while True:
+                msg = await self._next(recv_ch)
+                try:
+                    result = reply.feed(msg)
+                except GenerationError:
+                    ended = True
+                    raise
+                if result is not None:
+                    ended = True
+                    return result
+        finally:
+            sup._pending.pop(rid, None)
+            send_ch.close()
+            if not ended:  # abandoned (client gone, stalled): the child drops it
+                with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SEND_TIMEOUT_S):
+                    try:
+                        await sup._send({"op": "cancel", "id": rid})
+                    except GenerationError:
+                        pass
+
+    async def _next(self, recv_ch: trio.MemoryReceiveChannel) -> dict:
+        sup = self._sup
+        stall = sup.settings.stall_timeout_s
+        with trio.move_on_after(stall if stall > 0 else float("inf")):
+            try:
+                return await recv_ch.receive()
+            except trio.EndOfChannel:
+                raise RunnerCrashed(f"model runner for {sup.model.id!r} exited unexpectedly") from None
+        sup._kill_stalled(stall)
+        raise RunnerStalled(f"model runner for {sup.model.id!r} produced nothing for {stall:.0f} s "
+                            f"(a stalled RPC worker or tunnel); the runner was restarted")
