@@ -58,3 +58,29 @@ def test_a_shared_prefix_is_copied_and_the_output_is_unchanged(model_path):
     finally:
         alone.close()
     assert text == ref_text and done["completion_tokens"] == ref_done["completion_tokens"]
+
+
+def test_siblings_submitted_together_evaluate_the_prompt_once(model_path):
+    """Two requests with one long prompt submitted together (OpenAI n = 2 fans out like this): one
+    prefill and one copy, and each greedy answer is the one the prompt gets alone."""
+    eng = _engine(model_path)
+    try:
+        prompt = eng.llm.tokenize(SYSTEM + b"Question: name a colour.")
+        eng.submit(9, GREEDY, prompt, TokenClock())  # alone first: the reference
+        while not eng.idle:
+            eng.step()
+        ref, _ = _text(eng.frames, 9)
+        eng.clear_cache()
+        eng.frames.clear()
+        base = eng.statistics()
+        for rid in (1, 2):
+            eng.submit(rid, GREEDY, prompt, TokenClock())
+        while not eng.idle:
+            eng.step()
+        st = eng.statistics()
+        texts = [_text(eng.frames, rid) for rid in (1, 2)]
+        assert st.prefix_shared - base.prefix_shared == 1
+        assert [t for t, _ in texts] == [ref, ref]
+        assert texts[1][1]["cached_tokens"] == len(prompt) - 1 and texts[0][1]["cached_tokens"] == 0
+    finally:
+        eng.close()

@@ -310,6 +310,46 @@ def test_copies_only_name_active_slots_and_reuse_what_they_hold(prompts, min_sha
                 assert holder and a.copy_from != a.slot and a.reused >= min_shared
                 assert tuple(s._active[holder[0]].cached()[: a.reused]) == tuple(s.prompt_of(a.rid)[: a.reused])
             assert a.reused < len(s.prompt_of(a.rid))
+        for c in p.copies:  # a waiting sibling takes cells its source has computed by now
+            holder = [r for r in range(rid + 1) if s.is_active(r) and s._active[r].slot == c.copy_from]
+            held = s._active[holder[0]].cached() if holder else s.resident(c.copy_from)
+            assert tuple(held[: c.reused]) == tuple(s.prompt_of(c.rid)[: c.reused]) and c.reused >= min_shared
         run_step(s, p)
     st_ = s.statistics()
     assert st_.kv_reserved <= st_.kv_total
+
+
+def test_siblings_wait_for_a_prefix_being_prefilled_then_copy_it():
+    """n > 1 (or a burst of one system prompt): the prompt is evaluated once, the others copy it."""
+    prompt = list(range(100, 260))  # 160 tokens
+    s = SlotScheduler(SlotConfig(n_slots=3, n_batch=64, n_ctx=2048, min_shared_tokens=32))
+    for rid in (1, 2, 3):
+        s.submit(rid, prompt + [rid], 8)
+    prefilled = {1: 0, 2: 0, 3: 0}
+    copies = []
+    for _ in range(20):
+        p = s.plan()
+        copies += list(p.copies)
+        for c in p.prefill:
+            prefilled[c.rid] += c.length
+        run_step(s, p)
+    assert prefilled == {1: 161, 2: 1, 3: 1}  # each sibling evaluates only its own last token
+    assert {(c.rid, c.reused, c.copy_from) for c in copies} == {(2, 160, 0), (3, 160, 0)}
+    st_ = s.statistics()
+    assert (st_.prefix_hits, st_.prefix_misses, st_.prefix_shared, st_.prefix_reused_tokens) == (2, 1, 2, 320)
+
+
+def test_a_sibling_whose_source_is_cancelled_prefills_itself():
+    prompt = list(range(100, 260))
+    s = SlotScheduler(SlotConfig(n_slots=2, n_batch=64, n_ctx=2048, min_shared_tokens=32))
+    s.submit(1, prompt + [1], 8)
+    s.submit(2, prompt + [2], 8)
+    run_step(s, s.plan())  # 1 prefills 64 of 161; 2 waits
+    s.cancel(1)
+    prefilled, copies = 0, []
+    for _ in range(10):
+        p = s.plan()
+        copies += list(p.copies)
+        prefilled += sum(c.length for c in p.prefill if c.rid == 2)
+        run_step(s, p)
+    assert copies == [] and prefilled == 161 and s.statistics().prefix_misses == 2

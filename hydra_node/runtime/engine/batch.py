@@ -156,7 +156,7 @@ class BatchEngine:
             self._end(rid, None if why is Finish.CANCELLED else why.value)
         for slot in plan.evicted:  # cached prefixes dropped to make room
             self._ll.llama_memory_seq_rm(self.mem, slot, 0, -1)
-        for a in plan.admitted:
+        for a in (*plan.admitted, *plan.copies):
             if a.copy_from >= 0:  # a prefix another slot holds: share its cells (unified cache: no copy)
                 self._ll.llama_memory_seq_rm(self.mem, a.slot, 0, -1)
                 self._ll.llama_memory_seq_cp(self.mem, a.copy_from, a.slot, 0, a.reused)

@@ -105,6 +105,9 @@ class StepPlan:
     decode: tuple[DecodeToken, ...] = ()
     prefill: tuple[PrefillChunk, ...] = ()
     evicted: tuple[int, ...] = ()  # free slots whose cached cells must be dropped before this step
+    #: sequences admitted earlier that now take a prefix another slot has computed (their ``slot``
+    #: gets cells ``[0, reused)`` of ``copy_from``), after the admissions, before the batch
+    copies: tuple[Admission, ...] = ()
 
     @property
     def n_tokens(self) -> int:

@@ -21,7 +21,9 @@ prompt may also reuse a prefix held by a slot that is still generating (a shared
 the same chat continued in parallel): the admission names that slot (``copy_from``) and the
 engine copies the cells (``llama_memory_seq_cp``; in the unified cache the cells are shared, not
 duplicated) when the shared part is at least ``min_shared_tokens`` and longer than any free
-slot's.  ``max_cached`` bounds how many free slots keep their prefix (the oldest is dropped).
+slot's; a request whose prompt starts with what a sequence is still PREFILLING (``n`` siblings, a
+burst of one system prompt) waits for those cells (``wait_for``, no prefill of its own) and then
+copies them (``StepPlan.copies``), so the shared part is evaluated once.  ``max_cached`` bounds how many free slots keep their prefix (the oldest is dropped).
 
 KV budget (total cells, never per slot).  Every admitted sequence holds a *reservation*: its
 whole prompt plus ``decode_reserve`` decode cells (fewer if ``max_tokens`` needs fewer).
@@ -59,6 +61,9 @@ class _Seq:
     cancelled: bool = False
     reserved: int = 0  # KV cells this sequence may fill without taking more from the pool
     tokens: list[int] = field(default_factory=list)  # sampled tokens (for the slot's resident prefix)
+    #: (source rid, tokens): this sequence shares its first tokens with a sequence still prefilling
+    #: them; it is not prefilled itself until they are computed, then copies them (``StepPlan.copies``)
+    wait_for: tuple[int, int] | None = None
 
     @property
     def generated(self) -> int:
@@ -146,9 +151,32 @@ class SlotScheduler:
                 break  # FIFO: the head waits for room, and everything behind it
             self._waiting.popleft()
             admitted.append(a)
+        copies = self._resolve_waits()
         decode = tuple(DecodeToken(s.rid, s.slot, s.kv_used) for s in self._active.values() if s.decoding)
         return StepPlan(tuple(admitted), tuple(finished), decode, self._prefill(self.config.n_batch - len(decode)),
-                        tuple(evicted))
+                        tuple(evicted), copies)
+
+    def _resolve_waits(self) -> tuple[Admission, ...]:
+        """Sequences waiting for a prefix another one prefills: copy it once it is computed; if the
+        source left, copy from the free slot still caching it, or prefill from scratch."""
+        copies = []
+        for s in self._active.values():
+            if s.wait_for is None:
+                continue
+            src_rid, n = s.wait_for
+            src = self._active.get(src_rid)
+            if src is not None and src.prefilled < n:
+                continue  # not computed yet: wait another step
+            slot = src.slot if src is not None else next(
+                (x for x in self._free if common_prefix(self._resident[x], s.prompt) >= n), -1)
+            s.wait_for = None
+            if slot < 0:  # the source left and its cells are gone: a miss, prefill it all
+                self._prefix[1] += 1
+                continue
+            s.prefilled = n
+            self._count_hit(n, shared=True)
+            copies.append(Admission(s.rid, s.slot, n, slot))
+        return tuple(copies)
 
     # ---- the KV budget ---------------------------------------------------------------
     def _committed(self) -> int:
@@ -182,7 +210,7 @@ class SlotScheduler:
 
     def _try_admit(self, s: _Seq, evicted: list[int]) -> Admission | None:
         """Admit ``s`` if its reservation fits (evicting other free slots' prefixes if that makes it fit)."""
-        best, reused, source = self._pick_slot(s)
+        best, reused, source, wait = self._pick_slot(s)
         need = len(s.prompt) + min(s.max_tokens - 1, self.config.decode_room)
         room = self.config.n_ctx - self._committed() + len(self._resident[best])  # best's cells become s's
         others = sum(len(self._resident[x]) for x in self._free if x != best)
@@ -191,10 +219,11 @@ class SlotScheduler:
         while room < need:
             room += self._evict_one(evicted, keep=best)
         s.reserved = need
+        s.wait_for = wait
         return self._admit(s, best, reused, source)
 
     def _prefill(self, room: int) -> tuple[PrefillChunk, ...]:
-        needy = [s for s in self._active.values() if not s.decoding]
+        needy = [s for s in self._active.values() if not s.decoding and s.wait_for is None]
         if not needy:
             return ()
         k = self._rotate % len(needy)
@@ -245,42 +274,57 @@ class SlotScheduler:
             self._release(s)
 
     # ---- slots -----------------------------------------------------------------------
-    def _pick_slot(self, s: _Seq) -> tuple[int, int, int]:
-        """(slot, prefix tokens to reuse, source slot or -1): the free slot caching the longest prefix
-        of ``s``'s prompt, or, when a slot still generating holds a longer one (``share_prefixes``,
-        at least ``min_shared_tokens``), a free slot to copy that prefix into."""
+    def _pick_slot(self, s: _Seq) -> tuple[int, int, int, tuple[int, int] | None]:
+        """(slot, prefix tokens to reuse, source slot or -1, wait): the free slot caching the longest
+        prefix of ``s``'s prompt, or, when a slot still generating holds a longer one (``share_prefixes``,
+        at least ``min_shared_tokens``), a free slot to copy that prefix into; when a sequence still
+        PREFILLING will hold a longer one (the siblings of an ``n`` > 1 request, a burst of one system
+        prompt), ``wait = (its rid, tokens)``: copy them once computed instead of computing them twice."""
         limit = len(s.prompt) - 1  # evaluate at least one token: the first sample needs logits
         best, reused = self._free[0], 0
         if not self.config.prompt_cache:
-            return best, 0, -1
+            return best, 0, -1, None
         for slot in self._free:
             n = common_prefix(self._resident[slot], s.prompt)
             if n > reused:
                 best, reused = slot, n
         reused = min(reused, limit)
-        source, shared = -1, 0
+        source, shared, waited, future = -1, 0, -1, 0
         if self.config.share_prefixes:
             for other in self._active.values():
                 n = min(common_prefix(other.cached(), s.prompt), limit)
                 if n > shared:
                     source, shared = other.slot, n
-        if source >= 0 and shared >= self.config.min_shared_tokens and shared > reused:
-            # copy into the free slot whose own cache is worth least: an empty one, else the oldest
-            empty = [x for x in self._free if not self._resident[x]]
-            dest = empty[0] if empty else min(self._free, key=lambda x: self._freed_at.get(x, -1))
-            return dest, shared, source
-        return best, reused, -1
+                if other.wait_for is None and not other.decoding:  # still prefilling: what it will hold
+                    m = min(common_prefix(other.prompt, s.prompt), limit)
+                    if m > future:
+                        waited, future = other.rid, m
+        floor = max(reused, self.config.min_shared_tokens - 1)
+        if max(shared, future) <= floor:
+            return best, reused, -1, None
+        # copy into the free slot whose own cache is worth least: an empty one, else the oldest
+        empty = [x for x in self._free if not self._resident[x]]
+        dest = empty[0] if empty else min(self._free, key=lambda x: self._freed_at.get(x, -1))
+        if future > shared:
+            return dest, 0, -1, (waited, future)
+        return dest, shared, source, None
 
     def _admit(self, s: _Seq, best: int, reused: int, source: int = -1) -> Admission:
         self._free.remove(best)
         self._freed_at.pop(best, None)
         self._resident[best] = ()
         s.slot, s.prefilled = best, reused
-        self._prefix[0 if reused else 1] += 1
-        self._prefix[2] += reused
-        self._prefix[3] += 1 if source >= 0 else 0
+        if reused:
+            self._count_hit(reused, shared=source >= 0)
+        elif s.wait_for is None:  # a waiting sequence is counted when its wait resolves
+            self._prefix[1] += 1
         self._active[s.rid] = s
         return Admission(s.rid, best, reused, source)
+
+    def _count_hit(self, reused: int, *, shared: bool) -> None:
+        self._prefix[0] += 1
+        self._prefix[2] += reused
+        self._prefix[3] += 1 if shared else 0
 
     def _release(self, s: _Seq) -> None:
         del self._active[s.rid]
