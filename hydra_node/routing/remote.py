@@ -28,6 +28,7 @@ from hydra_node.mesh.link.peer_link import PeerLink
 from hydra_node.mesh.membership import Announcement
 from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.routing.router import RouteTarget
+from hydra_node.routing.serving import serve_while_requester_stays
 
 __all__ = ["LocalOpen", "MeshMembers", "RemoteGeneration", "RemoteGenerationStatistics"]
 
@@ -172,18 +173,8 @@ class RemoteGeneration:
             await send_error(ModelUnavailable(f"peer {self.node_id[:16]} does not host {req.model!r}"))
             return
         self._served += 1
-        gone = False
-        async with trio.open_nursery() as nursery:
-            async def watch() -> None:
-                nonlocal gone
-                try:
-                    while await stream.receive():
-                        pass
-                except (StreamReset, LinkClosed):
-                    gone = True
-                    nursery.cancel_scope.cancel()
 
-            nursery.start_soon(watch)
+        async def answer() -> None:
             try:
                 async with open_local(req) as events:
                     async for ev in events:
@@ -194,8 +185,6 @@ class RemoteGeneration:
                     await send_error(exc)
                 except (StreamReset, LinkClosed):
                     pass
-            except (StreamReset, LinkClosed):
-                gone = True
-            nursery.cancel_scope.cancel()
-        if gone:
+
+        if await serve_while_requester_stays(stream, answer):
             log.info("event=remote_generation_cancelled peer=%s model=%s", link.peer_id[:16], req.model)

@@ -30,6 +30,7 @@ from hydra_node.inference import (MAX_EMBED_FRAME_BYTES, EmbeddingAssembler, Emb
 from hydra_node.mesh.link.peer_link import PeerLink
 from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError, StreamReset
+from hydra_node.routing.serving import serve_while_requester_stays
 
 __all__ = ["MAX_EMBED_REQUEST_BYTES", "LocalEmbed", "RemoteEmbeddings"]
 
@@ -121,18 +122,8 @@ class RemoteEmbeddings:
             await self._send_error(stream, ModelUnavailable(f"peer {self.node_id[:16]} does not host {req.model!r}"))
             return
         self.served += 1
-        gone = False
-        async with trio.open_nursery() as nursery:
-            async def watch() -> None:
-                nonlocal gone
-                try:
-                    while await stream.receive():
-                        pass
-                except (StreamReset, LinkClosed):
-                    gone = True
-                    nursery.cancel_scope.cancel()
 
-            nursery.start_soon(watch)
+        async def answer() -> None:
             try:
                 result = await embed(req)
                 for msg in reply_messages(result):
@@ -140,10 +131,8 @@ class RemoteEmbeddings:
                 await stream.send_eof()
             except GenerationError as exc:
                 await self._send_error(stream, exc)
-            except (StreamReset, LinkClosed):
-                gone = True
-            nursery.cancel_scope.cancel()
-        if gone:
+
+        if await serve_while_requester_stays(stream, answer):
             log.info("event=remote_embedding_cancelled peer=%s model=%s", link.peer_id[:16], req.model)
 
     async def _read_request(self, stream: LinkStream) -> EmbeddingRequest | None:
