@@ -46,23 +46,19 @@ def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
-def stream_chat(port: int, body: dict, timeout_s: float, path: str = "/v1/chat/completions") -> tuple[float, float, int]:
-    """POST a streaming chat request to 127.0.0.1 (any server: chunked or not). Returns
-    (ttft_s, latency_s, completion_tokens): TTFT at the first non-empty content delta; tokens
-    from the final `usage` chunk, else the number of content deltas. Raises on a non-200 reply,
-    an error event, a stream that ends without [DONE], or past ``timeout_s`` in all."""
+def sse_events(port: int, body: dict, timeout_s: float, path: str = "/v1/chat/completions"):
+    """POST ``body`` to 127.0.0.1 and yield ``(arrival time, event)`` for each SSE data event until
+    ``[DONE]``. Raises on a non-200 reply, an error event, a stream that ends without [DONE], or
+    past ``timeout_s`` in all."""
     import http.client
 
-    body = dict(body, stream=True, stream_options={"include_usage": True})
     deadline = time.perf_counter() + timeout_s
-    t0 = time.perf_counter()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
     try:
         conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {resp.read(2000)!r}")
-        t_first, deltas, usage = None, 0, None
         while True:
             if time.perf_counter() > deadline:
                 raise TimeoutError(f"stream ran past {timeout_s} s")
@@ -73,20 +69,31 @@ def stream_chat(port: int, body: dict, timeout_s: float, path: str = "/v1/chat/c
                 continue
             data = line[6:].strip()
             if data == b"[DONE]":
-                break
+                return
             event = json.loads(data)
             if "error" in event:
                 raise RuntimeError(f"error event: {event['error']}")
-            if event.get("usage"):
-                usage = event["usage"].get("completion_tokens")
-            for choice in event.get("choices") or ():
-                if (choice.get("delta") or {}).get("content"):
-                    deltas += 1
-                    if t_first is None:
-                        t_first = time.perf_counter()
-        t_end = time.perf_counter()
+            yield time.perf_counter(), event
     finally:
         conn.close()
+
+
+def stream_chat(port: int, body: dict, timeout_s: float, path: str = "/v1/chat/completions") -> tuple[float, float, int]:
+    """POST a streaming chat request to 127.0.0.1 (any server: chunked or not). Returns
+    (ttft_s, latency_s, completion_tokens): TTFT at the first non-empty content delta; tokens
+    from the final `usage` chunk, else the number of content deltas. Raises as :func:`sse_events`."""
+    body = dict(body, stream=True, stream_options={"include_usage": True})
+    t0 = time.perf_counter()
+    t_first, deltas, usage = None, 0, None
+    for t, event in sse_events(port, body, timeout_s, path):
+        if event.get("usage"):
+            usage = event["usage"].get("completion_tokens")
+        for choice in event.get("choices") or ():
+            if (choice.get("delta") or {}).get("content"):
+                deltas += 1
+                if t_first is None:
+                    t_first = t
+    t_end = time.perf_counter()
     if t_first is None:
         raise RuntimeError("no content in the stream")
     return t_first - t0, t_end - t0, usage if usage is not None else deltas

@@ -35,13 +35,12 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from _common import NodeProcess, median
+from _common import NodeProcess, median, sse_events
 
 PROMPTS = [
     "List some famous landmarks of Paris.",
@@ -83,37 +82,17 @@ def stream(port: int, body: dict) -> tuple[float, float | None, int]:
     is None when the stream did not deliver the answer piece by piece (fewer deltas than half the
     tokens: a tool call held back until complete)."""
     t0 = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
-    try:
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
-                     headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {resp.read(2000)!r}")
-        t_first = t_last = None
-        tokens, deltas = None, 0
-        while True:
-            line = resp.readline(1 << 20)
-            if not line:
-                raise RuntimeError("stream ended without data: [DONE]")
-            if not line.startswith(b"data: "):
-                continue
-            data = line[6:].strip()
-            if data == b"[DONE]":
-                break
-            event = json.loads(data)
-            if "error" in event:
-                raise RuntimeError(f"error event: {event['error']}")
-            if event.get("usage"):
-                tokens = event["usage"]["completion_tokens"]
-            for choice in event.get("choices") or ():
-                delta = choice.get("delta") or {}
-                if delta.get("content") or delta.get("tool_calls"):
-                    deltas += 1
-                    t_last = time.perf_counter()
-                    t_first = t_first or t_last
-    finally:
-        conn.close()
+    t_first = t_last = None
+    tokens, deltas = None, 0
+    for t, event in sse_events(port, body, TIMEOUT_S):
+        if event.get("usage"):
+            tokens = event["usage"]["completion_tokens"]
+        for choice in event.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if delta.get("content") or delta.get("tool_calls"):
+                deltas += 1
+                t_last = t
+                t_first = t_first or t_last
     if t_first is None or tokens is None:
         raise RuntimeError(f"no output or no usage in the stream of {body['messages'][0]['content']!r}")
     return t_first - t0, (t_last - t_first if deltas >= max(2, tokens // 2) else None), tokens

@@ -37,11 +37,7 @@ def check_model_id(model_id: str) -> str:
         raise InvalidModelId(f"model id {model_id!r:.60} holds a non-printable character")
     if model_id != model_id.strip() or model_id in (".", ".."):
         raise InvalidModelId(f"model id {model_id!r:.60} must not be blank at either end, '.' or '..'")
-    try:
-        model_id.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidModelId("model id is not valid Unicode") from None
-    return model_id
+    return model_id  # (a lone surrogate is not printable: refused above)
 
 
 def bundled_model_path() -> Path:

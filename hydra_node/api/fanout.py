@@ -71,13 +71,11 @@ class StreamFanOut:
             for ev in self._opened:
                 await ev.wait()
         except BaseException:
-            with trio.CancelScope(shield=True):
-                await self.close()
+            await self.close()
             raise
         err = next((e for e in self._open_errors if e is not None), None)
         if err is not None:
-            with trio.CancelScope(shield=True):
-                await self.close()
+            await self.close()
             raise err
         return self
 
@@ -121,9 +119,11 @@ class StreamFanOut:
             yield i, ev
 
     async def close(self) -> None:
-        """Cancel what still runs and wait until every task has left its generation."""
-        for scope in self._scopes:
-            scope.cancel()
-        await self._recv.aclose()
-        for ev in self._done:
-            await ev.wait()
+        """Cancel what still runs and wait until every task has left its generation (shielded:
+        leaving always cancels the generations where they run; idempotent)."""
+        with trio.CancelScope(shield=True):
+            for scope in self._scopes:
+                scope.cancel()
+            await self._recv.aclose()
+            for ev in self._done:
+                await ev.wait()

@@ -16,7 +16,6 @@ import time
 from contextlib import aclosing
 from urllib.parse import unquote
 
-import trio
 
 from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart
 from hydra_node.api.embeddings import EmbeddingsApi
@@ -177,23 +176,13 @@ class OpenAIApi:
                 yield sse(ApiError.from_generation(exc).body())
                 yield DONE
             finally:
-                await close()
-
-        closed = False
-
-        async def close() -> None:
-            # Leaving the generations always cancels them where they run (bounded, shielded).
-            nonlocal closed
-            if not closed:
-                closed = True
-                with trio.CancelScope(shield=True):
-                    await fan.close()
+                await fan.close()
 
         def interrupted(reason: str) -> bytes:
             return sse(ApiError(503, f"stream ended: {reason}", "node_shutting_down").body()) + DONE
 
         hosts = ",".join(dict.fromkeys(h for h in fan.served_by if h))  # each host once, in choice order
-        return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=close,
+        return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=fan.close,
                               headers=[("x-hydra-served-by", hosts)] if hosts else [])
 
 

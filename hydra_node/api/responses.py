@@ -13,10 +13,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import trio
 
-from hydra_node.api.chat import (ChatDone, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart, complete_chat,
-                                 stream_chat)
+from hydra_node.api.chat import (ChatDone, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart, complete_chat)
+from hydra_node.api.fanout import StreamFanOut
 from hydra_node.api.http import Request, Response, StreamResponse
 from hydra_node.api.openai_errors import ApiError
 from hydra_node.api.responses_constraints import generation_request
@@ -107,27 +106,18 @@ class ResponsesApi:
     async def _stream(self, call: ResponsesCall, req: GenerationRequest, resp_id: str,
                       created: int) -> StreamResponse:
         # Open the generation before answering 200, so routing errors get a proper status.
-        cm = stream_chat(self.router, req)
+        fan = StreamFanOut(self.router, [req])
         try:
-            events = await cm.__aenter__()
+            await fan.open()
         except GenerationError as exc:
             raise ApiError.from_generation(exc) from None
         builder = ResponseEventStream(call, resp_id, created)
-        closed = False
-
-        async def close() -> None:
-            # Leaving the generation always cancels it where it runs (bounded, shielded).
-            nonlocal closed
-            if not closed:
-                closed = True
-                with trio.CancelScope(shield=True):
-                    await cm.__aexit__(None, None, None)
 
         async def body():
             try:
                 for ev in builder.start():
                     yield sse(ev)
-                async for ev in events:
+                async for _, ev in fan.events():
                     if isinstance(ev, ContentDelta):
                         out = builder.text(ev.text, ev.logprobs)
                     elif isinstance(ev, ToolCallStart):
@@ -145,11 +135,11 @@ class ResponsesApi:
                 for e in builder.fail(exc.message, exc.status):
                     yield sse(e)
             finally:
-                await close()
+                await fan.close()
 
         def interrupted(reason: str) -> bytes:
             return b"".join(sse(e) for e in builder.fail(f"stream ended: {reason}", 503))
 
-        served_by = getattr(events, "served_by", "")
-        return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=close,
+        served_by = fan.served_by[0]
+        return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=fan.close,
                               headers=[("x-hydra-served-by", served_by)] if served_by else [])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
@@ -28,5 +27,3 @@ def check_home(home: Path) -> None:
         where = exc.filename or home
         raise ConfigError(f"home {home} is not usable ({reason}: {where}); choose another with --home or "
                           f"HYDRA_HOME, or fix its permissions") from None
-    if not os.access(home, os.R_OK | os.X_OK):
-        raise ConfigError(f"home {home} is not readable; choose another with --home or HYDRA_HOME")

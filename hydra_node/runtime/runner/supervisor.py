@@ -435,4 +435,4 @@ def _safe(name: str) -> str:
     """A file-name part for a model id: ASCII letters, digits, ``-_.`` (at most 48), then a short hash
     of the whole id, so two ids never share a pid or log file and no name outgrows 255 bytes."""
     readable = "".join(c if (c.isascii() and c.isalnum()) or c in "-_." else "_" for c in name)[:48]
-    return f"{readable}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:10]}"
+    return f"{readable}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"
