@@ -23,7 +23,7 @@ The binary is linked statically (the wheel links the same code as shared librari
 
 Run: .venv/bin/python bench/concurrency.py [--levels 1,2,4,8,16] [--rounds 3] [--max-tokens 64]
        [--threads T] [--ctx 4096] [--parallel P] [--only hydra|llama-server] [--mesh]
-       [--llama-server PATH] [--build-only]
+       [--llama-server PATH] [--build-only] [--gpu-layers N] [--flash-attn on|off|auto]
 """
 
 from __future__ import annotations
@@ -182,11 +182,12 @@ def free_port() -> int:
 class LlamaServer:
     """`llama-server` on 127.0.0.1, ready once /health answers 200; killed by stop()."""
 
-    def __init__(self, binary: Path, model: Path, parallel: int, ctx: int, threads: int, log_dir: Path):
+    def __init__(self, binary: Path, model: Path, parallel: int, ctx: int, threads: int, log_dir: Path,
+                 device: tuple[str, ...] = ()):
         self.parallel = self.requested_slots = parallel
         self.port = free_port()
         self.cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-                    "-np", str(parallel), "-cb", "-c", str(ctx), "-t", str(threads), "-tb", str(threads)]
+                    "-np", str(parallel), "-cb", "-c", str(ctx), "-t", str(threads), "-tb", str(threads), *device]
         self.log_path = log_dir / f"llama-server-np{parallel}.log"
 
     def start(self) -> LlamaServer:
@@ -224,15 +225,17 @@ class LlamaServer:
 class HydraServer:
     """`hydra-node serve` (bench/_common.py NodeProcess) with a generated config file."""
 
-    def __init__(self, home: Path, parallel: int, ctx: int, threads: int, extra: tuple[str, ...] = ()):
+    def __init__(self, home: Path, parallel: int, ctx: int, threads: int, extra: tuple[str, ...] = (),
+                 device_toml: str = ""):
         self.home, self.requested, self.ctx, self.threads, self.extra = home, parallel, ctx, threads, extra
+        self.device_toml = device_toml
         self.parallel, self.requested_slots, self.note = parallel, parallel, ""
 
     def _config(self, parallel: int | None) -> Path:
         cfg = self.home.parent / f"{self.home.name}.toml"
         slots = f"parallel = {parallel}\n" if parallel is not None else ""
         cfg.write_text(f"[defaults.throughput]\nthreads = {self.threads}\nthreads_batch = {self.threads}\n{slots}"
-                       f"[defaults.model_fit]\nctx_size = {self.ctx}\n")
+                       f"[defaults.model_fit]\nctx_size = {self.ctx}\n{self.device_toml}")
         return cfg
 
     def start(self) -> HydraServer:
@@ -339,6 +342,24 @@ def report(table: dict, slots: dict, notes: list[str]) -> None:
     print("  RSS after load: " + ", ".join(f"{lv} clients {x:.2f}x" for lv, x in rss.items()) + "   (goal <= 1.2)")
 
 
+def llama_server_device_args(args) -> tuple[str, ...]:
+    """--gpu-layers / --flash-attn as llama-server flags (nothing when left to each side's default)."""
+    out: tuple[str, ...] = ()
+    if args.gpu_layers is not None:
+        out += ("-ngl", str(args.gpu_layers))
+    if args.flash_attn is not None:
+        out += ("-fa", args.flash_attn)
+    return out
+
+
+def hydra_device_toml(args) -> str:
+    """The same settings as hydra-node config keys (lines appended to [defaults.model_fit])."""
+    out = f'flash_attention = "{args.flash_attn}"\n' if args.flash_attn is not None else ""
+    if args.gpu_layers is not None:
+        out += f"[defaults.hardware]\ngpu_layers = {args.gpu_layers}\n"
+    return out
+
+
 def run_levels(args, binary: Path | None, root: Path) -> None:
     from hydra_node.models import BUNDLED_MODEL_ID, bundled_model_path
 
@@ -356,9 +377,11 @@ def run_levels(args, binary: Path | None, root: Path) -> None:
                     srv.stop()
                 print(f"starting {name} with {want} slot(s)", flush=True)
                 if name == "hydra":
-                    srv = HydraServer(root / f"hydra-p{want}", want, args.ctx, args.threads).start()
+                    srv = HydraServer(root / f"hydra-p{want}", want, args.ctx, args.threads,
+                                      device_toml=hydra_device_toml(args)).start()
                 else:
-                    srv = LlamaServer(binary, bundled_model_path(), want, args.ctx, args.threads, root).start()
+                    srv = LlamaServer(binary, bundled_model_path(), want, args.ctx, args.threads, root,
+                                      device=llama_server_device_args(args)).start()
                 running[name] = srv
             servers = {name: running[name] for name in sides}
             notes += [s.note for s in servers.values() if getattr(s, "note", "")]
@@ -378,7 +401,7 @@ def run_mesh(args, root: Path, clients: int = 8) -> None:
     from hydra_node.models import BUNDLED_MODEL_ID
 
     want = args.parallel or clients
-    host = HydraServer(root / "mesh-host", want, args.ctx, args.threads).start()
+    host = HydraServer(root / "mesh-host", want, args.ctx, args.threads, device_toml=hydra_device_toml(args)).start()
     peer = None
     try:
         peer = HydraServer(root / "mesh-peer", 1, args.ctx, args.threads,
@@ -411,6 +434,11 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=0,
                     help="slots on both sides (llama-server -np, hydra [defaults.throughput] parallel); "
                          "default: the number of clients at each level")
+    ap.add_argument("--gpu-layers", type=int, metavar="N",
+                    help="layers offloaded to a GPU on both sides (llama-server -ngl, hydra gpu_layers); "
+                         "default: each side's own")
+    ap.add_argument("--flash-attn", choices=("on", "off", "auto"),
+                    help="flash attention on both sides (llama-server -fa, hydra flash_attention); default: each side's own")
     ap.add_argument("--only", choices=SIDES, help="measure one side only (no ratios)")
     ap.add_argument("--mesh", action="store_true", help="also: 8 clients through a joined node vs at the host")
     ap.add_argument("--llama-server", type=Path, metavar="PATH", help="use this binary instead of building one")

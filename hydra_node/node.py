@@ -33,20 +33,25 @@ import trio
 
 from hydra_node import __version__
 from hydra_node.api.http import HttpServer
+from hydra_node.api.events_route import EventsRoute
+from hydra_node.api.history import HistorySampler
 from hydra_node.api.http_guard import GuardSettings
 from hydra_node.api.management import Handler, ManagementApi
-from hydra_node.api.mesh_admin import invite_route
+from hydra_node.api.mesh_admin import invite_routes
 from hydra_node.api.metrics import MetricsSources, NodeMetrics, RunnerSample
+from hydra_node.api.moa import MixtureOfAgents, scheduler_quality
 from hydra_node.api.openai import OpenAIApi
 from hydra_node.api.runtime_admin import runtime_routes
+from hydra_node.api.models_admin import models_routes
 from hydra_node.api.status_json import to_json
-from hydra_node.config import NodeConfig
+from hydra_node.config import FileConfig, NodeConfig
 from hydra_node.mesh.identity import load_or_create_identity
 from hydra_node.models import ModelRef, resolve_model
 from hydra_node.pidfile import reap_stale, read_pidfile, remove_pidfile, write_pidfile
 from hydra_node.mesh.announcer import AnnouncementContent
 from hydra_node.mesh.membership import Hardware, ModelEntry
 from hydra_node.discovery.service import DiscoveryService, NodeFacts
+from hydra_node.eventlog import EventLog
 from hydra_node.mesh.joining import JoinPlan
 from hydra_node.mesh.service import MeshService
 from hydra_node.routing.router import RouteTarget, Router
@@ -55,6 +60,7 @@ from hydra_node.routing.remote_embed import RemoteEmbeddings
 from hydra_node.routing.live import LiveScheduling
 from hydra_node.runtime.hosting.service import HostMemory, ModelRuntime, RuntimeSettings
 from hydra_node.runtime.rpc.tunnel import TUNNEL_SERVICE
+from hydra_node.runtime.fetch import FETCH_KIND, ModelShare
 from hydra_node.runtime.speculative.service import DRAFT_SERVICE, SpeculationService
 from hydra_node.runtime.runner.records import RunnerSettings, RunnerState
 from hydra_node.runtime.runner.supervisor import RunnerSupervisor
@@ -88,10 +94,18 @@ class NodeAlreadyRunning(Exception):
 
 
 def check_rpc_support() -> None:
-    """Refuse to start with a llama-cpp-python that was built without RPC."""
-    import llama_cpp
+    """Refuse to start with a llama-cpp-python that was built without RPC.
 
-    if not llama_cpp.llama_supports_rpc():
+    Looks for ggml's RPC library beside llama-cpp-python's without importing it: loading
+    llama.cpp in the node process would initialise every GPU backend here too (on a CUDA
+    build about 550 MiB of RSS and a GPU context, measured on an H200); only runners load it
+    (and check ``llama_supports_rpc()`` again)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llama_cpp")
+    libdir = Path(spec.origin).parent / "lib" if spec is not None and spec.origin else None
+    if libdir is None or not any(libdir.glob("libggml-rpc.so*")):
         raise RuntimeError("this llama-cpp-python was built without RPC support; run `make install`, which "
                            "builds llama-cpp-python 0.3.36 with CMAKE_ARGS=-DGGML_RPC=on")
 
@@ -122,7 +136,8 @@ class Node:
         self.started_at = time.time()
         self.state = "starting"
         self.scheduling = LiveScheduling(config.file.scheduler, self.node_id)
-        self.router = Router(self.node_id, self.scheduling)
+        self.events = EventLog(clock=time.time, first_id=int(self.started_at * 1000))  # GET /api/events
+        self.router = Router(self.node_id, self.scheduling, on_event=self.events.emit)
         #: model id → runner supervisor: the model runtime fills it, the router and status read it.
         self.runners: MutableMapping[str, RunnerSupervisor] = {}
         self.local = LocalRunners(self.node_id, self.runners)
@@ -138,7 +153,7 @@ class Node:
         if config.mesh is not None:
             self.mesh = MeshService(signing_key=self.identity.signing_key, state_dir=self.home / "mesh",
                                     settings=config.mesh, announcement=self.announcement_content,
-                                    name=config.name or self.node_id[:8])
+                                    name=config.name or self.node_id[:8], on_event=self.events.emit)
             self.embeddings = RemoteEmbeddings(self.mesh, node_id=self.node_id, local_embed=self._local_embed)
             self.remote = RemoteGeneration(self.mesh, node_id=self.node_id, local_open=self._local_open,
                                            embed_remote=self.embeddings.embed_remote)
@@ -146,6 +161,7 @@ class Node:
             self.mesh.handle_stream("generate", self.remote.serve)
             self.mesh.handle_stream("embed", self.embeddings.serve)
         f = config.file
+        self.model_share = ModelShare.for_home(self.home, self.mesh, f)  # models to and from peers (docs/models.md)
         # [defaults.speculative]: draft server, draft tunnel port, runner arguments
         self.speculation = SpeculationService(f.defaults.speculative, log_dir=self.home / "logs",
                                               threads=f.defaults.throughput.threads, mesh=self.mesh,
@@ -157,21 +173,26 @@ class Node:
                             rpc_worker=config.rpc_worker and config.role != "client",
                             tunnel_port=config.tunnel_port, max_memory_bytes=config.max_memory_bytes),
             runners=self.runners, runner_settings=self.runner_settings, host_memory=self.host_memory,
-            mesh=self.mesh)
+            mesh=self.mesh, on_event=self.events.emit)
         self.metrics = NodeMetrics(MetricsSources(
             http_requests=lambda: self.requests_total, runners=self._runner_samples,
             routing=self.router.statistics, scheduling=self.scheduling.statistics,
             gossip=self.mesh.gossip_statistics if self.mesh is not None else lambda: None,
             links=self._link_statistics))
-        self.scheduling.listeners.append(self.metrics.observe)
+        self.history = HistorySampler(config.file.scheduler.history_interval_ms / 1000, runners=self.runners.values,
+                                      links=self.mesh.open_links if self.mesh is not None else list)  # GET /api/history
+        self.scheduling.listeners += [self.metrics.observe, self.history.observe]
         if self.mesh is not None:
             self.mesh.handle_tunnel(DRAFT_SERVICE, self.speculation.handle_stream)
             self.mesh.handle_tunnel(TUNNEL_SERVICE, self.runtime.tunnel_server.handle)
+            self.mesh.handle_stream(FETCH_KIND, self.model_share.serve)
         #: The management API's routes besides /health and /api/status: (method, path) → handler.
         self.management_routes: dict[tuple[str, str], Handler] = {
-            ("POST", "/api/invite"): invite_route(self.mesh),
+            **invite_routes(self.mesh),  # POST /api/invite, GET /api/invites, POST /api/invite/revoke
             ("GET", "/metrics"): self.metrics.handle,
+            ("GET", "/api/events"): EventsRoute(self.events).handle, ("GET", "/api/history"): self.history.handle,
             **runtime_routes(self.runtime),
+            **models_routes(self.model_share),  # POST /api/models/fetch
         }
         #: Sections of /api/status beyond the node's own fields: name → typed statistics.
         self.status_sections: dict[str, Callable[[], Any]] = {
@@ -180,7 +201,11 @@ class Node:
             "scheduler": self.scheduling.status,
             "splits": self.runtime.splits_status,
             "rpc_worker": self.runtime.worker_status,
+            "model_share": self.model_share.status,
+            "events": self.events.statistics,
+            "invites": self.mesh.invites.statistics if self.mesh is not None else lambda: None,
             "config": lambda: {"reserved_keys": list(self.config.file.reserved_keys),
+                               "files": list(self.config.config_files),
                                "api": {"cors_origins": list(self.config.file.api.cors_origins),
                                        "allow_hosts": list(self.config.file.api.allow_hosts)}},
         }
@@ -231,7 +256,8 @@ class Node:
                                    if r.stats.tokens_per_s > 0),
             api_port=self.api_server.port if self.api_server else None,
             console_port=self.console_server.port if self.console_server else None,
-            rpc=rpc, extra={**self.speculation.announce_extra(), **self.scheduling.announce_extra(), **rpc_extra})
+            rpc=rpc, extra={**self.speculation.announce_extra(), **self.scheduling.announce_extra(), **rpc_extra,
+                                    **self.model_share.announce_extra()})
 
     def _local_embed(self, model_id: str):
         """How a peer's ``embed`` stream runs on a model hosted here (None: not hosted)."""
@@ -259,20 +285,7 @@ class Node:
         return [link.statistics() for link in self.mesh.open_links()] if self.mesh is not None else []
 
     def runner_settings(self) -> RunnerSettings:
-        f = self.config.file
-        mf, tp, hw, rn = f.defaults.model_fit, f.defaults.throughput, f.defaults.hardware, f.runner
-        return RunnerSettings(n_ctx=mf.ctx_size, n_batch=mf.batch, parallel=tp.parallel,
-                              continuous_batching=tp.continuous_batching, threads=tp.threads, threads_batch=tp.threads_batch,
-                              n_ubatch=mf.ubatch, flash_attention=mf.flash_attention, type_k=mf.cache_type_k,
-                              type_v=mf.cache_type_v, mmap=hw.mmap, n_gpu_layers=hw.n_gpu_layers,
-                              mlock=hw.mlock, prompt_cache=mf.prompt_cache, share_prefixes=mf.prefix_cache.enabled,
-                              min_shared_tokens=mf.prefix_cache.min_tokens,
-                              max_cached_prefixes=mf.prefix_cache.max_entries, warmup=hw.warmup, queue_size=tp.queue_size, load_timeout_s=rn.load_timeout_s,
-                              backoff_initial_s=rn.restart_backoff_initial_s, backoff_max_s=rn.restart_backoff_max_s,
-                              crash_loop_restarts=rn.crash_loop_restarts, crash_loop_window_s=rn.crash_loop_window_s,
-                              failed_retry_s=rn.failed_retry_s,
-                              inject_token_delay_ms=rn.inject_token_delay_ms,
-                              extra_argv=self.speculation.runner_argv())
+        return runner_settings_from(self.config.file, self.speculation.runner_argv())
 
     def status(self) -> dict:
         """``/api/status``: the node's own fields, then each of :attr:`status_sections` as JSON."""
@@ -332,6 +345,7 @@ class Node:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self._claim_home()
+        log.info("event=config_files files=%s", ",".join(self.config.config_files) or "-")  # lowest first
         if self.config.file.reserved_keys:  # set in the file, not acted on yet (docs/config.md)
             log.warning("event=config_reserved_keys keys=%s", ",".join(self.config.file.reserved_keys))
         try:
@@ -341,6 +355,7 @@ class Node:
                     log.info("event=model_loading model=%s path=%s", model.id, model.path)
                     await self.runtime.start_model(root, model)
                 await self._start_services(root)
+                await root.start(self.history.run)  # a point of GET /api/history every interval
                 if self.mesh is not None:  # joined by the plan, or by discovery (which may choose the mesh)
                     await root.start(self.mesh.run, self.join_plan if self.discovery is None else None)
                     if self.discovery is not None:
@@ -380,15 +395,17 @@ class Node:
 
     async def _start_services(self, nursery: trio.Nursery) -> None:
         c = self.config
+        moa = MixtureOfAgents(self.router, c.file.moa, quality=scheduler_quality(self.scheduling, self.node_id))
+        api = OpenAIApi(self.router, api_key=c.api_key, on_request=self._count_request, health=self.health, moa=moa)
         mgmt = ManagementApi(health=self.health, status=self.status, routes=self.management_routes,
-                             headless=c.headless, api_key=c.api_key if c.listen_all else None)
+                             headless=c.headless, api_key=c.api_key if c.listen_all else None, openai=api.handle)
         # Host (DNS rebinding) on loopback listeners, Origin/Content-Type (CSRF) on the management
         # port, CORS on the OpenAI port, the key before any body is read (docs/security.md).
         loopback = not c.listen_all
         self.console_server = HttpServer(mgmt.handle, c.api_host, c.console_port, name="console", guard=GuardSettings(
-            check_host=loopback, allowed_hosts=c.file.api.allow_hosts, csrf=True, api_key=mgmt.api_key))
+            check_host=loopback, allowed_hosts=c.file.api.allow_hosts, csrf=True, api_key=mgmt.api_key,
+            public_paths=mgmt.public_paths))
         await nursery.start(self.console_server.run)
-        api = OpenAIApi(self.router, api_key=c.api_key, on_request=self._count_request, health=self.health)
         self.api_server = HttpServer(api.handle, c.api_host, c.api_port, name="api", guard=GuardSettings(
             check_host=loopback, allowed_hosts=c.file.api.allow_hosts, cors_origins=c.file.api.cors_origins,
             api_key=c.api_key), on_refused=self._count_request)
@@ -406,7 +423,26 @@ class Node:
                     root_scope.cancel()
 
 
-async def serve(config: NodeConfig) -> None:
+async def serve(config: NodeConfig, on_ready: Callable[[Node], None] | None = None) -> None:  # on_ready: cli/banner.py
     node = Node(config)
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run)
+        if on_ready is not None:
+            on_ready(node)
+
+
+def runner_settings_from(f: FileConfig, extra_argv: tuple[str, ...] = ()) -> RunnerSettings:
+    """A runner's settings from the file config (``serve``, and ``benchmark tune``'s candidates)."""
+    mf, tp, hw, rn = f.defaults.model_fit, f.defaults.throughput, f.defaults.hardware, f.runner
+    return RunnerSettings(n_ctx=mf.ctx_size, n_batch=mf.batch, parallel=tp.parallel,
+                          continuous_batching=tp.continuous_batching, threads=tp.threads, threads_batch=tp.threads_batch,
+                          n_ubatch=mf.ubatch, flash_attention=mf.flash_attention, type_k=mf.cache_type_k,
+                          type_v=mf.cache_type_v, mmap=hw.mmap, n_gpu_layers=hw.n_gpu_layers,
+                          mlock=hw.mlock, prompt_cache=mf.prompt_cache, share_prefixes=mf.prefix_cache.enabled,
+                          min_shared_tokens=mf.prefix_cache.min_tokens,
+                          max_cached_prefixes=mf.prefix_cache.max_entries, warmup=hw.warmup, queue_size=tp.queue_size, load_timeout_s=rn.load_timeout_s,
+                          backoff_initial_s=rn.restart_backoff_initial_s, backoff_max_s=rn.restart_backoff_max_s,
+                          crash_loop_restarts=rn.crash_loop_restarts, crash_loop_window_s=rn.crash_loop_window_s,
+                          failed_retry_s=rn.failed_retry_s,
+                          inject_token_delay_ms=rn.inject_token_delay_ms,
+                          extra_argv=tuple(extra_argv))

@@ -175,6 +175,115 @@ def token_vectors() -> dict[str, Any]:
             "mesh_key": MESH_KEY.hex(), "mesh_id": mesh.mesh_id, "cases": out}
 
 
+def invite_vectors() -> dict[str, Any]:
+    """Tokens with ``uses``, signed revocation lists, and the admission rule (section 6.1)."""
+    import tempfile
+
+    from hydra_node.mesh.invites import InviteBook, RevocationTable, check_invite
+    from hydra_node.mesh.wire.revocations import Revocation, open_revocations, seal_revocations
+
+    issuer, member, outsider = SigningKey(SEED_A), SigningKey(SEED_B), SigningKey(SEED_C)
+    mesh = MeshSecret(MESH_KEY)
+    addrs = ["127.0.0.1:7300"]
+
+    def token_b64(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    def code_of(fn: Any) -> str | None:
+        try:
+            fn()
+        except MeshError as exc:
+            return exc.code
+        return None
+
+    once = issue_invite(issuer, mesh.mesh_id, addrs, 3600, NOW, nonce=bytes([1]) * 16, uses=1)
+    twice = issue_invite(issuer, mesh.mesh_id, addrs, 3600, NOW, nonce=bytes([2]) * 16, uses=2)
+    plain = issue_invite(issuer, mesh.mesh_id, addrs, 3600, NOW, nonce=bytes([3]) * 16)
+    body = {"addrs": addrs, "exp": NOW + 3600, "mesh": mesh.mesh_id, "nonce": bytes([4]) * 16}
+    tokens = []
+    for name, text in [("uses 1", once), ("uses 2", twice), ("no uses (unlimited, as before uses existed)", plain),
+                       ("uses 0", token_b64(seal(issuer, "invite", {**body, "uses": 0}))),
+                       ("uses 1001", token_b64(seal(issuer, "invite", {**body, "uses": 1001}))),
+                       ("uses as text", token_b64(seal(issuer, "invite", {**body, "uses": "1"}))),
+                       ("unknown key", token_b64(seal(issuer, "invite", {**body, "use": 1})))]:
+        entry: dict[str, Any] = {"name": name, "token": text, "now": NOW + 10}
+        try:
+            tok = parse_invite(text, NOW + 10)
+            entry["parsed"] = {"id": tok.token_id, "uses": tok.uses, "expires_at": tok.expires_at}
+        except MeshError as exc:
+            entry["error"] = exc.code
+        tokens.append(entry)
+
+    revoked = [Revocation(bytes([3]) * 16, NOW + 3600, "revoked"), Revocation(bytes([1]) * 16, NOW + 3600, "used")]
+    v2 = seal_revocations(issuer, mesh.mesh_id, 2, revoked)
+    v2_decoded = cbor.decode(cbor.decode(v2)["body"])
+    outer = cbor.decode(v2)
+    lists_invalid = []
+    for name, raw in [
+        ("altered body (forged)", cbor.encode({**outer, "body": cbor.encode({**v2_decoded, "ver": 9})})),
+        ("other mesh", seal_revocations(issuer, MeshSecret(OTHER_MESH_KEY).mesh_id, 2, revoked)),
+        ("entries out of order", seal(issuer, "invite-revocations", {**v2_decoded, "revoked": list(reversed(v2_decoded["revoked"]))})),
+        ("duplicate id", seal(issuer, "invite-revocations", {**v2_decoded, "revoked": v2_decoded["revoked"][:1] * 2})),
+        ("unknown reason", seal(issuer, "invite-revocations", {**v2_decoded, "revoked": [{**v2_decoded["revoked"][0], "why": "lost"}]})),
+        ("version 0", seal(issuer, "invite-revocations", {**v2_decoded, "ver": 0})),
+        ("extra key", seal(issuer, "invite-revocations", {**v2_decoded, "note": "x"})),
+        ("an invite token's envelope (wrong context)", base64.urlsafe_b64decode(plain + "=" * (-len(plain) % 4))),
+    ]:
+        lists_invalid.append({"name": name, "hex": raw.hex(),
+                              "error": code_of(lambda r=raw: open_revocations(r, expected_mesh_id=mesh.mesh_id))})
+
+    # A receiver's table: which offers it takes (the newest list per issuer; its signer must be a member).
+    members = {node_id_from_public_key(bytes(k.verify_key)) for k in (issuer, member)}
+    table = RevocationTable(mesh.mesh_id)
+    v1 = seal_revocations(issuer, mesh.mesh_id, 1, revoked[:1])
+    v2_other = seal_revocations(issuer, mesh.mesh_id, 2, revoked[:1])
+    v3 = seal_revocations(issuer, mesh.mesh_id, 3, [])
+    stranger = seal_revocations(outsider, mesh.mesh_id, 5, revoked)
+    table_steps = []
+    for name, raw in [("v1 from the issuer", v1), ("v2 (newer)", v2), ("v1 again (a replay)", v1),
+                      ("v2 again (a duplicate: taken, not relayed)", v2), ("another v2 (equivocation)", v2_other),
+                      ("v3 (empty: nothing revoked any more)", v3), ("a list signed by a non-member", stranger)]:
+        try:
+            got = table.offer(raw, is_member=members.__contains__)
+            outcome = "accepted" if got is not None else "duplicate"
+        except MeshError as exc:
+            outcome = exc.code
+        table_steps.append({"name": name, "hex": raw.hex(), "outcome": outcome})
+
+    # The admission rule at a member that did not issue the token, holding the issuer's v2 list.
+    held = RevocationTable(mesh.mesh_id)
+    held.offer(v2, is_member=members.__contains__)
+    member_id = node_id_from_public_key(bytes(member.verify_key))
+    fresh = issue_invite(issuer, mesh.mesh_id, addrs, 3600, NOW, nonce=bytes([5]) * 16)
+    at_member = []
+    for name, text, now in [("revoked token", plain, NOW + 10), ("used-up token", once, NOW + 10),
+                            ("uses-limited token at a non-issuer", twice, NOW + 10),
+                            ("unlisted unlimited token", fresh, NOW + 10)]:
+        tok = parse_invite(text, now)
+        result = code_of(lambda t=tok, n=now: check_invite(t, own_id=member_id, book=None, table=held, now=n))
+        at_member.append({"name": name, "token": text, "now": now, "result": result or "admitted"})
+
+    # The issuer's own count: a uses-2 token admits twice, then is used up; then its list names it.
+    with tempfile.TemporaryDirectory() as tmp:
+        book = InviteBook(Path(tmp) / "invites.json", issuer)
+        tok = parse_invite(twice, NOW)
+        book.record(tok, NOW)
+        issuer_story = []
+        for i in range(3):
+            result = code_of(lambda: check_invite(tok, own_id=tok.issuer_id, book=book, table=None, now=NOW + 10 + i))
+            issuer_story.append({"now": NOW + 10 + i, "result": result or "admitted"})
+        after = open_revocations(book.revocation_list(mesh.mesh_id, NOW + 20), expected_mesh_id=mesh.mesh_id)
+    return {"description": "Invite tokens with uses, signed invite revocation lists and the admission rule "
+                           "(protocol/README.md section 6.1)",
+            "issuer_seed": SEED_A.hex(), "member_seed": SEED_B.hex(), "outsider_seed": SEED_C.hex(),
+            "mesh_key": MESH_KEY.hex(), "mesh_id": mesh.mesh_id, "tokens": tokens,
+            "list": {"hex": v2.hex(), "issuer_id": node_id_from_public_key(bytes(issuer.verify_key)),
+                     "body": to_json(v2_decoded)},
+            "lists_invalid": lists_invalid, "table_story": table_steps, "at_member": at_member,
+            "issuer_story": {"token": twice, "steps": issuer_story,
+                             "list_after": [to_json(e.to_wire()) for e in after.entries]}}
+
+
 def frame_vectors() -> dict[str, Any]:
     frames = [
         ("open", Open(1, {"kind": "generate", "model": "smollm2-135m"})),
@@ -533,6 +642,7 @@ def build_all() -> dict[str, Any]:
         "frames.json": frame_vectors(), "channel.json": channel_vectors(), "handshake.json": handshake_vectors(),
         "announce.json": announcement_vectors(), "tunnel_data.json": tunnel_data_vectors(),
         "framing.json": framing_vectors(), "lease.json": lease_vectors(),
+        "invites.json": invite_vectors(),
     }
 
 

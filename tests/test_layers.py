@@ -15,7 +15,7 @@ PKG = Path(__file__).resolve().parent.parent / "hydra_node"
 
 #: Layer of each top-level part of the package (by the name after ``hydra_node.``).
 LAYER_OF = {
-    "": "base", "backoff": "base", "pidfile": "base", "logging_setup": "base", "native": "base",
+    "": "base", "backoff": "base", "pidfile": "base", "logging_setup": "base", "native": "base", "eventlog": "base",
     "codec": "codec",
     "inference": "vocabulary", "models": "vocabulary",
     "mesh": "mesh",
@@ -23,7 +23,7 @@ LAYER_OF = {
     "routing": "routing",
     "discovery": "discovery",
     "api": "api",
-    "node": "root", "config": "root",
+    "node": "root", "config": "root", "config_sections": "root",
     "cli": "cli",
 }
 

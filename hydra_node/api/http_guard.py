@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-__all__ = ["GuardSettings", "LOOPBACK_HOSTS", "Verdict", "bearer_matches", "normalize_origin", "response_headers",
-           "screen", "valid_host_name"]
+__all__ = ["GuardSettings", "LOOPBACK_HOSTS", "Verdict", "bearer_matches", "key_matches", "normalize_origin",
+           "response_headers", "screen", "valid_host_name"]
 
 #: Host names a loopback listener answers to (with or without a port).
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
@@ -47,6 +47,8 @@ class GuardSettings:
     cors_origins: tuple[str, ...] = ()
     csrf: bool = False
     api_key: str | None = None
+    #: GET paths answered without the key (the console's static files); a trailing ``/*`` is a prefix.
+    public_paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,16 @@ class Verdict:
         kind = "authentication_error" if self.status == 401 else (
             "permission_error" if self.status == 403 else "invalid_request_error")
         return {"error": {"message": self.message, "type": kind, "param": None, "code": self.code}}
+
+
+def key_matches(headers: dict, key: str | None) -> bool:
+    """True when no key is required, or the (lower-case) ``headers`` carry it: ``Authorization:
+    Bearer KEY``, or ``x-api-key: KEY`` as Anthropic's clients send it (docs/agents.md)."""
+    if bearer_matches(headers.get("authorization"), key):
+        return True
+    given = headers.get("x-api-key")
+    return given is not None and hmac.compare_digest(given.strip().encode("utf-8", "surrogateescape"),
+                                                     key.encode("utf-8"))
 
 
 def bearer_matches(authorization: str | None, key: str | None) -> bool:
@@ -190,6 +202,9 @@ def screen(method: str, path: str, headers: dict, settings: GuardSettings) -> Ve
         if _media_type(headers) != "application/json":
             return Verdict(415, "unsupported_media_type",
                            f"{method} requests need 'Content-Type: application/json'")
-    if norm not in OPEN_PATHS and not bearer_matches(headers.get("authorization"), settings.api_key):
-        return Verdict(401, "invalid_api_key", "missing or invalid API key (send 'Authorization: Bearer KEY')")
+    public = method == "GET" and any(norm == p or (p.endswith("/*") and path.startswith(p[:-1]))
+                                     for p in settings.public_paths)
+    if norm not in OPEN_PATHS and not public and not key_matches(headers, settings.api_key):
+        return Verdict(401, "invalid_api_key",
+                       "missing or invalid API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')")
     return None

@@ -1,8 +1,10 @@
-"""The management API and console on :3131 (``/api/status``, ``/health``, ``/``).
+"""The management API and console on :3131 (``/api/status``, ``/health``, ``/``, ``/console/*``).
 
 The composition root (``hydra_node/node.py``) hands it what it serves: a ``health()`` (status code and body) and a
-``status()`` callable and the table of further routes (``(method, path)`` → handler; a path
-ending in ``/*`` matches any suffix), built there from the services' handlers.
+``status()`` callable, the OpenAI API's handler (``/v1/*`` is passed to it, for the console's chat
+page) and the table of further routes (``(method, path)`` → handler; a path ending in ``/*``
+matches any suffix), built there from the services' handlers.  The console's files
+(``api/console_route.py``) are answered before the key check: they hold no data.
 
 The HTTP server in front of it (``api/http.py`` with ``api/http_guard.py``, set up by the root)
 refuses, before any handler runs: a foreign ``Host`` on loopback (DNS rebinding), and state
@@ -16,6 +18,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from hydra_node.api.console_route import PUBLIC_PATHS, ConsoleAssets
 from hydra_node.api.http import Request, Response
 from hydra_node.api.openai import ApiError
 
@@ -23,33 +26,37 @@ __all__ = ["Handler", "ManagementApi"]
 
 Handler = Callable[[Request], Awaitable[Response]]
 
-_CONSOLE = """<!doctype html><html><head><meta charset="utf-8"><title>Hydra node</title>
-<style>body{font:14px system-ui,sans-serif;margin:2em;max-width:60em}pre{background:#f4f4f4;padding:1em;overflow:auto}</style>
-</head><body><h1>Hydra node</h1><p>The console is a placeholder: live status below, refreshed every 2 s.
-The API is <code>/api/status</code>.</p><pre id="s">loading…</pre>
-<script>async function r(){try{const s=await (await fetch('/api/status')).json();
-document.getElementById('s').textContent=JSON.stringify(s,null,2)}catch(e){document.getElementById('s').textContent=String(e)}}
-r();setInterval(r,2000)</script></body></html>"""
-
 
 class ManagementApi:
     def __init__(self, *, health: Callable[[], tuple[int, Mapping[str, Any]]], status: Callable[[], Mapping[str, Any]],
-                 routes: Mapping[tuple[str, str], Handler], headless: bool, api_key: str | None = None):
+                 routes: Mapping[tuple[str, str], Handler], headless: bool, api_key: str | None = None,
+                 console: ConsoleAssets | None = None, openai: Handler | None = None):
         self.health = health
         self.status = status
         self.routes = routes
         self.headless = headless
         self.api_key = api_key
+        #: The web console's files (``api/console_route.py``); served without the key, 404 when headless.
+        self.console = console if console is not None else ConsoleAssets(headless=headless)
+        #: What the HTTP guard serves without the key: the console's files (they hold no data).
+        self.public_paths = PUBLIC_PATHS
+        #: The OpenAI API's handler: ``/v1/*`` here too, so the console's chat page stays on one origin.
+        self.openai = openai
 
     async def handle(self, request: Request) -> Response:
         path = request.path.rstrip("/") or "/"
         if path in ("/health", "/healthz"):
             status, body = self.health()
             return Response.json(status, body)
+        page = self.console.respond(request.method, request.path, request.headers)
+        if page is not None:
+            return page
         if not request.bearer_matches(self.api_key):
             return ApiError(401, "missing or invalid API key", "invalid_api_key").response()
         if path == "/api/status" and request.method == "GET":
             return Response(200, json.dumps(self.status(), indent=None, default=str).encode())
+        if self.openai is not None and path.startswith("/v1/"):
+            return await self.openai(request)
         handler = self.routes.get((request.method, path))
         if handler is None:
             for (method, prefix), h in self.routes.items():
@@ -58,8 +65,4 @@ class ManagementApi:
                     break
         if handler is not None:
             return await handler(request)
-        if path in ("/", "/dashboard") and request.method == "GET":
-            if self.headless:
-                return ApiError(404, "console disabled (--headless)", "not_found").response()
-            return Response(200, _CONSOLE.encode(), "text/html; charset=utf-8")
         return ApiError(404, f"no route for {request.method} {request.path}", "not_found").response()

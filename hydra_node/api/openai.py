@@ -21,10 +21,14 @@ from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments, ToolC
 from hydra_node.api.embeddings import EmbeddingsApi
 from hydra_node.api.fanout import StreamFanOut, run_all
 from hydra_node.api.http import Request, Response, StreamResponse
+from hydra_node.api.moa_api import MoaApi
 from hydra_node.api.openai_errors import ApiError, bad
 from hydra_node.api.openai_format import (DONE, ChunkMaker, chat_choice, completion_choice, sse, sum_usage)
 from hydra_node.api.openai_parse import MAX_JSON_DEPTH, ParsedBody, expand, parse_body, parse_request
 from hydra_node.api.responses import ResponsesApi
+from hydra_node.api.anthropic import MessagesApi
+from hydra_node.api.http_guard import key_matches
+from hydra_node.api.tool_choice_header import TOOL_CHOICE_HEADER, override_tool_choice
 from hydra_node.inference import GenerationError, GenerationRequest
 
 __all__ = ["ApiError", "OpenAIApi", "parse_request", "bad"]
@@ -37,14 +41,17 @@ _MODELS_PREFIXES = ("/v1/models/", "/models/")
 class OpenAIApi:
     """Routes for :9337.  ``router`` provides ``generate(req)``, ``models()`` and ``recently_seen(id)``."""
 
-    def __init__(self, router, *, api_key: str | None = None, on_request=None, health=None):
-        """``health()``: ``(status, body)`` for ``/health`` (the node's: degraded while a model failed)."""
+    def __init__(self, router, *, api_key: str | None = None, on_request=None, health=None, moa=None):
+        """``health()``: ``(status, body)`` for ``/health`` (the node's: degraded while a model failed);
+        ``moa``: the :class:`~hydra_node.api.moa.MixtureOfAgents` behind ``model: "mesh"`` (None: no mesh model)."""
+        self.moa = MoaApi(moa) if moa is not None else None
         self.router = router
         self.health = health
         self.api_key = api_key
         self.on_request = on_request  # callback(path, status) for counters
         self.responses = ResponsesApi(router)
         self.embeddings = EmbeddingsApi(router)
+        self.messages = MessagesApi(router)  # Anthropic's Messages API (docs/agents.md)
 
     async def handle(self, request: Request) -> Response | StreamResponse:
         try:
@@ -58,8 +65,9 @@ class OpenAIApi:
         return resp
 
     def _check_auth(self, request: Request) -> None:
-        if not request.bearer_matches(self.api_key):
-            raise ApiError(401, "missing or invalid API key (send 'Authorization: Bearer KEY')", "invalid_api_key")
+        if not key_matches(request.headers, self.api_key):
+            raise ApiError(401, "missing or invalid API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
+                           "invalid_api_key")
 
     async def _route(self, request: Request) -> Response | StreamResponse:
         path = request.path.rstrip("/") or "/"
@@ -75,7 +83,8 @@ class OpenAIApi:
         if path in ("/v1/chat/completions", "/v1/completions"):
             _method(request, "POST")
             return await self._generate(request, "chat" if path.endswith("chat/completions") else "completion")
-        for name, handler in (("/v1/responses", self.responses), ("/v1/embeddings", self.embeddings)):
+        for name, handler in (("/v1/responses", self.responses), ("/v1/embeddings", self.embeddings),
+                              ("/v1/messages", self.messages)):
             if path == name or path.startswith(name + "/"):
                 return await handler.handle(request)
         raise ApiError(404, f"no route for {request.method} {request.path}", "not_found")
@@ -83,7 +92,8 @@ class OpenAIApi:
     # ---- models ---------------------------------------------------------------------------
     def models_body(self) -> dict:
         now = int(time.time())
-        return {"object": "list", "data": [self._model_obj(m, now) for m in self.router.models()]}
+        mesh = self.moa.model_obj(now) if self.moa is not None else None
+        return {"object": "list", "data": [self._model_obj(m, now) for m in self.router.models()] + ([mesh] if mesh else [])}
 
     @staticmethod
     def _model_obj(m, now: int) -> dict:
@@ -93,6 +103,9 @@ class OpenAIApi:
     def model_body(self, raw_id: str) -> dict:
         """``GET /v1/models/{id}``: the id is the rest of the path (ids may hold ``/``), raw or %-encoded."""
         by_id = {m.id: m for m in self.router.models()}
+        mesh = self.moa.model_obj(int(time.time())) if self.moa and self.moa.handles(unquote(raw_id)) else None
+        if mesh is not None:
+            return mesh
         for candidate in (raw_id, unquote(raw_id)):
             if candidate in by_id:
                 return self._model_obj(by_id[candidate], int(time.time()))
@@ -105,11 +118,14 @@ class OpenAIApi:
 
     # ---- chat and completions -------------------------------------------------------------
     async def _generate(self, request: Request, kind: str) -> Response | StreamResponse:
-        parsed = parse_body(request.body, kind)
+        raw = override_tool_choice(request.body, request.headers.get(TOOL_CHOICE_HEADER), "chat")  # agents
+        parsed = parse_body(raw, kind)
         session = request.headers.get("x-session-id", "")
         if session:  # routing affinity (docs/scheduler.md); the header wins over the body's user
             parsed = dataclasses.replace(parsed, requests=tuple(
                 dataclasses.replace(r, session=session) for r in parsed.requests))
+        if self.moa is not None and self.moa.handles(parsed.request.model):
+            return await self.moa.chat(parsed)  # model "mesh": the mixture of agents (docs/moa.md)
         self._check_model(parsed.request.model)
         reqs = expand(parsed)
         if parsed.stream:

@@ -33,17 +33,19 @@ class NodeRefused(NodeClientError):
 
 
 class NodeUnreachable(NodeClientError):
-    def __init__(self, port: int, reason: object):
-        super().__init__(f"no node answering on 127.0.0.1:{port} ({reason})")
+    def __init__(self, port: int, reason: object, host: str = "127.0.0.1"):
+        super().__init__(f"no node answering on {host}:{port} ({reason})")
         self.port = port
 
 
 class NodeClient:
-    """JSON requests to the management API on ``127.0.0.1:port`` (with ``Bearer api_key`` if set)."""
+    """JSON requests to the management API on ``127.0.0.1:port`` (with ``Bearer api_key`` if set);
+    ``host``: another address (the agent launchers' ``--node URL``)."""
 
-    def __init__(self, port: int, api_key: str | None = None):
+    def __init__(self, port: int, api_key: str | None = None, host: str = "127.0.0.1"):
         self.port = port
         self.api_key = api_key
+        self.host = host
 
     def get(self, path: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
         return self.request("GET", path, None, timeout=timeout)
@@ -57,7 +59,7 @@ class NodeClient:
     def request(self, method: str, path: str, body: dict | None, *, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
         data = None if body is None else json.dumps(body).encode()
         # The node refuses state-changing requests without a JSON content type (CSRF), even body-less ones.
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method, data=data,
+        req = urllib.request.Request(f"http://{self.host}:{self.port}{path}", method=method, data=data,
                                      headers={"Content-Type": "application/json"} if method != "GET" else {})
         if self.api_key:
             req.add_header("Authorization", f"Bearer {self.api_key}")
@@ -67,7 +69,7 @@ class NodeClient:
         except urllib.error.HTTPError as exc:
             raise NodeRefused(exc.code, exc.read().decode(errors="replace")[:MAX_ERROR_BODY_CHARS]) from None
         except (urllib.error.URLError, OSError) as exc:
-            raise NodeUnreachable(self.port, getattr(exc, "reason", exc)) from None
+            raise NodeUnreachable(self.port, getattr(exc, "reason", exc), self.host) from None
 
     @staticmethod
     def quote(segment: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import signal
 import sys
 import time
@@ -14,10 +15,18 @@ from hydra_node import __version__
 from hydra_node.cli.discovery import add_discover_parser, add_serve_args as add_discovery_serve_args, cmd_discover
 from hydra_node.cli.discovery import exception_leaves, settings_from_args as discovery_settings_from_args
 from hydra_node.cli.models import add_split_serve_args, add_swap_parser, cmd_swap, split_config_from_args
+from hydra_node.cli.models import add_models_parser, cmd_models, fetch_settings, prepare_models
+from hydra_node.cli.setup_cmd import add_setup_parser, cmd_setup
 from hydra_node.cli.client import NodeClient, NodeClientError
+from hydra_node.cli.agents import AGENTS, add_agent_parsers, cmd_agent
+from hydra_node.cli.invite import add_invite_parser, cmd_invite
+from hydra_node.cli.config_cmd import add_config_parser, cmd_config
+from hydra_node.cli.config_sources import load_layered
+from hydra_node.cli.tune import add_tune_parser, cmd_benchmark
+from hydra_node.cli.banner import print_start_banner, reap_home
 from hydra_node.cli.speculative import add_speculative_serve_args, apply_speculative_args
 from hydra_node.config import (DEFAULT_API_PORT, DEFAULT_CONSOLE_PORT, DEFAULT_MESH_PORT, ConfigError, NodeConfig, default_home,
-                               env_api_key, env_join, load_config_file)
+                               env_api_key, env_join)
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -36,7 +45,7 @@ def _add_home(p: argparse.ArgumentParser) -> None:
 def _add_node_args(s: argparse.ArgumentParser, join_required: bool = False) -> None:
     s.add_argument("--join", action="append", default=[], metavar="TOKEN",
                    help="join the mesh of this invite token (repeatable: more seeds; also $HYDRA_JOIN)"
-                        + ("; required (or --join-file, $HYDRA_JOIN)" if join_required else ""))
+                        + ("; required (or --join-file, $HYDRA_JOIN, or --auto)" if join_required else ""))
     s.add_argument("--join-file", metavar="PATH",
                    help="read invite tokens (whitespace-separated) from this file, so they do not show in ps")
     s.add_argument("--port", type=int, default=None, help=f"OpenAI API port (default {DEFAULT_API_PORT}; 0 = any)")
@@ -94,20 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_discovery_serve_args(s)
     add_split_serve_args(s)
     add_speculative_serve_args(s)
+    add_config_parser(sub, s, _add_home)
+    add_tune_parser(sub, _add_home)
 
     c = sub.add_parser("client", help="API-only member of a mesh: no model, no capacity",
                        description="Join a mesh as an API-only client: the OpenAI API on this machine answers for "
                                    "every model in the mesh, but this node hosts nothing.")
     _add_node_args(c, join_required=True)
+    add_discovery_serve_args(c)  # client --auto: find the mesh by discovery, as serve --auto does
 
-    inv = sub.add_parser("invite", help="print an invite token for the running node's mesh",
-                         description="Ask the running node (found through --home or --console) for a new invite "
-                                     "token (POST /api/invite; /api/status does not show one). Whoever holds it "
-                                     "can join the mesh until it expires.")
-    inv.add_argument("--ttl", default="24h", help="lifetime: seconds, or with a unit s/m/h/d (default 24h)")
-    inv.add_argument("--console", type=int, default=None, metavar="PORT", help="management port of the node")
-    inv.add_argument("--json", action="store_true", help="print JSON with the expiry and addresses")
-    _add_home(inv)
+    add_invite_parser(sub, _add_home)  # invite [create|list|revoke] (cli/invite.py)
 
     st = sub.add_parser("status", help="show the status of a running node",
                         description="Query a running node's management API (/api/status).")
@@ -123,9 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_discover_parser(sub)
     add_swap_parser(sub, _add_home)
+    add_agent_parsers(sub, _add_home)  # claude, opencode, pi, goose (hydra_node/cli/agents.py)
 
-    sub.add_parser("models", help="list the models this machine can serve",
-                   description="List the bundled model and its id.")
+    add_models_parser(sub, _add_home)  # models [list|pull|rm] (hydra_node/cli/models.py)
+    add_setup_parser(sub, _add_home)  # setup [--json] (hydra_node/cli/setup_cmd.py)
     return p
 
 
@@ -137,9 +143,12 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     try:
         return {"serve": cmd_serve, "client": cmd_serve, "status": cmd_status, "stop": cmd_stop,
-                "models": cmd_models, "invite": cmd_invite,
-                "swap": lambda a: cmd_swap(a, _client(a)),
-                "discover": lambda a: cmd_discover(a, _home(a))}[args.command](args)
+                "models": lambda a: cmd_models(a, _home(a), load_layered(_home(a), None).file, _client(a), os.environ),
+                "setup": cmd_setup, "invite": lambda a: cmd_invite(a, _client(a)), "benchmark": lambda a: cmd_benchmark(a, os.environ),
+                "config": lambda a: cmd_config(a, node_config_from_args),
+                "swap": lambda a: cmd_swap(a, _client(a), fetch_settings(_home(a), load_layered(_home(a), None).file, os.environ)),
+                "discover": lambda a: cmd_discover(a, _home(a)),
+                **{tool: lambda a: cmd_agent(a, _home(a)) for tool in AGENTS}}[args.command](args)
     except ConfigError as exc:
         print(f"hydra-node: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -162,7 +171,8 @@ def read_secret_file(flag: str, path: str) -> str:
 def node_config_from_args(args) -> NodeConfig:
     from hydra_node.mesh.service import MeshSettings
 
-    file_cfg = apply_speculative_args(args, load_config_file(args.config))
+    layered = load_layered(_home(args), args.config)  # <home>/config.toml < --config (docs/config.md)
+    file_cfg = apply_speculative_args(args, layered.file)
     flag_origins = tuple(o if o == "*" else o.strip().lower().rstrip("/") for o in args.cors_origin)
     api = dataclasses.replace(file_cfg.api, cors_origins=file_cfg.api.cors_origins + flag_origins,
                               allow_hosts=file_cfg.api.allow_hosts + tuple(args.allow_host))
@@ -185,8 +195,10 @@ def node_config_from_args(args) -> NodeConfig:
     if not client and args.no_model and args.model:
         raise ConfigError("--no-model and --model exclude each other")
     role = "client" if client else ("worker" if no_model else "host")
-    if client and not joins:
-        raise ConfigError("client: needs an invite token: --join TOKEN, --join-file PATH or $HYDRA_JOIN")
+    if client and not joins and not args.auto:
+        raise ConfigError("client: needs an invite token: --join TOKEN, --join-file PATH or $HYDRA_JOIN, or --auto")
+    if client and args.publish:
+        raise ConfigError("client: --publish lists a mesh this node hosts for; a client hosts nothing")
     mesh = MeshSettings(listen_host=args.mesh_host,
                         listen_port=DEFAULT_MESH_PORT if args.mesh_port is None else args.mesh_port,
                         advertise=tuple(args.advertise), join=joins, role=role,
@@ -199,10 +211,10 @@ def node_config_from_args(args) -> NodeConfig:
         api_host="0.0.0.0" if args.listen_all else "127.0.0.1",
         api_port=DEFAULT_API_PORT if args.port is None else args.port,
         console_port=DEFAULT_CONSOLE_PORT if args.console is None else args.console,
-        headless=args.headless, listen_all=args.listen_all, api_key=api_key, file=file_cfg,
+        headless=args.headless, listen_all=args.listen_all, api_key=api_key, file=file_cfg, config_files=layered.files,
         log_format=args.log_format, role=role, mesh=mesh,
         max_memory_bytes=int(max_mem * 1e9) if max_mem else None, **split_config_from_args(args, ConfigError))
-    if args.command == "serve":
+    if args.command in ("serve", "client"):
         try:
             cfg = cfg.replace(discovery=discovery_settings_from_args(args))
         except ValueError as exc:
@@ -228,10 +240,12 @@ def cmd_serve(args) -> int:
 
     cfg = node_config_from_args(args)
     check_home(cfg.home)  # a read-only or unusable home: one clear line, exit 2
+    if (cfg := prepare_models(cfg, os.environ)) is None:  # --model NAME|URL: downloaded first (docs/models.md)
+        return EXIT_FAILED
     setup_logging(cfg.log_format, args.log_level, cfg.home / "logs" / "node.log")
     try:
         check_rpc_support()
-        trio.run(serve, cfg)
+        trio.run(serve, cfg, print_start_banner)
     except (MeshError, JoinFailed) as exc:
         print(f"hydra-node: {_mesh_failure(exc)}", file=sys.stderr)
         return EXIT_FAILED
@@ -284,6 +298,7 @@ def _client(args) -> NodeClient:
 
 
 def cmd_status(args) -> int:
+    reap_home(_home(args))  # stale pid files of a node or children that died without stopping
     try:
         st = _client(args).get("/api/status")
     except NodeClientError as exc:
@@ -314,6 +329,7 @@ def cmd_stop(args) -> int:
     rec = read_pidfile(path)
     # only the very process that wrote the file (pid and start time) is ever signalled
     if rec is None or not signal_recorded(rec, signal.SIGTERM):
+        reap_home(home)  # what a node that died without stopping left behind
         print(f"hydra-node: no node is running with home {home}", file=sys.stderr)
         return EXIT_FAILED
     deadline = time.monotonic() + args.timeout
@@ -324,38 +340,6 @@ def cmd_stop(args) -> int:
         time.sleep(0.1)
     print(f"hydra-node: node pid {rec.pid} did not stop within {args.timeout:.0f} s", file=sys.stderr)
     return EXIT_FAILED
-
-
-def _parse_duration(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    t = text.strip().lower()
-    try:
-        return float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
-    except ValueError:
-        raise ConfigError(f"--ttl: not a duration: {text!r} (examples: 3600, 90m, 24h, 7d)") from None
-
-
-def cmd_invite(args) -> int:
-    ttl = _parse_duration(args.ttl)
-    try:
-        d = _client(args).post("/api/invite", {"ttl_s": ttl}, timeout=10)
-    except NodeClientError as exc:
-        print(f"hydra-node: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    print(json.dumps(d, indent=2) if args.json else d["token"])
-    return 0
-
-
-def cmd_models(args) -> int:
-    from hydra_node.models import BUNDLED_MODEL_ID, ModelNotFound, bundled_model_path
-    try:
-        path = bundled_model_path()
-        print(f"{BUNDLED_MODEL_ID}\t{path.stat().st_size / 1e6:.0f} MB\t{path}  (bundled default)")
-    except ModelNotFound as exc:
-        print(f"hydra-node: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    print("Any GGUF file can be served with `hydra-node serve --model PATH` (or --model ID=PATH).")
-    return 0
 
 
 if __name__ == "__main__":

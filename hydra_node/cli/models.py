@@ -1,11 +1,17 @@
-"""Command-line pieces for hosting: ``serve --split/--no-rpc-worker/--tunnel-port/--stall-timeout`` and ``swap``."""
+"""Command-line pieces for models: ``serve --split/--no-rpc-worker/--tunnel-port/--stall-timeout``, ``swap``, and
+``models [list|pull|rm]`` with ``serve --model NAME|URL`` (the catalogue, downloads, the mesh: docs/models.md)."""
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 
 from hydra_node.cli.client import NodeClient, NodeClientError
-from hydra_node.runtime.hosting.service import DEFAULT_SPLIT_STALL_TIMEOUT_S, SWAP_WAIT_DEFAULT_S
+from hydra_node.runtime.hosting.service import (
+    DEFAULT_SPLIT_STALL_TIMEOUT_S,
+    SWAP_WAIT_DEFAULT_S,
+)
 
 #: Bounds accepted for --stall-timeout.
 MIN_STALL_TIMEOUT_S = 1.0
@@ -42,7 +48,8 @@ def split_config_from_args(args, error) -> dict:
 def add_swap_parser(sub, add_home) -> None:
     sw = sub.add_parser("swap", help="load a model on the running node (and unload the others)",
                         description="Hot swap: the running node (found through --home or --console) loads MODEL "
-                                    "(a GGUF path, ID=PATH or the bundled id), waits until it is ready, then "
+                                    "(a GGUF path, ID=PATH, the bundled id, or a catalogue name, hf:// or https:// "
+                                    "reference: fetched first from mesh peers, else downloaded), waits until it is ready, then "
                                     "unloads its other models unless --keep. RPC workers stay up.")
     sw.add_argument("model", metavar="MODEL")
     sw.add_argument("--keep", action="store_true", help="keep the models already loaded")
@@ -57,10 +64,24 @@ LIST_TIMEOUT_S = 10.0
 UNLOAD_TIMEOUT_S = 30.0
 
 
-def cmd_swap(args, client: NodeClient) -> int:
+def cmd_swap(args, client: NodeClient, settings=None) -> int:
+    """``settings`` (:func:`fetch_settings`): a catalogue name or URL is pulled first (mesh peers through
+    the node, else the internet) and loaded as ``ID=PATH``."""
+    from hydra_node.runtime.fetch import BadModelSource, DownloadError, needs_fetch
+    model = args.model
+    try:
+        if settings is not None and needs_fetch(model):
+            rec = pull_model(model, settings, client)
+            model = f"{rec.model_id}={rec.path(settings.cache_dir)}"
+    except BadModelSource as exc:
+        print(f"hydra-node: {exc}", file=sys.stderr)
+        return 2
+    except DownloadError as exc:
+        print(f"hydra-node: {exc.code}: {exc}", file=sys.stderr)
+        return 1
     try:
         before = client.get("/api/runtime/models", timeout=LIST_TIMEOUT_S)["models"]
-        body = {"model": args.model, "wait": True, "timeout_s": args.timeout}
+        body = {"model": model, "wait": True, "timeout_s": args.timeout}
         if args.split:
             body["split"] = True
         loaded = client.post("/api/runtime/models", body, timeout=args.timeout + 10)
@@ -74,3 +95,255 @@ def cmd_swap(args, client: NodeClient) -> int:
         print(f"hydra-node: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+# ---- `hydra models`: the catalogue, the local cache, the mesh; pull and rm (docs/models.md) --------------
+
+#: Seconds between progress lines when stderr is not a terminal (a log file gets a line, not a flood).
+PROGRESS_LOG_EVERY_S = 10.0
+#: Seconds between redraws of the progress bar on a terminal.
+PROGRESS_REDRAW_S = 0.2
+#: How long `models pull` waits for the running node to fetch from peers (a big model on a LAN).
+PEER_FETCH_WAIT_S = 6 * 3600.0
+#: How long `models` waits for the running node's status.
+STATUS_TIMEOUT_S = 3.0
+
+
+class StderrProgress:
+    """Draws the download progress bar (rate, ETA) on stderr: redrawn in place on a terminal, a line
+    every PROGRESS_LOG_EVERY_S otherwise."""
+
+    def __init__(self, label: str, stream=None, clock=None) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.clock = clock or time.monotonic
+        self.tty = self.stream.isatty()
+        self._last = float("-inf")
+        self._meter = None
+
+    def __call__(self, meter) -> None:
+        self._meter = meter
+        now = self.clock()
+        if now - self._last >= (PROGRESS_REDRAW_S if self.tty else PROGRESS_LOG_EVERY_S):
+            self._last = now
+            self._draw()
+
+    def _draw(self) -> None:
+        line = self._meter.line(self.label)
+        self.stream.write(f"\r{line}\x1b[K" if self.tty else f"{line}\n")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self._meter is not None:
+            self._draw()
+            if self.tty:
+                self.stream.write("\n")
+
+
+def add_models_parser(sub, add_home) -> None:
+    import argparse
+    m = sub.add_parser("models", help="list, download (pull) and remove models: the catalogue, the local cache, "
+                                      "the mesh",
+                       description="Without a subcommand: list the built-in catalogue, the models downloaded under "
+                                   "<home>/models (sizes, sha256) and, when a node runs with this home, what the "
+                                   "mesh hosts. `pull NAME|hf://OWNER/REPO[@REV]/FILE|URL` downloads one (resumable, "
+                                   "sha256-verified; from mesh peers first when a node runs); `rm NAME` deletes one. "
+                                   "`serve --model NAME` pulls on first use. See docs/models.md.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+    common.add_argument("--console", type=int, default=argparse.SUPPRESS, metavar="PORT",
+                        help="management port of the running node (default: from --home)")
+    common.add_argument("--home", metavar="DIR", default=argparse.SUPPRESS,
+                        help="state directory holding models/ (default: $HYDRA_HOME or ~/.hydra)")
+    m.add_argument("--json", action="store_true", help="print JSON")
+    m.add_argument("--console", type=int, default=None, metavar="PORT", help="management port of the running node")
+    add_home(m)
+    msub = m.add_subparsers(dest="models_command", metavar="SUBCOMMAND")
+    msub.add_parser("list", parents=[common], help="the catalogue, the local cache and the mesh (the default)")
+    p = msub.add_parser("pull", parents=[common], help="download a model into the cache (verified, resumable)")
+    p.add_argument("model", metavar="NAME_OR_URL")
+    p.add_argument("--force", action="store_true", help="download again even when cached")
+    p.add_argument("--keep", action="store_true", help="never evict it to respect [models].cache_limit_gb")
+    p.add_argument("--no-peers", action="store_true", help="do not ask mesh peers first; go to the internet")
+    r = msub.add_parser("rm", parents=[common], help="delete a downloaded model (and any partial download)")
+    r.add_argument("model", metavar="NAME")
+
+
+def fetch_settings(home, file_cfg, environ):
+    """Where models are cached and fetched from: ``<home>/models``, ``[models]``, and the Hub endpoint and
+    token from ``environ`` (``HF_ENDPOINT``, ``HF_TOKEN``: the Hugging Face tools' own variables)."""
+    from hydra_node.runtime.fetch import FetchSettings
+    from hydra_node.runtime.fetch.catalogue import DEFAULT_HUB
+    from hydra_node.runtime.fetch.settings import models_settings
+    return FetchSettings(cache_dir=home / "models", hub=environ.get("HF_ENDPOINT") or DEFAULT_HUB,
+                         token=environ.get("HF_TOKEN") or None, models=models_settings(file_cfg))
+
+
+def prepare_models(cfg, environ):
+    """``serve --model NAME|URL``: make sure each such model is downloaded (progress on stderr) and
+    hand the node ``ID=PATH``; other values pass unchanged. None (after one error line) on failure."""
+    from pathlib import Path
+
+    from hydra_node.models import BUNDLED_MODEL_ID, ModelNotFound
+    from hydra_node.runtime.fetch import (
+        BadModelSource,
+        DownloadError,
+        ensure_local,
+        load_catalogue,
+        needs_fetch,
+    )
+    settings = fetch_settings(cfg.home, cfg.file, environ)
+    out = []
+    for ref in cfg.models:
+        if not needs_fetch(ref):
+            if ("/" not in ref and "=" not in ref and not ref.endswith(".gguf") and not Path(ref).exists()
+                    and ref not in (BUNDLED_MODEL_ID, "default", "bundled")):  # a name, but no known one
+                names = ", ".join(sorted(load_catalogue()))
+                print(f"hydra-node: model {ref!r:.80} is not in the catalogue ({names}), not a file, and not "
+                      f"hf://OWNER/REPO[@REV]/FILE or an https:// URL (see `hydra models`)", file=sys.stderr)
+                return None
+            out.append(ref)
+            continue
+        progress = StderrProgress(f"downloading {ref}")
+        try:
+            local = ensure_local(ref, settings, progress=progress)
+        except DownloadError as exc:
+            print(f"hydra-node: {exc.code}: {exc}", file=sys.stderr)
+            return None
+        except (BadModelSource, ModelNotFound) as exc:
+            print(f"hydra-node: {exc}", file=sys.stderr)
+            return None
+        if local.source not in ("cache", "bundled"):
+            progress.finish()
+        out.append(f"{local.model_id}={local.path}")
+    return cfg.replace(models=tuple(out))
+
+
+def cmd_models(args, home, file_cfg, client: NodeClient, environ) -> int:
+    from hydra_node.runtime.fetch import BadModelSource, DownloadError
+    settings = fetch_settings(home, file_cfg, environ)
+    action = getattr(args, "models_command", None) or "list"
+    try:
+        if action == "list":
+            return _list(args, settings, client)
+        if action == "rm":
+            return _rm(args, settings)
+        return _pull(args, settings, client)
+    except BadModelSource as exc:
+        print(f"hydra-node: {exc}", file=sys.stderr)
+        return 2
+    except DownloadError as exc:
+        print(f"hydra-node: {exc.code}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _mesh_models(client: NodeClient) -> dict | None:
+    """model id → node ids hosting it, from the running node's /api/status (None: no node running)."""
+    try:
+        st = client.get("/api/status", timeout=STATUS_TIMEOUT_S)
+    except NodeClientError:
+        return None
+    hosts: dict[str, list[str]] = {m: [st["node_id"]] for m in st.get("serving_models", [])}
+    for peer in st.get("peers", []):
+        for model in peer.get("models", []):
+            hosts.setdefault(model, []).append(peer.get("id"))
+    return hosts
+
+
+def _list(args, settings, client: NodeClient) -> int:
+    from hydra_node.runtime.fetch import ModelCache, load_catalogue
+    cat = load_catalogue()
+    cache = ModelCache(settings.cache_dir)
+    local = cache.records()
+    mesh = _mesh_models(client)
+    if args.json:
+        print(json.dumps({
+            "catalogue": [{"name": e.name, "sources": list(e.sources), "file": e.file, "size_bytes": e.size_bytes,
+                           "approx_gb": e.approx_gb, "sha256": e.sha256, "licence": e.licence, "quant": e.quant,
+                           "context": e.context, "bundled": e.bundled} for e in cat.values()],
+            "local": [{"model": r.model_id, "path": str(r.path(cache.root)), "size_bytes": r.size_bytes,
+                       "sha256": r.sha256, "sha256_origin": r.sha256_origin, "source": r.source, "keep": r.keep,
+                       "last_used": r.last_used} for r in local.values()],
+            "cache": {"dir": str(cache.root), "used_bytes": cache.used_bytes(),
+                      "limit_bytes": settings.models.cache_limit_bytes},
+            "mesh": mesh}, indent=2))
+        return 0
+    print("CATALOGUE (hydra serve --model NAME; hydra models pull NAME)")
+    for e in cat.values():
+        state = "bundled" if e.bundled else ("downloaded" if e.name in local else "")
+        print(f"  {e.name:<28} {e.quant:<7} {e.display_size:>10}  {e.licence:<11} {state}")
+    limit = settings.models.cache_limit_bytes
+    print(f"LOCAL ({cache.root}: {cache.used_bytes() / 1e9:.2f} GB"
+          + (f" of {limit / 1e9:.2f} GB)" if limit else ", no limit)"))
+    for r in sorted(local.values(), key=lambda r: r.model_id):
+        print(f"  {r.model_id:<28} {r.size_bytes / 1e9:7.2f} GB  sha256 {r.sha256[:12]}… ({r.sha256_origin})"
+              + ("  kept" if r.keep else ""))
+    if not local:
+        print("  (none downloaded)")
+    if mesh is None:
+        print("MESH: no node running with this home (start one with `hydra serve`)")
+    else:
+        print("MESH (hosted now)")
+        for model, hosts in sorted(mesh.items()):
+            print(f"  {model:<28} {len(hosts)} node(s)")
+    return 0
+
+
+def _rm(args, settings) -> int:
+    from hydra_node.runtime.fetch import ModelCache
+    if not ModelCache(settings.cache_dir).remove(args.model):
+        print(f"hydra-node: {args.model!r} is not downloaded (see `hydra models`)", file=sys.stderr)
+        return 1
+    print(json.dumps({"removed": args.model}) if args.json else f"removed {args.model}")
+    return 0
+
+
+def _pull(args, settings, client: NodeClient) -> int:
+    from hydra_node.runtime.fetch import needs_fetch
+    from hydra_node.runtime.fetch.fetcher import remote_for
+    remote_for(args.model, settings)  # BadModelSource for a name that is in no catalogue
+    if not needs_fetch(args.model) and not args.force:
+        print(f"{args.model} is bundled with hydra-node: nothing to download (--force downloads it anyway)",
+              file=sys.stderr if args.json else sys.stdout)
+        return 0
+    rec = pull_model(args.model, settings, client, force=args.force, keep=args.keep, peers=not args.no_peers)
+    if args.json:
+        print(json.dumps({"model": rec.model_id, "path": str(rec.path(settings.cache_dir)), "size_bytes": rec.size_bytes,
+                          "sha256": rec.sha256, "sha256_origin": rec.sha256_origin, "source": rec.source,
+                          "keep": rec.keep}, indent=2))
+    else:
+        print(f"{rec.model_id}\t{rec.size_bytes / 1e9:.2f} GB\tsha256 {rec.sha256}\t{rec.path(settings.cache_dir)}")
+    return 0
+
+
+def pull_model(ref: str, settings, client: NodeClient, *, force: bool = False, keep: bool = False,
+               peers: bool = True):
+    """The cache record of ``ref``: cached already, else from mesh peers through the running node
+    (when one runs and ``[models].peer_fetch``), else downloaded here with a progress bar."""
+    from hydra_node.runtime.fetch import ModelCache, ensure_local
+    from hydra_node.runtime.fetch.fetcher import remote_for
+    remote = remote_for(ref, settings)
+    cache = ModelCache(settings.cache_dir)
+    mesh = _mesh_models(client)
+    if cache.lookup(remote.model_id) is None or force:
+        if not (settings.models.peer_fetch and peers and mesh is not None and _pull_from_peers(ref, client)):
+            progress = StderrProgress(f"downloading {remote.model_id}")
+            ensure_local(ref, settings, in_use=frozenset(mesh or ()), progress=progress, force=force)
+            progress.finish()
+    if keep:
+        cache.set_keep(remote.model_id, True)
+    return cache.lookup(remote.model_id)
+
+
+def _pull_from_peers(ref: str, client: NodeClient) -> bool:
+    """Ask the running node to fetch the model from a mesh peer; False when no peer could (the
+    reason is printed), so the caller goes to the internet."""
+    print(f"asking mesh peers for {ref} ...", file=sys.stderr)
+    try:
+        got = client.post("/api/models/fetch", {"model": ref}, timeout=PEER_FETCH_WAIT_S)
+    except NodeClientError as exc:
+        print(f"hydra-node: from the mesh: {exc}; downloading instead", file=sys.stderr)
+        return False
+    print(f"fetched {got['model']} from {got['source']} ({got['size_bytes'] / 1e9:.2f} GB, sha256 verified)",
+          file=sys.stderr)
+    return True

@@ -18,6 +18,7 @@ __all__ = ["DialCandidate", "JoinFailed", "JoinPlan", "JoinSteps", "PERMANENT_JO
 #: Handshake refusals that retrying cannot fix.
 PERMANENT_JOIN_ERRORS = frozenset({
     "token_expired", "token_forged", "token_foreign_mesh", "token_malformed", "foreign_mesh",
+    "token_revoked", "token_used_up", "token_issuer_only", "token_unknown",
     "admission_refused", "rejected_by_peer", "generation_mismatch", "peer_authentication_failed"})
 
 

@@ -24,10 +24,14 @@ from hydra_node import __version__
 from hydra_node.mesh.link.addresses import advertised_addresses
 from hydra_node.mesh.membership.signing import sign_announcement, verify_announcement
 from hydra_node.mesh.announcer import ANNOUNCE_CHECK_S, AnnouncementContent, AnnouncementSource, Announcer
+from hydra_node.eventlog import EmitFn
+from hydra_node.mesh.event_feed import MembershipFeed
 from hydra_node.mesh.admission import admit_with_invite
 from hydra_node.mesh.link.endpoints import LinkListener
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError
 from hydra_node.mesh.gossip import GossipService, GossipServiceStatistics
+from hydra_node.mesh.invite_relay import REVOCATIONS_MESSAGE, InviteService
+from hydra_node.mesh.invites import InviteBook
 from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key
 from hydra_node.mesh.joining import DialCandidate, JoinFailed, JoinPlan, plan_join
 from hydra_node.mesh.keyfile import load_mesh_key, save_mesh_key
@@ -39,7 +43,7 @@ from hydra_node.mesh.settings import MeshSettings
 from hydra_node.mesh.status_view import MeshStatus, PeerRow, mesh_section, peer_rows
 from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.mesh.stream_routes import StreamHandler, StreamRoutes
-from hydra_node.mesh.wire.token import InviteToken, addr_to_url, issue_invite
+from hydra_node.mesh.wire.token import InviteToken, addr_to_url
 
 __all__ = ["AnnouncementContent", "DIAL_TIMEOUT_S", "DialCandidate", "JoinFailed", "JoinPlan", "MeshService",
            "MeshSettings", "StreamHandler"]
@@ -56,7 +60,8 @@ class MeshService:
     """Our node in the mesh. ``state_dir`` is ``HOME/mesh`` (mesh.key, peers.json)."""
 
     def __init__(self, *, signing_key: nacl.signing.SigningKey, state_dir: Path, settings: MeshSettings,
-                 announcement: AnnouncementSource, name: str, version: str = __version__) -> None:
+                 announcement: AnnouncementSource, name: str, version: str = __version__,
+                 on_event: EmitFn | None = None) -> None:
         self._settings = settings
         self._signing_key = signing_key
         self.node_id = node_id_from_public_key(bytes(signing_key.verify_key))
@@ -79,6 +84,9 @@ class MeshService:
         self._counters = {"bad_stream_headers": 0, "unknown_messages": 0, "quarantined_streams": 0,
                           "announce_errors": 0}
         self._routes = StreamRoutes()
+        #: Issued invites (HOME/mesh/invites.json), admission checks, revocation lists (mesh/invite_relay.py).
+        self.invites = InviteService(InviteBook(state_dir / "invites.json", signing_key), self.node_id)
+        self._on_event, self._feed = on_event, MembershipFeed()  # membership → live events (event_feed.py)
 
     # ---- read-only views (what consumers outside mesh/ may use) --------------------------
     @property
@@ -217,6 +225,7 @@ class MeshService:
         self._session_nursery = None
         self._secret = self._gossip = self._membership = self._listener = self._links = None
         self._port, self._addresses = None, []
+        self.invites.leave()
 
     async def _enter(self, admit_with: InviteToken | None, held: MeshSecret | None,
                      dials: tuple[DialCandidate, ...], plan: JoinPlan) -> list[str]:
@@ -235,6 +244,7 @@ class MeshService:
             save_mesh_key(self._key_path, secret)
             log.info("event=mesh_created mesh_id=%s", secret.mesh_id)
         self._secret = secret
+        self.invites.enter(secret.mesh_id, session, self.open_links, self._trusted_issuer)
         self._links = LinkTable(self.node_id, session, self._link_settings, addresses_of=self._addresses_of,
                                 on_up=self._link_up, on_down=self._link_down)
         self._listener = LinkListener(self._link_settings(), on_link=self._on_inbound_link)
@@ -272,6 +282,7 @@ class MeshService:
     # ---- links and messages --------------------------------------------------------------------
     def _link_settings(self, mesh: MeshSecret | None = None) -> LinkSettings:
         return LinkSettings(identity=self._signing_key, mesh=mesh or self._secret, trusted_issuer=self._trusted_issuer,
+                            check_invite=self.invites.check,
                             on_stream=self._on_stream, on_message=self._on_message, fault=self._settings.fault)
 
     def _trusted_issuer(self, node_id: str) -> bool:
@@ -286,6 +297,7 @@ class MeshService:
     def _link_up(self, peer_id: str) -> None:
         if self._gossip is not None:
             self._gossip.link_up(peer_id)
+        self.invites.link_up(self.link(peer_id))
 
     def _link_down(self, peer_id: str) -> None:
         if self._gossip is not None:
@@ -303,6 +315,8 @@ class MeshService:
         if body.get("t") == "gossip" and isinstance(body.get("m"), dict):
             if self._gossip is not None:
                 await self._gossip.deliver(link.peer_id, body["m"])
+        elif body.get("t") == REVOCATIONS_MESSAGE:
+            await self.invites.on_message(link, body)
         else:
             self._counters["unknown_messages"] += 1
             log.warning("event=message_rejected peer=%s reason=unknown_type", link.peer_id[:16])
@@ -352,6 +366,8 @@ class MeshService:
                 self._peer_store.remember(self.mesh_id, self._membership.members())
             log.info("event=membership_%s peer=%s incarnation=%s", type(ev).__name__.lower(),
                      ev.peer_id[:16], getattr(ev, "incarnation", ""))
+            for kind, fields in self._feed.translate(ev) if self._on_event is not None else ():
+                self._on_event(kind, fields)
             # Links are not closed on PeerDied: a dead peer's link dies by itself (reset or idle
             # timeout), and closing a link to a falsely suspected peer only slows its refutation.
 
@@ -370,10 +386,11 @@ class MeshService:
             self._token = (self.invite(self._settings.invite_ttl_s), now + self._settings.invite_ttl_s, self.mesh_id)
         return self._token[0]
 
-    def invite(self, ttl_s: float) -> str:
+    def invite(self, ttl_s: float, uses: int | None = None) -> str:
+        """A new invite (recorded in HOME/mesh/invites.json; revocable; ``uses``: joiners it may admit)."""
         if self._secret is None:
             raise MeshError("this node is not in a mesh")
-        return issue_invite(self._signing_key, self._secret.mesh_id, self._addresses, ttl_s, time.time())
+        return self.invites.issue(self._addresses, ttl_s, uses)
 
     def status(self) -> MeshStatus:
         links = self._links

@@ -58,6 +58,8 @@ class SchedulerConfig:
     #: Cooldown after consecutive failures: base x 2^(n-1), capped (upstream: 30 s, 5 min).
     cooldown_base_ms: float = 2000.0
     cooldown_max_ms: float = 300_000.0
+    #: Time between two points of the telemetry history (``GET /api/history``, the console's charts).
+    history_interval_ms: float = 5000.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -80,6 +82,9 @@ class SchedulerConfig:
                 raise SchedulerConfigError(f"[scheduler].{key}: must be in 0..1, got {getattr(self, key)!r}")
         if self.cooldown_max_ms < self.cooldown_base_ms:
             raise SchedulerConfigError("[scheduler].cooldown_max_ms: must be >= cooldown_base_ms")
+        if not 100 <= self.history_interval_ms <= 3_600_000:
+            raise SchedulerConfigError(f"[scheduler].history_interval_ms: must be 100..3600000, got "
+                                       f"{self.history_interval_ms!r}")
 
     @classmethod
     def from_mapping(cls, data: object) -> SchedulerConfig:

@@ -16,8 +16,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Protocol
 
+import trio
+
+from hydra_node.eventlog import EmitFn, RateGate
 from hydra_node.inference import (EmbeddingRequest, EmbeddingResult, GenerationError, GenerationEvent,
                                   GenerationRequest, ModelUnavailable)
+from hydra_node.routing.route_events import DECISION_INTERVAL_S, RequestReport, decision_fields
 
 log = logging.getLogger("hydra.router")
 
@@ -79,8 +83,11 @@ class ModelListing:
 
 
 class Router:
-    def __init__(self, node_id: str, scheduling=None):
+    def __init__(self, node_id: str, scheduling=None, on_event: EmitFn | None = None):
         self.node_id = node_id
+        #: Live events (route_events.py): every generation's ``request.finished``, sampled ``route.decision``s.
+        self.on_event = on_event
+        self._decisions = RateGate(DECISION_INTERVAL_S)
         #: hydra_node.routing.live.LiveScheduling: orders the targets (mode off/shadow/active) and
         #: measures every attempt; None keeps the fixed rule below, unmeasured.
         self.scheduling = scheduling
@@ -134,14 +141,31 @@ class Router:
 
     @asynccontextmanager
     async def generate(self, req: GenerationRequest) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
-        """Open a generation on the best target; retry once elsewhere if it fails before any event."""
+        """Open a generation on the best target; retry once elsewhere if it fails before any event.
+        However it ends, ``request.finished`` reports it (``on_event``)."""
+        report = RequestReport(req.model, trio.current_time())
+        try:
+            async with self._generate(req, report) as events:
+                yield events
+        except Exception:
+            report.failed = True
+            raise
+        finally:
+            if self.on_event is not None:
+                self.on_event("request.finished", report.fields(trio.current_time()))
+
+    @asynccontextmanager
+    async def _generate(self, req: GenerationRequest, report: RequestReport):
         candidates = self.candidates(req.model)
         if not candidates:
             self.no_target += 1
             states = {t.node_id: t.state for t in self.all_targets() if t.model == req.model}
             raise ModelUnavailable(f"no host can serve {req.model!r} right now (states: {states})")
+        decision = None
         if self.scheduling is not None:
-            candidates, _ = self.scheduling.order(candidates, req)
+            candidates, decision = self.scheduling.order(candidates, req)
+        if self.on_event is not None and self._decisions.allow(trio.current_time()):
+            self.on_event("route.decision", decision_fields(req.model, self.node_id, candidates, decision))
         open_target = self.scheduling.attempt if self.scheduling is not None else (lambda t, r: t.open(r))
         last_err: GenerationError | None = None
         for attempt, target in enumerate(candidates[:2]):
@@ -153,7 +177,10 @@ class Router:
                 async with open_target(target, req) as events:
                     first = await _first_event(events)
                     yielded = True
-                    yield RoutedEvents(_chain(first, events), target.node_id)
+                    report.served_by(target.node_id)
+                    if first is not None:
+                        report.saw(first, trio.current_time())
+                    yield RoutedEvents(_chain(first, events, report), target.node_id)
                     return
             except GenerationError as exc:
                 if (exc.retryable and not yielded and not getattr(exc, "streamed", False) and attempt == 0
@@ -209,12 +236,13 @@ async def _first_event(events: AsyncIterator[GenerationEvent]) -> GenerationEven
         return None
 
 
-async def _chain(first: GenerationEvent | None, events: AsyncIterator[GenerationEvent]):
+async def _chain(first: GenerationEvent | None, events: AsyncIterator[GenerationEvent], report: RequestReport):
     if first is None:
         return
     yield first
     try:
         async for ev in events:
+            report.saw(ev, trio.current_time())
             yield ev
     except GenerationError as exc:
         exc.streamed = True  # too late to retry elsewhere

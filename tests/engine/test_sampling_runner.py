@@ -1,6 +1,7 @@
 """Sampling features through a real runner child (the bundled model): with ``continuous_batching =
 false`` the runner is the batch engine with one slot, so grammars and logprobs work there too; a
-runner with a draft model (speculative decoding) refuses what it cannot honour, naming it."""
+runner with a draft model (speculative decoding) serves them too: only plain greedy requests
+speculate, inside the engine."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hydra_node.inference import Finished, GenerationError, GenerationRequest, T
 from hydra_node.models import resolve_model
 from hydra_node.runtime.runner.records import RunnerSettings
 from hydra_node.runtime.runner.supervisor import RunnerSupervisor
-from hydra_node.runtime.speculative.child.runner_glue import argv_for
+from hydra_node.runtime.speculative.runner_args import argv_for
 
 TIMEOUT_S = 300
 
@@ -57,19 +58,19 @@ async def test_without_continuous_batching_the_one_slot_engine_serves_grammars_a
     await serve(tmp_path, RunnerSettings(n_ctx=1024, continuous_batching=False, warmup=False), check)
 
 
-async def test_a_speculative_runner_refuses_sampling_it_cannot_honour(tmp_path) -> None:
+async def test_a_speculative_runner_serves_every_sampling_feature_in_the_engine(tmp_path) -> None:
     draft = argv_for(model=str(resolve_model(None).path))  # the same model as its own draft: same vocabulary
 
     async def check(sup: RunnerSupervisor) -> None:
-        assert sup.status().engine["reason"].startswith("speculative")
-        for kw, named in (({"grammar": 'root ::= "yes"'}, "response_format"), ({"logprobs": True}, "logprobs"),
-                          ({"logit_bias": ((5, 1.0),)}, "logit_bias"), ({"presence_penalty": 1.0}, "presence_penalty"),
-                          ({"frequency_penalty": 1.0}, "frequency_penalty")):
-            with pytest.raises(GenerationError) as err:
-                await run(sup, completion(**kw))
-            assert (err.value.status, err.value.code) == (400, "unsupported_with_speculation")
-            assert named in err.value.message
-        deltas, fin = await run(sup, completion())  # a plain request is served (speculatively)
+        engine = sup.status().engine  # speculation runs inside the batch engine (engine/speculation.py)
+        assert engine["mode"] == "continuous_batching" and engine["speculation"] == "local"
+        for kw in ({"grammar": 'root ::= "yes" | "no"'}, {"logprobs": True}, {"logit_bias": ((5, 1.0),)},
+                   {"presence_penalty": 1.0}, {"frequency_penalty": 1.0}):
+            deltas, fin = await run(sup, completion(**kw))  # served, without speculating
+            assert fin.completion_tokens >= 1, kw
+        deltas, fin = await run(sup, completion())  # a plain greedy request may speculate
         assert "".join(d.text for d in deltas).startswith(" Paris") and fin.completion_tokens == 6
+        spec = sup.status().speculative
+        assert spec["in_engine"] is True and spec["requests"] == 6
 
     await serve(tmp_path, RunnerSettings(n_ctx=1024, warmup=False, extra_argv=tuple(draft)), check)

@@ -13,7 +13,7 @@ from hydra_node.runtime.engine.logprobs import MIN_LOGPROB, LogprobReporter, cla
 from hydra_node.runtime.engine.sampler import SamplerParams, SamplingError
 from hydra_node.runtime.runner.channel import RunnerProtocolError, runner_event_from_wire
 from hydra_node.runtime.runner.textstream import Trigger, TriggerWatch
-from hydra_node.runtime.speculative.child.runner_glue import unsupported_with_speculation
+from hydra_node.runtime.engine.speculation import speculation_eligible
 
 
 # ---- SamplerParams ----------------------------------------------------------------------------
@@ -136,16 +136,18 @@ def test_a_malformed_logprobs_entry_is_the_runners_protocol_error(logprobs):
     assert err.value.status == 502 and err.value.code == "bad_runner_message"
 
 
-# ---- speculative runners refuse what they cannot honour -----------------------------------------
+# ---- a runner with a draft serves everything; only plain greedy requests speculate ----------------
 
-@pytest.mark.parametrize("field, value, named", [
-    ("grammar", 'root ::= "a"', "response_format"), ("logit_bias", ((5, 1.0),), "logit_bias"),
-    ("presence_penalty", 0.5, "presence_penalty"), ("frequency_penalty", -0.5, "frequency_penalty"),
-    ("logprobs", True, "logprobs"),
+@pytest.mark.parametrize("field, value", [
+    ("grammar", 'root ::= "a"'), ("logit_bias", ((5, 1.0),)), ("presence_penalty", 0.5),
+    ("frequency_penalty", -0.5), ("logprobs", True), ("temperature", 0.7),
 ])
-def test_a_speculative_runner_refuses_sampling_it_cannot_honour_naming_the_parameter(field, value, named):
-    req = GenerationRequest(model="m", kind="completion", prompt="x", temperature=0.0, **{field: value})
-    refusal = unsupported_with_speculation(req.to_wire())
-    assert refusal["code"] == "unsupported_with_speculation" and refusal["status"] == 400
-    assert named in refusal["message"]
-    assert unsupported_with_speculation(GenerationRequest(model="m", kind="completion", prompt="x").to_wire()) is None
+def test_only_plain_greedy_requests_speculate(field, value):
+    def eligible(req: GenerationRequest) -> bool:
+        wire = req.to_wire()
+        p = SamplerParams.from_request(wire)
+        return speculation_eligible(wire, p.greedy, not (p.grammar or p.logit_bias or p.penalised))
+
+    assert eligible(GenerationRequest(model="m", kind="completion", prompt="x", temperature=0.0))
+    kw = {"temperature": 0.0, field: value}
+    assert not eligible(GenerationRequest(model="m", kind="completion", prompt="x", **kw))

@@ -15,9 +15,11 @@ from hydra_node.mesh.settings import MeshSettings
 from hydra_node.node import Node
 from hydra_node.runtime.hosting.service import RpcWorkerOff
 
-SECTIONS = {"speculation", "network_costs", "scheduler", "splits", "rpc_worker", "config"}
-ROUTES = {("POST", "/api/invite"), ("GET", "/metrics"), ("GET", "/api/runtime/models"),
-          ("POST", "/api/runtime/models"), ("DELETE", "/api/runtime/models/*")}
+SECTIONS = {"speculation", "network_costs", "scheduler", "splits", "rpc_worker", "config", "invites", "events",
+            "model_share"}
+ROUTES = {("POST", "/api/invite"), ("GET", "/api/invites"), ("POST", "/api/invite/revoke"), ("GET", "/metrics"), ("GET", "/api/runtime/models"),
+          ("POST", "/api/runtime/models"), ("DELETE", "/api/runtime/models/*"), ("GET", "/api/events"),
+          ("GET", "/api/history"), ("POST", "/api/models/fetch")}
 
 
 def _config(tmp_path, **kw) -> NodeConfig:

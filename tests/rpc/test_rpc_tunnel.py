@@ -117,6 +117,9 @@ async def test_tunnel_carries_bytes_and_leases_are_exclusive(worker_node, clock)
                     assert tunnel.data_connections == (2 if with_data else 0) == server.counters["data_connections"]
                     await wait_until(lambda: tunnel.bytes_down >= len(PAYLOAD) + 5)  # counted as each connection closes
                     assert tunnel.bytes_up == tunnel.bytes_down == len(PAYLOAD) + 5
+                    [row] = server.leases()  # /api/status rpc_worker.leases: who, for which model, since, bytes
+                    assert (row.coordinator, row.model, row.bytes_in, row.bytes_out) == (
+                        server.holder()[:64], "model-a", len(PAYLOAD) + 5, len(PAYLOAD) + 5) and row.since > 1e9
 
                     # Another coordinator (and the same node for another model) is refused, clearly.
                     for link, tag in ((b, "model-a"), (a, "model-b")):
@@ -131,6 +134,7 @@ async def test_tunnel_carries_bytes_and_leases_are_exclusive(worker_node, clock)
                     held.cancel_scope.cancel()
                 # The lease ended with its stream: b may take it now.
                 await wait_until(lambda: server.holder() is None)
+                assert server.leases() == []
                 info_b = await nursery.start(RemoteWorkerTunnel(LinkDirectory(b), b.peer_id, tag="model-a").run)
                 assert await roundtrip(info_b.endpoint, b"hello") == b"hello"
                 assert server.counters["leases_refused"] == 2 and server.counters["connections_refused"] == 1

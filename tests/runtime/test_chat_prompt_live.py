@@ -16,7 +16,7 @@ from hydra_node.models import resolve_model
 from hydra_node.runtime.runner.chat_prompt import ChatTemplate
 from hydra_node.runtime.runner.records import RunnerSettings
 from hydra_node.runtime.runner.supervisor import RunnerSupervisor
-from hydra_node.runtime.speculative.child.runner_glue import argv_for
+from hydra_node.runtime.speculative.runner_args import argv_for
 
 TIMEOUT_S = 180
 N_CTX = 2048
@@ -60,14 +60,14 @@ async def run(sup: RunnerSupervisor, req: GenerationRequest) -> list:
 @pytest.mark.parametrize("draft", [False, True], ids=["engine", "draft"])
 async def test_tool_prompts_and_token_prompts_through_a_real_runner(tmp_path, model_path, expected_tokens,
                                                                     draft) -> None:
-    # a draft model (here the model itself) makes the runner generate through Runner.generate, not the engine
+    # a draft model (here the model itself): the runner speculates inside the engine
     extra = tuple(argv_for(model=str(model_path))) if draft else ()
     settings = RunnerSettings(n_ctx=N_CTX, warmup=False, extra_argv=extra)
     sup = RunnerSupervisor(resolve_model(None), tmp_path, settings, node_id="n")
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             await nursery.start(sup.run)
-            assert sup.info["engine"]["mode"] == ("sequential" if draft else "continuous_batching")
+            assert sup.info["engine"]["mode"] == "continuous_batching"
             for name, req in (("forced", FORCED), ("history", HISTORY)):
                 fin = (await run(sup, req))[-1]
                 assert isinstance(fin, Finished) and fin.completion_tokens >= 1

@@ -21,11 +21,13 @@ def test_stop_never_signals_a_pid_whose_file_has_no_start_time(tmp_path):
         run.mkdir()
         (run / "node.pid").write_text(json.dumps({"pid": victim.pid, "argv": [], "owner_pid": victim.pid,
                                                   "kind": "node"}))  # no start_time: proves nothing
+        rec = read_pidfile(run / "node.pid")
         out = subprocess.run([sys.executable, "-m", "hydra_node.cli", "stop", "--home", str(tmp_path),
                               "--timeout", "1"], capture_output=True, text=True, timeout=60)
         assert out.returncode != 0 and "no node is running" in out.stderr
         assert victim.poll() is None  # still running: never signalled
-        assert not signal_recorded(read_pidfile(run / "node.pid"), 15) and victim.poll() is None
+        assert not signal_recorded(rec, 15) and victim.poll() is None
+        assert not (run / "node.pid").exists()  # stop cleaned the stale file up (issue 18 item 5)
         # a runner-kind file without a start time is only removed at the next start, never acted on
         (run / "runner-x.pid").write_text(json.dumps({"pid": victim.pid, "argv": [], "owner_pid": 1,
                                                       "kind": "runner"}))

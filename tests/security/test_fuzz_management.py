@@ -28,11 +28,14 @@ bodies = st.one_of(
     st.fixed_dictionaries({"model": model_refs}, optional={"split": json_values, "wait": json_values,
                                                           "timeout_s": json_values}),
     st.fixed_dictionaries({"ttl_s": json_values}),
+    st.fixed_dictionaries({"ttl_s": st.just(600), "uses": json_values}),
+    st.fixed_dictionaries({"token": json_values}),
     st.binary(max_size=60),  # not JSON at all (and not UTF-8)
     st.integers(1, 3000).map(lambda n: b"[" * n + b"]" * n),  # nesting past every bound
 )
 ROUTES = [("POST", "/api/runtime/models"), ("POST", "/api/invite"), ("DELETE", "/api/runtime/models/{}"),
-          ("GET", "/api/runtime/models"), ("GET", "/api/status")]
+          ("GET", "/api/runtime/models"), ("GET", "/api/status"), ("POST", "/api/invite/revoke"),
+          ("GET", "/api/invites")]
 
 
 @pytest.fixture(scope="module")

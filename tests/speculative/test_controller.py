@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from hydra_node.runtime.speculative.controller import (
     ControllerConfig, SpeculationController, expected_tokens, leviathan_speedup)
@@ -93,10 +94,10 @@ def test_zero_acceptance_falls_back_then_reprobes_and_returns():
 def test_reprobe_interval_backs_off():
     ctl = SpeculationController(ControllerConfig(reprobe_after_tokens=4, reprobe_max_tokens=16))
     ks = feed(ctl, 0.0, 150, t_draft=5 * MS)
-    probes = [i for i, k in enumerate(ks) if k > 0]
+    probes = [i for i, k in enumerate(ks) if k > 0 and (i == 0 or ks[i - 1] == 0)]  # each probe's first round
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps[-1] > gaps[1]
-    assert max(gaps) <= 16 + 1
+    assert max(gaps) <= 16 + ControllerConfig().probe_rounds
 
 
 def test_a_slow_draft_is_not_worth_it_even_when_accepted():
@@ -147,3 +148,91 @@ def test_hopeless_pair_falls_back_after_one_round():
     ctl.record_round(k, k, k * 10 * MS, 30 * MS)
     assert ctl.choose_k() == 0
     assert not ctl.statistics().speculating
+
+
+# ---- the measured switch-off (speculation inside the engine: engine/speculation.py) -------------
+
+def test_measured_rate_switches_off_what_the_model_predicts_would_pay():
+    """The model (t_draft from representative rounds only) says S > 1, but every round costs more
+    per emitted token than a plain step (a draft that always catches up): measured wins."""
+    ctl = SpeculationController()
+    assert ctl.choose_k() == 0
+    ctl.record_target_step(10 * MS)
+    k = ctl.choose_k()
+    ctl.record_round(k, k, k * 1 * MS, 14 * MS)  # one cheap, representative round
+    for _ in range(8):
+        k = ctl.choose_k()
+        if k == 0:
+            ctl.record_target_step(10 * MS)
+            continue
+        # slow catch-up rounds: 150 ms of draft work, kept out of t_draft (not representative)
+        ctl.record_round(k, k, 150 * MS, 14 * MS, draft_cost_representative=False)
+    assert ctl.best_k()[1] > 1.0  # the model still predicts a gain
+    assert ctl.recent_speedup() < 1.0
+    assert not ctl.statistics().speculating
+
+
+def test_resuming_needs_the_measured_speedup_above_the_hysteresis_band():
+    cfg = ControllerConfig(reprobe_after_tokens=4, reprobe_max_tokens=4, cost_weight=1.0)
+    ctl = SpeculationController(cfg)
+    feed(ctl, 0.0, 60, t_draft=5 * MS)  # useless: off
+    assert not ctl.statistics().speculating
+    # probes that measure 1.02x (between min_speedup 1.0 and resume_speedup 1.05): stays off
+    for _ in range(200):
+        k = ctl.choose_k()
+        if k == 0:
+            ctl.record_target_step(10 * MS)
+        else:
+            ctl.record_round(k, k, 0.0, (k + 1) * 10 * MS / 1.02)
+    assert not ctl.statistics().speculating
+    for _ in range(40):  # probes that measure 1.5x: back on
+        k = ctl.choose_k()
+        if k == 0:
+            ctl.record_target_step(10 * MS)
+        else:
+            ctl.record_round(k, k, 0.0, (k + 1) * 10 * MS / 1.5)
+    assert ctl.statistics().speculating
+
+
+@settings(max_examples=12, deadline=None)
+@given(alpha=st.floats(0.0, 1.0), c=st.floats(0.05, 1.5), verify_slope=st.floats(0.3, 2.0),
+       rtt=st.floats(0.0, 0.02))
+def test_a_draft_that_never_pays_costs_at_most_five_percent(alpha, c, verify_slope, rtt):
+    """Whatever the acceptance and costs, when no round can beat a plain step per token, the
+    controller's total time over 2000 tokens stays within 5 % of plain decoding."""
+    t = 10 * MS
+    ctl = SpeculationController()
+    spent = 0.0
+    tokens = 0
+    credit = 0.0
+    while tokens < 2000:
+        k = ctl.choose_k()
+        if k == 0:
+            ctl.record_target_step(t)
+            spent += t
+            tokens += 1
+            continue
+        accepted = 0
+        while accepted < k:
+            credit += alpha
+            if credit < 1.0:
+                break
+            credit -= 1.0
+            accepted += 1
+        cost = k * c * t + t + verify_slope * t * k + rtt
+        cost = max(cost, (accepted + 1) * t * 1.01)  # never pays: more than a plain step per token
+        draft_s = k * c * t
+        ctl.record_round(k, accepted, draft_s, cost - draft_s - rtt, rtt)
+        spent += cost
+        tokens += accepted + 1
+    assert spent <= 1.05 * tokens * t
+    assert not ctl.statistics().speculating
+
+
+def test_the_drafts_start_counts_in_the_measured_rate_only():
+    ctl = SpeculationController()
+    ctl.record_target_step(10 * MS)
+    ctl.record_round(4, 4, 4 * MS, 14 * MS, setup_seconds=500 * MS)  # a cold prompt evaluation
+    assert ctl.t_draft == pytest.approx(1 * MS) and ctl.rtt == 0.0  # the per-token model is untouched
+    assert ctl.recent_speedup() == pytest.approx(10 / ((4 + 14 + 500) / 5))
+    assert ctl.statistics().measured_speedup == pytest.approx(ctl.recent_speedup())

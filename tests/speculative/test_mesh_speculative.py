@@ -27,6 +27,9 @@ ctx_size = 1024
 threads = 1
 [defaults.hardware]
 warmup = false
+[defaults.speculative]
+# keep speculating whatever the timings say: these tests are about exactness and failures
+min_predicted_speedup = 0.01
 """
 PROMPTS = ["def fibonacci(n):", "The three most important things about the ocean are"]
 LONG_PROMPT = "Count from one: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"

@@ -233,7 +233,7 @@ class LinkListener:
         settings = self._settings
         handshake = Handshake(
             "responder", settings.identity, settings.mesh,  # type: ignore[arg-type]
-            now=settings.wall_clock(), trusted_issuer=settings.trusted_issuer,
+            now=settings.wall_clock(), trusted_issuer=settings.trusted_issuer, check_invite=settings.check_invite,
         )
         try:
             result = await _run_handshake(ws, handshake, min(settings.handshake_timeout_s, ACCEPT_HANDSHAKE_TIMEOUT_S))

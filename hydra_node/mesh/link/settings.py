@@ -37,6 +37,7 @@ class LinkSettings:
     identity: nacl.signing.SigningKey
     mesh: MeshSecret | None = None
     trusted_issuer: Callable[[str], bool] | None = None
+    check_invite: Callable[[Any], None] | None = None  # (InviteToken) -> None or a TokenError: see Handshake
     on_stream: StreamHandler | None = None
     on_message: MessageHandler | None = None
     fault: FaultInjection | None = None

@@ -127,7 +127,8 @@ class Handshake:
 
     Initiator: `credential` is the MeshSecret of a member or the InviteToken of a joiner.
     Responder: `credential` is its MeshSecret; `trusted_issuer(node_id)` says whether an
-    invite issued by that node is honoured (the responder's own invites always are).
+    invite issued by that node is honoured (the responder's own invites always are);
+    `check_invite(token)` may then refuse it with a TokenError (revoked, used up ...).
     Any HandshakeError raised carries `reply`: the reject message to send, if any.
     """
 
@@ -141,6 +142,7 @@ class Handshake:
         ephemeral_secret: bytes | None = None,
         expected_peer_id: str | None = None,
         trusted_issuer: Callable[[str], bool] | None = None,
+        check_invite: Callable[[InviteToken], None] | None = None,
     ) -> None:
         if role not in ("initiator", "responder"):
             raise LocalProtocolError(f"role must be initiator or responder, not {role!r}")
@@ -156,6 +158,7 @@ class Handshake:
         self._eph_public = sodium.crypto_scalarmult_base(self._eph_secret)
         self._expected_peer_id = expected_peer_id
         self._trusted_issuer = trusted_issuer
+        self._check_invite = check_invite
         self._mesh_id = credential.mesh_id
         self._result: HandshakeResult | None = None
         # transcript state
@@ -243,6 +246,11 @@ class Handshake:
             issuer = token.issuer_id
             if token.issuer_public_key != self._public and not (self._trusted_issuer and self._trusted_issuer(issuer)):
                 raise handshake_failure(AdmissionRefused, "untrusted_issuer", f"invite issued by {issuer}, which is not a known member")
+            if self._check_invite is not None:
+                try:
+                    self._check_invite(token)
+                except TokenError as exc:
+                    raise handshake_failure(AdmissionRefused, exc.code, str(exc)) from None
             admitted_by, invite_nonce = "token", token.nonce
         self._h = _h(self._h + cbor.encode(payload))
         accept: dict[str, Any] = {"admitted": admitted_by}

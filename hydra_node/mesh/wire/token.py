@@ -3,12 +3,15 @@
 The envelope (context ``invite``) is signed by the issuing member's node key and
 its body is::
 
-    {"addrs": [text, ...], "exp": uint, "mesh": text, "nonce": bytes(16)}
+    {"addrs": [text, ...], "exp": uint, "mesh": text, "nonce": bytes(16)[, "uses": uint]}
 
 `addrs` are ``ws://host:port`` URLs or ``host:port`` pairs where the issuer
 listens; `exp` is the expiry in unix seconds; `mesh` the mesh id; `nonce` makes
-every token unique. A token is a bearer credential until it expires: whoever
-holds it may join the mesh (see protocol/README.md, "Admission").
+every token unique and is its id (hex: :attr:`InviteToken.token_id`); `uses`, when
+present (1..MAX_INVITE_USES), limits how many joiners the token admits — such a token
+is redeemed by its issuer only (protocol/README.md section 6.1). A token without
+`uses` (every token before it existed) admits any number until it expires or is
+revoked: whoever holds it may join the mesh (see protocol/README.md, "Admission").
 """
 
 from __future__ import annotations
@@ -23,12 +26,46 @@ import nacl.signing
 
 from hydra_node.mesh.wire.constants import MAX_ADDR_CHARS, MAX_INVITE_ADDRS, MAX_TOKEN_CHARS
 from hydra_node.mesh.wire.envelope import open_envelope, seal
-from hydra_node.mesh.wire.errors import EnvelopeError, LocalProtocolError, TokenExpired, TokenForeignMesh, TokenForged, TokenMalformed
+from hydra_node.mesh.wire.errors import (EnvelopeError, LocalProtocolError, TokenError, TokenExpired, TokenForeignMesh,
+                                         TokenForged, TokenMalformed)
 from hydra_node.mesh.wire.ids import is_mesh_id, node_id_from_public_key
+
+__all__ = ["INVITE_CONTEXT", "MAX_INVITE_USES", "NONCE_BYTES", "InviteToken", "TokenIssuerOnly", "TokenRevoked",
+           "TokenUnknown", "TokenUsedUp", "addr_to_url", "issue_invite", "parse_invite"]
 
 INVITE_CONTEXT = "invite"
 NONCE_BYTES = 16
+#: Largest ``uses`` a token may carry (a bigger number is no limit worth counting).
+MAX_INVITE_USES = 1000
 _B64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+class TokenRevoked(TokenError):
+    """Its issuer revoked the token (its signed revocation list names the token id)."""
+
+    code = "token_revoked"
+
+
+class TokenUsedUp(TokenError):
+    """A ``uses``-limited token that already admitted as many joiners as it allows."""
+
+    code = "token_used_up"
+
+
+class TokenIssuerOnly(TokenError):
+    """A ``uses``-limited token presented to a member other than its issuer."""
+
+    code = "token_issuer_only"
+
+
+class TokenUnknown(TokenError):
+    """A ``uses``-limited token its issuer has no record of (its records were lost)."""
+
+    code = "token_unknown"
+
+
+def _valid_uses(uses: object) -> bool:
+    return uses is None or (isinstance(uses, int) and not isinstance(uses, bool) and 1 <= uses <= MAX_INVITE_USES)
 
 
 def _valid_addr(addr: object) -> bool:
@@ -57,6 +94,7 @@ class InviteToken:
     expires_at: int
     nonce: bytes
     text: str = field(repr=False)
+    uses: int | None = None
 
     def __post_init__(self) -> None:
         if not is_mesh_id(self.mesh_id):
@@ -74,6 +112,13 @@ class InviteToken:
             raise TokenMalformed(f"invite token nonce must be {NONCE_BYTES} bytes")
         if not isinstance(self.text, str) or not 0 < len(self.text) <= MAX_TOKEN_CHARS:
             raise TokenMalformed(f"invite token text must be 1..{MAX_TOKEN_CHARS} characters")
+        if not _valid_uses(self.uses):
+            raise TokenMalformed(f"invite token uses must be an integer 1..{MAX_INVITE_USES}")
+
+    @property
+    def token_id(self) -> str:
+        """The token's id: hex of its nonce (what ``invite list`` shows and ``invite revoke`` takes)."""
+        return self.nonce.hex()
 
     @property
     def issuer_id(self) -> str:
@@ -92,8 +137,10 @@ def issue_invite(
     now: float,
     *,
     nonce: bytes | None = None,
+    uses: int | None = None,
 ) -> str:
-    """A new invite token for `mesh_id`, valid until ``now + ttl_s``."""
+    """A new invite token for `mesh_id`, valid until ``now + ttl_s``, admitting at most ``uses``
+    joiners (None: no limit; the body then has no ``uses`` key, as before the key existed)."""
     if not is_mesh_id(mesh_id):
         raise LocalProtocolError(f"{mesh_id!r} is not a mesh id")
     addrs = tuple(addrs)
@@ -104,7 +151,11 @@ def issue_invite(
     nonce = os.urandom(NONCE_BYTES) if nonce is None else nonce
     if len(nonce) != NONCE_BYTES:
         raise LocalProtocolError(f"invite nonce must be {NONCE_BYTES} bytes")
+    if not _valid_uses(uses):
+        raise LocalProtocolError(f"invite uses must be an integer 1..{MAX_INVITE_USES}")
     body = {"addrs": list(addrs), "exp": int(now + ttl_s), "mesh": mesh_id, "nonce": nonce}
+    if uses is not None:
+        body["uses"] = uses
     raw = seal(signing_key, INVITE_CONTEXT, body)
     text = base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
     if len(text) > MAX_TOKEN_CHARS:
@@ -134,8 +185,8 @@ def parse_invite(text: str, now: float, expected_mesh_id: str | None = None) -> 
             raise TokenForged("invite token signature does not verify: it was altered or not issued by its key") from None
         raise TokenMalformed(f"invite token is malformed: {exc}") from None
     body = envelope.body
-    if set(body) != {"addrs", "exp", "mesh", "nonce"} or not isinstance(body["addrs"], list):
-        raise TokenMalformed("invite token body must have exactly addrs (list), exp, mesh, nonce")
+    if set(body) - {"uses"} != {"addrs", "exp", "mesh", "nonce"} or not isinstance(body["addrs"], list):
+        raise TokenMalformed("invite token body must have exactly addrs (list), exp, mesh, nonce and optionally uses")
     token = InviteToken(
         mesh_id=body["mesh"],
         issuer_public_key=envelope.signer_public_key,
@@ -143,6 +194,7 @@ def parse_invite(text: str, now: float, expected_mesh_id: str | None = None) -> 
         expires_at=body["exp"],
         nonce=body["nonce"],
         text=text,
+        uses=body.get("uses"),
     )
     if now >= token.expires_at:
         when = datetime.datetime.fromtimestamp(token.expires_at, datetime.timezone.utc).isoformat()  # exp < now: in range

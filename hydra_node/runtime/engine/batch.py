@@ -24,6 +24,10 @@ sequence's cells are overwritten; the engine drops the cells the plan evicts.  W
 measured on this CPU with the bundled model, a decode step of 8 sequences costs 88 ms of CPU
 with a unified cache and 142 ms with one stream per sequence (1 sequence: 16-17 ms either
 way), so the split layout would throw most of batching's gain away.  Sequence id = slot index.
+
+Speculation (``speculation``: :class:`~hydra_node.runtime.engine.speculation.EngineSpeculation`,
+a runner with a draft): one greedy sequence's draft tokens ride in the same batch as everyone
+else's rows, verified there; the accepted ones are emitted in the same step (docs/speculative.md).
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ from hydra_node.inference import MAX_TOP_LOGPROBS_REQUEST as MAX_TOP_LOGPROBS
 from hydra_node.runtime._child import TokenClock
 from hydra_node.runtime.engine.logprobs import LogprobReporter, TokenPieces, row_logits
 from hydra_node.runtime.engine.sampler import Sampler, SamplerParams, SamplingError
-from hydra_node.runtime.engine.slots import Finish, Rejected, SlotConfig, SlotScheduler, StepPlan
+from hydra_node.runtime.engine.slots import Finish, Rejected, SlotConfig, StepPlan
+from hydra_node.runtime.engine.spec_slots import SpeculativeSlots
+from hydra_node.runtime.engine.speculation import SMALL_STEP_TOKENS, RoundPlan, speculation_eligible
+from hydra_node.runtime.speculative.errors import DraftProtocolError
 from hydra_node.runtime.engine.stats import EngineStatistics, StepCounters
 from hydra_node.runtime.runner.textstream import TextAssembler
 
@@ -62,9 +69,10 @@ class BatchEngine:
     def __init__(self, llm, *, n_slots: int, prompt_cache: bool, send: Callable[[dict], None],
                  max_waiting: int = 16, token_delay_s: float = 0.0,
                  clock: Callable[[], float] = time.perf_counter, share_prefixes: bool = True,
-                 min_shared_tokens: int = 64, max_cached: int | None = None):
+                 min_shared_tokens: int = 64, max_cached: int | None = None, speculation=None):
         """``clock`` times each step for the statistics' rates (any monotonic clock); the prefix
-        options are the slot scheduler's ([defaults.model_fit.prefix_cache], see slots.py)."""
+        options are the slot scheduler's ([defaults.model_fit.prefix_cache], see slots.py);
+        ``speculation``: an :class:`~hydra_node.runtime.engine.speculation.EngineSpeculation` or None."""
         import llama_cpp
         from llama_cpp import _internals
 
@@ -86,7 +94,7 @@ class BatchEngine:
         self.vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self._pieces = TokenPieces(self.vocab)  # token text for logprobs, shared by the sequences
-        self.sched = SlotScheduler(SlotConfig(n_slots=n_slots, n_batch=self.n_batch, n_ctx=self.n_ctx,
+        self.sched = SpeculativeSlots(SlotConfig(n_slots=n_slots, n_batch=self.n_batch, n_ctx=self.n_ctx,
                                               max_waiting=max_waiting, prompt_cache=prompt_cache,
                                               share_prefixes=share_prefixes, min_shared_tokens=min_shared_tokens,
                                               max_cached=max_cached))
@@ -96,6 +104,8 @@ class BatchEngine:
         self.clock = clock
         self.counters = StepCounters()
         self._prefix_base = (0, 0, 0, 0)  # the scheduler's prefix counts at the end of the warm-up
+        self.spec = speculation
+        self._threads = (int(llama_cpp.llama_n_threads(self.ctx)), int(llama_cpp.llama_n_threads_batch(self.ctx)))
 
     # ---- requests --------------------------------------------------------------------
     def submit(self, rid: int, req: dict, tokens: list[int], clock: TokenClock) -> None:
@@ -120,6 +130,9 @@ class BatchEngine:
             return
         self._live[rid] = _Live(rid, len(tokens), sampler, TextAssembler(tuple(req.get("stop") or ())), clock,
                                 reporter, [] if reporter is not None else None)
+        if self.spec is not None:
+            p = sampler.params
+            self.spec.admit(rid, speculation_eligible(req, p.greedy, not (p.grammar or p.logit_bias or p.penalised)))
 
     def _reporter(self, req: dict) -> LogprobReporter | None:
         want, top = req.get("logprobs", False), req.get("top_logprobs", 0)
@@ -165,47 +178,93 @@ class BatchEngine:
             self._live[a.rid].cached = a.reused
         if plan.empty:
             return
-        rows = self._fill(plan)
+        rp = None if self.spec is None else self.spec.plan(
+            [d.rid for d in plan.decode], self.sched.draft_room, self.sched.committed,
+            self.n_batch - plan.n_tokens, len(plan.decode) == 1 and not plan.prefill)
+        rows = self._fill(plan, rp)
+        small = rp is not None and rp.k > 0 and plan.n_tokens + rp.k <= SMALL_STEP_TOKENS \
+            and self._threads[0] != self._threads[1]  # a verify pass: decode-like, decode threads
+        if small:
+            self._ll.llama_set_n_threads(self.ctx, self._threads[0], self._threads[0])
         t0 = self.clock()
         rc = self._ll.llama_decode(self.ctx, self._batch)
+        if small:
+            self._ll.llama_set_n_threads(self.ctx, *self._threads)
         if rc != 0:
             self._fail_step(plan, f"llama_decode failed (rc={rc}) on a batch of {plan.n_tokens} tokens")
             return
         sampled: dict[int, int] = {}
+        spec_out: tuple[int, int | None] | None = None  # (accepted, next token) of the draft holder
         for rid, row in rows.items():
             live = self._live[rid]
-            try:
-                tok = live.sampler.sample(self.ctx, row)
-            except SamplingError as exc:  # its grammar left no token: this request fails, the others go on
-                self.sched.finish(rid)
-                self._live.pop(rid).sampler.close()
-                self.send(exc.frame(rid))
-                continue
-            live.clock.tick()
-            if self._ll.llama_vocab_is_eog(self.vocab, tok):
-                self.sched.finish(rid)
-                self._end(rid, "stop")
-                continue
-            live.n += 1
-            if live.reporter is not None:  # before the next decode overwrites this row's logits
-                live.pending.append(live.reporter.entry(row_logits(self.ctx, row, self.n_vocab), tok))
-            text = live.asm.feed(self.llm.detokenize([tok]))
-            if text:
-                self._delta(live, text)
-            if live.asm.stopped:
-                self.sched.finish(rid)
-                self._end(rid, "stop")
-                continue
-            live.last = tok
-            sampled[rid] = tok
+            if rp is not None and rid == rp.rid and rp.k > 0:
+                toks = self._verified(plan, rp, row)
+                spec_out = (len(toks) - 1, None)
+            else:
+                try:
+                    toks = [live.sampler.sample(self.ctx, row)]
+                except SamplingError as exc:  # its grammar left no token: this request fails, the others go on
+                    self.sched.finish(rid)
+                    self._live.pop(rid).sampler.close()
+                    self._release_spec(rid)
+                    self.send(exc.frame(rid))
+                    continue
+            if self._emit(live, row, toks):
+                live.last = toks[-1]
+                sampled[rid] = toks[-1]
+                if rp is not None and rid == rp.rid:
+                    spec_out = (len(toks) - 1, toks[-1])
         for rid, _why in self.sched.commit(plan, sampled):
             self._end(rid, Finish.LENGTH.value)
         if sampled and self.token_delay_s > 0:  # test/bench knob: a slower host ([runner] config)
             time.sleep(self.token_delay_s)
-        self.counters.record(seqs=len(plan.decode) + len(plan.prefill), decode_tokens=len(plan.decode),
-                             prefill_tokens=plan.n_tokens - len(plan.decode), seconds=max(0.0, self.clock() - t0))
+        seconds = max(0.0, self.clock() - t0)
+        if rp is not None:
+            accepted, nxt = spec_out if spec_out is not None else (0, None)
+            self.spec.finished_round(rp, accepted, nxt, seconds)
+        self.counters.record(seqs=len(plan.decode) + len(plan.prefill),
+                             decode_tokens=len(plan.decode) + (rp.k if rp is not None else 0),
+                             prefill_tokens=plan.n_tokens - len(plan.decode), seconds=seconds)
 
-    def _fill(self, plan: StepPlan) -> dict[int, int]:
+    def _verified(self, plan: StepPlan, rp: RoundPlan, row: int) -> list[int]:
+        """The holder's tokens this step: accepted drafts, then the target's own; the rejected
+        drafts' cells are dropped (``llama_memory_seq_rm`` for its sequence only)."""
+        d = next(x for x in plan.decode if x.rid == rp.rid)
+        try:
+            accepted, nxt = self.spec.verify(self.ctx, row, rp, self.n_vocab)
+        except DraftProtocolError as exc:  # the draft's fault: row 0 is a plain step's logits
+            self.spec.retire_current(exc)
+            accepted, nxt = 0, self._live[rp.rid].sampler.sample(self.ctx, row)
+        self._ll.llama_memory_seq_rm(self.mem, d.slot, d.pos + 1 + accepted, -1)
+        self.sched.accept(rp.rid, rp.drafts[:accepted])
+        return [*rp.drafts[:accepted], nxt]
+
+    def _emit(self, live: _Live, row: int, toks: list[int]) -> bool:
+        """Stream ``toks`` (one, or a verified run); False when the sequence ended among them."""
+        for i, tok in enumerate(toks):
+            live.clock.tick()
+            ended = bool(self._ll.llama_vocab_is_eog(self.vocab, tok))
+            if not ended:
+                live.n += 1
+                if live.reporter is not None:  # before the next decode overwrites this row's logits
+                    live.pending.append(live.reporter.entry(row_logits(self.ctx, row, self.n_vocab), tok))
+                text = live.asm.feed(self.llm.detokenize([tok]))
+                if text:
+                    self._delta(live, text)
+                ended = live.asm.stopped
+            if ended:
+                self._finish_in_step(live.rid, trim=len(toks) > 1)
+                return False
+        return True
+
+    def _finish_in_step(self, rid: int, trim: bool) -> None:
+        slot = self.sched.slot_of(rid) if trim else -1
+        self.sched.finish(rid)
+        if trim:  # a verified run ended early: the slot keeps its scheduler-known prefix only
+            self._ll.llama_memory_seq_rm(self.mem, slot, len(self.sched.resident(slot)), -1)
+        self._end(rid, "stop")
+
+    def _fill(self, plan: StepPlan, rp: RoundPlan | None = None) -> dict[int, int]:
         """Write the plan into the llama_batch; returns rid -> row whose logits we sample."""
         b = self._batch
         rows: dict[int, int] = {}
@@ -220,6 +279,9 @@ class BatchEngine:
         for d in plan.decode:
             rows[d.rid] = i
             add(self._live[d.rid].last, d.pos, d.slot, True)
+            if rp is not None and rp.rid == d.rid:  # the draft tokens, every row with logits
+                for j, tok in enumerate(rp.drafts):
+                    add(tok, d.pos + 1 + j, d.slot, True)
         for c in plan.prefill:
             prompt = self.sched.prompt_of(c.rid)
             for j in range(c.length):
@@ -238,6 +300,7 @@ class BatchEngine:
             self._ll.llama_memory_seq_rm(self.mem, slot, 0, -1)
             live = self._live.pop(rid)
             live.sampler.close()
+            self._release_spec(rid)
             self.send({"op": "error", "id": rid, "code": "runner_error", "status": 500, "message": message})
         for slot in self.sched.forget_resident():  # untrusted now: free their cells for the budget
             self._ll.llama_memory_seq_rm(self.mem, slot, 0, -1)
@@ -246,15 +309,23 @@ class BatchEngine:
         """Finish ``rid``: ``None`` = cancelled (an error frame), else a done frame with usage."""
         live = self._live.pop(rid)
         live.sampler.close()
+        self._release_spec(rid)
         if finish is None:
             self.send({"op": "error", "id": rid, "code": "cancelled", "status": 499, "message": "cancelled"})
             return
         tail = live.asm.flush()
         if tail or live.pending:
             self._delta(live, tail)
-        self.send({"op": "done", "id": rid, "finish_reason": finish, "prompt_tokens": live.prompt_len,
-                   "completion_tokens": live.n, "cached_tokens": live.cached, "ttft_ms": live.clock.ttft_ms(),
-                   "itl_ms": live.clock.itl_ms(live.n)})
+        done = {"op": "done", "id": rid, "finish_reason": finish, "prompt_tokens": live.prompt_len,
+                "completion_tokens": live.n, "cached_tokens": live.cached, "ttft_ms": live.clock.ttft_ms(),
+                "itl_ms": live.clock.itl_ms(live.n)}
+        if self.spec is not None:  # the runner's latest speculation figures (/api/status)
+            done["speculative"] = self.spec.status()
+        self.send(done)
+
+    def _release_spec(self, rid: int) -> None:
+        if self.spec is not None:
+            self.spec.release(rid)
 
     def _delta(self, live: _Live, text: str) -> None:
         frame = {"op": "delta", "id": live.rid, "text": text}
@@ -268,6 +339,7 @@ class BatchEngine:
             live = self._live.pop(rid, None)
             if live is not None:
                 live.sampler.close()
+            self._release_spec(rid)
             self.send({"op": "error", "id": rid, "code": "runner_error", "status": 500, "message": message})
         self._ll.llama_memory_clear(self.mem, True)
 
@@ -276,12 +348,13 @@ class BatchEngine:
         """Allocate compute buffers and fault the weights in before reporting ready."""
         sink: list[dict] = []
         send, self.send = self.send, sink.append
+        spec, self.spec = self.spec, None  # cold steps must not teach the speculation controller
         try:
             self.submit(0, {"temperature": 0.0, "max_tokens": steps}, tokens, TokenClock())
             while not self.idle:
                 self.step()
         finally:
-            self.send = send
+            self.send, self.spec = send, spec
         self.clear_cache()
         self.counters = StepCounters()  # the figures describe served requests, not the warm-up
         s = self.sched.statistics()

@@ -25,6 +25,7 @@ from hydra_node.runtime.rpc.gguf_meta import GgufError, layer_count
 from hydra_node.runtime.rpc.plan import Capacity, PlanError, SplitPlan, WorkerInfo
 from hydra_node.runtime.rpc.tunnel import MAX_TAG_CHARS, LeasedWorker, RemoteWorkerTunnel, TunnelError
 from hydra_node.runtime.runner.records import RunnerLoadError, RunnerSettings, RunnerState
+from hydra_node.runtime.runner.state_events import RunnerEvents
 from hydra_node.runtime.runner.supervisor import RunnerSupervisor
 
 __all__ = ["HostedModel", "HostedModelStatus", "Hosting", "HostingSettings"]
@@ -65,6 +66,7 @@ class Hosting(Protocol):
     mesh: PeerView | None
     runners: MutableMapping[str, RunnerSupervisor]
     runner_settings: Callable[[], RunnerSettings]
+    runner_events: RunnerEvents
 
     def host_free_bytes(self, exclude: str | None = None) -> int: ...
 
@@ -105,6 +107,7 @@ class HostedModel:
         self.sup = RunnerSupervisor(model, runtime.settings.home, runtime.runner_settings(),
                                     node_id=runtime.settings.node_id, prepare=self._prepare,
                                     on_failed=self._drop_tunnels)
+        self.sup.on_state = runtime.runner_events.on_state
         self.scope = trio.CancelScope()
         self.done = trio.Event()
         self.plan: SplitPlan | None = None
@@ -168,6 +171,7 @@ class HostedModel:
         finally:
             if runners.get(self.model.id) is self.sup:
                 del runners[self.model.id]
+                self.runtime.runner_events.unloaded(self.model.id)
             self.done.set()
 
     async def _prepare(self) -> RunnerSettings:

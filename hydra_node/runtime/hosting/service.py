@@ -34,6 +34,7 @@ from typing import Any
 
 import trio
 
+from hydra_node.eventlog import EmitFn
 from hydra_node.mesh.membership.announcement import RpcCapacity
 from hydra_node.models import MAX_HOSTED_MODELS, ModelRef
 from hydra_node.runtime.hosting.hosted_model import UNLOAD_TIMEOUT_S, HostedModel, HostedModelStatus
@@ -44,6 +45,7 @@ from hydra_node.runtime.rpc.plan import WorkerInfo
 from hydra_node.runtime.rpc.supervisor import RpcWorkerSupervisor, WorkerFailed, WorkerState
 from hydra_node.runtime.rpc.tunnel import RpcTunnelServer
 from hydra_node.runtime.runner.records import RunnerSettings, RunnerState
+from hydra_node.runtime.runner.state_events import RunnerEvents
 from hydra_node.runtime.runner.supervisor import RunnerSupervisor
 
 __all__ = ["DEFAULT_SPLIT_STALL_TIMEOUT_S", "SWAP_WAIT_DEFAULT_S", "HostMemory", "ModelConflict", "ModelNotHosted",
@@ -130,6 +132,7 @@ class RpcWorkerStatus:
     last_error: str | None
     lease: Mapping[str, Any]
     checked_at: float
+    leases: tuple[Any, ...] = ()  # rpc/lease.py LeaseRow: coordinator node id, model, since, bytes
 
 
 class ModelRuntime:
@@ -137,9 +140,10 @@ class ModelRuntime:
 
     def __init__(self, settings: RuntimeSettings, *, runners: MutableMapping[str, RunnerSupervisor],
                  runner_settings: Callable[[], RunnerSettings], host_memory: Callable[[], HostMemory],
-                 mesh: PeerView | None):
+                 mesh: PeerView | None, on_event: EmitFn | None = None):
         """``runners``: where each hosted model's runner supervisor is registered (by model id) while
-        it is hosted; the root's local router targets read it."""
+        it is hosted; the root's local router targets read it.  ``on_event``: the live events of the
+        hosted models (runner/state_events.py)."""
         self.settings = settings
         self.runner_settings = runner_settings
         self.host_memory = host_memory
@@ -147,6 +151,7 @@ class ModelRuntime:
         self.want_worker = settings.rpc_worker
         self.hosted: dict[str, HostedModel] = {}
         self.runners = runners
+        self.runner_events = RunnerEvents(settings.node_id, on_event)
         self.worker: RpcWorkerSupervisor | None = None
         self.worker_error: str | None = None
         self.tunnel_server = RpcTunnelServer(f"{settings.node_id[:16]}/rpc", self._worker_info)
@@ -311,4 +316,5 @@ class ModelRuntime:
             lendable_bytes=lendable[2] if lendable else 0, device=st.device if st else None,
             restarts=st.restarts if st else 0, pid=st.pid if st else None,
             last_error=self.worker_error or (st.last_error if st else None),
-            lease=self.tunnel_server.status(), checked_at=round(time.time(), 1))
+            lease=self.tunnel_server.status(), checked_at=round(time.time(), 1),
+            leases=tuple(self.tunnel_server.leases()))

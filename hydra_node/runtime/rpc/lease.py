@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+__all__ = ["LeaseError", "LeaseHeld", "LeaseNotHeld", "LeaseRow", "WorkerLease"]
+
 
 class LeaseError(Exception):
     """Base class for lease refusals (the asking coordinator's fault)."""
@@ -29,12 +31,33 @@ class LeaseNotHeld(LeaseError):
         self.worker_id, self.holder, self.requester = worker_id, holder, requester
 
 
+@dataclass(frozen=True)
+class LeaseRow:
+    """A lease as ``/api/status`` ``rpc_worker.leases`` shows it: the coordinator's node id, the model
+    it leases for (the lease tag), since when (the ``now`` it was granted at), the bytes tunnelled."""
+
+    coordinator: str
+    model: str | None
+    since: float | None
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
 @dataclass
 class WorkerLease:
     worker_id: str
     ttl_s: float | None = None
     _holder: str | None = None
     _expires: float | None = None
+    _since: float | None = None
+
+    def row(self, now: float = 0.0, *, bytes_in: int = 0, bytes_out: int = 0) -> LeaseRow | None:
+        """The current lease for status (None when free); a holder ``node/tag`` is split into both."""
+        holder = self.holder(now)
+        if holder is None:
+            return None
+        coordinator, _, tag = holder.partition("/")
+        return LeaseRow(coordinator, tag or None, self._since, bytes_in, bytes_out)
 
     def holder(self, now: float = 0.0) -> str | None:
         """The coordinator holding the lease at ``now`` (None when free or expired)."""
@@ -49,6 +72,8 @@ class WorkerLease:
         current = self.holder(now)
         if current is not None and current != coordinator_id:
             raise LeaseHeld(self.worker_id, current, coordinator_id)
+        if current != coordinator_id:
+            self._since = now
         self._holder = coordinator_id
         self._expires = None if self.ttl_s is None else now + self.ttl_s
 
@@ -57,9 +82,9 @@ class WorkerLease:
         current = self.holder(now)
         if current != coordinator_id:
             raise LeaseNotHeld(self.worker_id, current, coordinator_id)
-        self._holder = self._expires = None
+        self._holder = self._expires = self._since = None
 
     def revoke(self) -> str | None:
         """Void the lease (the worker restarted: its coordinator's state there is gone)."""
-        previous, self._holder, self._expires = self._holder, None, None
+        previous, self._holder, self._expires, self._since = self._holder, None, None, None
         return previous

@@ -8,6 +8,7 @@ worker port, through a direct data connection when the coordinator takes the off
 from __future__ import annotations
 
 import logging
+import time
 from typing import Callable
 
 import trio
@@ -16,7 +17,7 @@ from hydra_node.mesh.wire.errors import StreamReset
 
 from hydra_node.runtime.rpc._proto import ProtoVersion
 from hydra_node.runtime.rpc.dataconn import DataConnection, DataListener, TooManyTickets
-from hydra_node.runtime.rpc.lease import LeaseHeld, WorkerLease
+from hydra_node.runtime.rpc.lease import LeaseHeld, LeaseRow, WorkerLease
 from hydra_node.runtime.rpc.lease_wire import (MAX_DEVICE_CHARS, ControlError, DataOffer, LeaseGranted, NoDataOffer,
                                               PathChoice, encode_control)
 from hydra_node.runtime.rpc.tunnel_control import MAX_TAG_CHARS, PATH_CHOICE_TIMEOUT_S, read_control
@@ -45,6 +46,7 @@ class RpcTunnelServer:
         self._streams: set = set()                 # every stream we serve, for revoke()
         self.counters = {"leases_granted": 0, "leases_refused": 0, "connections": 0, "connections_refused": 0,
                          "data_connections": 0, "bytes_in": 0, "bytes_out": 0}
+        self._lease_bytes = [0, 0]                 # (in, out) tunnelled for the current lease holder
 
     async def serve_data(self, host: str, port: int = 0, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Accept tunnel data connections on ``host`` (the mesh listener's address)."""
@@ -92,7 +94,10 @@ class RpcTunnelServer:
             await stream.reset("worker_unavailable", "this node's RPC worker is not ready")
             return
         try:
-            self.lease.acquire(peer)
+            fresh = self.lease.holder() != peer
+            self.lease.acquire(peer, now=time.time())
+            if fresh:
+                self._lease_bytes = [0, 0]
         except LeaseHeld as exc:
             self.counters["leases_refused"] += 1
             log.info("event=rpc_lease_refused coordinator=%s holder=%s", peer[:16], exc.holder[:16])
@@ -151,6 +156,8 @@ class RpcTunnelServer:
             self._streams.discard(stream)
             self.counters["bytes_in"] += carrier.bytes_received
             self.counters["bytes_out"] += carrier.bytes_sent
+            self._lease_bytes[0] += carrier.bytes_received
+            self._lease_bytes[1] += carrier.bytes_sent
             with trio.CancelScope(shield=True):
                 await tcp.aclose()  # _choose_path may fail before a splice owns it
 
@@ -194,6 +201,11 @@ class RpcTunnelServer:
         finally:
             if ticket is not None:
                 self.data.withdraw(ticket)
+
+    def leases(self) -> list[LeaseRow]:
+        """Who holds a lease on this node's worker (``/api/status`` ``rpc_worker.leases``)."""
+        row = self.lease.row(bytes_in=self._lease_bytes[0], bytes_out=self._lease_bytes[1])
+        return [row] if row is not None else []
 
     def status(self) -> dict:
         return {"leased_to": self.lease.holder(), "counters": dict(self.counters), "data": self.data.status()}

@@ -4,9 +4,8 @@ The main thread runs the engine loop (:mod:`hydra_node.runtime.runner.engine_loo
 :mod:`hydra_node.runtime.engine`): one ``llama_decode`` per step over every active sequence,
 each with its own sampler chain (grammar, penalties, logit bias, logprobs).  With
 ``--no-continuous-batching`` the engine runs with one slot (one sequence at a time, every
-sampling feature still there).  Only with a draft model (speculative decoding) does it generate
-one sequence at a time through ``Llama.generate`` (:meth:`Runner.generate`); such a runner refuses
-what that path cannot honour (``unsupported_with_speculation``, runner_glue.py).
+sampling feature still there).  A draft model (speculative decoding) speculates inside the
+engine (:mod:`hydra_node.runtime.engine.speculation`).
 
 Started by :mod:`hydra_node.runtime.runner.supervisor` with a connected socket on
 ``--fd``.  Speaks the runner channel (length-prefixed canonical CBOR maps,
@@ -19,13 +18,18 @@ Started by :mod:`hydra_node.runtime.runner.supervisor` with a connected socket o
   embeddings (runner/embed.py): {"op": "embed", "id", "req"} -> {"op": "vectors", "id", "v"} ...
                   then {"op": "embedded", "id", "prompt_tokens"} or an error
 
-A reader thread handles cancel/ping while the main thread generates, so a
-cancel stops generation within one token.  The runner dies with its parent
+A reader thread queues generate/embed/cancel frames for the engine loop and answers pings, so
+a cancelled sequence leaves the batch at the next step.  The runner dies with its parent
 (PR_SET_PDEATHSIG, set before exec by :mod:`hydra_node.runtime.supervise`; a thread
 watching the parent pid backs it up) and exits when the socket closes.
 """
 
 from __future__ import annotations
+
+# llama.cpp's libraries first, before anything imports numpy: on a CUDA build, numpy's own
+# libraries loaded first made the model load segfault (measured on an H200 with the CUDA image's
+# numpy 2.5; the plain Llama() load works only in this order). Cause inside the libraries not established.
+import llama_cpp  # noqa: F401,I001
 
 import argparse
 import os
@@ -36,15 +40,11 @@ import sys
 import threading
 import time
 
-from hydra_node.runtime.engine.slots import common_prefix
 from hydra_node.runtime.runner.channel import ChannelError, FrameDecoder, encode_frame
 from hydra_node.runtime.runner.embed import Embedder
-from hydra_node.runtime.runner.chat_prompt import ChatTemplate, InvalidPrompt, completion_token_ids
-from hydra_node.runtime.runner.textstream import TextAssembler
-from hydra_node.runtime._child import TokenClock, die_with_parent
+from hydra_node.runtime.runner.chat_prompt import ChatTemplate, completion_token_ids
+from hydra_node.runtime._child import die_with_parent
 
-#: Generate requests buffered in the child; the node's supervisor admits one at a time.
-WORK_QUEUE_BOUND = 4
 #: The prompt decoded before reporting ready (compute buffers allocated, weights faulted in).
 WARMUP_TEXT = b"Hydra warm-up: the quick brown fox jumps over the lazy dog."
 
@@ -82,13 +82,8 @@ def _chat_formatter(llm) -> ChatTemplate:
 class Runner:
     def __init__(self, args):
         self.args = args
-        self.cancelled: set[int] = set()
-        self.current: int | None = None
-        self.lock = threading.Lock()
 
     def load(self):
-        import llama_cpp
-
         if not llama_cpp.llama_supports_rpc():
             raise RuntimeError("llama-cpp-python was built without RPC support; run `make install` "
                                "(it builds llama-cpp-python with -DGGML_RPC=on)")
@@ -125,48 +120,40 @@ class Runner:
             "threads_batch": int(llama_cpp.llama_n_threads_batch(ctx)),
             "gpu_layers": {**llama_params.gpu_report(a.n_gpu_layers, gpu_devices, len(a.rpc)),
                            "n_gpu_layers": int(kwargs["n_gpu_layers"])}}
-        batching = not (self.args.draft_endpoint or self.args.draft_model)  # the engine, unless a draft
-        if self.args.warmup and not batching:  # the engine warms its own context up (below)
-            # The first decode allocates compute buffers and faults the weights in (seconds on
-            # a cold machine); pay that before reporting ready, not in the first request's TTFT.
-            warm = self.llm.tokenize(WARMUP_TEXT)
-            for _ in zip(range(2), self.llm.generate(warm, temp=0.0, top_k=1)):
-                pass
-            self.llm.reset()
         self.load_s = time.monotonic() - t0
         self.n_ctx = self.llm.n_ctx()
         self.formatter = _chat_formatter(self.llm)
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
         self.n_layers = int(llama_cpp.llama_model_n_layer(self.llm._model.model))
         self.is_eog = lambda tok: bool(llama_cpp.llama_vocab_is_eog(self.vocab, tok))
-        from hydra_node.runtime.speculative.child.runner_glue import RunnerSpeculation
+        from hydra_node.runtime.speculative.child.runner_glue import engine_speculation
 
-        self.speculation = RunnerSpeculation.create(self.llm, self.args)  # --draft-endpoint / --draft-model
-        self.engine = None  # the batch engine; None: speculative decoding (a draft), one sequence at a time
-        if batching:
-            from hydra_node.runtime.engine.batch import BatchEngine
+        # --draft-endpoint / --draft-model: None without a draft (or, with the reason, a draft that cannot serve)
+        self.speculation, self.speculation_disabled = engine_speculation(self.llm, self.args)
+        from hydra_node.runtime.engine.batch import BatchEngine
 
-            self.engine = BatchEngine(self.llm, n_slots=self.args.parallel if self.args.continuous_batching else 1,
-                                      prompt_cache=self.args.prompt_cache, send=lambda m: None,
-                                      share_prefixes=self.args.prefix_sharing,
-                                      min_shared_tokens=self.args.prefix_min_tokens,
-                                      max_cached=self.args.prefix_max_entries,
-                                      token_delay_s=self.args.inject_token_delay_ms / 1000.0)
-            if self.args.warmup:
-                self.engine.warmup(self.llm.tokenize(WARMUP_TEXT))
-            self.n_ctx = self.engine.ctx_per_slot  # what one request may use
-            self.load_s = time.monotonic() - t0  # the engine's context and warm-up are part of loading
+        # always the batch engine (a draft speculates inside it: engine/speculation.py)
+        self.engine = BatchEngine(self.llm, n_slots=self.args.parallel if self.args.continuous_batching else 1,
+                                  prompt_cache=self.args.prompt_cache, send=lambda m: None,
+                                  share_prefixes=self.args.prefix_sharing,
+                                  min_shared_tokens=self.args.prefix_min_tokens,
+                                  max_cached=self.args.prefix_max_entries,
+                                  token_delay_s=self.args.inject_token_delay_ms / 1000.0,
+                                  speculation=self.speculation)
+        if self.args.warmup:
+            self.engine.warmup(self.llm.tokenize(WARMUP_TEXT))
+        self.n_ctx = self.engine.ctx_per_slot  # what one request may use
+        self.load_s = time.monotonic() - t0  # the engine's context and warm-up are part of loading
 
     def engine_report(self) -> dict:
         """How this runner generates (the ready message; shown in /api/status)."""
-        if self.engine is not None:
-            report = {"mode": "continuous_batching", "parallel": self.engine.n_slots,
-                      "ctx_per_slot": self.engine.ctx_per_slot, "n_ctx_total": self.engine.n_ctx}
-            if not self.args.continuous_batching:
-                report.update(mode="sequential", reason="continuous_batching = false (the batch engine, one slot)")
-            return report
-        return {"mode": "sequential", "parallel": 1, "ctx_per_slot": self.n_ctx, "n_ctx_total": self.n_ctx,
-                "reason": "speculative decoding (one sequence)"}
+        report = {"mode": "continuous_batching", "parallel": self.engine.n_slots,
+                  "ctx_per_slot": self.engine.ctx_per_slot, "n_ctx_total": self.engine.n_ctx}
+        if not self.args.continuous_batching:
+            report.update(mode="sequential", reason="continuous_batching = false (the batch engine, one slot)")
+        if self.speculation is not None or self.speculation_disabled:
+            report["speculation"] = self.speculation.kind if self.speculation else f"disabled: {self.speculation_disabled}"
+        return report
 
     def prompt_tokens(self, req: dict) -> list[int]:
         """The request's prompt as tokens (chat_prompt.py); :class:`InvalidPrompt` (400) when it cannot be one."""
@@ -176,79 +163,6 @@ class Runner:
         if req.get("prompt_tokens"):  # token ids are used as they are: no BOS
             return completion_token_ids(req["prompt_tokens"], self.llm.n_vocab())
         return self.llm.tokenize(req.get("prompt", "").encode("utf-8"), add_bos=True, special=False)
-
-    def is_cancelled(self, rid: int) -> bool:
-        with self.lock:
-            return rid in self.cancelled
-
-    def generate(self, ch: Channel, rid: int, req: dict) -> None:
-        clock = TokenClock()  # TTFT counts from here: tokenising is part of it
-        try:
-            tokens = self.prompt_tokens(req)
-        except InvalidPrompt as exc:
-            ch.send({"op": "error", "id": rid, "code": exc.code, "status": exc.status, "message": str(exc)})
-            return
-        if len(tokens) >= self.n_ctx:
-            ch.send({"op": "error", "id": rid, "code": "context_length_exceeded", "status": 400,
-                     "message": f"prompt is {len(tokens)} tokens; this model's context is {self.n_ctx} tokens"})
-            return
-        from hydra_node.runtime.speculative.child.runner_glue import unsupported_with_speculation
-
-        refusal = unsupported_with_speculation(req)  # this path (a draft) has no per-request sampler chain
-        if refusal is not None:
-            ch.send({"op": "error", "id": rid, **refusal})
-            return
-        budget = self.n_ctx - len(tokens)
-        max_tokens = min(req.get("max_tokens") or budget, budget)
-        if self.speculation is not None and self.speculation.can_serve(req):
-            self.speculation.generate(ch, rid, req, tokens, max_tokens, self.is_cancelled)
-            return
-        if req.get("seed") is not None:
-            self.llm.set_seed(int(req["seed"]) & 0xFFFFFFFF)
-        if not self.args.prompt_cache:
-            self.llm.reset()  # full re-evaluation: bit-for-bit reproducible greedy output
-        cached = common_prefix(self.llm._input_ids[: self.llm.n_tokens].tolist(), tokens)
-        temp = float(req.get("temperature", 0.8))
-        asm = TextAssembler(tuple(req.get("stop") or ()))
-        n = 0
-        finish = "length"
-        gen = self.llm.generate(tokens, temp=temp, top_p=float(req.get("top_p", 0.95)),
-                                top_k=0 if temp <= 0 else 40, min_p=0.0, repeat_penalty=1.0, reset=True)
-        generated: list[int] = []
-        try:
-            for tok in gen:
-                if self.is_cancelled(rid):
-                    finish = "cancelled"
-                    break
-                clock.tick()
-                if self.is_eog(tok):
-                    finish = "stop"
-                    break
-                n += 1
-                if self.args.inject_token_delay_ms > 0:  # test/bench knob: a slower host
-                    time.sleep(self.args.inject_token_delay_ms / 1000.0)
-                piece = self.llm.detokenize([tok], prev_tokens=tokens + generated)
-                generated.append(tok)
-                text = asm.feed(piece)
-                if text:
-                    ch.send({"op": "delta", "id": rid, "text": text})
-                if asm.stopped:
-                    finish = "stop"
-                    break
-                if n >= max_tokens:
-                    break
-        finally:
-            gen.close()
-        if finish == "cancelled":
-            ch.send({"op": "error", "id": rid, "code": "cancelled", "status": 499, "message": "cancelled"})
-            return
-        tail = asm.flush()
-        if tail:
-            ch.send({"op": "delta", "id": rid, "text": tail})
-        ch.send({"op": "done", "id": rid, "finish_reason": finish, "prompt_tokens": len(tokens),
-                 "completion_tokens": n, "cached_tokens": cached, "ttft_ms": clock.ttft_ms(),
-                 "itl_ms": clock.itl_ms(n)})
-
 
 def _reader(ch: Channel, runner: Runner, work: "queue.Queue") -> None:
     try:
@@ -263,11 +177,8 @@ def _reader(ch: Channel, runner: Runner, work: "queue.Queue") -> None:
                 if not isinstance(msg.get("req"), dict):
                     raise ChannelError(f"{op} needs a 'req' map", code="bad_message")
                 work.put(msg)
-            elif op == "cancel" and runner.engine is not None:
-                work.put(msg)  # the engine loop takes cancels in order with the generates
             elif op == "cancel":
-                with runner.lock:
-                    runner.cancelled.add(msg["id"])
+                work.put(msg)  # the engine loop takes cancels in order with the generates
             elif op == "ping":
                 ch.send({"op": "pong", "n": msg.get("n")})
             elif op == "shutdown":
@@ -334,48 +245,17 @@ def main(argv=None) -> int:
     ch.send({"op": "ready", "pid": os.getpid(), "n_ctx": runner.n_ctx, "load_s": runner.load_s,
              "n_params": runner.llm._model.n_params(), "size_bytes": runner.llm._model.size(),
              "n_layers": runner.n_layers, "llama": runner.llama_report, "engine": runner.engine_report()})
-    if runner.engine is not None:
-        from hydra_node.runtime.engine.stats import StatsCadence
-        from hydra_node.runtime.runner.engine_loop import run_engine_loop, work_queue_bound
+    from hydra_node.runtime.engine.stats import StatsCadence
+    from hydra_node.runtime.runner.engine_loop import run_engine_loop, work_queue_bound
 
-        runner.engine.send = ch.send
-        work: "queue.Queue" = queue.Queue(work_queue_bound(runner.engine.n_slots))
-        threading.Thread(target=_reader, args=(ch, runner, work), daemon=True).start()
-        try:
-            return run_engine_loop(runner.engine, work, runner.prompt_tokens, ch.send, cadence=StatsCadence(),
-                                   embed=Embedder.for_llama(runner.llm, ch.send))
-        except OSError:
-            return 0
-    work = queue.Queue(WORK_QUEUE_BOUND)
+    runner.engine.send = ch.send
+    work: "queue.Queue" = queue.Queue(work_queue_bound(runner.engine.n_slots))
     threading.Thread(target=_reader, args=(ch, runner, work), daemon=True).start()
-    embedder = Embedder.for_llama(runner.llm, ch.send)
-    while True:
-        msg = work.get()
-        if msg is None:
-            return 0
-        rid = msg["id"]  # checked by _reader
-        if embedder.take(msg):  # an embed: worked through at once (nothing else runs meanwhile)
-            try:
-                embedder.run_all()
-            except OSError:
-                return 0
-            continue
-        with runner.lock:
-            if rid in runner.cancelled:
-                runner.cancelled.discard(rid)
-                ch.send({"op": "error", "id": rid, "code": "cancelled", "status": 499, "message": "cancelled"})
-                continue
-        try:
-            runner.generate(ch, rid, msg["req"])
-        except OSError:
-            return 0
-        except Exception as exc:
-            ch.send({"op": "error", "id": rid, "code": "runner_error", "status": 500,
-                     "message": f"{type(exc).__name__}: {exc}"})
-        finally:
-            with runner.lock:
-                runner.cancelled.discard(rid)
-
+    try:
+        return run_engine_loop(runner.engine, work, runner.prompt_tokens, ch.send, cadence=StatsCadence(),
+                               embed=Embedder.for_llama(runner.llm, ch.send))
+    except OSError:
+        return 0
 
 if __name__ == "__main__":
     sys.exit(main())

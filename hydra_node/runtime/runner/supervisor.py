@@ -69,6 +69,7 @@ class RunnerSupervisor:
         self.settings = settings
         self.node_id = node_id
         self._state = RunnerState.STARTING
+        self.on_state: Callable[[RunnerSupervisor, RunnerState], None] | None = None  # (self, old state)
         self.info: dict = {}
         self.stats = RequestStats()
         self.speculative: dict | None = None  # the runner's latest speculation figures (its done frames)
@@ -102,7 +103,9 @@ class RunnerSupervisor:
 
     @state.setter
     def state(self, value: RunnerState | str) -> None:
-        self._state = RunnerState(value)
+        old, self._state = self._state, RunnerState(value)
+        if old is not self._state and self.on_state is not None:
+            self.on_state(self, old)
 
     @property
     def restarts(self) -> int:

@@ -13,23 +13,49 @@ the ``serve --draft/--draft-server/--speculative`` options are :mod:`hydra_node.
 See docs/speculative.md.
 """
 
-from hydra_node.runtime.speculative.child.adapter import generate_events, sampling_for
-from hydra_node.runtime.speculative.acceptance import Verdict, verify_greedy, verify_sampled
-from hydra_node.runtime.speculative.controller import ControllerConfig, SpeculationController, SpeculationStats, expected_tokens, leviathan_speedup
-from hydra_node.runtime.speculative.child.decoder import Completion, Emitted, SpeculativeDecoder
-from hydra_node.runtime.speculative.child.draft import DraftSession, Drafter, Proposal
-from hydra_node.runtime.speculative.child.engine import LlamaEngine
-from hydra_node.runtime.speculative.errors import ContextFull, DraftProtocolError, SessionStateError, SpeculationError
-from hydra_node.runtime.speculative.child.remote import DraftUnavailable, RemoteDrafter
-from hydra_node.runtime.speculative.sampling import SamplingParams, SparseDist
-from hydra_node.runtime.speculative.child.target import TargetSession
-from hydra_node.runtime.speculative.child.testpair import ensure_converted_target, ensure_f16_target
+import importlib
 
-__all__ = [
-    "Completion", "ContextFull", "ControllerConfig", "DraftProtocolError", "DraftSession", "DraftUnavailable",
-    "Drafter", "RemoteDrafter",
-    "Emitted", "LlamaEngine", "Proposal", "SamplingParams", "SessionStateError", "SparseDist",
-    "SpeculationController", "SpeculationError", "SpeculationStats", "SpeculativeDecoder", "TargetSession",
-    "Verdict", "ensure_converted_target", "ensure_f16_target", "expected_tokens", "generate_events", "leviathan_speedup", "sampling_for",
-    "verify_greedy", "verify_sampled",
-]
+#: Public name -> the module that defines it, imported on first use (PEP 562): importing this
+#: package (the node does, for the draft service) must not load llama-cpp-python, which on a CUDA
+#: build initialises CUDA in the node process (about 550 MiB of RSS measured on an H200).
+_WHERE = {
+    "Completion": "hydra_node.runtime.speculative.child.decoder",
+    "ContextFull": "hydra_node.runtime.speculative.errors",
+    "ControllerConfig": "hydra_node.runtime.speculative.controller",
+    "DraftProtocolError": "hydra_node.runtime.speculative.errors",
+    "DraftSession": "hydra_node.runtime.speculative.child.draft",
+    "DraftUnavailable": "hydra_node.runtime.speculative.child.remote",
+    "Drafter": "hydra_node.runtime.speculative.child.draft",
+    "Emitted": "hydra_node.runtime.speculative.child.decoder",
+    "LlamaEngine": "hydra_node.runtime.speculative.child.engine",
+    "Proposal": "hydra_node.runtime.speculative.child.draft",
+    "RemoteDrafter": "hydra_node.runtime.speculative.child.remote",
+    "SamplingParams": "hydra_node.runtime.speculative.sampling",
+    "SessionStateError": "hydra_node.runtime.speculative.errors",
+    "SparseDist": "hydra_node.runtime.speculative.sampling",
+    "SpeculationController": "hydra_node.runtime.speculative.controller",
+    "SpeculationError": "hydra_node.runtime.speculative.errors",
+    "SpeculationStats": "hydra_node.runtime.speculative.controller",
+    "SpeculativeDecoder": "hydra_node.runtime.speculative.child.decoder",
+    "TargetSession": "hydra_node.runtime.speculative.child.target",
+    "Verdict": "hydra_node.runtime.speculative.acceptance",
+    "ensure_converted_target": "hydra_node.runtime.speculative.child.testpair",
+    "ensure_f16_target": "hydra_node.runtime.speculative.child.testpair",
+    "expected_tokens": "hydra_node.runtime.speculative.controller",
+    "generate_events": "hydra_node.runtime.speculative.child.adapter",
+    "leviathan_speedup": "hydra_node.runtime.speculative.controller",
+    "sampling_for": "hydra_node.runtime.speculative.child.adapter",
+    "verify_greedy": "hydra_node.runtime.speculative.acceptance",
+    "verify_sampled": "hydra_node.runtime.speculative.acceptance",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

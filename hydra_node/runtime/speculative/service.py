@@ -37,7 +37,7 @@ from hydra_node.runtime.peers import PeerView, link_rtt_ms
 from hydra_node.runtime.rpc.tunnel_splice import TCP_ERRORS, splice
 from hydra_node.runtime.supervise import ChildFailed, ChildNotReady, ChildOutput, ChildSpec, ChildState, ChildSupervisor
 
-from hydra_node.runtime.speculative.child.runner_glue import argv_for
+from hydra_node.runtime.speculative.runner_args import argv_for
 from hydra_node.runtime.speculative.wire import MAX_READY_LINE_BYTES, DraftReady, WireError, parse_ready_line
 
 

@@ -1,0 +1,176 @@
+"""``model: "mesh"`` on ``/v1/chat/completions``: the mixture of agents' answers, whole or streamed.
+
+The members run to the end (or their deadline) before anything is answered, so "no member answered"
+is a 503 with a proper status. Then the answer is either the arbiter's pick — replayed as normal
+chat chunks when streamed — or, on genuine conflict with a reducer configured, the reducer's own
+generation (streamed as it is generated). Should the reducer fail before its first token, the
+arbiter's pick is returned and ``hydra_moa.reducer.error`` says why.
+
+Every answer says what happened, as ``hydra_moa`` in the body (streams: on the finish chunk) and
+compact in the ``x-hydra-moa`` header (JSON): members with status and latency, the answer groups,
+the pick, whether there was a majority and whether the reducer ran. ``usage`` adds up every member
+that answered and the reducer. docs/moa.md documents both.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import aclosing
+
+from hydra_node.api.chat import (ChatDone, ChatOutcome, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart,
+                                 complete_chat)
+from hydra_node.api.fanout import StreamFanOut
+from hydra_node.api.http import Response, StreamResponse
+from hydra_node.api.moa import MixtureOfAgents, MoaRun
+from hydra_node.api.moa_config import MESH_MODEL
+from hydra_node.api.openai_errors import ApiError, bad
+from hydra_node.api.openai_format import DONE, ChunkMaker, chat_choice, sse, sum_usage
+from hydra_node.api.openai_parse import ParsedBody
+from hydra_node.inference import GenerationError, InvalidRequest
+
+__all__ = ["MoaApi", "moa_info", "moa_header"]
+
+#: Longest member error quoted in ``hydra_moa`` (the full text is in the node's log).
+MAX_ERROR_CHARS = 300
+
+
+def moa_info(run: MoaRun, reducer: str, reducer_error: str = "") -> dict:
+    """``hydra_moa``: members, groups, the pick and the reducer (``reducer``: "" when none ran)."""
+    ran = bool(reducer) and not reducer_error
+    return {
+        "members": [{"model": m.model, "status": m.status, "latency_ms": m.latency_ms,
+                     "served_by": m.served_by or None, "group": run.verdict.group_of(m.model),
+                     "usage": m.outcome.usage if m.outcome is not None else None,
+                     "error": m.error[:MAX_ERROR_CHARS] or None} for m in run.members],
+        "groups": [{"members": list(g.members), "key": g.key[:MAX_ERROR_CHARS]} for g in run.verdict.groups],
+        "majority": run.verdict.majority,
+        "chosen": run.verdict.chosen,
+        "reducer": {"model": reducer or None, "ran": ran, "error": reducer_error[:MAX_ERROR_CHARS] or None},
+        "answer_from": reducer if ran else run.verdict.chosen,
+        "deadline_s": run.deadline_s,
+    }
+
+
+def moa_header(info: dict) -> str:
+    """The ``x-hydra-moa`` value: compact JSON (ASCII) without the answer keys and error texts."""
+    short = {"members": [{k: m[k] for k in ("model", "status", "latency_ms", "group")} for m in info["members"]],
+             "groups": [g["members"] for g in info["groups"]], "majority": info["majority"],
+             "chosen": info["chosen"], "reducer_ran": info["reducer"]["ran"], "answer_from": info["answer_from"]}
+    return json.dumps(short, separators=(",", ":"))
+
+
+class MoaApi:
+    """The HTTP side of :class:`MixtureOfAgents` for the OpenAI routes."""
+
+    def __init__(self, moa: MixtureOfAgents):
+        self.moa = moa
+
+    def handles(self, model: str) -> bool:
+        return model == MESH_MODEL and not self.moa.shadowed()
+
+    def model_obj(self, now: int) -> dict | None:
+        """The ``/v1/models`` entry for ``mesh`` (None when it is not listed)."""
+        if not self.moa.listed():
+            return None
+        return {"id": MESH_MODEL, "object": "model", "created": now, "owned_by": "hydra", "hosts": [], "states": {},
+                "members": self.moa.members(), "experimental": True}
+
+    async def chat(self, parsed: ParsedBody) -> Response | StreamResponse:
+        req = parsed.request
+        if req.kind != "chat":
+            raise bad(f"model {MESH_MODEL!r} answers chats only: use /v1/chat/completions", "model",
+                      "unsupported_model")
+        if parsed.n != 1:
+            raise bad(f"model {MESH_MODEL!r} answers with one choice: 'n' must be 1", "n", "unsupported_parameter")
+        run = await self.moa.ask(req, self.moa.check())
+        reducer = self.moa.reducer_model(run)
+        if parsed.stream:
+            return await self._stream(parsed, run, reducer)
+        out, reducer_error = run.chosen.outcome, ""
+        if reducer:
+            try:
+                out = await complete_chat(self.moa.router, self.moa.reducer_request(req, run, reducer))
+            except GenerationError as exc:
+                reducer_error = f"{exc.code}: {exc.message}"
+            except InvalidRequest as exc:  # the candidates made the request too large, say
+                reducer_error = f"invalid_request: {exc.message}"
+        assert out is not None
+        info = moa_info(run, reducer, reducer_error)
+        usages = [m.outcome.usage for m in run.answered] + ([out.usage] if info["reducer"]["ran"] else [])
+        body = {"id": req.request_id, "object": "chat.completion", "created": int(time.time()), "model": MESH_MODEL,
+                "choices": [chat_choice(0, out, req.logprobs)], "usage": sum_usage(usages),
+                "system_fingerprint": out.served_by or None, "hydra_moa": info}
+        return Response.json(200, body, _headers(info, out.served_by))
+
+    async def _stream(self, parsed: ParsedBody, run: MoaRun, reducer: str) -> StreamResponse:
+        req = parsed.request
+        fan, reducer_error = None, ""
+        if reducer:
+            try:
+                fan = StreamFanOut(self.moa.router, [self.moa.reducer_request(req, run, reducer)])
+                await fan.open()
+            except GenerationError as exc:
+                fan, reducer_error = None, f"{exc.code}: {exc.message}"
+            except InvalidRequest as exc:  # the candidates made the request too large, say
+                fan, reducer_error = None, f"invalid_request: {exc.message}"
+        info = moa_info(run, reducer, reducer_error)
+        chunks = ChunkMaker(req.request_id, MESH_MODEL, int(time.time()), True, logprobs=req.logprobs)
+        member_usage = [m.outcome.usage for m in run.answered]
+
+        def finish(reason: str, usage: list[dict], served_by: str) -> bytes:
+            out = sse({"id": req.request_id, "object": "chat.completion.chunk", "created": chunks.created,
+                       "model": MESH_MODEL, "system_fingerprint": served_by or None, "hydra_moa": info,
+                       "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}]})
+            return out + (chunks.usage(sum_usage(usage)) if parsed.include_usage else b"")
+
+        async def replay(out: ChatOutcome):
+            if out.content or out.logprobs:
+                yield chunks.text(0, out.content or "", tuple(out.logprobs))
+            for call in out.tool_calls:
+                yield chunks.tool_call(0, call)
+            yield finish(out.finish_reason, member_usage, out.served_by)
+
+        async def reduced(fan: StreamFanOut):
+            async with aclosing(fan.events()) as events:
+                async for _, ev in events:
+                    if isinstance(ev, ContentDelta):
+                        yield chunks.text(0, ev.text, ev.logprobs)
+                    elif isinstance(ev, ToolCallStart):
+                        yield chunks.tool_call_start(0, ev)
+                    elif isinstance(ev, ToolCallArguments):
+                        yield chunks.tool_call_arguments(0, ev.index, ev.text)
+                    elif isinstance(ev, ToolCallDelta) and not ev.call.streamed:
+                        yield chunks.tool_call(0, ev.call)
+                    elif isinstance(ev, ChatDone):
+                        yield finish(ev.finish_reason, member_usage + [ev.usage], ev.served_by)
+
+        async def body():
+            try:
+                yield chunks.role(0)
+                source = reduced(fan) if fan is not None else replay(run.chosen.outcome)
+                async with aclosing(source) as parts:
+                    async for part in parts:
+                        yield part
+                yield DONE
+            except GenerationError as exc:
+                yield sse(ApiError.from_generation(exc).body())
+                yield DONE
+            finally:
+                if fan is not None:
+                    await fan.close()
+
+        def interrupted(reason: str) -> bytes:
+            return sse(ApiError(503, f"stream ended: {reason}", "node_shutting_down").body()) + DONE
+
+        async def close() -> None:
+            if fan is not None:
+                await fan.close()
+
+        served = fan.served_by[0] if fan is not None else run.chosen.served_by
+        return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=close, headers=_headers(info, served))
+
+
+def _headers(info: dict, served_by: str) -> list[tuple[str, str]]:
+    headers = [("x-hydra-moa", moa_header(info))]
+    return headers + [("x-hydra-served-by", served_by)] if served_by else headers

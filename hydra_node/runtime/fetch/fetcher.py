@@ -1,0 +1,84 @@
+"""One entry point from a model reference to a verified local file: the cache, else a download.
+
+``needs_fetch(ref)`` tells whether a ``--model`` value is a catalogue name or URL (everything else
+is the bundled id or a local path, handled by ``hydra_node.models.resolve_model``);
+:func:`ensure_local` returns the cached file, downloading it when it is missing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hydra_node.models import BUNDLED_MODEL_ID, ModelNotFound, bundled_model_path
+from hydra_node.runtime.fetch.cache import ModelCache
+from hydra_node.runtime.fetch.catalogue import (
+    DEFAULT_HUB,
+    CatalogueEntry,
+    RemoteModel,
+    is_remote_ref,
+    load_catalogue,
+    resolve_remote,
+)
+from hydra_node.runtime.fetch.http_fetch import Progress, download_http
+from hydra_node.runtime.fetch.settings import ModelsSection
+
+__all__ = ["FetchSettings", "LocalModel", "ensure_local", "needs_fetch", "remote_for"]
+
+
+@dataclass(frozen=True)
+class FetchSettings:
+    """Where models are cached and fetched from (built by the CLI from the config and environment)."""
+
+    cache_dir: Path
+    hub: str = DEFAULT_HUB
+    token: str | None = None
+    models: ModelsSection = field(default_factory=ModelsSection)
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    model_id: str
+    path: Path
+    source: str  # "cache", "bundled", or where it was just fetched from
+
+
+def needs_fetch(ref: str, catalogue: dict[str, CatalogueEntry] | None = None) -> bool:
+    """True for a catalogue name (not the bundled one) or an hf:// / http(s):// reference (``ID=`` allowed)."""
+    catalogue = load_catalogue() if catalogue is None else catalogue
+    entry = catalogue.get(ref)
+    if entry is not None:
+        return not entry.bundled
+    target = ref.split("=", 1)[1] if "=" in ref.split("://", 1)[0] else ref
+    return is_remote_ref(target)
+
+
+def remote_for(ref: str, settings: FetchSettings, catalogue: dict[str, CatalogueEntry] | None = None) -> RemoteModel:
+    return resolve_remote(ref, load_catalogue() if catalogue is None else catalogue, settings.hub)
+
+
+def ensure_local(ref: str, settings: FetchSettings, *, in_use: frozenset[str] = frozenset(),
+                 progress: Progress | None = None, force: bool = False) -> LocalModel:
+    """The verified local file for ``ref``: the bundled file for the bundled name, the cached copy
+    (its size re-checked), or a fresh download (``force``: even when cached). Typed errors:
+    ``BadModelSource``, ``DownloadError`` and its subclasses, ``ModelNotFound``."""
+    catalogue = load_catalogue()
+    entry = catalogue.get(ref)
+    if entry is not None and entry.bundled and not force:
+        try:
+            return LocalModel(BUNDLED_MODEL_ID, bundled_model_path(), "bundled")
+        except ModelNotFound:
+            pass  # not installed: download it like any other entry
+    remote = resolve_remote(ref, catalogue, settings.hub)
+    cache = ModelCache(settings.cache_dir)
+    rec = cache.lookup(remote.model_id)
+    if rec is not None and not force:
+        path = rec.path(cache.root)
+        if path.stat().st_size == rec.size_bytes:
+            cache.touch(remote.model_id, time.time())
+            return LocalModel(remote.model_id, path, "cache")
+        # changed on disk since it was verified: fetch it again (checked against the same pinned digest)
+    rec = download_http(remote, cache, token=settings.token, read_timeout_s=settings.models.read_timeout_s,
+                        limit_bytes=settings.models.cache_limit_bytes, in_use=in_use, progress=progress)
+    return LocalModel(rec.model_id, rec.path(cache.root), rec.source)
