@@ -57,8 +57,9 @@ $(STAMP): pyproject.toml Makefile
 serve: install
 	$(VENV)/bin/hydra-node serve
 
+# --durations: the slowest tests at the end of every run (the suite's time budget is watched there).
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 # The inner loop: everything but the tests that start real processes or load the model.
 test-fast: install
