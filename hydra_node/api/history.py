@@ -24,6 +24,7 @@ import trio
 
 from hydra_node.api.http_types import Request, Response
 from hydra_node.api.openai_errors import ApiError
+from hydra_node.routing._metric import percentile
 
 __all__ = [
     "CAPACITY",
@@ -33,7 +34,6 @@ __all__ = [
     "HistoryRing",
     "HistorySampler",
     "IntervalStats",
-    "percentile",
 ]
 
 #: Default seconds between points (the contract's ``interval_s``).
@@ -44,15 +44,6 @@ CAPACITY = 720
 MAX_TTFT_SAMPLES = 4096
 #: Peers whose RTT one point records (the nearest), so 720 points stay small with hundreds of peers.
 MAX_RTT_PEERS = 64
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (``q`` in 0..100) of ``values``; None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
-    return ordered[min(rank, len(ordered)) - 1]
 
 
 @dataclass(frozen=True)
@@ -110,7 +101,7 @@ class IntervalStats:
               rtt_ms: Mapping[str, float]) -> HistoryPoint:
         """The point closing this interval (``elapsed_s`` long); the caller starts a new interval."""
         nearest = sorted((v, k) for k, v in rtt_ms.items() if isinstance(v, (int, float)) and math.isfinite(v))
-        p50, p95 = percentile(self.ttfts, 50), percentile(self.ttfts, 95)
+        p50, p95 = percentile(self.ttfts, 0.50), percentile(self.ttfts, 0.95)
         return HistoryPoint(
             ts=round(ts, 3), tok_s=round(self.tokens / elapsed_s, 3) if elapsed_s > 0 else 0.0,
             ttft_p50_ms=None if p50 is None else round(p50, 1), ttft_p95_ms=None if p95 is None else round(p95, 1),

@@ -179,12 +179,29 @@ class Connection:
                       retry_after: int | None = None) -> None:
         """Answer a refusal and close; the unread body is drained (bounded) so the client sees it."""
         self.server.refused(self.client, head, status, code)
-        # A client waiting for 100 Continue sends no body after a final answer; others are sending it.
-        body_pending = self.conn.their_state is h11.SEND_BODY and not self.conn.they_are_waiting_for_100_continue
+        body_pending = self._body_pending()
         extra = [("retry-after", str(retry_after))] if retry_after else []
         await self._simple(status, code, message, extra)
         if body_pending:
             await self._discard()
+
+    def _body_pending(self) -> bool:
+        """Whether the client is still sending a body we have not read (to drain after a refusal).
+
+        A client waiting for 100 Continue sends no body after a final answer.  A request without a
+        body ends in h11 without another read: waiting for its "body" would hold a client that
+        sent ``Connection: close`` for the whole discard timeout (10 s per refused request)."""
+        if self.conn.their_state is not h11.SEND_BODY or self.conn.they_are_waiting_for_100_continue:
+            return False
+        while True:  # only what h11 already holds: next_event() never reads the socket
+            try:
+                event = self.conn.next_event()
+            except h11.RemoteProtocolError:
+                return False
+            if event is h11.NEED_DATA:
+                return True
+            if not isinstance(event, h11.Data):  # EndOfMessage (or PAUSED): the request is whole
+                return False
 
     async def _simple(self, status: int, code: str, message: str, extra: list | None = None) -> None:
         if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):

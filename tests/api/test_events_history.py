@@ -8,6 +8,7 @@ import itertools
 import pytest
 import trio
 
+from hydra_node.routing._metric import percentile
 from hydra_node.api.history import (
     MAX_RTT_PEERS,
     MAX_TTFT_SAMPLES,
@@ -15,7 +16,6 @@ from hydra_node.api.history import (
     HistoryRing,
     HistorySampler,
     IntervalStats,
-    percentile,
 )
 
 
@@ -37,8 +37,8 @@ def test_ring_keeps_the_newest_capacity_points_oldest_first():
     ([], 50, None), ([7.0], 95, 7.0), ([1.0, 2.0, 3.0, 4.0], 50, 2.0), ([4.0, 3.0, 2.0, 1.0], 95, 4.0),
     (list(range(1, 101)), 95, 95), (list(range(1, 101)), 50, 50),
 ])
-def test_percentile_is_nearest_rank(values, q, expected):
-    assert percentile([float(v) for v in values], q) == expected
+def test_percentile_is_nearest_rank(values, q, expected):  # the history uses the routing's percentile
+    assert percentile([float(v) for v in values], q / 100) == expected
 
 
 def test_interval_bounds_ttft_samples_and_rtt_peers():
