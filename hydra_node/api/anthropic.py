@@ -26,6 +26,7 @@ from hydra_node.api.anthropic_request import MessagesCall, parse_count_tokens_bo
 from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart, complete_chat
 from hydra_node.api.fanout import StreamFanOut
 from hydra_node.api.http import Request, Response, StreamResponse
+from hydra_node.api.http_types import served_by_header
 from hydra_node.api.openai_errors import ApiError, bad
 from hydra_node.api.tool_choice_header import TOOL_CHOICE_HEADER, override_tool_choice
 from hydra_node.inference import GenerationError, GenerationRequest, InvalidRequest, TokenLogprob
@@ -124,7 +125,7 @@ class MessagesApi:
         stop = self._stop(call, out.finish_reason, out.logprobs)
         body = message_body(req.request_id, call.model, out.content, out.tool_calls,
                             stop_reason(out.finish_reason, stop), stop, usage_body(out.usage))
-        return Response.json(200, body, [("x-hydra-served-by", out.served_by)] if out.served_by else [])
+        return Response.json(200, body, served_by_header(out.served_by))
 
     async def _stream(self, call: MessagesCall, req: GenerationRequest) -> StreamResponse:
         # Open the generation before answering 200, so routing errors get a proper status.
@@ -166,6 +167,5 @@ class MessagesApi:
         def interrupted(reason: str) -> bytes:
             return b"".join(sse(e) for e in builder.fail(f"stream ended: {reason}", 503))
 
-        served_by = fan.served_by[0]
         return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=fan.close,
-                              headers=[("x-hydra-served-by", served_by)] if served_by else [])
+                              headers=served_by_header(fan.served_by[0]))

@@ -18,12 +18,11 @@ prefix on its own, so the hint changes nothing. Images and documents are refused
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 
 from hydra_node.api.openai_errors import bad
-from hydra_node.api.openai_parse import load_body
+from hydra_node.api.openai_parse import _number, load_body
 from hydra_node.inference import (MAX_STOP_SEQUENCES, MAX_TOKENS_LIMIT, MAX_TOOLS, ChatMessage, InvalidRequest,
                                   ToolCall, ToolSpec)
 
@@ -256,17 +255,6 @@ def _tool_choice(body: dict, tools: tuple[ToolSpec, ...]) -> tuple[str, str, boo
     return choice, name, not no_parallel
 
 
-def _number(body: dict, key: str, default: float) -> float:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise bad(f"'{key}' must be a number", key, "invalid_type")
-    if not 0 <= v <= 1:
-        raise bad(f"'{key}' must be between 0 and 1", key)
-    return float(v)
-
-
 def _stop_sequences(body: dict) -> tuple[str, ...]:
     stops = body.get("stop_sequences")
     if stops is None:
@@ -348,8 +336,8 @@ def parse_messages_body(raw: bytes) -> MessagesCall:
     messages, tools = _conversation(body)
     choice, name, parallel = _tool_choice(body, tools)
     return MessagesCall(model=model, messages=messages, max_tokens=max_tokens, stop_sequences=_stop_sequences(body),
-                        stream=bool(stream), temperature=_number(body, "temperature", DEFAULT_TEMPERATURE),
-                        top_p=_number(body, "top_p", 1.0), tools=tools, tool_choice=choice, tool_name=name,
+                        stream=bool(stream), temperature=_number(body, "temperature", DEFAULT_TEMPERATURE, 0, 1),
+                        top_p=_number(body, "top_p", 1.0, 0, 1), tools=tools, tool_choice=choice, tool_name=name,
                         parallel_tool_calls=parallel, session=session)
 
 

@@ -30,6 +30,7 @@ import secrets
 import trio
 
 from hydra_node.api.http import Request, Response
+from hydra_node.api.http_types import served_by_header
 from hydra_node.api.openai_errors import ApiError, bad
 from hydra_node.api.openai_parse import load_body
 from hydra_node.inference import (MAX_EMBEDDING_INPUTS, EmbeddingRequest, EmbeddingResult, GenerationError,
@@ -125,7 +126,7 @@ class EmbeddingsApi:
         # formatting a large reply (2048 vectors) takes a while: off the event loop
         body = await trio.to_thread.run_sync(response_body, req, result, fmt)
         return Response(200, body, "application/json",
-                        [("x-hydra-served-by", result.served_by)] if result.served_by else [])
+                        served_by_header(result.served_by))
 
     def _check_model(self, model: str) -> None:
         models = [m.id for m in self.router.models()]

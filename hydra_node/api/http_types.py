@@ -10,7 +10,12 @@ import trio
 
 from hydra_node.api.http_guard import bearer_matches
 
-__all__ = ["Handler", "Request", "Response", "StreamResponse", "error_body"]
+__all__ = ["Handler", "Request", "Response", "StreamResponse", "error_body", "served_by_header"]
+
+
+def served_by_header(host: str | None) -> list[tuple[str, str]]:
+    """``x-hydra-served-by``: the host that generated an answer (none when unknown)."""
+    return [("x-hydra-served-by", host)] if host else []
 
 
 def error_body(message: str, code: str, kind: str = "invalid_request_error") -> bytes:

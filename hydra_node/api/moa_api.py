@@ -22,6 +22,7 @@ from hydra_node.api.chat import (ChatDone, ChatOutcome, ContentDelta, ToolCallAr
                                  complete_chat)
 from hydra_node.api.fanout import StreamFanOut
 from hydra_node.api.http import Response, StreamResponse
+from hydra_node.api.http_types import served_by_header
 from hydra_node.api.moa import MixtureOfAgents, MoaRun
 from hydra_node.api.moa_config import MESH_MODEL
 from hydra_node.api.openai_errors import ApiError, bad
@@ -172,5 +173,4 @@ class MoaApi:
 
 
 def _headers(info: dict, served_by: str) -> list[tuple[str, str]]:
-    headers = [("x-hydra-moa", moa_header(info))]
-    return headers + [("x-hydra-served-by", served_by)] if served_by else headers
+    return [("x-hydra-moa", moa_header(info))] + served_by_header(served_by)

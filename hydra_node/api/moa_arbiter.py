@@ -54,7 +54,9 @@ MAX_INT_DIGITS = 4000
 #: Numbers with an exponent beyond this are kept in scientific form (``1e999999`` must not expand).
 MAX_PLAIN_EXPONENT = 64
 
-_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w])")
+#: A number stands alone between non-alphanumerics; "_" counts as the punctuation it is stripped as,
+#: so "00_" reads as a number at once rather than after the strip (normalising twice changes nothing).
+_NUMBER = re.compile(r"(?<![^\W_]|\.)[-+]?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?(?![^\W_])")
 _FENCE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n(.*)\n\s*```$", re.S)
 _APOSTROPHES = frozenset("'\u2019`")
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "

@@ -21,6 +21,7 @@ from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments, ToolC
 from hydra_node.api.embeddings import EmbeddingsApi
 from hydra_node.api.fanout import StreamFanOut, run_all
 from hydra_node.api.http import Request, Response, StreamResponse
+from hydra_node.api.http_types import served_by_header
 from hydra_node.api.moa_api import MoaApi
 from hydra_node.api.openai_errors import ApiError, bad
 from hydra_node.api.openai_format import (DONE, ChunkMaker, chat_choice, completion_choice, sse, sum_usage)
@@ -151,7 +152,7 @@ class OpenAIApi:
             body = {"id": req.request_id, "object": "text_completion", "created": created, "model": req.model,
                     "choices": [completion_choice(i, o, self._echo_text(parsed, i), parsed.completion_logprobs)
                                 for i, o in enumerate(outs)], "usage": usage}
-        return Response.json(200, body, [("x-hydra-served-by", served_by)] if served_by else [])
+        return Response.json(200, body, served_by_header(served_by))
 
     async def _stream(self, parsed: ParsedBody, reqs: list[GenerationRequest]) -> StreamResponse:
         req, chat = parsed.request, parsed.request.kind == "chat"
@@ -199,7 +200,7 @@ class OpenAIApi:
 
         hosts = ",".join(dict.fromkeys(h for h in fan.served_by if h))  # each host once, in choice order
         return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=fan.close,
-                              headers=[("x-hydra-served-by", hosts)] if hosts else [])
+                              headers=served_by_header(hosts))
 
 
 def _method(request: Request, method: str) -> None:

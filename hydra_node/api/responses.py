@@ -17,6 +17,7 @@ from collections.abc import Callable
 from hydra_node.api.chat import (ChatDone, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart, complete_chat)
 from hydra_node.api.fanout import StreamFanOut
 from hydra_node.api.http import Request, Response, StreamResponse
+from hydra_node.api.http_types import served_by_header
 from hydra_node.api.openai_errors import ApiError
 from hydra_node.api.responses_constraints import generation_request
 from hydra_node.api.responses_output import (conversation_after, new_id, output_items, response_body, response_status,
@@ -101,7 +102,7 @@ class ResponsesApi:
         body = response_body(call, resp_id, created, status=status, output=output, usage=usage_body(out.usage),
                              incomplete=incomplete)
         self._remember(call, body)
-        return Response.json(200, body, [("x-hydra-served-by", out.served_by)] if out.served_by else [])
+        return Response.json(200, body, served_by_header(out.served_by))
 
     async def _stream(self, call: ResponsesCall, req: GenerationRequest, resp_id: str,
                       created: int) -> StreamResponse:
@@ -140,6 +141,5 @@ class ResponsesApi:
         def interrupted(reason: str) -> bytes:
             return b"".join(sse(e) for e in builder.fail(f"stream ended: {reason}", 503))
 
-        served_by = fan.served_by[0]
         return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=fan.close,
-                              headers=[("x-hydra-served-by", served_by)] if served_by else [])
+                              headers=served_by_header(fan.served_by[0]))

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hydra_node.api.openai_errors import bad
+from hydra_node.api.openai_parse import _number
 from hydra_node.api.responses_items import input_messages
 from hydra_node.inference import (MAX_TOKENS_LIMIT, MAX_TOOLS, MAX_TOP_LOGPROBS_REQUEST, ChatMessage, InvalidRequest,
                                   ToolSpec)
@@ -106,15 +107,6 @@ class ResponsesCall:
                 "truncation": "disabled", "reasoning": {"effort": None, "summary": None},
                 "service_tier": "default", "background": False,
                 **{k: self.echo[k] for k in ("user", "safety_identifier", "prompt_cache_key") if k in self.echo}}
-
-
-def _number(body: dict, key: str, default: float) -> float:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise bad(f"'{key}' must be a number", key, "invalid_type")
-    return float(v)
 
 
 def _typed(body: dict, key: str, kind: type, what: str):
@@ -292,7 +284,8 @@ def parse_responses_body(raw: bytes, previous: Callable[[str], Sequence[ChatMess
     return ResponsesCall(
         model=model, history=messages, instructions=instructions, tools=tools, tool_choice=choice, tool_name=name,
         parallel_tool_calls=True if parallel is None else parallel,
-        temperature=_number(body, "temperature", DEFAULT_TEMPERATURE), top_p=_number(body, "top_p", DEFAULT_TOP_P),
+        temperature=_number(body, "temperature", DEFAULT_TEMPERATURE, -math.inf, math.inf),
+        top_p=_number(body, "top_p", DEFAULT_TOP_P, -math.inf, math.inf),
         max_output_tokens=max_out, text_format=_text_format(body.get("text")), previous_response_id=prev_id,
         store=True if store is None else store, stream=stream, logprobs=logprobs, top_logprobs=top_logprobs,
         session=session,

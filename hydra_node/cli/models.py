@@ -64,6 +64,17 @@ LIST_TIMEOUT_S = 10.0
 UNLOAD_TIMEOUT_S = 30.0
 
 
+def fetch_failed(exc: Exception) -> int:
+    """One line on stderr for a model that could not be fetched; the exit code (2: a bad name or URL, 1: the download)."""
+    from hydra_node.runtime.fetch import BadModelSource
+
+    if isinstance(exc, BadModelSource):
+        print(f"hydra-node: {exc}", file=sys.stderr)
+        return 2
+    print(f"hydra-node: {exc.code}: {exc}", file=sys.stderr)
+    return 1
+
+
 def cmd_swap(args, client: NodeClient, settings=None) -> int:
     """``settings`` (:func:`fetch_settings`): a catalogue name or URL is pulled first (mesh peers through
     the node, else the internet) and loaded as ``ID=PATH``."""
@@ -73,12 +84,8 @@ def cmd_swap(args, client: NodeClient, settings=None) -> int:
         if settings is not None and needs_fetch(model):
             rec = pull_model(model, settings, client)
             model = f"{rec.model_id}={rec.path(settings.cache_dir)}"
-    except BadModelSource as exc:
-        print(f"hydra-node: {exc}", file=sys.stderr)
-        return 2
-    except DownloadError as exc:
-        print(f"hydra-node: {exc.code}: {exc}", file=sys.stderr)
-        return 1
+    except (BadModelSource, DownloadError) as exc:
+        return fetch_failed(exc)
     try:
         before = client.get("/api/runtime/models", timeout=LIST_TIMEOUT_S)["models"]
         body = {"model": model, "wait": True, "timeout_s": args.timeout}
@@ -229,12 +236,8 @@ def cmd_models(args, home, file_cfg, client: NodeClient, environ) -> int:
         if action == "rm":
             return _rm(args, settings)
         return _pull(args, settings, client)
-    except BadModelSource as exc:
-        print(f"hydra-node: {exc}", file=sys.stderr)
-        return 2
-    except DownloadError as exc:
-        print(f"hydra-node: {exc.code}: {exc}", file=sys.stderr)
-        return 1
+    except (BadModelSource, DownloadError) as exc:
+        return fetch_failed(exc)
 
 
 def _mesh_models(client: NodeClient) -> dict | None:
