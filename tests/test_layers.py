@@ -23,7 +23,7 @@ LAYER_OF = {
     "routing": "routing",
     "discovery": "discovery",
     "api": "api",
-    "node": "root", "config": "root", "config_sections": "root",
+    "node": "root", "node_parts": "root", "config": "root", "config_sections": "root",
     "cli": "cli",
 }
 
