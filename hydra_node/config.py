@@ -136,9 +136,14 @@ class ApiSection:
     cors_origins: tuple = ()
     #: Host names (``name`` or ``name:port``) accepted besides 127.0.0.1, localhost and [::1], for reverse proxies.
     allow_hosts: tuple = ()
+    #: The model ``claude-*`` ids ask for on /v1/messages (any mesh model id, or "mesh"); "": the largest.
+    claude_model: str = ""
 
     def validate(self, prefix: str) -> None:
         from hydra_node.api.http_guard import normalize_origin, valid_host_name
+
+        _check(self.claude_model == self.claude_model.strip() and not self.claude_model.startswith("claude"),
+               f"[{prefix}].claude_model", f"must be a mesh model id (or \"mesh\"), not {self.claude_model!r}")
 
         for origin in self.cors_origins:
             _check(isinstance(origin, str) and (origin == "*" or normalize_origin(origin) == origin),

@@ -342,7 +342,8 @@ class Node:
     async def _start_services(self, nursery: trio.Nursery) -> None:
         c = self.config
         moa = MixtureOfAgents(self.router, c.file.moa, quality=scheduler_quality(self.scheduling, self.node_id))
-        api = OpenAIApi(self.router, api_key=c.api_key, on_request=self._count_request, health=self.health, moa=moa)
+        api = OpenAIApi(self.router, api_key=c.api_key, on_request=self._count_request, health=self.health, moa=moa,
+                        claude_model=c.file.api.claude_model or None)
         mgmt = ManagementApi(health=self.health, status=self.status, routes=self.management_routes,
                              headless=c.headless, api_key=c.api_key if c.listen_all else None, openai=api.handle)
         # Host (DNS rebinding) on loopback listeners, Origin/Content-Type (CSRF) on the management

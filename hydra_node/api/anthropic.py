@@ -27,6 +27,7 @@ from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments, ToolC
 from hydra_node.api.fanout import StreamFanOut
 from hydra_node.api.http import Request, Response, StreamResponse
 from hydra_node.api.http_types import served_by_header
+from hydra_node.api.moa_api import MoaApi, replay_events
 from hydra_node.api.openai_errors import ApiError, bad
 from hydra_node.api.tool_choice_header import TOOL_CHOICE_HEADER, override_tool_choice
 from hydra_node.inference import GenerationError, GenerationRequest, InvalidRequest, TokenLogprob
@@ -66,9 +67,10 @@ class MessagesApi:
     ``router`` provides ``generate(req)``, ``models()`` and ``recently_seen(model)``;
     ``claude_model``: the mesh model ``claude-*`` ids map to (None: the largest)."""
 
-    def __init__(self, router, *, claude_model: str | None = None):
+    def __init__(self, router, *, claude_model: str | None = None, moa: MoaApi | None = None):
         self.router = router
         self.claude_model = claude_model
+        self.moa = moa  # model "mesh" (docs/moa.md); None: no mesh model
 
     async def handle(self, request: Request) -> Response | StreamResponse:
         try:
@@ -97,6 +99,8 @@ class MessagesApi:
     def _resolved(self, call: MessagesCall) -> MessagesCall:
         ids = [m.id for m in self.router.models()]
         model = resolve_model(call.model, ids, self.claude_model)
+        if self.moa is not None and self.moa.handles(model):
+            return dataclasses.replace(call, model=model)
         if model not in ids and not self.router.recently_seen(model):
             raise ApiError(404, f"model {call.model!r} does not exist (available: {', '.join(ids) or 'none'}; "
                                 "claude-* names map to the largest)", "model_not_found", "model")
@@ -118,22 +122,31 @@ class MessagesApi:
         return matched_stop(_generated_text(entries), call.stop_sequences)
 
     async def _complete(self, call: MessagesCall, req: GenerationRequest) -> Response:
+        headers: list[tuple[str, str]] | None = None
         try:
-            out = await complete_chat(self.router, req)
+            if self.moa is not None and self.moa.handles(req.model):
+                out, _, headers = await self.moa.answer(req)  # the mixture of agents' answer
+            else:
+                out = await complete_chat(self.router, req)
         except GenerationError as exc:
             raise ApiError.from_generation(exc) from None
         stop = self._stop(call, out.finish_reason, out.logprobs)
         body = message_body(req.request_id, call.model, out.content, out.tool_calls,
                             stop_reason(out.finish_reason, stop), stop, usage_body(out.usage))
-        return Response.json(200, body, served_by_header(out.served_by))
+        return Response.json(200, body, headers if headers is not None else served_by_header(out.served_by))
 
     async def _stream(self, call: MessagesCall, req: GenerationRequest) -> StreamResponse:
         # Open the generation before answering 200, so routing errors get a proper status.
-        fan = StreamFanOut(self.router, [req])
-        try:
-            await fan.open()
-        except GenerationError as exc:
-            raise ApiError.from_generation(exc) from None
+        if self.moa is not None and self.moa.handles(req.model):  # "mesh": the members answer first
+            out, _, headers = await self.moa.answer(req)
+            events, close = (lambda: replay_events(out)), _nothing
+        else:
+            fan = StreamFanOut(self.router, [req])
+            try:
+                await fan.open()
+            except GenerationError as exc:
+                raise ApiError.from_generation(exc) from None
+            events, close, headers = fan.events, fan.close, served_by_header(fan.served_by[0])
         builder = MessageEventStream(req.request_id, call.model)
 
         async def body():
@@ -141,8 +154,8 @@ class MessagesApi:
             try:
                 for ev in builder.start():
                     yield sse(ev)
-                async with aclosing(fan.events()) as events:
-                    async for _, ev in events:
+                async with aclosing(events()) as stream:
+                    async for _, ev in stream:
                         out: list[dict] = []
                         if isinstance(ev, ContentDelta):
                             entries.extend(ev.logprobs)
@@ -162,10 +175,13 @@ class MessagesApi:
                 for e in builder.fail(exc.message, exc.status):
                     yield sse(e)
             finally:
-                await fan.close()
+                await close()
 
         def interrupted(reason: str) -> bytes:
             return b"".join(sse(e) for e in builder.fail(f"stream ended: {reason}", 503))
 
-        return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=fan.close,
-                              headers=served_by_header(fan.served_by[0]))
+        return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=close, headers=headers)
+
+
+async def _nothing() -> None:
+    """Nothing to close (a ``mesh`` answer is already complete)."""

@@ -14,6 +14,7 @@ that answered and the reducer. docs/moa.md documents both.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from contextlib import aclosing
@@ -28,9 +29,9 @@ from hydra_node.api.moa_config import MESH_MODEL
 from hydra_node.api.openai_errors import ApiError, bad
 from hydra_node.api.openai_format import DONE, ChunkMaker, chat_choice, sse, sum_usage
 from hydra_node.api.openai_parse import ParsedBody
-from hydra_node.inference import GenerationError, InvalidRequest
+from hydra_node.inference import GenerationError, GenerationRequest, InvalidRequest
 
-__all__ = ["MoaApi", "moa_info", "moa_header"]
+__all__ = ["MoaApi", "moa_info", "moa_header", "replay_events"]
 
 #: Longest member error quoted in ``hydra_moa`` (the full text is in the node's log).
 MAX_ERROR_CHARS = 300
@@ -77,6 +78,31 @@ class MoaApi:
         return {"id": MESH_MODEL, "object": "model", "created": now, "owned_by": "hydra", "hosts": [], "states": {},
                 "members": self.moa.members(), "experimental": True}
 
+    async def answer(self, req: GenerationRequest) -> tuple[ChatOutcome, dict, list[tuple[str, str]]]:
+        """The whole answer to chat ``req`` for the other APIs (``/v1/messages``, ``/v1/responses``):
+        the outcome (its ``usage`` summed over every member and the reducer), ``hydra_moa`` and the
+        response headers. The reducer, when it runs, is not streamed here."""
+        run = await self.moa.ask(req, self.moa.check())
+        reducer = self.moa.reducer_model(run)
+        out, reducer_error = await self._reduced(req, run, reducer)
+        info = moa_info(run, reducer, reducer_error)
+        usages = [m.outcome.usage for m in run.answered] + ([out.usage] if info["reducer"]["ran"] else [])
+        out = dataclasses.replace(out, usage=sum_usage(usages))
+        return out, info, _headers(info, out.served_by)
+
+    async def _reduced(self, req: GenerationRequest, run: MoaRun, reducer: str) -> tuple[ChatOutcome, str]:
+        """The reducer's answer, or the arbiter's pick and why the reducer did not answer."""
+        out = run.chosen.outcome
+        assert out is not None
+        if reducer:
+            try:
+                return await complete_chat(self.moa.router, self.moa.reducer_request(req, run, reducer)), ""
+            except GenerationError as exc:
+                return out, f"{exc.code}: {exc.message}"
+            except InvalidRequest as exc:  # the candidates made the request too large, say
+                return out, f"invalid_request: {exc.message}"
+        return out, ""
+
     async def chat(self, parsed: ParsedBody) -> Response | StreamResponse:
         req = parsed.request
         if req.kind != "chat":
@@ -88,15 +114,7 @@ class MoaApi:
         reducer = self.moa.reducer_model(run)
         if parsed.stream:
             return await self._stream(parsed, run, reducer)
-        out, reducer_error = run.chosen.outcome, ""
-        if reducer:
-            try:
-                out = await complete_chat(self.moa.router, self.moa.reducer_request(req, run, reducer))
-            except GenerationError as exc:
-                reducer_error = f"{exc.code}: {exc.message}"
-            except InvalidRequest as exc:  # the candidates made the request too large, say
-                reducer_error = f"invalid_request: {exc.message}"
-        assert out is not None
+        out, reducer_error = await self._reduced(req, run, reducer)
         info = moa_info(run, reducer, reducer_error)
         usages = [m.outcome.usage for m in run.answered] + ([out.usage] if info["reducer"]["ran"] else [])
         body = {"id": req.request_id, "object": "chat.completion", "created": int(time.time()), "model": MESH_MODEL,
@@ -170,6 +188,16 @@ class MoaApi:
 
         served = fan.served_by[0] if fan is not None else run.chosen.served_by
         return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=close, headers=_headers(info, served))
+
+
+async def replay_events(out: ChatOutcome):
+    """A finished answer as the chat events a stream of it would have given: ``(0, event)`` pairs
+    like :meth:`StreamFanOut.events` (for ``mesh`` streams on /v1/messages and /v1/responses)."""
+    if out.content:
+        yield 0, ContentDelta(out.content, tuple(out.logprobs))
+    for call in out.tool_calls:
+        yield 0, ToolCallDelta(call)
+    yield 0, ChatDone(out.finish_reason, out.usage, out.served_by)
 
 
 def _headers(info: dict, served_by: str) -> list[tuple[str, str]]:

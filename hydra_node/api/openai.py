@@ -42,17 +42,19 @@ _MODELS_PREFIXES = ("/v1/models/", "/models/")
 class OpenAIApi:
     """Routes for :9337.  ``router`` provides ``generate(req)``, ``models()`` and ``recently_seen(id)``."""
 
-    def __init__(self, router, *, api_key: str | None = None, on_request=None, health=None, moa=None):
+    def __init__(self, router, *, api_key: str | None = None, on_request=None, health=None, moa=None,
+                 claude_model: str | None = None):
         """``health()``: ``(status, body)`` for ``/health`` (the node's: degraded while a model failed);
-        ``moa``: the :class:`~hydra_node.api.moa.MixtureOfAgents` behind ``model: "mesh"`` (None: no mesh model)."""
+        ``moa``: the :class:`~hydra_node.api.moa.MixtureOfAgents` behind ``model: "mesh"`` (None: no mesh model);
+        ``claude_model``: the model ``claude-*`` ids map to on /v1/messages (``[api] claude_model``; None: the largest)."""
         self.moa = MoaApi(moa) if moa is not None else None
         self.router = router
         self.health = health
         self.api_key = api_key
         self.on_request = on_request  # callback(path, status) for counters
-        self.responses = ResponsesApi(router)
+        self.responses = ResponsesApi(router, moa=self.moa)
         self.embeddings = EmbeddingsApi(router)
-        self.messages = MessagesApi(router)  # Anthropic's Messages API (docs/agents.md)
+        self.messages = MessagesApi(router, claude_model=claude_model, moa=self.moa)  # Anthropic's (docs/agents.md)
 
     async def handle(self, request: Request) -> Response | StreamResponse:
         try:

@@ -18,6 +18,7 @@ from hydra_node.api.chat import (ChatDone, ContentDelta, ToolCallArguments, Tool
 from hydra_node.api.fanout import StreamFanOut
 from hydra_node.api.http import Request, Response, StreamResponse
 from hydra_node.api.http_types import served_by_header
+from hydra_node.api.moa_api import MoaApi, replay_events
 from hydra_node.api.openai_errors import ApiError
 from hydra_node.api.responses_constraints import generation_request
 from hydra_node.api.responses_output import (conversation_after, new_id, output_items, response_body, response_status,
@@ -35,8 +36,10 @@ class ResponsesApi:
 
     ``router`` provides ``generate(req)``, ``models()`` and ``recently_seen(model)``."""
 
-    def __init__(self, router, *, store: ResponsesStore | None = None, clock: Callable[[], float] = time.time):
+    def __init__(self, router, *, store: ResponsesStore | None = None, clock: Callable[[], float] = time.time,
+                 moa: MoaApi | None = None):
         self.router = router
+        self.moa = moa  # model "mesh" (docs/moa.md); None: no mesh model
         self.store = store if store is not None else ResponsesStore()
         self._clock = clock
 
@@ -79,7 +82,12 @@ class ResponsesApi:
             return Response.json(200, {"id": resp_id, "object": "response", "deleted": True})
         return Response.json(200, found.body)
 
+    def _mesh(self, model: str) -> bool:
+        return self.moa is not None and self.moa.handles(model)
+
     def _check_model(self, model: str) -> None:
+        if self._mesh(model):
+            return
         if model not in {m.id for m in self.router.models()} and not self.router.recently_seen(model):
             known = ", ".join(m.id for m in self.router.models()) or "none"
             raise ApiError(404, f"model {model!r} does not exist (available: {known})", "model_not_found", "model")
@@ -89,8 +97,12 @@ class ResponsesApi:
             self.store.put(body["id"], conversation_after(call, body["output"]), body)
 
     async def _complete(self, call: ResponsesCall, req: GenerationRequest, resp_id: str, created: int) -> Response:
+        headers: list[tuple[str, str]] | None = None
         try:
-            out = await complete_chat(self.router, req)
+            if self._mesh(req.model):
+                out, _, headers = await self.moa.answer(req)  # the mixture of agents' answer
+            else:
+                out = await complete_chat(self.router, req)
         except GenerationError as exc:
             raise ApiError.from_generation(exc) from None
         output = output_items(out.content, out.tool_calls, out.finish_reason,
@@ -102,23 +114,28 @@ class ResponsesApi:
         body = response_body(call, resp_id, created, status=status, output=output, usage=usage_body(out.usage),
                              incomplete=incomplete)
         self._remember(call, body)
-        return Response.json(200, body, served_by_header(out.served_by))
+        return Response.json(200, body, headers if headers is not None else served_by_header(out.served_by))
 
     async def _stream(self, call: ResponsesCall, req: GenerationRequest, resp_id: str,
                       created: int) -> StreamResponse:
         # Open the generation before answering 200, so routing errors get a proper status.
-        fan = StreamFanOut(self.router, [req])
-        try:
-            await fan.open()
-        except GenerationError as exc:
-            raise ApiError.from_generation(exc) from None
+        if self._mesh(req.model):  # "mesh": the members answer first, then the answer is replayed
+            out, _, headers = await self.moa.answer(req)
+            events, close = (lambda: replay_events(out)), _nothing
+        else:
+            fan = StreamFanOut(self.router, [req])
+            try:
+                await fan.open()
+            except GenerationError as exc:
+                raise ApiError.from_generation(exc) from None
+            events, close, headers = fan.events, fan.close, served_by_header(fan.served_by[0])
         builder = ResponseEventStream(call, resp_id, created)
 
         async def body():
             try:
                 for ev in builder.start():
                     yield sse(ev)
-                async for _, ev in fan.events():
+                async for _, ev in events():
                     if isinstance(ev, ContentDelta):
                         out = builder.text(ev.text, ev.logprobs)
                     elif isinstance(ev, ToolCallStart):
@@ -136,10 +153,13 @@ class ResponsesApi:
                 for e in builder.fail(exc.message, exc.status):
                     yield sse(e)
             finally:
-                await fan.close()
+                await close()
 
         def interrupted(reason: str) -> bytes:
             return b"".join(sse(e) for e in builder.fail(f"stream ended: {reason}", 503))
 
-        return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=fan.close,
-                              headers=served_by_header(fan.served_by[0]))
+        return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=close, headers=headers)
+
+
+async def _nothing() -> None:
+    """Nothing to close (a ``mesh`` answer is already complete)."""

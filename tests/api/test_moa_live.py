@@ -4,8 +4,8 @@ Two distinct models: the bundled Q4_1 and its F16 conversion under another id. G
 the two agree (the F16 file is the Q4_1 weights dequantised); sampled answers (temperature 1.5, no
 seed: each runner draws its own seed) disagree. Two meshes:
 
-* ``both``: one node hosting both models, reducer = the Q4_1 model — agreement (whole and
-  streamed), conflict with the reducer, tool-call agreement, /v1/models, a member's runner killed
+* ``both``: one node hosting both models, reducer = the Q4_1 model, ``claude-*`` ids mapped to
+  ``mesh`` — agreement (whole and streamed; also on /v1/messages and /v1/responses), conflict with the reducer, tool-call agreement, /v1/models, a member's runner killed
   mid-request;
 * ``remote``: node A hosts both (deadline 20 s, no reducer); node B hosts the F16 file once more as
   a third model, ``smollm2-slow``, its runner sleeping 4 s per token — agreement of two of the three
@@ -63,7 +63,7 @@ def f16(model_path):
 
 @pytest.fixture(scope="module")
 def both_node(tmp_path_factory, f16):
-    node = _node(tmp_path_factory.mktemp("moa-both"), "both", f16, f'[moa]\nreducer = "{Q4}"\n', Q4, F16)
+    node = _node(tmp_path_factory.mktemp("moa-both"), "both", f16, f'[api]\nclaude_model = "mesh"\n[moa]\nreducer = "{Q4}"\n', Q4, F16)
     try:
         yield node.start()
     finally:
@@ -159,6 +159,34 @@ def test_agreeing_tool_calls_come_back_as_a_tool_call(both):
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather" and set(json.loads(call.function.arguments)) == {"city"}
+
+
+def test_mesh_answers_on_messages_and_responses_too(both_node, both):
+    import anthropic
+
+    r, info, _ = ask(both, **AGREE)
+    want = r.choices[0].message.content
+    claude = anthropic.Anthropic(base_url=both_node.base_url.removesuffix("/v1"), api_key="unused", max_retries=0,
+                                 timeout=180)
+    kw = dict(model="mesh", max_tokens=8, extra_body={"temperature": 0}, messages=AGREE["messages"])
+    raw = claude.messages.with_raw_response.create(**kw)
+    msg, header = raw.parse(), json.loads(raw.headers["x-hydra-moa"])
+    assert msg.model == "mesh" and msg.content[0].text == want and msg.stop_reason in ("end_turn", "max_tokens")
+    assert header["majority"] and header["chosen"] == info["chosen"]
+    assert msg.usage.output_tokens == r.usage.completion_tokens  # every member's tokens
+    mapped = claude.messages.with_raw_response.create(**{**kw, "model": "claude-from-a-client"})  # [api] claude_model
+    assert mapped.parse().content[0].text == want and json.loads(mapped.headers["x-hydra-moa"])["majority"]
+    with claude.messages.stream(**kw) as stream:
+        assert "".join(stream.text_stream) == want
+        assert stream.get_final_message().usage.output_tokens == r.usage.completion_tokens
+
+    rkw = dict(model="mesh", input=AGREE["messages"][0]["content"], max_output_tokens=8, temperature=0)
+    raw = both.responses.with_raw_response.create(**rkw)
+    resp = raw.parse()
+    assert resp.output_text == want and json.loads(raw.headers["x-hydra-moa"])["majority"]
+    assert resp.usage.output_tokens == r.usage.completion_tokens
+    (done,) = [e for e in both.responses.create(**rkw, stream=True) if e.type == "response.completed"]
+    assert done.response.output_text == want
 
 
 def test_bad_mesh_requests_are_refused(both):
