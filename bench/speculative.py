@@ -36,7 +36,6 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 
 from hydra_node.models import bundled_model_path
 from hydra_node.runtime.speculative import (

@@ -60,13 +60,41 @@ def _scheduler_section(data: Any) -> SchedulerConfig:
 
 @dataclass(frozen=True)
 class PlacementSection:
+    """``[placement]``: shared namespaces, the local artifact cache, the VAST trigger (docs/placement.md)."""
+
     posix_root: str = ""
     s3_endpoint: str = ""
     s3_bucket: str = ""
+    s3_region: str = ""
+    s3_prefix: str = ""
     cache_ttl_secs: int = 86400
     cache_capacity_gb: float = 0.0
-    prefetch_threshold: float = 0.0
+    prefetch_threshold: float = 0.0  # refused unless 0 (docs/placement.md)
     vast_trigger_endpoint: str = ""
+    vast_tenant: str = ""
+    vast_dataspace: str = ""
+    vast_source_namespace: str = ""
+    vast_destination_namespace: str = ""
+    vast_target_site: str = ""
+
+    def validate(self, prefix: str) -> None:
+        from hydra_node.runtime.artifacts.settings import check_placement
+        check_placement(self, prefix, ConfigError)
+
+
+@dataclass(frozen=True)
+class RelaySection:
+    """``[relay]``: links through relays for peers that cannot be dialled (docs/relays.md); the flags
+    ``--relay`` and ``--relay-rate`` override the file."""
+
+    mode: str = "auto"  # relay for others: auto (when we can be dialled and are not a client), on, off
+    rate_mb_s: float = 4.0  # the bytes per second we relay for others, all circuits together
+    use_relays: bool = True  # when we cannot be dialled: reserve at relays and announce them
+
+    def validate(self, prefix: str) -> None:
+        _check(self.mode in ("auto", "on", "off"), f"[{prefix}].mode", f"must be auto, on or off, not {self.mode!r}")
+        _check(0.001 <= self.rate_mb_s <= 10_000, f"[{prefix}].rate_mb_s",
+               f"must be between 0.001 and 10000 MB/s, not {self.rate_mb_s}")
 
 
 @dataclass(frozen=True)
@@ -103,7 +131,7 @@ RESERVED_KEYS = (
     "defaults.hardware.direct_io", "defaults.hardware.moe_cpu", "defaults.hardware.split_mode",
     "defaults.hardware.tensor_split", "defaults.throughput.tuning_profile",
     "defaults.throughput.priority", "defaults.throughput.numa", "defaults.throughput.cpu_affinity",
-    "defaults.throughput.slot_prompt_similarity", "defaults.skippy", "placement",
+    "defaults.throughput.slot_prompt_similarity", "defaults.skippy",
 )
 
 
@@ -160,6 +188,7 @@ class FileConfig:
     defaults: DefaultsSection = field(default_factory=DefaultsSection, metadata={"section": DefaultsSection})
     placement: PlacementSection = field(default_factory=PlacementSection, metadata={"section": PlacementSection})
     runner: RunnerSection = field(default_factory=RunnerSection, metadata={"section": RunnerSection})
+    relay: RelaySection = field(default_factory=RelaySection, metadata={"section": RelaySection})
     api: ApiSection = field(default_factory=ApiSection, metadata={"section": ApiSection})
     moa: MoaSettings = field(default_factory=MoaSettings, metadata={"parse": lambda d: parse_moa_section(d, ConfigError)})
     models: ModelsSection = field(default_factory=ModelsSection,
@@ -237,6 +266,10 @@ class NodeConfig:
     tunnel_port: int = 0  # --tunnel-port: data port of this node's RPC tunnels (0: any free port)
     mesh: MeshSettings | None = None  # None: no mesh at all
     discovery: DiscoverySettings | None = None  # None: no discovery
+    #: ``--model NAME|URL`` not yet downloaded while joining a mesh: the node fetches them from a peer
+    #: first, then the internet (runtime/fetch/serve_fetch.py), with these ``FetchSettings``.
+    fetch_models: tuple[str, ...] = ()
+    fetch_settings: Any = None
 
     def validate(self) -> None:
         for name, port in (("--port", self.api_port), ("--console", self.console_port)):

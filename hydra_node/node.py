@@ -43,10 +43,12 @@ from hydra_node.api.moa import MixtureOfAgents, scheduler_quality
 from hydra_node.api.openai import OpenAIApi
 from hydra_node.api.runtime_admin import runtime_routes
 from hydra_node.api.models_admin import models_routes
+from hydra_node.api.placement_admin import placement_routes
+from hydra_node.api.kv_admin import kv_routes, kv_status
 from hydra_node.api.status_json import to_json
 from hydra_node.config import NodeConfig
 from hydra_node.mesh.identity import load_or_create_identity
-from hydra_node.models import ModelRef, resolve_model
+from hydra_node.models import ModelNotFound, ModelRef, resolve_model
 from hydra_node.pidfile import reap_stale, read_pidfile, remove_pidfile, write_pidfile
 from hydra_node.mesh.announcer import AnnouncementContent
 from hydra_node.mesh.membership import Hardware, ModelEntry
@@ -60,7 +62,10 @@ from hydra_node.routing.remote_embed import RemoteEmbeddings
 from hydra_node.routing.live import LiveScheduling
 from hydra_node.runtime.hosting.service import HostMemory, ModelRuntime, RuntimeSettings
 from hydra_node.runtime.rpc.tunnel import TUNNEL_SERVICE
-from hydra_node.runtime.fetch import FETCH_KIND, ModelShare
+from hydra_node.runtime.fetch import FETCH_KIND, BadModelSource, DownloadError, ModelShare, fetch_for_serve
+from hydra_node.runtime.artifacts.peer import ARTIFACT_FETCH_KIND, ArtifactShare
+from hydra_node.runtime.artifacts.placed_model import placed_model, placed_name
+from hydra_node.runtime.artifacts.service import PlacementService
 from hydra_node.runtime.speculative.service import DRAFT_SERVICE, SpeculationService
 from hydra_node.runtime.runner.records import RunnerSettings, RunnerState
 from hydra_node.runtime.runner.supervisor import RunnerSupervisor
@@ -88,7 +93,9 @@ class Node:
         self.runners: MutableMapping[str, RunnerSupervisor] = {}
         self.local = LocalRunners(self.node_id, self.runners)
         self.router.add_source(self.local)
-        self.models: list[ModelRef] = [] if config.no_model else [resolve_model(m) for m in (config.models or (None,))]
+        self.models: list[ModelRef] = [] if config.no_model else [resolve_model(m) for m in (config.models or (() if config.fetch_models else (None,)))
+                                                                  if placed_name(m) is None]
+        self.placed_models = [n for n in map(placed_name, config.models) if n is not None]  # materialised in run
         self.api_server: HttpServer | None = None
         self.console_server: HttpServer | None = None
         self.requests_total: dict[str, int] = {}
@@ -108,6 +115,9 @@ class Node:
             self.mesh.handle_stream("embed", self.embeddings.serve)
         f = config.file
         self.model_share = ModelShare.for_home(self.home, self.mesh, f)  # models to and from peers (docs/models.md)
+        self.placement = PlacementService.for_node(f.placement, home=self.home, signing_key=self.identity.signing_key,
+                                                   node_id=self.node_id, mesh=self.mesh,  # docs/placement.md
+                                                   on_materialised=self.scheduling.observe_materialised)
         # [defaults.speculative]: draft server, draft tunnel port, runner arguments
         self.speculation = SpeculationService(f.defaults.speculative, log_dir=self.home / "logs",
                                               threads=f.defaults.throughput.threads, mesh=self.mesh,
@@ -120,6 +130,7 @@ class Node:
                             tunnel_port=config.tunnel_port, max_memory_bytes=config.max_memory_bytes),
             runners=self.runners, runner_settings=self.runner_settings, host_memory=self.host_memory,
             mesh=self.mesh, on_event=self.events.emit)
+        self.runtime.on_kv_transfer = self.scheduling.observe_kv  # docs/kv-reuse.md: KV transfer cost
         self.metrics = NodeMetrics(MetricsSources(
             http_requests=lambda: self.requests_total, runners=self._runner_samples,
             routing=self.router.statistics, scheduling=self.scheduling.statistics,
@@ -132,6 +143,7 @@ class Node:
             self.mesh.handle_tunnel(DRAFT_SERVICE, self.speculation.handle_stream)
             self.mesh.handle_tunnel(TUNNEL_SERVICE, self.runtime.tunnel_server.handle)
             self.mesh.handle_stream(FETCH_KIND, self.model_share.serve)
+            self.mesh.handle_stream(ARTIFACT_FETCH_KIND, ArtifactShare(self.placement.cache).serve)
         #: The management API's routes besides /health and /api/status: (method, path) → handler.
         self.management_routes: dict[tuple[str, str], Handler] = {
             **invite_routes(self.mesh),  # POST /api/invite, GET /api/invites, POST /api/invite/revoke
@@ -139,6 +151,8 @@ class Node:
             ("GET", "/api/events"): EventsRoute(self.events).handle, ("GET", "/api/history"): self.history.handle,
             **runtime_routes(self.runtime),
             **models_routes(self.model_share),  # POST /api/models/fetch
+            **placement_routes(self.placement),  # /api/placement/... (docs/placement.md)
+            **kv_routes(self.runners, self.home / "kv" / "exports", self.placement),  # /api/kv/... (docs/kv-reuse.md)
         }
         #: Sections of /api/status beyond the node's own fields: name → typed statistics.
         self.status_sections: dict[str, Callable[[], Any]] = {
@@ -148,6 +162,8 @@ class Node:
             "splits": self.runtime.splits_status,
             "rpc_worker": self.runtime.worker_status,
             "model_share": self.model_share.status,
+            "placement": self.placement.status,
+            "kv_cache": kv_status(self.runners),
             "events": self.events.statistics,
             "invites": self.mesh.invites.statistics if self.mesh is not None else lambda: None,
             "config": lambda: {"reserved_keys": list(self.config.file.reserved_keys),
@@ -203,7 +219,7 @@ class Node:
             api_port=self.api_server.port if self.api_server else None,
             console_port=self.console_server.port if self.console_server else None,
             rpc=rpc, extra={**self.speculation.announce_extra(), **self.scheduling.announce_extra(), **rpc_extra,
-                                    **self.model_share.announce_extra()})
+                                    **self.model_share.announce_extra(), **self.placement.announce_extra()})
 
     def _local_embed(self, model_id: str):
         """How a peer's ``embed`` stream runs on a model hosted here (None: not hosted)."""
@@ -297,6 +313,8 @@ class Node:
         try:
             async with trio.open_nursery() as root:
                 root.start_soon(self._watch_signals, root.cancel_scope)
+                await root.start(self.placement.run)  # the artifact cache and operations (docs/placement.md)
+                self.models += [await placed_model(self.placement, name) for name in self.placed_models]
                 for model in self.models:  # a model that needs a split waits for the mesh (runtime.run)
                     log.info("event=model_loading model=%s path=%s", model.id, model.path)
                     await self.runtime.start_model(root, model)
@@ -307,6 +325,8 @@ class Node:
                     if self.discovery is not None:
                         await root.start(self.discovery.run)
                     await root.start(self.scheduling.run, self.mesh)  # RTT samples, peer hints
+                    for ref in self.config.fetch_models:  # --model NAME --join: from a peer first, then the internet
+                        await self._start_fetched(root, ref)
                 await root.start(self.speculation.run)  # draft server, draft tunnel port (runtime/speculative/service.py)
                 await root.start(self.runtime.run)  # RPC worker, split models, hot swap (runtime/hosting/)
                 self.state = "serving"
@@ -331,6 +351,16 @@ class Node:
             remove_pidfile(self.pidfile)
             remove_pidfile(self.home / "run" / "ports.json")
             log.info("event=node_stopped")
+
+    async def _start_fetched(self, root: trio.Nursery, ref: str) -> None:
+        """Fetch ``ref`` (runtime/fetch/serve_fetch.py: a peer that holds it, else its URL), then load it."""
+        try:
+            model, source = await fetch_for_serve(self.model_share, ref, self.config.fetch_settings)
+        except (DownloadError, BadModelSource) as exc:
+            raise ModelNotFound(f"model {ref!r}: {getattr(exc, 'code', 'bad_source')}: {exc}") from None
+        log.info("event=model_loading model=%s path=%s source=%s", model.id, model.path, source)
+        self.models.append(model)
+        await self.runtime.start_model(root, model)
 
     def _write_ports(self) -> None:
         path = self.home / "run" / "ports.json"

@@ -31,6 +31,9 @@ from hydra_node.mesh.wire.frames import Close, Data, GoAway, Message, Open, Link
 from hydra_node.mesh.wire.handshake import Handshake  # noqa: E402
 from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key  # noqa: E402
 from hydra_node.mesh.wire.token import issue_invite, parse_invite  # noqa: E402
+sys.path.insert(0, str(ROOT / "protocol"))
+from relay_vectors import relay_vectors  # noqa: E402  (protocol/relay_vectors.py)
+from membership_vectors import membership_vectors  # noqa: E402  (protocol/membership_vectors.py)
 
 VECTORS = ROOT / "protocol" / "vectors"
 SEED_A = bytes([0xA1]) * 32
@@ -636,13 +639,75 @@ def lease_vectors() -> dict[str, Any]:
             "limit": MAX_CONTROL_FRAME_BYTES, "valid": valid, "invalid": invalid, "stories": stories}
 
 
+def manifest_vectors() -> dict[str, Any]:
+    """Signed artifact manifests (protocol/placement.md): wire form, signed body, signing input, JSON form."""
+    from hydra_node.mesh.wire.envelope import signing_input
+    from hydra_node.runtime.artifacts.errors import ArtifactError
+    from hydra_node.runtime.artifacts.manifest import (
+        MANIFEST_CONTEXT,
+        ArtifactFile,
+        Manifest,
+    )
+
+    key = SigningKey(SEED_A)
+    empty_sha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    weights = Manifest("model_weights", "smollm2-135m", (ArtifactFile("model.gguf", 1234567, "5e" * 32),
+                                                         ArtifactFile("tokenizer/vocab.json", 0, empty_sha256)),
+                       {}, "posix:/vast/global/hydra", NOW).sign(key)
+    kv_identity = {"model_sha256": "cd" * 32, "n_ctx": 4096, "rope_freq_base": 10000.0,
+                   "tokens": bytes([1, 0, 0, 0, 2, 0, 0, 0])}
+    kv = Manifest("kv_state", "prefix-7f3a", (ArtifactFile("seq0.state", 4096, "ab" * 32),), kv_identity,
+                  "s3://bucket/hydra", NOW).sign(key)
+    valid = [{"name": name, "hex": m.to_cbor().hex(), "decoded": to_json(m.to_wire()), "body_hex": m.body_bytes().hex(),
+              "signing_input_hex": signing_input(MANIFEST_CONTEXT, m.body_bytes()).hex(), "manifest_id": m.manifest_id,
+              "size": m.size, "json": m.to_json()} for name, m in (("model weights, two files", weights), ("kv state", kv))]
+
+    def code(wire: dict[str, Any]) -> str:
+        try:
+            Manifest.from_cbor(cbor.encode(wire)).verify()
+        except ArtifactError as exc:
+            return exc.code
+        raise AssertionError("an invalid manifest vector was accepted")
+
+    base = weights.to_wire()
+    cases = [
+        ("identity changed after signing", {**base, "identity": {"q": 1}}),
+        ("location changed after signing", {**base, "location": "posix:/elsewhere"}),
+        ("signed by another node", {**base, "node": node_id_from_public_key(bytes(SigningKey(SEED_B).verify_key))}),
+        ("schema version 2", {**base, "v": 2}),
+        ("unknown key", {**base, "ttl": 60}),
+        ("no signature", {k: v for k, v in base.items() if k != "sig"}),
+        ("files out of order", {**base, "files": list(reversed(base["files"]))}),
+        ("a path with ..", {**base, "files": [{**base["files"][0], "path": "../model.gguf"}]}),
+        ("unknown kind", {**base, "kind": "weights"}),
+        ("upper-case sha256", {**base, "files": [{**base["files"][0], "sha256": "5E" * 32}]}),
+    ]
+    invalid = [{"name": name, "hex": cbor.encode(wire).hex(), "error": code(wire)} for name, wire in cases]
+    non_canonical = bytes.fromhex(valid[0]["hex"])
+    invalid.append({"name": "non-canonical: a size with a non-shortest head", "hex": _non_shortest(non_canonical).hex(),
+                    "error": "manifest_invalid"})
+    return {"description": "Signed artifact manifests (protocol/placement.md): 'hex' is the wire form (canonical "
+                           "CBOR), 'body_hex' the signed body, 'signing_input_hex' the exact bytes the Ed25519 key of "
+                           "'node' signed, 'json' the JSON form; invalid manifests with the error code a reader gives",
+            "context": MANIFEST_CONTEXT, "signer_seed": SEED_A.hex(), "valid": valid, "invalid": invalid}
+
+
+def _non_shortest(data: bytes) -> bytes:
+    """``data`` with ``created_at`` (a 4-byte integer head) re-encoded with an 8-byte head."""
+    head = cbor.encode(NOW)
+    at = data.index(head)
+    return data[:at] + bytes([0x1B]) + NOW.to_bytes(8, "big") + data[at + len(head):]
+
+
 def build_all() -> dict[str, Any]:
     return {
         "cbor.json": cbor_vectors(), "envelope.json": envelope_vectors(), "token.json": token_vectors(),
         "frames.json": frame_vectors(), "channel.json": channel_vectors(), "handshake.json": handshake_vectors(),
         "announce.json": announcement_vectors(), "tunnel_data.json": tunnel_data_vectors(),
         "framing.json": framing_vectors(), "lease.json": lease_vectors(),
-        "invites.json": invite_vectors(),
+        "invites.json": invite_vectors(), "manifests.json": manifest_vectors(),
+        "relay.json": relay_vectors(to_json),
+        "membership.json": membership_vectors(to_json),
     }
 
 

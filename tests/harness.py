@@ -13,6 +13,9 @@ from pathlib import Path
 from waiting import poll_until
 
 START_TIMEOUT_S = 90.0
+#: The API key and the allowed CORS origin of the session's shared keyed node (tests/conftest.py).
+SHARED_API_KEY = "shared-test-key"
+SHARED_CORS_ORIGIN = "https://app.example"
 
 
 class NodeProcess:

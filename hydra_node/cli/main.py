@@ -25,6 +25,7 @@ from hydra_node.cli.config_sources import load_layered
 from hydra_node.cli.tune import add_tune_parser, cmd_benchmark
 from hydra_node.cli.banner import print_start_banner, reap_home
 from hydra_node.cli.speculative import add_speculative_serve_args, apply_speculative_args
+from hydra_node.cli.placement import add_placement_parser, add_placement_serve_args, apply_placement_args, cmd_placement
 from hydra_node.config import (DEFAULT_API_PORT, DEFAULT_CONSOLE_PORT, DEFAULT_MESH_PORT, ConfigError, NodeConfig, default_home,
                                env_api_key, env_join)
 
@@ -57,6 +58,12 @@ def _add_node_args(s: argparse.ArgumentParser, join_required: bool = False) -> N
                    help="address the peer link listener binds (default 0.0.0.0; links are authenticated and encrypted)")
     s.add_argument("--advertise", action="append", default=[], metavar="HOST[:PORT]",
                    help="address peers should dial (default: this machine's addresses); repeatable")
+    s.add_argument("--relay", choices=("auto", "on", "off"), default=None,
+                   help="relay links for peers that cannot be dialled: auto (when we can be dialled and are not "
+                        "a client), on, off (default: [relay] mode, else auto; docs/relays.md)")
+    s.add_argument("--relay-rate", type=float, default=None, metavar="MB/S",
+                   help="cap on the bytes per second we relay for others, all circuits together "
+                        "(default: [relay] rate_mb_s, else 4)")
     s.add_argument("--join-timeout", type=float, default=30.0, metavar="S",
                    help="give up joining after this many seconds (default 30)")
     s.add_argument("--headless", action="store_true", help="no web console (the management API stays up)")
@@ -103,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_discovery_serve_args(s)
     add_split_serve_args(s)
     add_speculative_serve_args(s)
+    add_placement_serve_args(s)  # --posix-root, --s3-bucket, --vast-* (hydra_node/cli/placement.py)
     add_config_parser(sub, s, _add_home)
     add_tune_parser(sub, _add_home)
 
@@ -132,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_models_parser(sub, _add_home)  # models [list|pull|rm] (hydra_node/cli/models.py)
     add_setup_parser(sub, _add_home)  # setup [--json] (hydra_node/cli/setup_cmd.py)
+    add_placement_parser(sub, _add_home)  # placement prefetch|fetch|status|retry|cache|pin|evict (docs/placement.md)
     return p
 
 
@@ -148,6 +157,7 @@ def main(argv=None) -> int:
                 "config": lambda a: cmd_config(a, node_config_from_args),
                 "swap": lambda a: cmd_swap(a, _client(a), fetch_settings(_home(a), load_layered(_home(a), None).file, os.environ)),
                 "discover": lambda a: cmd_discover(a, _home(a)),
+                "placement": lambda a: cmd_placement(a, _client(a)),
                 **{tool: lambda a: cmd_agent(a, _home(a)) for tool in AGENTS}}[args.command](args)
     except ConfigError as exc:
         print(f"hydra-node: configuration error: {exc}", file=sys.stderr)
@@ -168,11 +178,23 @@ def read_secret_file(flag: str, path: str) -> str:
     return text
 
 
+def relay_settings_from_args(args, section):
+    """``--relay``/``--relay-rate`` over the file's ``[relay]`` (``section``)."""
+    from hydra_node.mesh.relay import RelayLimits, RelaySettings
+
+    mb_s = section.rate_mb_s if args.relay_rate is None else args.relay_rate
+    if not 0.001 <= mb_s <= 10_000:
+        raise ConfigError(f"--relay-rate: must be between 0.001 and 10000 MB/s, not {mb_s}")
+    rate = int(mb_s * 1_000_000)
+    return RelaySettings(mode=args.relay or section.mode, use_relays=section.use_relays,
+                         limits=RelayLimits(bytes_per_s=rate, burst_bytes=max(64 * 1024, rate // 4)))
+
+
 def node_config_from_args(args) -> NodeConfig:
     from hydra_node.mesh.service import MeshSettings
 
     layered = load_layered(_home(args), args.config)  # <home>/config.toml < --config (docs/config.md)
-    file_cfg = apply_speculative_args(args, layered.file)
+    file_cfg = apply_placement_args(args, apply_speculative_args(args, layered.file))
     flag_origins = tuple(o if o == "*" else o.strip().lower().rstrip("/") for o in args.cors_origin)
     api = dataclasses.replace(file_cfg.api, cors_origins=file_cfg.api.cors_origins + flag_origins,
                               allow_hosts=file_cfg.api.allow_hosts + tuple(args.allow_host))
@@ -202,7 +224,7 @@ def node_config_from_args(args) -> NodeConfig:
     mesh = MeshSettings(listen_host=args.mesh_host,
                         listen_port=DEFAULT_MESH_PORT if args.mesh_port is None else args.mesh_port,
                         advertise=tuple(args.advertise), join=joins, role=role,
-                        join_timeout_s=args.join_timeout)
+                        join_timeout_s=args.join_timeout, relay=relay_settings_from_args(args, file_cfg.relay))
     max_mem = getattr(args, "max_memory", None)
     if max_mem is not None and max_mem <= 0:
         raise ConfigError("--max-memory: must be > 0 GB")

@@ -200,8 +200,12 @@ def prepare_models(cfg, environ):
         needs_fetch,
     )
     settings = fetch_settings(cfg.home, cfg.file, environ)
-    out = []
+    joining = cfg.mesh is not None and bool(cfg.mesh.join)
+    out, deferred = [], []
     for ref in cfg.models:
+        if ref.startswith("placement:"):  # materialised by the node at start (docs/placement.md)
+            out.append(ref)
+            continue
         if not needs_fetch(ref):
             if ("/" not in ref and "=" not in ref and not ref.endswith(".gguf") and not Path(ref).exists()
                     and ref not in (BUNDLED_MODEL_ID, "default", "bundled")):  # a name, but no known one
@@ -210,6 +214,9 @@ def prepare_models(cfg, environ):
                       f"hf://OWNER/REPO[@REV]/FILE or an https:// URL (see `hydra models`)", file=sys.stderr)
                 return None
             out.append(ref)
+            continue
+        if joining and not _held_locally(ref, settings):  # a peer may hold it: the node asks them first
+            deferred.append(ref)
             continue
         progress = StderrProgress(f"downloading {ref}")
         try:
@@ -223,7 +230,23 @@ def prepare_models(cfg, environ):
         if local.source not in ("cache", "bundled"):
             progress.finish()
         out.append(f"{local.model_id}={local.path}")
-    return cfg.replace(models=tuple(out))
+    return cfg.replace(models=tuple(out), fetch_models=tuple(deferred), fetch_settings=settings)
+
+
+def _held_locally(ref, settings) -> bool:
+    """True when ``ref`` needs no transfer: the bundled model, or already in the cache (a bad
+    reference counts as held: the download path reports it)."""
+    from hydra_node.runtime.fetch import BadModelSource, ModelCache, load_catalogue
+    from hydra_node.runtime.fetch.fetcher import remote_for
+
+    entry = load_catalogue().get(ref)
+    if entry is not None and entry.bundled:
+        return True
+    try:
+        remote = remote_for(ref, settings)
+    except BadModelSource:
+        return True
+    return ModelCache(settings.cache_dir).lookup(remote.model_id) is not None
 
 
 def cmd_models(args, home, file_cfg, client: NodeClient, environ) -> int:

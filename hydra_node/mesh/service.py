@@ -39,7 +39,11 @@ from hydra_node.mesh.link.peer_link import LinkSettings, PeerLink
 from hydra_node.mesh.links import DIAL_TIMEOUT_S, LinkTable
 from hydra_node.mesh.membership import Announcement, Membership, PeerJoined, PeerUpdated
 from hydra_node.mesh.peerstore import PeerStore
+from hydra_node.mesh.relay.agent import RelayAgent, RelayInputs
+from hydra_node.mesh.relay.messages import CONNECT_KIND, DIALBACK_KIND, INCOMING_KIND, RESERVE_KIND
+from hydra_node.mesh.relay.selection import dial_urls
 from hydra_node.mesh.settings import MeshSettings
+from hydra_node.mesh.verified import VerifiedAnnouncements
 from hydra_node.mesh.status_view import MeshStatus, PeerRow, mesh_section, peer_rows
 from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.mesh.stream_routes import StreamHandler, StreamRoutes
@@ -67,7 +71,13 @@ class MeshService:
         self.node_id = node_id_from_public_key(bytes(signing_key.verify_key))
         self._key_path = state_dir / "mesh.key"
         self._peer_store = PeerStore(state_dir / "peers.json")
-        self._announcer = Announcer(self.node_id, role=settings.role, name=name, version=version, source=announcement)
+        #: Reachability, relaying for others and through others (mesh/relay/, docs/relays.md).
+        self.relays = RelayAgent(settings.relay, RelayInputs(
+            node_id=self.node_id, role=settings.role, link_settings=self._link_settings, link_to=self.link_to,
+            open_links=self.open_links, members=self.members, alive=lambda p: self.member_states(0).get(p) == "alive",
+            addresses=lambda: self._addresses, adopt=lambda link: self._links.adopt(link) if self._links else None))
+        self._announcer = Announcer(self.node_id, role=settings.role, name=name, version=version,
+                                    source=lambda: self.relays.extend(announcement()))
         self._secret: MeshSecret | None = None
         self._port: int | None = None  # the link listener's, once in a mesh
         self._addresses: list[str] = []  # what we advertise (invites, announcements)
@@ -84,6 +94,9 @@ class MeshService:
         self._counters = {"bad_stream_headers": 0, "unknown_messages": 0, "quarantined_streams": 0,
                           "announce_errors": 0}
         self._routes = StreamRoutes()
+        for kind, serve in ((RESERVE_KIND, self.relays.on_reserve), (CONNECT_KIND, self.relays.on_connect),
+                            (INCOMING_KIND, self.relays.on_incoming), (DIALBACK_KIND, self.relays.on_dialback)):
+            self._routes.add_kind(kind, serve)
         #: Issued invites (HOME/mesh/invites.json), admission checks, revocation lists (mesh/invite_relay.py).
         self.invites = InviteService(InviteBook(state_dir / "invites.json", signing_key), self.node_id)
         self._on_event, self._feed = on_event, MembershipFeed()  # membership → live events (event_feed.py)
@@ -246,15 +259,17 @@ class MeshService:
         self._secret = secret
         self.invites.enter(secret.mesh_id, session, self.open_links, self._trusted_issuer)
         self._links = LinkTable(self.node_id, session, self._link_settings, addresses_of=self._addresses_of,
-                                on_up=self._link_up, on_down=self._link_down)
+                                on_up=self._link_up, on_down=self._link_down, connect=self.relays.connect)
         self._listener = LinkListener(self._link_settings(), on_link=self._on_inbound_link)
         self._port = await session.start(self._listener.serve, self._settings.listen_host, self._settings.listen_port)
         self._addresses = advertised_addresses(self._settings.listen_host, self._port, self._settings.advertise)
         self._membership = Membership(self._announcement(), self._settings.membership, now=trio.current_time(),
-                                      verify=verify_announcement, sign=partial(sign_announcement, self._signing_key))
+                                      verify=VerifiedAnnouncements(verify_announcement),
+                                      sign=partial(sign_announcement, self._signing_key))
         self._gossip = await session.start(GossipService(
             self._membership, self._send,
             send_errors=(MeshError, OSError, trio.BrokenResourceError, trio.ClosedResourceError)).run)
+        await session.start(self.relays.run)
         session.start_soon(self._consume_events)
         session.start_soon(self._announce_loop)
         seeds: list[str] = []
@@ -292,7 +307,10 @@ class MeshService:
         # Any record, tombstones included: healing a partition means dialling peers we think are dead.
         rec = self._membership.record(peer_id) if self._membership is not None else None
         ann = rec.announcement if rec is not None else None
-        return [addr_to_url(a) for a in ann.addresses] if ann is not None else []
+        if ann is None:
+            return []
+        return dial_urls(ann.extra, [addr_to_url(a) for a in ann.addresses], lambda p: self.link(p) is not None,
+                         me=self.node_id)
 
     def _link_up(self, peer_id: str) -> None:
         if self._gossip is not None:
@@ -364,6 +382,8 @@ class MeshService:
         async for ev in self._gossip.events:
             if isinstance(ev, (PeerJoined, PeerUpdated)):
                 self._peer_store.remember(self.mesh_id, self._membership.members())
+            if isinstance(ev, PeerJoined) and self._links is not None:
+                self._links.member_joined(ev.peer_id)  # the smaller id links ahead of need
             log.info("event=membership_%s peer=%s incarnation=%s", type(ev).__name__.lower(),
                      ev.peer_id[:16], getattr(ev, "incarnation", ""))
             for kind, fields in self._feed.translate(ev) if self._on_event is not None else ():
@@ -401,4 +421,7 @@ class MeshService:
             gossip=self.gossip_statistics(),
             counters={**self._counters, "duplicate_links_closed": links.duplicate_links_closed if links is not None else 0,
                       "dial_failures": links.dial_failures if links is not None else 0,
-                      "dials_deferred": links.dial_limiter.deferred if links is not None else 0})
+                      "dials_deferred": links.dial_limiter.deferred if links is not None else 0,
+                      **(links.counters() if links is not None else {}),
+                      **(self._gossip.lag_counters() if self._gossip is not None else {})},
+            reachability=self.relays.reachability_view(), relays=self.relays.status())

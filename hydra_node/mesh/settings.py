@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from hydra_node.mesh.link.faults import FaultInjection
 from hydra_node.mesh.membership import MembershipConfig
+from hydra_node.mesh.relay.settings import RelaySettings
 
 __all__ = ["MeshSettings"]
 
@@ -24,3 +25,4 @@ class MeshSettings:
     invite_ttl_s: float = 24 * 3600.0
     membership: MembershipConfig = field(default_factory=MembershipConfig)
     fault: FaultInjection | None = None
+    relay: RelaySettings = field(default_factory=RelaySettings)

@@ -12,6 +12,8 @@ from typing import Callable, Mapping
 from hydra_node.mesh.gossip import GossipServiceStatistics
 from hydra_node.mesh.link.peer_link import LinkStatistics, PeerLink
 from hydra_node.mesh.membership import Announcement, MembershipStatistics
+from hydra_node.mesh.relay.agent import RelayStatus
+from hydra_node.mesh.relay.reachability import ReachabilityView
 
 __all__ = ["MembershipCounters", "MeshStatus", "PeerRow", "mesh_section", "peer_rows"]
 
@@ -32,6 +34,8 @@ class PeerRow:
     api_port: int | None
     queue_depth: int | None
     linked: bool
+    relay: str | None = None
+    """The relay our link to this peer runs through (None: a direct link, or no link)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class MembershipCounters:
     refutations: int
     failed_sends: int
     dropped_sends: int
+    local_health: int = 0  # Lifeguard's score, 0 (healthy) .. 7: our probe timeouts are x (score + 1)
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,10 @@ class MeshStatus:
     handshake_failures: Mapping[str, int]
     membership: MembershipCounters | None
     counters: Mapping[str, int]
+    reachability: ReachabilityView | None = None
+    """Can peers dial us (``reachable``: true, false or "unknown"), and how we learned it."""
+    relays: RelayStatus | None = None
+    """Relaying for others (``offering``, limits, circuits) and our reservations at relays."""
 
 
 def peer_rows(statistics: MembershipStatistics, members: Mapping[str, Announcement | None],
@@ -76,13 +85,15 @@ def peer_rows(statistics: MembershipStatistics, members: Mapping[str, Announceme
                            rtt_ms=None if link is None or link.rtt_ms is None else round(link.rtt_ms, 2),
                            last_seen=None if p.last_seen_s is None else round(p.last_seen_s, 2),
                            incarnation=p.incarnation, api_port=ann.api_port if ann else None,
-                           queue_depth=ann.queue_depth if ann else None, linked=link is not None))
+                           queue_depth=ann.queue_depth if ann else None, linked=link is not None,
+                           relay=link.relay if link is not None else None))
     return out
 
 
 def mesh_section(*, mesh_id: str | None, port: int | None, addresses: list[str], role: str,
                  links: Mapping[str, LinkStatistics], handshake_failures: Mapping[str, int],
-                 gossip: GossipServiceStatistics | None, counters: Mapping[str, int]) -> MeshStatus:
+                 gossip: GossipServiceStatistics | None, counters: Mapping[str, int],
+                 reachability: ReachabilityView | None = None, relays: RelayStatus | None = None) -> MeshStatus:
     """The mesh section (``links``: statistics by short peer id)."""
     rejected: dict[str, int] = {}
     for s in links.values():
@@ -92,9 +103,9 @@ def mesh_section(*, mesh_id: str | None, port: int | None, addresses: list[str],
         incarnation=gossip.membership.incarnation, sent=gossip.membership.sent,
         received=gossip.membership.received, rejected=gossip.membership.rejected,
         refutations=gossip.membership.refutations, failed_sends=gossip.failed_sends,
-        dropped_sends=gossip.dropped_sends)
+        dropped_sends=gossip.dropped_sends, local_health=gossip.membership.local_health)
     return MeshStatus(mesh_id=mesh_id, port=port, addresses=tuple(addresses), role=role, links=len(links),
                       frames_rejected=rejected, link_bytes_in=sum(s.bytes_in for s in links.values()),
                       link_bytes_out=sum(s.bytes_out for s in links.values()),
                       handshake_failures=dict(handshake_failures), membership=membership,
-                      counters=dict(counters))
+                      counters=dict(counters), reachability=reachability, relays=relays)

@@ -105,7 +105,7 @@ class LiveScheduling:
         self.listeners: list[Callable[[RequestObservation], None]] = []
         self.counters = {"attempts": 0, "finished": 0, "failures_blamed": 0, "failures_not_blamed": 0,
                          "rtt_samples": 0, "hint_summaries_merged": 0, "hint_entries_merged": 0,
-                         "hint_summaries_rejected": 0, "announced_summaries": 0}
+                         "hint_summaries_rejected": 0, "announced_summaries": 0, "observations_dropped": 0}
         self._last_rtt: dict[str, float] = {}  # peer -> last RTT recorded (pruned to current links)
         self._hint_seen: dict[str, tuple[int, int]] = {}  # peer -> (incarnation, seq) merged
         self._announced: tuple[float, dict] | None = None
@@ -296,6 +296,26 @@ class LiveScheduling:
             self.counters["announced_summaries"] += 1
         self._announced = (now, extra)
         return extra
+
+    # ---- what other services measured --------------------------------------------------------
+    def observe_materialised(self, kind: str, name: str, source: str, nbytes: int, duration_s: float) -> None:
+        """An artifact materialised here (docs/placement.md): bytes from a peer (``peer:<id>``) feed that
+        peer's bandwidth estimate; model weights and layer packages are model ``name``'s cold start here."""
+        now, ms = trio.current_time(), duration_s * 1000.0
+        try:
+            if source.startswith("peer:"):
+                self.telemetry.observe_transfer(Target(source.removeprefix("peer:"), name), nbytes, ms, now)
+            if kind in ("model_weights", "layer_package"):
+                self.telemetry.observe_artifact(Target(LOCAL, name), ms, now)
+        except ValueError:  # an id the telemetry cannot key
+            self.counters["observations_dropped"] += 1
+
+    def observe_kv(self, model: str, direction: str, nbytes: int, duration_ms: float) -> None:
+        """A KV state exported or imported by our runner of ``model`` (docs/kv-reuse.md): its transfer cost."""
+        try:
+            self.telemetry.observe_kv_transfer(Target(LOCAL, model), duration_ms, trio.current_time(), nbytes=nbytes)
+        except ValueError:
+            self.counters["observations_dropped"] += 1
 
     # ---- status ----------------------------------------------------------------------------
     def statistics(self) -> SchedulingStatistics:

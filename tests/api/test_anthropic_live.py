@@ -10,12 +10,12 @@ import json
 
 import anthropic
 import pytest
-from harness import NodeProcess
+from harness import SHARED_API_KEY
 
 from hydra_node.models import BUNDLED_MODEL_ID
 
 MODEL = BUNDLED_MODEL_ID
-KEY = "anthropic-test-key"
+KEY = SHARED_API_KEY
 WEATHER = {"name": "get_weather", "description": "Get the current weather in a city.",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
                             "required": ["city"], "additionalProperties": False}}
@@ -25,13 +25,9 @@ GREEDY = {"temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    home = tmp_path_factory.mktemp("node-anthropic")
-    (home / "hydra.toml").write_text("[defaults.model_fit]\nprompt_cache = false\n")
-    n = NodeProcess(home, "--config", str(home / "hydra.toml"), "--api-key", KEY)
-    n.start()
-    yield n
-    n.kill_all()
+def node(shared_keyed_node):
+    """The session's shared keyed node (tests/conftest.py): it requires KEY; prompt cache off."""
+    return shared_keyed_node
 
 
 @pytest.fixture(scope="module")

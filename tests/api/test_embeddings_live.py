@@ -18,25 +18,14 @@ from hydra_node.models import BUNDLED_MODEL_ID
 
 MODEL = BUNDLED_MODEL_ID
 DIM = 576  # SmolLM2-135M's embedding size
-JOIN_TIMEOUT_S = 30.0
 CAT, KITTEN = "The cat sat on the mat.", "A kitten was sitting on the rug."
 MONEY, STOCKS = "Quarterly revenue grew by twelve percent.", "Stock prices fell sharply today."
 
 
 @pytest.fixture(scope="module")
-def mesh(tmp_path_factory):
-    root = tmp_path_factory.mktemp("embed-mesh")
-    a = NodeProcess(root / "a", "--name", "a").start()
-    c = NodeProcess(root / "c", "--no-model", "--name", "c", "--join", a.invite())
-    try:
-        c.start()
-        a_id = a.status()["node_id"]
-        c.wait_status(lambda st: any(p["id"] == a_id and p["state"] == "alive" and MODEL in p["models"]
-                                     for p in st["peers"]), timeout=JOIN_TIMEOUT_S, what="C sees A's model")
-        yield {"a": a, "c": c, "a_id": a_id}
-    finally:
-        c.kill_all()
-        a.kill_all()
+def mesh(shared_mesh):
+    """The session's shared mesh (tests/conftest.py): A hosts the model, C hosts nothing."""
+    return {"a": shared_mesh.host, "c": shared_mesh.front, "a_id": shared_mesh.host_id}
 
 
 def client_for(node: NodeProcess) -> openai.OpenAI:

@@ -10,7 +10,7 @@ import llama_cpp
 import openai
 import pytest
 
-from harness import NodeProcess, request
+from harness import request
 from hydra_node.models import BUNDLED_MODEL_ID
 from waiting import poll_until
 
@@ -27,11 +27,9 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    n = NodeProcess(tmp_path_factory.mktemp("node-openai"))
-    n.start()
-    yield n
-    n.kill_all()
+def node(shared_node):
+    """The session's shared node (tests/conftest.py)."""
+    return shared_node
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,9 @@ import openai
 import pytest
 
 from grammar_oracle import validate
-from harness import NodeProcess
 from hydra_node.models import BUNDLED_MODEL_ID
 
 MODEL = BUNDLED_MODEL_ID
-JOIN_TIMEOUT_S = 60.0
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
@@ -39,24 +37,13 @@ STRUCTURED = dict(model=MODEL, messages=[{"role": "user", "content": "Invent a p
 
 
 @pytest.fixture(scope="module")
-def mesh(tmp_path_factory):
-    root = tmp_path_factory.mktemp("openai-mesh")
-    a = NodeProcess(root / "a", "--name", "a")
-    c = NodeProcess(root / "c", "--no-model", "--name", "c")
-    try:
-        a.start()
-        c.args += ["--join", a.invite()]
-        c.start()
-        a_id = a.status()["node_id"]
-        c.wait_status(lambda st: any(p["id"] == a_id and p["state"] == "alive" and MODEL in p["models"]
-                                     for p in st["peers"]), timeout=JOIN_TIMEOUT_S, what="C sees A's model")
-        assert not c.status()["models"]  # C hosts nothing: every answer below comes through the mesh
-        yield {"a": a, "c": c, "a_id": a_id,
-               "via_c": openai.OpenAI(base_url=c.base_url, api_key="unused", max_retries=0, timeout=120),
-               "at_a": openai.OpenAI(base_url=a.base_url, api_key="unused", max_retries=0, timeout=120)}
-    finally:
-        c.kill_all()
-        a.kill_all()
+def mesh(shared_mesh):
+    """The session's shared mesh (tests/conftest.py): A is its host, C its front."""
+    a, c = shared_mesh.host, shared_mesh.front
+    assert not c.status()["models"]  # C hosts nothing: every answer below comes through the mesh
+    return {"a": a, "c": c, "a_id": shared_mesh.host_id,
+            "via_c": openai.OpenAI(base_url=c.base_url, api_key="unused", max_retries=0, timeout=120),
+            "at_a": openai.OpenAI(base_url=a.base_url, api_key="unused", max_retries=0, timeout=120)}
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 
 import openai
 import pytest
-from harness import NodeProcess, request
+from harness import request
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
@@ -20,14 +20,9 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Get the cu
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    home = tmp_path_factory.mktemp("node-responses")
-    # greedy outputs are compared (stream vs whole): evaluate every prompt from scratch
-    (home / "hydra.toml").write_text("[defaults.model_fit]\nprompt_cache = false\n")
-    n = NodeProcess(home, "--config", str(home / "hydra.toml"))
-    n.start()
-    yield n
-    n.kill_all()
+def node(shared_node):
+    """The session's shared node (tests/conftest.py): prompt cache off, as stream and whole are compared."""
+    return shared_node
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import json
 import openai
 import pytest
 
-from harness import NodeProcess
 from hydra_node.models import BUNDLED_MODEL_ID
 
 MODEL = BUNDLED_MODEL_ID
@@ -18,22 +17,9 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Get the cu
 
 
 @pytest.fixture(scope="module")
-def mesh(tmp_path_factory):
-    base = tmp_path_factory.mktemp("responses-mesh")
-    nodes: list[NodeProcess] = []
-    try:
-        host = NodeProcess(base / "host", "--name", "host")
-        nodes.append(host)
-        host.start()
-        front = NodeProcess(base / "front", "--no-model", "--name", "front", "--join", host.invite())
-        nodes.append(front)
-        front.start()
-        front.wait_status(lambda st: any(p["state"] == "alive" and MODEL in p["models"] for p in st["peers"]),
-                          60, "the host's model seen")
-        yield host, front
-    finally:
-        for n in nodes:
-            n.kill_all()
+def mesh(shared_mesh):
+    """The session's shared mesh (tests/conftest.py): a host with the model, a front with none."""
+    return shared_mesh.host, shared_mesh.front
 
 
 def test_a_peer_serves_a_forced_call_with_logprobs(mesh):

@@ -1,7 +1,7 @@
 """The real OpenAI-ecosystem clients against ONE live node on the bundled model (issue 13, item 7).
 
-Every test in this package shares the package-scoped :func:`node` (a real ``hydra-node serve``
-started by ``harness.NodeProcess``, bundled SmolLM2-135M); requests are greedy
+Every test in this package shares the package-scoped :func:`node`, the session's ``shared_node``
+(a real ``hydra-node serve``, bundled SmolLM2-135M, see tests/conftest.py); requests are greedy
 (``temperature: 0``) with small ``max_tokens``. The bundled model's answers are poor, so the
 tests assert on structure: a call of the named tool whose arguments validate, JSON that
 validates, OpenAI's shapes.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import pytest
 
 from clientkit import netguard, restore_env
-from harness import NodeProcess
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -25,12 +24,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="package")
-def node(tmp_path_factory):
-    """One real node for every client test (the bundled model, loopback ports)."""
-    n = NodeProcess(tmp_path_factory.mktemp("clients-node"))
-    n.start()
-    yield n
-    n.kill_all()
+def node(shared_node):
+    """One real node for every client test: the session's shared node (tests/conftest.py)."""
+    return shared_node
 
 
 @pytest.fixture(scope="package")

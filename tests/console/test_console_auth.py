@@ -7,7 +7,6 @@ import json
 
 from cdp import open_browser
 from harness import NodeProcess, request
-from pagekit import open_console
 
 KEY = "console-test-key-0123456789"
 

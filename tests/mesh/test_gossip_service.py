@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import cbor2
 import pytest
@@ -117,3 +118,49 @@ async def test_service_refuses_input_when_not_running() -> None:
     service = GossipService(core, send)
     with pytest.raises(LocalMembershipError):
         service.join(["y"])
+
+
+async def test_a_late_timer_wake_is_reported_to_the_core_as_local_lag() -> None:
+    """Real clock: the whole event loop is stuck (as on an overloaded host) past a deadline."""
+    core = Membership(Announcement(node_id="x"), now=trio.current_time())
+
+    async def send(to: str, wire: dict) -> None:
+        pass
+
+    service = GossipService(core, send)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            assert service.statistics().late_wakes == 0
+            time.sleep(max(0.0, core.next_deadline() - trio.current_time()) + 0.4)
+            await trio.sleep(0.05)
+            stats = service.statistics()
+            assert stats.max_lag_s >= 0.35 and stats.late_wakes >= 1
+            assert stats.membership.local_health >= 1  # the core widens its timeouts
+            assert service.lag_counters()["loop_lag_max_ms"] >= 350
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_slow_send_is_dropped_without_reporting_the_link_down(instant_clock) -> None:
+    """A send that outlasts send_timeout (a handshake on a loaded host) is counted as timed out;
+    only a send that fails with an error reports the link down (tested above with refuse=True)."""
+    mesh = MemoryMesh()
+    hanging = {"n1"}
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for node in IDS[:2]:
+                await mesh.start(nursery, node)
+            real = mesh.services["n0"]._send
+
+            async def send(to: str, wire: dict) -> None:
+                if to in hanging:
+                    await trio.sleep_forever()
+                await real(to, wire)
+
+            mesh.services["n0"]._send = send
+            mesh.services["n1"].join(["n0"])
+            await wait_for(lambda: mesh.seen("n0", PeerJoined, "n1"))
+            await trio.sleep(3)
+            stats = mesh.services["n0"].statistics()
+            assert stats.timed_out_sends > 0 and stats.failed_sends == 0
+            nursery.cancel_scope.cancel()

@@ -161,7 +161,10 @@ def test_mutated_messages_give_a_message_or_invalid_message(msg, data) -> None:
 
 
 def test_config_validation_and_bound() -> None:
-    assert MembershipConfig().detection_bound(0.0) == pytest.approx(6.0)
+    cfg = MembershipConfig()
+    assert cfg.detection_bound(0.0, members=10) == pytest.approx(1.0 + 2 * 1.0 + 2.0)
+    assert cfg.detection_bound(1.0, members=1000) == pytest.approx(10.0)  # the 1,000-node goal
+    assert cfg.suspicion_bounds(100) == pytest.approx((4.0, 24.0))
     with pytest.raises(LocalMembershipError):
         MembershipConfig(probe_timeout=0.8, indirect_timeout=0.8)
     with pytest.raises(LocalMembershipError):

@@ -132,7 +132,7 @@ def test_config_show_names_every_source(tmp_path):
     assert v["node.api_port"] == {"value": 9500, "source": "flag"}
     assert v["node.console_port"]["source"] == "default"
     text = run_cli("config", "show", "--home", str(tmp_path))
-    assert text.returncode == 0 and f"ctx_size = 8192" in text.stdout and f"# {tmp_path / 'config.toml'}" in text.stdout
+    assert text.returncode == 0 and "ctx_size = 8192" in text.stdout and f"# {tmp_path / 'config.toml'}" in text.stdout
 
 
 def test_config_path_and_a_configuration_error(tmp_path):

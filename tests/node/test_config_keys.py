@@ -126,10 +126,9 @@ mlock = false
 prefill_chunk_size = 256
 [placement]
 s3_bucket = "models"
-""")
+""")  # [placement] acts (docs/placement.md): not reserved
     assert cfg.reserved_keys == ("defaults.hardware.device", "defaults.model_fit.kv_cache_policy",
-                                 "defaults.model_fit.prefix_cache.payload_mode", "defaults.skippy.prefill_chunk_size",
-                                 "placement.s3_bucket")
+                                 "defaults.model_fit.prefix_cache.payload_mode", "defaults.skippy.prefill_chunk_size")
 
 
 def test_implemented_keys_are_not_reserved():
@@ -139,15 +138,15 @@ def test_implemented_keys_are_not_reserved():
 
 
 async def test_reserved_keys_are_logged_at_start_and_in_status(tmp_path, caplog):
-    node = _node(tmp_path, "[defaults.throughput]\nnuma = 'off'\n[placement]\ncache_ttl_secs = 5\n")
-    assert node.status()["config"]["reserved_keys"] == ["defaults.throughput.numa", "placement.cache_ttl_secs"]
+    node = _node(tmp_path, "[defaults.throughput]\nnuma = 'off'\npriority = 'high'\n[placement]\ncache_ttl_secs = 5\n")
+    assert node.status()["config"]["reserved_keys"] == ["defaults.throughput.numa", "defaults.throughput.priority"]
     caplog.set_level(logging.INFO, logger="hydra.node")
     async with trio.open_nursery() as nursery:
         with trio.fail_after(30):
             await nursery.start(node.run)
         node.request_stop()
     lines = [r.getMessage() for r in caplog.records if "config_reserved_keys" in r.getMessage()]
-    assert lines == ["event=config_reserved_keys keys=defaults.throughput.numa,placement.cache_ttl_secs"]
+    assert lines == ["event=config_reserved_keys keys=defaults.throughput.numa,defaults.throughput.priority"]
 
 
 async def test_status_shows_no_reserved_keys_without_any(tmp_path):

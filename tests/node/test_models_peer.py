@@ -125,3 +125,21 @@ def test_swap_by_reference_fetches_from_the_mesh_then_hosts_it(two_nodes, capsys
     assert f"from peer:{two_nodes['a_id']}" in err and "loaded third" in out
     assert len(hub.requests) == hub_requests
     assert "third" in b.status()["serving_models"]
+
+
+def test_serve_with_a_model_name_and_join_takes_it_from_a_peer_first(two_nodes, tmp_path):
+    """``serve --model REF --join TOKEN`` with REF missing locally: the joined node fetches it from A
+    (no request reaches the Hub), then serves it."""
+    a, hub = two_nodes["a"], two_nodes["hub"]
+    hub_requests = len(hub.requests)
+    c = NodeProcess(tmp_path / "c", "--no-rpc-worker", "--name", "c", "--model", "hf://mesh/models-GGUF/third.gguf",
+                    "--join", a.invite(), env={"HF_ENDPOINT": hub.url})
+    try:
+        c.start()
+        st = c.status()
+        assert st["serving_models"] == ["third"], st["serving_models"]
+        assert len(hub.requests) == hub_requests, hub.requests[hub_requests:]
+        assert f"source=peer:{two_nodes['a_id']}" in c.log()
+        assert ModelCache(tmp_path / "c" / "models").lookup("third").sha256 == two_nodes["sha256"]
+    finally:
+        c.kill_all()

@@ -8,22 +8,16 @@ import socket
 import openai
 import pytest
 
-from harness import NodeProcess, request
+from harness import request
 from hydra_node.models import BUNDLED_MODEL_ID
 
 MODEL = BUNDLED_MODEL_ID
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    home = tmp_path_factory.mktemp("node-api")
-    # Prefix reuse changes llama.cpp's batch split and so the last bits of greedy logits;
-    # these tests compare outputs, so every prompt is evaluated from scratch.
-    (home / "hydra.toml").write_text("[defaults.model_fit]\nprompt_cache = false\n")
-    n = NodeProcess(home, "--config", str(home / "hydra.toml"))
-    n.start()
-    yield n
-    n.kill_all()
+def node(shared_node):
+    """The session's shared node (tests/conftest.py): prompt cache off, as these tests compare outputs."""
+    return shared_node
 
 
 @pytest.fixture(scope="module")

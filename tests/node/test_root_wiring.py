@@ -16,10 +16,14 @@ from hydra_node.node import Node
 from hydra_node.runtime.hosting.service import RpcWorkerOff
 
 SECTIONS = {"speculation", "network_costs", "scheduler", "splits", "rpc_worker", "config", "invites", "events",
-            "model_share"}
+            "model_share", "placement", "kv_cache"}
 ROUTES = {("POST", "/api/invite"), ("GET", "/api/invites"), ("POST", "/api/invite/revoke"), ("GET", "/metrics"), ("GET", "/api/runtime/models"),
           ("POST", "/api/runtime/models"), ("DELETE", "/api/runtime/models/*"), ("GET", "/api/events"),
-          ("GET", "/api/history"), ("POST", "/api/models/fetch")}
+          ("GET", "/api/history"), ("POST", "/api/models/fetch"),
+          ("POST", "/api/placement/prefetch"), ("POST", "/api/placement/fetch"), ("GET", "/api/placement/status"),
+          ("GET", "/api/placement/status/*"), ("POST", "/api/placement/retry"), ("GET", "/api/placement/cache"),
+          ("POST", "/api/placement/pin"), ("POST", "/api/placement/evict"),
+          ("POST", "/api/kv/export"), ("POST", "/api/kv/import")}
 
 
 def _config(tmp_path, **kw) -> NodeConfig:

@@ -280,3 +280,20 @@ def test_prompt_size_counts_token_prompts_and_tool_definitions():
     tooled = GenerationRequest(model=MODEL, kind="chat", messages=(("user", "hi"),), max_tokens=4,
                                tools=(ToolSpec("f", "x" * 400, '{"type": "object", "properties": {}}'),))
     assert live.features(tooled).prompt_tokens > live.features(plain).prompt_tokens + 90
+
+
+async def test_materialised_artifacts_and_kv_transfers_feed_the_telemetry():
+    """Placement (issue 15 item 7): a peer's transfer is that peer's bandwidth, model weights are the
+    model's cold start here, a KV export/import is its KV transfer time; unusable ids are counted."""
+    live = LiveScheduling(SchedulerConfig(), "me")
+    peer = "ab" * 32
+    live.observe_materialised("model_weights", "m1", f"peer:{peer}", 4_000_000, 2.0)
+    live.observe_materialised("kv_state", "k1", "posix:/mnt/root", 1000, 0.5)
+    live.observe_kv("m1", "import", 2_000_000, 40.0)
+    now = trio.current_time()
+    assert live.telemetry.view(Target(peer, "m1"), now).bandwidth_bps == pytest.approx(2_000_000)
+    local = live.telemetry.view(Target("local", "m1"), now)
+    assert local.artifact_ms == pytest.approx(2000.0) and local.kv_transfer_ms == pytest.approx(40.0)
+    assert live.telemetry.view(Target("local", "k1"), now).artifact_ms is None  # KV state is no cold start
+    live.observe_materialised("model_weights", "", "peer:x", 1, 1.0)
+    assert live.counters["observations_dropped"] == 1

@@ -83,7 +83,7 @@ def test_node_log_rotates(tmp_path):
 
 
 def test_model_ids_become_distinct_bounded_ascii_file_names():
-    from hydra_node.runtime.runner.supervisor import _safe
+    from hydra_node.runtime.runner.records import safe_file_part as _safe
 
     ids = ["a/b", "a_b", "a:b", "é" * 128, "x" * 128, "hf://org/model-Q4.gguf"]
     names = [_safe(i) for i in ids]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -177,13 +178,15 @@ async def test_stop_terminates_then_kills_after_the_grace_period(ignores_sigterm
 
 def test_child_outlives_idle_spawn_threads_but_dies_with_a_kill_9d_parent(tmp_path):
     """PR_SET_PDEATHSIG follows the forking *thread*: trio's cached threads exit after 10 idle
-    seconds, so the child must still be alive after that, and gone once the parent is."""
+    seconds, so the child must still be alive once the parent has none left (it says ``idle`` then),
+    and gone once the parent is."""
     parent = subprocess.Popen([PY, str(PARENT), str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         child = int(parent.stdout.readline())
         rec = read_pidfile(tmp_path / "sleeper.pid")
         assert rec.pid == child and rec.owner_pid == parent.pid and alive(child)
-        time.sleep(11.5)
+        assert select.select([parent.stdout], [], [], 60)[0], "the parent's trio threads did not go idle"
+        assert parent.stdout.readline().strip() == "idle"
         assert alive(child), "the child died with an idle spawning thread"
         parent.kill()
         parent.wait(10)

@@ -26,20 +26,18 @@ import time
 
 import pytest
 
-from harness import NodeProcess, request
+from harness import SHARED_API_KEY, SHARED_CORS_ORIGIN, request
 from hydra_node.models import BUNDLED_MODEL_ID
 
-KEY = "abuse-test-key"
-ORIGIN = "https://app.example"
+KEY = SHARED_API_KEY
+ORIGIN = SHARED_CORS_ORIGIN
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory):
-    home = tmp_path_factory.mktemp("abuse")
-    n = NodeProcess(home, "--api-key", KEY, "--cors-origin", ORIGIN).start()
-    yield n
-    n.kill_all()
+def node(shared_keyed_node):
+    """The session's shared keyed node (tests/conftest.py): it requires KEY and allows ORIGIN."""
+    return shared_keyed_node
 
 
 def _raw(port: int, data: bytes, source: str = "127.0.0.1", timeout: float = 30) -> bytes:

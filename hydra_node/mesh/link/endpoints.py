@@ -13,6 +13,7 @@ import trio
 import trio_websocket
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, open_websocket_url, serve_websocket
 
+from hydra_node.mesh.link.dialback import answer_dialback, nonce_from_path
 from hydra_node.mesh.link.websocket import set_message_limit
 from hydra_node.mesh.wire.constants import MAX_HANDSHAKE_MESSAGE_BYTES, MAX_LINK_FRAME_BYTES
 from hydra_node.mesh.wire.errors import HandshakeError, LinkClosed, LocalProtocolError
@@ -43,6 +44,10 @@ async def _run_handshake(ws: WebSocketConnection, handshake: Handshake, timeout_
     result = await _exchange(ws, handshake, timeout_s)
     set_message_limit(ws, MAX_LINK_FRAME_BYTES)
     return result
+
+
+#: The same handshake over any message transport (a relayed stream: mesh/relay/transport.py).
+run_handshake = _run_handshake
 
 
 async def _exchange(ws: WebSocketConnection, handshake: Handshake, timeout_s: float) -> HandshakeResult:
@@ -183,6 +188,11 @@ class LinkListener:
             log_event(logging.ERROR, "link_connection_failed", error=repr(exc))
 
     async def _handle_connection(self, request: WebSocketRequest) -> None:
+        nonce = nonce_from_path(request.path)
+        if nonce is not None:  # a peer checking that we can be dialled here (link/dialback.py)
+            with trio.move_on_after(CLOSE_TIMEOUT_S * 2):
+                await answer_dialback(request, self._settings.identity, nonce)
+            return
         source = _source_address(request)
         if self._handshaking >= MAX_CONCURRENT_HANDSHAKES or self._handshaking_from[source] >= MAX_HANDSHAKES_PER_ADDRESS:
             self._failures["busy"] += 1

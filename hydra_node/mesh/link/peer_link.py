@@ -1,4 +1,5 @@
-"""`PeerLink`: the trio driver of an encrypted, multiplexed link over trio-websocket.
+"""`PeerLink`: the trio driver of an encrypted, multiplexed link over a message transport
+(trio-websocket, or a relayed stream: ``link/transport.py``).
 
 One reader task and one writer task per connection; the writer is the only
 task that sends, so sends never interleave, and a failed send closes the link.
@@ -41,6 +42,7 @@ from hydra_node.mesh.wire.mux import (
     WindowOpened,
 )
 from hydra_node.mesh.link.stream import LinkStream, Signal, StreamPort
+from hydra_node.mesh.link.transport import MessageTransport
 from hydra_node.mesh.link.websocket import close_websocket, log_event
 
 __all__ = ["CLOSE_TIMEOUT_S", "HANDSHAKE_TIMEOUT_S", "IDLE_TIMEOUT_S", "PING_INTERVAL_S", "LinkSettings",
@@ -50,7 +52,8 @@ __all__ = ["CLOSE_TIMEOUT_S", "HANDSHAKE_TIMEOUT_S", "IDLE_TIMEOUT_S", "PING_INT
 class PeerLink:
     """An authenticated, encrypted link to one peer. Run it with `await nursery.start(link.run)`."""
 
-    def __init__(self, ws: WebSocketConnection, result: HandshakeResult, settings: LinkSettings) -> None:
+    def __init__(self, ws: WebSocketConnection | MessageTransport, result: HandshakeResult,
+                 settings: LinkSettings) -> None:
         self._ws = ws
         self._result = result
         self._settings = settings
@@ -112,6 +115,11 @@ class PeerLink:
             return str(self._ws.remote.address)
         except Exception:  # not a TCP connection, or already torn down
             return None
+
+    @property
+    def relay(self) -> str | None:
+        """The node id of the relay this link runs through (None for a direct link)."""
+        return getattr(self._ws, "relay", None)
 
     @property
     def closed(self) -> bool:

@@ -16,14 +16,15 @@ from hydra_node.mesh.membership.config import (
 )
 from hydra_node.mesh.membership.core import Membership
 from hydra_node.mesh.membership.messages import (
-    Ack, DigestEntry, Gossip, Leave, Message, PeerRecord, Ping, PingReq, Pull, Sync,
-    decode_message, merge_records,
+    Ack, DigestEntry, DigestSync, Gossip, Leave, Message, Nack, PeerRecord, Ping, PingReq, Pull,
+    Suspect, Sync, decode_message, merge_records,
 )
 from hydra_node.mesh.membership.state import TRANSITIONS, PeerState, Trigger, transition
 from hydra_node.mesh.membership.stats import MembershipStatistics, PeerStatus
 
 __all__ = [
-    "ROLES", "Ack", "Action", "Announcement", "DigestEntry", "Gossip", "Hardware", "InvalidMessage",
+    "ROLES", "Ack", "Action", "Announcement", "DigestEntry", "DigestSync", "Gossip", "Hardware",
+    "InvalidMessage", "Nack", "Suspect",
     "Leave", "LocalMembershipError", "Membership", "MembershipConfig", "MembershipError",
     "MembershipEvent", "MembershipStatistics", "Message", "ModelEntry", "PeerDied", "PeerJoined",
     "PeerLeft", "PeerRecord", "PeerRecovered", "PeerState", "PeerStatus", "PeerSuspected",

@@ -18,9 +18,11 @@ from hydra_node.mesh.membership.config import (
     Action, MembershipConfig, PeerDied, PeerJoined, PeerLeft, PeerRecovered, PeerSuspected,
     PeerUpdated,
 )
+from hydra_node.mesh.membership.health import LocalHealth
 from hydra_node.mesh.membership.messages import PeerRecord, merge_records
 from hydra_node.mesh.membership.probes import ProbeTable
 from hydra_node.mesh.membership.state import PeerState, Trigger, transition
+from hydra_node.mesh.membership.suspicion import Suspicion
 
 __all__ = ["MAX_CLAIMED_INCARNATION", "MAX_INCARNATION_LEAD", "PeerChanges", "PeerEntry"]
 
@@ -42,6 +44,7 @@ class PeerEntry:
     last_seen: float | None = None
     own_probe_failed: bool = False  # our latest probe of this incarnation got no ack
     death_claim: PeerRecord | None = None  # a dead/left claim waiting for our own probe
+    srtt: float | None = None  # smoothed round trip of our direct probes (s), None until measured
 
 
 class PeerChanges:
@@ -56,11 +59,13 @@ class PeerChanges:
     _sign: Callable[[Announcement], Announcement]
     _verify: Callable[[Announcement], bool] | None
     _peers: dict[str, PeerEntry]
-    _suspect_deadlines: dict[str, float]
+    _suspicions: dict[str, Suspicion]
+    health: LocalHealth
     _tomb_deadlines: dict[str, float]
     _probes: ProbeTable
     _broadcasts: BroadcastQueue
     _ring: list[str] | None
+    _member_ids: list[str] | None
     _told: dict[str, int]
     _out: list[Action]
 
@@ -93,7 +98,7 @@ class PeerChanges:
         cur = peer.record
         if rec.status > cur.status:
             if rec.state is PeerState.SUSPECT:
-                self._suspect(peer, now)
+                self._suspect(peer, now, origin=sender)
             elif cur.state.is_tombstone:
                 trig = Trigger.LEAVE if rec.state is PeerState.LEFT else Trigger.CONFIRM
                 new_state = transition(cur.state, trig) if rec.state is not cur.state else cur.state
@@ -105,7 +110,7 @@ class PeerChanges:
             else:  # an unverified death claim: suspect, and let our own probe decide
                 peer.death_claim = rec
                 if cur.state is PeerState.ALIVE:
-                    self._suspect(peer, now)
+                    self._suspect(peer, now, origin=sender)
                 else:
                     self._start_probe(rec.node_id, now)
 
@@ -125,11 +130,11 @@ class PeerChanges:
             alive = PeerRecord(rec.node_id, rec.incarnation, transition(PeerState.UNKNOWN, Trigger.ALIVE),
                                rec.announcement)
             peer = self._peers[rec.node_id] = PeerEntry(alive, last_seen=now if sender == rec.node_id else None)
-            self._ring = None
+            self._ring = self._member_ids = None
             self._out.append(PeerJoined(rec.node_id, rec.incarnation, rec.announcement))
             self._enqueue(rec.node_id)
             if rec.state is PeerState.SUSPECT:
-                self._suspect(peer, now)
+                self._suspect(peer, now, origin=sender)
             return
         trig = Trigger.LEAVE if rec.state is PeerState.LEFT else Trigger.CONFIRM
         transition(PeerState.UNKNOWN, trig)
@@ -147,11 +152,11 @@ class PeerChanges:
             if ann.incarnation > cur.incarnation:
                 peer.own_probe_failed = False
                 peer.death_claim = None
-                self._suspect_deadlines.pop(pid, None)
+                self._suspicions.pop(pid, None)
                 self._tomb_deadlines.pop(pid, None)
                 self._told.pop(pid, None)
             if was.is_tombstone:
-                self._ring = None
+                self._ring = self._member_ids = None
                 self._out.append(PeerJoined(pid, ann.incarnation, ann))
             elif was is PeerState.SUSPECT and state is PeerState.ALIVE:
                 self._out.append(PeerRecovered(pid, ann.incarnation))
@@ -162,12 +167,16 @@ class PeerChanges:
             peer.record = PeerRecord(pid, cur.incarnation, cur.state, ann)
         self._enqueue(pid)
 
-    def _suspect(self, peer: PeerEntry, now: float) -> None:
+    def _suspect(self, peer: PeerEntry, now: float, *, origin: str) -> None:
+        """Suspect a member; `origin` is whom we heard it from (ourselves after our own probe)."""
         rec = peer.record
         peer.record = PeerRecord(rec.node_id, rec.incarnation, transition(rec.state, Trigger.SUSPECT),
                                  rec.announcement)
-        if rec.node_id not in self._suspect_deadlines:
-            self._suspect_deadlines[rec.node_id] = now + self.config.suspicion_timeout
+        if rec.node_id not in self._suspicions:
+            n = len(self._members_sorted()) + 1
+            low, high = self.config.suspicion_bounds(n)
+            k = self.config.suspicion_confirmations
+            self._suspicions[rec.node_id] = Suspicion(now, low, high, k if n - 2 >= k else 0, origin)
             self._out.append(PeerSuspected(rec.node_id, rec.incarnation))
         self._enqueue(rec.node_id)
         self._start_probe(rec.node_id, now)
@@ -179,10 +188,10 @@ class PeerChanges:
         new = transition(rec.state, Trigger.LEAVE if state is PeerState.LEFT else Trigger.CONFIRM)
         peer.record = PeerRecord(peer_id, inc, new, rec.announcement)
         peer.death_claim = None
-        self._suspect_deadlines.pop(peer_id, None)
+        self._suspicions.pop(peer_id, None)
         self._tomb_deadlines[peer_id] = now + self.config.tombstone_ttl
         self._probes.end_target(peer_id)
-        self._ring = None
+        self._ring = self._member_ids = None
         self._out.append((PeerLeft if new is PeerState.LEFT else PeerDied)(peer_id, inc))
         self._enqueue(peer_id)
 
@@ -204,5 +213,7 @@ class PeerChanges:
         if incarnation < self.incarnation or (state is PeerState.ALIVE and incarnation == self.incarnation):
             return
         self.refutations += 1
+        if state is not PeerState.ALIVE:
+            self.health.apply(1)  # Lifeguard: others could not hear from us in time
         self._ann = self._sign(replace(self._ann, incarnation=incarnation + 1, seq=self._ann.seq + 1))
         self._enqueue(self.node_id)

@@ -19,27 +19,34 @@ from dataclasses import replace
 from typing import Any
 
 from hydra_node.mesh.membership.announcement import Announcement, InvalidMessage, LocalMembershipError
+from hydra_node.mesh.membership.antientropy import AntiEntropy
 from hydra_node.mesh.membership.broadcast import BroadcastQueue
 from hydra_node.mesh.membership.changes import PeerChanges, PeerEntry
 from hydra_node.mesh.membership.config import Action, MembershipConfig
 from hydra_node.mesh.membership.dissemination import Dissemination
 from hydra_node.mesh.membership.handlers import MessageHandlers
-from hydra_node.mesh.membership.messages import Gossip, Leave, Message, PeerRecord, Ping, PingReq, Sync, decode_message
+from hydra_node.mesh.membership.health import LocalHealth
+from hydra_node.mesh.membership.lifeguard import Lifeguard
+from hydra_node.mesh.membership.messages import (
+    DigestSync, Gossip, Leave, Message, PeerRecord, Ping, PingReq, Sync, decode_message,
+)
 from hydra_node.mesh.membership.probes import Probe, ProbeTable
 from hydra_node.mesh.membership.state import PeerState
 from hydra_node.mesh.membership.stats import MembershipStatistics, PeerStatus
+from hydra_node.mesh.membership.suspicion import Suspicion
 
 __all__ = ["Membership"]
 
 INF = math.inf
 
 
-class Membership(MessageHandlers, PeerChanges, Dissemination):
+class Membership(MessageHandlers, PeerChanges, Dissemination, Lifeguard, AntiEntropy):
     """Sans-IO membership of one node. Drive it with `tick(now)` at `next_deadline()`.
 
     This module holds the inputs, views and timers; the message handlers, the merge and state
-    changes and the dissemination live in the `handlers`, `changes` and
-    `dissemination` mixins, which share the state set up here.
+    changes, the dissemination, Lifeguard (local health, nacks, confirmations) and the bounded
+    anti-entropy live in the `handlers`, `changes`, `dissemination`, `lifeguard` and
+    `antientropy` mixins, which share the state set up here.
     """
 
     def __init__(self, announcement: Announcement, config: MembershipConfig | None = None,
@@ -56,12 +63,17 @@ class Membership(MessageHandlers, PeerChanges, Dissemination):
         self._ann = self._sign(announcement)
         self._left = False
         self._peers: dict[str, PeerEntry] = {}
-        self._suspect_deadlines: dict[str, float] = {}
+        self._suspicions: dict[str, Suspicion] = {}
+        self._hash_cache: dict[str, tuple[tuple[int, str, int], int, int]] = {}
+        self.health = LocalHealth(self.config.awareness_max_multiplier, self.config.lag_threshold,
+                                  self.config.probe_interval)
         self._tomb_deadlines: dict[str, float] = {}
         self._probes = ProbeTable(self.config.max_forwarded_probes)
         self._broadcasts = BroadcastQueue()
         self._rr: list[str] = []
         self._ring: list[str] | None = None
+        self._member_ids: list[str] | None = None  # sorted member ids; None when membership changed
+        self._member_set: frozenset[str] = frozenset()
         self._seeds: tuple[str, ...] = ()
         self._told: dict[str, int] = {}  # tombstoned peers told about their tombstone, at incarnation
         self._out: list[Action] = []
@@ -104,6 +116,13 @@ class Membership(MessageHandlers, PeerChanges, Dissemination):
         """Alive and suspect peers (not us) and their announcements."""
         return {i: p.record.announcement for i, p in self._peers.items() if p.record.state.is_member}
 
+    def _members_sorted(self) -> list[str]:
+        """Member ids, sorted; cached until the member set changes (reset with `_ring`)."""
+        if self._member_ids is None:
+            self._member_ids = sorted(i for i, p in self._peers.items() if p.record.state.is_member)
+            self._member_set = frozenset(self._member_ids)
+        return self._member_ids
+
     def peer_states(self) -> dict[str, str]:
         """Peer id → state name ("alive", "suspect", ...) of every peer we know (not us)."""
         return {i: p.record.state.value for i, p in self._peers.items()}
@@ -115,7 +134,7 @@ class Membership(MessageHandlers, PeerChanges, Dissemination):
         return MembershipStatistics(
             node_id=self.node_id, incarnation=self.incarnation, left=self._left, peers=peers,
             sent=dict(self.sent), received=dict(self.received), rejected=dict(self.rejected),
-            ignored=dict(self.ignored), refutations=self.refutations)
+            ignored=dict(self.ignored), refutations=self.refutations, local_health=self.health.score)
 
     def next_deadline(self) -> float:
         """When `tick` must next be called (math.inf after leaving)."""
@@ -127,7 +146,7 @@ class Membership(MessageHandlers, PeerChanges, Dissemination):
         if self._seeds or any(p.record.state is PeerState.DEAD for p in self._tomb_peers()):
             times.append(self._next_reconnect_at)
         times.extend(self._probes.deadlines())
-        times.extend(self._suspect_deadlines.values())
+        times.extend(s.deadline_for(self.health.multiplier) for s in self._suspicions.values())
         times.extend(self._tomb_deadlines.values())
         return min(times)
 
@@ -163,7 +182,7 @@ class Membership(MessageHandlers, PeerChanges, Dissemination):
     def link_up(self, peer_id: str, now: float) -> list[Action]:
         """Transport hint: a link to the peer came up. A dead or unknown peer gets our digest."""
         if not self._left and peer_id != self.node_id and not self.state_of(peer_id).is_member:
-            self._send(peer_id, self._sync_message())
+            self._send(peer_id, self._link_sync())
         return self._take()
 
     def link_down(self, peer_id: str, now: float) -> list[Action]:
@@ -197,7 +216,7 @@ class Membership(MessageHandlers, PeerChanges, Dissemination):
             return self._take()
         if isinstance(msg, Ping) and msg.view is not None and msg.view.node_id == self.node_id:
             self._about_me(msg.view.incarnation, msg.view.state)
-        if isinstance(msg, Sync):
+        if isinstance(msg, (Sync, DigestSync)):
             for entry in msg.digest:
                 if entry.node_id == self.node_id:
                     self._about_me(entry.incarnation, entry.state)
@@ -212,17 +231,18 @@ class Membership(MessageHandlers, PeerChanges, Dissemination):
         if self._left:
             return []
         c = self.config
-        for peer_id, deadline in list(self._suspect_deadlines.items()):
-            if deadline <= now:
-                self._tombstone(peer_id, None, PeerState.DEAD, now)
         for probe in self._probes.due(now):
             self._probe_timer(probe, now)
+        for peer_id, suspicion in list(self._suspicions.items()):  # after probes: they confirm
+            if suspicion.deadline_for(self.health.multiplier) <= now:
+                self._tombstone(peer_id, None, PeerState.DEAD, now)
+        self._send_nacks(now)
         self._probes.expire_forwards(now)
         for peer_id, deadline in list(self._tomb_deadlines.items()):
             if deadline <= now:
                 self._forget(peer_id)
         if now >= self._next_probe_at:
-            self._next_probe_at = _advance(self._next_probe_at, c.probe_interval, now)
+            self._next_probe_at = _advance(self._next_probe_at, self.health.scale(c.probe_interval), now)
             for target in self._period_targets():
                 self._start_probe(target, now)
         if now >= self._next_gossip_at:
@@ -230,9 +250,9 @@ class Membership(MessageHandlers, PeerChanges, Dissemination):
             self._gossip_round()
         if now >= self._next_sync_at:
             self._next_sync_at = _advance(self._next_sync_at, c.sync_interval, now)
-            members = sorted(self.members())
+            members = self._members_sorted()
             if members:
-                self._send(self._rng.choice(members), self._sync_message())
+                self._send(self._rng.choice(members), self._digest_sync())
         if now >= self._next_reconnect_at:
             self._next_reconnect_at = _advance(self._next_reconnect_at, c.reconnect_interval, now)
             self._reconnect()
@@ -241,8 +261,9 @@ class Membership(MessageHandlers, PeerChanges, Dissemination):
 
     # ---------------------------------------------------------------- probing and reconnecting
     def _period_targets(self) -> list[str]:
-        members = self.members()
-        if not members:
+        ids = self._members_sorted()
+        members = self._member_set
+        if not ids:
             return []
         if self._ring is None:
             self._ring = sorted([*members, self.node_id])
@@ -251,7 +272,7 @@ class Membership(MessageHandlers, PeerChanges, Dissemination):
         targets = [ring[(at + k) % len(ring)] for k in range(1, min(self.config.ring_monitors, len(ring) - 1) + 1)]
         for _ in range(len(members) + 1):
             if not self._rr:
-                self._rr = list(members)
+                self._rr = [i for i, p in self._peers.items() if p.record.state.is_member]
                 self._rng.shuffle(self._rr)
             candidate = self._rr.pop()
             if candidate in members and candidate not in targets:
@@ -260,8 +281,9 @@ class Membership(MessageHandlers, PeerChanges, Dissemination):
         return targets
 
     def _start_probe(self, target: str, now: float) -> None:
-        probe = self._probes.start(target, now + self.config.probe_timeout)
+        probe = self._probes.start(target, now + self._direct_timeout(target))
         if probe is not None:
+            probe.sent_at = now
             self._send(target, Ping(probe.probe_id, self._peers[target].record.digest()))
 
     def _probe_timer(self, probe: Probe, now: float) -> None:
@@ -269,37 +291,42 @@ class Membership(MessageHandlers, PeerChanges, Dissemination):
             self._probes.end(probe)
             return
         if not probe.indirect:
-            candidates = sorted(i for i in self.members() if i != probe.target)
+            candidates = [i for i in self._members_sorted() if i != probe.target]
             helpers = tuple(self._rng.sample(candidates, min(self.config.indirect_probes, len(candidates))))
             probe.indirect, probe.helpers = True, helpers
-            probe.deadline = now + self.config.indirect_timeout
+            probe.deadline = now + self._indirect_timeout(probe.target, helpers)
             view = self._peers[probe.target].record.digest()
             for helper in helpers:
                 self._send(helper, PingReq(probe.probe_id, probe.target, view))
             return
         self._probes.end(probe)
+        self._probe_failed_health(probe)
         peer = self._peers.get(probe.target)
         if peer is None or not peer.record.state.is_member:
             return
+        if not peer.own_probe_failed:  # once per failing streak: repeats add no new evidence
+            self._tell_confirmations(probe.target, peer.record.incarnation)
         peer.own_probe_failed = True
         claim = peer.death_claim
         if claim is not None and peer.record.state is PeerState.SUSPECT:
             self._tombstone(probe.target, claim.incarnation, claim.state, now)
         elif peer.record.state is PeerState.ALIVE:
-            self._suspect(peer, now)
+            self._suspect(peer, now, origin=self.node_id)
+        else:
+            self._confirm(probe.target, self.node_id)
 
     def _tomb_peers(self) -> list[PeerEntry]:
         return [self._peers[i] for i in self._tomb_deadlines if i in self._peers]
 
     def _reconnect(self) -> None:
-        if not self.members() and self._seeds:
+        if not self._members_sorted() and self._seeds:
             for seed in self._seeds:
                 self._send(seed, self._sync_message())
             return
         self._seeds = ()
         dead = sorted(i for i in self._tomb_deadlines if self._peers[i].record.state is PeerState.DEAD)
         if dead:
-            self._send(self._rng.choice(dead), self._sync_message())
+            self._send(self._rng.choice(dead), self._digest_sync())
 
     # ---------------------------------------------------------------- output
     def _finish(self, sender: str) -> list[Action]:

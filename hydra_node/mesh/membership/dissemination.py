@@ -41,7 +41,7 @@ class Dissemination:
         return tuple(self._broadcasts.take(self.config.max_piggyback, limit, self.record))
 
     def _gossip_round(self) -> None:
-        members = sorted(self.members())
+        members = self._members_sorted()
         for target in self._rng.sample(members, min(self.config.gossip_fanout, len(members))):
             records = self._piggyback()
             if not records:

@@ -12,7 +12,8 @@ from collections import Counter
 from hydra_node.mesh.membership.changes import PeerEntry
 from hydra_node.mesh.membership.config import MembershipConfig
 from hydra_node.mesh.membership.messages import Ack, Gossip, Leave, PeerRecord, Ping, PingReq, Pull, Sync
-from hydra_node.mesh.membership.probes import ProbeTable
+from hydra_node.mesh.membership.health import LocalHealth
+from hydra_node.mesh.membership.probes import NACK_FRACTION, ProbeTable
 from hydra_node.mesh.membership.state import PeerState
 
 __all__ = ["MessageHandlers"]
@@ -26,6 +27,7 @@ class MessageHandlers:
     ignored: Counter[str]
     _peers: dict[str, PeerEntry]
     _probes: ProbeTable
+    health: LocalHealth
 
     def _on_ping(self, sender: str, msg: Ping, now: float) -> None:
         records = self._piggyback()
@@ -48,6 +50,9 @@ class MessageHandlers:
                 peer.own_probe_failed = False
                 peer.death_claim = None
                 peer.last_seen = now
+                if sender == probe.target:
+                    self._note_rtt(peer, now - probe.sent_at)
+            self.health.apply(-1)
             return
         fwd = self._probes.pop_forward(msg.probe_id, sender, msg.subject)
         if fwd is not None:
@@ -60,7 +65,8 @@ class MessageHandlers:
             self._send(sender, Ack(msg.probe_id, self.node_id))
             return
         pid = None if msg.target == sender else self._probes.add_forward(
-            sender, msg.probe_id, msg.target, now + self.config.indirect_timeout)
+            sender, msg.probe_id, msg.target, now + self.config.indirect_timeout,
+            now + NACK_FRACTION * self.config.indirect_timeout)
         if pid is None:
             self.ignored["ping_req_refused"] += 1
             return

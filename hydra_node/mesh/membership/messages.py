@@ -1,4 +1,4 @@
-"""Membership records, the merge rule, and the seven messages peers exchange.
+"""Membership records, the merge rule, and the ten messages peers exchange.
 
 Every message is a frozen dataclass with `to_wire() -> dict` and `from_wire(dict)`; the dict
 has a text `"type"` key and only CBOR-friendly values. `decode_message` dispatches on it and
@@ -17,12 +17,14 @@ from hydra_node.mesh.membership.announcement import (
 from hydra_node.mesh.membership.state import PeerState, status_key
 
 __all__ = [
-    "Ack", "DigestEntry", "Gossip", "Leave", "Message", "PeerRecord", "Ping", "PingReq", "Pull",
-    "Sync", "decode_message", "merge_records", "MAX_WIRE_RECORDS", "MAX_WIRE_DIGEST",
+    "Ack", "DigestEntry", "DigestSync", "Gossip", "Leave", "Message", "Nack", "PeerRecord", "Ping",
+    "PingReq", "Pull", "Suspect", "Sync", "decode_message", "merge_records", "MAX_WIRE_RECORDS",
+    "MAX_WIRE_DIGEST", "MAX_WIRE_BUCKETS",
 ]
 
 MAX_WIRE_RECORDS = 64  # records in one message, whatever a sender's config says
 MAX_WIRE_DIGEST = 4096  # digest entries in one Sync (>= any sane max_peers)
+MAX_WIRE_BUCKETS = 1024  # anti-entropy buckets in one DigestSync (4096 entries / 4 per bucket)
 _WIRE_STATES = {s.value: s for s in PeerState if s is not PeerState.UNKNOWN}
 
 
@@ -327,8 +329,93 @@ class Leave:
         return cls(m["inc"])
 
 
-Message = Ping | Ack | PingReq | Gossip | Sync | Pull | Leave
-MESSAGE_TYPES: dict[str, type] = {c.TYPE: c for c in (Ping, Ack, PingReq, Gossip, Sync, Pull, Leave)}
+@dataclass(frozen=True)
+class Nack:
+    """A helper's answer to a PingReq whose target did not ack in time (Lifeguard): the helper
+    is alive and heard us, so our failed probe is not our own fault."""
+
+    TYPE: ClassVar[str] = "nack"
+    probe_id: int
+
+    def __post_init__(self) -> None:
+        uint(self.probe_id, "probe_id")
+
+    def to_wire(self) -> dict:
+        return {"type": self.TYPE, "probe": self.probe_id}
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> Nack:
+        return cls(exact_map(wire, "nack", frozenset({"type", "probe"}))["probe"])
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """First-hand evidence: the sender's own probe of `target` at `incarnation` failed. Counts as
+    one independent confirmation of a suspicion (Lifeguard); never relayed."""
+
+    TYPE: ClassVar[str] = "suspect"
+    target: str
+    incarnation: int
+
+    def __post_init__(self) -> None:
+        node_id(self.target, "target")
+        uint(self.incarnation, "incarnation")
+
+    def to_wire(self) -> dict:
+        return {"type": self.TYPE, "target": self.target, "inc": self.incarnation}
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> Suspect:
+        m = exact_map(wire, "suspect", frozenset({"type", "target", "inc"}))
+        return cls(m["target"], m["inc"])
+
+
+@dataclass(frozen=True)
+class DigestSync:
+    """Bounded anti-entropy (see membership/antientropy.py). With `hashes` (one per bucket of
+    `buckets`): the sender's bucket hashes, answered with the entries of differing buckets.
+    With `parts`: the sender's complete digest of those buckets, answered by push and pull."""
+
+    TYPE: ClassVar[str] = "dsync"
+    buckets: int
+    hashes: tuple[int, ...] = ()
+    parts: tuple[int, ...] = ()
+    digest: tuple[DigestEntry, ...] = ()
+    records: tuple[PeerRecord, ...] = ()
+
+    def __post_init__(self) -> None:
+        b = uint(self.buckets, "buckets", MAX_WIRE_BUCKETS)
+        if b < 1 or b & (b - 1):
+            raise InvalidMessage("buckets must be a power of two in 1..1024")
+        hashes = tuple(uint(h, "bucket hash", 2**32 - 1) for h in seq_of(self.hashes, "hashes", b))
+        if hashes and len(hashes) != b:
+            raise InvalidMessage("hashes must be empty or one per bucket")
+        parts = tuple(uint(i, "part", b - 1) for i in seq_of(self.parts, "parts", b))
+        digest = tuple(seq_of(self.digest, "digest", MAX_WIRE_DIGEST))
+        if not all(isinstance(d, DigestEntry) for d in digest):
+            raise InvalidMessage("digest must hold DigestEntry values")
+        if digest and not parts:
+            raise InvalidMessage("a digest needs the parts it covers")
+        for name, value in (("hashes", hashes), ("parts", parts), ("digest", digest)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "records", _check_records(self.records))
+
+    def to_wire(self) -> dict:
+        return {"type": self.TYPE, "buckets": self.buckets, "hashes": list(self.hashes),
+                "parts": list(self.parts), "digest": [d.to_wire() for d in self.digest],
+                "records": [r.to_wire() for r in self.records]}
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> DigestSync:
+        m = exact_map(wire, "dsync", frozenset({"type", "buckets", "hashes", "parts", "digest", "records"}))
+        digest = tuple(DigestEntry.from_wire(d) for d in seq_of(m["digest"], "digest", MAX_WIRE_DIGEST))
+        return cls(m["buckets"], tuple(seq_of(m["hashes"], "hashes", MAX_WIRE_BUCKETS)),
+                   tuple(seq_of(m["parts"], "parts", MAX_WIRE_BUCKETS)), digest, _records(m["records"]))
+
+
+Message = Ping | Ack | PingReq | Gossip | Sync | Pull | Leave | Nack | Suspect | DigestSync
+MESSAGE_TYPES: dict[str, type] = {
+    c.TYPE: c for c in (Ping, Ack, PingReq, Gossip, Sync, Pull, Leave, Nack, Suspect, DigestSync)}
 
 
 def decode_message(wire: Any) -> Message:

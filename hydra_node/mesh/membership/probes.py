@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["Forward", "Probe", "ProbeTable"]
+__all__ = ["NACK_FRACTION", "Forward", "Probe", "ProbeTable"]
 
 MAX_PROBE_ID = 2**63 - 1
 
@@ -19,6 +19,8 @@ class Probe:
     deadline: float
     indirect: bool = False
     helpers: tuple[str, ...] = ()
+    nacks: set[str] = field(default_factory=set)  # helpers that answered "no ack from the target"
+    sent_at: float = 0.0  # when the direct ping went out (for the round-trip estimate)
 
 
 @dataclass
@@ -29,6 +31,12 @@ class Forward:
     their_probe_id: int
     target: str
     deadline: float
+    nack_at: float | None = None  # when to tell the requester we got no ack (None: told, or acked)
+
+
+#: A helper nacks after this share of its indirect timeout, so the nack reaches the requester
+#: before the requester's own (equal or longer, health-scaled) indirect timeout (memberlist: 80 %).
+NACK_FRACTION = 0.8
 
 
 class ProbeTable:
@@ -73,13 +81,21 @@ class ProbeTable:
     def due(self, now: float) -> list[Probe]:
         return [p for p in self._probes.values() if p.deadline <= now]
 
-    def add_forward(self, requester: str, their_probe_id: int, target: str, deadline: float) -> int | None:
+    def add_forward(self, requester: str, their_probe_id: int, target: str, deadline: float,
+                    nack_at: float | None = None) -> int | None:
         """Our probe id for the forwarded ping, or None when `max_forwards` are in flight."""
         if len(self._forwards) >= self.max_forwards:
             return None
         pid = self.new_id()
-        self._forwards[pid] = Forward(requester, their_probe_id, target, deadline)
+        self._forwards[pid] = Forward(requester, their_probe_id, target, deadline, nack_at)
         return pid
+
+    def due_nacks(self, now: float) -> list[Forward]:
+        """Forwards whose target has not acked by their nack time (each returned once)."""
+        due = [f for f in self._forwards.values() if f.nack_at is not None and f.nack_at <= now]
+        for f in due:
+            f.nack_at = None
+        return due
 
     def pop_forward(self, probe_id: int, sender: str, subject: str) -> Forward | None:
         """The forward this Ack answers (from its target, about its target), removed."""
@@ -95,3 +111,4 @@ class ProbeTable:
     def deadlines(self) -> Iterator[float]:
         yield from (p.deadline for p in self._probes.values())
         yield from (f.deadline for f in self._forwards.values())
+        yield from (f.nack_at for f in self._forwards.values() if f.nack_at is not None)

@@ -45,6 +45,7 @@ class MembershipStatistics:
     rejected: dict[str, int] = field(default_factory=dict, hash=False)
     ignored: dict[str, int] = field(default_factory=dict, hash=False)
     refutations: int = 0
+    local_health: int = 0  # Lifeguard's score: probe timeouts are stretched by (local_health + 1)
 
     def count(self, state: str) -> int:
         """How many peers are in `state` ("alive", "suspect", "dead", "left")."""

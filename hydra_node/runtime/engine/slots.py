@@ -345,6 +345,59 @@ class SlotScheduler:
         """Tokens a free slot still holds in its KV cells (the engine keeps cells ``[0, len)``)."""
         return self._resident[slot]
 
+    # ---- KV state export and import (docs/kv-reuse.md) ----------------------------------
+    def holding(self, tokens: Sequence[int]) -> int:
+        """A free slot whose cached cells start with ``tokens``, its cache cut to exactly them (the
+        engine drops its cells past ``len(tokens)``); -1 when no free slot holds them."""
+        n = len(tokens)
+        for slot in self._free:
+            if n and len(self._resident[slot]) >= n and common_prefix(self._resident[slot], tokens) == n:
+                self._resident[slot] = self._resident[slot][:n]
+                return slot
+        return -1
+
+    def adopt(self, tokens: Sequence[int]) -> tuple[int, list[int]]:
+        """A free slot to hold ``tokens`` as its cached prefix (imported KV cells), so the prompt cache
+        serves the next prompt that starts with them: (the slot, the free slots whose cached cells the
+        engine must drop first, the slot itself among them).  :class:`Rejected` when the prompt cache
+        is off, no slot is free (503, retry) or the cells cannot fit beside the reservations."""
+        n, cap = len(tokens), self.config.max_cached
+        if not self.config.prompt_cache or cap == 0:
+            raise Rejected("this runner keeps no cached prefixes (prompt_cache off or max_entries 0)",
+                           code="prompt_cache_disabled", status=409)
+        if n >= self.config.n_ctx:
+            raise Rejected(f"the state holds {n} tokens; this runner's context is {self.config.n_ctx}",
+                           code="context_length_exceeded", status=400)
+        if not self._free:
+            raise Rejected("every slot is busy", code="no_free_slot", status=503)
+        empty = [x for x in self._free if not self._resident[x]]
+        dest = empty[0] if empty else min(self._free, key=lambda x: self._freed_at.get(x, -1))
+        evicted = [dest] if self._resident[dest] else []
+        room = self.config.n_ctx - self._committed() + len(self._resident[dest])
+        if room + sum(len(self._resident[x]) for x in self._free if x != dest) < n:
+            raise Rejected(f"{n} cells do not fit beside the running sequences' reservations",
+                           code="no_free_slot", status=503)
+        self._resident[dest] = ()
+        while room < n:
+            room += self._evict_one(evicted, keep=dest)
+        if dest in self._pending_evictions:  # it must not be dropped at the next plan
+            self._pending_evictions.remove(dest)
+        self._resident[dest] = tuple(tokens)
+        self._releases += 1
+        self._freed_at[dest] = self._releases
+        if cap is not None:  # the newest cache: over the cap, the oldest others go
+            cached = sorted((x for x in self._free if self._resident[x] and x != dest),
+                            key=lambda x: self._freed_at.get(x, -1))
+            for slot in cached[: max(0, len(cached) + 1 - cap)]:
+                self._resident[slot] = ()
+                evicted.append(slot)
+        return dest, evicted
+
+    def forget(self, slot: int) -> None:
+        """A free slot's cells could not be loaded: it holds nothing."""
+        if slot in self._free:
+            self._resident[slot] = ()
+
     def drop_all(self) -> list[int]:
         """Forget every sequence, waiting or active (a failed engine step); returns their ids."""
         rids = [s.rid for s in self._waiting] + list(self._active)

@@ -18,6 +18,7 @@ from hydra_node.runtime.fetch.fetcher import (
 )
 from hydra_node.runtime.fetch.peer import ModelShare
 from hydra_node.runtime.fetch.peer_wire import FETCH_KIND
+from hydra_node.runtime.fetch.serve_fetch import fetch_for_serve
 from hydra_node.runtime.fetch.settings import ModelsSection, parse_models_section
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
            "PeerFetchError",
            "RemoteModel",
            "ensure_local",
+           "fetch_for_serve",
            "load_catalogue",
            "needs_fetch",
            "parse_models_section",

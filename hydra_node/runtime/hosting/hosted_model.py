@@ -108,6 +108,7 @@ class HostedModel:
                                     node_id=runtime.settings.node_id, prepare=self._prepare,
                                     on_failed=self._drop_tunnels)
         self.sup.on_state = runtime.runner_events.on_state
+        self.sup.kv.on_transfer = runtime.on_kv_transfer  # KV exports/imports -> the scheduler's telemetry
         self.scope = trio.CancelScope()
         self.done = trio.Event()
         self.plan: SplitPlan | None = None

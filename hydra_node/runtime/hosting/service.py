@@ -152,6 +152,8 @@ class ModelRuntime:
         self.hosted: dict[str, HostedModel] = {}
         self.runners = runners
         self.runner_events = RunnerEvents(settings.node_id, on_event)
+        #: ``(model, direction, bytes, ms)`` of every KV export/import of a hosted runner (set by the root).
+        self.on_kv_transfer: Callable[[str, str, int, float], None] | None = None
         self.worker: RpcWorkerSupervisor | None = None
         self.worker_error: str | None = None
         self.tunnel_server = RpcTunnelServer(f"{settings.node_id[:16]}/rpc", self._worker_info)

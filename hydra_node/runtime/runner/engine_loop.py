@@ -31,13 +31,15 @@ def work_queue_bound(parallel: int) -> int:
 
 def run_engine_loop(engine, work: "queue.Queue", prompt_tokens: Callable[[dict], list[int]],
                     send: Callable[[dict], None], *, cadence=None,
-                    now: Callable[[], float] = time.monotonic, embed=None) -> int:
+                    now: Callable[[], float] = time.monotonic, embed=None, kv=None) -> int:
     """Run until the channel closes (returns 0); an ``OSError`` from ``send`` propagates.
     ``cadence``: when to send a stats frame (None: never); ``now`` is its clock; ``embed``: the
-    runner's :class:`~hydra_node.runtime.runner.embed.Embedder` (None: no embeddings)."""
+    runner's :class:`~hydra_node.runtime.runner.embed.Embedder` (None: no embeddings); ``kv``: its
+    :class:`~hydra_node.runtime.runner.kv_jobs.KvJobs` (None: no KV export/import)."""
     steps = 0
     while True:
-        msgs = [work.get()] if engine.idle and not (embed is not None and embed.busy) else []
+        waiting = (embed is not None and embed.busy) or (kv is not None and kv.busy)
+        msgs = [work.get()] if engine.idle and not waiting else []
         while True:
             try:
                 msgs.append(work.get_nowait())
@@ -46,6 +48,8 @@ def run_engine_loop(engine, work: "queue.Queue", prompt_tokens: Callable[[dict],
         for msg in msgs:
             if msg is None:
                 return 0
+            if kv is not None and kv.take(msg):  # KV export/import: runner/kv_jobs.py
+                continue
             if embed is not None and embed.take(msg):  # embeds and their cancels: runner/embed.py
                 continue
             if msg["op"] == "cancel":
@@ -63,6 +67,8 @@ def run_engine_loop(engine, work: "queue.Queue", prompt_tokens: Callable[[dict],
             if cadence is not None and cadence.due(steps, now(), idle=engine.idle):
                 send(engine.statistics().to_wire())
                 cadence.sent(steps, now())
+        if kv is not None and kv.busy:
+            kv.step()  # exports whose prefill ended, imports waiting for a free slot
         if embed is not None and embed.busy:
             embed.step()  # one bounded embedding step between engine steps
 

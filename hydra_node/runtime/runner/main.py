@@ -17,6 +17,9 @@ Started by :mod:`hydra_node.runtime.runner.supervisor` with a connected socket o
                   | {"op": "stats", ...} (the engine's figures: hydra_node/runtime/engine/stats.py)
   embeddings (runner/embed.py): {"op": "embed", "id", "req"} -> {"op": "vectors", "id", "v"} ...
                   then {"op": "embedded", "id", "prompt_tokens"} or an error
+  KV state (runner/kv_jobs.py): {"op": "kv_export", "id", "req", "path", "model_sha256"} -> {"op": "kv_exported",
+                  "id", "tokens", "bytes", "identity"}; {"op": "kv_import", "id", "path", "model_sha256"}
+                  -> {"op": "kv_imported", "id", "tokens", "bytes", "slot"}; or an error
 
 A reader thread queues generate/embed/cancel frames for the engine loop and answers pings, so
 a cancelled sequence leaves the batch at the next step.  The runner dies with its parent
@@ -155,6 +158,13 @@ class Runner:
             report["speculation"] = self.speculation.kind if self.speculation else f"disabled: {self.speculation_disabled}"
         return report
 
+    def kv_identity(self, model_sha256: str):
+        """This runner's KV compatibility identity, empty prefix (runner/kv_probe.py)."""
+        from hydra_node.runtime.runner.kv_probe import runner_identity
+
+        return runner_identity(self.llm, n_ctx_seq=self.engine.ctx_per_slot, type_k=self.args.type_k,
+                               type_v=self.args.type_v, model_sha256=model_sha256)
+
     def prompt_tokens(self, req: dict) -> list[int]:
         """The request's prompt as tokens (chat_prompt.py); :class:`InvalidPrompt` (400) when it cannot be one."""
         if req["kind"] == "chat":
@@ -171,14 +181,14 @@ def _reader(ch: Channel, runner: Runner, work: "queue.Queue") -> None:
             if msg is None:
                 break
             op = msg["op"]  # the strict decoder guarantees a text op and an int id when present
-            if op in ("generate", "embed", "cancel") and "id" not in msg:
+            if op in ("generate", "embed", "cancel", "kv_export", "kv_import") and "id" not in msg:
                 raise ChannelError(f"{op} needs an 'id'", code="bad_message")
             if op in ("generate", "embed"):  # embed: runner/embed.py, worked between engine steps
                 if not isinstance(msg.get("req"), dict):
                     raise ChannelError(f"{op} needs a 'req' map", code="bad_message")
                 work.put(msg)
-            elif op == "cancel":
-                work.put(msg)  # the engine loop takes cancels in order with the generates
+            elif op in ("cancel", "kv_export", "kv_import"):
+                work.put(msg)  # in order with the generates; kv_*: runner/kv_jobs.py checks them
             elif op == "ping":
                 ch.send({"op": "pong", "n": msg.get("n")})
             elif op == "shutdown":
@@ -247,13 +257,15 @@ def main(argv=None) -> int:
              "n_layers": runner.n_layers, "llama": runner.llama_report, "engine": runner.engine_report()})
     from hydra_node.runtime.engine.stats import StatsCadence
     from hydra_node.runtime.runner.engine_loop import run_engine_loop, work_queue_bound
+    from hydra_node.runtime.runner.kv_jobs import KvJobs
 
-    runner.engine.send = ch.send
+    kv = KvJobs(runner.engine, runner.prompt_tokens, ch.send, runner.kv_identity)
+    runner.engine.send = kv.wrap(ch.send)  # an export's prefill frames stay in the child
     work: "queue.Queue" = queue.Queue(work_queue_bound(runner.engine.n_slots))
     threading.Thread(target=_reader, args=(ch, runner, work), daemon=True).start()
     try:
         return run_engine_loop(runner.engine, work, runner.prompt_tokens, ch.send, cadence=StatsCadence(),
-                               embed=Embedder.for_llama(runner.llm, ch.send))
+                               embed=Embedder.for_llama(runner.llm, ch.send), kv=kv)
     except OSError:
         return 0
 

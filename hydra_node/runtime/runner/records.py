@@ -5,6 +5,8 @@ Pure data, no I/O: :mod:`hydra_node.runtime.runner.supervisor` drives them.
 
 from __future__ import annotations
 
+import hashlib
+
 import enum
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -13,7 +15,7 @@ from hydra_node.inference import Finished, GenerationError
 from hydra_node.runtime.engine.stats import EngineStatistics
 
 __all__ = ["RequestStats", "RequestSummary", "RunnerCrashed", "RunnerLoadError", "RunnerSettings", "RunnerStalled",
-           "RunnerState", "RunnerStatus"]
+           "RunnerState", "RunnerStatus", "safe_file_part"]
 
 
 class RunnerState(enum.StrEnum):
@@ -168,3 +170,10 @@ class RunnerStatus:
     #: The continuous-batching engine's latest figures (its ``stats`` frames: batch size, free slots,
     #: KV cells, prefill/decode tokens/s, prefix reuse); None before the first, or without the engine.
     engine_stats: EngineStatistics | None = None
+
+
+def safe_file_part(name: str) -> str:
+    """A file-name part for a model id: ASCII letters, digits, ``-_.`` (at most 48), then a short hash
+    of the whole id, so two ids never share a pid or log file and no name outgrows 255 bytes."""
+    readable = "".join(c if (c.isascii() and c.isalnum()) or c in "-_." else "_" for c in name)[:48]
+    return f"{readable}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import hashlib
 import math
 import socket
 from contextlib import asynccontextmanager
@@ -27,9 +26,10 @@ from hydra_node.inference import (Finished, GenerationError, GenerationEvent, Ge
 from hydra_node.models import ModelRef
 from hydra_node.runtime.runner.argv import runner_argv
 from hydra_node.runtime.runner.records import (RequestStats, RequestSummary, RunnerCrashed, RunnerLoadError, RunnerSettings,
-                                              RunnerStalled, RunnerState, RunnerStatus)
+                                              RunnerStalled, RunnerState, RunnerStatus, safe_file_part)
 from hydra_node.runtime.runner.admission import AdmissionLimit
 from hydra_node.runtime.runner.embed_call import RunnerEmbeddings
+from hydra_node.runtime.runner.kv_call import RunnerKv
 from hydra_node.runtime.engine.stats import EngineStatistics
 from hydra_node.runtime.runner.channel import (ChannelError, FrameDecoder, RunnerProtocolError, encode_frame,
                                                engine_stats_from_wire, runner_event_from_wire)
@@ -40,8 +40,12 @@ log = logging.getLogger("hydra.runner")
 
 #: Text deltas buffered per request between the runner reader and the HTTP writer.
 DELTA_BUFFER = 256
-#: How long a cancelled generation may take to acknowledge before the runner is killed.
-CANCEL_ACK_TIMEOUT_S = 5.0
+#: How long a runner told to cancel may stay silent (no frame at all, for any request) before it is
+#: killed as stuck: a loaded host's runner that still streams other requests' tokens is busy, not stuck,
+#: and one batch step of a long prompt on a loaded 2-core host can itself take several seconds.
+CANCEL_ACK_TIMEOUT_S = 15.0
+#: The longest a cancel may take to be acknowledged, however busy the runner looks.
+CANCEL_ACK_MAX_S = 60.0
 #: Grace period between SIGTERM and SIGKILL when stopping a runner.
 TERMINATE_GRACE_S = 3.0
 #: Lines of runner stderr kept for error messages.
@@ -77,6 +81,7 @@ class RunnerSupervisor:
         self.stats_rejected = 0  # malformed stats frames dropped (the child's bug; logged)
         self._waiting = 0
         self._in_flight = 0
+        self._last_frame_at = 0.0  # trio time of the child's last frame (a cancel waits while it talks)
         self._slot = AdmissionLimit(settings.parallel)  # FIFO-fair; the child's ready frame resizes it
         self._ids = itertools.count(1)
         self._pending: dict[int, trio.MemorySendChannel] = {}
@@ -85,8 +90,9 @@ class RunnerSupervisor:
         self._decoder = FrameDecoder()
         self._ready = trio.Event()
         self.embeddings = RunnerEmbeddings(self)  # .embed(req): runner/embed_call.py
-        self.pidfile = home / "run" / f"runner-{_safe(model.id)}.pid"
-        self.logfile = home / "logs" / f"runner-{_safe(model.id)}.log"
+        self.kv = RunnerKv(self)  # .export(req, dest) / .import_state(path): runner/kv_call.py
+        self.pidfile = home / "run" / f"runner-{safe_file_part(model.id)}.pid"
+        self.logfile = home / "logs" / f"runner-{safe_file_part(model.id)}.log"
         self._output = ChildOutput(self.logfile, tail_lines=STDERR_TAIL_LINES)
         self._stderr_tail = self._output.lines
         self._child = ChildSupervisor(
@@ -262,6 +268,7 @@ class RunnerSupervisor:
             except ChannelError as exc:
                 raise ChildExited(f"runner sent a bad frame: {exc}") from None
             if msg is not None:
+                self._last_frame_at = trio.current_time()
                 return msg
             try:
                 data = await self._sock.receive_some(65536)
@@ -417,25 +424,26 @@ class RunnerSupervisor:
         self._child.kill()
 
     async def _cancel_and_wait(self, rid: int, recv_ch: trio.MemoryReceiveChannel) -> None:
-        """Tell the child to stop ``rid`` and wait (bounded) until it has, so the slot is really free."""
+        """Tell the child to stop ``rid`` and wait until it has, so the slot is really free; killed as stuck
+        after ``CANCEL_ACK_TIMEOUT_S`` without any frame from it, or ``CANCEL_ACK_MAX_S`` in all."""
         with trio.CancelScope(shield=True):
-            with trio.move_on_after(CANCEL_ACK_TIMEOUT_S) as scope:
-                try:
-                    await self._send({"op": "cancel", "id": rid})
-                except GenerationError:
-                    return
-                async for msg in recv_ch:
-                    if msg["op"] in ("done", "error"):
-                        self.stats.cancelled += 1
-                        return
-            if scope.cancelled_caught and self.pid:
-                log.error("event=runner_stuck model=%s pid=%s action=kill", self.model.id, self.pid)
+            start = trio.current_time()
+            try:
+                await self._send({"op": "cancel", "id": rid})
+            except GenerationError:
+                return
+            while True:
+                heard = max(start, self._last_frame_at)
+                deadline = min(heard + CANCEL_ACK_TIMEOUT_S, start + CANCEL_ACK_MAX_S)
+                with trio.move_on_at(deadline):
+                    async for msg in recv_ch:
+                        if msg["op"] in ("done", "error"):
+                            self.stats.cancelled += 1
+                            return
+                    return  # the channel closed: the runner is gone already
+                if deadline >= start + CANCEL_ACK_MAX_S or self._last_frame_at <= heard:  # silent all along: stuck
+                    break
+            if self.pid:
+                log.error("event=runner_stuck model=%s pid=%s waited_s=%.1f action=kill", self.model.id, self.pid,
+                          trio.current_time() - start)
                 self._child.kill()
-
-
-
-def _safe(name: str) -> str:
-    """A file-name part for a model id: ASCII letters, digits, ``-_.`` (at most 48), then a short hash
-    of the whole id, so two ids never share a pid or log file and no name outgrows 255 bytes."""
-    readable = "".join(c if (c.isascii() and c.isalnum()) or c in "-_." else "_" for c in name)[:48]
-    return f"{readable}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"

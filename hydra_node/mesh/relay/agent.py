@@ -1,0 +1,271 @@
+"""`RelayAgent`: the mesh service's relaying, as one trio driver.
+
+It learns our reachability (asks linked peers to dial us back), relays for others when it should
+(``server.RelayServer``), and when we cannot be dialled holds reservations at up to
+``selection.MAX_RELAYS`` relays — replacing one that fails — and announces them. It dials
+``relay:<id>`` addresses for the link table (``connect``) and accepts relayed links, adopting them
+like any inbound link. Everything it needs comes in as callables (``RelayInputs``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import random
+from collections import Counter
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Mapping
+
+import trio
+
+from hydra_node.mesh.announcer import AnnouncementContent
+from hydra_node.mesh.link.dialback import dial_back
+from hydra_node.mesh.link.endpoints import connect_link
+from hydra_node.mesh.link.peer_link import LinkSettings, PeerLink
+from hydra_node.mesh.link.stream import LinkStream
+from hydra_node.mesh.relay.client import accept_relayed, connect_via_relay, hold_reservation
+from hydra_node.mesh.relay.messages import (DIALBACK_KIND, NONCE_BYTES, RELAY_VERSION, RelayProtocolError,
+                                            encode_reply, parse_dialback)
+from hydra_node.mesh.relay.reachability import Reachability, ReachabilityView
+from hydra_node.mesh.relay.selection import announce_extra, choose_relays, parse_relay_url
+from hydra_node.mesh.relay.server import RelayServer, RelayServerStatistics, read_reply
+from hydra_node.mesh.relay.settings import RelaySettings
+from hydra_node.mesh.wire.errors import LinkClosed, MeshError
+from hydra_node.mesh.wire.token import addr_to_url
+
+__all__ = ["RelayAgent", "RelayInputs", "RelayStatus"]
+
+log = logging.getLogger("hydra.mesh.relay")
+
+TICK_S = 1.0
+"""How often the agent re-checks what it should do (reachability due, relays to reserve)."""
+CHECKERS = 3
+"""Peers asked per reachability check."""
+DIALBACK_TIMEOUT_S = 3.0
+"""Bound on dialling one address back."""
+MAX_CONCURRENT_DIALBACKS = 4
+"""Dial-back requests this node serves at once; more are refused (busy)."""
+RELAY_RETRY_S = 10.0
+"""A relay that refused or failed is not chosen again for this long."""
+REJECTION_CODES = ("tamper", "reorder", "bad_frame", "oversize", "replay")
+
+
+@dataclass(frozen=True)
+class RelayInputs:
+    """What the agent uses of the mesh service (all callables; none holds the service)."""
+
+    node_id: str
+    role: str
+    link_settings: Callable[[], LinkSettings]
+    link_to: Callable[[str], Any]  # async (peer id) -> PeerLink
+    open_links: Callable[[], list[PeerLink]]
+    members: Callable[[], Mapping[str, Any]]  # peer id -> Announcement
+    alive: Callable[[str], bool]
+    addresses: Callable[[], list[str]]
+    adopt: Callable[[PeerLink], None]
+
+
+@dataclass(frozen=True)
+class RelayStatus:
+    """``/api/status`` ``mesh.relays``: what we relay, where we are reserved, relayed links."""
+
+    mode: str
+    offering: bool
+    reserved_at: tuple[str, ...]
+    relayed_links: int
+    server: RelayServerStatistics | None
+    counters: Mapping[str, int]
+
+
+class RelayAgent:
+    def __init__(self, settings: RelaySettings, inputs: RelayInputs, *,
+                 tamper: Callable[[bytes], bytes] | None = None) -> None:
+        self.settings = settings
+        self._in = inputs
+        self.reachability = Reachability()
+        self.server = RelayServer(settings.limits, tamper=tamper) if settings.mode != "off" else None
+        self._held: dict[str, trio.CancelScope] = {}  # relay id -> its reservation task's scope
+        self._reserved: set[str] = set()  # relays that confirmed our reservation
+        self._failed: dict[str, float] = {}  # relay id -> not before
+        self._dialbacks = 0
+        self.counters: Counter[str] = Counter()
+        self._rng = random.Random()
+
+    # ---- what others read -----------------------------------------------------------------------
+    def _peers_available(self) -> int:
+        return min(CHECKERS, len(self._in.open_links()))
+
+    def _dialled_directly(self) -> bool:
+        """A peer dialled us directly (a link we accepted, not a relayed one): we can be dialled. This
+        needs no dial-back, and a loaded host's slow dial-backs cannot outvote it."""
+        return any(not link.is_initiator and link.relay is None and not link.closed for link in self._in.open_links())
+
+    def reachable(self) -> bool | str:
+        if self._dialled_directly():
+            return True
+        return self.reachability.verdict(trio.current_time(), self._peers_available())
+
+    @property
+    def offering(self) -> bool:
+        reach = self.reachable()
+        if self.server is None or reach is False:
+            return False
+        return self.settings.mode == "on" or (reach is True and self._in.role != "client")
+
+    def extend(self, content: AnnouncementContent) -> AnnouncementContent:
+        """The root's announcement content plus our ``reach``/``relay``/``relays`` entries."""
+        extra = announce_extra(reach=self.reachable(), offering=self.offering,
+                               bytes_per_s=self.settings.limits.bytes_per_s, relays=self._reserved)
+        return dataclasses.replace(content, extra={**content.extra, **extra})
+
+    def reachability_view(self) -> ReachabilityView:
+        view = self.reachability.view(trio.current_time(), self._peers_available())
+        return dataclasses.replace(view, reachable=True, method="inbound_link") if self._dialled_directly() else view
+
+    def status(self) -> RelayStatus:
+        return RelayStatus(mode=self.settings.mode, offering=self.offering, reserved_at=tuple(sorted(self._reserved)),
+                           relayed_links=sum(1 for link in self._in.open_links() if link.relay is not None),
+                           server=self.server.statistics() if self.server is not None else None,
+                           counters=dict(self.counters))
+
+    # ---- stream handlers (declared by the mesh service) ------------------------------------------
+    async def on_reserve(self, link: PeerLink, header: dict, stream: LinkStream) -> None:
+        if not self.offering:
+            await stream.send(encode_reply("refused", code="not_a_relay", message="this node does not relay now"))
+            return
+        await self.server.serve_reserve(link, header, stream)  # type: ignore[union-attr]
+
+    async def on_connect(self, link: PeerLink, header: dict, stream: LinkStream) -> None:
+        if self.server is None:
+            await stream.send(encode_reply("refused", code="not_a_relay", message="this node does not relay"))
+            return
+        await self.server.serve_connect(link, header, stream)
+
+    async def on_incoming(self, link: PeerLink, header: dict, stream: LinkStream) -> None:
+        inner = await accept_relayed(link, header, stream, self._in.link_settings(),
+                                     allowed=link.peer_id in self._reserved)
+        if inner is None:
+            self.counters["relayed_accept_failed"] += 1
+            return
+        self.counters["relayed_links_accepted"] += 1
+        await self._run_adopted(inner)
+
+    async def _run_adopted(self, inner: PeerLink) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(inner.run)
+            self._in.adopt(inner)
+            await inner.wait_closed()
+        self._count_close(inner)
+
+    def _count_close(self, link: PeerLink) -> None:
+        code = link.close_error.code if link.close_error is not None else None
+        if code in REJECTION_CODES:
+            self.counters[f"relayed_rejected_{code}"] += 1
+
+    async def on_dialback(self, link: PeerLink, header: dict, stream: LinkStream) -> None:
+        try:
+            request = parse_dialback(header)
+        except RelayProtocolError as exc:
+            await stream.send(encode_reply("refused", code=exc.code, message=str(exc)))
+            return
+        if self._dialbacks >= MAX_CONCURRENT_DIALBACKS:
+            await stream.send(encode_reply("refused", code="busy", message="too many dial-backs in progress"))
+            return
+        self._dialbacks += 1
+        results: dict[str, bool] = {}
+        try:
+            async def one(addr: str) -> None:
+                results[addr] = await dial_back(addr_to_url(addr), link.peer_id, request.nonce, DIALBACK_TIMEOUT_S)
+            async with trio.open_nursery() as nursery:
+                for addr in dict.fromkeys(request.addrs):
+                    nursery.start_soon(one, addr)
+        finally:
+            self._dialbacks -= 1
+        self.counters["dialbacks_served"] += 1
+        await stream.send(encode_reply("dialback", results=results))
+
+    # ---- dialling (the link table's connect) ------------------------------------------------------
+    async def connect(self, url: str, settings: LinkSettings, *, expected_peer_id: str | None = None,
+                      invite=None, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """``connect_link`` for ``ws://`` URLs; through the relay for ``relay:<id>`` ones."""
+        relay = parse_relay_url(url)
+        if relay is None:
+            await connect_link(url, settings, invite=invite, expected_peer_id=expected_peer_id, task_status=task_status)
+            return
+        if expected_peer_id is None or invite is not None:
+            raise LinkClosed("a relay address is dialled by peer id, by a mesh member", code="connect_failed")
+        relay_link = await self._in.link_to(relay)
+        async with trio.open_nursery() as nursery:
+            inner = await nursery.start(partial(connect_via_relay, relay_link, expected_peer_id, settings))
+            self.counters["relayed_links_dialled"] += 1
+            task_status.started(inner)
+            await inner.wait_closed()
+        self._count_close(inner)
+
+    # ---- the driver --------------------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            task_status.started(self)
+            while True:
+                now = trio.current_time()
+                self.reachability.set_addresses(tuple(self._in.addresses()))
+                links = [link for link in self._in.open_links() if link.relay is None and not link.closed]
+                if links and now >= self.reachability.next_check(now, self._peers_available()):
+                    self.reachability.checked(now)
+                    for link in self._rng.sample(links, min(CHECKERS, len(links))):
+                        nursery.start_soon(self._ask_dialback, link)
+                self._keep_reservations(nursery, now)
+                await trio.sleep(TICK_S)
+
+    async def _ask_dialback(self, link: PeerLink) -> None:
+        addrs = list(self._in.addresses())[:8]
+        if not addrs:
+            return
+        header = {"kind": DIALBACK_KIND, "v": RELAY_VERSION, "addrs": addrs, "nonce": os.urandom(NONCE_BYTES)}
+        try:
+            with trio.fail_after(DIALBACK_TIMEOUT_S * 2 + 2):
+                async with link.open_stream(header) as stream:
+                    await stream.send_eof()  # the request is all in the header
+                    reply, _ = await read_reply(stream, "dialback")
+        except (trio.TooSlowError, MeshError) as exc:
+            self.counters["dialback_requests_failed"] += 1
+            log.info("event=dialback_request_failed peer=%s error=%r", link.peer_id[:16], exc)
+            return
+        if reply["op"] == "dialback":
+            before = self.reachable()
+            self.reachability.report(link.peer_id, reply["results"], trio.current_time())
+            after = self.reachable()
+            if after != before:
+                log.info("event=reachability reachable=%s checker=%s", after, link.peer_id[:16])
+
+    def _keep_reservations(self, nursery: trio.Nursery, now: float) -> None:
+        if self.reachable() is not False or not self.settings.use_relays:
+            for scope in self._held.values():  # dialable (again): relays are not needed
+                scope.cancel()
+            return
+        offers = {pid: ann.extra for pid, ann in self._in.members().items() if ann is not None}
+        for relay in choose_relays(offers, self._in.alive, self._held, self._failed, now):
+            scope = self._held[relay] = trio.CancelScope()
+            nursery.start_soon(self._reservation, relay, scope)
+
+    async def _reservation(self, relay: str, scope: trio.CancelScope) -> None:
+        try:
+            with scope:
+                link = await self._in.link_to(relay)
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(hold_reservation, link)
+                    self._reserved.add(relay)
+                    self.counters["reservations_made"] += 1
+                    log.info("event=relay_reservation relay=%s", relay[:16])
+                if link.closed:  # the relay went away: prefer another one for a while
+                    self._failed[relay] = trio.current_time() + RELAY_RETRY_S
+                    self.counters["reservations_lost"] += 1
+        except (MeshError, OSError) as exc:
+            self._failed[relay] = trio.current_time() + RELAY_RETRY_S
+            self.counters["reservations_failed"] += 1
+            log.info("event=relay_reservation_failed relay=%s error=%r", relay[:16], exc)
+        finally:
+            self._reserved.discard(relay)
+            self._held.pop(relay, None)

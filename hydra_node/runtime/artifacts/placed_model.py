@@ -1,0 +1,39 @@
+"""``serve --model placement:NAME``: host the ``model_weights`` artifact NAME (docs/placement.md).
+
+At start (``Node.run``, once the placement service runs and before the models load) the artifact is
+materialised into the local cache — from the cache, the configured namespaces, or (once the mesh
+is up; at start it is not yet) peers — verified, and leased for the life of the process, so the
+cache never evicts a model that is being served.  The artifact must hold exactly one ``.gguf``
+file; the model's id is NAME.
+"""
+
+from __future__ import annotations
+
+from hydra_node.models import InvalidModelId, ModelNotFound, ModelRef, check_model_id
+from hydra_node.runtime.artifacts.errors import ArtifactError
+
+__all__ = ["PREFIX", "placed_model", "placed_name"]
+
+PREFIX = "placement:"
+KIND = "model_weights"
+
+
+def placed_name(ref: str | None) -> str | None:
+    """NAME of a ``placement:NAME`` reference, else None."""
+    return ref[len(PREFIX):] if isinstance(ref, str) and ref.startswith(PREFIX) else None
+
+
+async def placed_model(service, name: str) -> ModelRef:
+    """The model of the ``model_weights`` artifact ``name``, materialised and leased;
+    :class:`ModelNotFound` (with the reason) when it cannot be."""
+    try:
+        check_model_id(name)
+        manifest, folder = await service.materialise(KIND, name)
+    except (ArtifactError, InvalidModelId) as exc:
+        raise ModelNotFound(f"--model {PREFIX}{name}: {getattr(exc, 'message', exc)}") from None
+    ggufs = [f.path for f in manifest.files if f.path.endswith(".gguf")]
+    if len(ggufs) != 1:
+        raise ModelNotFound(f"--model {PREFIX}{name}: the artifact holds {len(ggufs)} .gguf files; exactly one "
+                            "is needed")
+    service.cache.acquire((KIND, name))  # held while the process lives: never evicted while served
+    return ModelRef(name, folder / ggufs[0])

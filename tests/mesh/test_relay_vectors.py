@@ -1,0 +1,51 @@
+"""protocol/vectors/relay.json holds against the code (its freshness is checked by test_vectors.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from nacl.signing import SigningKey
+
+from hydra_node.codec import cbor
+from hydra_node.mesh.link.dialback import check_dialback_proof, dialback_proof, nonce_from_path
+from hydra_node.mesh.relay.messages import RelayProtocolError, ReplyDecoder, relayed_frame_decoder
+
+DOC = json.loads((Path(__file__).resolve().parents[2] / "protocol" / "vectors" / "relay.json").read_text())
+
+
+def from_json(value):
+    if isinstance(value, dict):
+        return bytes.fromhex(value["bytes"]) if set(value) == {"bytes"} else {k: from_json(v) for k, v in value.items()}
+    return [from_json(v) for v in value] if isinstance(value, list) else value
+
+
+@pytest.mark.parametrize("v", DOC["valid"], ids=lambda v: v["name"])
+def test_valid_replies(v) -> None:
+    dec = ReplyDecoder()
+    dec.receive_data(bytes.fromhex(v["hex"]) + b"after")
+    assert dec.next_reply(v["expect"]) == from_json(v["decoded"])
+    assert dec.take_unconsumed() == b"after"
+    assert cbor.encode(from_json(v["decoded"])) == bytes.fromhex(v["hex"])[4:]
+
+
+@pytest.mark.parametrize("v", DOC["invalid"], ids=lambda v: v["name"])
+def test_invalid_replies(v) -> None:
+    dec = ReplyDecoder()
+    dec.receive_data(bytes.fromhex(v["hex"]))
+    with pytest.raises(RelayProtocolError) as err:
+        dec.next_reply(v["expect"])
+    assert err.value.code == v["error"]
+
+
+def test_relayed_frame_and_dialback_proof() -> None:
+    dec = relayed_frame_decoder()
+    dec.receive_data(bytes.fromhex(DOC["relayed_frame"]["hex"]))
+    assert dec.next_frame() == from_json(DOC["relayed_frame"]["payload"])
+    p = DOC["dialback_proof"]
+    key, nonce = SigningKey(from_json(p["seed"])), from_json(p["nonce"])
+    assert dialback_proof(key, nonce).hex() == p["hex"]  # Ed25519 signatures are deterministic
+    assert key.verify_key.verify(from_json(p["signing_input"]), from_json(p["decoded"])["sig"])
+    assert check_dialback_proof(bytes.fromhex(p["hex"]), p["node"], nonce)
+    assert nonce_from_path(p["path"]) == nonce
