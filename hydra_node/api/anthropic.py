@@ -24,10 +24,9 @@ from hydra_node.api.anthropic_format import (MessageEventStream, error_response,
 from hydra_node.api.anthropic_models import resolve_model
 from hydra_node.api.anthropic_request import MessagesCall, parse_count_tokens_body, parse_messages_body
 from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart, complete_chat
-from hydra_node.api.fanout import StreamFanOut
 from hydra_node.api.http import Request, Response, StreamResponse
 from hydra_node.api.http_types import served_by_header
-from hydra_node.api.moa_api import MoaApi, replay_events
+from hydra_node.api.moa_api import MoaApi, open_chat_events
 from hydra_node.api.openai_errors import ApiError, bad
 from hydra_node.api.tool_choice_header import TOOL_CHOICE_HEADER, override_tool_choice
 from hydra_node.inference import GenerationError, GenerationRequest, InvalidRequest, TokenLogprob
@@ -137,16 +136,7 @@ class MessagesApi:
 
     async def _stream(self, call: MessagesCall, req: GenerationRequest) -> StreamResponse:
         # Open the generation before answering 200, so routing errors get a proper status.
-        if self.moa is not None and self.moa.handles(req.model):  # "mesh": the members answer first
-            out, _, headers = await self.moa.answer(req)
-            events, close = (lambda: replay_events(out)), _nothing
-        else:
-            fan = StreamFanOut(self.router, [req])
-            try:
-                await fan.open()
-            except GenerationError as exc:
-                raise ApiError.from_generation(exc) from None
-            events, close, headers = fan.events, fan.close, served_by_header(fan.served_by[0])
+        events, close, headers = await open_chat_events(self.router, self.moa, req)
         builder = MessageEventStream(req.request_id, call.model)
 
         async def body():
@@ -182,6 +172,3 @@ class MessagesApi:
 
         return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=close, headers=headers)
 
-
-async def _nothing() -> None:
-    """Nothing to close (a ``mesh`` answer is already complete)."""

@@ -31,7 +31,7 @@ from hydra_node.api.openai_format import DONE, ChunkMaker, chat_choice, sse, sum
 from hydra_node.api.openai_parse import ParsedBody
 from hydra_node.inference import GenerationError, GenerationRequest, InvalidRequest
 
-__all__ = ["MoaApi", "moa_info", "moa_header", "replay_events"]
+__all__ = ["MoaApi", "moa_info", "moa_header", "open_chat_events", "replay_events"]
 
 #: Longest member error quoted in ``hydra_moa`` (the full text is in the node's log).
 MAX_ERROR_CHARS = 300
@@ -188,6 +188,25 @@ class MoaApi:
 
         served = fan.served_by[0] if fan is not None else run.chosen.served_by
         return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=close, headers=_headers(info, served))
+
+
+async def open_chat_events(router, moa: "MoaApi | None", req: GenerationRequest):
+    """``(events, close, headers)`` of one streamed chat for /v1/messages and /v1/responses, opened
+    before the 200 so routing errors get a proper status: the router's stream, or for ``mesh`` the
+    mixture of agents' finished answer replayed (``events()`` yields ``(0, event)`` pairs)."""
+    if moa is not None and moa.handles(req.model):
+        out, _, headers = await moa.answer(req)
+        return (lambda: replay_events(out)), _nothing, headers
+    fan = StreamFanOut(router, [req])
+    try:
+        await fan.open()
+    except GenerationError as exc:
+        raise ApiError.from_generation(exc) from None
+    return fan.events, fan.close, served_by_header(fan.served_by[0])
+
+
+async def _nothing() -> None:
+    """Nothing to close (a ``mesh`` answer is already complete)."""
 
 
 async def replay_events(out: ChatOutcome):

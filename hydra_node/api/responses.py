@@ -15,10 +15,9 @@ from collections.abc import Callable
 
 
 from hydra_node.api.chat import (ChatDone, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart, complete_chat)
-from hydra_node.api.fanout import StreamFanOut
 from hydra_node.api.http import Request, Response, StreamResponse
 from hydra_node.api.http_types import served_by_header
-from hydra_node.api.moa_api import MoaApi, replay_events
+from hydra_node.api.moa_api import MoaApi, open_chat_events
 from hydra_node.api.openai_errors import ApiError
 from hydra_node.api.responses_constraints import generation_request
 from hydra_node.api.responses_output import (conversation_after, new_id, output_items, response_body, response_status,
@@ -119,16 +118,7 @@ class ResponsesApi:
     async def _stream(self, call: ResponsesCall, req: GenerationRequest, resp_id: str,
                       created: int) -> StreamResponse:
         # Open the generation before answering 200, so routing errors get a proper status.
-        if self._mesh(req.model):  # "mesh": the members answer first, then the answer is replayed
-            out, _, headers = await self.moa.answer(req)
-            events, close = (lambda: replay_events(out)), _nothing
-        else:
-            fan = StreamFanOut(self.router, [req])
-            try:
-                await fan.open()
-            except GenerationError as exc:
-                raise ApiError.from_generation(exc) from None
-            events, close, headers = fan.events, fan.close, served_by_header(fan.served_by[0])
+        events, close, headers = await open_chat_events(self.router, self.moa, req)
         builder = ResponseEventStream(call, resp_id, created)
 
         async def body():
@@ -160,6 +150,3 @@ class ResponsesApi:
 
         return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=close, headers=headers)
 
-
-async def _nothing() -> None:
-    """Nothing to close (a ``mesh`` answer is already complete)."""

@@ -20,7 +20,7 @@ import trio
 from hydra_node.inference import EmbeddingAssembler, EmbeddingRequest, EmbeddingResult, GenerationError, QueueFull
 from hydra_node.runtime.runner.records import RunnerCrashed, RunnerStalled
 
-__all__ = ["EMBEDS_IN_FLIGHT", "RunnerEmbeddings"]
+__all__ = ["EMBEDS_IN_FLIGHT", "RunnerEmbeddings", "next_frame"]
 
 #: Embedding requests one runner child holds at once.
 EMBEDS_IN_FLIGHT = 2
@@ -89,13 +89,18 @@ class RunnerEmbeddings:
                         pass
 
     async def _next(self, recv_ch: trio.MemoryReceiveChannel) -> dict:
-        sup = self._sup
-        stall = sup.settings.stall_timeout_s
-        with trio.move_on_after(stall if stall > 0 else float("inf")):
-            try:
-                return await recv_ch.receive()
-            except trio.EndOfChannel:
-                raise RunnerCrashed(f"model runner for {sup.model.id!r} exited unexpectedly") from None
-        sup._kill_stalled(stall)
-        raise RunnerStalled(f"model runner for {sup.model.id!r} produced nothing for {stall:.0f} s "
-                            f"(a stalled RPC worker or tunnel); the runner was restarted")
+        return await next_frame(self._sup, recv_ch)
+
+
+async def next_frame(sup, recv_ch: trio.MemoryReceiveChannel) -> dict:
+    """The runner's next frame for one call (embeddings, KV jobs); a runner silent for
+    ``stall_timeout_s`` is killed (supervision restarts it) and the call fails with RunnerStalled."""
+    stall = sup.settings.stall_timeout_s
+    with trio.move_on_after(stall if stall > 0 else float("inf")):
+        try:
+            return await recv_ch.receive()
+        except trio.EndOfChannel:
+            raise RunnerCrashed(f"model runner for {sup.model.id!r} exited unexpectedly") from None
+    sup._kill_stalled(stall)
+    raise RunnerStalled(f"model runner for {sup.model.id!r} produced nothing for {stall:.0f} s "
+                        f"(a stalled RPC worker or tunnel); the runner was restarted")

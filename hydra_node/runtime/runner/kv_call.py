@@ -39,7 +39,7 @@ from hydra_node.runtime.artifacts.errors import (
 from hydra_node.runtime.artifacts.kv_identity import KvIdentity
 from hydra_node.runtime.artifacts.kv_state import KvStateInvalid
 from hydra_node.runtime.runner.channel import RunnerProtocolError
-from hydra_node.runtime.runner.records import RunnerCrashed, RunnerStalled
+from hydra_node.runtime.runner.embed_call import next_frame
 
 __all__ = ["KvExported", "KvImported", "KvStatistics", "RunnerKv"]
 
@@ -188,16 +188,7 @@ class RunnerKv:
         raise remote_error_from_wire(msg, relay_status=True)
 
     async def _next(self, recv_ch: trio.MemoryReceiveChannel) -> dict:
-        sup = self._sup
-        stall = sup.settings.stall_timeout_s
-        with trio.move_on_after(stall if stall > 0 else float("inf")):
-            try:
-                return await recv_ch.receive()
-            except trio.EndOfChannel:
-                raise RunnerCrashed(f"model runner for {sup.model.id!r} exited unexpectedly") from None
-        sup._kill_stalled(stall)
-        raise RunnerStalled(f"model runner for {sup.model.id!r} produced nothing for {stall:.0f} s; "
-                            "the runner was restarted")
+        return await next_frame(self._sup, recv_ch)
 
 
 def _count(msg: dict, key: str) -> int:
