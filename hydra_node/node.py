@@ -93,7 +93,8 @@ class Node:
         self.runners: MutableMapping[str, RunnerSupervisor] = {}
         self.local = LocalRunners(self.node_id, self.runners)
         self.router.add_source(self.local)
-        self.models: list[ModelRef] = [] if config.no_model else [resolve_model(m) for m in (config.models or (() if config.fetch_models else (None,)))
+        refs = config.models or (() if config.fetch_models else (None,))  # None: the bundled model
+        self.models: list[ModelRef] = [] if config.no_model else [resolve_model(m) for m in refs
                                                                   if placed_name(m) is None]
         self.placed_models = [n for n in map(placed_name, config.models) if n is not None]  # materialised in run
         self.api_server: HttpServer | None = None
