@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from hydra_node.codec.cbor import encode
 from hydra_node.mesh.membership.changes import PeerEntry
 from hydra_node.mesh.membership.config import MembershipConfig
-from hydra_node.mesh.membership.messages import MAX_WIRE_BUCKETS, DigestSync, PeerRecord, Pull, Sync
+from hydra_node.mesh.membership.messages import MAX_WIRE_BUCKETS, DigestSync, PeerRecord, Sync
 
 __all__ = ["AntiEntropy", "bucket_count", "entry_hash", "id_hash"]
 
@@ -127,15 +127,4 @@ class AntiEntropy:
         parts = set(msg.parts)
         mask = msg.buckets - 1
         theirs = {d.node_id: d for d in msg.digest if id_hash(d.node_id) & mask in parts}
-        push, pull = [], []
-        for rec in self._in_parts(self._all_records(), parts, msg.buckets):
-            d = theirs.get(rec.node_id)
-            if d is None or rec.digest().key > d.key:
-                push.append(rec)
-        for d in theirs.values():
-            mine = self.record(d.node_id)
-            if (mine is None or d.key > mine.digest().key) and d.node_id != self.node_id:
-                pull.append(d.node_id)
-        self._send_records(sender, push)
-        if pull:
-            self._send(sender, Pull(tuple(pull)))
+        self._push_pull(sender, self._in_parts(self._all_records(), parts, msg.buckets), theirs)  # handlers.py

@@ -79,16 +79,14 @@ class MessageHandlers:
         pass  # records were applied already
 
     def _on_sync(self, sender: str, msg: Sync, now: float) -> None:
-        theirs = {d.node_id: d for d in msg.digest}
-        push, pull = [], []
-        for rec in self._all_records():
-            d = theirs.get(rec.node_id)
-            if d is None or rec.digest().key > d.key:
-                push.append(rec)
-        for d in msg.digest:
-            mine = self.record(d.node_id)
-            if (mine is None or d.key > mine.digest().key) and d.node_id != self.node_id:
-                pull.append(d.node_id)
+        self._push_pull(sender, self._all_records(), {d.node_id: d for d in msg.digest})
+
+    def _push_pull(self, sender: str, mine, theirs: dict) -> None:
+        """Anti-entropy with ``sender``: push our records in ``mine`` that are newer than its digest
+        entries ``theirs`` (or missing there), pull those of ``theirs`` newer than ours."""
+        push = [rec for rec in mine if (d := theirs.get(rec.node_id)) is None or rec.digest().key > d.key]
+        pull = [d.node_id for d in theirs.values() if d.node_id != self.node_id
+                and ((rec := self.record(d.node_id)) is None or d.key > rec.digest().key)]
         self._send_records(sender, push)
         if pull:
             self._send(sender, Pull(tuple(pull)))

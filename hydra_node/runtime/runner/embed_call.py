@@ -20,7 +20,7 @@ import trio
 from hydra_node.inference import EmbeddingAssembler, EmbeddingRequest, EmbeddingResult, GenerationError, QueueFull
 from hydra_node.runtime.runner.records import RunnerCrashed, RunnerStalled
 
-__all__ = ["EMBEDS_IN_FLIGHT", "RunnerEmbeddings", "next_frame"]
+__all__ = ["EMBEDS_IN_FLIGHT", "RunnerEmbeddings", "end_call", "next_frame"]
 
 #: Embedding requests one runner child holds at once.
 EMBEDS_IN_FLIGHT = 2
@@ -79,17 +79,23 @@ class RunnerEmbeddings:
                     ended = True
                     return result
         finally:
-            sup._pending.pop(rid, None)
-            send_ch.close()
-            if not ended:  # abandoned (client gone, stalled): the child drops it
-                with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SEND_TIMEOUT_S):
-                    try:
-                        await sup._send({"op": "cancel", "id": rid})
-                    except GenerationError:
-                        pass
+            await end_call(sup, rid, send_ch, ended)
 
     async def _next(self, recv_ch: trio.MemoryReceiveChannel) -> dict:
         return await next_frame(self._sup, recv_ch)
+
+
+async def end_call(sup, rid: int, send_ch: trio.MemorySendChannel, ended: bool) -> None:
+    """Forget call ``rid`` (embeddings, KV jobs); one abandoned before its answer (client gone,
+    stalled) is cancelled in the child, which then drops it."""
+    sup._pending.pop(rid, None)
+    send_ch.close()
+    if not ended:
+        with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SEND_TIMEOUT_S):
+            try:
+                await sup._send({"op": "cancel", "id": rid})
+            except GenerationError:
+                pass
 
 
 async def next_frame(sup, recv_ch: trio.MemoryReceiveChannel) -> dict:

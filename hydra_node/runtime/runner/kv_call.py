@@ -39,15 +39,13 @@ from hydra_node.runtime.artifacts.errors import (
 from hydra_node.runtime.artifacts.kv_identity import KvIdentity
 from hydra_node.runtime.artifacts.kv_state import KvStateInvalid
 from hydra_node.runtime.runner.channel import RunnerProtocolError
-from hydra_node.runtime.runner.embed_call import next_frame
+from hydra_node.runtime.runner.embed_call import end_call, next_frame
 
 __all__ = ["KvExported", "KvImported", "KvStatistics", "RunnerKv"]
 
 #: Reply messages buffered between the channel reader and the operation (an export's prefill
 #: frames are swallowed in the child; a reply is one frame).
 REPLY_BUFFER = 4
-#: Bound on telling the child to drop an abandoned operation.
-CANCEL_SEND_TIMEOUT_S = 2.0
 _FIELDS = frozenset(KvIdentity.field_names())
 
 
@@ -160,14 +158,7 @@ class RunnerKv:
                     self._stats["failures"] += 1
                 raise
             finally:
-                sup._pending.pop(rid, None)
-                send_ch.close()
-                if not ended:  # abandoned (client gone, stalled): the child drops it
-                    with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SEND_TIMEOUT_S):
-                        try:
-                            await sup._send({"op": "cancel", "id": rid})
-                        except GenerationError:
-                            pass
+                await end_call(sup, rid, send_ch, ended)
 
     def _raise(self, msg: dict) -> None:
         code, text = msg.get("code"), str(msg.get("message", ""))[:1000]
