@@ -14,10 +14,16 @@ order, so `cbor2.dumps(obj, canonical=True)` is the encoder.
 This is the one decoder of bytes that come from outside the process (peers and
 children); every wire format of the node builds on it (see `codec.framing`).
 
-`decode` is strict: a structural scan (iterative, bounded depth) rejects
-non-canonical heads, tags, indefinite lengths, bad keys and trailing bytes
-before cbor2 sees the input; the value is then re-encoded and must equal the
-input byte for byte (catches non-shortest floats and anything the scan let by).
+`decode` is strict. Fast path (every valid input): cbor2 decodes (it bounds
+nesting and reads claimed lengths in chunks, so a lying head costs nothing),
+a walk over the decoded value checks it is inside the data model (types, text
+keys, integer range, finite floats, depth), and the value is re-encoded and must
+equal the input byte for byte, which rejects every non-canonical form (long
+heads, indefinite lengths, unsorted or duplicate keys, tags that decode to
+model values, trailing bytes, non-shortest floats). Only input that fails takes
+the slow path: a structural scan (iterative, bounded depth) over the heads that
+names the defect in `DecodeError.code`. Valid input costs two C passes and one
+walk over the values instead of a Python loop over every head (about 6x less).
 """
 
 from __future__ import annotations
@@ -57,6 +63,52 @@ def decode(data: bytes, *, max_size: int = DEFAULT_MAX_SIZE, max_depth: int = MA
     data = bytes(data)
     if len(data) > max_size:
         raise DecodeError(f"CBOR value of {len(data)} bytes exceeds the limit of {max_size}", code="too_large")
+    try:
+        value = cbor2.loads(data)
+        if _in_model(value, max_depth) and cbor2.dumps(value, canonical=True) == data:
+            return value
+    except Exception:  # noqa: BLE001 - anything odd: the slow path below names the defect
+        pass
+    return _decode_slowly(data, max_depth)
+
+
+def _in_model(value: Any, max_depth: int) -> bool:
+    """Whether the decoded `value` is inside the data model (its encoding is checked apart).
+
+    Walked level by level, so depth is counted once per level rather than carried by every item."""
+    level = [value]
+    depth = 0
+    while True:
+        containers: list[Any] = []
+        for item in level:
+            kind = type(item)
+            if kind is str or kind is bytes or kind is bool or item is None:
+                continue
+            if kind is int:
+                if not _INT_MIN <= item <= _INT_MAX:
+                    return False
+            elif kind is float:
+                if not math.isfinite(item):
+                    return False
+            elif kind is list:
+                containers.append(item)
+            elif kind is dict:
+                for key in item:
+                    if type(key) is not str:
+                        return False
+                containers.append(item.values())
+            else:
+                return False
+        if not containers:
+            return True
+        depth += 1
+        if depth > max_depth:
+            return False
+        level = [child for container in containers for child in container]
+
+
+def _decode_slowly(data: bytes, max_depth: int) -> Any:
+    """The strict path for input the fast path refused: DecodeError with the defect's code."""
     _scan(data, max_depth)
     try:
         value = cbor2.loads(data)

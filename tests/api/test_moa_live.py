@@ -7,7 +7,7 @@ seed: each runner draws its own seed) disagree. Two meshes:
 * ``both``: one node hosting both models, reducer = the Q4_1 model, ``claude-*`` ids mapped to
   ``mesh`` — agreement (whole and streamed; also on /v1/messages and /v1/responses), conflict with the reducer, tool-call agreement, /v1/models, a member's runner killed
   mid-request;
-* ``remote``: node A hosts both (deadline 20 s, no reducer); node B hosts the F16 file once more as
+* ``remote``: node A hosts both (deadline 10 s, no reducer); node B hosts the F16 file once more as
   a third model, ``smollm2-slow``, its runner sleeping 4 s per token — agreement of two of the three
   members ends the request early (the slow one cancelled); a conflict waits for the slow member,
   which misses the deadline, and returns the arbiter's pick without a reducer; B's own mesh refuses
@@ -34,7 +34,7 @@ JOIN_TIMEOUT_S = 60.0
 #: A's per-member deadline: the conflict test waits all of it for the slow member (4 s a token, 16
 #: tokens); the two local members answer within it, their first request included (a fresh runner's
 #: first request is much slower than the next ones on a loaded machine).
-DEADLINE_S = 20
+DEADLINE_S = 10
 SMALL = "[defaults.model_fit]\nctx_size = 1024\n[defaults.throughput]\nthreads = 1\nparallel = 2\n"
 AGREE = dict(messages=[{"role": "user", "content": "What is 2+2? Answer with just the number."}], temperature=0,
              max_tokens=8)
@@ -176,7 +176,8 @@ def test_mesh_answers_on_messages_and_responses_too(both_node, both):
     raw = claude.messages.with_raw_response.create(**kw)
     msg, header = raw.parse(), json.loads(raw.headers["x-hydra-moa"])
     assert msg.model == "mesh" and msg.content[0].text == want and msg.stop_reason in ("end_turn", "max_tokens")
-    assert header["majority"] and header["chosen"] == info["chosen"]
+    # Both members agree, so either may be chosen: the tie-break follows latency figures that move between calls.
+    assert header["majority"] and header["chosen"] in {m["model"] for m in info["members"]}
     assert msg.usage.output_tokens == r.usage.completion_tokens  # every member's tokens
     mapped = claude.messages.with_raw_response.create(**{**kw, "model": "claude-from-a-client"})  # [api] claude_model
     assert mapped.parse().content[0].text == want and json.loads(mapped.headers["x-hydra-moa"])["majority"]

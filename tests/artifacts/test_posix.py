@@ -212,6 +212,23 @@ def test_copy_hashed_kernel_path_with_the_threaded_read_back(tmp_path, monkeypat
         copy_hashed(src, tmp_path / "dst")
 
 
+def test_copy_hashed_hashes_short_kernel_copies_and_files_it_cannot_map(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(filecopy, "COPY_CHUNK_BYTES", 65_536)
+    real = os.copy_file_range
+    # Short copies (as the kernel may return) leave chunk offsets that are not page-aligned.
+    monkeypatch.setattr(filecopy.os, "copy_file_range", lambda i, o, n: real(i, o, min(n, 10_007)))
+    src = tmp_path / "src"
+    src.write_bytes(os.urandom(300_001))
+    assert copy_hashed(src, tmp_path / "short") == hash_file(src)
+
+    def refuse(*args, **kwargs):
+        raise OSError(19, "No such device")  # what mmap says on a file system that cannot map
+
+    monkeypatch.setattr(filecopy.mmap, "mmap", refuse)
+    assert copy_hashed(src, tmp_path / "unmapped") == hash_file(src)
+    assert (tmp_path / "unmapped").read_bytes() == src.read_bytes()
+
+
 def test_copy_hashed_across_file_systems_falls_back_to_buffered_copies(tmp_path) -> None:
     shm = Path("/dev/shm")
     if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:

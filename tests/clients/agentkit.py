@@ -102,6 +102,7 @@ def run_until(argv: list[str], env: dict, cwd: Path, done: Callable[[dict], bool
               timeout: float = AGENT_TIMEOUT_S) -> tuple[Run, dict | None]:
     """Run ``argv`` until it exits or one of its JSON lines satisfies ``done`` (then it is stopped);
     returns what it printed and that line (None if none came within ``timeout``)."""
+    env = {**env, "PWD": str(cwd)}  # tools that read PWD (opencode) would otherwise take this repo as the project
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     run, found = Run(), None

@@ -1,16 +1,21 @@
 """Copy a file and hash the copy in one pass over the bytes (blocking; for worker threads).
 
 The copy runs in the kernel (``copy_file_range``: no user-space copy, server-side on NFS 4.2),
-and the sha256 is computed over the *copy's* bytes, read back from the page cache by a second
-thread while the next chunk is copied, so hashing overlaps copying (hashlib and the copy release
-the GIL). Where ``copy_file_range`` is refused (another file system on an old kernel, a FUSE
-mount) the copy falls back to ``readinto``/``write`` and hashes the buffer it wrote.
+and the sha256 is computed over the *copy's* bytes, read back by a second thread while the next
+chunk is copied, so hashing overlaps copying (hashlib and the copy release the GIL). The read-back
+maps the chunk just written (``mmap`` of the copy's page cache) instead of reading it into a buffer:
+the hash then costs one pass over the bytes, not a copy plus a pass, and on two cores the copy and
+the hash of the previous chunk run side by side at close to the speed of the copy alone. Where
+``copy_file_range`` is refused (another file system on an old kernel, a FUSE mount) the copy falls
+back to ``readinto``/``write`` and hashes the buffer it wrote.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import hashlib
+import mmap
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,17 +34,57 @@ INLINE_CHUNKS = 2
 _FALLBACK_ERRNOS = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF, errno.EPERM}
 
 
+def _libc_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (AttributeError, OSError):  # not Linux (or no such symbol): the final fsync does it all
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNC_FILE_RANGE = _libc_sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Start writing the chunk just copied to the disk now (``sync_file_range(..., WRITE)``: it
+    returns once the writes are queued), so the final fsync waits for the last chunk, not for the
+    whole file: the disk works while the next chunks are copied and hashed. Best effort."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
+
+
 class _ReadBackHasher:
     """sha256 of ranges of ``fd``, hashed in order in one helper thread (or inline)."""
 
     def __init__(self, fd: int, threaded: bool) -> None:
         self.fd = fd
         self.digest = hashlib.sha256()
-        self.buf = bytearray(COPY_CHUNK_BYTES)
+        self.buf: bytearray | None = None  # only for the read-back fallback
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="artifact-hash") if threaded else None
         self.pending: Future | None = None
 
     def _hash_range(self, offset: int, length: int) -> None:
+        if length <= 0:
+            return
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY  # a short copy_file_range leaves odd offsets
+        try:
+            mapped = mmap.mmap(self.fd, offset + length - start, offset=start, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):  # a file system that cannot map (some FUSE mounts): read it back
+            self._read_range(offset, length)
+            return
+        try:
+            mapped.madvise(mmap.MADV_SEQUENTIAL)
+            with memoryview(mapped) as view, view[offset - start:] as chunk:  # released before close
+                self.digest.update(chunk)
+        finally:
+            mapped.close()
+
+    def _read_range(self, offset: int, length: int) -> None:
+        if self.buf is None:
+            self.buf = bytearray(COPY_CHUNK_BYTES)
         view = memoryview(self.buf)
         while length > 0:
             n = os.preadv(self.fd, [view[:min(length, len(view))]], offset)
@@ -96,6 +141,7 @@ def copy_hashed(src: Path | str, dst: Path | str, *, limit: int | None = None,
                             raise
                         kernel = False
                     if n > 0:
+                        _start_writeback(out_fd, copied, n)
                         hasher.add(copied, n)
                 if not kernel:
                     n = _copy_buffered(fin, fout, want, hasher)
