@@ -63,7 +63,9 @@ from hydra_node.routing.live import LiveScheduling
 from hydra_node.runtime.hosting.service import HostMemory, ModelRuntime, RuntimeSettings
 from hydra_node.runtime.rpc.tunnel import TUNNEL_SERVICE
 from hydra_node.runtime.fetch import FETCH_KIND, BadModelSource, DownloadError, ModelShare, fetch_for_serve
+from hydra_node.runtime.fetch.serve_fetch import PEER_WAIT_S, wait_for_holders
 from hydra_node.runtime.artifacts.peer import ARTIFACT_FETCH_KIND, ArtifactShare
+from hydra_node.runtime.artifacts.placed_model import KIND as PLACED_KIND
 from hydra_node.runtime.artifacts.placed_model import placed_model, placed_name
 from hydra_node.runtime.artifacts.service import PlacementService
 from hydra_node.runtime.speculative.service import DRAFT_SERVICE, SpeculationService
@@ -315,7 +317,7 @@ class Node:
             async with trio.open_nursery() as root:
                 root.start_soon(self._watch_signals, root.cancel_scope)
                 await root.start(self.placement.run)  # the artifact cache and operations (docs/placement.md)
-                self.models += [await placed_model(self.placement, name) for name in self.placed_models]
+                from_peers = await self._materialise_placed()  # what is not here yet waits for the mesh
                 for model in self.models:  # a model that needs a split waits for the mesh (runtime.run)
                     log.info("event=model_loading model=%s path=%s", model.id, model.path)
                     await self.runtime.start_model(root, model)
@@ -328,6 +330,8 @@ class Node:
                     await root.start(self.scheduling.run, self.mesh)  # RTT samples, peer hints
                     for ref in self.config.fetch_models:  # --model NAME --join: from a peer first, then the internet
                         await self._start_fetched(root, ref)
+                    for name in from_peers:  # --model placement:NAME --join: from a peer that holds it
+                        await self._start_placed_from_peers(root, name)
                 await root.start(self.speculation.run)  # draft server, draft tunnel port (runtime/speculative/service.py)
                 await root.start(self.runtime.run)  # RPC worker, split models, hot swap (runtime/hosting/)
                 self.state = "serving"
@@ -352,6 +356,31 @@ class Node:
             remove_pidfile(self.pidfile)
             remove_pidfile(self.home / "run" / "ports.json")
             log.info("event=node_stopped")
+
+    async def _materialise_placed(self) -> list[str]:
+        """Materialise every ``placement:NAME`` model from the cache or the namespaces; when one is in
+        neither and the node joins a mesh, its name is returned: a peer may hold it (asked once joined)."""
+        later = []
+        for name in self.placed_models:
+            try:
+                self.models.append(await placed_model(self.placement, name))
+            except ModelNotFound as exc:
+                if self.mesh is None or not self.config.mesh.join:
+                    raise
+                log.info("event=placed_model_deferred model=%s reason=%r action=ask_peers_once_joined", name, str(exc))
+                later.append(name)
+        return later
+
+    async def _start_placed_from_peers(self, root: trio.Nursery, name: str) -> None:
+        """``placement:NAME`` from the nearest peer that announces it (bounded wait for the
+        announcements), then load it; ModelNotFound naming every source tried when none has it."""
+        with trio.move_on_after(PEER_WAIT_S):
+            await wait_for_holders(lambda: bool(self.placement.materialiser.holders(PLACED_KIND, name)), self.mesh,
+                                   trio.current_time)
+        model = await placed_model(self.placement, name)
+        log.info("event=model_loading model=%s path=%s source=peer", model.id, model.path)
+        self.models.append(model)
+        await self.runtime.start_model(root, model)
 
     async def _start_fetched(self, root: trio.Nursery, ref: str) -> None:
         """Fetch ``ref`` (runtime/fetch/serve_fetch.py: a peer that holds it, else its URL), then load it."""

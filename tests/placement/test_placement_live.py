@@ -1,7 +1,8 @@
 """Live: a node killed in the middle of a publish reports the operation failed after its restart and
 retries it; it publishes the bundled GGUF to a POSIX root with `hydra placement prefetch`; a second
 node (another home, the same root) serves it with `--model placement:NAME`; the CLI's status, fetch,
-cache, pin and evict against the running nodes (docs/placement.md)."""
+cache, pin and evict against the running nodes; a third node without the root, joined to the second,
+takes the model from it (docs/placement.md)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def test_a_placed_model_is_served_by_a_second_node_and_managed_from_the_cli(tmp_
     root.mkdir()
     a = NodeProcess(tmp_path / "a", "--no-model", "--posix-root", str(root), env={CRASH_ENV: "files_staged"})
     b = NodeProcess(tmp_path / "b", "--posix-root", str(root), "--model", "placement:smol")
+    nodes = [a, b]
     tiny = tmp_path / "stage-0"
     tiny.mkdir()
     (tiny / "layers.bin").write_bytes(b"L" * 4096)
@@ -53,6 +55,7 @@ def test_a_placed_model_is_served_by_a_second_node_and_managed_from_the_cli(tmp_
         rc, out = cli(capsys, a, "status", op["id"])
         assert rc == 0 and f"operation {op['id']}: publish model_weights/smol  state committed" in out
 
+        b.args += ["--join", a.invite()]  # one mesh: C (below) trusts what a member (A) signed
         b.start(wait=False)  # loads while the CLI works on A
         rc, out = cli(capsys, a, "fetch", "layer_package", "stage-0", "--wait")
         assert rc == 0 and "state committed" in out and "path " in out
@@ -80,6 +83,18 @@ def test_a_placed_model_is_served_by_a_second_node_and_managed_from_the_cli(tmp_
 
         rc, out = cli(capsys, None, "cache")
         assert rc == 1 and "is a node running?" in out
+
+        # No namespace here: joined to B, C takes placement:smol from B (which holds it), verified
+        # (signed by A, a member of the mesh).
+        c = NodeProcess(tmp_path / "c", "--model", "placement:smol", "--join", b.invite())
+        nodes.append(c)
+        c.start(wait=False).wait_ready(timeout=240)
+        code, body = request("POST", c.api_port, "/v1/chat/completions", {
+            "model": "smol", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+        assert code == 200 and json.loads(body)["system_fingerprint"] == c.status()["node_id"], body
+        rc, out = cli(capsys, c, "cache", "--json")
+        (held,) = json.loads(out)["artifacts"]
+        assert (held["name"], held["in_use"], held["source"]) == ("smol", True, f"peer:{b.status()['node_id']}")
     finally:
-        a.kill_all()
-        b.kill_all()
+        for n in nodes:
+            n.kill_all()

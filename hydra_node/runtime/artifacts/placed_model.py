@@ -1,9 +1,11 @@
 """``serve --model placement:NAME``: host the ``model_weights`` artifact NAME (docs/placement.md).
 
 At start (``Node.run``, once the placement service runs and before the models load) the artifact is
-materialised into the local cache — from the cache, the configured namespaces, or (once the mesh
-is up; at start it is not yet) peers — verified, and leased for the life of the process, so the
-cache never evicts a model that is being served.  The artifact must hold exactly one ``.gguf``
+materialised into the local cache — from the cache or the configured namespaces — verified, and
+leased for the life of the process, so the cache never evicts a model that is being served. When
+it is in neither and the node joins a mesh (``--join``), the node asks again once it has joined:
+then peers that announce it are asked too (``Node._start_placed_from_peers``, a bounded wait for
+their announcements first), and the model loads after the node's other models.  The artifact must hold exactly one ``.gguf``
 file; the model's id is NAME.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 from hydra_node.models import InvalidModelId, ModelNotFound, ModelRef, check_model_id
 from hydra_node.runtime.artifacts.errors import ArtifactError
 
-__all__ = ["PREFIX", "placed_model", "placed_name"]
+__all__ = ["KIND", "PREFIX", "placed_model", "placed_name"]
 
 PREFIX = "placement:"
 KIND = "model_weights"

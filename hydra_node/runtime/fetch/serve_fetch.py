@@ -20,7 +20,7 @@ from hydra_node.runtime.fetch.errors import NotInMesh, PeerFetchError
 from hydra_node.runtime.fetch.fetcher import FetchSettings, ensure_local, remote_for
 from hydra_node.runtime.fetch.peer import ModelShare
 
-__all__ = ["PEER_WAIT_S", "SETTLE_S", "fetch_for_serve"]
+__all__ = ["PEER_WAIT_S", "SETTLE_S", "fetch_for_serve", "wait_for_holders"]
 
 log = logging.getLogger("hydra.fetch")
 
@@ -30,14 +30,15 @@ PEER_WAIT_S = 15.0
 SETTLE_S = 2.0
 
 
-async def _holders_known(share: ModelShare, model_id: str, sha256: str | None, now: Callable[[], float]) -> None:
-    """Return once a peer announces ``model_id``, or the view had ``SETTLE_S`` to fill after a first
-    alive peer (the caller bounds the whole wait)."""
+async def wait_for_holders(held: Callable[[], bool], mesh, now: Callable[[], float]) -> None:
+    """Return once ``held()`` (some peer announces what we want), or the view had ``SETTLE_S`` to
+    fill after a first alive peer (the caller bounds the whole wait). Also used for
+    ``serve --model placement:NAME --join`` (node.py)."""
     first_alive: float | None = None
-    while not share.holders(model_id, sha256):
-        if share.mesh is None:
+    while not held():
+        if mesh is None:
             return
-        if first_alive is None and "alive" in share.mesh.member_states(now()).values():
+        if first_alive is None and "alive" in mesh.member_states(now()).values():
             first_alive = now()
         if first_alive is not None and now() - first_alive >= SETTLE_S:
             return
@@ -55,7 +56,7 @@ async def fetch_for_serve(share: ModelShare, ref: str, settings: FetchSettings, 
         return ModelRef(rec.model_id, rec.path(share.cache.root)), "cache"
     sha256 = remote.sha256 or share.cache.pinned_sha256(remote.model_id)
     with trio.move_on_after(wait_s):
-        await _holders_known(share, remote.model_id, sha256, trio.current_time)
+        await wait_for_holders(lambda: bool(share.holders(remote.model_id, sha256)), share.mesh, trio.current_time)
     try:
         rec = await share.fetch(remote)
         log.info("event=model_from_peer model=%s source=%s", remote.model_id, rec.source)
