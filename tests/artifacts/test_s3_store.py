@@ -92,6 +92,45 @@ def test_republish_switches_pointer_and_collects_old_version(s3_server, tmp_path
         store.fetch("model_weights", "m", tmp_path / "again")
 
 
+class _Racing(S3Store):
+    """A store whose first read of the pointer is followed at once by a rival's publish (the race
+    between reading the pointer and writing it, which the conditional PUT closes)."""
+
+    rival: S3Store
+    rival_files: dict
+
+    def _committed_state(self, kind, name):
+        state = super()._committed_state(kind, name)
+        rival, self.rival = getattr(self, "rival", None), None
+        if rival is not None:
+            self.rival_manifest = rival.publish(kind, name, self.rival_files, identity={}, sign=signer(KEY))
+        return state
+
+
+@pytest.mark.parametrize("rival_is_newer", [True, False])
+def test_racing_publishers_never_let_an_older_version_replace_a_newer(s3_server, tmp_path, rival_is_newer):
+    bucket = s3_server.new_bucket("race")
+    _store(s3_server, bucket).publish("model_weights", "m", _files(tmp_path, b"a", big=1000), identity={},
+                                              sign=signer(KEY))
+    now = 2_000_000_000.0
+    ours = _Racing(bucket, endpoint=s3_server.endpoint, region=s3_server.region, clock=lambda: now)
+    ours.rival = S3Store(bucket, endpoint=s3_server.endpoint, region=s3_server.region,
+                         clock=lambda: now + (10 if rival_is_newer else -10))
+    ours.rival_files = _files(tmp_path, b"r", big=1500)
+    if rival_is_newer:  # its newer version stays committed; ours is dropped and its objects deleted
+        with pytest.raises(StoreUnavailable, match="a newer version"):
+            ours.publish("model_weights", "m", _files(tmp_path, b"o", big=2000), identity={}, sign=signer(KEY))
+        assert ours.manifest("model_weights", "m") == ours.rival_manifest
+        winner = ours.rival_manifest
+    else:  # the rival's older version committed in between: ours replaces it (it read a newer pointer)
+        winner = ours.publish("model_weights", "m", _files(tmp_path, b"o", big=2000), identity={}, sign=signer(KEY))
+        assert ours.manifest("model_weights", "m") == winner and winner != ours.rival_manifest
+    ours_prefix = f"model_weights/m/v/{int(now * 1e9):020d}-"
+    versions = {k.split("/")[3] for k in _keys(s3_server, bucket) if "/v/" in k}
+    assert versions == {winner.location.rsplit("/", 1)[1]}  # the dropped or replaced versions are gone
+    assert rival_is_newer != winner.location.split(f"s3://{bucket}/", 1)[1].startswith(ours_prefix)
+
+
 def test_corrupt_object_is_refused_and_nothing_is_left(s3_server, tmp_path):
     bucket = s3_server.new_bucket("bad")
     store = _store(s3_server, bucket)

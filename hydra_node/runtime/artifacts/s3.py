@@ -7,7 +7,8 @@ Layout in the bucket, under the store's prefix ``P`` (docs/placement.md, "S3")::
 
 Publish uploads every file under a fresh version prefix (boto3's transfer manager: multipart
 above ``multipart_threshold``, sha256 computed while it reads), signs the manifest, and writes
-the pointer LAST: one PUT, which S3 makes visible whole or not at all. Readers follow only the
+the pointer LAST: one conditional PUT (``If-Match`` the pointer it read, so a racing older
+publish never replaces a newer one), which S3 makes visible whole or not at all. Readers follow only the
 pointer, so a crash at any stage leaves the previous complete artifact or the new one; the
 versions older than the committed one (and leftovers of crashed publishes) are deleted after
 the switch. Fetch verifies the signature, then every object's size and sha256 while it is
@@ -19,6 +20,7 @@ region from ``[placement]``. Request signing, retries and multipart are boto3's.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -74,12 +76,16 @@ MAX_IN_MEMORY_PARTS = 10
 DEFAULT_MAX_ATTEMPTS = 3
 #: The pointer object's name under ``P{kind}/{name}/``.
 POINTER = "manifest.cbor"
+#: Conditional pointer writes tried before a publish gives up on a pointer that keeps changing.
+POINTER_ATTEMPTS = 5
 #: Keys per DeleteObjects request (the S3 limit).
 DELETE_BATCH = 1000
 #: Crash-test stages of a publish, in order (``store.crash_point``; docs/placement.md).
 S3_STAGES = ("s3.object_uploaded", "s3.objects_uploaded", "s3.pointer_written", "s3.collected")
 
 _VERSION = re.compile(r"[0-9]{20}-[0-9a-f]{8}")
+
+log = logging.getLogger("hydra.placement")
 
 
 class S3Store:
@@ -107,6 +113,7 @@ class S3Store:
         self.prefix = f"{prefix}/" if prefix else ""
         self.location = f"s3://{bucket}/{prefix}".rstrip("/")
         self._clock = clock
+        self._unconditional = False  # set once the store answered 501 to a conditional PUT
         config = Config(s3={"addressing_style": "path"} if self.endpoint else {},
                         connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,
                         retries={"max_attempts": max_attempts, "mode": "standard"},
@@ -150,17 +157,12 @@ class S3Store:
             unsigned = Manifest(kind, name, tuple(entries), identity, location, int(self._clock()))
             signed = sign(unsigned)
             signed.verify()
-            current = self._committed_version(kind, name)
-            if current is not None and current > version:
-                raise StoreUnavailable(f"{kind}/{name}: a newer version ({current}) was committed while this one "
-                                       "uploaded; it is kept and this publish is dropped")
+            current, etag = self._committed_state(kind, name)
+            _check_not_newer(kind, name, current, version)
         except BaseException:
             self._delete_prefix(vprefix, quiet=True)  # nothing points at it yet
             raise
-        # Once the pointer PUT is sent the version may be committed even if the answer is lost: never
-        # delete it on failure here; the next publish collects it if it is not the committed one.
-        self._call(f"commit {kind}/{name}", self._client.put_object, Bucket=self.bucket, Key=base + POINTER,
-                   Body=signed.to_cbor(), ContentType="application/cbor")
+        self._commit_pointer(kind, name, version, signed, etag)
         crash_point("s3.pointer_written")
         self._collect(base, older_than=version)
         crash_point("s3.collected")
@@ -280,28 +282,66 @@ class S3Store:
                                   f"not a version of it in {self.location}")
         return manifest.location[len(f"s3://{self.bucket}/"):] + "/"
 
-    def _committed_version(self, kind: str, name: str) -> str | None:
-        data = self._get_pointer(self._base(kind, name) + POINTER, f"read the manifest of {kind}/{name}")
-        if data is None:
-            return None
-        try:
-            return self._version_prefix(Manifest.from_cbor(data)).rstrip("/").rsplit("/", 1)[1]
-        except ManifestInvalid:
-            return None  # a broken pointer is replaced
+    def _commit_pointer(self, kind: str, name: str, version: str, signed: Manifest, etag: str | None) -> None:
+        """Write the pointer only if it is still the one read before (``If-Match`` its ETag, or
+        ``If-None-Match: *`` when there was none), so two publishers racing never let an older
+        version replace a newer one. Refused (412): re-read; a newer version committed meanwhile
+        drops this publish, an older one is replaced. A store without conditional writes (501)
+        gets a plain PUT (logged once per store)."""
+        key, what = self._base(kind, name) + POINTER, f"commit {kind}/{name}"
+        for _ in range(POINTER_ATTEMPTS):
+            condition = {} if self._unconditional else {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
+            try:
+                # Once sent, the version may be committed even if the answer is lost: from here it is
+                # never deleted on failure (the next publish collects it if it is not the committed one).
+                self._client.put_object(Bucket=self.bucket, Key=key, Body=signed.to_cbor(),
+                                        ContentType="application/cbor", **condition)
+                return
+            except S3_ERRORS as exc:
+                code = error_code(exc)
+                if condition and code in ("NotImplemented", "501"):
+                    log.warning("event=s3_no_conditional_writes bucket=%s endpoint=%s action=plain_put",
+                                self.bucket, self._where())
+                    self._unconditional = True
+                    continue
+                if code not in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                    raise store_error(exc, what=what, bucket=self.bucket, endpoint=self._where()) from None
+            current, etag = self._committed_state(kind, name)
+            if current == version:  # our own write landed (its answer was lost and the retry refused)
+                return
+            try:
+                _check_not_newer(kind, name, current, version)
+            except StoreUnavailable:
+                self._delete_prefix(f"{self._base(kind, name)}v/{version}/", quiet=True)  # never committed
+                raise
+        raise StoreUnavailable(f"{what}: the pointer changed under {POINTER_ATTEMPTS} attempts in a row")
 
-    def _get_pointer(self, key: str, what: str) -> bytes | None:
+    def _committed_state(self, kind: str, name: str) -> tuple[str | None, str | None]:
+        """(the committed version or None, the pointer's ETag or None when there is no pointer)."""
+        data, etag = self._get_pointer(self._base(kind, name) + POINTER, f"read the manifest of {kind}/{name}",
+                                       with_etag=True)
+        if data is None:
+            return None, None
+        try:
+            return self._version_prefix(Manifest.from_cbor(data)).rstrip("/").rsplit("/", 1)[1], etag
+        except ManifestInvalid:
+            return None, etag  # a broken pointer is replaced
+
+    def _get_pointer(self, key: str, what: str, *, with_etag: bool = False):
+        """The pointer's bytes (None when absent); with ``with_etag``, (bytes, ETag)."""
         try:
             response = self._client.get_object(Bucket=self.bucket, Key=key)
             with response["Body"] as body:
                 if response.get("ContentLength", 0) > MAX_MANIFEST_BYTES:
                     raise ManifestInvalid(f"{key}: a manifest of {response['ContentLength']} bytes; at most "
                                           f"{MAX_MANIFEST_BYTES}")
-                return body.read(MAX_MANIFEST_BYTES + 1)
+                data = body.read(MAX_MANIFEST_BYTES + 1)
+                return (data, response.get("ETag")) if with_etag else data
         except ArtifactError:
             raise
         except S3_ERRORS as exc:
             if error_code(exc) in ("NoSuchKey", "404"):
-                return None
+                return (None, None) if with_etag else None
             raise store_error(exc, what=what, bucket=self.bucket, endpoint=self._where()) from None
 
     def _collect(self, base: str, *, older_than: str) -> None:
@@ -342,6 +382,12 @@ class S3Store:
             return fn(**kwargs)
         except S3_ERRORS as exc:
             raise store_error(exc, what=what, bucket=self.bucket, endpoint=self._where()) from None
+
+
+def _check_not_newer(kind: str, name: str, current: str | None, version: str) -> None:
+    if current is not None and current > version:
+        raise StoreUnavailable(f"{kind}/{name}: a newer version ({current}) was committed while this one "
+                               "uploaded; it is kept and this publish is dropped")
 
 
 class _Counter:
