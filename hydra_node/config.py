@@ -85,11 +85,12 @@ class PlacementSection:
 @dataclass(frozen=True)
 class RelaySection:
     """``[relay]``: links through relays for peers that cannot be dialled (docs/relays.md); the flags
-    ``--relay`` and ``--relay-rate`` override the file."""
+    ``--relay``, ``--relay-rate`` and ``--hole-punch`` override the file."""
 
     mode: str = "auto"  # relay for others: auto (when we can be dialled and are not a client), on, off
     rate_mb_s: float = 4.0  # the bytes per second we relay for others, all circuits together
     use_relays: bool = True  # when we cannot be dialled: reserve at relays and announce them
+    hole_punch: bool = True  # move relayed links to a direct path (direct dial or TCP hole punching)
 
     def validate(self, prefix: str) -> None:
         _check(self.mode in ("auto", "on", "off"), f"[{prefix}].mode", f"must be auto, on or off, not {self.mode!r}")

@@ -6,8 +6,11 @@
 
 A and B reach the public hosts through their router (source NAT to the router's public address);
 nothing on the public side can open a connection to A or B (no route, and each router drops new
-inbound connections). Each lab has unique namespace and interface names. ``ensure_iptables()``
-installs Debian's iptables when missing (as root) the way tests/console/conftest.py installs Chromium.
+inbound connections, to A or B and to itself, silently as home routers do). Each router keeps
+source ports when it can (Linux MASQUERADE), so TCP hole punching passes;
+``set_port_preserving(host, False)`` makes one map them at random, so it cannot. Each lab has
+unique namespace and interface names. ``ensure_iptables()`` installs Debian's iptables when missing
+(as root) the way tests/console/conftest.py installs Chromium.
 """
 
 from __future__ import annotations
@@ -97,10 +100,20 @@ class NatLab:
                 nat = ["ip", "netns", "exec", router, "iptables"]
                 _run(*nat, "-t", "nat", "-A", "POSTROUTING", "-o", "pub0", "-j", "MASQUERADE")
                 _run(*nat, "-A", "FORWARD", "-i", "pub0", "-m", "conntrack", "--ctstate", "NEW", "-j", "DROP")
+                # like a home router, answer nothing unsolicited itself (no RST to a stray SYN)
+                _run(*nat, "-A", "INPUT", "-i", "pub0", "-m", "conntrack", "--ctstate", "NEW", "-j", "DROP")
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
+
+    def set_port_preserving(self, host: str, preserving: bool) -> None:
+        """Make ``host``'s router map source ports as MASQUERADE does by default (kept when free:
+        TCP hole punching can pass) or at random (``--random``: a NAT hole punching cannot pass).
+        Connections already mapped keep their mapping."""
+        router = self.ns[f"NAT{NATED[host]}"]
+        _run("ip", "netns", "exec", router, "iptables", "-t", "nat", "-R", "POSTROUTING", "1", "-o", "pub0",
+             "-j", "MASQUERADE", *(() if preserving else ("--random",)))
 
     def spawn(self, name: str, argv: list[str], log: Path) -> subprocess.Popen:
         with open(log, "ab") as f:

@@ -64,6 +64,9 @@ def _add_node_args(s: argparse.ArgumentParser, join_required: bool = False) -> N
     s.add_argument("--relay-rate", type=float, default=None, metavar="MB/S",
                    help="cap on the bytes per second we relay for others, all circuits together "
                         "(default: [relay] rate_mb_s, else 4)")
+    s.add_argument("--hole-punch", choices=("on", "off"), default=None,
+                   help="move relayed links to a direct path (TCP hole punching; default: [relay] hole_punch, "
+                        "else on; docs/relays.md)")
     s.add_argument("--join-timeout", type=float, default=30.0, metavar="S",
                    help="give up joining after this many seconds (default 30)")
     s.add_argument("--headless", action="store_true", help="no web console (the management API stays up)")
@@ -179,14 +182,16 @@ def read_secret_file(flag: str, path: str) -> str:
 
 
 def relay_settings_from_args(args, section):
-    """``--relay``/``--relay-rate`` over the file's ``[relay]`` (``section``)."""
+    """``--relay``/``--relay-rate``/``--hole-punch`` over the file's ``[relay]`` (``section``)."""
     from hydra_node.mesh.relay import RelayLimits, RelaySettings
 
     mb_s = section.rate_mb_s if args.relay_rate is None else args.relay_rate
     if not 0.001 <= mb_s <= 10_000:
         raise ConfigError(f"--relay-rate: must be between 0.001 and 10000 MB/s, not {mb_s}")
     rate = int(mb_s * 1_000_000)
-    return RelaySettings(mode=args.relay or section.mode, use_relays=section.use_relays,
+    flag = getattr(args, "hole_punch", None)
+    hole_punch = section.hole_punch if flag is None else flag == "on"
+    return RelaySettings(mode=args.relay or section.mode, use_relays=section.use_relays, hole_punch=hole_punch,
                          limits=RelayLimits(bytes_per_s=rate, burst_bytes=max(64 * 1024, rate // 4)))
 
 

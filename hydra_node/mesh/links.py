@@ -1,7 +1,8 @@
 """The link table: one open link per peer, dialled on demand and shared by concurrent callers.
 
 When both sides dial each other at once, each keeps the link initiated by the smaller node id, so
-both keep the same one. Links run in the nursery the table is given (the service's session).
+both keep the same one; a direct link is always kept over a relayed one (hole punching, relays.md).
+Links run in the nursery the table is given (the service's session).
 
 Dials obey :mod:`.dial_limits`: per-peer jittered back-off after failures, a budget for peers
 never linked, a bound on dials in progress at once (a dial that waited for a slot is skipped if
@@ -33,6 +34,9 @@ log = logging.getLogger("hydra.mesh")
 DIAL_TIMEOUT_S = 3.0
 #: Bound on one background dial of a peer (all its addresses, handshake included).
 BACKGROUND_DIAL_TIMEOUT_S = 10.0
+#: A relayed link replaced by a direct one stays open this long at most for its streams to end.
+RETIRE_TIMEOUT_S = 60.0
+RETIRE_POLL_S = 0.25
 
 
 class LinkTable:
@@ -84,12 +88,16 @@ class LinkTable:
         return self.node_id if link.is_initiator else link.peer_id
 
     def adopt(self, link: PeerLink) -> None:
-        """Keep one link per peer: the one initiated by the smaller node id (both sides agree)."""
+        """Keep one link per peer: a direct one over a relayed one, then the one initiated by the
+        smaller node id (both sides agree)."""
         old = self._links.get(link.peer_id)
         if old is not None and old is not link and not old.closed:
-            keep, drop = sorted((old, link), key=self._initiator_of)
+            keep, drop = sorted((old, link), key=lambda k: (k.relay is not None, self._initiator_of(k)))
             self.duplicate_links_closed += 1
-            self._nursery.start_soon(drop.aclose, "duplicate", "another link to this peer is kept")
+            if drop.relay is not None and keep.relay is None:  # moved to a direct path: let its streams end
+                self._nursery.start_soon(self._retire, drop)
+            else:
+                self._nursery.start_soon(drop.aclose, "duplicate", "another link to this peer is kept")
             if drop is link:
                 return
         self._links[link.peer_id] = link
@@ -98,6 +106,14 @@ class LinkTable:
         self._adopted = trio.Event()
         self._nursery.start_soon(self._watch, link)
         self._on_up(link.peer_id)
+
+    async def _retire(self, link: PeerLink) -> None:
+        """Close a relayed link replaced by a direct one once the streams open on it have ended
+        (new ones go to the direct link), within RETIRE_TIMEOUT_S."""
+        with trio.move_on_after(RETIRE_TIMEOUT_S):
+            while not link.closed and link.statistics().streams_open:
+                await trio.sleep(RETIRE_POLL_S)
+        await link.aclose("moved", "the link moved to a direct path")
 
     async def _watch(self, link: PeerLink) -> None:
         await link.wait_closed()

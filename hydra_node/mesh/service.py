@@ -41,6 +41,7 @@ from hydra_node.mesh.membership import Announcement, Membership, PeerJoined, Pee
 from hydra_node.mesh.peerstore import PeerStore
 from hydra_node.mesh.relay.agent import RelayAgent, RelayInputs
 from hydra_node.mesh.relay.messages import CONNECT_KIND, DIALBACK_KIND, INCOMING_KIND, RESERVE_KIND
+from hydra_node.mesh.relay.punch import PUNCH_KIND
 from hydra_node.mesh.relay.selection import dial_urls
 from hydra_node.mesh.settings import MeshSettings
 from hydra_node.mesh.verified import VerifiedAnnouncements
@@ -75,7 +76,8 @@ class MeshService:
         self.relays = RelayAgent(settings.relay, RelayInputs(
             node_id=self.node_id, role=settings.role, link_settings=self._link_settings, link_to=self.link_to,
             open_links=self.open_links, members=self.members, alive=lambda p: self.member_states(0).get(p) == "alive",
-            addresses=lambda: self._addresses, adopt=lambda link: self._links.adopt(link) if self._links else None))
+            addresses=lambda: self._addresses, adopt=lambda link: self._links.adopt(link) if self._links else None,
+            link=self.link))
         self._announcer = Announcer(self.node_id, role=settings.role, name=name, version=version,
                                     source=lambda: self.relays.extend(announcement()))
         self._secret: MeshSecret | None = None
@@ -95,7 +97,8 @@ class MeshService:
                           "announce_errors": 0}
         self._routes = StreamRoutes()
         for kind, serve in ((RESERVE_KIND, self.relays.on_reserve), (CONNECT_KIND, self.relays.on_connect),
-                            (INCOMING_KIND, self.relays.on_incoming), (DIALBACK_KIND, self.relays.on_dialback)):
+                            (INCOMING_KIND, self.relays.on_incoming), (DIALBACK_KIND, self.relays.on_dialback),
+                            (PUNCH_KIND, self.relays.on_punch)):
             self._routes.add_kind(kind, serve)
         #: Issued invites (HOME/mesh/invites.json), admission checks, revocation lists (mesh/invite_relay.py).
         self.invites = InviteService(InviteBook(state_dir / "invites.json", signing_key), self.node_id)

@@ -36,6 +36,8 @@ class PeerRow:
     linked: bool
     relay: str | None = None
     """The relay our link to this peer runs through (None: a direct link, or no link)."""
+    path: str | None = None
+    """How our link to this peer runs: "direct", "relayed" or "punched" (hole punching); None: no link."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,8 @@ def peer_rows(statistics: MembershipStatistics, members: Mapping[str, Announceme
                            last_seen=None if p.last_seen_s is None else round(p.last_seen_s, 2),
                            incarnation=p.incarnation, api_port=ann.api_port if ann else None,
                            queue_depth=ann.queue_depth if ann else None, linked=link is not None,
-                           relay=link.relay if link is not None else None))
+                           relay=link.relay if link is not None else None,
+                           path=link.path if link is not None else None))
     return out
 
 

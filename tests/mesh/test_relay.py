@@ -201,3 +201,41 @@ async def test_a_direct_inbound_link_proves_we_can_be_dialled(mesh, member_setti
                     assert agent.reachable() is True and agent.reachability_view().method == "inbound_link"
                     assert agent.offering  # reachable hosts relay by default (--relay auto)
             nursery.cancel_scope.cancel()
+
+
+async def test_a_relayed_link_moves_to_a_direct_one_after_its_streams(mesh, member_settings, start_listener,
+                                                                      autojump_clock) -> None:
+    """The link table keeps a direct link over a relayed one; the relayed link closes once the streams
+    open on it end, and with it the relay's circuit. The relay told each end its observed address."""
+    from hydra_node.mesh.links import LinkTable
+
+    observed: list[str | None] = []
+    with trio.fail_after(TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            server, url, relay_id = await start_relay(nursery, mesh, member_settings, start_listener)
+            target, dialler = Target(mesh, member_settings), member_settings(mesh)
+            _, direct_url = await start_listener(nursery, target.inner_settings)
+            table = LinkTable(node_id(dialler), nursery, lambda: dialler, addresses_of=lambda _: [],
+                              on_up=lambda _: None, on_down=lambda _: None)
+            async with open_link(url, target.settings) as b_relay, open_link(url, dialler) as a_relay:
+                await nursery.start(hold_reservation, b_relay)
+                relayed = await nursery.start(partial(connect_via_relay, a_relay, node_id(target.settings), dialler,
+                                                      on_observed=observed.append))
+                assert observed == ["127.0.0.1"]
+                table.adopt(relayed)
+                async with relayed.open_stream({"kind": "echo"}) as stream:
+                    async with open_link(direct_url, dialler) as direct:
+                        table.adopt(direct)
+                        assert table.get(node_id(target.settings)) is direct and direct.path == "direct"
+                        table.adopt(relayed)  # adopted again (both ends race): the direct link stays
+                        assert table.get(node_id(target.settings)) is direct
+                        await trio.sleep(5)
+                        assert not relayed.closed  # a stream is still open on it
+                        await stream.send(b"finishing on the relayed link")
+                        await stream.send_eof()
+                        assert await stream.receive_all(1024) == b"finishing on the relayed link"
+                await relayed.wait_closed()
+                assert relayed.close_error.code == "local_close" and "moved" in str(relayed.close_error)
+                while server.statistics().circuits:
+                    await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()

@@ -141,17 +141,20 @@ def test_relay_choice_and_dial_order() -> None:
 
 
 def test_relay_settings_come_from_the_file_and_the_flags_override():
-    """``[relay]`` in the config file; ``--relay`` / ``--relay-rate`` win (cli/main.py)."""
+    """``[relay]`` in the config file; ``--relay`` / ``--relay-rate`` / ``--hole-punch`` win (cli/main.py)."""
     from argparse import Namespace
 
     from hydra_node.cli.main import relay_settings_from_args
     from hydra_node.config import ConfigError, parse_config_text
 
-    section = parse_config_text('[relay]\nmode = "off"\nrate_mb_s = 2.5\nuse_relays = false\n').relay
-    s = relay_settings_from_args(Namespace(relay=None, relay_rate=None), section)
-    assert (s.mode, s.use_relays, s.limits.bytes_per_s) == ("off", False, 2_500_000)
-    s = relay_settings_from_args(Namespace(relay="on", relay_rate=8.0), section)
-    assert (s.mode, s.limits.bytes_per_s) == ("on", 8_000_000)
-    for bad in ('mode = "sometimes"', "rate_mb_s = 0", "use_relays = 3"):
+    section = parse_config_text('[relay]\nmode = "off"\nrate_mb_s = 2.5\nuse_relays = false\n'
+                                'hole_punch = false\n').relay
+    s = relay_settings_from_args(Namespace(relay=None, relay_rate=None, hole_punch=None), section)
+    assert (s.mode, s.use_relays, s.limits.bytes_per_s, s.hole_punch) == ("off", False, 2_500_000, False)
+    s = relay_settings_from_args(Namespace(relay="on", relay_rate=8.0, hole_punch="on"), section)
+    assert (s.mode, s.limits.bytes_per_s, s.hole_punch) == ("on", 8_000_000, True)
+    assert relay_settings_from_args(Namespace(relay=None, relay_rate=None, hole_punch=None),
+                                    parse_config_text("").relay).hole_punch is True  # on by default
+    for bad in ('mode = "sometimes"', "rate_mb_s = 0", "use_relays = 3", 'hole_punch = "yes"'):
         with pytest.raises(ConfigError):
             parse_config_text(f"[relay]\n{bad}\n")

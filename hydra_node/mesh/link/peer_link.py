@@ -53,8 +53,9 @@ class PeerLink:
     """An authenticated, encrypted link to one peer. Run it with `await nursery.start(link.run)`."""
 
     def __init__(self, ws: WebSocketConnection | MessageTransport, result: HandshakeResult,
-                 settings: LinkSettings) -> None:
+                 settings: LinkSettings, *, punched: bool = False) -> None:
         self._ws = ws
+        self._punched = punched  # a direct connection made by hole punching (mesh/relay/simopen.py)
         self._result = result
         self._settings = settings
         self._channel = SecureChannel(result.send_key, result.receive_key)
@@ -120,6 +121,11 @@ class PeerLink:
     def relay(self) -> str | None:
         """The node id of the relay this link runs through (None for a direct link)."""
         return getattr(self._ws, "relay", None)
+
+    @property
+    def path(self) -> str:
+        """How the link runs: "direct" (dialled or accepted), "relayed", or "punched" (hole punching)."""
+        return "relayed" if self.relay is not None else "punched" if self._punched else "direct"
 
     @property
     def closed(self) -> bool:

@@ -4,7 +4,8 @@ It learns our reachability (asks linked peers to dial us back), relays for other
 (``server.RelayServer``), and when we cannot be dialled holds reservations at up to
 ``selection.MAX_RELAYS`` relays — replacing one that fails — and announces them. It dials
 ``relay:<id>`` addresses for the link table (``connect``) and accepts relayed links, adopting them
-like any inbound link. Everything it needs comes in as callables (``RelayInputs``).
+like any inbound link, and hands relayed links to ``upgrade.LinkUpgrader``, which moves them to a
+direct path when it can (hole punching). Everything it needs comes in as callables (``RelayInputs``).
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ from hydra_node.mesh.link.peer_link import LinkSettings, PeerLink
 from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.mesh.relay.client import accept_relayed, connect_via_relay, hold_reservation
 from hydra_node.mesh.relay.messages import (DIALBACK_KIND, NONCE_BYTES, RELAY_VERSION, RelayProtocolError,
-                                            encode_reply, parse_dialback)
+                                            encode_reply, parse_dialback, parse_incoming)
 from hydra_node.mesh.relay.reachability import Reachability, ReachabilityView
 from hydra_node.mesh.relay.selection import announce_extra, choose_relays, parse_relay_url
 from hydra_node.mesh.relay.server import RelayServer, RelayServerStatistics, read_reply
 from hydra_node.mesh.relay.settings import RelaySettings
+from hydra_node.mesh.relay.upgrade import LinkUpgrader, UpgradeInputs
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError
 from hydra_node.mesh.wire.token import addr_to_url
 
@@ -65,6 +67,7 @@ class RelayInputs:
     alive: Callable[[str], bool]
     addresses: Callable[[], list[str]]
     adopt: Callable[[PeerLink], None]
+    link: Callable[[str], PeerLink | None] = lambda _: None  # the link table's link to a peer (no dial)
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,9 @@ class RelayStatus:
     relayed_links: int
     server: RelayServerStatistics | None
     counters: Mapping[str, int]
+    hole_punch: bool = True
+    """Relayed links are moved to a direct path when possible (``[relay] hole_punch``)."""
+    punched_links: int = 0
 
 
 class RelayAgent:
@@ -92,15 +98,22 @@ class RelayAgent:
         self._dialbacks = 0
         self.counters: Counter[str] = Counter()
         self._rng = random.Random()
+        #: Moves relayed links to a direct path: a direct dial or hole punching (upgrade.py).
+        self.upgrader = LinkUpgrader(settings.hole_punch, UpgradeInputs(
+            link_settings=inputs.link_settings, members=inputs.members, current=inputs.link, adopt=inputs.adopt),
+            self.counters, rng=self._rng)
 
     # ---- what others read -----------------------------------------------------------------------
     def _peers_available(self) -> int:
-        return min(CHECKERS, len(self._in.open_links()))
+        """Peers we could ask to dial us back: those linked not through a relay (the checkers)."""
+        return min(CHECKERS, sum(1 for link in self._in.open_links() if link.relay is None))
 
     def _dialled_directly(self) -> bool:
         """A peer dialled us directly (a link we accepted, not a relayed one): we can be dialled. This
-        needs no dial-back, and a loaded host's slow dial-backs cannot outvote it."""
-        return any(not link.is_initiator and link.relay is None and not link.closed for link in self._in.open_links())
+        needs no dial-back, and a loaded host's slow dial-backs cannot outvote it. A punched link proves
+        nothing: both ends dialled it."""
+        return any(not link.is_initiator and link.path == "direct" and not link.closed
+                   for link in self._in.open_links())
 
     def reachable(self) -> bool | str:
         if self._dialled_directly():
@@ -128,7 +141,8 @@ class RelayAgent:
         return RelayStatus(mode=self.settings.mode, offering=self.offering, reserved_at=tuple(sorted(self._reserved)),
                            relayed_links=sum(1 for link in self._in.open_links() if link.relay is not None),
                            server=self.server.statistics() if self.server is not None else None,
-                           counters=dict(self.counters))
+                           counters=dict(self.counters), hole_punch=self.upgrader.enabled,
+                           punched_links=sum(1 for link in self._in.open_links() if link.path == "punched"))
 
     # ---- stream handlers (declared by the mesh service) ------------------------------------------
     async def on_reserve(self, link: PeerLink, header: dict, stream: LinkStream) -> None:
@@ -150,14 +164,21 @@ class RelayAgent:
             self.counters["relayed_accept_failed"] += 1
             return
         self.counters["relayed_links_accepted"] += 1
-        await self._run_adopted(inner)
+        await self._run_adopted(inner, parse_incoming(header).observed)
 
-    async def _run_adopted(self, inner: PeerLink) -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(inner.run)
-            self._in.adopt(inner)
-            await inner.wait_closed()
+    async def _run_adopted(self, inner: PeerLink, observed: str | None) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(inner.run)
+                self._in.adopt(inner)
+                self.upgrader.relayed_link_up(inner, observed, drive=True)  # we accepted it: we try a direct path
+                await inner.wait_closed()
+        finally:
+            self.upgrader.relayed_link_down(inner)
         self._count_close(inner)
+
+    async def on_punch(self, link: PeerLink, header: dict, stream: LinkStream) -> None:
+        await self.upgrader.on_punch(link, header, stream)
 
     def _count_close(self, link: PeerLink) -> None:
         code = link.close_error.code if link.close_error is not None else None
@@ -197,16 +218,25 @@ class RelayAgent:
         if expected_peer_id is None or invite is not None:
             raise LinkClosed("a relay address is dialled by peer id, by a mesh member", code="connect_failed")
         relay_link = await self._in.link_to(relay)
-        async with trio.open_nursery() as nursery:
-            inner = await nursery.start(partial(connect_via_relay, relay_link, expected_peer_id, settings))
-            self.counters["relayed_links_dialled"] += 1
-            task_status.started(inner)
-            await inner.wait_closed()
+        observed: list[str | None] = []
+        inner = None
+        try:
+            async with trio.open_nursery() as nursery:
+                inner = await nursery.start(partial(connect_via_relay, relay_link, expected_peer_id, settings,
+                                                    on_observed=observed.append))
+                self.counters["relayed_links_dialled"] += 1
+                self.upgrader.relayed_link_up(inner, observed[0] if observed else None, drive=False)
+                task_status.started(inner)
+                await inner.wait_closed()
+        finally:
+            if inner is not None:
+                self.upgrader.relayed_link_down(inner)
         self._count_close(inner)
 
     # ---- the driver --------------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            await nursery.start(self.upgrader.run)
             task_status.started(self)
             while True:
                 now = trio.current_time()

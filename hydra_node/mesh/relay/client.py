@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import trio
 
@@ -61,9 +61,11 @@ async def hold_reservation(relay_link: PeerLink, *, task_status=trio.TASK_STATUS
 
 
 async def connect_via_relay(relay_link: PeerLink, target: str, settings: LinkSettings, *,
+                            on_observed: Callable[[str | None], None] | None = None,
                             task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Dial ``target`` through ``relay_link``'s node and run the link until it closes; ``started(link)``.
-    Before that: LinkClosed (relay_refused, connect_failed) or a HandshakeError."""
+    Before that: LinkClosed (relay_refused, connect_failed) or a HandshakeError. ``on_observed``
+    receives our public IP as the relay saw it (``connected.observed``; None if not given)."""
     if settings.mesh is None:
         raise LinkClosed("a relayed link needs the mesh key", code="connect_failed")
     try:
@@ -73,6 +75,8 @@ async def connect_via_relay(relay_link: PeerLink, target: str, settings: LinkSet
             if reply["op"] == "refused":
                 raise LinkClosed(f"relay {relay_link.peer_id[:12]} refused: {reply['code']} {reply['message']}",
                                  code="relay_refused")
+            if on_observed is not None:
+                on_observed(reply.get("observed"))
             transport = StreamTransport(stream, relay=relay_link.peer_id, initial=rest)
             handshake = Handshake("initiator", settings.identity, settings.mesh, now=settings.wall_clock(),
                                   expected_peer_id=target)

@@ -4,9 +4,11 @@ Every relay exchange is a mesh stream on an ordinary link (protocol/README.md, "
 
 * ``relay_reserve`` (client → relay): the relay answers one ``reserved`` (or ``refused``) frame and
   keeps the stream open; the reservation lives while the stream does (at most ``ttl_s``).
-* ``relay_connect`` {target} (dialler → relay): the relay opens ``relay_incoming`` {from} on its link
-  to the target, which answers ``accepted`` (or ``refused``); the relay then answers the dialler
-  ``connected`` (or ``refused``) and splices the two streams' raw bytes.
+* ``relay_connect`` {target} (dialler → relay): the relay opens ``relay_incoming`` {from, observed} on
+  its link to the target, which answers ``accepted`` (or ``refused``); the relay then answers the
+  dialler ``connected`` {observed} (or ``refused``) and splices the two streams' raw bytes.
+  ``observed`` is the IP address the relay sees that node's link come from (its public address,
+  behind NAT), for hole punching (``punch.py``); it is absent when the relay does not know it.
 * ``reach_dialback`` {addrs, nonce} (node → peer): the peer dials each address back and answers one
   ``dialback`` frame {results: {addr: bool}}.
 
@@ -18,6 +20,7 @@ Untrusted input yields a typed value or a :class:`RelayProtocolError`, nothing e
 
 from __future__ import annotations
 
+import ipaddress
 import struct
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -31,7 +34,8 @@ from hydra_node.mesh.wire.ids import is_node_id
 __all__ = ["CONNECT_KIND", "DIALBACK_KIND", "INCOMING_KIND", "MAX_DIALBACK_ADDRS", "MAX_REPLY_BYTES",
            "MAX_RELAYED_FRAME_BYTES", "NONCE_BYTES", "RELAY_VERSION", "RESERVE_KIND", "ConnectRequest",
            "DialbackRequest", "IncomingRequest", "RelayProtocolError", "ReplyDecoder", "encode_relayed_frame",
-           "encode_reply", "parse_connect", "parse_dialback", "parse_incoming", "parse_reply", "relayed_frame_decoder"]
+           "encode_reply", "is_ip_text", "parse_connect", "parse_dialback", "parse_incoming", "parse_reply",
+           "relayed_frame_decoder"]
 
 RELAY_VERSION = 1
 RESERVE_KIND = "relay_reserve"
@@ -42,6 +46,8 @@ NONCE_BYTES = 16
 MAX_DIALBACK_ADDRS = 8
 """Addresses one dial-back request may name (a node advertises a few; more is abuse)."""
 MAX_ADDR_CHARS = 256
+MAX_IP_CHARS = 45
+"""The longest IPv6 text (``observed``)."""
 MAX_REPLY_BYTES = 4096
 """Largest reply frame (a dial-back result over MAX_DIALBACK_ADDRS addresses fits easily)."""
 MAX_RELAYED_FRAME_BYTES = MAX_LINK_FRAME_BYTES
@@ -65,6 +71,8 @@ class ConnectRequest:
 @dataclass(frozen=True)
 class IncomingRequest:
     source: str
+    observed: str | None = None
+    """The target's public IP as the relay sees its link (for hole punching; absent: unknown)."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,21 @@ def parse_connect(header: Mapping[str, Any]) -> ConnectRequest:
 
 def parse_incoming(header: Mapping[str, Any]) -> IncomingRequest:
     _version(header)
-    return IncomingRequest(_node(header, "from"))
+    observed = header.get("observed")
+    if observed is not None and not is_ip_text(observed):
+        raise RelayProtocolError("relay header 'observed' must be an IP address", code="bad_relay_header")
+    return IncomingRequest(_node(header, "from"), observed)
+
+
+def is_ip_text(value: Any) -> bool:
+    """An IPv4 or IPv6 address as text (the ``observed`` field)."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_IP_CHARS:
+        return False
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_dialback(header: Mapping[str, Any]) -> DialbackRequest:
@@ -126,6 +148,8 @@ def parse_reply(msg: Mapping[str, Any], expected: str) -> dict[str, Any]:
         for key in ("ttl_s", "bytes_per_s", "circuits"):
             if type(msg.get(key)) is not int or msg[key] < 0:
                 raise RelayProtocolError(f"reserved.{key} must be an unsigned integer", code="bad_reply")
+    if op == "connected" and "observed" in msg and not is_ip_text(msg["observed"]):
+        raise RelayProtocolError("connected.observed must be an IP address", code="bad_reply")
     if op == "dialback":
         results = msg.get("results")
         if (not isinstance(results, dict) or len(results) > MAX_DIALBACK_ADDRS

@@ -109,23 +109,28 @@ class RelayServer:
             await _refuse(stream, exc.code, str(exc))
             return
         try:
-            await self._connect(link.peer_id, target, stream)
+            await self._connect(link, target, stream)
         finally:
             self.book.close_circuit(target)
 
-    async def _connect(self, source: str, target: str, stream: LinkStream) -> None:
+    async def _connect(self, source_link: Any, target: str, stream: LinkStream) -> None:
+        source = source_link.peer_id
         target_link = self._links.get(target)
         if target_link is None or target_link.closed:
             await _refuse(stream, "no_reservation", "the target's link to this relay is gone")
             return
         try:
-            async with target_link.open_stream({"kind": INCOMING_KIND, "v": RELAY_VERSION, "from": source}) as out:
+            incoming = {"kind": INCOMING_KIND, "v": RELAY_VERSION, "from": source}
+            if target_link.remote_host is not None:  # what each end needs to punch a direct path
+                incoming["observed"] = target_link.remote_host
+            async with target_link.open_stream(incoming) as out:
                 with trio.fail_after(RELAY_REPLY_TIMEOUT_S):
                     reply, rest = await read_reply(out, "accepted")
                 if reply["op"] == "refused":
                     await _refuse(stream, reply["code"], reply["message"])
                     return
-                await stream.send(encode_reply("connected"))
+                observed = {"observed": source_link.remote_host} if source_link.remote_host is not None else {}
+                await stream.send(encode_reply("connected", **observed))
                 log.info("event=relay_circuit_open source=%s target=%s", source[:16], target[:16])
                 await self._splice(stream, out, rest)
         except (trio.TooSlowError, RelayProtocolError, StreamReset, LinkClosed) as exc:

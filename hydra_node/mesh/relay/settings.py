@@ -15,10 +15,13 @@ RELAY_MODES = ("auto", "on", "off")
 class RelaySettings:
     """``mode``: relay for others — ``auto`` when we can be dialled and are not a client, ``on``
     whenever we are not known to be unreachable, ``off`` never. ``use_relays``: when we cannot be
-    dialled, reserve at relays and announce them. ``limits``: what we allow when relaying."""
+    dialled, reserve at relays and announce them. ``hole_punch``: move relayed links to a direct
+    path (dial the peer if it can be dialled, else TCP hole punching) and answer peers' punches.
+    ``limits``: what we allow when relaying."""
 
     mode: str = "auto"
     use_relays: bool = True
+    hole_punch: bool = True
     limits: RelayLimits = field(default_factory=RelayLimits)
 
     def __post_init__(self) -> None:
