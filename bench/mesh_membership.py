@@ -244,6 +244,13 @@ def main() -> None:
                 v.read()
         flaps = Counter(ev for v in views for ts, ev, _ in v.transitions
                         if ts >= stable_from and ev in ("membership_peersuspected", "membership_peerdied"))
+        stable_end = time.time()
+        # The tail of the start-up storm may still flap after the first full view: the last
+        # suspicion or death in the window, and how long every view then stayed quiet.
+        last_flap = max((ts for v in views for ts, ev, _ in v.transitions
+                         if ts >= stable_from and ev in ("membership_peersuspected", "membership_peerdied")),
+                        default=None)
+        wall_start = stable_end - (time.monotonic() - t_start)
         min_alive_end = min(v.alive() for v in views)
         status_end = sorted(pool.map(status_alive, nodes))  # the cores' own views (-1: no answer)
         cpu_stable = (cpu_seconds(nodes) - cpu_full) / max(stable_s, 1e-9)
@@ -299,6 +306,12 @@ def main() -> None:
           f"{flaps['membership_peersuspected']} suspicions, "
           f"{flaps['membership_peerdied']} deaths (goal 0); smallest view at the end: {min_alive_end}/{want} "
           f"from the logs; alive counts from /api/status: {status_end}")
+    if full and last_flap is not None:
+        print(f"  last suspicion in that window: {last_flap - wall_start:.1f} s after the first spawn; then "
+              f"{stable_end - last_flap:.0f} s with no suspicion or death anywhere (goal: a stable full view "
+              f"within 60 s of the start, then 300 s without flaps)")
+    elif full:
+        print(f"  no suspicion in that window: a stable full view {t_full - t_start:.1f} s after the first spawn")
     print(f"node CPU: start-up {cpu_up:.1f} s in all; last up -> {'full view' if full else 'timeout'} "
           f"{(cpu_full - cpu_up) / max(t_full - t_up, 1e-9):.2f} cores busy; stability window {cpu_stable:.2f} cores busy")
     print(f"steady state: {per_node:.0f} link bytes per node per second (encrypted frames, in+out / 2)")

@@ -5,7 +5,8 @@ and the sha256 is computed over the *copy's* bytes, read back by a second thread
 chunk is copied, so hashing overlaps copying (hashlib and the copy release the GIL). The read-back
 maps the chunk just written (``mmap`` of the copy's page cache) instead of reading it into a buffer:
 the hash then costs one pass over the bytes, not a copy plus a pass, and on two cores the copy and
-the hash of the previous chunk run side by side at close to the speed of the copy alone. Where
+the hash of the previous chunk run side by side at about the speed of the hash alone. With
+``fsync`` each chunk's writeback starts as soon as it is copied. Where
 ``copy_file_range`` is refused (another file system on an old kernel, a FUSE mount) the copy falls
 back to ``readinto``/``write`` and hashes the buffer it wrote.
 """
@@ -141,7 +142,8 @@ def copy_hashed(src: Path | str, dst: Path | str, *, limit: int | None = None,
                             raise
                         kernel = False
                     if n > 0:
-                        _start_writeback(out_fd, copied, n)
+                        if fsync:
+                            _start_writeback(out_fd, copied, n)
                         hasher.add(copied, n)
                 if not kernel:
                     n = _copy_buffered(fin, fout, want, hasher)
