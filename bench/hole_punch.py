@@ -18,7 +18,6 @@ Run: sudo .venv/bin/python bench/hole_punch.py [--delay-ms 10] [--sample-s 16]
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -37,11 +36,7 @@ from natlab import NatLab, _run, ensure_iptables, serve_argv  # noqa: E402
 
 
 def status(lab: NatLab, name: str) -> dict | None:
-    r = lab.run(name, ["curl", "-s", "-m", "3", "localhost:3131/api/status"], timeout=10)
-    try:
-        return json.loads(r.stdout) if r.returncode == 0 else None
-    except ValueError:
-        return None
+    return lab.status(name)
 
 
 def row(lab: NatLab, name: str, peer_id: str) -> dict:

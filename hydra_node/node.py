@@ -378,7 +378,7 @@ class Node:
             await wait_for_holders(lambda: bool(self.placement.materialiser.holders(PLACED_KIND, name)), self.mesh,
                                    trio.current_time)
         model = await placed_model(self.placement, name)
-        log.info("event=model_loading model=%s path=%s source=peer", model.id, model.path)
+        log.info("event=model_loading model=%s path=%s source=placement_after_join", model.id, model.path)
         self.models.append(model)
         await self.runtime.start_model(root, model)
 

@@ -15,6 +15,7 @@ unique namespace and interface names. ``ensure_iptables()`` installs Debian's ip
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -125,6 +126,14 @@ class NatLab:
     def run(self, name: str, argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
         return subprocess.run(["ip", "netns", "exec", self.ns[name], *argv], capture_output=True, text=True,
                               timeout=timeout)
+
+    def status(self, name: str) -> dict | None:
+        """``/api/status`` of the node on host ``name`` (its console on :3131), None if it does not answer."""
+        r = self.run(name, ["curl", "-s", "-m", "3", "localhost:3131/api/status"], timeout=10)
+        try:
+            return json.loads(r.stdout) if r.returncode == 0 else None
+        except ValueError:
+            return None
 
     def kill(self, name: str) -> None:
         """kill -9 everything started on host ``name``."""

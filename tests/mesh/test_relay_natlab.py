@@ -32,11 +32,7 @@ BODY = json.dumps({"model": BUNDLED_MODEL_ID, "prompt": "def add(a, b):", "max_t
 
 
 def status(lab: NatLab, name: str) -> dict | None:
-    r = lab.run(name, ["curl", "-s", "-m", "3", "localhost:3131/api/status"], timeout=10)
-    try:
-        return json.loads(r.stdout) if r.returncode == 0 else None
-    except ValueError:
-        return None
+    return lab.status(name)
 
 
 def wait_for(pred, timeout: float, what: str):
