@@ -95,6 +95,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--kinds", default=",".join(PROMPTS))
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--aa", action="store_true",
+                    help="control run: S gets no draft either, so the ratios show what this machine's noise "
+                         "and the two nodes' positions alone give")
     args = ap.parse_args()
     draft = bundled_model_path()
     target = ensure_converted_target(draft, kind=args.target)
@@ -104,7 +107,7 @@ def main() -> None:
     common = ("--no-rpc-worker", "--config", str(base / "cfg.toml"), "--model", str(target))
     nodes: list[NodeProcess] = []
     try:
-        s = NodeProcess(base / "s", *common, "--draft", str(draft))
+        s = NodeProcess(base / "s", *common, *(() if args.aa else ("--draft", str(draft))))
         p = NodeProcess(base / "p", *common)
         nodes += [s, p]
         s.start()
@@ -113,7 +116,8 @@ def main() -> None:
         for node in (s, p):  # warm-up: first requests, the controller's first measurements
             for kind in kinds:
                 timed(node, model, kind, 16, 0)
-        print(f"node with --draft Q4_1 (S) vs without (P): target={args.target} threads={args.threads} "
+        print(f"{'CONTROL (--aa): S without a draft too' if args.aa else 'node with --draft Q4_1 (S)'} vs without (P): "
+              f"target={args.target} threads={args.threads} "
               f"tokens={args.tokens} repeats={args.repeats} (wall clock, interleaved)")
         samples: dict[tuple[str, str], list[float]] = {}
         for rep in range(args.repeats):
