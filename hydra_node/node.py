@@ -63,7 +63,7 @@ from hydra_node.routing.live import LiveScheduling
 from hydra_node.runtime.hosting.service import HostMemory, ModelRuntime, RuntimeSettings
 from hydra_node.runtime.rpc.tunnel import TUNNEL_SERVICE
 from hydra_node.runtime.fetch import FETCH_KIND, BadModelSource, DownloadError, ModelShare, fetch_for_serve
-from hydra_node.runtime.fetch.serve_fetch import PEER_WAIT_S, wait_for_holders
+from hydra_node.runtime.fetch.serve_fetch import PEER_WAIT_S, SETTLE_S, wait_for_holders
 from hydra_node.runtime.artifacts.peer import ARTIFACT_FETCH_KIND, ArtifactShare
 from hydra_node.runtime.artifacts.placed_model import KIND as PLACED_KIND
 from hydra_node.runtime.artifacts.placed_model import placed_model, placed_name
@@ -377,7 +377,12 @@ class Node:
         with trio.move_on_after(PEER_WAIT_S):
             await wait_for_holders(lambda: bool(self.placement.materialiser.holders(PLACED_KIND, name)), self.mesh,
                                    trio.current_time)
-        model = await placed_model(self.placement, name)
+        try:
+            model = await placed_model(self.placement, name)
+        except ModelNotFound as exc:  # once more after the view had time to fill (the signer's record)
+            log.info("event=placed_model_retry model=%s reason=%r after_s=%s", name, str(exc), SETTLE_S)
+            await trio.sleep(SETTLE_S)
+            model = await placed_model(self.placement, name)
         log.info("event=model_loading model=%s path=%s source=placement_after_join", model.id, model.path)
         self.models.append(model)
         await self.runtime.start_model(root, model)
