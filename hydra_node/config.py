@@ -67,6 +67,8 @@ class PlacementSection:
     s3_bucket: str = ""
     s3_region: str = ""
     s3_prefix: str = ""
+    s3_multipart_threshold_mb: float = 8.0  # files above this go up in parts (boto3's transfer manager)
+    s3_part_size_mb: float = 8.0  # one part (S3: 5 MiB .. 5 GiB, at most 10,000 parts a file)
     cache_ttl_secs: int = 86400
     cache_capacity_gb: float = 0.0
     prefetch_threshold: float = 0.0  # refused unless 0 (docs/placement.md)

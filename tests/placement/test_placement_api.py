@@ -97,9 +97,19 @@ def test_placement_keys_are_checked_and_act():
                       ("s3_prefix = 'p'", "s3_prefix"), ("vast_tenant = 'acme'", "vast_tenant"),
                       ("vast_trigger_endpoint = 'ftp://x'", "vast_trigger_endpoint"),
                       ("cache_capacity_gb = -1", "cache_capacity_gb"), ("cache_ttl_secs = -5", "cache_ttl_secs"),
-                      ("s3_endpoint = 'not a url'\ns3_bucket = 'b'", "s3_endpoint"), ("cache_ttl = 5", "cache_ttl")]:
+                      ("s3_endpoint = 'not a url'\ns3_bucket = 'b'", "s3_endpoint"), ("cache_ttl = 5", "cache_ttl"),
+                      ("s3_part_size_mb = 4", "s3_part_size_mb"), ("s3_multipart_threshold_mb = 6000",
+                                                                   "s3_multipart_threshold_mb")]:
         with pytest.raises(ConfigError, match=rf"\[placement\]\.{key}"):
             parse_config_text(f"[placement]\n{text}\n")
+
+
+def test_the_s3_multipart_sizes_reach_the_store(tmp_path):
+    placement = parse_config_text("[placement]\ns3_bucket = 'b'\ns3_endpoint = 'http://127.0.0.1:9'\n"
+                                  "s3_multipart_threshold_mb = 64\ns3_part_size_mb = 16\n").placement
+    service = PlacementService(placement, home=tmp_path, node_id="0" * 64, sign=lambda m: m)
+    store = service._store(service.namespaces[0])  # opening a client sends nothing
+    assert (store._transfer.multipart_threshold, store._transfer.multipart_chunksize) == (64 << 20, 16 << 20)
 
 
 def test_serve_flags_override_the_file_and_are_checked():

@@ -245,6 +245,9 @@ async def fetch_from_peer(mesh: PeerView, peer_id: str, kind: str, name: str, de
     try:
         link = await mesh.link_to(peer_id)
         async with link.open_stream(request.header()) as stream:
+            # The request is the header: half-close now, so the holder ends the stream with its EOF
+            # instead of resetting it (a reset after a slow flush would cut the transfer short).
+            await stream.send_eof()
             manifest = await _receive(stream, request, trust, progress, stall_timeout_s, staged)
         await trio.to_thread.run_sync(staged.__exit__, None, None, None)
         committed = True

@@ -99,7 +99,7 @@ class PlacementService:
         self.sign = sign
         self.peer_fetch = peer_fetch
         self.trigger = trigger
-        self.store_factory = store_factory
+        self.store_factory = (lambda ns: open_store(ns, settings)) if store_factory is open_store else store_factory
         self._stores: dict[Namespace, Any] = {}  # one client per namespace (an S3 client is costly to build)
         self._wall = wall
         self._new_id = new_id or (lambda now: f"op-{int(now * 1000):x}-{secrets.token_hex(4)}")

@@ -12,10 +12,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_CACHE_TTL_SECS", "VAST_KEYS", "Namespace", "check_placement", "namespaces_of"]
+__all__ = ["MAX_CACHE_TTL_SECS", "S3_PART_MIB", "VAST_KEYS", "Namespace", "check_placement", "namespaces_of"]
 
 #: Longest cache TTL accepted (a year); 0 means no TTL.
 MAX_CACHE_TTL_SECS = 365 * 86400
+#: Bounds of ``s3_multipart_threshold_mb`` and ``s3_part_size_mb`` in MiB: S3 takes parts of 5 MiB
+#: (but the last) up to 5 GiB, and one PUT of at most 5 GiB.
+S3_PART_MIB = (5, 5120)
 #: The ``[placement]`` keys that only mean something with ``vast_trigger_endpoint``.
 VAST_KEYS = ("vast_tenant", "vast_dataspace", "vast_source_namespace", "vast_destination_namespace",
              "vast_target_site")
@@ -74,6 +77,9 @@ def check_placement(s: Any, prefix: str, error: Callable[[str], Exception]) -> N
             bad(key, "has no effect without s3_bucket")
     if s.s3_prefix.startswith("/") or ".." in s.s3_prefix.split("/"):
         bad("s3_prefix", f"must be a relative key prefix without '..', not {s.s3_prefix!r}")
+    for key in ("s3_multipart_threshold_mb", "s3_part_size_mb"):
+        if not S3_PART_MIB[0] <= getattr(s, key) <= S3_PART_MIB[1]:
+            bad(key, f"must be {S3_PART_MIB[0]} .. {S3_PART_MIB[1]} MiB (S3's part sizes), not {getattr(s, key)!r}")
     if not 0 <= s.cache_ttl_secs <= MAX_CACHE_TTL_SECS:
         bad("cache_ttl_secs", f"must be 0 (no TTL) .. {MAX_CACHE_TTL_SECS}, not {s.cache_ttl_secs!r}")
     if not s.cache_capacity_gb >= 0:

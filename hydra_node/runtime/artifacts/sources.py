@@ -16,6 +16,8 @@ from hydra_node.runtime.artifacts.errors import SourceInvalid, StoreUnavailable
 from hydra_node.runtime.artifacts.manifest import MAX_FILES
 from hydra_node.runtime.artifacts.settings import Namespace
 
+MIB = 1024 * 1024
+
 __all__ = ["collect_files", "open_store"]
 
 
@@ -50,15 +52,20 @@ def collect_files(source: Path) -> dict[str, Path]:
     return out
 
 
-def open_store(ns: Namespace) -> Any:
-    """The store of ``ns`` (:class:`StoreUnavailable` when it cannot be opened)."""
+def open_store(ns: Namespace, settings: Any = None) -> Any:
+    """The store of ``ns`` (:class:`StoreUnavailable` when it cannot be opened); an S3 store takes
+    its multipart sizes from ``settings`` (``[placement]``) when given."""
     if ns.kind == "posix":
         from hydra_node.runtime.artifacts.posix import PosixStore
         return PosixStore(Path(ns.root))
     if ns.kind == "s3":
         from hydra_node.runtime.artifacts.s3 import S3Store
         try:
-            return S3Store(ns.bucket, endpoint=ns.endpoint or None, region=ns.region or None, prefix=ns.prefix)
+            sizes = {} if settings is None else {
+                "multipart_threshold": int(settings.s3_multipart_threshold_mb * MIB),
+                "part_size": int(settings.s3_part_size_mb * MIB)}
+            return S3Store(ns.bucket, endpoint=ns.endpoint or None, region=ns.region or None, prefix=ns.prefix,
+                           **sizes)
         except ValueError as exc:
             raise StoreUnavailable(f"S3 bucket {ns.bucket}: {exc}") from None
     raise StoreUnavailable(f"unknown namespace type {ns.kind!r}")

@@ -214,6 +214,7 @@ class ModelShare:
         try:
             link = await self.mesh.link_to(peer_id)
             async with link.open_stream(FetchRequest(digest, offset).header()) as stream:
+                await stream.send_eof()  # the request is the header (see artifacts/peer.py fetch_from_peer)
                 await self._receive(stream, mid, source, offset, remote.size_bytes)
         except (MeshError, WireError, DecodeError, trio.TooSlowError) as exc:
             reason = "stalled" if isinstance(exc, trio.TooSlowError) else str(exc)
