@@ -13,18 +13,11 @@ from nacl.signing import SigningKey
 from hydra_node.mesh.wire.envelope import signing_input
 from hydra_node.runtime.artifacts.errors import ArtifactError
 from hydra_node.runtime.artifacts.manifest import MANIFEST_CONTEXT, Manifest
+from vector_json import from_json
 
 DOC = json.loads((Path(__file__).resolve().parents[2] / "protocol" / "vectors" / "manifests.json").read_text())
 
 
-def from_json(value: Any) -> Any:
-    if isinstance(value, dict):
-        if set(value) == {"bytes"}:
-            return bytes.fromhex(value["bytes"])
-        return {k: from_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [from_json(v) for v in value]
-    return value
 
 
 @pytest.mark.parametrize("vector", DOC["valid"], ids=lambda v: v["name"])

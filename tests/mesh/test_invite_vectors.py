@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from nacl.signing import SigningKey
@@ -15,16 +14,11 @@ from hydra_node.mesh.wire.errors import MeshError
 from hydra_node.mesh.wire.ids import node_id_from_public_key
 from hydra_node.mesh.wire.revocations import RevocationRejected, open_revocations
 from hydra_node.mesh.wire.token import parse_invite
+from vector_json import from_json
 
 DOC = json.loads((Path(__file__).resolve().parents[2] / "protocol" / "vectors" / "invites.json").read_text())
 
 
-def _from_json(value: Any) -> Any:
-    if isinstance(value, dict):
-        return bytes.fromhex(value["bytes"]) if set(value) == {"bytes"} else {k: _from_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_from_json(v) for v in value]
-    return value
 
 
 def _id(seed_hex: str) -> str:
@@ -46,7 +40,7 @@ def test_the_valid_list_decodes_to_its_body():
     raw = bytes.fromhex(DOC["list"]["hex"])
     lst = open_revocations(raw, expected_mesh_id=DOC["mesh_id"])
     assert lst.issuer_id == DOC["list"]["issuer_id"] == _id(DOC["issuer_seed"])
-    body = _from_json(DOC["list"]["body"])
+    body = from_json(DOC["list"]["body"])
     assert cbor.decode(cbor.decode(raw)["body"]) == body and lst.version == body["ver"]
     assert [e.to_wire() for e in lst.entries] == body["revoked"]
 
@@ -96,4 +90,4 @@ def test_issuer_story(tmp_path):
         assert result == step["result"]
     after = open_revocations(book.revocation_list(DOC["mesh_id"], story["steps"][-1]["now"]),
                              expected_mesh_id=DOC["mesh_id"])
-    assert [e.to_wire() for e in after.entries] == _from_json(story["list_after"])
+    assert [e.to_wire() for e in after.entries] == from_json(story["list_after"])

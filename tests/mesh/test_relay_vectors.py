@@ -11,14 +11,11 @@ from nacl.signing import SigningKey
 from hydra_node.codec import cbor
 from hydra_node.mesh.link.dialback import check_dialback_proof, dialback_proof, nonce_from_path
 from hydra_node.mesh.relay.messages import RelayProtocolError, ReplyDecoder, relayed_frame_decoder
+from vector_json import from_json
 
 DOC = json.loads((Path(__file__).resolve().parents[2] / "protocol" / "vectors" / "relay.json").read_text())
 
 
-def from_json(value):
-    if isinstance(value, dict):
-        return bytes.fromhex(value["bytes"]) if set(value) == {"bytes"} else {k: from_json(v) for k, v in value.items()}
-    return [from_json(v) for v in value] if isinstance(value, list) else value
 
 
 @pytest.mark.parametrize("v", DOC["valid"], ids=lambda v: v["name"])

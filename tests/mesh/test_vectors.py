@@ -16,6 +16,7 @@ from hydra_node.mesh.wire.envelope import open_envelope
 from hydra_node.mesh.wire.errors import CborError, EnvelopeError, FrameRejected, HandshakeError, MeshError
 from hydra_node.mesh.wire.frames import KIND, decode_frame, encode_frame
 from hydra_node.mesh.wire.token import parse_invite
+from vector_json import from_json
 
 PROTOCOL = Path(__file__).resolve().parents[2] / "protocol"
 VECTORS = PROTOCOL / "vectors"
@@ -32,14 +33,6 @@ def _generator() -> Any:
     return module
 
 
-def from_json(value: Any) -> Any:
-    if isinstance(value, dict):
-        if set(value) == {"bytes"}:
-            return bytes.fromhex(value["bytes"])
-        return {k: from_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [from_json(v) for v in value]
-    return value
 
 
 def test_generator_reproduces_the_checked_in_files() -> None:
