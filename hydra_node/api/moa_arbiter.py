@@ -164,15 +164,39 @@ def _strip_punctuation(s: str) -> str:
 def normalise_text(text: str) -> str:
     """Free text as compared: NFKC, case-folded, numbers canonical, no punctuation, single spaces."""
     head, tail = text[:MAX_NORMALISED_CHARS], text[MAX_NORMALISED_CHARS:]
-    s = unicodedata.normalize("NFKC", head).casefold()
-    parts = _NUMBER.split(s)
-    numbers = _NUMBER.findall(s)
+    # NFKC again after case folding: folding can leave a composable pair (``ß`` + accent → ``ss`` + accent)
+    s = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", head).casefold())
+    return " ".join(_tokens(s)) + tail
+
+
+def _split_numbers(s: str) -> list[tuple[bool, str]]:
+    """``s`` cut into ``(is_number, piece)`` in order."""
+    pieces: list[tuple[bool, str]] = []
+    at = 0
+    for m in _NUMBER.finditer(s):
+        pieces += [(False, s[at:m.start()]), (True, m.group())]
+        at = m.end()
+    return pieces + [(False, s[at:])]
+
+
+def _tokens(s: str) -> list[str]:
+    """Canonical numbers and punctuation-free words. Removing punctuation can free digits the number
+    pattern could not take in place (``.00``; ``.0`` before a control character), so each word is cut at
+    numbers once more and every number is its own token: a second pass over the joined tokens then
+    changes nothing."""
     out: list[str] = []
-    for i, part in enumerate(parts):
-        out.extend(_WORDS.get(w, w) for w in _strip_punctuation(part).split())
-        if i < len(numbers):
-            out.append(canonical_number(numbers[i]))
-    return " ".join(out) + tail
+    for is_number, piece in _split_numbers(s):
+        if is_number:
+            out.append(canonical_number(piece))
+            continue
+        # NFKC again: dropping an apostrophe can bring a letter and a combining accent together
+        for word in unicodedata.normalize("NFKC", _strip_punctuation(piece)).split():
+            for inner_number, inner in _split_numbers(word):
+                if inner_number:
+                    out.append(canonical_number(inner))
+                elif inner:
+                    out.append(_WORDS.get(inner, inner))
+    return out
 
 
 def _arguments_key(arguments: str):
