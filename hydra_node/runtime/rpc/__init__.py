@@ -9,18 +9,33 @@ Public surface (importing this package does not load llama.cpp):
 * :mod:`.readiness`, :mod:`.probe` – how a worker's version and memory are learnt.
 """
 
-from hydra_node.runtime.rpc._proto import RPC_PROTO, IncompatibleWorker, ProtoVersion, RpcProtocolError, check_worker_proto
-from hydra_node.runtime.rpc.lease import LeaseError, LeaseHeld, LeaseNotHeld, WorkerLease
-from hydra_node.runtime.rpc.plan import Capacity, DevicePlacement, PlanError, SplitPlan, WorkerInfo, plan_split
-from hydra_node.runtime.rpc.probe import WorkerHello, WorkerUnreachable, probe_worker
-from hydra_node.runtime.rpc.readiness import BadReadiness, Readiness, StartFailure, parse_readiness
-from hydra_node.runtime.rpc.supervisor import Backoff, RpcWorkerSupervisor, WorkerFailed, WorkerState, WorkerStatistics
+import importlib
 
-__all__ = [
-    "RPC_PROTO", "IncompatibleWorker", "ProtoVersion", "RpcProtocolError", "check_worker_proto",
-    "LeaseError", "LeaseHeld", "LeaseNotHeld", "WorkerLease",
-    "Capacity", "DevicePlacement", "PlanError", "SplitPlan", "WorkerInfo", "plan_split",
-    "WorkerHello", "WorkerUnreachable", "probe_worker",
-    "BadReadiness", "Readiness", "StartFailure", "parse_readiness",
-    "Backoff", "RpcWorkerSupervisor", "WorkerFailed", "WorkerState", "WorkerStatistics",
-]
+#: Public name -> the submodule that defines it.  Loaded on first use (PEP 562), so the worker process
+#: (``python -m hydra_node.runtime.rpc.worker``) does not pay for trio and the supervisor: it is a
+#: process per machine, and every megabyte of it counts against the node's memory.
+_SOURCES = {
+    "_proto": ("RPC_PROTO", "IncompatibleWorker", "ProtoVersion", "RpcProtocolError", "check_worker_proto"),
+    "lease": ("LeaseError", "LeaseHeld", "LeaseNotHeld", "WorkerLease"),
+    "plan": ("Capacity", "DevicePlacement", "PlanError", "SplitPlan", "WorkerInfo", "plan_split"),
+    "probe": ("WorkerHello", "WorkerUnreachable", "probe_worker"),
+    "readiness": ("BadReadiness", "Readiness", "StartFailure", "parse_readiness"),
+    "supervisor": ("Backoff", "RpcWorkerSupervisor", "WorkerFailed", "WorkerState", "WorkerStatistics"),
+}
+_WHERE = {name: module for module, names in _SOURCES.items() for name in names}
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
+
+
+__all__ = [name for names in _SOURCES.values() for name in names]
