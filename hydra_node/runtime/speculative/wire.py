@@ -27,7 +27,7 @@ from hydra_node.codec.framing import MessageDecoder, encode_message
 from hydra_node.codec.jsonline import decode_object_line
 
 from hydra_node.runtime.speculative.errors import DraftProtocolError
-from hydra_node.runtime.speculative.sampling import DRAFT_CANDIDATES_MAX, SamplingParams
+from hydra_node.runtime.speculative.params import DRAFT_CANDIDATES_MAX, SamplingParams
 
 #: Protocol version in ``hello``; a client refuses any other.
 DRAFT_PROTO = 1
