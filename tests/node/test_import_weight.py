@@ -1,5 +1,5 @@
 """What each long-lived process imports: a module it never uses costs memory and start time on every
-machine (numpy is about 11 MB RSS in the node; trio about 7 MB in the RPC worker)."""
+machine (numpy is about 11 MB RSS in the node, nostr-sdk 19 MB; trio about 7 MB in the RPC worker)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ def _loaded(module: str, names: tuple[str, ...]) -> list[str]:
 
 
 @pytest.mark.parametrize("module, heavy", [
-    ("hydra_node.node", ("numpy", "llama_cpp", "jinja2")),  # the node never evaluates a model
+    # the node never evaluates a model; nostr-sdk (about 19 MB) loads only when Nostr is used
+    ("hydra_node.node", ("numpy", "llama_cpp", "jinja2", "nostr_sdk")),
     ("hydra_node.runtime.rpc.worker", ("trio", "numpy", "llama_cpp")),  # a ggml RPC server and a pipe
 ])
 def test_a_process_does_not_import_what_it_never_uses(module, heavy):

@@ -15,9 +15,10 @@ import enum
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nostr_sdk import Event, EventBuilder, Keys, Kind, Tag, Timestamp
+if TYPE_CHECKING:  # nostr-sdk loads on first use (about 19 MB): a node without Nostr never pays
+    from nostr_sdk import Event, Keys
 
 LISTING_KIND = 31990  # NIP-89 application handler, addressable
 DELETION_KIND = 5  # NIP-09
@@ -180,6 +181,8 @@ def build_listing_event(keys: Keys, content: ListingContent, *, now: int, ttl_s:
     """Sign a listing valid from ``now`` for ``ttl_s`` seconds (NIP-40 expiration)."""
     if not 0 < ttl_s <= MAX_LIFETIME_S:
         raise ValueError("ttl_s out of range")
+    from nostr_sdk import EventBuilder, Kind, Tag, Timestamp
+
     tags = [
         Tag.parse(["d", content.d_tag]),
         Tag.parse(["k", APP_TAG]),
@@ -197,6 +200,8 @@ def build_deletion_event(keys: Keys, listing: Event, *, now: int) -> Event:
     if d is None:
         raise ValueError("listing event has no d tag")
     pubkey = keys.public_key().to_hex()
+    from nostr_sdk import EventBuilder, Kind, Tag, Timestamp
+
     tags = [
         Tag.parse(["a", f"{LISTING_KIND}:{pubkey}:{d}"]),
         Tag.parse(["e", listing.id().to_hex()]),
@@ -225,6 +230,8 @@ def verify_event(raw: Any) -> dict:
         raise ListingRejected(RejectReason.MALFORMED, "not JSON-serialisable") from None
     if len(text.encode()) > MAX_EVENT_JSON:
         raise ListingRejected(RejectReason.TOO_LARGE, f"{len(text)} bytes")
+    from nostr_sdk import Event
+
     try:
         event = Event.from_json(text)
     except Exception as exc:  # nostr-sdk's NostrSdkError and friends

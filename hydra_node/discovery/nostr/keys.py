@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from nostr_sdk import Keys
+if TYPE_CHECKING:  # nostr-sdk loads on first use (about 19 MB): a node without Nostr never pays
+    from nostr_sdk import Keys
 
 KEY_RELATIVE_PATH = Path("identity") / "nostr.key"
 MAX_KEY_FILE = 1024  # bytes; an nsec is 63 characters
@@ -34,6 +36,8 @@ def load_or_create_nostr_keys(home: Path) -> Keys:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)
+    from nostr_sdk import Keys
+
     keys = Keys.generate()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -62,6 +66,8 @@ def _load(path: Path) -> Keys:
         text = path.read_text(encoding="ascii").strip()
         if not text:
             raise ValueError("empty")
+        from nostr_sdk import Keys
+
         return Keys.parse(text)
     except Exception as exc:  # nostr-sdk raises its own NostrSdkError types
         raise NostrKeyError(f"{path} is corrupt ({type(exc).__name__}); move it away to create a new key") from None

@@ -13,11 +13,12 @@ import logging
 import random
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import trio
-from nostr_sdk import Event
+if TYPE_CHECKING:  # nostr-sdk loads on first use (about 19 MB): a node without Nostr never pays
+    from nostr_sdk import Event
 
 from hydra_node.backoff import Backoff
 from hydra_node.discovery.nostr._ws import open_relay_websocket

@@ -17,10 +17,11 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import trio
-from nostr_sdk import Event, Keys
+if TYPE_CHECKING:  # nostr-sdk loads on first use (about 19 MB): a node without Nostr never pays
+    from nostr_sdk import Event, Keys
 
 from hydra_node.discovery.nostr.events import (
     APP_TAG,

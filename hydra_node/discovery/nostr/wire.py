@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from nostr_sdk import Event
+if TYPE_CHECKING:  # nostr-sdk loads on first use (about 19 MB): a node without Nostr never pays
+    from nostr_sdk import Event
 
 MAX_RELAY_MESSAGE = 128 * 1024  # bytes of one relay message (our events are <= 16 KiB)
 MAX_SUBSCRIPTION_ID = 64  # NIP-01
