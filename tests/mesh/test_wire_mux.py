@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hydra_node.mesh.wire.constants import DATA_CHUNK_BYTES, MAX_STREAMS_PER_LINK, STREAM_WINDOW_BYTES
+from hydra_node.mesh.wire.constants import BULK_WINDOW_BYTES, DATA_CHUNK_BYTES, MAX_STREAMS_PER_LINK, STREAM_WINDOW_BYTES
 from hydra_node.mesh.wire.errors import FlowControlError, LocalProtocolError, RemoteProtocolError
 from hydra_node.mesh.wire.frames import Close, Data, Message, Open, Reset, Window, decode_frame, encode_frame
 from hydra_node.mesh.wire.mux import (
@@ -60,6 +60,38 @@ def test_flow_control_stops_at_window_and_resumes_on_consumption() -> None:
         assert any(isinstance(e, WindowOpened) for e in pump(b, a))
         got += received_bytes(pump(a, b), sid)
     assert got == payload
+
+
+def test_a_grown_window_lets_more_through_and_is_topped_up_at_its_half() -> None:
+    a, b = Multiplexer(is_initiator=True), Multiplexer(is_initiator=False)
+    sid = a.open_stream({"kind": "bulk"})
+    pump(a, b)
+    b.grow_window(sid, BULK_WINDOW_BYTES)
+    b.grow_window(sid, STREAM_WINDOW_BYTES)  # never shrinks, and sends nothing
+    b.grow_window(sid, BULK_WINDOW_BYTES)  # nothing more either
+    window_frames = [decode_frame(f) for f in iter(b.next_frame, None)]
+    assert window_frames == [Window(sid, BULK_WINDOW_BYTES - STREAM_WINDOW_BYTES)]
+    for f in window_frames:
+        a.receive_frame(encode_frame(f))
+    payload = bytes(range(256)) * (BULK_WINDOW_BYTES // 128)  # twice the window
+    a.send_data(sid, payload)
+    got = received_bytes(pump(a, b), sid)
+    assert len(got) == BULK_WINDOW_BYTES  # the whole grown window, and not a byte more
+    b.consumed(sid, STREAM_WINDOW_BYTES)  # far below half the grown window: no WINDOW yet
+    assert b.next_frame() is None
+    b.consumed(sid, BULK_WINDOW_BYTES // 2 - STREAM_WINDOW_BYTES)
+    assert [decode_frame(f) for f in iter(b.next_frame, None)] == [Window(sid, BULK_WINDOW_BYTES // 2)]
+    for _ in range(BULK_WINDOW_BYTES // 2 // DATA_CHUNK_BYTES):  # exactly the credit granted back
+        b.receive_frame(encode_frame(Data(sid, b"x" * DATA_CHUNK_BYTES)))
+    with pytest.raises(FlowControlError):  # and credit is still enforced at the grown size
+        b.receive_frame(encode_frame(Data(sid, b"x")))
+
+
+@pytest.mark.parametrize("window", [STREAM_WINDOW_BYTES - 1, BULK_WINDOW_BYTES + 1])
+def test_a_window_outside_the_bounds_is_refused(window) -> None:
+    b = Multiplexer(is_initiator=False)
+    with pytest.raises(LocalProtocolError):
+        b.grow_window(1, window)
 
 
 def test_priority_lane_and_round_robin() -> None:

@@ -62,7 +62,7 @@ class LinkStream:
         self._link = link
         self.stream_id = stream_id
         self.header = header
-        self._incoming: deque[bytes] = deque()  # bounded by STREAM_WINDOW_BYTES through flow control
+        self._incoming: deque[bytes] = deque()  # bounded by the stream's window through flow control
         self._remote_eof = False
         self._local_eof = False
         self._reset: StreamReset | None = None
@@ -124,6 +124,12 @@ class LinkStream:
         self._check_usable()
         self._local_eof = True
         self._link.mux.send_eof(self.stream_id)
+        self._link.wake_writer()
+
+    def grow_window(self, window: int) -> None:
+        """Let the peer send up to ``window`` bytes ahead of what we have read (at most
+        BULK_WINDOW_BYTES): for a download this side reads as fast as it arrives."""
+        self._link.mux.grow_window(self.stream_id, window)
         self._link.wake_writer()
 
     async def receive(self) -> bytes:

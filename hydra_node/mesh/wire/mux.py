@@ -6,8 +6,9 @@ WINDOW, PING/PONG, GOAWAY) goes first, then the streams with data and credit
 take turns one DATA chunk (at most DATA_CHUNK_BYTES) at a time, so a bulk
 transfer never holds up gossip for more than one chunk. Each side grants
 STREAM_WINDOW_BYTES of credit per stream and tops it up with WINDOW frames as
-the application consumes data; a peer that sends beyond its credit breaks the
-link (FlowControlError).
+the application consumes data (``grow_window`` widens one stream's window, up to
+BULK_WINDOW_BYTES, for a bulk download); a peer that sends beyond its credit
+breaks the link (FlowControlError).
 
 Stream state machine (`STREAM_TRANSITIONS`), per stream::
 
@@ -27,7 +28,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from hydra_node.mesh.wire.constants import DATA_CHUNK_BYTES, MAX_PENDING_CONTROL_FRAMES, MAX_STREAMS_PER_LINK, STREAM_WINDOW_BYTES
+from hydra_node.mesh.wire.constants import (
+    BULK_WINDOW_BYTES,
+    DATA_CHUNK_BYTES,
+    MAX_PENDING_CONTROL_FRAMES,
+    MAX_STREAMS_PER_LINK,
+    STREAM_WINDOW_BYTES,
+)
 from hydra_node.mesh.wire.errors import FlowControlError, LocalProtocolError
 from hydra_node.mesh.wire.frames import (
     MAX_STREAM_ID,
@@ -138,6 +145,7 @@ class _Stream:
     eof_pending: bool = False
     receive_allowance: int = STREAM_WINDOW_BYTES
     consumed_unacked: int = 0
+    window: int = STREAM_WINDOW_BYTES  # what this side lets the peer have in flight on the stream
 
 
 class Multiplexer:
@@ -198,10 +206,25 @@ class Multiplexer:
         if stream is None or stream.state in (StreamState.REMOTE_CLOSED, StreamState.CLOSED):
             return
         stream.consumed_unacked += n
-        if stream.consumed_unacked >= STREAM_WINDOW_BYTES // 2:
+        if stream.consumed_unacked >= stream.window // 2:
             stream.receive_allowance += stream.consumed_unacked
             self._control.append(encode_frame(Window(stream_id, stream.consumed_unacked)))
             stream.consumed_unacked = 0
+
+    def grow_window(self, stream_id: int, window: int) -> None:
+        """Let the peer have up to ``window`` bytes in flight on this stream (never less than it has
+        now, at most BULK_WINDOW_BYTES): the extra credit goes out at once in a WINDOW frame. For a
+        stream the application reads as fast as data arrives; the receive buffer may then hold
+        ``window`` bytes instead of STREAM_WINDOW_BYTES."""
+        if not STREAM_WINDOW_BYTES <= window <= BULK_WINDOW_BYTES:
+            raise LocalProtocolError(f"a stream window must be {STREAM_WINDOW_BYTES}..{BULK_WINDOW_BYTES} bytes")
+        stream = self._streams.get(stream_id)
+        if stream is None or stream.state in (StreamState.REMOTE_CLOSED, StreamState.CLOSED) or window <= stream.window:
+            return
+        extra = window - stream.window
+        stream.window = window
+        stream.receive_allowance += extra
+        self._control.append(encode_frame(Window(stream_id, extra)))
 
     def buffered(self, stream_id: int) -> int:
         """Bytes (and a pending EOF, counted as 1) not yet handed to the writer."""

@@ -26,6 +26,7 @@ import trio
 
 from hydra_node.codec.errors import DecodeError
 from hydra_node.codec.framing import MessageDecoder, encode_message
+from hydra_node.mesh.wire.constants import BULK_WINDOW_BYTES
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError, StreamReset
 from hydra_node.runtime.artifacts.errors import (
     ArtifactError,
@@ -248,6 +249,7 @@ async def fetch_from_peer(mesh: PeerView, peer_id: str, kind: str, name: str, de
             # The request is the header: half-close now, so the holder ends the stream with its EOF
             # instead of resetting it (a reset after a slow flush would cut the transfer short).
             await stream.send_eof()
+            stream.grow_window(BULK_WINDOW_BYTES)  # we write as fast as it comes: let more be in flight
             manifest = await _receive(stream, request, trust, progress, stall_timeout_s, staged)
         await trio.to_thread.run_sync(staged.__exit__, None, None, None)
         committed = True

@@ -23,6 +23,7 @@ import trio
 
 from hydra_node.codec.errors import DecodeError
 from hydra_node.codec.framing import MessageDecoder, encode_message
+from hydra_node.mesh.wire.constants import BULK_WINDOW_BYTES
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError, StreamReset
 from hydra_node.runtime.fetch.cache import CachedModel, ModelCache, PartialMeta
 from hydra_node.runtime.fetch.catalogue import RemoteModel
@@ -215,6 +216,7 @@ class ModelShare:
             link = await self.mesh.link_to(peer_id)
             async with link.open_stream(FetchRequest(digest, offset).header()) as stream:
                 await stream.send_eof()  # the request is the header (see artifacts/peer.py fetch_from_peer)
+                stream.grow_window(BULK_WINDOW_BYTES)  # we write as fast as it comes: let more be in flight
                 await self._receive(stream, mid, source, offset, remote.size_bytes)
         except (MeshError, WireError, DecodeError, trio.TooSlowError) as exc:
             reason = "stalled" if isinstance(exc, trio.TooSlowError) else str(exc)
