@@ -70,7 +70,17 @@ def test_claude_code_gets_a_forced_tool_call(agents, base_url, work):
                            lambda ev: _claude_content(ev, "tool_use"))
     assert found is not None, run
     call = _claude_content(found, "tool_use")[0]
-    assert call["name"] == "Read" and isinstance(call["input"].get("file_path"), str), call
+    assert call["name"] == "Read", call
+    # Claude Code samples at temperature 1; now and then the bundled 135M model rambles inside the
+    # path until --max-tokens cuts the call (seen once in CI: ".../work/1.0.0/1...8/25/91/...").
+    # Claude Code then keeps the call's text as __unparsedToolInput: still a Read call with a
+    # file_path, which is what this test is about; complete arguments are checked with greedy
+    # decoding in tests/api (Messages API tool calls).
+    unparsed = call["input"].get("__unparsedToolInput")
+    if unparsed is None:
+        assert isinstance(call["input"].get("file_path"), str), call
+    else:
+        assert "".join(unparsed["raw"].split()).startswith('{"file_path":"'), call
 
 
 def _opencode_env(bin_dir, work, tools: dict):
