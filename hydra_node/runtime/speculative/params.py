@@ -1,5 +1,5 @@
 """What a request's sampling asks for, without numpy: the node process (the draft wire codec, the
-engine's planning) imports this, and numpy costs every node about 15 MB and 60-130 ms at start."""
+engine's planning) imports this, and numpy costs every node about 11 MB and 60-130 ms at start."""
 
 from __future__ import annotations
 
