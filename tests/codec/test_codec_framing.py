@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from hydra_node.codec.errors import DecodeError, EncodeError, FrameError
 from hydra_node.codec.framing import MessageDecoder, encode_message
+from vector_json import from_json
 
 LIMIT = 4096
 VECTORS = Path(__file__).resolve().parents[2] / "protocol" / "vectors"
@@ -94,32 +95,21 @@ def test_unconsumed_bytes_are_handed_back() -> None:
     assert decoder.take_unconsumed() == b"raw rpc bytes" and decoder.buffered == 0
 
 
-def _framing() -> dict[str, Any]:
-    return json.loads((VECTORS / "framing.json").read_text())
+FRAMING = json.loads((VECTORS / "framing.json").read_text())
 
 
-def _from_json(value: Any) -> Any:
-    if isinstance(value, dict):
-        if set(value) == {"bytes"}:
-            return bytes.fromhex(value["bytes"])
-        return {k: _from_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_from_json(v) for v in value]
-    return value
-
-
-@pytest.mark.parametrize("vector", _framing()["valid"], ids=lambda v: v["name"])
+@pytest.mark.parametrize("vector", FRAMING["valid"], ids=lambda v: v["name"])
 def test_framing_vectors_valid(vector: dict[str, Any]) -> None:
-    limit = _framing()["limit"]
-    msg = _from_json(vector["decoded"])
+    limit = FRAMING["limit"]
+    msg = from_json(vector["decoded"])
     assert encode_message(msg, limit=limit).hex() == vector["hex"]
     for chunk in (None, 1):
         assert feed(bytes.fromhex(vector["hex"]), chunk) == ([msg], None)
 
 
-@pytest.mark.parametrize("vector", _framing()["invalid"], ids=lambda v: v["name"])
+@pytest.mark.parametrize("vector", FRAMING["invalid"], ids=lambda v: v["name"])
 def test_framing_vectors_invalid(vector: dict[str, Any]) -> None:
-    decoder = MessageDecoder(_framing()["limit"])
+    decoder = MessageDecoder(FRAMING["limit"])
     decoder.receive_data(bytes.fromhex(vector["hex"]))
     if vector["error"] is None:
         assert decoder.next_message() is None

@@ -92,14 +92,14 @@ class PlacementService:
     def __init__(self, settings: Any, *, home: Path, node_id: str, sign: Callable[[Manifest], Manifest],
                  mesh: PeerView | None = None, peer_fetch: PeerFetch | None = None, trigger: TriggerFn = send_trigger,
                  on_materialised: Callable[[str, str, str, int, float], None] | None = None,
-                 store_factory: Callable[[Namespace], Any] = open_store, wall: Callable[[], float] = time.time,
+                 store_factory: Callable[[Namespace], Any] | None = None, wall: Callable[[], float] = time.time,
                  new_id: Callable[[float], str] | None = None) -> None:
         self.settings = settings
         self.node_id = node_id
         self.sign = sign
         self.peer_fetch = peer_fetch
         self.trigger = trigger
-        self.store_factory = (lambda ns: open_store(ns, settings)) if store_factory is open_store else store_factory
+        self.store_factory = store_factory or functools.partial(open_store, settings=settings)
         self._stores: dict[Namespace, Any] = {}  # one client per namespace (an S3 client is costly to build)
         self._wall = wall
         self._new_id = new_id or (lambda now: f"op-{int(now * 1000):x}-{secrets.token_hex(4)}")
