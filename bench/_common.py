@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from harness import NodeProcess  # noqa: E402,F401 - re-exported for the benches
 
-from hydra_node.routing._metric import percentile as nearest_rank  # noqa: E402
+from hydra_node.routing.metric import percentile as nearest_rank  # noqa: E402
 
 
 def stream_completion(port: int, body: dict, path: str = "/v1/completions") -> tuple[float, float, int]:

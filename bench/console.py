@@ -1,7 +1,7 @@
 """Console first render: the web console vs the bare /api/status fetch, idle and under load.
 
 One node (bundled model) and headless Chromium (Debian's ``chromium``, driven over CDP by
-``tests/console/cdp.py``).  Each round loads, interleaved, in fresh pages: (a) the console's
+``tests/admin/cdp.py``).  Each round loads, interleaved, in fresh pages: (a) the console's
 overview, timed from navigation start to its first render with the node's status (the
 ``hydra-first-render`` mark), and (b) a blank page of the same origin that only fetches
 /api/status (the floor any page pays to show data); then both again while 4 chat streams run on
@@ -24,7 +24,7 @@ import trio
 
 from _common import NodeProcess, median, percentile, stream_chat
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "console"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "admin"))
 from cdp import find_chromium, open_browser  # noqa: E402
 from hydra_node.models import BUNDLED_MODEL_ID  # noqa: E402
 

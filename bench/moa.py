@@ -33,7 +33,7 @@ from pathlib import Path
 from _common import NodeProcess
 
 from hydra_node.models import BUNDLED_MODEL_ID, bundled_model_path
-from hydra_node.runtime.speculative import ensure_f16_target
+from spec_pair import ensure_f16_target
 
 F16 = "smollm2-f16"
 PAIR = "both alone, at once"

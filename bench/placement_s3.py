@@ -23,7 +23,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "artifacts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "runtime" / "artifacts"))
 
 import nacl.signing
 from s3server import TEST_CREDENTIALS, S3Server, start_moto, stop_moto

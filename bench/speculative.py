@@ -33,15 +33,21 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 
 from hydra_node.models import bundled_model_path
-from hydra_node.runtime.speculative import (
-    Completion, ControllerConfig, DraftSession, LlamaEngine, SpeculationController, SpeculativeDecoder,
-    TargetSession, ensure_converted_target, leviathan_speedup)
-from hydra_node.runtime.speculative.controller import expected_tokens
+from hydra_node.runtime.child.speculative.controller import (ControllerConfig, SpeculationController, expected_tokens,
+                                                           leviathan_speedup)
+from hydra_node.runtime.child.speculative.draft import DraftSession
+from hydra_node.runtime.child.speculative.llama_engine import LlamaEngine
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from spec_pair import ensure_converted_target  # noqa: E402  (tests/: the benchmark's model pair)
+from spec_standalone.decoder import Completion, SpeculativeDecoder  # noqa: E402
+from spec_standalone.target import TargetSession  # noqa: E402
 
 PROMPTS = {
     "code": "def quicksort(items):\n    \"\"\"Sort a list of numbers.\"\"\"\n",

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from harness import NodeProcess, request  # noqa: E402
 
 from hydra_node.models import bundled_model_path  # noqa: E402
-from hydra_node.runtime.speculative import ensure_converted_target  # noqa: E402
+from spec_pair import ensure_converted_target  # noqa: E402
 
 PROMPTS = {
     "code": ("def quicksort(items):\n    \"\"\"Sort a list of numbers.\"\"\"\n", 0.0),

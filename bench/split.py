@@ -53,7 +53,7 @@ def serve(spec: dict) -> None:
     import llama_cpp
 
     from hydra_node.runtime.rpc import Capacity, WorkerInfo, plan_split, probe_worker
-    from hydra_node.runtime.rpc.coordinator import (
+    from hydra_node.runtime.child.rpc_coordinator import (
         llama_kwargs_for_plan, output_projection_on_host, register_rpc_servers)
 
     model = spec["model"]

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from hydra_node.cli.config_sources import load_layered  # noqa: E402
 from hydra_node.cli.tune import apply_profile  # noqa: E402
 from hydra_node.models import resolve_model  # noqa: E402
-from hydra_node.node import runner_settings_from  # noqa: E402
+from hydra_node.config.runner_settings import runner_settings_from  # noqa: E402
 from hydra_node.runtime.tuning.trial import TrialSettings, run_trial  # noqa: E402
 
 

@@ -5,7 +5,7 @@ Each service gets narrow, typed inputs (settings dataclasses, callables, small P
 the mesh views in ``runtime/peers.py``) and never the ``Node``.  What crosses services is declared
 here and nowhere else: the management route table (``Node.management_routes``), the
 ``/api/status`` sections (``Node.status_sections``, typed statistics rendered by
-``hydra_node/api/status_json.py``), the mesh's tunnel handlers, what goes into our announcement,
+``hydra_node/admin/status_json.py``), the mesh's tunnel handlers, what goes into our announcement,
 the router's target sources and the scheduler's listeners.
 
 Start-up order (``Node.run``): identity (in ``__init__``) → pid file and stale clean-up → the
@@ -32,20 +32,25 @@ from typing import Any
 import trio
 
 from hydra_node import __version__
-from hydra_node.api.http import HttpServer
-from hydra_node.api.events_route import EventsRoute
-from hydra_node.api.history import HistorySampler
-from hydra_node.api.http_guard import GuardSettings
-from hydra_node.api.management import Handler, ManagementApi
-from hydra_node.api.mesh_admin import invite_routes
-from hydra_node.api.metrics import MetricsSources, NodeMetrics, RunnerSample
-from hydra_node.api.moa import MixtureOfAgents, scheduler_quality
-from hydra_node.api.openai import OpenAIApi
-from hydra_node.api.runtime_admin import runtime_routes
-from hydra_node.api.models_admin import models_routes
-from hydra_node.api.placement_admin import placement_routes
-from hydra_node.api.kv_admin import kv_routes, kv_status
-from hydra_node.api.status_json import to_json
+from hydra_node.http.server import HttpServer
+from hydra_node.admin.events import EventsRoute
+from hydra_node.admin.history import HistorySampler
+from hydra_node.http.guard import GuardSettings
+from hydra_node.admin.management import Handler, ManagementApi
+from hydra_node.admin.invites import invite_routes
+from hydra_node.admin.metrics import MetricsSources, NodeMetrics, RunnerSample
+from hydra_node.anthropic.routes import MessagesApi
+from hydra_node.api.port import InferencePort
+from hydra_node.moa.answers import MoaApi
+from hydra_node.moa.mixture import MixtureOfAgents, scheduler_quality
+from hydra_node.openai.embeddings import EmbeddingsApi
+from hydra_node.openai.routes import OpenAIApi
+from hydra_node.responses.routes import ResponsesApi
+from hydra_node.admin.runtime import runtime_routes
+from hydra_node.admin.models import models_routes
+from hydra_node.admin.placement import placement_routes
+from hydra_node.admin.kv import kv_routes, kv_status
+from hydra_node.admin.status_json import to_json
 from hydra_node.config import NodeConfig
 from hydra_node.mesh.identity import load_or_create_identity
 from hydra_node.models import ModelNotFound, ModelRef, resolve_model
@@ -71,8 +76,10 @@ from hydra_node.runtime.artifacts.service import PlacementService
 from hydra_node.runtime.speculative.service import DRAFT_SERVICE, SpeculationService
 from hydra_node.runtime.runner.records import RunnerSettings, RunnerState
 from hydra_node.runtime.runner.supervisor import RunnerSupervisor
-from hydra_node.node_parts import (  # noqa: F401  (re-exported: cli and tests import them from here)
-    LocalRunners, NodeAlreadyRunning, _meminfo, check_rpc_support, runner_settings_from)
+from hydra_node.config.runner_settings import runner_settings_from
+from hydra_node.pidfile import NodeAlreadyRunning
+from hydra_node.routing.local import LocalRunners
+from hydra_node.runtime.hosting.meminfo import read_meminfo
 
 log = logging.getLogger("hydra.node")
 
@@ -200,7 +207,7 @@ class Node:
 
     def host_memory(self) -> HostMemory:
         """Total RAM and what placement may fill: MemAvailable less ``safety_margin_gb``, capped by ``--max-memory``."""
-        ram, avail = _meminfo()
+        ram, avail = read_meminfo()
         margin = int(self.config.file.defaults.hardware.safety_margin_gb * (1 << 30))
         return HostMemory.budget(ram, avail, safety_margin_bytes=margin, max_memory_bytes=self.config.max_memory_bytes)
 
@@ -406,9 +413,15 @@ class Node:
 
     async def _start_services(self, nursery: trio.Nursery) -> None:
         c = self.config
-        moa = MixtureOfAgents(self.router, c.file.moa, quality=scheduler_quality(self.scheduling, self.node_id))
-        api = OpenAIApi(self.router, api_key=c.api_key, on_request=self._count_request, health=self.health, moa=moa,
-                        claude_model=c.file.api.claude_model or None)
+        # Every API of the inference port, built here: "mesh" (the mixture of agents) answers in each dialect.
+        moa = MoaApi(MixtureOfAgents(self.router, c.file.moa, quality=scheduler_quality(self.scheduling, self.node_id)))
+        openai = OpenAIApi(self.router, moa=moa)
+        api = InferencePort([
+            ("/v1/responses", ResponsesApi(self.router, moa=moa).handle),
+            ("/v1/embeddings", EmbeddingsApi(self.router).handle),
+            ("/v1/messages", MessagesApi(self.router, claude_model=c.file.api.claude_model or None, moa=moa).handle),
+            ("/v1", openai.handle), ("/models", openai.handle),
+        ], api_key=c.api_key, health=self.health, on_request=self._count_request)
         mgmt = ManagementApi(health=self.health, status=self.status, routes=self.management_routes,
                              headless=c.headless, api_key=c.api_key if c.listen_all else None, openai=api.handle)
         # Host (DNS rebinding) on loopback listeners, Origin/Content-Type (CSRF) on the management

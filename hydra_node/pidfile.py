@@ -153,3 +153,7 @@ def signal_recorded(rec: PidRecord, sig: int) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+class NodeAlreadyRunning(Exception):
+    """Another live node holds this home's pidfile."""

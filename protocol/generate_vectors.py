@@ -2,7 +2,7 @@
 """Write protocol/vectors/*.json from the reference implementation, deterministically.
 
 Every key, nonce, ephemeral secret and clock value is fixed, so running this
-twice gives identical files; tests/mesh/test_vectors.py checks both that the
+twice gives identical files; tests/mesh/wire/test_vectors.py checks both that the
 files match a fresh run and that every vector holds against the code.
 
 Usage: python protocol/generate_vectors.py [--check]
@@ -542,7 +542,7 @@ def framing_vectors() -> dict[str, Any]:
 
 
 def lease_vectors() -> dict[str, Any]:
-    from hydra_node.runtime.rpc._proto import ProtoVersion
+    from hydra_node.runtime.rpc.proto import ProtoVersion
     from hydra_node.runtime.rpc.lease_wire import (MAX_CONTROL_FRAME_BYTES, ControlDecoder, DataOffer,
                                                    LeaseGranted, NoDataOffer, PathChoice, encode_control)
 

@@ -10,7 +10,7 @@ inbound connections, to A or B and to itself, silently as home routers do). Each
 source ports when it can (Linux MASQUERADE), so TCP hole punching passes;
 ``set_port_preserving(host, False)`` makes one map them at random, so it cannot. Each lab has
 unique namespace and interface names. ``ensure_iptables()`` installs Debian's iptables when missing
-(as root) the way tests/console/conftest.py installs Chromium.
+(as root) the way tests/admin/conftest.py installs Chromium.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Running one chat generation through the router, as typed chat events.
 
 The router yields raw :class:`TextDelta`/:class:`Finished`; a chat with tools needs the model's
-``<tool_call>…</tool_call>`` text parsed back into calls (:mod:`hydra_node.api.toolcalls`). This
+``<tool_call>…</tool_call>`` text parsed back into calls (:mod:`hydra_node.grammar.toolcalls`). This
 module does that once, for every API that answers chats (``/v1/chat/completions``,
 ``/v1/responses``):
 
@@ -26,17 +26,20 @@ chat formatter reports them under ``logprobs.content`` as they come).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from hydra_node.api.toolcalls import (OPEN_TAG, ContentText, ParsedToolCall, ToolCallArguments, ToolCallParser,
+from hydra_node.grammar.toolcalls import (OPEN_TAG, ContentText, ParsedToolCall, ToolCallArguments, ToolCallParser,
                                       ToolCallStart)
 from hydra_node.routing.router import RoutedEvents
 from hydra_node.inference import Finished, GenerationError, GenerationRequest, TextDelta, TokenLogprob
 
 __all__ = ["ContentDelta", "ToolCallStart", "ToolCallArguments", "ToolCallDelta", "ChatDone", "ChatEvent",
-           "ChatOutcome", "stream_chat", "complete_chat", "chat_events", "usage_of", "parses_tool_calls"]
+           "ChatOutcome", "stream_chat", "complete_chat", "chat_events", "usage_of", "parses_tool_calls",
+           "sum_usage"]
 
 
 @dataclass(frozen=True)
@@ -166,3 +169,13 @@ async def complete_chat(router, req: GenerationRequest) -> ChatOutcome:
     content = "".join(text)
     out.content = content if (content or not out.tool_calls) else None
     return out
+
+
+def sum_usage(usages: Iterable[dict]) -> dict:
+    """The usage of several generations added up (OpenAI reports one usage for all choices)."""
+    total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "prompt_tokens_details": {"cached_tokens": 0}}
+    for u in usages:
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            total[key] += u.get(key, 0)
+        total["prompt_tokens_details"]["cached_tokens"] += u.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    return total

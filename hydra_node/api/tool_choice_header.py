@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import re
 
-from hydra_node.api.openai_errors import bad
-from hydra_node.api.openai_parse import load_body
+from hydra_node.api.errors import bad
+from hydra_node.api.body import load_body
 
 __all__ = ["TOOL_CHOICE_HEADER", "override_tool_choice"]
 

@@ -5,7 +5,7 @@ coding agent wired to a node (docs/agents.md).
    ``run/ports.json``), else one answering on the default API port. None: the command says how to
    start one (``hydra-node serve``) and exits 1; it never starts a node behind the user's back.
 2. The model: ``--model ID`` (it must be in the node's ``/v1/models``), else the largest ready one
-   (:func:`hydra_node.api.anthropic_models.largest_model`, with the local models' file sizes from
+   (:func:`hydra_node.anthropic.models.largest_model`, with the local models' file sizes from
    ``/api/status`` where the management port is known).
 3. The tool's configuration (:mod:`agents_config`) is written under ``<home>/agents/<tool>/`` and
    the tool is exec'd with its environment and the remaining arguments. ``--dry-run`` writes the
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from hydra_node.api.anthropic_models import largest_model
+from hydra_node.anthropic.models import largest_model
 from hydra_node.cli.agents_config import AGENTS, LaunchPlan, launch_plan
 from hydra_node.cli.client import NodeClient, NodeClientError
 from hydra_node.config import DEFAULT_API_PORT, env_api_key

@@ -258,7 +258,9 @@ def cmd_serve(args) -> int:
     from hydra_node.mesh.identity import IdentityError
     from hydra_node.logging_setup import setup_logging
     from hydra_node.models import ModelNotFound
-    from hydra_node.node import NodeAlreadyRunning, check_rpc_support, serve
+    from hydra_node.node import serve
+    from hydra_node.pidfile import NodeAlreadyRunning
+    from hydra_node.runtime.rpc.ggml import check_rpc_support
     from hydra_node.mesh.wire.errors import MeshError
     from hydra_node.mesh.service import JoinFailed
     from hydra_node.runtime.runner.records import RunnerLoadError

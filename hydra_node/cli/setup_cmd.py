@@ -83,17 +83,15 @@ def gather_facts(home: Path) -> MachineFacts:
         llama_version = llama_cpp.__version__
         rpc = bool(llama_cpp.llama_supports_rpc())
         if rpc:
-            from hydra_node.runtime.rpc._ggml import RpcUnavailable, load
+            from hydra_node.runtime.rpc.ggml import RpcUnavailable, load
             try:
                 backends = tuple(sorted({d.backend for d in load().devices() if d.backend}))
             except RpcUnavailable:
                 rpc = False
     except ImportError:
         pass
-    from hydra_node.node import (
-        _meminfo,  # the node's own reading of /proc/meminfo (slow import: only here)
-    )
-    total, avail = _meminfo()
+    from hydra_node.runtime.hosting.meminfo import read_meminfo
+    total, avail = read_meminfo()
     probe = home if home.exists() else next((p for p in home.parents if p.exists()), Path("/"))
     return MachineFacts(
         python=tuple(sys.version_info[:3]), platform=f"{platform.system()} {platform.machine()}",

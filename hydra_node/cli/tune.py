@@ -214,7 +214,7 @@ def cmd_benchmark(args, environ) -> int:
     from hydra_node.cli.models import prepare_models
     from hydra_node.config import NodeConfig
     from hydra_node.models import ModelNotFound, resolve_model
-    from hydra_node.node import runner_settings_from
+    from hydra_node.config.runner_settings import runner_settings_from
 
     home = Path(args.home).expanduser() if args.home else default_home()
     if not 0 < args.budget <= 24 * 3600:

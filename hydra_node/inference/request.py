@@ -5,13 +5,13 @@ types only), so every field here is honoured wherever the request is served:
 
 * chat history: :class:`ChatMessage` (role, text, an assistant's :class:`ToolCall` list, a
   tool result's ``tool_call_id``/``name``), rendered into a prompt by the HOST's runner with
-  the model's own chat template (``hydra_node.runtime.runner.chat_prompt``);
+  the model's own chat template (``hydra_node.runtime.child.chat_prompt``);
 * ``tools`` (:class:`ToolSpec`) and ``tool_choice`` are rendered into the prompt there too. The
   model answers a call as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (the
   format documented in docs/api.md); the API node that received the request parses it back
-  into ``tool_calls`` (``hydra_node.api.toolcalls``), so no host needs to parse anything;
+  into ``tool_calls`` (``hydra_node.grammar.toolcalls``), so no host needs to parse anything;
 * ``grammar``: a GBNF grammar (root rule ``root``) built by the API node from a JSON schema,
-  a ``response_format`` or forced tools (``hydra_node.api.grammar``); the host's sampler
+  a ``response_format`` or forced tools (``hydra_node.grammar.constraints``); the host's sampler
   enforces it. With ``grammar_triggers`` the grammar is lazy: free text until one of those
   words is generated, then the rest (from the word on) must match the grammar;
 * sampling: temperature, top_p, seed, presence/frequency penalties, logit bias;

@@ -36,7 +36,7 @@ from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key
 from hydra_node.mesh.joining import DialCandidate, JoinFailed, JoinPlan, plan_join
 from hydra_node.mesh.keyfile import load_mesh_key, save_mesh_key
 from hydra_node.mesh.link.peer_link import LinkSettings, PeerLink
-from hydra_node.mesh.links import DIAL_TIMEOUT_S, LinkTable
+from hydra_node.mesh.link_table import DIAL_TIMEOUT_S, LinkTable
 from hydra_node.mesh.membership import Announcement, Membership, PeerJoined, PeerUpdated
 from hydra_node.mesh.peerstore import PeerStore
 from hydra_node.mesh.relay.agent import RelayAgent, RelayInputs

@@ -1,6 +1,6 @@
 """The mesh's statistics for ``/api/status`` (pure): one typed row per peer, and the mesh section.
 
-Frozen dataclasses; the API renders them (``hydra_node/api/status_json.py``), field order is the
+Frozen dataclasses; the API renders them (``hydra_node/admin/status_json.py``), field order is the
 JSON's key order.
 """
 

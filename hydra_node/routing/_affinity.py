@@ -7,7 +7,7 @@ import json
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from hydra_node.routing._config import SchedulerConfig
+from hydra_node.routing.scheduler_config import SchedulerConfig
 from hydra_node.routing._score import RequestFeatures
 from hydra_node.routing.telemetry import Target
 

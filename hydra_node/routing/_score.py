@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hydra_node.routing._config import SchedulerConfig
+from hydra_node.routing.scheduler_config import SchedulerConfig
 from hydra_node.routing.telemetry import Target, TargetView
 
 #: Any term is clamped to this (about 11.6 days), so a score is always finite and comparable.

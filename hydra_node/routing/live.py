@@ -29,7 +29,7 @@ import trio
 
 from hydra_node.inference import Finished, GenerationError, GenerationEvent, GenerationRequest
 from hydra_node.routing._affinity import CHARS_PER_TOKEN, request_features
-from hydra_node.routing._config import SchedulerConfig, SchedulerMode
+from hydra_node.routing.scheduler_config import SchedulerConfig, SchedulerMode
 from hydra_node.routing._hints import InvalidHint
 from hydra_node.routing._score import Candidate, RequestFeatures
 from hydra_node.routing.scheduler import Decision, Scheduler

@@ -17,7 +17,7 @@ from hydra_node.routing._affinity import (
     affinity_keys,
     request_features,
 )
-from hydra_node.routing._config import SchedulerConfig, SchedulerConfigError, SchedulerMode
+from hydra_node.routing.scheduler_config import SchedulerConfig, SchedulerConfigError, SchedulerMode
 from hydra_node.routing._score import (
     MAX_TERM_MS,
     Candidate,

@@ -19,7 +19,7 @@ from hydra_node.routing._hints import (
     encode_entry,
     parse_summary,
 )
-from hydra_node.routing._metric import EWMA_ALPHA, WINDOW_SAMPLES, Metric
+from hydra_node.routing.metric import EWMA_ALPHA, WINDOW_SAMPLES, Metric
 
 __all__ = ["EWMA_ALPHA", "WINDOW_SAMPLES", "InvalidHint", "Target", "TargetView", "TelemetryStore"]
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallDelta, chat_events
-from hydra_node.api.grammar import tool_call_grammar
+from hydra_node.grammar.constraints import tool_call_grammar
 from hydra_node.inference import (Finished, GenerationError, GenerationRequest, TextDelta, TokenLogprob, ToolSpec)
 
 TOOLS = (ToolSpec("get_weather", "", json.dumps({"type": "object", "properties": {"city": {"type": "string"}}})),)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hydra_node.runtime.speculative.sampling import SamplingParams
+from hydra_node.runtime.child.speculative.sampling import SamplingParams
 from hydra_node.runtime.speculative.wire import (MAX_DRAFT_FRAME_BYTES, BoundedFrameDecoder, DraftHello, DraftReady,
                                                  WireError, frame, parse_hello, parse_proposal, parse_ready_line,
                                                  parse_start, start_message)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from hydra_node.inference import (EventStreamDecoder, Finished, GenerationError, GenerationRequest, InvalidRequest,
                                   QueueFull, RemoteError, MalformedRemoteEvent, TextDelta, event_frame, event_from_wire)
-from hydra_node.runtime.runner.channel import (ChannelError, FrameDecoder, RunnerProtocolError, encode_frame,
+from hydra_node.runtime.child.channel import (ChannelError, FrameDecoder, RunnerProtocolError, encode_frame,
                                         runner_event_from_wire)
 
 leaves = (st.none() | st.booleans() | st.integers(-(2**64), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False)

@@ -1,4 +1,4 @@
-"""A mass join (hydra_node/mesh/links.py, dial_limits.py): nodes spawned at the same instant all
+"""A mass join (hydra_node/mesh/link_table.py, dial_limits.py): nodes spawned at the same instant all
 join through one invite, converge to a full view with one link per pair, and the links between
 joiners are dialled by the smaller node id (the 30-node version is a benchmark:
 bench/mesh_membership.py --simultaneous)."""

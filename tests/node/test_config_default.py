@@ -16,7 +16,7 @@ from hydra_node.cli.config_sources import load_layered, merge_tables
 from hydra_node.cli.main import build_parser, node_config_from_args
 from hydra_node.cli.toml_edit import TomlEditError, set_keys
 from hydra_node.config import RESERVED_KEYS, ConfigError, load_config_file
-from hydra_node.node import runner_settings_from
+from hydra_node.config.runner_settings import runner_settings_from
 
 SEED_PROFILE = Path(__file__).parent / "fixtures" / "seed_starting_profile.toml"
 

@@ -228,7 +228,7 @@ def test_every_kv_cache_type_is_the_ggml_type_of_that_name():
     """Checked against the loaded ggml itself: ``ggml_type_name`` and ``ggml_is_quantized``."""
     import ctypes
 
-    from hydra_node.runtime.rpc._ggml import llama_libdir
+    from hydra_node.runtime.rpc.ggml import llama_libdir
 
     base = ctypes.CDLL(str(llama_libdir() / "libggml-base.so.0"))
     base.ggml_type_name.restype, base.ggml_type_name.argtypes = ctypes.c_char_p, [ctypes.c_int]

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from hydra_node.api.http import Request
-from hydra_node.api.status_json import to_json
+from hydra_node.http.server import Request
+from hydra_node.admin.status_json import to_json
 from hydra_node.config import NodeConfig
 from hydra_node.mesh.settings import MeshSettings
 from hydra_node.node import Node

@@ -8,11 +8,12 @@ import stat
 import pytest
 from hypothesis import given, strategies as st
 
-from hydra_node.api.openai import ApiError, parse_request
+from hydra_node.api.errors import ApiError
+from hydra_node.openai.parse import parse_request
 from hydra_node.config import ConfigError, NodeConfig, parse_config_text
 from hydra_node.mesh.identity import IdentityError, load_or_create_identity
-from hydra_node.runtime.runner.channel import MAX_CHANNEL_FRAME_BYTES, ChannelError, FrameDecoder, encode_frame
-from hydra_node.runtime.runner.textstream import TextAssembler
+from hydra_node.runtime.child.channel import MAX_CHANNEL_FRAME_BYTES, ChannelError, FrameDecoder, encode_frame
+from hydra_node.runtime.child.textstream import TextAssembler
 
 
 # ---- config ---------------------------------------------------------------------------

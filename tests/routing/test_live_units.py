@@ -221,7 +221,7 @@ def test_node_config_errors_name_the_key(text, key):
 
 
 def test_session_comes_from_the_body_and_is_bounded():
-    from hydra_node.api.openai import parse_request
+    from hydra_node.openai.parse import parse_request
 
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "user": "u" * 1000}
     req, _, _ = parse_request(json.dumps(body).encode(), "chat")

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hydra_node.routing import InvalidHint, Target, TargetView, TelemetryStore
-from hydra_node.routing._metric import EWMA_ALPHA, WINDOW_SAMPLES, Metric, percentile
+from hydra_node.routing.metric import EWMA_ALPHA, WINDOW_SAMPLES, Metric, percentile
 from hydra_node.routing.telemetry import MAX_HINT_SOURCES, MAX_HINT_TARGETS, MAX_TARGETS
 
 LOCAL = Target("local", "m")

@@ -87,7 +87,7 @@ def cbor_size(value: object) -> int:
 
     The simulator measures every message, and encoding each one with cbor2 costs ~100x more.
     Covers the wire data model (None, bool, int, text, bytes, lists, maps); checked against
-    cbor2 in tests/mesh/test_membership_simlinks.py.
+    cbor2 in tests/mesh/membership/test_membership_simlinks.py.
     """
     if value is None or value is True or value is False:
         return 1

@@ -1,8 +1,8 @@
 """One model hosted on this node: its runner supervisor and, for a split, its plan and tunnels.
 
 Before every spawn the runner supervisor calls :meth:`HostedModel._prepare`: drop the old plan's
-tunnels, place the model again (:func:`~hydra_node.runtime.hosting.placement.place` over the workers
-:func:`~hydra_node.runtime.hosting.placement.usable_workers` finds), lease the planned workers through
+tunnels, place the model again (:func:`~hydra_node.runtime.hosting.layers.place` over the workers
+:func:`~hydra_node.runtime.hosting.layers.usable_workers` finds), lease the planned workers through
 :class:`~hydra_node.runtime.rpc.tunnel.RemoteWorkerTunnel`s, and hand the runner its settings.
 """
 
@@ -20,7 +20,7 @@ import trio
 from hydra_node.backoff import Backoff
 from hydra_node.models import ModelRef
 from hydra_node.runtime.peers import PeerView
-from hydra_node.runtime.hosting.placement import WORKER_DISCOVERY_WAIT_S, IgnoredWorker, fits_locally, place
+from hydra_node.runtime.hosting.layers import WORKER_DISCOVERY_WAIT_S, IgnoredWorker, fits_locally, place
 from hydra_node.runtime.rpc.gguf_meta import GgufError, layer_count
 from hydra_node.runtime.rpc.plan import Capacity, PlanError, SplitPlan, WorkerInfo
 from hydra_node.runtime.rpc.tunnel import MAX_TAG_CHARS, LeasedWorker, RemoteWorkerTunnel, TunnelError

@@ -13,11 +13,11 @@ register their runner supervisors (the root's router source for local targets re
   root declares as the mesh's ``rpc`` tunnel handler).
 * **Hosted models** (:class:`~hydra_node.runtime.hosting.hosted_model.HostedModel`): one
   ``RunnerSupervisor`` each, placed before every spawn by the pure
-  :func:`~hydra_node.runtime.hosting.placement.place`: locally when the model fits the host's usable
+  :func:`~hydra_node.runtime.hosting.layers.place`: locally when the model fits the host's usable
   memory (``--max-memory`` caps it) and no ``--split`` forces a split; otherwise over remote
   workers, each reached through a ``RemoteWorkerTunnel`` holding its lease.
 * **Hot swap**: :meth:`ModelRuntime.load` / :meth:`ModelRuntime.unload` on a running node (the
-  management routes in ``hydra_node/api/runtime_admin.py``, ``hydra-node swap``); RPC workers
+  management routes in ``hydra_node/admin/runtime.py``, ``hydra-node swap``); RPC workers
   stay up across swaps.
 """
 
@@ -39,7 +39,7 @@ from hydra_node.mesh.membership.announcement import RpcCapacity
 from hydra_node.models import MAX_HOSTED_MODELS, ModelRef
 from hydra_node.runtime.hosting.hosted_model import UNLOAD_TIMEOUT_S, HostedModel, HostedModelStatus
 from hydra_node.runtime.peers import PeerView, link_rtt_ms
-from hydra_node.runtime.hosting.placement import IgnoredWorker, usable_workers
+from hydra_node.runtime.hosting.layers import IgnoredWorker, usable_workers
 from hydra_node.runtime.rpc import RPC_PROTO
 from hydra_node.runtime.rpc.plan import WorkerInfo
 from hydra_node.runtime.rpc.supervisor import RpcWorkerSupervisor, WorkerFailed, WorkerState

@@ -5,7 +5,8 @@ Public surface (importing this package does not load llama.cpp):
 * :mod:`.plan` – ``plan_split(...) -> SplitPlan`` (pure), ``Capacity``, ``WorkerInfo``, ``PlanError``.
 * :mod:`.supervisor` – ``RpcWorkerSupervisor`` (trio) running ``python -m hydra_node.runtime.rpc.worker``.
 * :mod:`.lease` – ``WorkerLease`` (one coordinator per worker).
-* :mod:`.coordinator` – in a runner process: ``register_rpc_servers``, ``llama_kwargs_for_plan``.
+* :mod:`.ggml` – the ctypes binding to ggml's RPC library, and the build check of the node.
+* The runner's side (``register_rpc_servers``, ``llama_kwargs_for_plan``) is :mod:`hydra_node.runtime.child.rpc_coordinator`.
 * :mod:`.readiness`, :mod:`.probe` – how a worker's version and memory are learnt.
 """
 
@@ -15,7 +16,7 @@ import importlib
 #: (``python -m hydra_node.runtime.rpc.worker``) does not pay for trio and the supervisor: it is a
 #: process per machine, and every megabyte of it counts against the node's memory.
 _SOURCES = {
-    "_proto": ("RPC_PROTO", "IncompatibleWorker", "ProtoVersion", "RpcProtocolError", "check_worker_proto"),
+    "proto": ("RPC_PROTO", "IncompatibleWorker", "ProtoVersion", "RpcProtocolError", "check_worker_proto"),
     "lease": ("LeaseError", "LeaseHeld", "LeaseNotHeld", "WorkerLease"),
     "plan": ("Capacity", "DevicePlacement", "PlanError", "SplitPlan", "WorkerInfo", "plan_split"),
     "probe": ("WorkerHello", "WorkerUnreachable", "probe_worker"),

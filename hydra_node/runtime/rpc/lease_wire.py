@@ -25,7 +25,7 @@ from typing import Any, Literal, Union
 from hydra_node.codec.errors import DecodeError
 from hydra_node.codec.framing import MessageDecoder, encode_message
 
-from hydra_node.runtime.rpc._proto import ProtoVersion
+from hydra_node.runtime.rpc.proto import ProtoVersion
 
 __all__ = ["MAX_CONTROL_FRAME_BYTES", "MAX_DEVICE_CHARS", "OFFER_SECRET_BYTES", "OFFER_TICKET_BYTES",
            "ControlDecoder", "ControlError", "ControlEvent", "DataOffer", "LeaseGranted", "NoDataOffer",

@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hydra_node.runtime.rpc._proto import GGML_RPC_MAX_SERVERS, RPC_PROTO, ProtoVersion
+from hydra_node.runtime.rpc.proto import GGML_RPC_MAX_SERVERS, RPC_PROTO, ProtoVersion
 
 #: Default share of each device's free memory left unplanned (compute buffers, OS).
 DEFAULT_SAFETY_MARGIN = 0.10

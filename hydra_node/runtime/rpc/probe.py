@@ -13,8 +13,8 @@ import socket
 import time
 from dataclasses import dataclass
 
-from hydra_node.runtime.rpc import _proto
-from hydra_node.runtime.rpc._proto import ProtoVersion, RpcProtocolError
+from hydra_node.runtime.rpc import proto as _proto
+from hydra_node.runtime.rpc.proto import ProtoVersion, RpcProtocolError
 
 #: Default bound on one whole probe (connect + three request/reply pairs).
 PROBE_TIMEOUT_S = 3.0

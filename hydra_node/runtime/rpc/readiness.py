@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from hydra_node.codec.errors import DecodeError
 from hydra_node.codec.jsonline import decode_object_line
 
-from hydra_node.runtime.rpc._proto import ProtoVersion
+from hydra_node.runtime.rpc.proto import ProtoVersion
 
 #: Longest readiness line we read from a worker; a real one is about 200 bytes.
 MAX_READINESS_LINE = 4096

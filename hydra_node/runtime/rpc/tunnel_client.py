@@ -15,7 +15,7 @@ import trio
 
 from hydra_node.mesh.wire.errors import MeshError, StreamReset
 
-from hydra_node.runtime.rpc._proto import RPC_PROTO, ProtoVersion
+from hydra_node.runtime.rpc.proto import RPC_PROTO, ProtoVersion
 from hydra_node.runtime.rpc.dataconn import DataConnError, DataConnection, dial
 from hydra_node.runtime.rpc.lease_wire import ControlError, DataOffer, LeaseGranted, NoDataOffer, PathChoice, encode_control
 from hydra_node.runtime.rpc.tunnel_control import MAX_TAG_CHARS, PATH_CHOICE_TIMEOUT_S, TUNNEL_SERVICE, read_control

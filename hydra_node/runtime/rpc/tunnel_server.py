@@ -15,7 +15,7 @@ import trio
 
 from hydra_node.mesh.wire.errors import StreamReset
 
-from hydra_node.runtime.rpc._proto import ProtoVersion
+from hydra_node.runtime.rpc.proto import ProtoVersion
 from hydra_node.runtime.rpc.dataconn import DataConnection, DataListener, TooManyTickets
 from hydra_node.runtime.rpc.lease import LeaseHeld, LeaseRow, WorkerLease
 from hydra_node.runtime.rpc.lease_wire import (MAX_DEVICE_CHARS, ControlError, DataOffer, LeaseGranted, NoDataOffer,

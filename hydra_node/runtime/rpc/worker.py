@@ -80,7 +80,7 @@ def _emit(out: TextIO, obj: dict) -> None:
 
 
 def _pick_device(ggml, wanted: str | None) -> int:
-    from hydra_node.runtime.rpc._ggml import GGML_BACKEND_DEVICE_TYPE_GPU
+    from hydra_node.runtime.rpc.ggml import GGML_BACKEND_DEVICE_TYPE_GPU
 
     devs = [ggml.dev_get(i) for i in range(ggml.dev_count())]
     if wanted is not None:
@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_PERMANENT
 
     os.environ.update(CHILD_ENV)  # read by ggml_abort: no gdb attach on a crash
-    from hydra_node.runtime.rpc import _ggml
-    from hydra_node.runtime.rpc._proto import RpcProtocolError
+    from hydra_node.runtime.rpc import ggml as _ggml
+    from hydra_node.runtime.rpc.proto import RpcProtocolError
     from hydra_node.runtime.rpc.probe import WorkerUnreachable, probe_worker
 
     try:

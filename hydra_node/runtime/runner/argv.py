@@ -11,8 +11,8 @@ __all__ = ["runner_argv"]
 
 
 def runner_argv(s: RunnerSettings, model: ModelRef, fd: int) -> list[str]:
-    """``python -m hydra_node.runtime.runner.main`` with every knob of ``s`` (``fd``: the channel)."""
-    argv = [sys.executable, "-m", "hydra_node.runtime.runner.main", "--fd", str(fd),
+    """``python -m hydra_node.runtime.child.main`` with every knob of ``s`` (``fd``: the channel)."""
+    argv = [sys.executable, "-m", "hydra_node.runtime.child.main", "--fd", str(fd),
             "--model", str(model.path), "--model-id", model.id, "--n-ctx", str(s.n_ctx),
             "--n-batch", str(s.n_batch), "--threads", str(s.threads), "--threads-batch", str(s.threads_batch),
             "--n-ubatch", str(s.n_ubatch), "--flash-attn", s.flash_attention, "--type-k", s.type_k,

@@ -6,7 +6,7 @@ handling: the same rules as a generation). At most EMBEDS_IN_FLIGHT requests are
 once (its work queue keeps slack for them); more wait here, up to the runner's ``queue_size``,
 then 429 ``queue_full``. Embeddings do not take generation slots and are not counted in the
 queue depth the router and the mesh see: the scheduler ignores them (docs in
-hydra_node/runtime/runner/embed.py on what they cost the batch).
+hydra_node/runtime/child/embed.py on what they cost the batch).
 
 The child's messages are read by :class:`~hydra_node.inference.EmbeddingAssembler` (strict: a
 malformed reply is a 502; the child's own error keeps its status, e.g. 400

@@ -38,7 +38,7 @@ from hydra_node.runtime.artifacts.errors import (
 )
 from hydra_node.runtime.artifacts.kv_identity import KvIdentity
 from hydra_node.runtime.artifacts.kv_state import KvStateInvalid
-from hydra_node.runtime.runner.channel import RunnerProtocolError
+from hydra_node.runtime.child.channel import RunnerProtocolError
 from hydra_node.runtime.runner.embed_call import end_call, next_frame
 
 __all__ = ["KvExported", "KvImported", "KvStatistics", "RunnerKv"]

@@ -92,5 +92,5 @@ _GPU_DEVICE_TYPES = (1, 2)
 
 
 def count_gpu_devices(ggml: Any) -> int:
-    """GPU devices in ggml's registry (``ggml`` is :func:`hydra_node.runtime.rpc._ggml.load`'s)."""
+    """GPU devices in ggml's registry (``ggml`` is :func:`hydra_node.runtime.rpc.ggml.load`'s)."""
     return sum(1 for i in range(ggml.dev_count()) if ggml.dev_type(ggml.dev_get(i)) in _GPU_DEVICE_TYPES)

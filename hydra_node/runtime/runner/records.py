@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from hydra_node.inference import Finished, GenerationError
-from hydra_node.runtime.engine.stats import EngineStatistics
+from hydra_node.runtime.child.stats import EngineStatistics
 
 __all__ = ["RequestStats", "RequestSummary", "RunnerCrashed", "RunnerLoadError", "RunnerSettings", "RunnerStalled",
            "RunnerState", "RunnerStatus", "safe_file_part"]
@@ -88,7 +88,7 @@ class RunnerSettings:
     #: Give up on a generation (and kill the runner) when no frame comes for this long; 0 = never.
     #: Split runners need it: a stalled RPC worker or tunnel blocks llama.cpp forever.
     stall_timeout_s: float = 0.0
-    #: More runner arguments (speculative decoding: hydra_node/runtime/speculative/child/runner_glue.py).
+    #: More runner arguments (speculative decoding: hydra_node/runtime/child/speculative/assemble.py).
     extra_argv: tuple[str, ...] = ()
 
 

@@ -30,8 +30,8 @@ from hydra_node.runtime.runner.records import (RequestStats, RequestSummary, Run
 from hydra_node.runtime.runner.admission import AdmissionLimit
 from hydra_node.runtime.runner.embed_call import RunnerEmbeddings
 from hydra_node.runtime.runner.kv_call import RunnerKv
-from hydra_node.runtime.engine.stats import EngineStatistics
-from hydra_node.runtime.runner.channel import (ChannelError, FrameDecoder, RunnerProtocolError, encode_frame,
+from hydra_node.runtime.child.stats import EngineStatistics
+from hydra_node.runtime.child.channel import (ChannelError, FrameDecoder, RunnerProtocolError, encode_frame,
                                                engine_stats_from_wire, runner_event_from_wire)
 from hydra_node.runtime.supervise import (ChildExited, ChildFailed, ChildNotReady, ChildOutput, ChildSpec,
                                           ChildSupervisor, GiveUp)

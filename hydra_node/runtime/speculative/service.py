@@ -1,7 +1,7 @@
 """Speculative decoding across the mesh: the node's side (``[defaults.speculative]``).
 
 Draft side (``serve --draft-server MODEL`` / ``serve_draft = "MODEL"``): the node runs
-``python -m hydra_node.runtime.speculative.child.draft_server`` on 127.0.0.1, restarts it when it
+``python -m hydra_node.runtime.child.speculative.draft_server`` on 127.0.0.1, restarts it when it
 dies, serves it as tunnel service ``draft`` and announces ``{"draft": model_id}`` in its
 announcement's ``extra`` while it is ready.
 
@@ -85,7 +85,7 @@ class DraftServerProcess:
         self.logfile = logfile
         self.threads, self.n_ctx = threads, n_ctx
         self.endpoint: str | None = None
-        argv = [sys.executable, "-m", "hydra_node.runtime.speculative.child.draft_server", "--model", str(self.model.path),
+        argv = [sys.executable, "-m", "hydra_node.runtime.child.speculative.draft_server", "--model", str(self.model.path),
                 "--model-id", self.model.id, "--host", "127.0.0.1", "--port", "0", "--n-ctx", str(self.n_ctx),
                 "--threads", str(self.threads), "--die-with-parent"]
         spec = ChildSpec(argv, ready=self._read_ready, kind="draft-server", stdout=subprocess.PIPE,

@@ -1,7 +1,7 @@
 """The tuner's pure policy: the candidate grid, the early-stop rule, the recommendation, the ETA.
 
 No I/O and no clock: figures and times come in as arguments, so every rule is tested with
-injected numbers (tests/node/test_tune_plan.py).
+injected numbers (tests/runtime/tuning/test_tune_plan.py).
 
 * **Grid** (:func:`candidate_grid`): the product of the axes, the baseline (the profile the node
   runs today) first; a ``ubatch`` above ``batch`` is skipped (llama.cpp caps it: the same run

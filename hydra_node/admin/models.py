@@ -1,0 +1,72 @@
+"""Management route for models from mesh peers (on the console port, next to ``/api/status``):
+
+* ``POST /api/models/fetch`` ``{"model": NAME_OR_REF}`` – fetch the model from a peer that shares
+  it into ``<home>/models`` (sha256-verified; ``hydra models pull`` calls it before the internet):
+  200 ``{"model", "path", "size_bytes", "sha256", "source"}`` (``source`` ``"cache"`` when it was
+  there already), 404 ``not_in_mesh`` when no alive peer announces it, 502 ``peer_fetch_failed``
+  when every holder failed, 400 for a bad body or reference.
+
+The composition root (``hydra_node/node.py``) puts it in the management route table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hydra_node.http.server import Request, Response
+from hydra_node.admin.management import Handler
+from hydra_node.api.errors import ApiError
+from hydra_node.runtime.fetch import (
+    BadModelSource,
+    CachedModel,
+    ModelShare,
+    RemoteModel,
+    load_catalogue,
+    resolve_remote,
+)
+from hydra_node.runtime.fetch.errors import NotInMesh, PeerFetchError
+
+__all__ = ["MAX_BODY_BYTES", "models_routes"]
+
+#: Longest accepted body (a model reference).
+MAX_BODY_BYTES = 4096
+
+
+def _answer(rec: CachedModel, root: Any, source: str) -> Response:
+    return Response.json(200, {"model": rec.model_id, "path": str(rec.path(root)), "size_bytes": rec.size_bytes,
+                               "sha256": rec.sha256, "source": source})
+
+
+def models_routes(share: ModelShare, resolve: Callable[[str], RemoteModel] | None = None
+                  ) -> dict[tuple[str, str], Handler]:
+    """``resolve(ref)``: a catalogue name or URL → the model to fetch (``BadModelSource`` otherwise);
+    by default the built-in catalogue (a peer is asked by model id and sha256, so the Hub URL is moot)."""
+    resolve = resolve or (lambda ref: resolve_remote(ref, load_catalogue()))
+
+    async def fetch_model(request: Request) -> Response:
+        if len(request.body) > MAX_BODY_BYTES:
+            return ApiError(400, f"body larger than {MAX_BODY_BYTES} bytes", "body_too_large").response()
+        try:
+            body = request.json()
+        except ValueError:
+            body = None
+        ref = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(ref, str) or not ref or set(body) != {"model"}:
+            return ApiError(400, "the body must be exactly {\"model\": NAME_OR_REF}", "invalid_value", "model").response()
+        try:
+            remote = resolve(ref)
+        except BadModelSource as exc:
+            return ApiError(400, str(exc), "invalid_model", "model").response()
+        rec = share.cache.lookup(remote.model_id)
+        if rec is not None:
+            return _answer(rec, share.cache.root, "cache")
+        try:
+            rec = await share.fetch(remote)
+        except NotInMesh as exc:
+            return ApiError(404, str(exc), exc.code, "model").response()
+        except PeerFetchError as exc:
+            return ApiError(502, str(exc), exc.code).response()
+        return _answer(rec, share.cache.root, rec.source)
+
+    return {("POST", "/api/models/fetch"): fetch_model}

@@ -1,0 +1,127 @@
+"""OpenAI's response shapes (pure): chat and completion bodies, stream chunks, logprobs, usage.
+
+Chat logprobs: ``{"content": [{"token", "logprob", "bytes": [ints], "top_logprobs": [{"token",
+"logprob", "bytes"}]}], "refusal": null}``. Completion logprobs (legacy): ``{"tokens",
+"token_logprobs", "top_logprobs": [{token: logprob}] (null when 0 alternatives were asked),
+"text_offset"}``, offsets counted in characters from the start of the choice's text.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable
+
+from hydra_node.api.chat import ChatOutcome
+from hydra_node.inference import TokenLogprob
+
+__all__ = ["sse", "DONE", "chat_logprobs", "completion_logprobs", "tool_call_json", "chat_choice",
+           "completion_choice", "ChunkMaker"]
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _entry(token: str, logprob: float, raw: bytes) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": list(raw)}
+
+
+def chat_logprobs(entries: Iterable[TokenLogprob]) -> dict:
+    return {"content": [{**_entry(e.token, e.logprob, e.bytes), "top_logprobs": [_entry(*t) for t in e.top]}
+                        for e in entries], "refusal": None}
+
+
+def completion_logprobs(entries: Iterable[TokenLogprob], top: int, offset: int = 0) -> dict:
+    """Legacy shape; ``offset`` is where the first token starts in the choice's text."""
+    out: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [] if top else None, "text_offset": []}
+    for e in entries:
+        out["tokens"].append(e.token)
+        out["token_logprobs"].append(e.logprob)
+        out["text_offset"].append(offset)
+        offset += len(e.token)
+        if top:
+            alts: dict[str, float] = {}
+            for tok, lp, _raw in e.top[:top]:
+                alts.setdefault(tok, lp)
+            out["top_logprobs"].append(alts)
+    return out
+
+
+def tool_call_json(call) -> dict:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def chat_choice(index: int, out: ChatOutcome, logprobs: bool) -> dict:
+    message: dict = {"role": "assistant", "content": out.content, "refusal": None}
+    if out.tool_calls:
+        message["tool_calls"] = [tool_call_json(c) for c in out.tool_calls]
+    return {"index": index, "message": message, "logprobs": chat_logprobs(out.logprobs) if logprobs else None,
+            "finish_reason": out.finish_reason}
+
+
+def completion_choice(index: int, out: ChatOutcome, echo_text: str | None, top: int | None) -> dict:
+    prefix = echo_text or ""
+    return {"index": index, "text": prefix + (out.content or ""),
+            "logprobs": None if top is None else completion_logprobs(out.logprobs, top, len(prefix)),
+            "finish_reason": out.finish_reason}
+
+
+class ChunkMaker:
+    """Stream chunks of one response (``chat.completion.chunk`` or ``text_completion``)."""
+
+    def __init__(self, request_id: str, model: str, created: int, chat: bool, *, logprobs: bool = False,
+                 completion_top: int | None = None):
+        self.id, self.model, self.created, self.chat = request_id, model, created, chat
+        self.object = "chat.completion.chunk" if chat else "text_completion"
+        self.logprobs, self.completion_top = logprobs, completion_top
+        self._offsets: dict[int, int] = {}
+
+    def _wrap(self, choice: dict, fingerprint: str | None = None) -> bytes:
+        obj = {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
+               "choices": [choice]}
+        if self.chat and fingerprint:  # known once the generation finished: the host that served it
+            obj["system_fingerprint"] = fingerprint
+        return sse(obj)
+
+    def role(self, index: int) -> bytes:
+        return self._wrap({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                           "finish_reason": None})
+
+    def text(self, index: int, text: str, entries: tuple[TokenLogprob, ...] = ()) -> bytes:
+        if self.chat:
+            lp = chat_logprobs(entries) if self.logprobs else None
+            return self._wrap({"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": None})
+        lp = None
+        if self.completion_top is not None:  # offsets count token text, as in the non-streamed shape
+            lp = completion_logprobs(entries, self.completion_top, self._offsets.get(index, 0))
+            self._offsets[index] = self._offsets.get(index, 0) + sum(len(e.token) for e in entries)
+        return self._wrap({"index": index, "text": text, "logprobs": lp, "finish_reason": None})
+
+    def _call_delta(self, index: int, delta: dict) -> bytes:
+        return self._wrap({"index": index, "delta": {"tool_calls": [delta]}, "logprobs": None, "finish_reason": None})
+
+    def tool_call_start(self, index: int, start) -> bytes:
+        """A call's first chunk, as OpenAI streams it: index, id, type, name, empty arguments."""
+        return self._call_delta(index, {"index": start.index, "id": start.id, "type": "function",
+                                        "function": {"name": start.name, "arguments": ""}})
+
+    def tool_call_arguments(self, index: int, call_index: int, text: str) -> bytes:
+        """A fragment of a call's arguments: ``{"index", "function": {"arguments"}}``."""
+        return self._call_delta(index, {"index": call_index, "function": {"arguments": text}})
+
+    def tool_call(self, index: int, call) -> bytes:
+        """A whole call (parsed once complete) in two chunks: the start, then all its arguments."""
+        return self.tool_call_start(index, call) + self.tool_call_arguments(index, call.index, call.arguments)
+
+    def finish(self, index: int, reason: str, served_by: str = "") -> bytes:
+        if self.chat:
+            return self._wrap({"index": index, "delta": {}, "logprobs": None, "finish_reason": reason},
+                              served_by or None)
+        return self._wrap({"index": index, "text": "", "logprobs": None, "finish_reason": reason})
+
+    def usage(self, usage: dict) -> bytes:
+        obj = {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
+               "choices": [], "usage": usage}
+        return sse(obj)

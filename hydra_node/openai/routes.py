@@ -1,0 +1,179 @@
+"""The OpenAI-compatible API on :9337: routes, and chat/completion answers (whole or streamed).
+
+Parsing is pure (:mod:`hydra_node.openai.parse`: body -> requests or a 400 naming the
+parameter); running a chat is :mod:`hydra_node.api.chat`; several choices at once
+(``n``, several prompts) is :mod:`hydra_node.api.fanout`; the shapes are
+:mod:`hydra_node.openai.format`. ``/v1/embeddings`` is :mod:`hydra_node.openai.embeddings`;
+``/v1/responses`` and ``/v1/messages`` are their own dialects, and :mod:`hydra_node.api.port` hands
+each path to its dialect. docs/api.md is the compatibility table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from contextlib import aclosing
+from urllib.parse import unquote
+
+from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart, sum_usage
+from hydra_node.api.errors import ApiError
+from hydra_node.api.fanout import StreamFanOut, run_all
+from hydra_node.api.router_api import RouterApi
+from hydra_node.api.tool_choice_header import TOOL_CHOICE_HEADER, override_tool_choice
+from hydra_node.http.messages import served_by_header
+from hydra_node.http.server import Request, Response, StreamResponse
+from hydra_node.inference import GenerationError, GenerationRequest
+from hydra_node.moa.answers import MoaApi
+from hydra_node.openai.format import DONE, ChunkMaker, chat_choice, completion_choice, sse
+from hydra_node.openai.moa_chat import MoaChat
+from hydra_node.openai.parse import ParsedBody, expand, parse_body
+
+__all__ = ["OpenAIApi"]
+
+log = logging.getLogger("hydra.api")
+
+_MODELS_PREFIXES = ("/v1/models/", "/models/")
+
+
+class OpenAIApi:
+    """``/v1/models``, ``/v1/models/{id}``, ``/v1/chat/completions`` and ``/v1/completions``.
+
+    ``router`` provides ``generate(req)``, ``models()`` and ``recently_seen(id)``; ``moa``: the
+    mixture of agents behind ``model: "mesh"`` (None: no mesh model)."""
+
+    def __init__(self, router: RouterApi, *, moa: MoaApi | None = None):
+        self.router = router
+        self.moa = moa
+        self.moa_chat = MoaChat(moa) if moa is not None else None
+
+    async def handle(self, request: Request) -> Response | StreamResponse:
+        path = request.path.rstrip("/") or "/"
+        if path in ("/v1/models", "/models"):
+            _method(request, "GET")
+            return Response.json(200, self.models_body())
+        if path.startswith(_MODELS_PREFIXES):
+            _method(request, "GET")
+            return Response.json(200, self.model_body(path.split("/models/", 1)[1]))
+        if path in ("/v1/chat/completions", "/v1/completions"):
+            _method(request, "POST")
+            return await self._generate(request, "chat" if path.endswith("chat/completions") else "completion")
+        raise ApiError(404, f"no route for {request.method} {request.path}", "not_found")
+
+    # ---- models ---------------------------------------------------------------------------
+    def models_body(self) -> dict:
+        now = int(time.time())
+        mesh = self.moa.model_obj(now) if self.moa is not None else None
+        return {"object": "list", "data": [self._model_obj(m, now) for m in self.router.models()] + ([mesh] if mesh else [])}
+
+    @staticmethod
+    def _model_obj(m, now: int) -> dict:
+        return {"id": m.id, "object": "model", "created": now, "owned_by": "hydra", "hosts": m.hosts,
+                "states": m.states}
+
+    def model_body(self, raw_id: str) -> dict:
+        """``GET /v1/models/{id}``: the id is the rest of the path (ids may hold ``/``), raw or %-encoded."""
+        by_id = {m.id: m for m in self.router.models()}
+        mesh = self.moa.model_obj(int(time.time())) if self.moa and self.moa.handles(unquote(raw_id)) else None
+        if mesh is not None:
+            return mesh
+        for candidate in (raw_id, unquote(raw_id)):
+            if candidate in by_id:
+                return self._model_obj(by_id[candidate], int(time.time()))
+        raise ApiError(404, f"The model {unquote(raw_id)!r} does not exist", "model_not_found", "model")
+
+    def _check_model(self, model: str) -> None:
+        if model not in {m.id for m in self.router.models()} and not self.router.recently_seen(model):
+            known = ", ".join(m.id for m in self.router.models()) or "none"
+            raise ApiError(404, f"model {model!r} does not exist (available: {known})", "model_not_found", "model")
+
+    # ---- chat and completions -------------------------------------------------------------
+    async def _generate(self, request: Request, kind: str) -> Response | StreamResponse:
+        raw = override_tool_choice(request.body, request.headers.get(TOOL_CHOICE_HEADER), "chat")  # agents
+        parsed = parse_body(raw, kind)
+        session = request.headers.get("x-session-id", "")
+        if session:  # routing affinity (docs/scheduler.md); the header wins over the body's user
+            parsed = dataclasses.replace(parsed, requests=tuple(
+                dataclasses.replace(r, session=session) for r in parsed.requests))
+        if self.moa is not None and self.moa.handles(parsed.request.model):
+            assert self.moa_chat is not None
+            return await self.moa_chat.answer(parsed)  # model "mesh": the mixture of agents (docs/moa.md)
+        self._check_model(parsed.request.model)
+        reqs = expand(parsed)
+        if parsed.stream:
+            return await self._stream(parsed, reqs)
+        return await self._complete(parsed, reqs)
+
+    def _echo_text(self, parsed: ParsedBody, index: int) -> str | None:
+        return parsed.requests[index // parsed.n].prompt if parsed.echo else None
+
+    async def _complete(self, parsed: ParsedBody, reqs: list[GenerationRequest]) -> Response:
+        try:
+            outs = await run_all(self.router, reqs)
+        except GenerationError as exc:
+            raise ApiError.from_generation(exc) from None
+        req, created = parsed.request, int(time.time())
+        served_by = outs[0].served_by
+        usage = sum_usage(o.usage for o in outs)
+        if req.kind == "chat":
+            body = {"id": req.request_id, "object": "chat.completion", "created": created, "model": req.model,
+                    "choices": [chat_choice(i, o, req.logprobs) for i, o in enumerate(outs)],
+                    "usage": usage, "system_fingerprint": served_by or None}
+        else:
+            body = {"id": req.request_id, "object": "text_completion", "created": created, "model": req.model,
+                    "choices": [completion_choice(i, o, self._echo_text(parsed, i), parsed.completion_logprobs)
+                                for i, o in enumerate(outs)], "usage": usage}
+        return Response.json(200, body, served_by_header(served_by))
+
+    async def _stream(self, parsed: ParsedBody, reqs: list[GenerationRequest]) -> StreamResponse:
+        req, chat = parsed.request, parsed.request.kind == "chat"
+        # Open every generation before answering 200, so routing errors get a proper status.
+        fan = StreamFanOut(self.router, reqs)
+        try:
+            await fan.open()
+        except GenerationError as exc:
+            raise ApiError.from_generation(exc) from None
+        chunks = ChunkMaker(req.request_id, req.model, int(time.time()), chat, logprobs=req.logprobs,
+                            completion_top=parsed.completion_logprobs)
+
+        async def body():
+            try:
+                for k in range(len(reqs)):
+                    if chat:
+                        yield chunks.role(k)
+                    elif parsed.echo:
+                        yield chunks.text(k, self._echo_text(parsed, k) or "")
+                usages = []
+                async with aclosing(fan.events()) as events:
+                    async for k, ev in events:
+                        if isinstance(ev, ContentDelta):
+                            yield chunks.text(k, ev.text, ev.logprobs)
+                        elif isinstance(ev, ToolCallStart):
+                            yield chunks.tool_call_start(k, ev)
+                        elif isinstance(ev, ToolCallArguments):
+                            yield chunks.tool_call_arguments(k, ev.index, ev.text)
+                        elif isinstance(ev, ToolCallDelta) and not ev.call.streamed:  # streamed: already sent
+                            yield chunks.tool_call(k, ev.call)
+                        elif isinstance(ev, ChatDone):
+                            usages.append(ev.usage)
+                            yield chunks.finish(k, ev.finish_reason, ev.served_by)
+                if parsed.include_usage:
+                    yield chunks.usage(sum_usage(usages))
+                yield DONE
+            except GenerationError as exc:
+                yield sse(ApiError.from_generation(exc).body())
+                yield DONE
+            finally:
+                await fan.close()
+
+        def interrupted(reason: str) -> bytes:
+            return sse(ApiError(503, f"stream ended: {reason}", "node_shutting_down").body()) + DONE
+
+        hosts = ",".join(dict.fromkeys(h for h in fan.served_by if h))  # each host once, in choice order
+        return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=fan.close,
+                              headers=served_by_header(hosts))
+
+
+def _method(request: Request, method: str) -> None:
+    if request.method != method:
+        raise ApiError(405, f"use {method}", "method_not_allowed")

@@ -1,0 +1,129 @@
+"""Responses API input items -> chat history (pure).
+
+``input`` is a string (one user message) or a list of items: messages (``role`` user, system,
+developer or assistant; ``content`` a string or a list of ``input_text``/``output_text`` parts),
+``function_call`` items (an assistant's call) and ``function_call_output`` items (a tool's
+result). They become :class:`ChatMessage` s: a developer message is a system message, an
+assistant message followed by its function calls is one assistant message with ``tool_calls``,
+a function call output is a ``tool`` message naming the call it answers. Anything else is an
+:class:`ApiError` (400) naming the item.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hydra_node.api.errors import bad
+from hydra_node.inference import ChatMessage, InvalidRequest, ToolCall
+
+__all__ = ["MAX_INPUT_ITEMS", "input_messages"]
+
+#: Most input items one request may carry (the chat API's MAX_MESSAGES).
+MAX_INPUT_ITEMS = 4096
+
+_MESSAGE_ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
+_TEXT_PARTS = ("input_text", "output_text")
+#: Fields an input item may carry that do not change what is generated (ids, statuses, labels);
+#: any other field is refused unless it is null.
+_ITEM_EXTRAS = {"message": {"id", "status", "phase"}, "function_call": {"id", "status", "namespace"},
+                "function_call_output": {"id", "status", "name", "namespace"}}
+_PART_EXTRAS = {"annotations", "logprobs"}
+
+
+def _text_parts(content, param: str, allowed: Sequence[str]) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad(f"'{param}' must be a string or an array of text parts", param, "invalid_type")
+    texts = []
+    for j, part in enumerate(content):
+        p = f"{param}[{j}]"
+        if not isinstance(part, dict):
+            raise bad(f"'{p}' must be an object", p, "invalid_type")
+        kind = part.get("type")
+        if kind not in allowed:
+            raise bad(f"'{p}.type' {kind!r:.40} is not supported here (supported: {', '.join(allowed)}); "
+                      "images, files and audio are not", f"{p}.type")
+        if not isinstance(part.get("text"), str):
+            raise bad(f"'{p}.text' must be a string", f"{p}.text", "invalid_type")
+        unknown = {k for k, v in part.items() if v is not None} - {"type", "text"} - _PART_EXTRAS
+        if unknown:
+            raise bad(f"'{p}' has unsupported field {min(unknown)!r}", f"{p}.{min(unknown)}",
+                      "unknown_parameter")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _string(item: dict, key: str, param: str, *, required: bool = True) -> str:
+    v = item.get(key)
+    if v is None and not required:
+        return ""
+    if not isinstance(v, str) or (required and not v and key != "arguments"):
+        raise bad(f"'{param}.{key}' must be a non-empty string", f"{param}.{key}",
+                  "missing_required_parameter" if v is None else "invalid_type")
+    return v
+
+
+def _check_fields(item: dict, kind: str, required: set[str], param: str) -> None:
+    unknown = {k for k, v in item.items() if v is not None} - required - {"type"} - _ITEM_EXTRAS[kind]
+    if unknown:
+        name = min(unknown)
+        raise bad(f"'{param}' ({kind}) has unsupported field {name!r}", f"{param}.{name}", "unknown_parameter")
+
+
+def _call_names(history: Sequence[ChatMessage]) -> dict[str, str]:
+    return {c.id: c.name for m in history for c in m.tool_calls}
+
+
+def input_messages(value, history: Sequence[ChatMessage] = ()) -> list[ChatMessage]:
+    """``input`` as chat messages. ``history`` (a previous response's conversation) is only read
+    to name the function a ``function_call_output`` answers."""
+    if isinstance(value, str):
+        return [_message("user", value, "input")]
+    if not isinstance(value, list):
+        raise bad("'input' must be a string or an array of input items", "input",
+                  "missing_required_parameter" if value is None else "invalid_type")
+    if len(value) > MAX_INPUT_ITEMS:
+        raise bad(f"'input' has more than {MAX_INPUT_ITEMS} items", "input")
+    names = _call_names(history)
+    out: list[ChatMessage] = []
+    for i, item in enumerate(value):
+        param = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise bad(f"'{param}' must be an object", param, "invalid_type")
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            _check_fields(item, "message", {"role", "content"}, param)
+            role = item.get("role")
+            if role not in _MESSAGE_ROLES:
+                raise bad(f"'{param}.role' must be one of {', '.join(_MESSAGE_ROLES)}", f"{param}.role")
+            text = _text_parts(item.get("content"), f"{param}.content", _TEXT_PARTS)
+            out.append(_message(_MESSAGE_ROLES[role], text, param))
+        elif kind == "function_call":
+            _check_fields(item, "function_call", {"call_id", "name", "arguments"}, param)
+            call = ToolCall(_string(item, "call_id", param), _string(item, "name", param),
+                            _string(item, "arguments", param))
+            names[call.id] = call.name
+            prev = out[-1] if out else None
+            if prev is not None and prev.role == "assistant" and not prev.tool_call_id:
+                out[-1] = ChatMessage("assistant", prev.content, prev.tool_calls + (call,))
+            else:
+                out.append(_message("assistant", "", param, (call,)))
+        elif kind == "function_call_output":
+            _check_fields(item, "function_call_output", {"call_id", "output"}, param)
+            call_id = _string(item, "call_id", param)
+            output = _text_parts(item.get("output"), f"{param}.output", ("input_text", "output_text"))
+            name = _string(item, "name", param, required=False) or names.get(call_id, "")
+            out.append(_message("tool", output, param, tool_call_id=call_id, name=name))
+        else:
+            raise bad(f"'{param}.type' {kind!r:.40} is not supported: input items are messages, function_call "
+                      "and function_call_output", f"{param}.type")
+    return out
+
+
+def _message(role: str, content: str, param: str, calls: tuple[ToolCall, ...] = (), *, tool_call_id: str = "",
+             name: str = "") -> ChatMessage:
+    try:
+        return ChatMessage(role, content, calls, tool_call_id, name)
+    except InvalidRequest as exc:
+        raise bad(exc.message, param) from None

@@ -1,0 +1,152 @@
+"""``POST /v1/responses``: the subset of OpenAI's Responses API the OpenAI Agents SDK uses.
+
+The request is parsed (:mod:`responses_request`), turned into a chat :class:`GenerationRequest`
+(:mod:`responses_constraints`: tools and text formats become grammars), run through the chat
+machinery (:mod:`hydra_node.api.chat`: tool calls parsed back) and answered as a response
+object (:mod:`responses_output`) or as typed server-sent events (:mod:`responses_stream`).
+Finished responses are kept in a bounded store (:mod:`responses_store`) for
+``previous_response_id``. What is supported and what is refused: docs/responses.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+from hydra_node.api.chat import (ChatDone, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart, complete_chat)
+from hydra_node.http.server import Request, Response, StreamResponse
+from hydra_node.http.messages import served_by_header
+from hydra_node.moa.answers import MoaApi, open_chat_events
+from hydra_node.api.errors import ApiError
+from hydra_node.responses.constraints import generation_request
+from hydra_node.responses.output import (conversation_after, new_id, output_items, response_body, response_status,
+                                             usage_body)
+from hydra_node.responses.request import ResponsesCall, parse_responses_body
+from hydra_node.responses.store import ResponsesStore
+from hydra_node.responses.stream import ResponseEventStream, sse
+from hydra_node.inference import GenerationError, GenerationRequest
+
+__all__ = ["ResponsesApi"]
+
+
+class ResponsesApi:
+    """Serves ``POST /v1/responses`` (the caller checks the API key first).
+
+    ``router`` provides ``generate(req)``, ``models()`` and ``recently_seen(model)``."""
+
+    def __init__(self, router, *, store: ResponsesStore | None = None, clock: Callable[[], float] = time.time,
+                 moa: MoaApi | None = None):
+        self.router = router
+        self.moa = moa  # model "mesh" (docs/moa.md); None: no mesh model
+        self.store = store if store is not None else ResponsesStore()
+        self._clock = clock
+
+    async def handle(self, request: Request) -> Response | StreamResponse:
+        try:
+            return await self._handle(request)
+        except ApiError as exc:
+            return exc.response()
+
+    async def _handle(self, request: Request) -> Response | StreamResponse:
+        path = request.path.rstrip("/")
+        if path != "/v1/responses":
+            return self._stored(request, path.rsplit("/", 1)[-1] if path.count("/") == 3 else "")
+        if request.method != "POST":
+            raise ApiError(405, "use POST", "method_not_allowed")
+        call = parse_responses_body(request.body, self.store.get)
+        self._check_model(call.model)
+        resp_id = new_id("resp")
+        req = generation_request(call, resp_id, request.headers.get("x-session-id", "") or call.session)
+        created = int(self._clock())
+        if call.stream:
+            return await self._stream(call, req, resp_id, created)
+        return await self._complete(call, req, resp_id, created)
+
+    def _stored(self, request: Request, resp_id: str) -> Response:
+        """``GET`` / ``DELETE /v1/responses/{id}`` on the bounded store."""
+        if not resp_id:
+            raise ApiError(404, f"no route for {request.method} {request.path}", "not_found")
+        if request.method not in ("GET", "DELETE"):
+            raise ApiError(405, "use GET or DELETE", "method_not_allowed")
+        if request.query:
+            key = min(request.query)
+            raise ApiError(400, f"query parameter '{key}' is not supported", "unsupported_parameter", key)
+        found = self.store.lookup(resp_id)
+        if found is None:
+            raise ApiError(404, f"response {resp_id!r:.80} not found (never stored, created with store: false, "
+                                "or evicted from this node's bounded store)", "response_not_found")
+        if request.method == "DELETE":
+            self.store.pop(resp_id)
+            return Response.json(200, {"id": resp_id, "object": "response", "deleted": True})
+        return Response.json(200, found.body)
+
+    def _mesh(self, model: str) -> bool:
+        return self.moa is not None and self.moa.handles(model)
+
+    def _check_model(self, model: str) -> None:
+        if self._mesh(model):
+            return
+        if model not in {m.id for m in self.router.models()} and not self.router.recently_seen(model):
+            known = ", ".join(m.id for m in self.router.models()) or "none"
+            raise ApiError(404, f"model {model!r} does not exist (available: {known})", "model_not_found", "model")
+
+    def _remember(self, call: ResponsesCall, body: dict) -> None:
+        if call.store:
+            self.store.put(body["id"], conversation_after(call, body["output"]), body)
+
+    async def _complete(self, call: ResponsesCall, req: GenerationRequest, resp_id: str, created: int) -> Response:
+        headers: list[tuple[str, str]] | None = None
+        try:
+            if self._mesh(req.model):
+                out, _, headers = await self.moa.answer(req)  # the mixture of agents' answer
+            else:
+                out = await complete_chat(self.router, req)
+        except GenerationError as exc:
+            raise ApiError.from_generation(exc) from None
+        output = output_items(out.content, out.tool_calls, out.finish_reason,
+                              logprobs=out.logprobs if call.logprobs else None)
+        for item, made in zip([o for o in output if o["type"] == "function_call"], out.tool_calls):
+            if not made.complete:  # cut by max_output_tokens inside its arguments
+                item["status"] = "incomplete"
+        status, incomplete = response_status(out.finish_reason)
+        body = response_body(call, resp_id, created, status=status, output=output, usage=usage_body(out.usage),
+                             incomplete=incomplete)
+        self._remember(call, body)
+        return Response.json(200, body, headers if headers is not None else served_by_header(out.served_by))
+
+    async def _stream(self, call: ResponsesCall, req: GenerationRequest, resp_id: str,
+                      created: int) -> StreamResponse:
+        # Open the generation before answering 200, so routing errors get a proper status.
+        events, close, headers = await open_chat_events(self.router, self.moa, req)
+        builder = ResponseEventStream(call, resp_id, created)
+
+        async def body():
+            try:
+                for ev in builder.start():
+                    yield sse(ev)
+                async for _, ev in events():
+                    if isinstance(ev, ContentDelta):
+                        out = builder.text(ev.text, ev.logprobs)
+                    elif isinstance(ev, ToolCallStart):
+                        out = builder.call_start(ev)
+                    elif isinstance(ev, ToolCallArguments):
+                        out = builder.call_arguments(ev.text)
+                    elif isinstance(ev, ToolCallDelta):
+                        out = builder.tool_call(ev.call)
+                    elif isinstance(ev, ChatDone):
+                        out = builder.finish(ev.finish_reason, ev.usage)
+                        self._remember(call, builder.final)
+                    for e in out:
+                        yield sse(e)
+            except GenerationError as exc:
+                for e in builder.fail(exc.message, exc.status):
+                    yield sse(e)
+            finally:
+                await close()
+
+        def interrupted(reason: str) -> bytes:
+            return b"".join(sse(e) for e in builder.fail(f"stream ended: {reason}", 503))
+
+        return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=close, headers=headers)
+

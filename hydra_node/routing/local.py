@@ -1,0 +1,28 @@
+"""The models this node hosts, as route targets (the router's source of local targets)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hydra_node.routing.router import RouteTarget
+from hydra_node.runtime.runner.records import RunnerState
+from hydra_node.runtime.runner.supervisor import RunnerSupervisor
+
+__all__ = ["LocalRunners"]
+
+
+class LocalRunners:
+    """Target source for the models this node hosts (``runners``: model id → its supervisor,
+    filled by the model runtime)."""
+
+    def __init__(self, node_id: str, runners: Mapping[str, RunnerSupervisor]):
+        self.node_id = node_id
+        self.runners = runners
+
+    def targets(self) -> list[RouteTarget]:
+        # a restarting runner is listed as loading: it is coming back, the router waits or goes elsewhere
+        return [RouteTarget(model=r.model.id, node_id=self.node_id, local=True, open=r.generate,
+                            embed=r.embeddings.embed, queue_depth=r.queue_depth + r.in_flight, slots=r.slots,
+                            free_slots=r.free_slots,
+                            state=RunnerState.LOADING if r.state == RunnerState.RESTARTING else r.state)
+                for r in self.runners.values()]

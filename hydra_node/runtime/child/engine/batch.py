@@ -1,0 +1,382 @@
+"""The continuous-batching engine: many sequences, one ``llama_decode`` per step.
+
+Runs inside the runner child (:mod:`hydra_node.runtime.child.main`), on the main thread.
+The plan of every step comes from the pure :class:`~hydra_node.runtime.child.engine.slots.SlotScheduler`;
+this module turns it into one ``llama_batch`` (every decoding sequence's last token, then
+prefill chunks), calls ``llama_decode`` once, samples each row that has logits with that
+sequence's native sampler chain (:mod:`hydra_node.runtime.child.engine.sampler`: logit bias,
+penalties, grammar, temperature...), detokenises incrementally
+(:class:`~hydra_node.runtime.child.textstream.TextAssembler`) and sends ``delta``/``done``/``error``
+frames through ``send``.  A request that asks for ``logprobs`` gets one entry per generated token
+(:mod:`hydra_node.runtime.child.engine.logprobs`) in its delta frames, ``"logprobs": [entry, ...]``; the
+entries of tokens whose text is held back (a possible stop sequence, part of a UTF-8 character)
+ride with the next delta, or with the final flush (a delta whose text may be empty).  So a
+request's entries number its ``completion_tokens``.
+
+KV cache: the model's ``llama_cpp.Llama`` object keeps loading, tokenising and chat
+templates; its context is replaced by one made for ``n_slots`` sequences.  The cache is
+unified (``kv_unified = true``, one buffer of ``n_ctx`` cells shared by the sequences; llama.cpp
+then gives every sequence ``llama_n_ctx_seq = n_ctx``), so one request may use the whole
+context, as llama-server ``-kvu``.  The slot scheduler budgets the TOTAL cells (reservations,
+FIFO admission, the youngest over-reservation decoder cut with "length" when full: see
+:mod:`~hydra_node.runtime.child.engine.slots`), so ``llama_decode`` always finds room and no
+sequence's cells are overwritten; the engine drops the cells the plan evicts.  Why unified:
+measured on this CPU with the bundled model, a decode step of 8 sequences costs 88 ms of CPU
+with a unified cache and 142 ms with one stream per sequence (1 sequence: 16-17 ms either
+way), so the split layout would throw most of batching's gain away.  Sequence id = slot index.
+
+Speculation (``speculation``: :class:`~hydra_node.runtime.child.engine.speculation.EngineSpeculation`,
+a runner with a draft): one greedy sequence's draft tokens ride in the same batch as everyone
+else's rows, verified there; the accepted ones are emitted in the same step (docs/speculative.md).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from hydra_node.inference import MAX_TOP_LOGPROBS_REQUEST as MAX_TOP_LOGPROBS
+from hydra_node.runtime.child.process import TokenClock
+from hydra_node.runtime.child.engine.logprobs import LogprobReporter, TokenPieces, row_logits
+from hydra_node.runtime.child.engine.sampler import Sampler, SamplerParams, SamplingError
+from hydra_node.runtime.child.engine.slots import Finish, Rejected, SlotConfig, StepPlan
+from hydra_node.runtime.child.engine.spec_slots import SpeculativeSlots
+from hydra_node.runtime.child.engine.speculation import SMALL_STEP_TOKENS, RoundPlan, speculation_eligible
+from hydra_node.runtime.speculative.errors import DraftProtocolError
+from hydra_node.runtime.child.stats import EngineStatistics, StepCounters
+from hydra_node.runtime.child.textstream import TextAssembler
+
+__all__ = ["BatchEngine", "EngineStatistics"]
+
+
+@dataclass
+class _Live:
+    """A sequence's engine-side state: sampler, text assembly, timing, usage, logprobs."""
+    rid: int
+    prompt_len: int
+    sampler: Sampler
+    asm: TextAssembler
+    clock: TokenClock
+    reporter: LogprobReporter | None = None  # the request asked for logprobs
+    pending: list | None = None  # logprob entries not sent yet (their text is held back)
+    last: int = -1   # the latest sampled token, fed at the next step
+    n: int = 0       # completion tokens (end-of-generation not counted)
+    cached: int = 0  # prompt tokens reused from the slot's KV cells
+
+
+class BatchEngine:
+    def __init__(self, llm, *, n_slots: int, prompt_cache: bool, send: Callable[[dict], None],
+                 max_waiting: int = 16, token_delay_s: float = 0.0,
+                 clock: Callable[[], float] = time.perf_counter, share_prefixes: bool = True,
+                 min_shared_tokens: int = 64, max_cached: int | None = None, speculation=None):
+        """``clock`` times each step for the statistics' rates (any monotonic clock); the prefix
+        options are the slot scheduler's ([defaults.model_fit.prefix_cache], see slots.py);
+        ``speculation``: an :class:`~hydra_node.runtime.child.engine.speculation.EngineSpeculation` or None."""
+        import llama_cpp
+        from llama_cpp import _internals
+
+        self._ll = llama_cpp
+        self.llm = llm
+        self.send = send
+        self.token_delay_s = token_delay_s
+        params = llama_cpp.llama_context_params.from_buffer_copy(llm.context_params)
+        params.n_seq_max = n_slots
+        params.kv_unified = True  # one shared buffer; the total budget is the scheduler's (see above)
+        params.n_batch = max(int(params.n_batch), n_slots)  # a row per decoding sequence, at least
+        llm._ctx.close()  # free the one-sequence context before allocating ours
+        llm._ctx = _internals.LlamaContext(model=llm._model, params=params, verbose=llm.verbose)
+        self.ctx = llm._ctx.ctx
+        self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
+        self.n_batch = int(llama_cpp.llama_n_batch(self.ctx))
+        self.ctx_per_slot = self.n_ctx  # the most one request may use: any sequence may fill the unified cache
+        self.vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        self._pieces = TokenPieces(self.vocab)  # token text for logprobs, shared by the sequences
+        self.sched = SpeculativeSlots(SlotConfig(n_slots=n_slots, n_batch=self.n_batch, n_ctx=self.n_ctx,
+                                              max_waiting=max_waiting, prompt_cache=prompt_cache,
+                                              share_prefixes=share_prefixes, min_shared_tokens=min_shared_tokens,
+                                              max_cached=max_cached))
+        self.n_slots = n_slots
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self._live: dict[int, _Live] = {}
+        self.clock = clock
+        self.counters = StepCounters()
+        self._prefix_base = (0, 0, 0, 0)  # the scheduler's prefix counts at the end of the warm-up
+        self.spec = speculation
+        self._threads = (int(llama_cpp.llama_n_threads(self.ctx)), int(llama_cpp.llama_n_threads_batch(self.ctx)))
+
+    # ---- requests --------------------------------------------------------------------
+    def submit(self, rid: int, req: dict, tokens: list[int], clock: TokenClock) -> None:
+        """Queue a generation; it joins the batch at the next step.  Refusals become error frames."""
+        budget = self.n_ctx - len(tokens)
+        max_tokens = min(req.get("max_tokens") or budget, budget) if budget > 0 else 1
+        try:
+            reporter = self._reporter(req)
+            sampler = Sampler(SamplerParams.from_request(req), self.vocab, window=max_tokens)
+        except SamplingError as exc:  # an invalid grammar, a token outside the vocabulary...
+            self.send(exc.frame(rid))
+            return
+        except Exception as exc:  # our bug or llama.cpp's: this request fails, the engine goes on
+            self.send({"op": "error", "id": rid, "code": "runner_error", "status": 500,
+                       "message": f"cannot set up sampling: {type(exc).__name__}: {exc}"})
+            return
+        try:
+            self.sched.submit(rid, tokens, max_tokens)
+        except Rejected as exc:
+            sampler.close()
+            self.send({"op": "error", "id": rid, "code": exc.code, "status": exc.status, "message": str(exc)})
+            return
+        self._live[rid] = _Live(rid, len(tokens), sampler, TextAssembler(tuple(req.get("stop") or ())), clock,
+                                reporter, [] if reporter is not None else None)
+        if self.spec is not None:
+            p = sampler.params
+            self.spec.admit(rid, speculation_eligible(req, p.greedy, not (p.grammar or p.logit_bias or p.penalised)))
+
+    def _reporter(self, req: dict) -> LogprobReporter | None:
+        want, top = req.get("logprobs", False), req.get("top_logprobs", 0)
+        if type(want) is not bool or type(top) is not int or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise SamplingError(f"'logprobs' must be a boolean and 'top_logprobs' an integer from 0 to "
+                                f"{MAX_TOP_LOGPROBS}")
+        if top and not want:
+            raise SamplingError("'top_logprobs' needs 'logprobs': true")
+        return LogprobReporter(top, self._pieces) if want else None
+
+    def cancel(self, rid: int) -> None:
+        self.sched.cancel(rid)  # an unknown id (already finished) is ignored
+
+    @property
+    def idle(self) -> bool:
+        return self.sched.idle
+
+    def statistics(self) -> EngineStatistics:
+        s, c = self.sched.statistics(), self.counters
+        prefill_tps, decode_tps = c.rates()
+        hits, misses, reused, shared = (now - base for now, base in zip(
+            (s.prefix_hits, s.prefix_misses, s.prefix_reused_tokens, s.prefix_shared), self._prefix_base))
+        return EngineStatistics(
+            n_slots=self.n_slots, ctx_per_slot=self.ctx_per_slot, steps=c.steps, batch_last=c.batch_last,
+            batch_mean=round(c.batch_mean, 3), active=s.active, waiting=s.waiting, free_slots=self.n_slots - s.active,
+            kv_used=s.kv_used, kv_budget=s.kv_total, prefill_tokens_per_s=round(prefill_tps, 1),
+            decode_tokens_per_s=round(decode_tps, 1), prefix_hits=hits, prefix_misses=misses,
+            prefix_reused_tokens=reused, prefix_shared=shared)
+
+    # ---- one step ----------------------------------------------------------------------
+    def step(self) -> None:
+        plan = self.sched.plan()
+        for rid, why in plan.finished:  # cancelled, or cut with "length" because the KV cache is full
+            self._end(rid, None if why is Finish.CANCELLED else why.value)
+        for slot in plan.evicted:  # cached prefixes dropped to make room
+            self._ll.llama_memory_seq_rm(self.mem, slot, 0, -1)
+        for a in (*plan.admitted, *plan.copies):
+            if a.copy_from >= 0:  # a prefix another slot holds: share its cells (unified cache: no copy)
+                self._ll.llama_memory_seq_rm(self.mem, a.slot, 0, -1)
+                self._ll.llama_memory_seq_cp(self.mem, a.copy_from, a.slot, 0, a.reused)
+            else:
+                self._ll.llama_memory_seq_rm(self.mem, a.slot, a.reused, -1)
+            self._live[a.rid].cached = a.reused
+        if plan.empty:
+            return
+        rp = None if self.spec is None else self.spec.plan(
+            [d.rid for d in plan.decode], self.sched.draft_room, self.sched.committed,
+            self.n_batch - plan.n_tokens, len(plan.decode) == 1 and not plan.prefill)
+        rows = self._fill(plan, rp)
+        small = rp is not None and rp.k > 0 and plan.n_tokens + rp.k <= SMALL_STEP_TOKENS \
+            and self._threads[0] != self._threads[1]  # a verify pass: decode-like, decode threads
+        if small:
+            self._ll.llama_set_n_threads(self.ctx, self._threads[0], self._threads[0])
+        t0 = self.clock()
+        rc = self._ll.llama_decode(self.ctx, self._batch)
+        if small:
+            self._ll.llama_set_n_threads(self.ctx, *self._threads)
+        if rc != 0:
+            self._fail_step(plan, f"llama_decode failed (rc={rc}) on a batch of {plan.n_tokens} tokens")
+            return
+        sampled: dict[int, int] = {}
+        spec_out: tuple[int, int | None] | None = None  # (accepted, next token) of the draft holder
+        for rid, row in rows.items():
+            live = self._live[rid]
+            if rp is not None and rid == rp.rid and rp.k > 0:
+                toks = self._verified(plan, rp, row)
+                spec_out = (len(toks) - 1, None)
+            else:
+                try:
+                    toks = [live.sampler.sample(self.ctx, row)]
+                except SamplingError as exc:  # its grammar left no token: this request fails, the others go on
+                    self.sched.finish(rid)
+                    self._live.pop(rid).sampler.close()
+                    self._release_spec(rid)
+                    self.send(exc.frame(rid))
+                    continue
+            if self._emit(live, row, toks):
+                live.last = toks[-1]
+                sampled[rid] = toks[-1]
+                if rp is not None and rid == rp.rid:
+                    spec_out = (len(toks) - 1, toks[-1])
+        for rid, _why in self.sched.commit(plan, sampled):
+            self._end(rid, Finish.LENGTH.value)
+        if sampled and self.token_delay_s > 0:  # test/bench knob: a slower host ([runner] config)
+            time.sleep(self.token_delay_s)
+        seconds = max(0.0, self.clock() - t0)
+        if rp is not None:
+            accepted, nxt = spec_out if spec_out is not None else (0, None)
+            self.spec.finished_round(rp, accepted, nxt, seconds)
+        self.counters.record(seqs=len(plan.decode) + len(plan.prefill),
+                             decode_tokens=len(plan.decode) + (rp.k if rp is not None else 0),
+                             prefill_tokens=plan.n_tokens - len(plan.decode), seconds=seconds)
+
+    def _verified(self, plan: StepPlan, rp: RoundPlan, row: int) -> list[int]:
+        """The holder's tokens this step: accepted drafts, then the target's own; the rejected
+        drafts' cells are dropped (``llama_memory_seq_rm`` for its sequence only)."""
+        d = next(x for x in plan.decode if x.rid == rp.rid)
+        try:
+            accepted, nxt = self.spec.verify(self.ctx, row, rp, self.n_vocab)
+        except DraftProtocolError as exc:  # the draft's fault: row 0 is a plain step's logits
+            self.spec.retire_current(exc)
+            accepted, nxt = 0, self._live[rp.rid].sampler.sample(self.ctx, row)
+        self._ll.llama_memory_seq_rm(self.mem, d.slot, d.pos + 1 + accepted, -1)
+        self.sched.accept(rp.rid, rp.drafts[:accepted])
+        return [*rp.drafts[:accepted], nxt]
+
+    def _emit(self, live: _Live, row: int, toks: list[int]) -> bool:
+        """Stream ``toks`` (one, or a verified run); False when the sequence ended among them."""
+        for i, tok in enumerate(toks):
+            live.clock.tick()
+            ended = bool(self._ll.llama_vocab_is_eog(self.vocab, tok))
+            if not ended:
+                live.n += 1
+                if live.reporter is not None:  # before the next decode overwrites this row's logits
+                    live.pending.append(live.reporter.entry(row_logits(self.ctx, row, self.n_vocab), tok))
+                text = live.asm.feed(self.llm.detokenize([tok]))
+                if text:
+                    self._delta(live, text)
+                ended = live.asm.stopped
+            if ended:
+                self._finish_in_step(live.rid, trim=len(toks) > 1)
+                return False
+        return True
+
+    def _finish_in_step(self, rid: int, trim: bool) -> None:
+        slot = self.sched.slot_of(rid) if trim else -1
+        self.sched.finish(rid)
+        if trim:  # a verified run ended early: the slot keeps its scheduler-known prefix only
+            self._ll.llama_memory_seq_rm(self.mem, slot, len(self.sched.resident(slot)), -1)
+        self._end(rid, "stop")
+
+    def _fill(self, plan: StepPlan, rp: RoundPlan | None = None) -> dict[int, int]:
+        """Write the plan into the llama_batch; returns rid -> row whose logits we sample."""
+        b = self._batch
+        rows: dict[int, int] = {}
+        i = 0
+
+        def add(tok: int, pos: int, seq: int, logits: bool) -> None:
+            nonlocal i
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, logits
+            b.seq_id[i][0] = seq
+            i += 1
+
+        for d in plan.decode:
+            rows[d.rid] = i
+            add(self._live[d.rid].last, d.pos, d.slot, True)
+            if rp is not None and rp.rid == d.rid:  # the draft tokens, every row with logits
+                for j, tok in enumerate(rp.drafts):
+                    add(tok, d.pos + 1 + j, d.slot, True)
+        for c in plan.prefill:
+            prompt = self.sched.prompt_of(c.rid)
+            for j in range(c.length):
+                end = c.last and j == c.length - 1
+                if end:
+                    rows[c.rid] = i
+                add(prompt[c.start + j], c.start + j, c.slot, end)
+        b.n_tokens = i
+        return rows
+
+    def _fail_step(self, plan: StepPlan, message: str) -> None:
+        """A failed decode: every sequence in it gets an error; their cells are dropped."""
+        for rid in {d.rid for d in plan.decode} | {c.rid for c in plan.prefill}:
+            slot = next(x.slot for x in (*plan.decode, *plan.prefill) if x.rid == rid)
+            self.sched.finish(rid)
+            self._ll.llama_memory_seq_rm(self.mem, slot, 0, -1)
+            live = self._live.pop(rid)
+            live.sampler.close()
+            self._release_spec(rid)
+            self.send({"op": "error", "id": rid, "code": "runner_error", "status": 500, "message": message})
+        for slot in self.sched.forget_resident():  # untrusted now: free their cells for the budget
+            self._ll.llama_memory_seq_rm(self.mem, slot, 0, -1)
+
+    def _end(self, rid: int, finish: str | None) -> None:
+        """Finish ``rid``: ``None`` = cancelled (an error frame), else a done frame with usage."""
+        live = self._live.pop(rid)
+        live.sampler.close()
+        self._release_spec(rid)
+        if finish is None:
+            self.send({"op": "error", "id": rid, "code": "cancelled", "status": 499, "message": "cancelled"})
+            return
+        tail = live.asm.flush()
+        if tail or live.pending:
+            self._delta(live, tail)
+        done = {"op": "done", "id": rid, "finish_reason": finish, "prompt_tokens": live.prompt_len,
+                "completion_tokens": live.n, "cached_tokens": live.cached, "ttft_ms": live.clock.ttft_ms(),
+                "itl_ms": live.clock.itl_ms(live.n)}
+        if self.spec is not None:  # the runner's latest speculation figures (/api/status)
+            done["speculative"] = self.spec.status()
+        self.send(done)
+
+    def _release_spec(self, rid: int) -> None:
+        if self.spec is not None:
+            self.spec.release(rid)
+
+    def _delta(self, live: _Live, text: str) -> None:
+        frame = {"op": "delta", "id": live.rid, "text": text}
+        if live.pending:
+            frame["logprobs"], live.pending = live.pending, []
+        self.send(frame)
+
+    def fail_all(self, message: str) -> None:
+        """Something went wrong mid-step: every sequence gets an error, the KV cache is cleared."""
+        for rid in self.sched.drop_all():
+            live = self._live.pop(rid, None)
+            if live is not None:
+                live.sampler.close()
+            self._release_spec(rid)
+            self.send({"op": "error", "id": rid, "code": "runner_error", "status": 500, "message": message})
+        self._ll.llama_memory_clear(self.mem, True)
+
+    # ---- life ----------------------------------------------------------------------------
+    def warmup(self, tokens: list[int], steps: int = 2) -> None:
+        """Allocate compute buffers and fault the weights in before reporting ready."""
+        sink: list[dict] = []
+        send, self.send = self.send, sink.append
+        spec, self.spec = self.spec, None  # cold steps must not teach the speculation controller
+        try:
+            self.submit(0, {"temperature": 0.0, "max_tokens": steps}, tokens, TokenClock())
+            while not self.idle:
+                self.step()
+        finally:
+            self.send, self.spec = send, spec
+        self.clear_cache()
+        self.counters = StepCounters()  # the figures describe served requests, not the warm-up
+        s = self.sched.statistics()
+        self._prefix_base = (s.prefix_hits, s.prefix_misses, s.prefix_reused_tokens, s.prefix_shared)
+
+    def clear_cache(self) -> None:
+        """Drop every cached prefix (only while idle): the next requests start from an empty KV cache.
+
+        Other sequences' cells in the unified cache are masked out, yet their presence changes a
+        sequence's logits: on the bundled model the same greedy request gave identical logits for its
+        first tokens, then a logprob 0.1 apart, depending only on whether another (finished) sequence's
+        cells were still cached.  The cause (likely which kernel llama.cpp picks for the cache's
+        occupancy) is not established; so greedy output is reproducible from an empty cache, and
+        may part at a near tie otherwise."""
+        assert self.idle, "clear_cache while sequences are active"
+        self._ll.llama_memory_clear(self.mem, True)
+        self.sched.forget_resident()
+
+    def close(self) -> None:
+        for live in self._live.values():
+            live.sampler.close()
+        self._live.clear()
+        if self._batch is not None:
+            self._ll.llama_batch_free(self._batch)
+            self._batch = None

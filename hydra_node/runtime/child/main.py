@@ -1,0 +1,272 @@
+"""Model runner child process: one llama.cpp model, ``--parallel`` sequences batched together.
+
+The main thread runs the engine loop (:mod:`hydra_node.runtime.child.engine_loop`,
+:mod:`hydra_node.runtime.child.engine`): one ``llama_decode`` per step over every active sequence,
+each with its own sampler chain (grammar, penalties, logit bias, logprobs).  With
+``--no-continuous-batching`` the engine runs with one slot (one sequence at a time, every
+sampling feature still there).  A draft model (speculative decoding) speculates inside the
+engine (:mod:`hydra_node.runtime.child.engine.speculation`).
+
+Started by :mod:`hydra_node.runtime.runner.supervisor` with a connected socket on
+``--fd``.  Speaks the runner channel (length-prefixed canonical CBOR maps,
+:mod:`hydra_node.runtime.child.channel`, decoded strictly by :mod:`hydra_node.codec`):
+
+  node -> runner: {"op": "generate", "id", "req"} | {"op": "cancel", "id"} | {"op": "ping", "n"} | {"op": "shutdown"}
+  runner -> node: {"op": "ready", ...} | {"op": "delta", "id", "text"} | {"op": "done", "id", ...}
+                  | {"op": "error", "id", "message", "code", "status"} | {"op": "pong", "n"} | {"op": "fatal", "message"}
+                  | {"op": "stats", ...} (the engine's figures: hydra_node/runtime/child/stats.py)
+  embeddings (runner/embed.py): {"op": "embed", "id", "req"} -> {"op": "vectors", "id", "v"} ...
+                  then {"op": "embedded", "id", "prompt_tokens"} or an error
+  KV state (runner/kv_jobs.py): {"op": "kv_export", "id", "req", "path", "model_sha256"} -> {"op": "kv_exported",
+                  "id", "tokens", "bytes", "identity"}; {"op": "kv_import", "id", "path", "model_sha256"}
+                  -> {"op": "kv_imported", "id", "tokens", "bytes", "slot"}; or an error
+
+A reader thread queues generate/embed/cancel frames for the engine loop and answers pings, so
+a cancelled sequence leaves the batch at the next step.  The runner dies with its parent
+(PR_SET_PDEATHSIG, set before exec by :mod:`hydra_node.runtime.supervise`; a thread
+watching the parent pid backs it up) and exits when the socket closes.
+"""
+
+from __future__ import annotations
+
+# llama.cpp's libraries first, before anything imports numpy: on a CUDA build, numpy's own
+# libraries loaded first made the model load segfault (measured on an H200 with the CUDA image's
+# numpy 2.5; the plain Llama() load works only in this order). Cause inside the libraries not established.
+import llama_cpp  # noqa: F401,I001
+
+import argparse
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+
+from hydra_node.runtime.child.channel import ChannelError, FrameDecoder, encode_frame
+from hydra_node.runtime.child.embed import Embedder
+from hydra_node.runtime.child.chat_prompt import ChatTemplate, completion_token_ids
+from hydra_node.runtime.child.process import die_with_parent
+
+#: The prompt decoded before reporting ready (compute buffers allocated, weights faulted in).
+WARMUP_TEXT = b"Hydra warm-up: the quick brown fox jumps over the lazy dog."
+
+
+class Channel:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.decoder = FrameDecoder()
+
+    def send(self, msg: dict) -> None:
+        data = encode_frame(msg)
+        with self.lock:
+            self.sock.sendall(data)
+
+    def recv(self) -> dict | None:
+        while True:
+            msg = self.decoder.next_message()
+            if msg is not None:
+                return msg
+            data = self.sock.recv(65536)
+            if not data:
+                return None
+            self.decoder.receive_data(data)
+
+
+def _chat_formatter(llm) -> ChatTemplate:
+    """The model's GGUF chat template, compiled and probed once (ChatML when it has none)."""
+    eos_id, bos_id = llm.token_eos(), llm.token_bos()
+    eos = llm._model.token_get_text(eos_id) if eos_id != -1 else ""
+    bos = llm._model.token_get_text(bos_id) if bos_id != -1 else ""
+    return ChatTemplate(llm.metadata.get("tokenizer.chat_template") or None, bos_token=bos, eos_token=eos)
+
+
+class Runner:
+    def __init__(self, args):
+        self.args = args
+
+    def load(self):
+        if not llama_cpp.llama_supports_rpc():
+            raise RuntimeError("llama-cpp-python was built without RPC support; run `make install` "
+                               "(it builds llama-cpp-python with -DGGML_RPC=on)")
+        from hydra_node.runtime.rpc.ggml import load as load_ggml
+        from hydra_node.runtime.child.rpc_coordinator import output_projection_on_host
+        from hydra_node.runtime.runner import llama_params
+        gpu_devices = llama_params.count_gpu_devices(load_ggml())  # before any RPC device joins the registry
+        a = self.args  # the speed knobs ([defaults.model_fit], [defaults.hardware], [defaults.throughput])
+        kwargs = llama_params.llama_kwargs(
+            llama_cpp, n_ubatch=a.n_ubatch, flash_attention=a.flash_attn, type_k=a.type_k, type_v=a.type_v,
+            mmap=a.mmap, mlock=a.mlock, threads=a.threads, threads_batch=a.threads_batch,
+            n_gpu_layers=a.n_gpu_layers, gpu_devices=gpu_devices)
+        if self.args.rpc:
+            from hydra_node.runtime.child.rpc_coordinator import register_rpc_servers
+
+            register_rpc_servers(self.args.rpc)
+            kwargs["n_gpu_layers"] = -1 if self.args.n_gpu_layers is None else self.args.n_gpu_layers
+            if self.args.tensor_split:
+                kwargs["tensor_split"] = [float(x) for x in self.args.tensor_split.split(",")]
+                kwargs["split_mode"] = llama_cpp.LLAMA_SPLIT_MODE_LAYER
+        t0 = time.monotonic()
+        with output_projection_on_host(self.args.output_on_host):
+            self.llm = llama_cpp.Llama(
+                model_path=self.args.model, n_ctx=self.args.n_ctx, n_batch=self.args.n_batch,
+                verbose=self.args.verbose, **kwargs)
+        ctx = self.llm._ctx.ctx
+        fa = "on" if kwargs["flash_attn"] else "off"
+        self.llama_report = {  # what llama.cpp runs with, read back where it can be (the ready message)
+            "n_batch": int(llama_cpp.llama_n_batch(ctx)), "n_ubatch": int(llama_cpp.llama_n_ubatch(ctx)),
+            "flash_attn": fa if a.flash_attn != "auto" else f"auto: {fa}", "type_k": a.type_k, "type_v": a.type_v,
+            "use_mmap": bool(kwargs["use_mmap"] and llama_cpp.llama_supports_mmap()),
+            "use_mlock": a.mlock, "threads": int(llama_cpp.llama_n_threads(ctx)),
+            "threads_batch": int(llama_cpp.llama_n_threads_batch(ctx)),
+            "gpu_layers": {**llama_params.gpu_report(a.n_gpu_layers, gpu_devices, len(a.rpc)),
+                           "n_gpu_layers": int(kwargs["n_gpu_layers"])}}
+        self.load_s = time.monotonic() - t0
+        self.n_ctx = self.llm.n_ctx()
+        self.formatter = _chat_formatter(self.llm)
+        self.vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
+        self.n_layers = int(llama_cpp.llama_model_n_layer(self.llm._model.model))
+        self.is_eog = lambda tok: bool(llama_cpp.llama_vocab_is_eog(self.vocab, tok))
+        from hydra_node.runtime.child.speculative.assemble import engine_speculation
+
+        # --draft-endpoint / --draft-model: None without a draft (or, with the reason, a draft that cannot serve)
+        self.speculation, self.speculation_disabled = engine_speculation(self.llm, self.args)
+        from hydra_node.runtime.child.engine.batch import BatchEngine
+
+        # always the batch engine (a draft speculates inside it: engine/speculation.py)
+        self.engine = BatchEngine(self.llm, n_slots=self.args.parallel if self.args.continuous_batching else 1,
+                                  prompt_cache=self.args.prompt_cache, send=lambda m: None,
+                                  share_prefixes=self.args.prefix_sharing,
+                                  min_shared_tokens=self.args.prefix_min_tokens,
+                                  max_cached=self.args.prefix_max_entries,
+                                  token_delay_s=self.args.inject_token_delay_ms / 1000.0,
+                                  speculation=self.speculation)
+        if self.args.warmup:
+            self.engine.warmup(self.llm.tokenize(WARMUP_TEXT))
+        self.n_ctx = self.engine.ctx_per_slot  # what one request may use
+        self.load_s = time.monotonic() - t0  # the engine's context and warm-up are part of loading
+
+    def engine_report(self) -> dict:
+        """How this runner generates (the ready message; shown in /api/status)."""
+        report = {"mode": "continuous_batching", "parallel": self.engine.n_slots,
+                  "ctx_per_slot": self.engine.ctx_per_slot, "n_ctx_total": self.engine.n_ctx}
+        if not self.args.continuous_batching:
+            report.update(mode="sequential", reason="continuous_batching = false (the batch engine, one slot)")
+        if self.speculation is not None or self.speculation_disabled:
+            report["speculation"] = self.speculation.kind if self.speculation else f"disabled: {self.speculation_disabled}"
+        return report
+
+    def kv_identity(self, model_sha256: str):
+        """This runner's KV compatibility identity, empty prefix (runner/kv_probe.py)."""
+        from hydra_node.runtime.child.kv_probe import runner_identity
+
+        return runner_identity(self.llm, n_ctx_seq=self.engine.ctx_per_slot, type_k=self.args.type_k,
+                               type_v=self.args.type_v, model_sha256=model_sha256)
+
+    def prompt_tokens(self, req: dict) -> list[int]:
+        """The request's prompt as tokens (chat_prompt.py); :class:`InvalidPrompt` (400) when it cannot be one."""
+        if req["kind"] == "chat":
+            res = self.formatter.render(req)
+            return self.llm.tokenize(res.text.encode("utf-8"), add_bos=not res.added_special, special=True)
+        if req.get("prompt_tokens"):  # token ids are used as they are: no BOS
+            return completion_token_ids(req["prompt_tokens"], self.llm.n_vocab())
+        return self.llm.tokenize(req.get("prompt", "").encode("utf-8"), add_bos=True, special=False)
+
+def _reader(ch: Channel, runner: Runner, work: "queue.Queue") -> None:
+    try:
+        while True:
+            msg = ch.recv()
+            if msg is None:
+                break
+            op = msg["op"]  # the strict decoder guarantees a text op and an int id when present
+            if op in ("generate", "embed", "cancel", "kv_export", "kv_import") and "id" not in msg:
+                raise ChannelError(f"{op} needs an 'id'", code="bad_message")
+            if op in ("generate", "embed"):  # embed: runner/embed.py, worked between engine steps
+                if not isinstance(msg.get("req"), dict):
+                    raise ChannelError(f"{op} needs a 'req' map", code="bad_message")
+                work.put(msg)
+            elif op in ("cancel", "kv_export", "kv_import"):
+                work.put(msg)  # in order with the generates; kv_*: runner/kv_jobs.py checks them
+            elif op == "ping":
+                ch.send({"op": "pong", "n": msg.get("n")})
+            elif op == "shutdown":
+                break
+    except (OSError, ChannelError):
+        pass
+    work.put(None)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="hydra-node runner", description="Hydra model runner (internal)")
+    p.add_argument("--fd", type=int, required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--model-id", required=True)
+    p.add_argument("--n-ctx", type=int, default=4096)
+    p.add_argument("--n-batch", type=int, default=512)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--threads-batch", type=int, default=0)
+    p.add_argument("--mlock", action="store_true")
+    p.add_argument("--n-ubatch", type=int, default=512, help="llama.cpp n_ubatch ([defaults.model_fit].ubatch)")
+    p.add_argument("--flash-attn", default="auto", choices=("auto", "on", "off"))
+    p.add_argument("--type-k", default="f16", help="K cache ggml type ([defaults.model_fit].type_k)")
+    p.add_argument("--type-v", default="f16", help="V cache ggml type ([defaults.model_fit].type_v)")
+    p.add_argument("--mmap", default="auto", choices=("auto", "on", "off"))
+    p.add_argument("--rpc", action="append", default=[])
+    p.add_argument("--tensor-split", default="")
+    p.add_argument("--n-gpu-layers", type=int, default=None,
+                   help="layers offloaded to RPC/GPU devices (a split plan's n_gpu_layers)")
+    p.add_argument("--output-on-host", action="store_true",
+                   help="keep the output projection in host memory (a split plan's output_on_host)")
+    p.add_argument("--no-prefix-sharing", dest="prefix_sharing", action="store_false",
+                   help="never copy a prefix held by another slot ([defaults.model_fit.prefix_cache] enabled = false)")
+    p.add_argument("--prefix-min-tokens", type=int, default=64,
+                   help="shortest prefix copied from another slot ([defaults.model_fit.prefix_cache] min_tokens)")
+    p.add_argument("--prefix-max-entries", type=int, default=64,
+                   help="free slots that keep their cached prefix ([defaults.model_fit.prefix_cache] max_entries)")
+    p.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
+                   help="re-evaluate every prompt from scratch instead of reusing the cached prefix")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up decode")
+    p.add_argument("--inject-token-delay-ms", type=float, default=0.0,
+                   help="sleep this long after every generated token (test/bench knob; [runner] config)")
+    p.add_argument("--verbose", action="store_true")
+    from hydra_node.runtime.child.speculative.assemble import add_runner_args
+
+    p.add_argument("--parallel", type=int, default=1, help="sequences decoded together ([defaults.throughput].parallel)")
+    p.add_argument("--no-continuous-batching", dest="continuous_batching", action="store_false",
+                   help="the batch engine with one slot, whatever --parallel says "
+                        "([defaults.throughput].continuous_batching)")
+    add_runner_args(p)  # --draft-endpoint / --draft-model (docs/speculative.md)
+    args = p.parse_args(argv)
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node decides when we stop
+    sock = socket.socket(fileno=args.fd)
+    ch = Channel(sock)
+    runner = Runner(args)
+    try:
+        runner.load()
+    except Exception as exc:  # report why loading failed, then exit non-zero
+        try:
+            ch.send({"op": "fatal", "message": f"{type(exc).__name__}: {exc}"})
+        except OSError:
+            pass
+        return 2
+    ch.send({"op": "ready", "pid": os.getpid(), "n_ctx": runner.n_ctx, "load_s": runner.load_s,
+             "n_params": runner.llm._model.n_params(), "size_bytes": runner.llm._model.size(),
+             "n_layers": runner.n_layers, "llama": runner.llama_report, "engine": runner.engine_report()})
+    from hydra_node.runtime.child.stats import StatsCadence
+    from hydra_node.runtime.child.engine_loop import run_engine_loop, work_queue_bound
+    from hydra_node.runtime.child.kv_jobs import KvJobs
+
+    kv = KvJobs(runner.engine, runner.prompt_tokens, ch.send, runner.kv_identity)
+    runner.engine.send = kv.wrap(ch.send)  # an export's prefill frames stay in the child
+    work: "queue.Queue" = queue.Queue(work_queue_bound(runner.engine.n_slots))
+    threading.Thread(target=_reader, args=(ch, runner, work), daemon=True).start()
+    try:
+        return run_engine_loop(runner.engine, work, runner.prompt_tokens, ch.send, cadence=StatsCadence(),
+                               embed=Embedder.for_llama(runner.llm, ch.send), kv=kv)
+    except OSError:
+        return 0
+
+if __name__ == "__main__":
+    sys.exit(main())
