@@ -65,6 +65,11 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not live"
 
+# ruff with the rule set in pyproject.toml ([tool.ruff.lint]), then mypy on what [tool.mypy] names.
+lint: install
+	$(VENV)/bin/ruff check hydra_node tests bench protocol
+	$(PY) -m mypy
+
 bench: install
 	$(PY) bench/api_overhead.py
 

@@ -111,7 +111,7 @@ def process_tree_rss(pid: int) -> int:
         seen.add(p)
         try:
             with open(f"/proc/{p}/status") as f:
-                total += next((int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:")), 0)
+                total += next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")), 0)
         except OSError:
             continue
         todo.extend(pids_with_parent(p))

@@ -244,7 +244,7 @@ class HydraServer:
         except RuntimeError as exc:
             if self.requested == 1 or "parallel" not in str(exc):
                 raise
-            refusal = next((l.strip() for l in str(exc).splitlines() if "parallel" in l), str(exc))[:200]
+            refusal = next((line.strip() for line in str(exc).splitlines() if "parallel" in line), str(exc))[:200]
             self.node = NodeProcess(self.home.with_name(self.home.name + "-default"), "--config",
                                     str(self._config(None)), *self.extra).start()
             from hydra_node.config import ThroughputSection

@@ -54,7 +54,8 @@ async def bench_nostr(runs: int) -> None:
             keys = Keys.generate()
             pub = NostrPublisher(keys, lambda c=content: c, PublisherConfig(relays=(url,), relay=RELAY_CFG))
             disc = NostrDiscoverer(DiscovererConfig(relays=(url,), relay=RELAY_CFG))
-            mine = lambda ls, pk=keys.public_key().to_hex(): any(x.pubkey == pk for x in ls)  # noqa: E731
+            pk = keys.public_key().to_hex()
+            mine = lambda ls, pk=pk: any(x.pubkey == pk for x in ls)  # noqa: E731
             async with trio.open_nursery() as nursery:
                 await nursery.start(disc.run)
                 with trio.fail_after(10):

@@ -119,7 +119,7 @@ def main() -> int:
         for punch in ("off", "on"):
             start_nated(lab, homes, root, token, punch)
             for n in ("A", "B"):
-                ids[n] = wait(lambda: status(lab, n), 90, f"{n} up")["node_id"]
+                ids[n] = wait(lambda n=n: status(lab, n), 90, f"{n} up")["node_id"]
             seen = wait(lambda: row(lab, "B", ids["A"]).get("path"), 60, "a link between A and B")
             if punch == "on":
                 wait(lambda: row(lab, "B", ids["A"]).get("path") == "punched", 60, "the punched link")

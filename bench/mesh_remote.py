@@ -35,7 +35,10 @@ def main() -> None:
         c.wait_status(lambda st: any(p["state"] == "alive" for p in st["peers"]), timeout=30)
         res = {"host": {"ttft": [], "tps": []}, "via_peer": {"ttft": [], "tps": []}}
         ports = {"host": a.api_port, "via_peer": c.api_port}
-        body = lambda p: {"model": BUNDLED_MODEL_ID, "prompt": p, "max_tokens": args.max_tokens, "temperature": 0}
+
+        def body(p):
+            return {"model": BUNDLED_MODEL_ID, "prompt": p, "max_tokens": args.max_tokens, "temperature": 0}
+
         for p in PROMPTS:
             stream_completion(a.api_port, body(p)), stream_completion(c.api_port, body(p))
         for r in range(args.rounds):

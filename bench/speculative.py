@@ -182,11 +182,11 @@ def cross_node(args) -> None:
                 runs = samples[(kind, "spec")]
                 t_spec = statistics.median(x[0] for x in runs)
                 last = [x[1]["last_request"] for x in runs]
-                acc = sum(l["accepted"] for l in last)
-                rej = sum(l["rejections"] for l in last)
-                rounds = sum(l["rounds"] for l in last)
-                drafted = sum(l["drafted"] for l in last)
-                failures = [l["draft_failure"] for l in last if l["draft_failure"]]
+                acc = sum(x["accepted"] for x in last)
+                rej = sum(x["rejections"] for x in last)
+                rounds = sum(x["rounds"] for x in last)
+                drafted = sum(x["drafted"] for x in last)
+                failures = [x["draft_failure"] for x in last if x["draft_failure"]]
                 alpha = acc / (acc + rej) if acc + rej else 0.0
                 k = drafted / rounds if rounds else 0.0
                 c = c_of[kind]

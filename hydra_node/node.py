@@ -8,7 +8,9 @@ here and nowhere else: the management route table (``Node.management_routes``), 
 ``hydra_node/admin/status_json.py``), the mesh's tunnel handlers, what goes into our announcement,
 the router's target sources and the scheduler's listeners.
 
-Start-up order (``Node.run``): identity (in ``__init__``) → pid file and stale clean-up → the
+Start-up order (``Node.run``): identity (in ``__init__``) → pid file and stale clean-up → every
+listener bound but not yet served (OpenAI API, management API, peer links, tunnel data port: a
+port in use stops the start here, before any model or mesh work; ``hydra_node/listen.py``) → the
 models that fit locally, each ready → management API → OpenAI API → mesh (joined by the
 ``--join`` plan; with discovery on it starts unjoined) → discovery (chooses and joins a mesh, then
 announces it) → scheduler sampling → speculation (draft server, draft tunnel port) → model
@@ -21,6 +23,7 @@ streams end with a final SSE error event), leave the mesh (bounded), cancel the 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import logging
 import os
@@ -52,6 +55,7 @@ from hydra_node.admin.placement import placement_routes
 from hydra_node.admin.kv import kv_routes, kv_status
 from hydra_node.admin.status_json import to_json
 from hydra_node.config import NodeConfig
+from hydra_node.listen import ListenPurpose
 from hydra_node.mesh.identity import load_or_create_identity
 from hydra_node.models import ModelNotFound, ModelRef, resolve_model
 from hydra_node.pidfile import reap_stale, read_pidfile, remove_pidfile, write_pidfile
@@ -85,6 +89,18 @@ log = logging.getLogger("hydra.node")
 
 #: How long in-flight HTTP work may take to wind down after a stop request.
 DRAIN_GRACE_S = 5.0
+#: The HTTP listeners, as a port-in-use error names them (the mesh and the runtime name their own ports).
+API_PORT = ListenPurpose("the OpenAI API", "--port")
+CONSOLE_PORT = ListenPurpose("the management API and console", "--console")
+
+
+class NodeState(enum.StrEnum):
+    """The node's life, as ``/api/status`` (``node_state``) and ``/health`` (while not serving) say it."""
+
+    STARTING = "starting"  # loading models, starting services, joining the mesh
+    SERVING = "serving"  # everything is up; ports.json is written
+    STOPPING = "stopping"  # draining
+    STOPPED = "stopped"
 
 
 class Node:
@@ -94,7 +110,7 @@ class Node:
         self.identity = load_or_create_identity(self.home)
         self.node_id = self.identity.node_id
         self.started_at = time.time()
-        self.state = "starting"
+        self.state = NodeState.STARTING
         self.scheduling = LiveScheduling(config.file.scheduler, self.node_id)
         self.events = EventLog(clock=time.time, first_id=int(self.started_at * 1000))  # GET /api/events
         self.router = Router(self.node_id, self.scheduling, on_event=self.events.emit)
@@ -188,7 +204,7 @@ class Node:
             self.discovery = DiscoveryService(self.mesh, NodeFacts(
                 node_id=self.node_id, name=config.name or self.node_id[:8],
                 configured_models=frozenset(m.id for m in self.models),
-                ready_models=lambda: sorted(r.model.id for r in self.runners.values() if r.state == "ready"),
+                ready_models=lambda: sorted(r.model.id for r in self.runners.values() if r.state == RunnerState.READY),
                 serving_models=lambda: [m.id for m in self.router.models()],
                 spare_slots=self._spare_slots), config.discovery, home=self.home, plan=self.join_plan)
             self.status_sections["discovery"] = self.discovery.status
@@ -198,7 +214,7 @@ class Node:
         """``/health`` on both ports: 200 ``ok`` while serving with every hosted model usable; 503
         ``degraded`` naming the models in state failed (they retry after ``failed_retry_s``);
         503 with the node's state while it starts or stops."""
-        if self.state != "serving":
+        if self.state != NodeState.SERVING:
             return 503, {"status": str(self.state)}
         failed = sorted(r.model.id for r in self.runners.values() if r.state == RunnerState.FAILED)
         if failed:
@@ -315,12 +331,13 @@ class Node:
                                      f"stop it with `hydra-node stop --home {self.home}` or use another --home")
         write_pidfile(self.pidfile, os.getpid(), ["hydra-node", "serve"], kind="node")
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         self._claim_home()
         log.info("event=config_files files=%s", ",".join(self.config.config_files) or "-")  # lowest first
         if self.config.file.reserved_keys:  # set in the file, not acted on yet (docs/config.md)
             log.warning("event=config_reserved_keys keys=%s", ",".join(self.config.file.reserved_keys))
         try:
+            await self._bind_listeners()  # before any other work: a port in use fails the start here
             async with trio.open_nursery() as root:
                 root.start_soon(self._watch_signals, root.cancel_scope)
                 await root.start(self.placement.run)  # the artifact cache and operations (docs/placement.md)
@@ -341,14 +358,15 @@ class Node:
                         await self._start_placed_from_peers(root, name)
                 await root.start(self.speculation.run)  # draft server, draft tunnel port (runtime/speculative/service.py)
                 await root.start(self.runtime.run)  # RPC worker, split models, hot swap (runtime/hosting/)
-                self.state = "serving"
+                self.state = NodeState.SERVING
                 self._write_ports()
+                assert self.api_server is not None and self.console_server is not None  # built by _bind_listeners
                 log.info("event=node_ready node_id=%s api=http://%s:%s/v1 console=http://%s:%s models=%s",
                          self.node_id, self.config.api_host, self.api_server.port, self.config.api_host,
                          self.console_server.port, ",".join(m.id for m in self.models) or "-")
                 task_status.started(self)
                 await self._stop.wait()
-                self.state = "stopping"
+                self.state = NodeState.STOPPING
                 log.info("event=node_stopping")
                 with trio.CancelScope(shield=True):
                     with trio.move_on_after(DRAIN_GRACE_S + 1):
@@ -359,7 +377,10 @@ class Node:
                         await self.mesh.leave()
                 root.cancel_scope.cancel()
         finally:
-            self.state = "stopped"
+            for bound in (self.api_server, self.console_server, self.mesh, self.runtime):
+                if bound is not None:
+                    bound.close_unserved()  # what a start that failed early bound and never served
+            self.state = NodeState.STOPPED
             remove_pidfile(self.pidfile)
             remove_pidfile(self.home / "run" / "ports.json")
             log.info("event=node_stopped")
@@ -372,7 +393,7 @@ class Node:
             try:
                 self.models.append(await placed_model(self.placement, name))
             except ModelNotFound as exc:
-                if self.mesh is None or not self.config.mesh.join:
+                if self.mesh is None or self.config.mesh is None or not self.config.mesh.join:  # (both or neither)
                     raise
                 log.info("event=placed_model_deferred model=%s reason=%r action=ask_peers_once_joined", name, str(exc))
                 later.append(name)
@@ -405,13 +426,32 @@ class Node:
         await self.runtime.start_model(root, model)
 
     def _write_ports(self) -> None:
+        assert self.api_server is not None and self.console_server is not None  # built by _bind_listeners
         path = self.home / "run" / "ports.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"api_port": self.api_server.port, "console_port": self.console_server.port,
                                    "pid": os.getpid(), "node_id": self.node_id}))
         os.replace(tmp, path)
 
+    async def _bind_listeners(self) -> None:
+        """Build the two HTTP servers and bind every port the node listens on (served later: the HTTP
+        ports by :meth:`_start_services`, the link port once in a mesh, the tunnel data port by the
+        runtime); :class:`~hydra_node.listen.PortInUse` names the port and its option."""
+        api, console = self._build_servers()
+        await api.bind(API_PORT)
+        await console.bind(CONSOLE_PORT)
+        if self.mesh is not None:
+            await self.mesh.bind()
+        await self.runtime.bind()
+
     async def _start_services(self, nursery: trio.Nursery) -> None:
+        """Serve the management API and the OpenAI API (bound by :meth:`_bind_listeners`)."""
+        for server in (self.console_server, self.api_server):
+            if server is not None:
+                await nursery.start(server.run)
+
+    def _build_servers(self) -> tuple[HttpServer, HttpServer]:
+        """The OpenAI API's and the management API's servers (:attr:`api_server`, :attr:`console_server`)."""
         c = self.config
         # Every API of the inference port, built here: "mesh" (the mixture of agents) answers in each dialect.
         moa = MoaApi(MixtureOfAgents(self.router, c.file.moa, quality=scheduler_quality(self.scheduling, self.node_id)))
@@ -430,11 +470,10 @@ class Node:
         self.console_server = HttpServer(mgmt.handle, c.api_host, c.console_port, name="console", guard=GuardSettings(
             check_host=loopback, allowed_hosts=c.file.api.allow_hosts, csrf=True, api_key=mgmt.api_key,
             public_paths=mgmt.public_paths))
-        await nursery.start(self.console_server.run)
         self.api_server = HttpServer(api.handle, c.api_host, c.api_port, name="api", guard=GuardSettings(
             check_host=loopback, allowed_hosts=c.file.api.allow_hosts, cors_origins=c.file.api.cors_origins,
             api_key=c.api_key), on_refused=self._count_request)
-        await nursery.start(self.api_server.run)
+        return self.api_server, self.console_server
 
     async def _watch_signals(self, root_scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -444,7 +483,7 @@ class Node:
                     raise KeyboardInterrupt
                 log.info("event=signal signal=%s", signal.Signals(signum).name)
                 self.request_stop()
-                if self.state == "starting":  # nothing to drain yet: stop loading now
+                if self.state == NodeState.STARTING:  # nothing to drain yet: stop loading now
                     root_scope.cancel()
 
 

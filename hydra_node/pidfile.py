@@ -108,7 +108,7 @@ def reap_stale(run_dir: Path, log=None) -> list[str]:
 
     Returns a description of each action, for the log.
     """
-    actions = []
+    actions: list[str] = []
     if not run_dir.is_dir():
         return actions
     for path in sorted(run_dir.glob("*.pid")):

@@ -273,7 +273,8 @@ def invite_vectors() -> dict[str, Any]:
         book.record(tok, NOW)
         issuer_story = []
         for i in range(3):
-            result = code_of(lambda: check_invite(tok, own_id=tok.issuer_id, book=book, table=None, now=NOW + 10 + i))
+            result = code_of(lambda i=i: check_invite(tok, own_id=tok.issuer_id, book=book, table=None,
+                                                      now=NOW + 10 + i))
             issuer_story.append({"now": NOW + 10 + i, "result": result or "admitted"})
         after = open_revocations(book.revocation_list(mesh.mesh_id, NOW + 20), expected_mesh_id=mesh.mesh_id)
     return {"description": "Invite tokens with uses, signed invite revocation lists and the admission rule "

@@ -16,6 +16,8 @@ PKG = Path(__file__).resolve().parent.parent / "hydra_node"
 #: Layer of each top-level part of the package (by the name after ``hydra_node.``).
 LAYER_OF = {
     "": "base", "backoff": "base", "pidfile": "base", "logging_setup": "base", "native": "base", "eventlog": "base",
+    "statemachine": "base",
+    "listen": "base",
     "codec": "codec",
     "inference": "vocabulary", "models": "vocabulary", "grammar": "vocabulary",
     "http": "http",

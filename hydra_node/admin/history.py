@@ -112,15 +112,19 @@ class IntervalStats:
 class RunnerLoad(Protocol):
     """What a point reads of a local runner (``RunnerSupervisor`` has both)."""
 
-    queue_depth: int
-    in_flight: int
+    @property
+    def queue_depth(self) -> int: ...
+    @property
+    def in_flight(self) -> int: ...
 
 
 class Linked(Protocol):
     """What a point reads of a peer link (``PeerLink`` has both)."""
 
-    peer_id: str
-    rtt_ms: float | None
+    @property
+    def peer_id(self) -> str: ...
+    @property
+    def rtt_ms(self) -> float | None: ...
 
 
 class HistorySampler:
@@ -158,7 +162,7 @@ class HistorySampler:
         self._since = now
         return point
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """A point every ``interval_s`` until cancelled; ready at once (the first point comes after one interval)."""
         self._since = self._clock()
         task_status.started()

@@ -8,7 +8,7 @@
   "state"}, ...]}``: the unexpired invites this node issued (state valid, used_up or revoked).
 * ``POST /api/invite/revoke`` ``{"token": TOKEN_OR_ID}`` → 200 ``{"revoked": record}``; 404 for an
   id this node did not issue (403 for another node's token), 409 when the revocation list is full,
-  400 for a malformed request. The node signs a new revocation
+  400 for a malformed request (``admin/body.py``). The node signs a new revocation
   list and sends it to every member, which then refuses the token too.
 
 The routes take the mesh through :class:`InviteIssuer` (``MeshService`` satisfies it).
@@ -20,16 +20,19 @@ import time
 from typing import Any, Protocol
 
 from hydra_node.http.server import Request, Response
+from hydra_node.admin.body import guarded, json_body
 from hydra_node.admin.management import Handler
 from hydra_node.api.errors import ApiError
 from hydra_node.mesh.invites import InviteBookError, InviteRecord
 from hydra_node.mesh.wire.token import MAX_INVITE_USES, parse_invite
 
-__all__ = ["MAX_INVITE_TTL_S", "MIN_INVITE_TTL_S", "InviteIssuer", "invite_route", "invite_routes"]
+__all__ = ["MAX_BODY_BYTES", "MAX_INVITE_TTL_S", "MIN_INVITE_TTL_S", "InviteIssuer", "invite_routes"]
 
 #: Shortest and longest invite lifetime a caller may ask for.
 MIN_INVITE_TTL_S = 60.0
 MAX_INVITE_TTL_S = 30 * 24 * 3600.0
+#: Longest accepted body (a token of at most 4096 characters).
+MAX_BODY_BYTES = 16 * 1024
 
 
 class InviteIssuer(Protocol):
@@ -53,44 +56,29 @@ def _record_json(rec: InviteRecord, now: float) -> dict:
             "used": rec.used, "state": rec.state(now)}
 
 
-def _not_in_mesh(mesh: InviteIssuer | None) -> Response | None:
+def _joined(mesh: InviteIssuer | None) -> InviteIssuer:
     if mesh is None or not mesh.joined:
-        return ApiError(503, "this node is not in a mesh", "no_mesh").response()
-    return None
+        raise ApiError(503, "this node is not in a mesh", "no_mesh")
+    return mesh
 
 
-def _body(request: Request) -> dict:
-    body = request.json() if request.body else {}
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object", "invalid_request")
-    return body
-
-
-def invite_route(mesh: InviteIssuer | None) -> Handler:
-    """The ``POST /api/invite`` handler over ``mesh`` (None: a node without a mesh, always 503)."""
+def invite_routes(mesh: InviteIssuer | None) -> dict[tuple[str, str], Handler]:
+    """Every invite route (the root adds them to the management table) over ``mesh`` (None: a node
+    without a mesh, always 503)."""
 
     async def invite(request: Request) -> Response:
-        if (refused := _not_in_mesh(mesh)) is not None:
-            return refused
+        issuer = _joined(mesh)
+        body = json_body(request, optional={"ttl_s": (int, float), "uses": int}, max_bytes=MAX_BODY_BYTES)
+        ttl = body.get("ttl_s", issuer.invite_ttl_s)
+        if not MIN_INVITE_TTL_S <= ttl <= MAX_INVITE_TTL_S:
+            raise ApiError(400, "ttl_s must be a number of seconds between 60 and 2592000 (30 days)",
+                           "invalid_value", "ttl_s")
+        uses = body.get("uses")
+        if uses is not None and not 1 <= uses <= MAX_INVITE_USES:
+            raise ApiError(400, f"uses must be an integer 1..{MAX_INVITE_USES} (or absent: no limit)",
+                           "invalid_value", "uses")
         try:
-            body = _body(request)
-            unknown = sorted(set(body) - {"ttl_s", "uses"})
-            if unknown:
-                raise ApiError(400, f"unknown field {unknown[0]!r} (accepted: ttl_s, uses)", "unknown_field", unknown[0])
-            ttl = body.get("ttl_s", mesh.invite_ttl_s)
-            if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not MIN_INVITE_TTL_S <= ttl <= MAX_INVITE_TTL_S:
-                raise ApiError(400, "ttl_s must be a number of seconds between 60 and 2592000 (30 days)",
-                               "invalid_value", "ttl_s")
-            uses = body.get("uses")
-            if uses is not None and (isinstance(uses, bool) or not isinstance(uses, int) or not 1 <= uses <= MAX_INVITE_USES):
-                raise ApiError(400, f"uses must be an integer 1..{MAX_INVITE_USES} (or absent: no limit)",
-                               "invalid_value", "uses")
-        except ValueError as exc:
-            return ApiError(400, f"bad invite request: {exc}", "invalid_value", "ttl_s").response()
-        except ApiError as exc:
-            return exc.response()
-        try:
-            token = mesh.invite(float(ttl), uses)
+            token = issuer.invite(float(ttl), uses)
         except InviteBookError as exc:
             return ApiError(409 if exc.code == "too_many" else 500, str(exc), f"invite_{exc.code}").response()
         except OSError as exc:
@@ -99,36 +87,21 @@ def invite_route(mesh: InviteIssuer | None) -> Handler:
         return Response.json(200, {"token": token, "id": tok.token_id, "mesh_id": tok.mesh_id,
                                    "expires_at": tok.expires_at, "uses": tok.uses, "addresses": list(tok.addrs)})
 
-    return invite
-
-
-def invite_routes(mesh: InviteIssuer | None) -> dict[tuple[str, str], Handler]:
-    """Every invite route (the root adds them to the management table)."""
-
     async def listing(request: Request) -> Response:
-        if (refused := _not_in_mesh(mesh)) is not None:
-            return refused
         now = time.time()
         try:
-            records = mesh.invites.records()
+            records = _joined(mesh).invites.records()
         except InviteBookError as exc:
             return ApiError(500, str(exc), f"invite_{exc.code}").response()
         return Response.json(200, {"invites": [_record_json(r, now) for r in records]})
 
     async def revoke(request: Request) -> Response:
-        if (refused := _not_in_mesh(mesh)) is not None:
-            return refused
+        issuer = _joined(mesh)
+        target = json_body(request, required={"token": str}, max_bytes=MAX_BODY_BYTES)["token"]
+        if not target.strip() or len(target) > 4096:
+            raise ApiError(400, "token must be an invite token or its id", "invalid_value", "token")
         try:
-            body = _body(request)
-            target = body.get("token")
-            if set(body) != {"token"} or not isinstance(target, str) or not target.strip() or len(target) > 4096:
-                raise ApiError(400, 'the body must be exactly {"token": TOKEN_OR_ID}', "invalid_value", "token")
-        except ValueError as exc:
-            return ApiError(400, f"bad revoke request: {exc}", "invalid_value", "token").response()
-        except ApiError as exc:
-            return exc.response()
-        try:
-            rec = mesh.invites.revoke(target)
+            rec = issuer.invites.revoke(target)
         except OSError as exc:
             return ApiError(500, f"cannot record the revocation: {exc}", "invite_unwritable").response()
         except InviteBookError as exc:
@@ -136,5 +109,5 @@ def invite_routes(mesh: InviteIssuer | None) -> dict[tuple[str, str], Handler]:
             return ApiError(status, str(exc), f"invite_{exc.code}", "token").response()
         return Response.json(200, {"revoked": _record_json(rec, time.time())})
 
-    return {("POST", "/api/invite"): invite_route(mesh), ("GET", "/api/invites"): listing,
-            ("POST", "/api/invite/revoke"): revoke}
+    return guarded({("POST", "/api/invite"): invite, ("GET", "/api/invites"): listing,
+                    ("POST", "/api/invite/revoke"): revoke})

@@ -32,16 +32,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hydra_node.http.server import Request, Response
+from hydra_node.admin.body import guarded, json_body
 from hydra_node.admin.management import Handler
 from hydra_node.api.errors import ApiError
 from hydra_node.openai.parse import parse_body
 from hydra_node.admin.status_json import to_json
-from hydra_node.inference import GenerationError
-from hydra_node.runtime.artifacts.errors import (
-    ArtifactError,
-    ArtifactNotFound,
-    IdentityMismatch,
-)
 from hydra_node.runtime.artifacts.kv_state import KV_STATE_FILE
 from hydra_node.runtime.runner.kv_call import RunnerKv
 
@@ -63,40 +58,10 @@ class KvPlacement(Protocol):
     async def materialise(self, kind: str, name: str) -> tuple[Any, Path]: ...
 
 
-def _error(status: int, message: str, code: str, param: str | None = None, **extra) -> Response:
-    body = ApiError(status, message, code, param).body()
-    if status == 422:
-        body["error"]["type"] = "invalid_request_error"
-    body["error"].update(extra)
-    return Response.json(status, body)
-
-
-def _artifact_error(exc: ArtifactError) -> Response:
-    """A runner's or placement's artifact error: what the caller gave cannot be used (422), is not
-    there (404), or the store failed (its own status)."""
-    if isinstance(exc, IdentityMismatch):
-        return _error(422, str(exc), exc.code, fields=exc.fields)
-    if isinstance(exc, ArtifactNotFound):
-        return _error(404, str(exc), exc.code)
-    return _error(422 if exc.code in ("checksum_mismatch", "kv_state_invalid") else exc.status, str(exc), exc.code)
-
-
-def _body(request: Request, allowed: set[str]) -> dict:
-    if len(request.body) > MAX_KV_BODY_BYTES:
-        raise ApiError(413, f"body larger than {MAX_KV_BODY_BYTES} bytes", "body_too_large")
-    try:
-        body = request.json()
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", "invalid_type")
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise ApiError(400, f"unknown field {unknown[0]!r:.60}", "unknown_parameter", unknown[0][:60])
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        raise ApiError(400, "'model' is required and must be a string", "missing_required_parameter", "model")
-    name = body.get("name")
-    if name is not None and (not isinstance(name, str) or not _NAME.fullmatch(name)):
+def _body(request: Request, **optional: type | tuple[type, ...]) -> dict:
+    """The body: ``model`` and the ``optional`` fields (name=type), a ``name`` of the export pattern."""
+    body = json_body(request, required={"model": str}, optional=optional, max_bytes=MAX_KV_BODY_BYTES)
+    if "name" in body and not _NAME.fullmatch(body["name"]):
         raise ApiError(400, "'name' must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",
                        "invalid_value", "name")
     return body
@@ -113,26 +78,21 @@ def kv_routes(runners: Mapping[str, Any], export_dir: Path,
         return kv
 
     async def export(request: Request) -> Response:
-        try:
-            body = _body(request, {"model", "messages", "prompt", "name", "publish"})
-            if ("messages" in body) == ("prompt" in body):
-                raise ApiError(400, "give exactly one of 'messages' or 'prompt'", "invalid_value", "messages")
-            publishing = body.get("publish", False)
-            if not isinstance(publishing, bool):
-                raise ApiError(400, "'publish' must be true or false", "invalid_type", "publish")
-            if publishing and placement is None:
-                raise ApiError(409, "'publish' needs placement ([placement] posix_root or s3_bucket)",
-                               "placement_not_configured", "publish")
-            kind = "chat" if "messages" in body else "completion"
-            sub = {k: body[k] for k in ("model", "messages", "prompt") if k in body}
-            parsed = parse_body(json.dumps(sub).encode(), kind)
-            if len(parsed.requests) != 1:
-                raise ApiError(400, "'prompt' must be one prompt (a string or one array of token ids)",
-                               "invalid_value", "prompt")
-            req = parsed.request
-            kv = runner(body["model"])
-        except ApiError as exc:
-            return exc.response()
+        body = _body(request, messages=list, prompt=(str, list), name=str, publish=bool)
+        if ("messages" in body) == ("prompt" in body):
+            raise ApiError(400, "give exactly one of 'messages' or 'prompt'", "invalid_value", "messages")
+        publishing = body.get("publish", False)
+        if publishing and placement is None:
+            raise ApiError(409, "'publish' needs placement ([placement] posix_root or s3_bucket)",
+                           "placement_not_configured", "publish")
+        kind = "chat" if "messages" in body else "completion"
+        sub = {k: body[k] for k in ("model", "messages", "prompt") if k in body}
+        parsed = parse_body(json.dumps(sub).encode(), kind)
+        if len(parsed.requests) != 1:
+            raise ApiError(400, "'prompt' must be one prompt (a string or one array of token ids)",
+                           "invalid_value", "prompt")
+        req = parsed.request
+        kv = runner(body["model"])
         export_dir.mkdir(parents=True, exist_ok=True)
         tmp = export_dir / f".export-{id(request):x}.hykv"
         try:
@@ -141,55 +101,40 @@ def kv_routes(runners: Mapping[str, Any], export_dir: Path,
             path = export_dir / name / KV_STATE_FILE
             path.parent.mkdir(exist_ok=True)
             tmp.replace(path)
-        except ArtifactError as exc:
-            return _artifact_error(exc)
-        except GenerationError as exc:
-            return ApiError.from_generation(exc).response()
         finally:
             tmp.unlink(missing_ok=True)  # left only when the exchange was abandoned after the child wrote it
         out = {"model": body["model"], "name": name, "path": str(path), "tokens": done.tokens, "bytes": done.bytes,
                "duration_ms": round(done.duration_ms, 1), "identity": done.identity.to_mapping(), "published": None}
-        if publishing:
-            try:
-                op = await placement.publish(KIND, name, str(path.parent), identity=done.identity.to_mapping())
-            except ArtifactError as exc:
-                return _artifact_error(exc)
+        if publishing and placement is not None:  # None: refused above
+            op = await placement.publish(KIND, name, str(path.parent), identity=done.identity.to_mapping())
             out["published"] = pub = to_json(op)
             if isinstance(pub, dict) and pub.get("state") == "failed":
                 why = (pub.get("error") or {}).get("message", "see the operation")
-                return _error(502, f"exported to {path}, but publishing it failed: {why}", "publish_failed",
-                              operation=pub)
+                raise ApiError(502, f"exported to {path}, but publishing it failed: {why}", "publish_failed",
+                               extra={"operation": pub})
         return Response.json(200, out)
 
     async def import_(request: Request) -> Response:
-        try:
-            body = _body(request, {"model", "name", "path"})
-            if ("name" in body) == ("path" in body):
-                raise ApiError(400, "give exactly one of 'name' or 'path'", "invalid_value", "name")
-            if "path" in body and (not isinstance(body["path"], str) or not Path(body["path"]).is_absolute()):
-                raise ApiError(400, "'path' must be an absolute file path", "invalid_value", "path")
-            kv = runner(body["model"])
-        except ApiError as exc:
-            return exc.response()
-        try:
-            if "path" in body:
-                path = Path(body["path"])
-            elif (export_dir / body["name"] / KV_STATE_FILE).is_file():
-                path = export_dir / body["name"] / KV_STATE_FILE
-            elif placement is not None:
-                path = (await placement.materialise(KIND, body["name"]))[1] / KV_STATE_FILE
-            else:
-                return _error(404, f"no local kv_state export named {body['name']!r} and no placement to "
-                                   "fetch one from", "artifact_not_found", "name")
-            done = await kv.import_state(path)
-        except ArtifactError as exc:
-            return _artifact_error(exc)
-        except GenerationError as exc:
-            return ApiError.from_generation(exc).response()
+        body = _body(request, name=str, path=str)
+        if ("name" in body) == ("path" in body):
+            raise ApiError(400, "give exactly one of 'name' or 'path'", "invalid_value", "name")
+        if "path" in body and not Path(body["path"]).is_absolute():
+            raise ApiError(400, "'path' must be an absolute file path", "invalid_value", "path")
+        kv = runner(body["model"])
+        if "path" in body:
+            path = Path(body["path"])
+        elif (export_dir / body["name"] / KV_STATE_FILE).is_file():
+            path = export_dir / body["name"] / KV_STATE_FILE
+        elif placement is not None:
+            path = (await placement.materialise(KIND, body["name"]))[1] / KV_STATE_FILE
+        else:
+            raise ApiError(404, f"no local kv_state export named {body['name']!r} and no placement to fetch one from",
+                           "artifact_not_found", "name")
+        done = await kv.import_state(path)
         return Response.json(200, {"model": body["model"], "path": str(path), "tokens": done.tokens,
                                    "bytes": done.bytes, "slot": done.slot, "duration_ms": round(done.duration_ms, 1)})
 
-    return {("POST", "/api/kv/export"): export, ("POST", "/api/kv/import"): import_}
+    return guarded({("POST", "/api/kv/export"): export, ("POST", "/api/kv/import"): import_})
 
 
 def kv_status(runners: Mapping[str, Any]) -> Callable[[], dict]:

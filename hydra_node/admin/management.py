@@ -19,12 +19,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from hydra_node.admin.assets import PUBLIC_PATHS, ConsoleAssets
-from hydra_node.http.server import Request, Response
+from hydra_node.http.server import Request, Response, StreamResponse
 from hydra_node.api.errors import ApiError
 
 __all__ = ["Handler", "ManagementApi"]
 
-Handler = Callable[[Request], Awaitable[Response]]
+Handler = Callable[[Request], Awaitable[Response | StreamResponse]]  # e.g. GET /api/events streams
 
 
 class ManagementApi:
@@ -43,7 +43,7 @@ class ManagementApi:
         #: The OpenAI API's handler: ``/v1/*`` here too, so the console's chat page stays on one origin.
         self.openai = openai
 
-    async def handle(self, request: Request) -> Response:
+    async def handle(self, request: Request) -> Response | StreamResponse:
         path = request.path.rstrip("/") or "/"
         if path in ("/health", "/healthz"):
             status, body = self.health()

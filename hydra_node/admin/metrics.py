@@ -18,12 +18,13 @@ Label values are bounded: ``model`` takes at most ``MAX_MODEL_LABELS`` distinct 
 from __future__ import annotations
 
 from collections import Counter as _Tally
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from hydra_node.http.server import Request, Response
 from hydra_node.routing.router import RouterStatistics
@@ -199,7 +200,7 @@ class _ScrapeCollector:
         hints.add_metric(("rejected",), live.counters["hint_summaries_rejected"])
         yield hints
 
-    def _mesh(self):
+    def _mesh(self) -> Iterator[Metric]:
         st = self.sources.gossip()
         if st is None:
             return
@@ -223,9 +224,9 @@ class _ScrapeCollector:
         yield GaugeMetricFamily("hydra_links", "Open peer links", value=len(links))
         frames = CounterMetricFamily("hydra_link_frames_rejected", "Frames rejected on the open peer links "
                                      "by reason (a closed link's count leaves with it)", labels=("reason",))
-        tally: _Tally = _Tally()
+        frame_tally: _Tally[str] = _Tally()
         for link in links:
-            tally.update(link.rejected)
-        for reason, count in sorted(tally.items()):
+            frame_tally.update(link.rejected)
+        for reason, count in sorted(frame_tally.items()):
             frames.add_metric((str(reason),), count)
         yield frames

@@ -4,7 +4,7 @@
   it into ``<home>/models`` (sha256-verified; ``hydra models pull`` calls it before the internet):
   200 ``{"model", "path", "size_bytes", "sha256", "source"}`` (``source`` ``"cache"`` when it was
   there already), 404 ``not_in_mesh`` when no alive peer announces it, 502 ``peer_fetch_failed``
-  when every holder failed, 400 for a bad body or reference.
+  when every holder failed, 400 for a bad body (``admin/body.py``) or reference.
 
 The composition root (``hydra_node/node.py``) puts it in the management route table.
 """
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hydra_node.http.server import Request, Response
+from hydra_node.admin.body import guarded, json_body
 from hydra_node.admin.management import Handler
 from hydra_node.api.errors import ApiError
 from hydra_node.runtime.fetch import (
@@ -25,7 +26,6 @@ from hydra_node.runtime.fetch import (
     load_catalogue,
     resolve_remote,
 )
-from hydra_node.runtime.fetch.errors import NotInMesh, PeerFetchError
 
 __all__ = ["MAX_BODY_BYTES", "models_routes"]
 
@@ -45,15 +45,7 @@ def models_routes(share: ModelShare, resolve: Callable[[str], RemoteModel] | Non
     resolve = resolve or (lambda ref: resolve_remote(ref, load_catalogue()))
 
     async def fetch_model(request: Request) -> Response:
-        if len(request.body) > MAX_BODY_BYTES:
-            return ApiError(400, f"body larger than {MAX_BODY_BYTES} bytes", "body_too_large").response()
-        try:
-            body = request.json()
-        except ValueError:
-            body = None
-        ref = body.get("model") if isinstance(body, dict) else None
-        if not isinstance(ref, str) or not ref or set(body) != {"model"}:
-            return ApiError(400, "the body must be exactly {\"model\": NAME_OR_REF}", "invalid_value", "model").response()
+        ref = json_body(request, required={"model": str}, max_bytes=MAX_BODY_BYTES)["model"]
         try:
             remote = resolve(ref)
         except BadModelSource as exc:
@@ -61,12 +53,7 @@ def models_routes(share: ModelShare, resolve: Callable[[str], RemoteModel] | Non
         rec = share.cache.lookup(remote.model_id)
         if rec is not None:
             return _answer(rec, share.cache.root, "cache")
-        try:
-            rec = await share.fetch(remote)
-        except NotInMesh as exc:
-            return ApiError(404, str(exc), exc.code, "model").response()
-        except PeerFetchError as exc:
-            return ApiError(502, str(exc), exc.code).response()
+        rec = await share.fetch(remote)  # NotInMesh: 404, another PeerFetchError: 502 (admin/body.py)
         return _answer(rec, share.cache.root, rec.source)
 
-    return {("POST", "/api/models/fetch"): fetch_model}
+    return guarded({("POST", "/api/models/fetch"): fetch_model})

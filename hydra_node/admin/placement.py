@@ -12,9 +12,9 @@
 * ``POST /api/placement/evict`` ``{"name", "kind"?, "posix_root"?, "s3_bucket"?}`` – remove from the
   local cache and, with a namespace (and ``kind``), from the namespace.
 
-Errors are OpenAI-style JSON bodies (``api/errors.py``): 400 for a bad body, the
-artifact error's own status and ``code`` otherwise (404 unknown, 409 held, 429 busy, 502 corrupt,
-503 store unavailable, 507 cache full).
+Errors are OpenAI-style JSON bodies (``api/errors.py``): a bad body as every management route
+answers it (``admin/body.py``), the artifact error's own status and ``code`` otherwise (404
+unknown, 409 held, 429 busy, 502 corrupt, 503 store unavailable, 507 cache full).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hydra_node.http.server import Request, Response
+from hydra_node.admin.body import guarded, json_body
 from hydra_node.admin.management import Handler
 from hydra_node.api.errors import ApiError
 from hydra_node.runtime.artifacts.errors import ArtifactError
@@ -35,28 +36,12 @@ __all__ = ["MAX_BODY_BYTES", "placement_routes"]
 #: Longest accepted body (an identity map and VAST settings at most).
 MAX_BODY_BYTES = 256 * 1024
 _VAST_KEYS = ("endpoint", "tenant", "dataspace", "source_namespace", "destination_namespace", "target_site")
+_NS = {"posix_root": str, "s3_bucket": str}
 
 
-def _body(request: Request, required: tuple[str, ...], optional: tuple[str, ...]) -> dict[str, Any]:
-    if len(request.body) > MAX_BODY_BYTES:
-        raise ApiError(400, f"body larger than {MAX_BODY_BYTES} bytes", "body_too_large")
-    try:
-        body = request.json()
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object", "invalid_value")
-    unknown = sorted(set(body) - set(required) - set(optional))
-    if unknown:
-        raise ApiError(400, f"unknown field {unknown[0]!r} (known: {', '.join(required + optional)})",
-                       "unknown_field", unknown[0])
-    for key in required:
-        if not isinstance(body.get(key), str) or not body[key]:
-            raise ApiError(400, f"{key!r} is required (a non-empty string)", "invalid_value", key)
-    for key in optional:
-        if key in body and key not in ("identity", "vast", "trigger", "pinned") and not isinstance(body[key], str):
-            raise ApiError(400, f"{key!r} must be a string", "invalid_value", key)
-    return body
+def _body(request: Request, *required: str, **optional: type) -> dict[str, Any]:
+    """The body with the string fields ``required`` and the ``optional`` ones (name=type)."""
+    return json_body(request, required=dict.fromkeys(required, str), optional=optional, max_bytes=MAX_BODY_BYTES)
 
 
 def _namespace(body: Mapping[str, Any], service: PlacementService) -> Namespace | None:
@@ -79,25 +64,10 @@ def _op(op: Any, status: int = 200) -> Response:
 
 
 def placement_routes(service: PlacementService) -> dict[tuple[str, str], Handler]:
-    def guarded(fn):
-        async def handle(request: Request) -> Response:
-            try:
-                return await fn(request)
-            except ApiError as exc:
-                return exc.response()
-            except ArtifactError as exc:
-                return ApiError(exc.status, exc.message, exc.code).response()
-        return handle
-
     async def prefetch(request: Request) -> Response:
-        b = _body(request, ("kind", "name", "source"), ("posix_root", "s3_bucket", "identity", "vast", "trigger"))
+        b = _body(request, "kind", "name", "source", **_NS, identity=dict, vast=dict, trigger=bool)
         identity, vast, trigger = b.get("identity", {}), b.get("vast"), b.get("trigger", True)
-        if not isinstance(identity, dict):
-            raise ApiError(400, "identity must be a JSON object", "invalid_value", "identity")
-        if not isinstance(trigger, bool):
-            raise ApiError(400, "trigger must be true or false", "invalid_value", "trigger")
-        if vast is not None and (not isinstance(vast, dict) or set(vast) - set(_VAST_KEYS)
-                                 or not isinstance(vast.get("endpoint"), str)):
+        if vast is not None and (set(vast) - set(_VAST_KEYS) or not isinstance(vast.get("endpoint"), str)):
             raise ApiError(400, f"vast must be an object with endpoint and optionally {', '.join(_VAST_KEYS[1:])}",
                            "invalid_value", "vast")
         _kind(b)
@@ -108,7 +78,7 @@ def placement_routes(service: PlacementService) -> dict[tuple[str, str], Handler
         return _op(op, 202)
 
     async def fetch(request: Request) -> Response:
-        b = _body(request, ("kind", "name"), ())
+        b = _body(request, "kind", "name")
         _kind(b)
         return _op(await service.submit_fetch(b["kind"], b["name"]), 202)
 
@@ -120,17 +90,15 @@ def placement_routes(service: PlacementService) -> dict[tuple[str, str], Handler
         return _op(service.get(op_id))
 
     async def retry(request: Request) -> Response:
-        b = _body(request, ("id",), ())
+        b = _body(request, "id")
         return _op(await service.retry(b["id"]), 202)
 
     async def cache(request: Request) -> Response:
         return Response.json(200, service.cache_listing())
 
     async def pin(request: Request) -> Response:
-        b = _body(request, ("name",), ("kind", "pinned"))
+        b = _body(request, "name", kind=str, pinned=bool)
         on = b.get("pinned", True)
-        if not isinstance(on, bool):
-            raise ApiError(400, "pinned must be true or false", "invalid_value", "pinned")
         kind = _kind(b)
         try:
             covers = await service.pin(b["name"], kind, on)
@@ -139,23 +107,23 @@ def placement_routes(service: PlacementService) -> dict[tuple[str, str], Handler
         return Response.json(200, {"name": b["name"], "kind": kind, "pinned": on, "artifacts": covers})
 
     async def evict(request: Request) -> Response:
-        b = _body(request, ("name",), ("kind", "posix_root", "s3_bucket"))
+        b = _body(request, "name", kind=str, **_NS)
         ns = _namespace(b, service)
         kind = _kind(b)
         if ns is not None and kind is None:
             raise ApiError(400, "evicting from a namespace needs kind", "invalid_value", "kind")
         return Response.json(200, await service.evict(b["name"], kind, ns))
 
-    return {
-        ("POST", "/api/placement/prefetch"): guarded(prefetch),
-        ("POST", "/api/placement/fetch"): guarded(fetch),
-        ("GET", "/api/placement/status"): guarded(status),
-        ("GET", "/api/placement/status/*"): guarded(status),
-        ("POST", "/api/placement/retry"): guarded(retry),
-        ("GET", "/api/placement/cache"): guarded(cache),
-        ("POST", "/api/placement/pin"): guarded(pin),
-        ("POST", "/api/placement/evict"): guarded(evict),
-    }
+    return guarded({
+        ("POST", "/api/placement/prefetch"): prefetch,
+        ("POST", "/api/placement/fetch"): fetch,
+        ("GET", "/api/placement/status"): status,
+        ("GET", "/api/placement/status/*"): status,
+        ("POST", "/api/placement/retry"): retry,
+        ("GET", "/api/placement/cache"): cache,
+        ("POST", "/api/placement/pin"): pin,
+        ("POST", "/api/placement/evict"): evict,
+    })
 
 
 def _kind(body: Mapping[str, Any]) -> str | None:

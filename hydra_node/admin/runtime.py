@@ -4,7 +4,7 @@
 * ``POST /api/runtime/models`` ``{"model": PATH_OR_ID, "split": bool?, "wait": bool?, "timeout_s": S?}``
   – host a model on the running node: 202 at once, or with ``wait`` 200 once ready
   (504 if not ready within ``timeout_s``, 502 if it failed); 409 if hosted already;
-  404 for an unknown model; 400 for a bad body;
+  404 for an unknown model; 400 for a bad body (``admin/body.py``);
 * ``DELETE /api/runtime/models/{id}`` – stop hosting it (200, or 404).
 
 The routes take the model runtime through :class:`RuntimeAdmin`, the few calls they make;
@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from urllib.parse import unquote
 
 from hydra_node.http.server import Request, Response
+from hydra_node.admin.body import guarded, json_body
 from hydra_node.admin.management import Handler
 from hydra_node.api.errors import ApiError
 from hydra_node.admin.status_json import to_json
@@ -58,23 +59,13 @@ class RuntimeAdmin(Protocol):
 
 
 def _load_request(request: Request) -> tuple[str, bool | None, bool, float]:
-    """(model reference, split, wait, timeout) of a load request; ValueError names what is wrong."""
-    body = request.json()
-    if not isinstance(body, dict):
-        raise ValueError("the body must be a JSON object")
-    ref = body.get("model")
-    if not isinstance(ref, str) or not ref:
-        raise ValueError("'model' must be a GGUF path, ID=PATH or the bundled id")
-    split = body.get("split")
-    if split is not None and not isinstance(split, bool):
-        raise ValueError("'split' must be true or false")
-    wait = body.get("wait", False)
-    if not isinstance(wait, bool):
-        raise ValueError("'wait' must be true or false")
+    """(model reference, split, wait, timeout) of a load request; an :class:`ApiError` otherwise."""
+    body = json_body(request, required={"model": str}, optional={"split": bool, "wait": bool, "timeout_s": (int, float)},
+                     max_bytes=MAX_BODY_BYTES)
     timeout = body.get("timeout_s", SWAP_WAIT_DEFAULT_S)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_WAIT_S:
-        raise ValueError(f"'timeout_s' must be a number in (0, {MAX_WAIT_S:.0f}]")
-    return ref, split, wait, float(timeout)
+    if not 0 < timeout <= MAX_WAIT_S:
+        raise ApiError(400, f"'timeout_s' must be a number in (0, {MAX_WAIT_S:.0f}]", "invalid_value", "timeout_s")
+    return body["model"], body.get("split"), body.get("wait", False), float(timeout)
 
 
 def runtime_routes(runtime: RuntimeAdmin) -> dict[tuple[str, str], Handler]:
@@ -84,12 +75,7 @@ def runtime_routes(runtime: RuntimeAdmin) -> dict[tuple[str, str], Handler]:
         return Response.json(200, {"models": to_json(runtime.splits_status())})
 
     async def load_model(request: Request) -> Response:
-        if len(request.body) > MAX_BODY_BYTES:
-            return ApiError(400, f"body larger than {MAX_BODY_BYTES} bytes", "body_too_large").response()
-        try:
-            ref, split, wait, timeout = _load_request(request)
-        except ValueError as exc:
-            return ApiError(400, f"bad load request: {exc}", "invalid_value", "model").response()
+        ref, split, wait, timeout = _load_request(request)
         try:
             model = resolve_model(ref)
         except InvalidModelId as exc:
@@ -123,6 +109,6 @@ def runtime_routes(runtime: RuntimeAdmin) -> dict[tuple[str, str], Handler]:
             return ApiError(404, str(exc), "model_not_found").response()
         return Response.json(200, {"id": model_id, "unloaded": True})
 
-    return {("GET", "/api/runtime/models"): list_models,
-            ("POST", "/api/runtime/models"): load_model,
-            ("DELETE", "/api/runtime/models/*"): unload_model}
+    return guarded({("GET", "/api/runtime/models"): list_models,
+                    ("POST", "/api/runtime/models"): load_model,
+                    ("DELETE", "/api/runtime/models/*"): unload_model})

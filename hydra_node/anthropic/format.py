@@ -93,7 +93,7 @@ def _tool_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-def message_body(msg_id: str, model: str, text: str | None, calls: list[ParsedToolCall], reason: str,
+def message_body(msg_id: str, model: str, text: str | None, calls: list[ParsedToolCall], reason: str | None,
                  stop_sequence: str | None, usage: dict) -> dict:
     content = [{"type": "text", "text": text}] if text else []
     content += [_tool_use(c, c.arguments) for c in calls]

@@ -16,7 +16,10 @@ tokens included; the entries are not shown to the client.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
+
+import trio
 
 from hydra_node.grammar import constraints as grammar  # built on the API node, enforced by the host's sampler
 from hydra_node.anthropic.format import (MessageEventStream, error_response, matched_stop, message_body, new_id,
@@ -28,6 +31,7 @@ from hydra_node.http.server import Request, Response, StreamResponse
 from hydra_node.http.messages import served_by_header
 from hydra_node.moa.answers import MoaApi, open_chat_events
 from hydra_node.api.errors import ApiError, bad
+from hydra_node.api.router_api import RouterApi
 from hydra_node.api.tool_choice_header import TOOL_CHOICE_HEADER, override_tool_choice
 from hydra_node.inference import GenerationError, GenerationRequest, InvalidRequest, TokenLogprob
 
@@ -66,7 +70,7 @@ class MessagesApi:
     ``router`` provides ``generate(req)``, ``models()`` and ``recently_seen(model)``;
     ``claude_model``: the mesh model ``claude-*`` ids map to (None: the largest)."""
 
-    def __init__(self, router, *, claude_model: str | None = None, moa: MoaApi | None = None):
+    def __init__(self, router: RouterApi, *, claude_model: str | None = None, moa: MoaApi | None = None):
         self.router = router
         self.claude_model = claude_model
         self.moa = moa  # model "mesh" (docs/moa.md); None: no mesh model
@@ -92,7 +96,7 @@ class MessagesApi:
         call = self._resolved(parse_messages_body(raw))
         req = generation_request(call, new_id("msg"), session)
         if call.stream:
-            return await self._stream(call, req)
+            return await self._stream(call, req, request.nursery)
         return await self._complete(call, req)
 
     def _resolved(self, call: MessagesCall) -> MessagesCall:
@@ -134,12 +138,13 @@ class MessagesApi:
                             stop_reason(out.finish_reason, stop), stop, usage_body(out.usage))
         return Response.json(200, body, headers if headers is not None else served_by_header(out.served_by))
 
-    async def _stream(self, call: MessagesCall, req: GenerationRequest) -> StreamResponse:
+    async def _stream(self, call: MessagesCall, req: GenerationRequest,
+                      nursery: trio.Nursery | None) -> StreamResponse:
         # Open the generation before answering 200, so routing errors get a proper status.
-        events, close, headers = await open_chat_events(self.router, self.moa, req)
+        events, close, headers = await open_chat_events(self.router, self.moa, req, nursery)
         builder = MessageEventStream(req.request_id, call.model)
 
-        async def body():
+        async def body() -> AsyncGenerator[bytes, None]:
             entries: list[TokenLogprob] = []
             try:
                 for ev in builder.start():

@@ -26,16 +26,17 @@ chat formatter reports them under ``logprobs.content`` as they come).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import AsyncGenerator, Iterable
 
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Literal
 
 from hydra_node.grammar.toolcalls import (OPEN_TAG, ContentText, ParsedToolCall, ToolCallArguments, ToolCallParser,
                                       ToolCallStart)
+from hydra_node.api.router_api import RouterApi
 from hydra_node.routing.router import RoutedEvents
-from hydra_node.inference import Finished, GenerationError, GenerationRequest, TextDelta, TokenLogprob
+from hydra_node.inference import Finished, GenerationError, GenerationEvent, GenerationRequest, TextDelta, TokenLogprob
 
 __all__ = ["ContentDelta", "ToolCallStart", "ToolCallArguments", "ToolCallDelta", "ChatDone", "ChatEvent",
            "ChatOutcome", "stream_chat", "complete_chat", "chat_events", "usage_of", "parses_tool_calls",
@@ -94,13 +95,14 @@ def _parser(req: GenerationRequest) -> ToolCallParser | None:
     from the start of the answer (forced calls; calls-or-JSON on /v1/responses)."""
     if not parses_tool_calls(req):
         return None
-    constrained = None
+    constrained: Literal["lazy", "whole"] | None = None
     if req.grammar and OPEN_TAG in req.grammar:
         constrained = "lazy" if req.grammar_triggers else "whole"
     return ToolCallParser([t.name for t in req.tools], constrained=constrained)
 
 
-async def chat_events(req: GenerationRequest, events: AsyncIterator) -> AsyncIterator[ChatEvent]:
+async def chat_events(req: GenerationRequest,
+                      events: AsyncIterator[GenerationEvent]) -> AsyncGenerator[ChatEvent, None]:
     """The router's events for ``req`` as chat events (tool-call text parsed into calls)."""
     parser = _parser(req)
     called = cut = False
@@ -143,7 +145,7 @@ async def chat_events(req: GenerationRequest, events: AsyncIterator) -> AsyncIte
 
 
 @asynccontextmanager
-async def stream_chat(router, req: GenerationRequest) -> AsyncIterator[AsyncIterator[ChatEvent]]:
+async def stream_chat(router: RouterApi, req: GenerationRequest) -> AsyncIterator[RoutedEvents[ChatEvent]]:
     """Open ``req`` on the router; yield its events as chat events (see the module doc).
 
     Entering raises :class:`GenerationError` when no target can take the request; iterating may
@@ -153,7 +155,7 @@ async def stream_chat(router, req: GenerationRequest) -> AsyncIterator[AsyncIter
             yield RoutedEvents(translated, getattr(events, "served_by", ""))
 
 
-async def complete_chat(router, req: GenerationRequest) -> ChatOutcome:
+async def complete_chat(router: RouterApi, req: GenerationRequest) -> ChatOutcome:
     """Run ``req`` to the end. Raises :class:`GenerationError`."""
     text: list[str] = []
     out = ChatOutcome(content=None)
@@ -173,7 +175,8 @@ async def complete_chat(router, req: GenerationRequest) -> ChatOutcome:
 
 def sum_usage(usages: Iterable[dict]) -> dict:
     """The usage of several generations added up (OpenAI reports one usage for all choices)."""
-    total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "prompt_tokens_details": {"cached_tokens": 0}}
+    total: dict[str, Any] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     for u in usages:
         for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
             total[key] += u.get(key, 0)

@@ -1,29 +1,33 @@
 """Several chat generations at once, their events merged: ``n`` > 1 (and completions with several prompts).
 
 :func:`run_all` (a complete answer) runs the generations in a nursery. :class:`StreamFanOut` (a
-streamed answer) cannot: the merged events are read by the HTTP writer from an async generator,
-and a generator may not hold a nursery open across ``yield`` (trio cancel scopes must nest; the
-writer closes the body inside its own scopes). So each generation runs in its own trio *system*
-task, whose whole life is bounded by this object: :meth:`StreamFanOut.open` returns once every
-generation is open (or raises the first routing error, with the others closed), :meth:`events`
-yields ``(choice index, event)`` as they come, and :meth:`close` cancels what is left and waits
-for every task to have left its generation (so each is cancelled where it runs). A task never
-raises: a failure becomes an event (the error) on the merged stream.
+streamed answer) cannot open one itself: the merged events are read by the HTTP writer from an
+async generator, and a generator may not hold a nursery open across ``yield`` (trio cancel scopes
+must nest; the writer closes the body inside its own scopes). So each generation runs in a task of
+the *request's* nursery (``Request.nursery``, opened by the HTTP connection around the handler and
+the whole response, see hydra_node/http/connection.py), passed in by the dialect: every task is in
+the request's tree and is cancelled with it (client gone, server stopped). Within that, a task's
+life is bounded by this object: :meth:`StreamFanOut.open` returns once every generation is open (or
+raises the first routing error, with the others closed), :meth:`events` yields ``(choice index,
+event)`` as they come, and :meth:`close` (the body's ``finally`` and the response's finalizer)
+cancels what is left and waits for every task to have left its generation (so each is cancelled
+where it runs). A task never raises: a failure becomes an event (the error) on the merged stream.
 """
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Sequence
+from typing import AsyncGenerator, Sequence
 
 import trio
 
 from hydra_node.api.chat import ChatDone, ChatEvent, ChatOutcome, complete_chat, stream_chat
+from hydra_node.api.router_api import RouterApi
 from hydra_node.inference import GenerationError, GenerationRequest
 
 __all__ = ["run_all", "StreamFanOut"]
 
 
-async def run_all(router, reqs: Sequence[GenerationRequest]) -> list[ChatOutcome]:
+async def run_all(router: RouterApi, reqs: Sequence[GenerationRequest]) -> list[ChatOutcome]:
     """Every request to the end, concurrently; the first :class:`GenerationError` is raised (the
     others are cancelled)."""
     if len(reqs) == 1:
@@ -51,10 +55,13 @@ def _unexpected(exc: BaseException) -> GenerationError:
 
 
 class StreamFanOut:
-    """``len(reqs)`` streamed generations whose events are merged (see the module doc)."""
+    """``len(reqs)`` streamed generations whose events are merged (see the module doc); their
+    tasks run in ``nursery``, the request's (``Request.nursery``)."""
 
-    def __init__(self, router, reqs: Sequence[GenerationRequest]):
-        self.router, self.reqs = router, list(reqs)
+    def __init__(self, router: RouterApi, reqs: Sequence[GenerationRequest], nursery: trio.Nursery | None):
+        if nursery is None:
+            raise RuntimeError("StreamFanOut runs in the request's nursery (Request.nursery, set by the HTTP server)")
+        self.router, self.reqs, self._nursery = router, list(reqs), nursery
         self._send, self._recv = trio.open_memory_channel(4 * len(self.reqs))
         self._scopes = [trio.CancelScope() for _ in self.reqs]
         self._opened = [trio.Event() for _ in self.reqs]
@@ -66,7 +73,7 @@ class StreamFanOut:
     async def open(self) -> "StreamFanOut":
         """Open every generation; raise the first routing error (all of them closed first)."""
         for i in range(len(self.reqs)):
-            trio.lowlevel.spawn_system_task(self._pump, i, name=f"hydra.api.fanout[{i}]")
+            self._nursery.start_soon(self._pump, i, name=f"hydra.api.fanout[{i}]")
         try:
             for ev in self._opened:
                 await ev.wait()
@@ -92,7 +99,7 @@ class StreamFanOut:
                     await self._failed(i, exc)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass  # the reader is gone: nothing left to tell
-                except Exception as exc:  # a system task must never raise: the failure is this choice's error
+                except Exception as exc:  # a pump never raises (it would end the request): the choice's error
                     await self._failed(i, _unexpected(exc))
         finally:
             self._opened[i].set()
@@ -107,7 +114,7 @@ class StreamFanOut:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
 
-    async def events(self) -> AsyncIterator[tuple[int, ChatEvent]]:
+    async def events(self) -> AsyncGenerator[tuple[int, ChatEvent], None]:
         """``(index, event)`` until every generation is done; a generation's failure is raised."""
         left = len(self.reqs)
         while left:

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
@@ -16,14 +16,15 @@ __all__ = ["ModelEntry", "RouterApi"]
 
 
 class ModelEntry(Protocol):
-    """One model of ``/v1/models``: its id, the nodes hosting it and each host's runner state."""
+    """One model of ``/v1/models``: its id, the nodes hosting it and each host's state there
+    (node id → a :class:`hydra_node.routing.target.TargetState`, which is a str)."""
 
     @property
     def id(self) -> str: ...
     @property
     def hosts(self) -> list[str]: ...
     @property
-    def states(self) -> dict: ...
+    def states(self) -> Mapping[str, str]: ...
 
 
 class RouterApi(Protocol):

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 __all__ = ["AGENTS", "PLACEHOLDER_KEY", "TOOL_CHOICE_HEADER", "Agent", "LaunchPlan", "launch_plan"]
 
@@ -100,7 +101,7 @@ def _claude(origin: str, model: str, key: str, args: tuple[str, ...], _dir: Path
 def _opencode(origin: str, model: str, key: str, args: tuple[str, ...], folder: Path, choice: str,
               max_tokens: int | None) -> LaunchPlan:
     path = folder / "opencode.json"
-    options = {"baseURL": f"{origin}/v1", "apiKey": key}
+    options: dict[str, Any] = {"baseURL": f"{origin}/v1", "apiKey": key}
     limit = {"limit": {"context": MAX_CONTEXT, "output": max_tokens}} if max_tokens else {}
     if choice:
         options["headers"] = {TOOL_CHOICE_HEADER: choice}

@@ -35,6 +35,7 @@ def _host(host: str) -> str:
 def print_start_banner(node: "Node", out: TextIO | None = None) -> None:
     """``serve``'s on-ready callback: the URLs from the bound ports, the mesh's standing invite."""
     c = node.config
+    assert node.api_server is not None and node.console_server is not None  # called once the node serves
     token = node.mesh.token() if node.mesh is not None else None
     text = start_banner(f"http://{_host(c.api_host)}:{node.api_server.port}/v1",
                         f"http://{_host(c.api_host)}:{node.console_server.port}", c.headless, token, c.role)

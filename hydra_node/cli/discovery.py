@@ -23,7 +23,7 @@ DISCOVER_WAIT_S = 5.0  # `discover --wait` default: returns earlier once relays 
 MAX_DISCOVER_WAIT_S = 120.0
 
 
-def _add_mdns_args(p: argparse.ArgumentParser) -> None:
+def _add_mdns_args(p: argparse._ActionsContainer) -> None:  # a parser or an argument group
     p.add_argument("--mdns-group", default=MDNS_GROUP, metavar="ADDR",
                    help=f"mDNS multicast group (default {MDNS_GROUP}; tests and labs may use another)")
     p.add_argument("--mdns-port", type=int, default=MDNS_PORT, metavar="PORT",
@@ -32,7 +32,7 @@ def _add_mdns_args(p: argparse.ArgumentParser) -> None:
                    help="IPv4 address of the interface to join the group on (default: the system's choice)")
 
 
-def _add_source_args(p: argparse.ArgumentParser) -> None:
+def _add_source_args(p: argparse._ActionsContainer) -> None:  # a parser or an argument group
     p.add_argument("--mesh-discovery-mode", choices=DISCOVERY_MODES, default="both",
                    help="sources: mdns (LAN only), nostr (relays only) or both (default)")
     p.add_argument("--nostr-relay", action="append", default=[], metavar="URL",

@@ -103,8 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run a node in the foreground until SIGINT/SIGTERM. With no --model, serves the "
                                    "bundled SmolLM2-135M-Instruct (id SmolLM2-135M-Instruct-Q4_1). Without --join "
                                    "it starts a new one-node mesh; `hydra-node invite` prints a token others join with.")
-    s.add_argument("--model", action="append", default=[], metavar="PATH_OR_ID",
-                   help="a GGUF file (optionally ID=PATH) or the bundled id; repeatable")
+    s.add_argument("--model", action="append", default=[], metavar="MODEL",
+                   help="what to host, repeatable: a GGUF file (/models/x.gguf, or ID=PATH), the bundled id "
+                        "(SmolLM2-135M-Instruct-Q4_1), a catalogue name (Qwen3-8B-Q4_K_M; `hydra-node models list`), "
+                        "hf://OWNER/REPO[@REV]/FILE.gguf or https://.../x.gguf (optionally ID=URL; downloaded "
+                        "first, or fetched from a peer with --join; docs/models.md), or placement:NAME (a "
+                        "model_weights artifact from the placement cache or namespaces; docs/placement.md)")
     s.add_argument("--no-model", action="store_true",
                    help="host no model: join the mesh, answer the API and offer capacity")
     s.add_argument("--max-memory", type=float, metavar="GB",
@@ -256,6 +260,7 @@ def cmd_serve(args) -> int:
     import trio
 
     from hydra_node.mesh.identity import IdentityError
+    from hydra_node.listen import ListenError
     from hydra_node.logging_setup import setup_logging
     from hydra_node.models import ModelNotFound
     from hydra_node.node import serve
@@ -278,7 +283,7 @@ def cmd_serve(args) -> int:
     except (MeshError, JoinFailed) as exc:
         print(f"hydra-node: {_mesh_failure(exc)}", file=sys.stderr)
         return EXIT_FAILED
-    except (ModelNotFound, NodeAlreadyRunning, IdentityError, RunnerLoadError, RuntimeError) as exc:
+    except (ListenError, ModelNotFound, NodeAlreadyRunning, IdentityError, RunnerLoadError, RuntimeError) as exc:
         print(f"hydra-node: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as exc:
@@ -289,7 +294,8 @@ def cmd_serve(args) -> int:
         leaves = exception_leaves(eg)
         if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
             return 130
-        expected = (MeshError, JoinFailed, ModelNotFound, NodeAlreadyRunning, IdentityError, RunnerLoadError, OSError)
+        expected = (MeshError, JoinFailed, ListenError, ModelNotFound, NodeAlreadyRunning, IdentityError, RunnerLoadError,
+                    OSError)
         if not all(isinstance(leaf, expected) for leaf in leaves):
             raise
         for leaf in leaves:

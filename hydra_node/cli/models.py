@@ -6,12 +6,17 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from hydra_node.cli.client import NodeClient, NodeClientError
 from hydra_node.runtime.hosting.service import (
     DEFAULT_SPLIT_STALL_TIMEOUT_S,
     SWAP_WAIT_DEFAULT_S,
 )
+
+if TYPE_CHECKING:  # imported where used: the CLI starts without the fetch machinery
+    from hydra_node.runtime.fetch import BadModelSource, DownloadError
+    from hydra_node.runtime.fetch.transfer import ProgressMeter
 
 #: Bounds accepted for --stall-timeout.
 MIN_STALL_TIMEOUT_S = 1.0
@@ -64,7 +69,7 @@ LIST_TIMEOUT_S = 10.0
 UNLOAD_TIMEOUT_S = 30.0
 
 
-def fetch_failed(exc: Exception) -> int:
+def fetch_failed(exc: BadModelSource | DownloadError) -> int:
     """One line on stderr for a model that could not be fetched; the exit code (2: a bad name or URL, 1: the download)."""
     from hydra_node.runtime.fetch import BadModelSource
 
@@ -126,7 +131,7 @@ class StderrProgress:
         self.clock = clock or time.monotonic
         self.tty = self.stream.isatty()
         self._last = float("-inf")
-        self._meter = None
+        self._meter: ProgressMeter | None = None
 
     def __call__(self, meter) -> None:
         self._meter = meter
@@ -136,6 +141,7 @@ class StderrProgress:
             self._draw()
 
     def _draw(self) -> None:
+        assert self._meter is not None  # drawn once a meter came
         line = self._meter.line(self.label)
         self.stream.write(f"\r{line}\x1b[K" if self.tty else f"{line}\n")
         self.stream.flush()

@@ -42,7 +42,7 @@ def _add_namespace_args(p: argparse.ArgumentParser) -> None:
                    help="an S3 bucket (endpoint, region and prefix: the node's [placement] s3_* keys)")
 
 
-def _add_vast_args(p: argparse.ArgumentParser) -> None:
+def _add_vast_args(p: argparse._ActionsContainer) -> None:  # a parser or an argument group
     for key, _ in _VAST_FLAGS:
         flag = "--" + key.replace("_", "-")
         p.add_argument(flag, dest=key, metavar="URL" if key.endswith("endpoint") else "TEXT",
@@ -191,7 +191,7 @@ def cmd_placement(args, client: NodeClient) -> int:
     return EXIT_FAILED if shape == "op" and answer.get("state") == "failed" else 0
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

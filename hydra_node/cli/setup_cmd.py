@@ -94,7 +94,7 @@ def gather_facts(home: Path) -> MachineFacts:
     total, avail = read_meminfo()
     probe = home if home.exists() else next((p for p in home.parents if p.exists()), Path("/"))
     return MachineFacts(
-        python=tuple(sys.version_info[:3]), platform=f"{platform.system()} {platform.machine()}",
+        python=(sys.version_info.major, sys.version_info.minor, sys.version_info.micro), platform=f"{platform.system()} {platform.machine()}",
         cores=os.cpu_count() or 1, compiler=shutil.which("cc") or shutil.which("gcc") or shutil.which("clang"),
         cmake=shutil.which("cmake"), llama_cpp_version=llama_version, rpc=rpc, backends=backends,
         gpu_tools={t: p for t in ("nvidia-smi", "nvcc", "glslc", "rocminfo") if (p := shutil.which(t))},

@@ -4,8 +4,8 @@ and with ``--apply`` write it into the default config file (docs/tuning.md).
 The axes come from the flags (comma-separated values); an axis not given is the current
 config's value (flash attention and ``ubatch`` are varied by default, see :func:`axes_from_args`).
 The policy is pure (``hydra_node/runtime/tuning/plan.py``), the sweep runs each candidate in
-the node's own runner child (``cli/tune_sweep.py``), and ``--apply`` edits the file line by
-line (``cli/toml_edit.py``), keeping comments and every other key, after a backup.
+the node's own runner child (``cli/tune_sweep.py``), and ``--apply`` edits the file with
+``tomlkit`` (:func:`set_keys`), keeping comments, layout and every other key, after a backup.
 """
 
 from __future__ import annotations
@@ -13,10 +13,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping, MutableMapping
+from functools import partial
 from pathlib import Path
+from typing import Any
+
+import tomlkit
 
 from hydra_node.cli.config_sources import default_config_path, load_layered
-from hydra_node.cli.toml_edit import TomlEditError, set_keys
 from hydra_node.cli.tune_sweep import Draft, SweepSettings, run_sweep
 from hydra_node.config import ConfigError, FileConfig, default_home, parse_config_text
 from hydra_node.runtime.tuning.plan import (Candidate, Outcome, TuneAxes, candidate_grid, eta_s, progress_line,
@@ -24,7 +28,7 @@ from hydra_node.runtime.tuning.plan import (Candidate, Outcome, TuneAxes, candid
 from hydra_node.runtime.tuning.trial import TrialSettings
 
 __all__ = ["DEFAULT_BUDGET_S", "DEFAULT_TOLERANCE_PCT", "add_tune_parser", "apply_profile", "axes_from_args",
-           "cmd_benchmark"]
+           "cmd_benchmark", "set_keys"]
 
 #: ``--budget`` default: a few minutes.
 DEFAULT_BUDGET_S = 180.0
@@ -156,13 +160,29 @@ def _draft(args, f: FileConfig) -> tuple[Draft | None, bool]:
                                                 min_speedup=spec.min_predicted_speedup))), bool(args.draft)
 
 
+def set_keys(text: str, keys: Mapping[str, Any]) -> str:
+    """``text`` with each dotted key (``"defaults.model_fit.ctx_size"``) set to its value, a missing
+    table appended; tomlkit keeps every comment, blank line and other key.  ``ValueError`` for text
+    that is not TOML or a key under a value that is no table."""
+    doc = tomlkit.parse(text)
+    for dotted, value in keys.items():
+        *tables, name = dotted.split(".")
+        node: Any = doc
+        for table in tables:
+            node = node.setdefault(table, tomlkit.table(is_super_table=True))
+            if not isinstance(node, MutableMapping):
+                raise ValueError(f"{dotted}: {table} is not a table")
+        node[name] = value
+    return tomlkit.dumps(doc)
+
+
 def apply_profile(path: Path, keys: dict) -> Path | None:
     """Write ``keys`` into the config file at ``path`` (created if absent); returns the backup path."""
     old = path.read_text(encoding="utf-8") if path.exists() else "# hydra-node configuration (docs/config.md)\n"
     try:
         new = set_keys(old, keys)
-    except TomlEditError as exc:
-        raise ConfigError(f"--apply: {path}: {exc}") from None
+    except ValueError as exc:  # tomlkit's ParseError is one
+        raise ConfigError(f"--apply: {path}: {exc}; edit {', '.join(keys)} by hand") from None
     parse_config_text(new, str(path))  # never write a file serve would refuse
     backup = None
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -193,17 +213,19 @@ def _row(o: Outcome, mark: str) -> str:
 
 def report_json(outcomes: list[Outcome], base: Candidate, rec: Outcome | None, model: str, tol: float) -> dict:
     base_o = next((o for o in outcomes if o.candidate == base), None)
+    rec_figures = None if rec is None else rec.figures
+    assert rec is None or rec_figures is not None  # recommend() picks a measured outcome
     gain = None
-    if rec is not None and base_o is not None and base_o.figures is not None:
-        b, r = base_o.figures, rec.figures
+    if rec_figures is not None and base_o is not None and base_o.figures is not None:
+        b, r = base_o.figures, rec_figures
         gain = {"gen_tok_s_pct": round((r.gen_tok_s / b.gen_tok_s - 1) * 100, 1) if b.gen_tok_s else None,
                 "ttft_ms_pct": round((r.ttft_ms / b.ttft_ms - 1) * 100, 1) if b.ttft_ms else None}
     return {"model": model, "tolerance_pct": tol, "baseline": base.label(),
             "candidates": [{"profile": o.candidate.label(), "keys": o.candidate.config_keys(), "status": o.status,
                             "figures": o.figures.to_json() if o.figures else None, "error": o.error or None,
                             "seconds": round(o.seconds, 2)} for o in outcomes],
-            "recommended": None if rec is None else {"profile": rec.candidate.label(), "keys": rec.candidate.config_keys(),
-                                                     "figures": rec.figures.to_json()},
+            "recommended": None if rec is None or rec_figures is None else {
+                "profile": rec.candidate.label(), "keys": rec.candidate.config_keys(), "figures": rec_figures.to_json()},
             "gain_vs_baseline": gain}
 
 
@@ -247,10 +269,10 @@ def cmd_benchmark(args, environ) -> int:
     settings = SweepSettings(budget_s=args.budget, tolerance_pct=args.throughput_tolerance_pct, trial=trial)
     print(f"tuning {model.id}: {len(grid)} candidates, budget {args.budget:g} s", file=sys.stderr)
     outcomes = trio.run(lambda: run_sweep(model, runner_settings_from(f), grid, settings, draft,
-                                          lambda *a: _progress(*a, budget=args.budget)))
+                                          partial(_progress, budget=args.budget)))
     rec = recommend(outcomes, args.throughput_tolerance_pct, base)
     report = report_json(outcomes, base, rec, model.id, args.throughput_tolerance_pct)
-    if rec is not None and draft_from_flag and rec.candidate.draft_max_tokens is not None:
+    if rec is not None and draft_from_flag and draft is not None and rec.candidate.draft_max_tokens is not None:
         report["recommended"]["keys"].update({"defaults.speculative.strategy": "local",
                                               "defaults.speculative.draft_model": draft.model})
     if args.json:
@@ -285,10 +307,10 @@ def cmd_benchmark(args, environ) -> int:
     return 0
 
 
-def _has(table: dict, dotted: str) -> bool:
-    node = table
+def _has(table: Mapping[str, Any], dotted: str) -> bool:
+    node: object = table
     for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
+        if not isinstance(node, Mapping) or part not in node:
             return False
         node = node[part]
     return True

@@ -7,7 +7,7 @@ small; import these names from :mod:`hydra_node.config`, which re-exports them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from hydra_node.runtime.runner.llama_params import (
     FLASH_ATTENTION_MODES,
@@ -76,7 +76,7 @@ def _coerce(key: str, typ: Any, value: Any) -> Any:
     return value
 
 
-def _one_of(prefix: str, key: str, value: str, allowed: tuple[str, ...]) -> None:
+def _one_of(prefix: str, key: str, value: object, allowed: tuple[str, ...]) -> None:
     _check(value in allowed, f"[{prefix}].{key}", f"must be one of {', '.join(allowed)}, not {value!r}")
 
 
@@ -133,7 +133,8 @@ class ModelFitSection:
         for key in ("type_k", "type_v"):
             if getattr(self, key):
                 _one_of(prefix, key, getattr(self, key), KV_CACHE_TYPES)
-        conflict = kv_flash_conflict(self.cache_type_v, self.flash_attention)
+        # (a str now: loading normalised true/false, and _one_of refused anything else)
+        conflict = kv_flash_conflict(self.cache_type_v, cast(str, self.flash_attention))
         _check(conflict is None, f"[{prefix}].{'type_v' if self.type_v else 'kv_dtype'}", conflict or "")
         self.prefix_cache.validate(f"{prefix}.prefix_cache")
 

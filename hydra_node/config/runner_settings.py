@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from hydra_node.config import FileConfig
 from hydra_node.runtime.runner.records import RunnerSettings
 
@@ -11,10 +13,12 @@ __all__ = ["runner_settings_from"]
 def runner_settings_from(f: FileConfig, extra_argv: tuple[str, ...] = ()) -> RunnerSettings:
     """A runner's settings from the file config (``serve``, and ``benchmark tune``'s candidates)."""
     mf, tp, hw, rn = f.defaults.model_fit, f.defaults.throughput, f.defaults.hardware, f.runner
+    # flash_attention and mmap are strings once loaded (true/false become "on"/"off": _coerce)
+    flash_attention, mmap = cast(str, mf.flash_attention), cast(str, hw.mmap)
     return RunnerSettings(n_ctx=mf.ctx_size, n_batch=mf.batch, parallel=tp.parallel,
                           continuous_batching=tp.continuous_batching, threads=tp.threads, threads_batch=tp.threads_batch,
-                          n_ubatch=mf.ubatch, flash_attention=mf.flash_attention, type_k=mf.cache_type_k,
-                          type_v=mf.cache_type_v, mmap=hw.mmap, n_gpu_layers=hw.n_gpu_layers,
+                          n_ubatch=mf.ubatch, flash_attention=flash_attention, type_k=mf.cache_type_k,
+                          type_v=mf.cache_type_v, mmap=mmap, n_gpu_layers=hw.n_gpu_layers,
                           mlock=hw.mlock, prompt_cache=mf.prompt_cache, share_prefixes=mf.prefix_cache.enabled,
                           min_shared_tokens=mf.prefix_cache.min_tokens,
                           max_cached_prefixes=mf.prefix_cache.max_entries, warmup=hw.warmup, queue_size=tp.queue_size, load_timeout_s=rn.load_timeout_s,

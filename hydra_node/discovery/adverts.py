@@ -80,8 +80,10 @@ def listing_content(mesh: AdvertisedMesh, settings: DiscoverySettings, *, peers:
     """Our Nostr listing: the mesh, a standing invite for it, what it serves and how full it is."""
     listed = sorted({m for m in serving if 0 < len(m) <= MAX_MODEL_NAME and m.isprintable()})[:MAX_LISTED_MODELS]
     # MeshService.token() is already re-issued near expiry and whenever our mesh changed.
+    mesh_id, token = mesh.mesh_id, mesh.token()
+    assert mesh_id is not None and token is not None  # listed only while we are in a mesh
     return ListingContent(
-        mesh_id=mesh.mesh_id, invite_token=mesh.token(), serving=tuple(listed),
+        mesh_id=mesh_id, invite_token=token, serving=tuple(listed),
         node_count=min(1 + len(peers), MAX_LISTING_COUNT),
         client_count=min(sum(1 for p in peers if p.role == "client"), MAX_LISTING_COUNT),
         max_clients=settings.max_clients, spare_slots=min(spare_slots, MAX_LISTING_COUNT),

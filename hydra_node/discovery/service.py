@@ -123,7 +123,7 @@ class DiscoveryService:
                 raise RuntimeError(str(exc)) from None
 
     # ---- lifecycle -----------------------------------------------------------------------
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[DiscoveryService] = trio.TASK_STATUS_IGNORED) -> None:
         """Join (choosing the mesh with ``--auto``), then announce and publish until cancelled."""
         async with trio.open_nursery() as nursery:
             if self.settings.auto and not self.plan.invites:
@@ -179,6 +179,7 @@ class DiscoveryService:
             self._outcome("resumed", None)
             return None
         for cand in candidates:
+            assert cand.token is not None  # the candidates without one (members) were resumed above
             try:
                 plan = JoinPlan.from_tokens((cand.token,), time.time(), admission_timeout_s=s.join_attempt_s)
                 await self.mesh.join(plan)
@@ -325,10 +326,10 @@ class DiscoveryService:
                          "addresses": list(a.addresses), "port": a.port, "models": list(a.models),
                          "node_count": a.node_count, "version": a.version} for a in self.responder.adverts()]}
         if self.publisher is not None:
-            st = self.publisher.statistics()
-            out["nostr"] = {"pubkey": self.publisher.pubkey, "published": st.published, "withdrawn": st.withdrawn,
-                            "event_id": st.current_event_id,
+            pst = self.publisher.statistics()
+            out["nostr"] = {"pubkey": self.publisher.pubkey, "published": pst.published, "withdrawn": pst.withdrawn,
+                            "event_id": pst.current_event_id,
                             "relays": [{"url": r.url, "connected": r.connected, "ok_accepted": r.ok_accepted,
                                         "ok_rejected": r.ok_rejected, "last_error": r.last_error}
-                                       for r in st.relays]}
+                                       for r in pst.relays]}
         return out

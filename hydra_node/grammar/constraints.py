@@ -22,7 +22,7 @@ indentation): a small model cannot loop on whitespace.
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from typing import Any, Sequence
 
 from hydra_node.grammar.terms import gbnf_literal
 from hydra_node.grammar.schema import GrammarBuilder
@@ -48,7 +48,7 @@ def _finish(b: GrammarBuilder, root: str, param: str) -> str:
     return text
 
 
-def json_schema_grammar(schema: dict, *, param: str) -> str:
+def json_schema_grammar(schema: dict[str, Any], *, param: str) -> str:
     """GBNF (root rule ``root``) for one JSON value that validates against ``schema``.
 
     ``param`` names where the schema came from (e.g. ``response_format.json_schema.schema``);
@@ -65,7 +65,7 @@ def json_object_grammar() -> str:
     return _finish(b, b.use("object"), "response_format")
 
 
-def _arguments_schema(tool: ToolSpec, param: str) -> dict:
+def _arguments_schema(tool: ToolSpec, param: str) -> dict[str, Any]:
     try:
         schema = json.loads(tool.parameters)
     except ValueError:

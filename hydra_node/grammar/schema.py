@@ -18,7 +18,7 @@ Supported keywords (:data:`KEYWORDS`):
   latter two generate extra properties only when there are no ``properties``);
 * arrays: ``items`` (a schema, ``false``, or a list as draft-4 tuples), ``prefixItems``,
   ``minItems``, ``maxItems``;
-* strings: ``minLength``, ``maxLength``, ``pattern`` (see ``gbnf_regex``; not with the others),
+* strings: ``minLength``, ``maxLength``, ``pattern`` (see :mod:`.regex`; not with the others),
   ``format`` (date, time, date-time, uuid, email, hostname, ipv4, uri: sound subsets of bounded
   length, see ``gbnf_terms.FORMATS``; with ``minLength``/``maxLength`` only when every value the
   format rule makes fits them, e.g. pydantic's ``HttpUrl``);
@@ -32,6 +32,7 @@ Supported keywords (:data:`KEYWORDS`):
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from hydra_node.grammar.terms import PRIMITIVES, gbnf_literal
 from hydra_node.grammar.schema_types import ANNOTATIONS, FAMILY, of_type, pointer, typed_rule
@@ -102,7 +103,7 @@ class GrammarBuilder:
         self._roots += 1
         return self._visit(schema, "#", hint, frozenset(), 0)
 
-    def _visit(self, s: object, ptr: str, hint: str, guard: frozenset, depth: int) -> str:
+    def _visit(self, s: object, ptr: str, hint: str, guard: frozenset[str], depth: int) -> str:
         """``guard``: the ``$ref`` targets entered since the last character a rule consumes (a
         reference back to one of them would be left recursion, which llama.cpp refuses)."""
         if depth > MAX_DEPTH:
@@ -143,7 +144,7 @@ class GrammarBuilder:
         exprs = [self._typed(s, t, ptr, hint, depth) for t in types]
         return exprs[0] if len(exprs) == 1 else self.add(hint, " | ".join(exprs))
 
-    def _types(self, s: dict, ptr: str) -> list[str] | None:
+    def _types(self, s: dict[str, Any], ptr: str) -> list[str] | None:
         """The types to generate (None: any JSON value); keywords that apply to none of the
         declared types are refused (they would be silently meaningless)."""
         t = s.get("type")
@@ -160,7 +161,7 @@ class GrammarBuilder:
                 raise self.unsupported(f"'{key}' on type {'/'.join(types)}", ptr)
         return list(dict.fromkeys(types))
 
-    def _ref(self, ref: object, ptr: str, guard: frozenset, depth: int) -> str:
+    def _ref(self, ref: object, ptr: str, guard: frozenset[str], depth: int) -> str:
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise self.unsupported(f"'$ref' to {ref!r:.80} (only local '#/...' references)", ptr)
         key = (self._roots, ref)
@@ -190,14 +191,14 @@ class GrammarBuilder:
             raise self.unsupported(f"'$ref' {ref!r:.80} (anchors; use a '#/...' pointer)", ptr)
         return node
 
-    def _all_of(self, s: dict, ptr: str, hint: str, guard: frozenset, depth: int) -> str:
+    def _all_of(self, s: dict[str, Any], ptr: str, hint: str, guard: frozenset[str], depth: int) -> str:
         subs = s["allOf"]
         if not isinstance(subs, list) or not subs:
             raise self.fail("'allOf' must be a non-empty array", ptr)
         others = {k for k in s if k not in ANNOTATIONS} - {"allOf"}
         if len(subs) == 1 and not others:
             return self._visit(subs[0], pointer(ptr, "allOf", 0), hint, guard, depth + 1)
-        merged: dict = {"type": "object", "properties": {}, "required": []}
+        merged: dict[str, Any] = {"type": "object", "properties": {}, "required": []}
         parts = [(ptr, {k: s[k] for k in others})] + [(pointer(ptr, "allOf", i), x) for i, x in enumerate(subs)]
         for where, part in parts:
             seen: set[str] = set()
@@ -219,7 +220,7 @@ class GrammarBuilder:
             merged["required"] += [r for r in part.get("required") or [] if r not in merged["required"]]
         return self._visit(merged, ptr, hint, guard, depth + 1)
 
-    def _literals(self, s: dict, ptr: str, hint: str, types: list[str] | None) -> str:
+    def _literals(self, s: dict[str, Any], ptr: str, hint: str, types: list[str] | None) -> str:
         others = sorted(set(s) - ANNOTATIONS - {"type", "enum", "const"})
         if others or ("enum" in s and "const" in s):
             raise self.unsupported(f"'{'const' if 'const' in s else 'enum'}' next to '{(others or ['enum'])[0]}'",
@@ -239,7 +240,7 @@ class GrammarBuilder:
                 raise self.fail(f"'enum'/'const' value {v!r:.40} is not JSON", ptr) from None
         return self.add(hint, " | ".join(dict.fromkeys(alts)))
 
-    def _typed(self, s: dict, t: str, ptr: str, hint: str, depth: int) -> str:
+    def _typed(self, s: dict[str, Any], t: str, ptr: str, hint: str, depth: int) -> str:
         return typed_rule(self, s, t, ptr, hint, depth)
 
     def visit_child(self, s: object, ptr: str, hint: str, depth: int) -> str:

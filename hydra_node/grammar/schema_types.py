@@ -1,19 +1,20 @@
 """GBNF for one JSON type of a schema (pure): objects, arrays, strings, integers, numbers.
 
-Called by ``schema_gbnf.GrammarBuilder`` (passed in as ``b``: ``use``/``add``/``fail``/
+Called by ``schema.GrammarBuilder`` (passed in as ``b``: ``use``/``add``/``fail``/
 ``unsupported``/``visit_child``), which has already checked that every keyword is known and
-applies to the schema's types. See ``schema_gbnf`` for the subset and what it generates.
+applies to the schema's types. See :mod:`.schema` for the subset and what it generates.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Protocol
 
 from hydra_node.grammar.regex import PatternError, pattern_gbnf
 from hydra_node.grammar.terms import (FORMATS, INT_FORMATS, MAX_DIGITS, MAX_REPEAT, NUMBER_FORMATS, gbnf_literal,
                                        int_range, repeat)
+from hydra_node.inference import InvalidRequest
 
 __all__ = ["ANNOTATIONS", "FAMILY", "of_type", "pointer", "typed_rule"]
 
@@ -34,6 +35,16 @@ _QUOTE = '"\\""'
 _BIG = 10 ** MAX_DIGITS
 
 
+class RuleBuilder(Protocol):
+    """What the rules here use of ``schema.GrammarBuilder`` (``b``)."""
+
+    def use(self, name: str) -> str: ...
+    def add(self, hint: str, body: str) -> str: ...
+    def fail(self, what: str, ptr: str) -> InvalidRequest: ...
+    def unsupported(self, what: str, ptr: str) -> InvalidRequest: ...
+    def visit_child(self, s: object, ptr: str, hint: str, depth: int) -> str: ...
+
+
 def pointer(base: str, *parts: object) -> str:
     """A JSON pointer (``#/a/b``) extended by ``parts`` (escaped as RFC 6901 says)."""
     return base + "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
@@ -44,12 +55,12 @@ def of_type(v: object, t: str) -> bool:
     if t == "integer":
         return type(v) is int or (type(v) is float and v.is_integer())
     if t == "number":
-        return type(v) in (int, float) and math.isfinite(v)
+        return (type(v) is int or type(v) is float) and math.isfinite(v)
     return {"null": v is None, "boolean": isinstance(v, bool), "string": isinstance(v, str),
             "object": isinstance(v, dict), "array": isinstance(v, list)}[t]
 
 
-def typed_rule(b: Any, s: dict, t: str, ptr: str, hint: str, depth: int) -> str:
+def typed_rule(b: RuleBuilder, s: dict[str, Any], t: str, ptr: str, hint: str, depth: int) -> str:
     """A GBNF expression for the values of type ``t`` that satisfy ``s``."""
     if t in ("null", "boolean"):
         return b.use(t)
@@ -62,7 +73,7 @@ def typed_rule(b: Any, s: dict, t: str, ptr: str, hint: str, depth: int) -> str:
     return _array(b, s, ptr, hint, depth)
 
 
-def _count(b: Any, s: dict, key: str, ptr: str) -> int | None:
+def _count(b: RuleBuilder, s: dict[str, Any], key: str, ptr: str) -> int | None:
     v = s.get(key)
     if v is None:
         return None
@@ -73,7 +84,7 @@ def _count(b: Any, s: dict, key: str, ptr: str) -> int | None:
     return v
 
 
-def _bounds(b: Any, s: dict, lo_key: str, hi_key: str, ptr: str) -> tuple[int, int | None]:
+def _bounds(b: RuleBuilder, s: dict[str, Any], lo_key: str, hi_key: str, ptr: str) -> tuple[int, int | None]:
     lo, hi = _count(b, s, lo_key, ptr) or 0, _count(b, s, hi_key, ptr)
     if hi is not None and lo > hi:
         raise b.fail(f"'{lo_key}' is greater than '{hi_key}'", ptr)
@@ -83,7 +94,7 @@ def _bounds(b: Any, s: dict, lo_key: str, hi_key: str, ptr: str) -> tuple[int, i
 
 
 # ---- strings ------------------------------------------------------------------------------
-def _string(b: Any, s: dict, ptr: str, hint: str) -> str:
+def _string(b: RuleBuilder, s: dict[str, Any], ptr: str, hint: str) -> str:
     lengths = {"minLength", "maxLength"} & s.keys()
     if "pattern" in s and ("format" in s or lengths):
         raise b.unsupported(f"'pattern' together with '{'format' if 'format' in s else sorted(lengths)[0]}'", ptr)
@@ -112,26 +123,26 @@ def _string(b: Any, s: dict, ptr: str, hint: str) -> str:
 
 
 # ---- numbers ------------------------------------------------------------------------------
-def _bound(b: Any, s: dict, key: str, ptr: str) -> float | int | None:
-    v = s.get(key)
+def _bound(b: RuleBuilder, s: dict[str, Any], key: str, ptr: str) -> float | int | None:
+    v: object = s.get(key)
     if v is None:
         return None
     if type(v) is bool and key.startswith("exclusive"):
         raise b.unsupported(f"a boolean '{key}' (draft 4; use a number)", ptr)
-    if type(v) not in (int, float) or not math.isfinite(v):
+    if not (type(v) is int or type(v) is float) or not math.isfinite(v):
         raise b.fail(f"'{key}' must be a number", ptr)  # a bool too
     return v
 
 
-def _number(b: Any, s: dict, t: str, ptr: str, hint: str) -> str:
+def _number(b: RuleBuilder, s: dict[str, Any], t: str, ptr: str, hint: str) -> str:
     mn, mx = _bound(b, s, "minimum", ptr), _bound(b, s, "maximum", ptr)
     xmn, xmx = _bound(b, s, "exclusiveMinimum", ptr), _bound(b, s, "exclusiveMaximum", ptr)
     fmt = s.get("format")
     if fmt is not None and not (t == "integer" and fmt in INT_FORMATS or fmt in NUMBER_FORMATS):
         raise b.unsupported(f"'format' {fmt!r:.40} on type {t}", ptr)
     if fmt in INT_FORMATS:  # the format's range, as bounds
-        flo, fhi = INT_FORMATS[fmt]
-        mn, mx = max(flo, mn if mn is not None else flo), min(fhi, mx if mx is not None else fhi)
+        int_lo, int_hi = INT_FORMATS[fmt]
+        mn, mx = max(int_lo, mn if mn is not None else int_lo), min(int_hi, mx if mx is not None else int_hi)
     if mn is None and mx is None and xmn is None and xmx is None:
         return b.use(t)
     # the integers k with every bound satisfied
@@ -168,7 +179,7 @@ def _number(b: Any, s: dict, t: str, ptr: str, hint: str) -> str:
 
 
 # ---- objects ------------------------------------------------------------------------------
-def _object(b: Any, s: dict, ptr: str, hint: str, depth: int) -> str:
+def _object(b: RuleBuilder, s: dict[str, Any], ptr: str, hint: str, depth: int) -> str:
     props = s.get("properties", {})
     if not isinstance(props, dict):
         raise b.fail("'properties' must be an object", ptr)
@@ -216,7 +227,7 @@ def _object(b: Any, s: dict, ptr: str, hint: str, depth: int) -> str:
 
 
 # ---- arrays -------------------------------------------------------------------------------
-def _array(b: Any, s: dict, ptr: str, hint: str, depth: int) -> str:
+def _array(b: RuleBuilder, s: dict[str, Any], ptr: str, hint: str, depth: int) -> str:
     items, prefix, prefix_key = s.get("items"), s.get("prefixItems"), "prefixItems"
     if isinstance(items, list):  # draft-4 tuple form
         if prefix is not None:

@@ -86,9 +86,10 @@ class StreamedBlock:
                 if fit == "bad":
                     return self._mismatch(ch)
                 # "after": the value (a bare scalar) ended before ch, which belongs to what follows
-            elif ch != item[self._off]:
-                return self._mismatch(ch)
             else:
+                assert isinstance(item, str)  # a literal (every sentinel is handled above)
+                if ch != item[self._off]:
+                    return self._mismatch(ch)
                 self._off += 1
                 if self._off == len(item):
                     self._item, self._off = self._item + 1, 0

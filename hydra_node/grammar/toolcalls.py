@@ -233,12 +233,14 @@ class ToolCallParser:
     def _stream_block(self, text: str, out: list[ParserItem]) -> None:
         """Feed the streamed block; announce its start, pass its argument text, end it."""
         blk = self._streamed
+        assert blk is not None  # called only while a block streams
         args = blk.feed(text)
         if blk.name is not None and self._current is None:
             self._segment_ws, self._segment_started = "", False  # as for any call
             self._current = ToolCallStart(len(self._calls), self._new_id(), blk.name)
             out.append(self._current)
         if args:
+            assert self._current is not None  # argument text comes only after the name
             self._args.append(args)
             out.append(ToolCallArguments(self._current.index, args))
         if blk.state == "done":
@@ -249,7 +251,9 @@ class ToolCallParser:
             self._block, self._scan_from = blk.rest, 0
 
     def _end_streamed(self, out: list[ParserItem]) -> None:
-        start, complete = self._current, self._streamed.value_complete
+        start, streamed = self._current, self._streamed
+        assert start is not None and streamed is not None  # called only for an announced streamed block
+        complete = streamed.value_complete
         raw = "".join(self._args)
         call = ParsedToolCall(start.index, start.id, start.name, _compact(raw) if complete else raw,
                               streamed=True, complete=complete)

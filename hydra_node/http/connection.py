@@ -1,10 +1,12 @@
 """One HTTP/1.1 connection of :class:`hydra_node.http.server.HttpServer` (h11 over a trio stream).
 
-Per request: read the head within a deadline; screen it (``http_guard.screen``: Host, Origin,
+Per request: read the head within a deadline; screen it (``guard.screen``: Host, Origin,
 Content-Type, API key, CORS preflight) before any body is read, so ``Expect: 100-continue``
 gets ``100 Continue`` only when the request will be served and its final refusal at once
 otherwise; read the bounded body; call the handler while watching the socket for EOF (bytes
 pipelined behind the request are read only up to a bound, then the socket is left unread).
+The handler and the response run in a nursery of the request's own (``Request.nursery``), so
+every task of a request is cancelled with it: client gone, response over, server stopped.
 """
 
 from __future__ import annotations
@@ -249,12 +251,17 @@ class Connection:
         return head
 
     async def _respond(self, request: Request, verdict: Verdict | None) -> None:
-        # Watch the socket while we work: EOF means the client is gone -> cancel the work.
+        # The request's nursery: the handler, the response's body and every task either starts in
+        # ``request.nursery`` live in it. Watch the socket while we work: EOF means the client is
+        # gone -> cancel the whole request. Once the response is over (body closed, finalizer
+        # run) what is left is cancelled, and the next request waits until it has ended.
         gone = trio.Event()
         client_gone = False
         async with trio.open_nursery() as nursery:
+            request.nursery = nursery
             nursery.start_soon(self._watch_disconnect, gone, nursery.cancel_scope)
             try:
+                resp: Response | StreamResponse
                 if verdict is not None:  # a CORS preflight, answered before the API key is looked at
                     resp = Response(verdict.status, headers=list(verdict.headers))
                     self._extra = []

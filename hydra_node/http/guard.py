@@ -76,8 +76,9 @@ def key_matches(headers: dict, key: str | None) -> bool:
     if bearer_matches(headers.get("authorization"), key):
         return True
     given = headers.get("x-api-key")
-    return given is not None and hmac.compare_digest(given.strip().encode("utf-8", "surrogateescape"),
-                                                     key.encode("utf-8"))
+    # (key is not None here: without one, bearer_matches said True)
+    return key is not None and given is not None and hmac.compare_digest(
+        given.strip().encode("utf-8", "surrogateescape"), key.encode("utf-8"))
 
 
 def bearer_matches(authorization: str | None, key: str | None) -> bool:
@@ -166,7 +167,7 @@ def response_headers(headers: dict, settings: GuardSettings) -> list[tuple[str, 
         return []
     origin = headers.get("origin")
     out = [("vary", "Origin")]
-    if _cors_allowed(origin, settings):
+    if origin is not None and _cors_allowed(origin, settings):
         out.append(("access-control-allow-origin", "*" if "*" in settings.cors_origins else origin.strip()))
         out.append(("access-control-expose-headers", EXPOSE_HEADERS))
     return out

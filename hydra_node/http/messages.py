@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncGenerator, Awaitable, Callable
 
 import trio
 
@@ -31,6 +31,12 @@ class Request:
     headers: dict  # lower-case name -> value (last wins)
     body: bytes
     client: str = ""
+    #: The request's own nursery, opened by the connection around the handler and the whole
+    #: response (None outside the HTTP server). A task the handler or a streamed body starts here
+    #: is part of the request: it is cancelled when the client goes away, and when the response is
+    #: over (after the body is closed and its finalizer ran), and the connection waits for it to
+    #: end before it reads the next request. A task that raises ends the response and the connection.
+    nursery: trio.Nursery | None = field(default=None, repr=False, compare=False)
 
     def json(self):
         """The body as JSON; ``ValueError`` for anything that is not (nesting past the decoder's own
@@ -63,11 +69,13 @@ class StreamResponse:
 
     If the client disconnects or the server drains, the generator is closed
     (``GeneratorExit``/``Cancelled`` inside it).  ``on_interrupt`` bytes, if given,
-    are written as the last chunk when a drain interrupts the stream.
+    are written as the last chunk when a drain interrupts the stream.  A body that needs
+    tasks of its own (a generator cannot hold a nursery open across ``yield``) starts them in
+    the request's nursery (:attr:`Request.nursery`), which outlives the body.
     """
 
     status: int
-    body: AsyncIterator[bytes]
+    body: AsyncGenerator[bytes, None]  # an async generator: closed (aclose) when the response ends
     content_type: str = "text/event-stream"
     headers: list = field(default_factory=list)
     on_interrupt: Callable[[str], bytes] | None = None

@@ -23,6 +23,7 @@ from hydra_node.http.connection import Connection
 from hydra_node.http.guard import GuardSettings
 from hydra_node.http.limits import ConnectionTable, HttpLimits, RateLimitedLog
 from hydra_node.http.messages import Handler, Request, Response, StreamResponse
+from hydra_node.listen import ListenPurpose, bind_tcp, close_listeners
 
 __all__ = ["Handler", "HttpServer", "Request", "Response", "StreamResponse", "serve_http",
            "MAX_BODY_BYTES", "MAX_HEADER_BYTES"]
@@ -58,15 +59,30 @@ class HttpServer:
         self._idle: set[trio.CancelScope] = set()
         self._streams: set[trio.CancelScope] = set()
         self._listener_scope: trio.CancelScope | None = None
+        self._bound: list[trio.SocketListener] | None = None  # bind() before run(): served by run()
         self._active = 0
         self._all_done = trio.Event()
         self._all_done.set()
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Listen, and serve connections in a nursery of our own; reports the bound port."""
+    async def bind(self, purpose: ListenPurpose) -> int:
+        """Bind the port now and serve it later (:meth:`run`), so a port in use fails the start before
+        anything else happens: :class:`~hydra_node.listen.PortInUse` naming ``purpose``.  Returns the port."""
+        self._bound = await bind_tcp(self.host, self.port, purpose)
+        self.port = self._bound[0].socket.getsockname()[1]
+        return self.port
+
+    def close_unserved(self) -> None:
+        """Close what :meth:`bind` bound if :meth:`run` never took it (a start that failed in between)."""
+        close_listeners(self._bound)
+        self._bound = None
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen (on what :meth:`bind` bound, else bind now), and serve connections in a nursery of
+        our own; reports the bound port."""
         async with trio.open_nursery() as conns:
             with trio.CancelScope() as self._listener_scope:
-                listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+                listeners = self._bound or await trio.open_tcp_listeners(self.port, host=self.host)
+                self._bound = None  # serve_listeners owns them now (and closes them)
                 self.port = listeners[0].socket.getsockname()[1]
                 task_status.started(self.port)
                 await trio.serve_listeners(self._connection, listeners, handler_nursery=conns)

@@ -24,7 +24,7 @@ import math
 import sys
 from array import array
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from hydra_node.inference.errors import GenerationError, InvalidRequest, MalformedRemoteEvent
 from hydra_node.inference.events import MAX_SERVED_BY_CHARS, MAX_TOKEN_COUNT, remote_error_from_wire
@@ -92,7 +92,7 @@ class EmbeddingRequest:
             raise InvalidRequest(f"'input' must hold 1 to {MAX_EMBEDDING_INPUTS} inputs", "input")
         object.__setattr__(self, "inputs", tuple(_check_input(i, v) for i, v in enumerate(self.inputs)))
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"model": self.model, "inputs": [v if isinstance(v, str) else list(v) for v in self.inputs],
                 "request_id": self.request_id}
 
@@ -110,7 +110,7 @@ class EmbeddingRequest:
         return cls(d["model"], tuple(d["inputs"]), d["request_id"])
 
 
-def vector_bytes(values) -> bytes:
+def vector_bytes(values: Iterable[float]) -> bytes:
     """``values`` (floats) as little-endian float32 bytes."""
     a = array("f", values)
     if sys.byteorder != "little":
@@ -139,7 +139,7 @@ class EmbeddingResult:
     def dimensions(self) -> int:
         return len(self.vectors[0]) // 4 if self.vectors else 0
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"vectors": list(self.vectors), "prompt_tokens": self.prompt_tokens, "served_by": self.served_by}
 
     @classmethod
@@ -154,9 +154,9 @@ class EmbeddingResult:
         return result
 
 
-def reply_messages(result: EmbeddingResult) -> list[dict]:
+def reply_messages(result: EmbeddingResult) -> list[dict[str, Any]]:
     """The messages of a successful reply: ``vectors`` messages (bounded) then ``embedded``."""
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     group: list[bytes] = []
     size = 0
     for v in result.vectors:
@@ -171,7 +171,7 @@ def reply_messages(result: EmbeddingResult) -> list[dict]:
     return out
 
 
-def error_message(err: GenerationError) -> dict:
+def error_message(err: GenerationError) -> dict[str, Any]:
     """The message of a failed reply."""
     return {"op": "error", **err.to_wire()}
 
@@ -222,7 +222,7 @@ class EmbeddingAssembler:
                 raise MalformedRemoteEvent("embedding reply: a vector holds NaN or infinity")
             self.vectors.append(v)
 
-    def _finish(self, msg: dict) -> EmbeddingResult:
+    def _finish(self, msg: dict[str, Any]) -> EmbeddingResult:
         n = msg.get("prompt_tokens")
         if type(n) is not int or not 0 <= n <= MAX_TOKEN_COUNT:
             raise MalformedRemoteEvent(f"embedding reply: 'prompt_tokens' must be a token count, not {n!r:.40}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 #: Remote statuses that mean "the peer cannot serve this now" (relayed as 503); any other
 #: remote failure is relayed as 502.
 UNAVAILABLE_STATUSES = frozenset({429, 503})
@@ -18,6 +20,10 @@ class GenerationError(Exception):
     sensible before the first byte reached the client).
     """
 
+    #: True once the generation that failed had already yielded events to its caller: too late to
+    #: retry it elsewhere, whatever ``retryable`` says (the router sets it; it never crosses the wire).
+    streamed: bool = False
+
     def __init__(self, message: str, *, code: str = "generation_failed", status: int = 500,
                  retryable: bool = False, retry_after: float | None = None):
         super().__init__(message)
@@ -27,7 +33,7 @@ class GenerationError(Exception):
         self.retryable = retryable
         self.retry_after = retry_after
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"message": self.message, "code": self.code, "status": self.status,
                 "retryable": self.retryable, "retry_after": self.retry_after}
 

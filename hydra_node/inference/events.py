@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncContextManager, AsyncIterator, Protocol
@@ -46,9 +47,9 @@ class TokenLogprob:
     token: str
     logprob: float
     bytes: bytes
-    top: tuple[tuple[str, float, bytes], ...] = ()
+    top: tuple[tuple[str, float, builtins.bytes], ...] = ()  # (``bytes`` here is the field above)
 
-    def to_wire(self) -> list:
+    def to_wire(self) -> list[Any]:
         return [self.token, self.logprob, self.bytes, [list(t) for t in self.top]]
 
     @classmethod
@@ -75,8 +76,8 @@ class TextDelta:
     logprobs: tuple[TokenLogprob, ...] = ()
     type: str = field(default="delta", init=False)
 
-    def to_wire(self) -> dict:
-        d: dict = {"type": "delta", "text": self.text}
+    def to_wire(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"type": "delta", "text": self.text}
         if self.logprobs:
             d["logprobs"] = [e.to_wire() for e in self.logprobs]
         return d
@@ -94,7 +95,7 @@ class Finished:
     cached_tokens: int = 0  # prompt tokens reused from the runner's prefix cache
     type: str = field(default="finished", init=False)
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         d = asdict(self)
         d["type"] = "finished"
         return d
@@ -103,7 +104,7 @@ class Finished:
 GenerationEvent = TextDelta | Finished
 
 
-def _text(d: dict, key: str, limit: int, default: str | None = None) -> str:
+def _text(d: dict[str, Any], key: str, limit: int, default: str | None = None) -> str:
     v = d.get(key, default)
     if not isinstance(v, str) or len(v) > limit:
         raise MalformedRemoteEvent(f"{d.get('type', 'event')!s:.20} event: {key!r} must be text of at most "
@@ -111,14 +112,14 @@ def _text(d: dict, key: str, limit: int, default: str | None = None) -> str:
     return v
 
 
-def _count(d: dict, key: str, default: int | None = None) -> int:
+def _count(d: dict[str, Any], key: str, default: int | None = None) -> int:
     v = d.get(key, default)
     if type(v) is not int or not 0 <= v <= MAX_TOKEN_COUNT:
         raise MalformedRemoteEvent(f"finished event: {key!r} must be a token count, not {v!r:.40}")
     return v
 
 
-def _millis(d: dict, key: str) -> float:
+def _millis(d: dict[str, Any], key: str) -> float:
     v = d.get(key, 0.0)
     if type(v) not in (int, float) or not 0.0 <= v <= MAX_EVENT_MILLIS:
         raise MalformedRemoteEvent(f"finished event: {key!r} must be a duration in ms, not {v!r:.40}")
@@ -145,8 +146,8 @@ def remote_error_from_wire(d: Any, *, relay_status: bool = False) -> GenerationE
         return MalformedRemoteEvent(f"remote error claiming status {status}: {message}", code="bad_status",
                                    remote_status=status)
     retryable = d.get("retryable") is True
-    retry_after = d.get("retry_after")
-    if type(retry_after) not in (int, float) or not 0.0 <= retry_after <= MAX_RETRY_AFTER_S:
+    retry_after: object = d.get("retry_after")
+    if not (type(retry_after) is int or type(retry_after) is float) or not 0.0 <= retry_after <= MAX_RETRY_AFTER_S:
         retry_after = None
     if relay_status:
         return GenerationError(message, code=code, status=status, retryable=retryable,

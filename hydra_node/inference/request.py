@@ -68,7 +68,7 @@ def _utf8(text: str, param: str) -> str:
     return text
 
 
-def _s(d: dict, key: str, default: str = "") -> str:
+def _s(d: dict[str, Any], key: str, default: str = "") -> str:
     v = d.get(key, default)
     if v is None:
         return default
@@ -84,7 +84,7 @@ class ToolCall:
     name: str
     arguments: str = "{}"
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "arguments": self.arguments}
 
     @classmethod
@@ -116,7 +116,7 @@ class ChatMessage:
     def plain(self) -> bool:
         return not (self.tool_calls or self.tool_call_id or self.name)
 
-    def to_wire(self) -> list | dict:
+    def to_wire(self) -> list[Any] | dict[str, Any]:
         """``[role, content]`` for a plain message (the form older peers read), else a map."""
         if self.plain:
             return [self.role, self.content]
@@ -151,7 +151,7 @@ class ToolSpec:
         for text in (self.name, self.description, self.parameters):
             _utf8(text, "tools")
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "parameters": self.parameters}
 
     @classmethod
@@ -188,7 +188,9 @@ class GenerationRequest:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias -100..100)
 
     def __post_init__(self) -> None:
-        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - normalising a frozen dataclass
+        def set_(k: str, v: object) -> None:  # normalising a frozen dataclass
+            object.__setattr__(self, k, v)
+
         if len(self.session) > MAX_SESSION_CHARS:
             set_("session", self.session[:MAX_SESSION_CHARS])
         if isinstance(self.seed, int) and not -(2**63) <= self.seed < 2**64:
@@ -259,10 +261,10 @@ class GenerationRequest:
             raise InvalidRequest(f"'tool_choice' names {self.tool_name!r}, which is not in 'tools'", "tool_choice")
 
     # ---- wire ---------------------------------------------------------------------------
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         """A CBOR-friendly map; the fields added after the first protocol version are sent only
         when they differ from their defaults, so plain requests look as they always did."""
-        d: dict = {"model": self.model, "kind": self.kind, "messages": [m.to_wire() for m in self.messages],
+        d: dict[str, Any] = {"model": self.model, "kind": self.kind, "messages": [m.to_wire() for m in self.messages],
                    "prompt": self.prompt, "max_tokens": self.max_tokens, "temperature": self.temperature,
                    "top_p": self.top_p, "stop": list(self.stop), "seed": self.seed,
                    "request_id": self.request_id, "session": self.session}
@@ -280,7 +282,7 @@ class GenerationRequest:
         return d
 
     @classmethod
-    def from_wire(cls, d: dict) -> "GenerationRequest":
+    def from_wire(cls, d: Any) -> "GenerationRequest":  # untrusted wire data: checked here
         if not isinstance(d, dict):
             raise InvalidRequest("generation request must be a map")
         for key in ("max_tokens", "seed"):

@@ -98,11 +98,11 @@ class DialLimiter:
             self.deferred += 1
             return False
         if peer_id not in self._linked:
-            self._refill(now)
-            if self._tokens < 1.0:
+            tokens = self._refill(now)
+            if tokens < 1.0:
                 self.deferred += 1
                 return False
-            self._tokens -= 1.0
+            self._tokens = tokens - 1.0
         return True
 
     def failed(self, peer_id: str, now: float, u: float = 0.5) -> float:
@@ -127,13 +127,15 @@ class DialLimiter:
         self._linked[peer_id] = None
         self._trim(self._linked)
 
-    def _refill(self, now: float) -> None:
+    def _refill(self, now: float) -> float:
+        """Top up the new-peer bucket to ``now``; returns the tokens it holds."""
         lim = self.limits
         if self._tokens is None:
             self._tokens, self._refilled_at = lim.new_peer_burst, now
-            return
+            return self._tokens
         self._tokens = min(lim.new_peer_burst, self._tokens + (now - self._refilled_at) * lim.new_peer_rate_per_s)
         self._refilled_at = now
+        return self._tokens
 
     def _trim(self, table: dict) -> None:
         while len(table) > self.limits.max_tracked:

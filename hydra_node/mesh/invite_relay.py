@@ -109,7 +109,7 @@ class InviteService:
     # ---- links -----------------------------------------------------------------------------------
     def link_up(self, link: Any) -> None:
         """A link came up: send it every list we hold (ours first)."""
-        if self._nursery is None or self._table is None or link is None:
+        if self._nursery is None or self._table is None or self._mesh_id is None or link is None:  # (set together)
             return
         own = self.book.revocation_list(self._mesh_id, self._clock())
         lists = ([own] if own is not None else []) + [held.raw for held in self._table.lists()]

@@ -241,6 +241,6 @@ class _StartedFlag:
         self._inner = inner
         self.done = False
 
-    def started(self, value: PeerLink | None = None) -> None:
+    def started(self, value: PeerLink) -> None:
         self.done = True
         self._inner.started(value)

@@ -25,6 +25,7 @@ from hydra_node.mesh.link.addresses import advertised_addresses
 from hydra_node.mesh.membership.signing import sign_announcement, verify_announcement
 from hydra_node.mesh.announcer import ANNOUNCE_CHECK_S, AnnouncementContent, AnnouncementSource, Announcer
 from hydra_node.eventlog import EmitFn
+from hydra_node.listen import ListenPurpose, bind_tcp, close_listeners
 from hydra_node.mesh.event_feed import MembershipFeed
 from hydra_node.mesh.admission import admit_with_invite
 from hydra_node.mesh.link.endpoints import LinkListener
@@ -59,6 +60,8 @@ log = logging.getLogger("hydra.mesh")
 LEAVE_TIMEOUT_S = 2.0
 #: A fresh /api/status token is issued when the current one has less than this left.
 TOKEN_REFRESH_MARGIN_S = 3600.0
+#: The link listener, as a port-in-use error names it.
+LINK_PORT = ListenPurpose("the mesh's peer links", "--mesh-port")
 
 
 class MeshService:
@@ -87,6 +90,7 @@ class MeshService:
         self._gossip: GossipService | None = None
         self._membership: Membership | None = None
         self._listener: LinkListener | None = None
+        self._bound: list[trio.SocketListener] | None = None  # bind(): the link port, served once in a mesh
         self._nursery: trio.Nursery | None = None
         self._join_lock = trio.Lock()
         self._left = False  # leave() was called: shutting down
@@ -176,14 +180,29 @@ class MeshService:
         self._routes.add_tunnel(name, handler)
 
     # ---- lifecycle -------------------------------------------------------------------------
-    async def run(self, plan: JoinPlan | None = None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def bind(self) -> int:
+        """Bind the link listener's port now, before any join (it is served once in a mesh), so a port in
+        use fails the node's start at once (:class:`~hydra_node.listen.PortInUse`).  Returns the port."""
+        self._bound = await bind_tcp(self._settings.listen_host, self._settings.listen_port, LINK_PORT)
+        return self._bound[0].socket.getsockname()[1]
+
+    async def run(self, plan: JoinPlan | None = None, *,
+                  task_status: trio.TaskStatus[MeshService] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled; with ``plan``, ready once it got us into the mesh (JoinFailed if not)."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            if plan is not None:
-                await self.join(plan)
-            task_status.started(self)
-            await trio.sleep_forever()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                if plan is not None:
+                    await self.join(plan)
+                task_status.started(self)
+                await trio.sleep_forever()
+        finally:
+            self.close_unserved()
+
+    def close_unserved(self) -> None:
+        """Close the port :meth:`bind` bound if no mesh session served it (we never got into a mesh)."""
+        close_listeners(self._bound)
+        self._bound = None
 
     async def join(self, plan: JoinPlan) -> tuple[str, ...]:
         """Enter a mesh (or link further into ours) as ``plan`` says; returns the peers we seeded
@@ -199,6 +218,7 @@ class MeshService:
             unreachable = JoinFailed(f"could not reach any address of the invite "
                                      f"({', '.join(plan.invites[0].addrs) if plan.invites else '-'})")
             if self._secret is not None:
+                assert self._links is not None  # in a mesh: the session's table is set with the secret
                 seeds = await self._links.dial_candidates(steps.dials, DIAL_TIMEOUT_S)
                 if steps.must_reach and not seeds:
                     raise unreachable
@@ -213,6 +233,7 @@ class MeshService:
                     self._leave_session()
                     raise
             if seeds and not self._left:
+                assert self._gossip is not None  # in a mesh (seeds came from its links)
                 self._gossip.join(seeds)
             return tuple(seeds)
 
@@ -226,10 +247,11 @@ class MeshService:
             await self._gossip.leave()
             # Close links gracefully: this flushes the queued Leave before the sockets go away,
             # so peers see "left" at once instead of suspecting a crash.
+            assert self._links is not None  # set with the gossip service (one session)
             await self._links.close_all("leaving", "node shutting down")
 
     # ---- entering a mesh ---------------------------------------------------------------------
-    async def _session(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def _session(self, *, task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED) -> None:
         """The tasks of one stay in a mesh (listener, gossip, links), cancelled together."""
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as session:
@@ -246,6 +268,7 @@ class MeshService:
     async def _enter(self, admit_with: InviteToken | None, held: MeshSecret | None,
                      dials: tuple[DialCandidate, ...], plan: JoinPlan) -> list[str]:
         session = self._session_nursery
+        assert session is not None  # set by _session, which join() started just before
         timeout_s = plan.admission_timeout_s if plan.admission_timeout_s is not None else self._settings.join_timeout_s
         first_link = None
         if admit_with is not None:
@@ -264,7 +287,11 @@ class MeshService:
         self._links = LinkTable(self.node_id, session, self._link_settings, addresses_of=self._addresses_of,
                                 on_up=self._link_up, on_down=self._link_down, connect=self.relays.connect)
         self._listener = LinkListener(self._link_settings(), on_link=self._on_inbound_link)
-        self._port = await session.start(self._listener.serve, self._settings.listen_host, self._settings.listen_port)
+        # The port bind() bound, else (a later session: the first one's ended with it) bound here.
+        listeners, self._bound = self._bound, None
+        if listeners is None:
+            listeners = await bind_tcp(self._settings.listen_host, self._settings.listen_port, LINK_PORT)
+        self._port = await session.start(partial(self._listener.serve, self._settings.listen_host, listeners=listeners))
         self._addresses = advertised_addresses(self._settings.listen_host, self._port, self._settings.advertise)
         self._membership = Membership(self._announcement(), self._settings.membership, now=trio.current_time(),
                                       verify=VerifiedAnnouncements(verify_announcement),
@@ -276,13 +303,14 @@ class MeshService:
         session.start_soon(self._consume_events)
         session.start_soon(self._announce_loop)
         seeds: list[str] = []
+        links = self._links
         if first_link is not None:
-            self._links.adopt(first_link)
+            links.adopt(first_link)
             seeds.append(first_link.peer_id)
         # Invites for the mesh whose key we already hold need no admission: dialling their issuers
         # is then what gets us in, with the admission's patience. Members are dialled briefly.
         patient = bool(plan.invites) and first_link is None
-        seeds += await self._links.dial_candidates(dials, timeout_s if patient else DIAL_TIMEOUT_S, skip=seeds)
+        seeds += await links.dial_candidates(dials, timeout_s if patient else DIAL_TIMEOUT_S, skip=seeds)
         if not plan.invites:
             session.start_soon(self._rejoin_known_peers)
         log.info("event=mesh_ready mesh_id=%s port=%d addresses=%s", secret.mesh_id, self._port,
@@ -291,11 +319,14 @@ class MeshService:
 
     async def _rejoin_known_peers(self) -> None:
         """Without an invite: dial the members we knew before a restart (best effort, in the background)."""
-        candidates = self._peer_store.candidates(self.mesh_id)
-        seeds = await self._links.dial_candidates(candidates, DIAL_TIMEOUT_S)
+        # started by _enter in the session: its mesh, links and gossip are set
+        mesh_id, links, gossip = self.mesh_id, self._links, self._gossip
+        assert mesh_id is not None and links is not None and gossip is not None
+        candidates = self._peer_store.candidates(mesh_id)
+        seeds = await links.dial_candidates(candidates, DIAL_TIMEOUT_S)
         if seeds and not self._left:
             log.info("event=mesh_rejoined_known_peers peers=%d", len(seeds))
-            self._gossip.join(seeds)
+            gossip.join(seeds)
 
     # ---- links and messages --------------------------------------------------------------------
     def _link_settings(self, mesh: MeshSecret | None = None) -> LinkSettings:
@@ -325,6 +356,7 @@ class MeshService:
             self._gossip.link_down(peer_id)
 
     async def _on_inbound_link(self, link: PeerLink) -> None:
+        assert self._links is not None  # the listener runs in the session, after the table is set
         self._links.adopt(link)
         await link.wait_closed()
 
@@ -378,19 +410,24 @@ class MeshService:
             else:
                 last_error = None
                 if not self._left and self._announcer.changed(ann):
+                    assert self._gossip is not None  # started by _enter after the gossip service
                     self._gossip.local_update(ann)  # the core stamps incarnation and seq, then re-signs
             await trio.sleep(ANNOUNCE_CHECK_S)
 
     async def _consume_events(self) -> None:
-        async for ev in self._gossip.events:
+        # started by _enter in the session: its mesh, gossip and membership are set
+        mesh_id, gossip, membership = self.mesh_id, self._gossip, self._membership
+        assert mesh_id is not None and gossip is not None and membership is not None
+        async for ev in gossip.events:
             if isinstance(ev, (PeerJoined, PeerUpdated)):
-                self._peer_store.remember(self.mesh_id, self._membership.members())
+                self._peer_store.remember(mesh_id, membership.members())
             if isinstance(ev, PeerJoined) and self._links is not None:
                 self._links.member_joined(ev.peer_id)  # the smaller id links ahead of need
             log.info("event=membership_%s peer=%s incarnation=%s", type(ev).__name__.lower(),
                      ev.peer_id[:16], getattr(ev, "incarnation", ""))
-            for kind, fields in self._feed.translate(ev) if self._on_event is not None else ():
-                self._on_event(kind, fields)
+            if self._on_event is not None:
+                for kind, fields in self._feed.translate(ev):
+                    self._on_event(kind, fields)
             # Links are not closed on PeerDied: a dead peer's link dies by itself (reset or idle
             # timeout), and closing a link to a falsely suspected peer only slows its refutation.
 

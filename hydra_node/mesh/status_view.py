@@ -24,7 +24,7 @@ class PeerRow:
 
     id: str
     state: str
-    role: str
+    role: str | None  # None: no announcement of it known (a tombstone)
     addresses: tuple[str, ...]
     models: tuple[str, ...]
     model_states: Mapping[str, str]

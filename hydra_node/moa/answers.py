@@ -17,9 +17,12 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import trio
+
 from hydra_node.api.chat import ChatDone, ChatOutcome, ContentDelta, ToolCallDelta, complete_chat, sum_usage
 from hydra_node.api.errors import ApiError
 from hydra_node.api.fanout import StreamFanOut
+from hydra_node.api.router_api import RouterApi
 from hydra_node.http.messages import served_by_header
 from hydra_node.inference import GenerationError, GenerationRequest, InvalidRequest
 from hydra_node.moa.config import MESH_MODEL
@@ -82,7 +85,9 @@ class MoaApi:
         reducer = self.moa.reducer_model(run)
         out, reducer_error = await self.reduced(req, run, reducer)
         info = moa_info(run, reducer, reducer_error)
-        usages = [m.outcome.usage for m in run.answered] + ([out.usage] if info["reducer"]["ran"] else [])
+        # (an answered member has its outcome)
+        usages = [m.outcome.usage for m in run.answered if m.outcome is not None] + (
+            [out.usage] if info["reducer"]["ran"] else [])
         out = dataclasses.replace(out, usage=sum_usage(usages))
         return out, info, moa_headers(info, out.served_by)
 
@@ -100,14 +105,16 @@ class MoaApi:
         return out, ""
 
 
-async def open_chat_events(router, moa: "MoaApi | None", req: GenerationRequest):
+async def open_chat_events(router: RouterApi, moa: "MoaApi | None", req: GenerationRequest,
+                           nursery: trio.Nursery | None):
     """``(events, close, headers)`` of one streamed chat for /v1/messages and /v1/responses, opened
     before the 200 so routing errors get a proper status: the router's stream, or for ``mesh`` the
-    mixture of agents' finished answer replayed (``events()`` yields ``(0, event)`` pairs)."""
+    mixture of agents' finished answer replayed (``events()`` yields ``(0, event)`` pairs).
+    ``nursery``: the request's (``Request.nursery``), where the generation runs."""
     if moa is not None and moa.handles(req.model):
         out, _, headers = await moa.answer(req)
         return (lambda: replay_events(out)), _nothing, headers
-    fan = StreamFanOut(router, [req])
+    fan = StreamFanOut(router, [req], nursery)
     try:
         await fan.open()
     except GenerationError as exc:

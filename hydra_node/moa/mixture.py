@@ -25,6 +25,7 @@ from hydra_node.api.chat import ChatOutcome, complete_chat
 from hydra_node.moa.arbiter import MemberAnswer, Verdict, answer_key, arbitrate
 from hydra_node.moa.config import MESH_MODEL, MoaSettings
 from hydra_node.api.errors import ApiError
+from hydra_node.api.router_api import RouterApi
 from hydra_node.inference import ChatMessage, GenerationError, GenerationRequest
 from hydra_node.routing.telemetry import LOCAL, Target
 
@@ -97,7 +98,8 @@ def scheduler_quality(scheduling, node_id: str) -> Callable[[str, str], float | 
 class MixtureOfAgents:
     """``model: "mesh"``: members, their answers under the deadline, the verdict, the reducer request."""
 
-    def __init__(self, router, settings: MoaSettings, *, quality: Callable[[str, str], float | None] | None = None):
+    def __init__(self, router: RouterApi, settings: MoaSettings, *,
+                 quality: Callable[[str, str], float | None] | None = None):
         self.router, self.settings, self.quality = router, settings, quality
 
     # ---- members ---------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from hydra_node.http.server import Request, Response
 from hydra_node.http.messages import served_by_header
 from hydra_node.api.errors import ApiError, bad
 from hydra_node.api.body import load_body
+from hydra_node.api.router_api import RouterApi
 from hydra_node.inference import (MAX_EMBEDDING_INPUTS, EmbeddingRequest, EmbeddingResult, GenerationError,
                                   InvalidRequest, vector_floats)
 
@@ -89,6 +90,7 @@ def parse_embedding_request(raw: bytes) -> tuple[EmbeddingRequest, str]:
 
 def response_body(req: EmbeddingRequest, result: EmbeddingResult, fmt: str) -> bytes:
     """The JSON body (floats as float32 in their shortest form: 9 significant digits at most)."""
+    vectors: list[str] | list[list[float]]
     if fmt == "base64":
         vectors = [base64.b64encode(v).decode("ascii") for v in result.vectors]
     else:
@@ -103,7 +105,7 @@ def response_body(req: EmbeddingRequest, result: EmbeddingResult, fmt: str) -> b
 class EmbeddingsApi:
     """``POST /v1/embeddings``; ``router`` provides ``embed(req)``, ``models()`` and ``recently_seen(id)``."""
 
-    def __init__(self, router) -> None:
+    def __init__(self, router: RouterApi) -> None:
         self.router = router
 
     async def handle(self, request: Request) -> Response:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from contextlib import aclosing
 
+import trio
+
 from hydra_node.api.chat import (ChatDone, ChatOutcome, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart,
                                  sum_usage)
 from hydra_node.api.errors import ApiError, bad
@@ -33,7 +35,8 @@ class MoaChat:
         self.api = api
         self.moa = api.moa
 
-    async def answer(self, parsed: ParsedBody) -> Response | StreamResponse:
+    async def answer(self, parsed: ParsedBody, nursery: trio.Nursery | None) -> Response | StreamResponse:
+        """``nursery``: the request's (``Request.nursery``), where a streamed reducer runs."""
         req = parsed.request
         if req.kind != "chat":
             raise bad(f"model {MESH_MODEL!r} answers chats only: use /v1/chat/completions", "model",
@@ -43,21 +46,24 @@ class MoaChat:
         run = await self.moa.ask(req, self.moa.check())
         reducer = self.moa.reducer_model(run)
         if parsed.stream:
-            return await self._stream(parsed, run, reducer)
+            return await self._stream(parsed, run, reducer, nursery)
         out, reducer_error = await self.api.reduced(req, run, reducer)
         info = moa_info(run, reducer, reducer_error)
-        usages = [m.outcome.usage for m in run.answered] + ([out.usage] if info["reducer"]["ran"] else [])
+        # (an answered member has its outcome)
+        usages = [m.outcome.usage for m in run.answered if m.outcome is not None] + (
+            [out.usage] if info["reducer"]["ran"] else [])
         body = {"id": req.request_id, "object": "chat.completion", "created": int(time.time()), "model": MESH_MODEL,
                 "choices": [chat_choice(0, out, req.logprobs)], "usage": sum_usage(usages),
                 "system_fingerprint": out.served_by or None, "hydra_moa": info}
         return Response.json(200, body, moa_headers(info, out.served_by))
 
-    async def _stream(self, parsed: ParsedBody, run: MoaRun, reducer: str) -> StreamResponse:
+    async def _stream(self, parsed: ParsedBody, run: MoaRun, reducer: str,
+                      nursery: trio.Nursery | None) -> StreamResponse:
         req = parsed.request
         fan, reducer_error = None, ""
         if reducer:
             try:
-                fan = StreamFanOut(self.moa.router, [self.moa.reducer_request(req, run, reducer)])
+                fan = StreamFanOut(self.moa.router, [self.moa.reducer_request(req, run, reducer)], nursery)
                 await fan.open()
             except GenerationError as exc:
                 fan, reducer_error = None, f"{exc.code}: {exc.message}"
@@ -65,7 +71,7 @@ class MoaChat:
                 fan, reducer_error = None, f"invalid_request: {exc.message}"
         info = moa_info(run, reducer, reducer_error)
         chunks = ChunkMaker(req.request_id, MESH_MODEL, int(time.time()), True, logprobs=req.logprobs)
-        member_usage = [m.outcome.usage for m in run.answered]
+        member_usage = [m.outcome.usage for m in run.answered if m.outcome is not None]  # (answered: it has one)
 
         def finish(reason: str, usage: list[dict], served_by: str) -> bytes:
             out = sse({"id": req.request_id, "object": "chat.completion.chunk", "created": chunks.created,

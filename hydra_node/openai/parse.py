@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from hydra_node.openai.chat_parse import chat_fields
 from hydra_node.api.body import MAX_JSON_DEPTH, load_body, number
@@ -175,7 +176,7 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
     seed = body.get("seed")
     if seed is not None and type(seed) is not int:
         raise bad("'seed' must be an integer", "seed", "invalid_type")
-    fields = dict(model=model, kind=kind, max_tokens=_max_tokens(body),
+    fields: dict[str, Any] = dict(model=model, kind=kind, max_tokens=_max_tokens(body),
                   temperature=number(body, "temperature", 0.8, 0.0, 2.0),
                   top_p=number(body, "top_p", 0.95, 0.0, 1.0), stop=_stop(body), seed=seed,
                   presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
@@ -190,7 +191,7 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
     echo, lp = False, None
     if kind == "chat":
         fields.update(chat_fields(body))
-        per_prompt = [{}]
+        per_prompt: list[dict[str, Any]] = [{}]
     else:
         per_prompt = _prompts(body)
         echo = _bool(body, "echo")

@@ -16,6 +16,8 @@ import time
 from contextlib import aclosing
 from urllib.parse import unquote
 
+import trio
+
 from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart, sum_usage
 from hydra_node.api.errors import ApiError
 from hydra_node.api.fanout import StreamFanOut, run_all
@@ -97,11 +99,11 @@ class OpenAIApi:
                 dataclasses.replace(r, session=session) for r in parsed.requests))
         if self.moa is not None and self.moa.handles(parsed.request.model):
             assert self.moa_chat is not None
-            return await self.moa_chat.answer(parsed)  # model "mesh": the mixture of agents (docs/moa.md)
+            return await self.moa_chat.answer(parsed, request.nursery)  # model "mesh" (docs/moa.md)
         self._check_model(parsed.request.model)
         reqs = expand(parsed)
         if parsed.stream:
-            return await self._stream(parsed, reqs)
+            return await self._stream(parsed, reqs, request.nursery)
         return await self._complete(parsed, reqs)
 
     def _echo_text(self, parsed: ParsedBody, index: int) -> str | None:
@@ -125,10 +127,12 @@ class OpenAIApi:
                                 for i, o in enumerate(outs)], "usage": usage}
         return Response.json(200, body, served_by_header(served_by))
 
-    async def _stream(self, parsed: ParsedBody, reqs: list[GenerationRequest]) -> StreamResponse:
+    async def _stream(self, parsed: ParsedBody, reqs: list[GenerationRequest],
+                      nursery: trio.Nursery | None) -> StreamResponse:
         req, chat = parsed.request, parsed.request.kind == "chat"
-        # Open every generation before answering 200, so routing errors get a proper status.
-        fan = StreamFanOut(self.router, reqs)
+        # Open every generation before answering 200, so routing errors get a proper status. The
+        # generations run in the request's nursery: a client that leaves cancels them.
+        fan = StreamFanOut(self.router, reqs, nursery)
         try:
             await fan.open()
         except GenerationError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from hydra_node.responses.request import ResponsesCall
 from hydra_node.inference import ChatMessage, TokenLogprob, ToolCall
@@ -31,10 +31,13 @@ __all__ = [
 
 
 class CallLike(Protocol):
-    """A parsed tool call (``hydra_node.api.chat.ParsedToolCall``): what an output item needs."""
-    id: str
-    name: str
-    arguments: str
+    """A parsed tool call (``hydra_node.api.chat.ParsedToolCall``): what an output item needs (read-only)."""
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def arguments(self) -> str: ...
 
 
 def new_id(prefix: str, token: Callable[[int], str] = secrets.token_hex) -> str:
@@ -65,7 +68,7 @@ def delta_logprobs(entries: Sequence[TokenLogprob]) -> list[dict]:
 def message_item(item_id: str, text: str, status: str = "completed",
                  logprobs: Sequence[TokenLogprob] | None = None) -> dict:
     """A message item; its text part has ``logprobs`` when they were asked for (``logprobs`` not None)."""
-    part = {"type": "output_text", "text": text, "annotations": []}
+    part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
     if logprobs is not None:
         part["logprobs"] = text_logprobs(logprobs)
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": [part]}

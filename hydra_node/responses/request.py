@@ -135,7 +135,8 @@ def _tools(v) -> tuple[tuple[ToolSpec, ...], list[dict]]:
         raise bad("'tools' must be an array", "tools", "invalid_type")
     if len(v) > MAX_TOOLS:
         raise bad(f"'tools' allows at most {MAX_TOOLS} functions", "tools")
-    specs, echo = [], []
+    specs: list[ToolSpec] = []
+    echo: list[dict] = []
     for i, t in enumerate(v):
         p = f"tools[{i}]"
         if not isinstance(t, dict):

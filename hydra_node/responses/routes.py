@@ -13,12 +13,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import trio
 
 from hydra_node.api.chat import (ChatDone, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart, complete_chat)
 from hydra_node.http.server import Request, Response, StreamResponse
 from hydra_node.http.messages import served_by_header
 from hydra_node.moa.answers import MoaApi, open_chat_events
 from hydra_node.api.errors import ApiError
+from hydra_node.api.router_api import RouterApi
 from hydra_node.responses.constraints import generation_request
 from hydra_node.responses.output import (conversation_after, new_id, output_items, response_body, response_status,
                                              usage_body)
@@ -35,7 +37,7 @@ class ResponsesApi:
 
     ``router`` provides ``generate(req)``, ``models()`` and ``recently_seen(model)``."""
 
-    def __init__(self, router, *, store: ResponsesStore | None = None, clock: Callable[[], float] = time.time,
+    def __init__(self, router: RouterApi, *, store: ResponsesStore | None = None, clock: Callable[[], float] = time.time,
                  moa: MoaApi | None = None):
         self.router = router
         self.moa = moa  # model "mesh" (docs/moa.md); None: no mesh model
@@ -60,7 +62,7 @@ class ResponsesApi:
         req = generation_request(call, resp_id, request.headers.get("x-session-id", "") or call.session)
         created = int(self._clock())
         if call.stream:
-            return await self._stream(call, req, resp_id, created)
+            return await self._stream(call, req, resp_id, created, request.nursery)
         return await self._complete(call, req, resp_id, created)
 
     def _stored(self, request: Request, resp_id: str) -> Response:
@@ -99,6 +101,7 @@ class ResponsesApi:
         headers: list[tuple[str, str]] | None = None
         try:
             if self._mesh(req.model):
+                assert self.moa is not None  # _mesh() checked it
                 out, _, headers = await self.moa.answer(req)  # the mixture of agents' answer
             else:
                 out = await complete_chat(self.router, req)
@@ -116,9 +119,9 @@ class ResponsesApi:
         return Response.json(200, body, headers if headers is not None else served_by_header(out.served_by))
 
     async def _stream(self, call: ResponsesCall, req: GenerationRequest, resp_id: str,
-                      created: int) -> StreamResponse:
+                      created: int, nursery: trio.Nursery | None) -> StreamResponse:
         # Open the generation before answering 200, so routing errors get a proper status.
-        events, close, headers = await open_chat_events(self.router, self.moa, req)
+        events, close, headers = await open_chat_events(self.router, self.moa, req, nursery)
         builder = ResponseEventStream(call, resp_id, created)
 
         async def body():

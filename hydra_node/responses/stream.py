@@ -133,6 +133,7 @@ class ResponseEventStream:
         self._text.append(delta)
         sent, self._pending = self._pending, []
         self._lps += sent
+        assert self._msg is not None  # open (_open_message above)
         events.append(self._event("response.output_text.delta", item_id=self._msg["id"], output_index=len(self.output),
                                   content_index=0, delta=delta, logprobs=delta_logprobs(sent)))
         return events
@@ -164,6 +165,7 @@ class ResponseEventStream:
         if self._call is None:  # whole: all of it now, the arguments in one delta
             events = self.call_start(call) + self.call_arguments(call.arguments)
         item, self._call = self._call, None
+        assert item is not None  # started (call_start above, when it was not yet)
         args = "".join(self._call_args)
         item.update(arguments=args, status="completed" if getattr(call, "complete", True) else "incomplete")
         idx = len(self.output)

@@ -13,6 +13,7 @@ bandwidth) are never exported: they describe the sender's links, not the target.
 
 from __future__ import annotations
 
+from typing import Any
 from dataclasses import dataclass
 
 HINT_VERSION = 1
@@ -51,9 +52,9 @@ class HintRecord:
     values: tuple[tuple[str, float], ...]
 
 
-def encode_entry(node: str, model: str, age_ms: int, samples: int, values: dict[str, float]) -> dict:
+def encode_entry(node: str, model: str, age_ms: int, samples: int, values: dict[str, float]) -> dict[str, Any]:
     """Build one summary entry from view-unit ``values`` (keys are view field names)."""
-    entry: dict = {"node": node, "model": model, "age_ms": int(age_ms), "n": int(samples)}
+    entry: dict[str, Any] = {"node": node, "model": model, "age_ms": int(age_ms), "n": int(samples)}
     for key, (field, divisor) in HINT_FIELDS.items():
         value = values.get(field)
         if value is not None:
@@ -61,7 +62,7 @@ def encode_entry(node: str, model: str, age_ms: int, samples: int, values: dict[
     return entry
 
 
-def parse_summary(summary: object) -> list[dict]:
+def parse_summary(summary: object) -> list[dict[str, Any]]:
     """Validate an untrusted summary; return its entries or raise ``InvalidHint`` naming the fault."""
     if not isinstance(summary, dict):
         raise InvalidHint("summary: expected a map")
@@ -75,7 +76,7 @@ def parse_summary(summary: object) -> list[dict]:
     return [_check_entry(i, entry) for i, entry in enumerate(entries)]
 
 
-def _check_entry(index: int, entry: object) -> dict:
+def _check_entry(index: int, entry: object) -> dict[str, Any]:
     where = f"summary.entries[{index}]"
     if not isinstance(entry, dict):
         raise InvalidHint(f"{where}: expected a map")
@@ -99,7 +100,7 @@ def _check_entry(index: int, entry: object) -> dict:
     return entry
 
 
-def decode_values(entry: dict) -> tuple[tuple[str, float], ...]:
+def decode_values(entry: dict[str, Any]) -> tuple[tuple[str, float], ...]:
     """View-unit values of a validated entry."""
     return tuple(
         (field, entry[key] / divisor) for key, (field, divisor) in HINT_FIELDS.items() if key in entry

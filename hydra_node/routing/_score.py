@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 import math
 from dataclasses import dataclass
 
@@ -104,7 +105,7 @@ class ScoreBreakdown:
     cached_tokens: int
     total_ms: float
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         data = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
         data["target"] = self.target.label()
         return data

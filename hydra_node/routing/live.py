@@ -33,6 +33,7 @@ from hydra_node.routing.scheduler_config import SchedulerConfig, SchedulerMode
 from hydra_node.routing._hints import InvalidHint
 from hydra_node.routing._score import Candidate, RequestFeatures
 from hydra_node.routing.scheduler import Decision, Scheduler
+from hydra_node.routing.target import RouteTarget
 from hydra_node.routing.telemetry import LOCAL, MAX_MODELS_PER_NODE, MAX_TARGETS, Target, TelemetryStore
 
 log = logging.getLogger("hydra.routing")
@@ -119,7 +120,7 @@ class LiveScheduling:
 
     # ---- routing ---------------------------------------------------------------------------
     @staticmethod
-    def target_of(rt) -> Target | None:
+    def target_of(rt: RouteTarget) -> Target | None:
         """The telemetry key of a router target; None if its ids are out of bounds."""
         try:
             return Target(LOCAL if rt.local else rt.node_id, rt.model)
@@ -139,7 +140,7 @@ class LiveScheduling:
         tokens = len(req.prompt_tokens) or chars // CHARS_PER_TOKEN + 1  # a token prompt is counted exactly
         return request_features(body, req.model, tokens, self.config, session_header=req.session or None)
 
-    def order(self, ready: list, req: GenerationRequest) -> tuple[list, Decision | None]:
+    def order(self, ready: list[RouteTarget], req: GenerationRequest) -> tuple[list[RouteTarget], Decision | None]:
         """Order ``ready`` (router targets, sorted by the fixed rule) for this request.
 
         The first is where the request goes; the rest are the retry order (the scheduler's ranking
@@ -147,8 +148,9 @@ class LiveScheduling:
         """
         if not ready:
             return ready, None
-        keys = [self.target_of(t) for t in ready]
-        if any(k is None for k in keys):
+        maybe_keys = [self.target_of(t) for t in ready]
+        keys = [k for k in maybe_keys if k is not None]
+        if len(keys) < len(maybe_keys):
             return ready, None  # ids the telemetry cannot key: keep the fixed rule
         by_key = dict(zip(keys, ready))
         candidates = []
@@ -170,7 +172,7 @@ class LiveScheduling:
         return [first] + [t for t in rest if t is not first], decision
 
     @asynccontextmanager
-    async def attempt(self, rt, req: GenerationRequest) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
+    async def attempt(self, rt: RouteTarget, req: GenerationRequest) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
         """``rt.open(req)``, measured: feeds telemetry and listeners when it finishes or fails."""
         key = self.target_of(rt)
         started = trio.current_time()
@@ -232,7 +234,7 @@ class LiveScheduling:
             self.counters["failures_not_blamed"] += 1
 
     # ---- links and gossip ------------------------------------------------------------------
-    async def run(self, mesh: MeshView, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, mesh: MeshView, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Sample link RTTs and merge peers' announced summaries until cancelled."""
         task_status.started()
         while True:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from hydra_node.routing.router import RouteTarget
+from hydra_node.routing.target import RouteTarget, TargetState
 from hydra_node.runtime.runner.records import RunnerState
 from hydra_node.runtime.runner.supervisor import RunnerSupervisor
 
@@ -24,5 +24,5 @@ class LocalRunners:
         return [RouteTarget(model=r.model.id, node_id=self.node_id, local=True, open=r.generate,
                             embed=r.embeddings.embed, queue_depth=r.queue_depth + r.in_flight, slots=r.slots,
                             free_slots=r.free_slots,
-                            state=RunnerState.LOADING if r.state == RunnerState.RESTARTING else r.state)
+                            state=TargetState.LOADING if r.state == RunnerState.RESTARTING else TargetState.of(r.state))
                 for r in self.runners.values()]

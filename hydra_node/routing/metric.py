@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 import math
 from collections import deque
 
@@ -60,7 +61,7 @@ class Metric:
     def p95(self) -> float | None:
         return percentile(list(self.window), 0.95)
 
-    def as_dict(self, now: float) -> dict:
+    def as_dict(self, now: float) -> dict[str, Any]:
         """Plain data for status: ``avg``, ``p50``, ``p95``, ``samples``, ``age_ms``."""
         return {
             "avg": _round(self.ewma),

@@ -17,17 +17,18 @@ import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, AsyncContextManager, AsyncIterator, Callable, Mapping, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 import trio
 
-from hydra_node.inference import (EventStreamDecoder, GenerationError, GenerationEvent, GenerationRequest,
-                                  InvalidRequest, ModelUnavailable, event_frame)
+from hydra_node.inference import (EmbeddingRequest, EmbeddingResult, EventStreamDecoder, GenerationError,
+                                  GenerationEvent, GenerationRequest, InvalidRequest, ModelUnavailable, event_frame)
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError, StreamReset
 from hydra_node.mesh.link.peer_link import PeerLink
 from hydra_node.mesh.membership import Announcement
 from hydra_node.mesh.link.stream import LinkStream
-from hydra_node.routing.router import RouteTarget
+from hydra_node.routing.target import OpenGeneration, RouteTarget, TargetState
 from hydra_node.routing.serving import serve_while_requester_stays
 
 __all__ = ["LocalOpen", "MeshMembers", "RemoteGeneration", "RemoteGenerationStatistics"]
@@ -39,9 +40,10 @@ STREAM_CLOSE_TIMEOUT_S = 2.0
 #: RTT assumed for a peer we have no open link to (so it ranks behind measured ones).
 UNLINKED_RTT_MS = 1000.0
 
-OpenGeneration = Callable[[GenerationRequest], AsyncContextManager[AsyncIterator[GenerationEvent]]]
 #: ``local_open(model_id)``: how to run a generation on a model this node hosts, None if it hosts none.
 LocalOpen = Callable[[str], "OpenGeneration | None"]
+#: ``embed_remote(peer_id, req)``: embed on a peer (``RemoteEmbeddings.embed_remote``, remote_embed.py).
+EmbedRemote = Callable[[str, EmbeddingRequest], Awaitable[EmbeddingResult]]
 
 
 class MeshMembers(Protocol):
@@ -70,7 +72,7 @@ class RemoteGeneration:
     """A router target source for members' models, and the host side of their requests to us."""
 
     def __init__(self, mesh: MeshMembers, *, node_id: str, local_open: LocalOpen,
-                 embed_remote: Callable | None = None) -> None:
+                 embed_remote: EmbedRemote | None = None) -> None:
         """``embed_remote(peer_id, EmbeddingRequest)``: the ``embed`` of our remote targets (remote_embed.py)."""
         self._mesh = mesh
         self.node_id = node_id
@@ -84,14 +86,15 @@ class RemoteGeneration:
     # ---- requester ----------------------------------------------------------------------
     def targets(self) -> list[RouteTarget]:
         states = self._mesh.member_states(trio.current_time())
-        out = []
+        out: list[RouteTarget] = []
         for peer_id, ann in self._mesh.members().items():
             if ann.role == "client":
                 continue
             link = self._mesh.link(peer_id)
             rtt = link.rtt_ms if link is not None and link.rtt_ms is not None else UNLINKED_RTT_MS
             for m in ann.models:
-                state = m.state if states.get(peer_id) == "alive" else "suspect"
+                # a state this version does not know (a newer peer's) is listed, never routed to
+                state = TargetState.of(m.state) if states.get(peer_id) == "alive" else TargetState.SUSPECT
                 # capacity as announced: what it serves (its queue) plus what it could still start
                 slots = max(1, ann.queue_depth + m.free_slots) if m.free_slots is not None else 1
                 out.append(RouteTarget(model=m.id, node_id=peer_id, local=False, open=partial(self.open_remote, peer_id),

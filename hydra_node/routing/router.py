@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Protocol
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import trio
 
@@ -22,6 +23,13 @@ from hydra_node.eventlog import EmitFn, RateGate
 from hydra_node.inference import (EmbeddingRequest, EmbeddingResult, GenerationError, GenerationEvent,
                                   GenerationRequest, ModelUnavailable)
 from hydra_node.routing.route_events import DECISION_INTERVAL_S, RequestReport, decision_fields
+from hydra_node.routing.target import EmbedFn, OpenGeneration, RouteTarget, TargetSource, TargetState
+
+if TYPE_CHECKING:
+    from hydra_node.routing.live import LiveScheduling
+
+__all__ = ["EmbedFn", "ModelListing", "OpenGeneration", "RouteTarget", "RoutedEvents", "Router", "RouterStatistics",
+           "TargetSource", "TargetState", "UnknownModel"]
 
 log = logging.getLogger("hydra.router")
 
@@ -36,37 +44,6 @@ class UnknownModel(GenerationError):
         super().__init__(f"model {model!r} does not exist in this mesh{hint}", code="model_not_found", status=404)
 
 
-@dataclass
-class RouteTarget:
-    """One place a model can run (a local runner or a peer), as the router ranks it."""
-
-    model: str
-    node_id: str
-    local: bool
-    open: Callable  # (GenerationRequest) -> async context manager of events
-    queue_depth: int = 0  # requests waiting or being served there (local: live; remote: as announced)
-    rtt_ms: float = 0.0
-    state: str = "ready"
-    slots: int = 1  # sequences the target serves at once (its runner's parallel; remote: estimated)
-    free_slots: int | None = None  # sequences it could start now (local: live; remote: as announced)
-    embed: Callable | None = None  # async (EmbeddingRequest) -> EmbeddingResult; None: cannot embed
-
-    @property
-    def busy(self) -> bool:
-        """True when a request sent now would wait for a slot there."""
-        if self.free_slots is not None:
-            return self.free_slots <= 0
-        return self.queue_depth >= self.slots
-
-    @property
-    def key(self) -> str:
-        return f"{'local' if self.local else self.node_id}/{self.model}"
-
-
-class TargetSource(Protocol):
-    def targets(self) -> list[RouteTarget]: ...
-
-
 @dataclass(frozen=True)
 class RouterStatistics:
     """Requests retried on a second target, and requests that found no ready target."""
@@ -77,19 +54,22 @@ class RouterStatistics:
 
 @dataclass
 class ModelListing:
+    """One model of :meth:`Router.models`: the nodes hosting it and each one's state there
+    (a :class:`hydra_node.api.router_api.ModelEntry`)."""
+
     id: str
     hosts: list[str] = field(default_factory=list)
-    states: dict = field(default_factory=dict)
+    states: dict[str, TargetState] = field(default_factory=dict)
 
 
 class Router:
-    def __init__(self, node_id: str, scheduling=None, on_event: EmitFn | None = None):
+    def __init__(self, node_id: str, scheduling: LiveScheduling | None = None, on_event: EmitFn | None = None):
         self.node_id = node_id
         #: Live events (route_events.py): every generation's ``request.finished``, sampled ``route.decision``s.
         self.on_event = on_event
         self._decisions = RateGate(DECISION_INTERVAL_S)
-        #: hydra_node.routing.live.LiveScheduling: orders the targets (mode off/shadow/active) and
-        #: measures every attempt; None keeps the fixed rule below, unmeasured.
+        #: Orders the targets (mode off/shadow/active) and measures every attempt; None keeps the
+        #: fixed rule below, unmeasured.
         self.scheduling = scheduling
         self._sources: list[TargetSource] = []
         self._seen: dict[str, float] = {}  # model id -> last time a target for it existed (monotonic)
@@ -113,7 +93,7 @@ class Router:
         now = time.monotonic()
         for t in self.all_targets():
             if t.model not in self._seen and len(self._seen) >= MAX_REMEMBERED_MODELS:
-                self._seen.pop(min(self._seen, key=self._seen.get))
+                self._seen.pop(min(self._seen, key=self._seen.__getitem__))
             self._seen[t.model] = now
             m = by_id.setdefault(t.model, ModelListing(t.model))
             m.hosts.append(t.node_id)
@@ -133,14 +113,14 @@ class Router:
                 self.no_target += 1
                 raise ModelUnavailable(f"no host for {model!r} is reachable right now; its hosts left the mesh")
             raise UnknownModel(model, known)
-        ready = [t for t in ts if t.state == "ready"]
+        ready = [t for t in ts if t.state == TargetState.READY]
         # the fixed rule: local first, then a host with a free slot before a busy one, then the shortest
         # queue per slot, the nearest, and the node id (deterministic)
         return sorted(ready, key=lambda t: (not t.local, t.busy, t.queue_depth / max(1, t.slots), t.rtt_ms,
                                             t.node_id))
 
     @asynccontextmanager
-    async def generate(self, req: GenerationRequest) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[RoutedEvents[GenerationEvent]]:
         """Open a generation on the best target; retry once elsewhere if it fails before any event.
         However it ends, ``request.finished`` reports it (``on_event``)."""
         report = RequestReport(req.model, trio.current_time())
@@ -155,18 +135,21 @@ class Router:
                 self.on_event("request.finished", report.fields(trio.current_time()))
 
     @asynccontextmanager
-    async def _generate(self, req: GenerationRequest, report: RequestReport):
+    async def _generate(self, req: GenerationRequest,
+                        report: RequestReport) -> AsyncIterator[RoutedEvents[GenerationEvent]]:
         candidates = self.candidates(req.model)
         if not candidates:
             self.no_target += 1
-            states = {t.node_id: t.state for t in self.all_targets() if t.model == req.model}
+            states = {t.node_id: t.state.value for t in self.all_targets() if t.model == req.model}
             raise ModelUnavailable(f"no host can serve {req.model!r} right now (states: {states})")
         decision = None
         if self.scheduling is not None:
             candidates, decision = self.scheduling.order(candidates, req)
         if self.on_event is not None and self._decisions.allow(trio.current_time()):
             self.on_event("route.decision", decision_fields(req.model, self.node_id, candidates, decision))
-        open_target = self.scheduling.attempt if self.scheduling is not None else (lambda t, r: t.open(r))
+        open_target: Callable[[RouteTarget, GenerationRequest],
+                              AbstractAsyncContextManager[AsyncIterator[GenerationEvent]]]
+        open_target = self.scheduling.attempt if self.scheduling is not None else _open
         last_err: GenerationError | None = None
         for attempt, target in enumerate(candidates[:2]):
             if attempt:
@@ -183,7 +166,7 @@ class Router:
                     yield RoutedEvents(_chain(first, events, report), target.node_id)
                     return
             except GenerationError as exc:
-                if (exc.retryable and not yielded and not getattr(exc, "streamed", False) and attempt == 0
+                if (exc.retryable and not yielded and not exc.streamed and attempt == 0
                         and len(candidates) > 1):
                     last_err = exc
                     continue
@@ -195,34 +178,37 @@ class Router:
     async def embed(self, req: EmbeddingRequest) -> EmbeddingResult:
         """Embed on the first target of the fixed rule (the scheduler neither orders nor measures
         embeddings); a retryable failure is tried once more on the next target."""
-        candidates = [t for t in self.candidates(req.model) if t.embed is not None]
+        candidates = [(t, embed) for t in self.candidates(req.model) if (embed := t.embed) is not None]
         if not candidates:
             self.no_target += 1
             raise ModelUnavailable(f"no host can embed with {req.model!r} right now")
-        for attempt, target in enumerate(candidates[:2]):
+        for attempt, (_, embed) in enumerate(candidates[:2]):
             try:
-                return await target.embed(req)
+                return await embed(req)
             except GenerationError as exc:
                 if not (exc.retryable and attempt == 0 and len(candidates) > 1):
                     raise
                 self.retries += 1
                 log.info("event=route_retry kind=embed model=%s target=%s after=%r", req.model,
-                         candidates[1].key, exc)
+                         candidates[1][0].key, exc)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-class RoutedEvents:
+E = TypeVar("E")
+
+
+class RoutedEvents(Generic[E]):
     """The events of a routed generation, and ``served_by``: the node generating them, known before
     the first event is read (an API can name it in its response headers, streams included)."""
 
-    def __init__(self, events: AsyncIterator, served_by: str):
+    def __init__(self, events: AsyncGenerator[E, None], served_by: str):
         self._events = events
         self.served_by = served_by
 
-    def __aiter__(self) -> "RoutedEvents":
+    def __aiter__(self) -> RoutedEvents[E]:
         return self
 
-    async def __anext__(self):
+    async def __anext__(self) -> E:
         return await self._events.__anext__()
 
     async def aclose(self) -> None:
@@ -236,7 +222,13 @@ async def _first_event(events: AsyncIterator[GenerationEvent]) -> GenerationEven
         return None
 
 
-async def _chain(first: GenerationEvent | None, events: AsyncIterator[GenerationEvent], report: RequestReport):
+def _open(target: RouteTarget, req: GenerationRequest) -> AbstractAsyncContextManager[AsyncIterator[GenerationEvent]]:
+    """``target.open(req)``: an attempt unmeasured (no scheduling)."""
+    return target.open(req)
+
+
+async def _chain(first: GenerationEvent | None, events: AsyncIterator[GenerationEvent],
+                 report: RequestReport) -> AsyncGenerator[GenerationEvent, None]:
     if first is None:
         return
     yield first

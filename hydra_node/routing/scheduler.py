@@ -6,6 +6,7 @@ a bounded decision log); time is injected. See docs/scheduler.md for the formula
 
 from __future__ import annotations
 
+from typing import Any
 import dataclasses
 from collections import deque
 from dataclasses import dataclass
@@ -55,8 +56,10 @@ class Decision:
     scores: tuple[ScoreBreakdown, ...]  # eligible candidates, best first
     excluded: tuple[tuple[Target, str], ...]
 
-    def as_dict(self) -> dict:
-        label = lambda t: None if t is None else t.label()  # noqa: E731
+    def as_dict(self) -> dict[str, Any]:
+        def label(t: Target | None) -> str | None:
+            return None if t is None else t.label()
+
         return {
             "at": self.at, "mode": self.mode.value, "target": label(self.target),
             "baseline": label(self.baseline), "scheduled": label(self.scheduled),
@@ -76,7 +79,7 @@ class SchedulerState:
         self.counters = {"decisions": 0, "no_target": 0, "overrides": 0, "shadow_disagreements": 0,
                          "affinity_hits": 0, "affinity_overrides": 0, "cooling_candidates": 0}
 
-    def status(self, config: SchedulerConfig, recent: int = 16) -> dict:
+    def status(self, config: SchedulerConfig, recent: int = 16) -> dict[str, Any]:
         """Plain data for ``/api/status.scheduler``."""
         return {
             "mode": config.mode.value, "config": config.as_dict(), **self.counters,
@@ -98,7 +101,7 @@ def _eligibility(c: Candidate, request: RequestFeatures) -> str | None:
     return None
 
 
-def _baseline_key(c: Candidate, view: TargetView) -> tuple:
+def _baseline_key(c: Candidate, view: TargetView) -> tuple[int, int, float, Target]:
     rtt = 0.0 if c.is_local else (view.rtt_ms if view.rtt_ms is not None else float("inf"))
     return (c.queue_depth or 0, c.in_flight, rtt, c.target)
 
@@ -120,9 +123,9 @@ def decide(candidates: list[Candidate], request: RequestFeatures, telemetry: Tel
     counters = state.counters
     counters["decisions"] += 1
     if request.expected_output_tokens is None:
-        seen = telemetry.expected_output_tokens(request.model)
-        if seen is not None:
-            request = dataclasses.replace(request, expected_output_tokens=max(1, round(seen)))
+        expected = telemetry.expected_output_tokens(request.model)
+        if expected is not None:
+            request = dataclasses.replace(request, expected_output_tokens=max(1, round(expected)))
     excluded: list[tuple[Target, str]] = []
     eligible: list[Candidate] = []
     seen: set[Target] = set()
@@ -219,5 +222,5 @@ class Scheduler:
                baseline: Target | None = None) -> Decision:
         return decide(candidates, request, self.telemetry, self.config, now, self.state, baseline)
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         return self.state.status(self.config)

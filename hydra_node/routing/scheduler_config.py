@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 import enum
 import math
 from dataclasses import asdict, dataclass, fields
@@ -94,7 +95,7 @@ class SchedulerConfig:
         if not isinstance(data, dict):
             raise SchedulerConfigError(f"[scheduler]: expected a table, got {type(data).__name__}")
         known = {f.name: f for f in fields(cls)}
-        kwargs: dict = {}
+        kwargs: dict[str, Any] = {}
         for key, value in data.items():
             if key not in known:
                 raise SchedulerConfigError(f"[scheduler].{key}: unknown key")
@@ -113,7 +114,7 @@ class SchedulerConfig:
                 kwargs[key] = float(value)
         return cls(**kwargs)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """Plain data for ``/api/status.scheduler.config``."""
         data = asdict(self)
         data["mode"] = self.mode.value

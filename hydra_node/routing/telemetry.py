@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, fields
+from typing import Any
 
 from hydra_node.routing._hints import (
     MAX_NAME_CHARS,
@@ -279,13 +280,13 @@ class TelemetryStore:
         """Fresh own values, else fresh peer hints (averaged over peers), else None."""
         stale_s = self.stale_after_secs if stale_after_ms is None else stale_after_ms / 1000.0
         stats = self._targets.get(target)
-        own: dict[str, float] = {}
-        extra: dict = {}
+        own: dict[str, Any] = {}  # TargetView's fields, by name
+        extra: dict[str, Any] = {}
         if stats is not None:
             own = self._own_fresh(stats, now, stale_s)
             extra = {"consecutive_failures": stats.consecutive_failures,
                      "last_failure_at": stats.last_failure_at}
-        hinted = {k: v for k, v in self._hint_values(target, now).items() if k not in own}
+        hinted: dict[str, Any] = {k: v for k, v in self._hint_values(target, now).items() if k not in own}
         return TargetView(**own, **hinted, **extra, measured=bool(own), hinted=bool(hinted))
 
     @staticmethod

@@ -175,7 +175,7 @@ class ChildSupervisor:
         self.last_error: str | None = None
         self.ever_ready = False
         self._proc: trio.Process | None = None
-        self._task_status: trio.TaskStatus | None = None
+        self._task_status: trio.TaskStatus[Any] | None = None
         self._changed = trio.Event()
 
     # ---- what callers see ------------------------------------------------------------
@@ -200,7 +200,7 @@ class ChildSupervisor:
         self._changed = trio.Event()
 
     # ---- supervision -----------------------------------------------------------------
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the child until cancelled; ``task_status.started(on_ready(value))`` at its first
         readiness.  Raises :class:`ChildFailed` when it gives up (state ``failed``)."""
         self._task_status = task_status
@@ -265,6 +265,7 @@ class ChildSupervisor:
                 write_pidfile(spec.pidfile, proc.pid, list(spec.argv), kind=spec.kind)
             async with trio.open_nursery() as nursery:
                 if spec.output is not None:
+                    assert proc.stderr is not None  # piped when there is an output
                     nursery.start_soon(spec.output.pump, proc.stderr)
                 try:
                     value = await spec.ready(proc)

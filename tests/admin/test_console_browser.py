@@ -46,7 +46,7 @@ def mesh(tmp_path_factory):
         ids = {n: p.status()["node_id"] for n, p in nodes.items()}
         for n, p in nodes.items():
             others = {ids[m] for m in nodes if m != n}
-            p.wait_status(lambda st: _alive(st) >= others, timeout=30, what=f"{n} sees everyone")
+            p.wait_status(lambda st, others=others: _alive(st) >= others, timeout=30, what=f"{n} sees everyone")
         yield {**nodes, "ids": ids}
     finally:
         for p in nodes.values():

@@ -105,3 +105,12 @@ def test_status_and_swap_share_one_client_error_line(capsys):
     args = build_parser().parse_args(["swap", "m.gguf", "--console", "1"])
     assert cmd_swap(args, client) == 1
     assert capsys.readouterr().err.startswith("hydra-node: no node answering on 127.0.0.1:1 (")
+
+
+def test_serve_help_lists_the_forms_of_model(capsys):
+    """Every form README.md and docs/models.md, docs/placement.md document for ``serve --model``."""
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
+    for form in ("ID=PATH", "catalogue name", "hf://OWNER/REPO", "https://", "placement:NAME"):
+        assert form in out, form

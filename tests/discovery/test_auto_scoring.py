@@ -50,15 +50,15 @@ def test_full_unreachable_named_and_expired_are_ineligible():
     assert score_listing(listing(name="Hydra"), ctx).eligible  # the app name counts as public
     assert score_listing(listing(name="private"), dataclasses.replace(ctx, mesh_name="Private")).eligible
     assert score_listing(listing(), dataclasses.replace(ctx, mesh_name="other")).reason == "name_mismatch"
-    l = listing()
-    assert score_listing(l, dataclasses.replace(ctx, probes={l.key: ListingProbe(False)})).reason == "unreachable"
+    one = listing()
+    assert score_listing(one, dataclasses.replace(ctx, probes={one.key: ListingProbe(False)})).reason == "unreachable"
     assert score_listing(listing(created=NOW - 500), ctx).reason == "expired"
 
 
 def test_rtt_and_staleness():
-    l = listing()
-    fast = score_listing(l, AutoContext(now=NOW, probes={l.key: ListingProbe(True, 10.0)}))
-    slow = score_listing(l, AutoContext(now=NOW, probes={l.key: ListingProbe(True, 400.0)}))
+    one = listing()
+    fast = score_listing(one, AutoContext(now=NOW, probes={one.key: ListingProbe(True, 10.0)}))
+    slow = score_listing(one, AutoContext(now=NOW, probes={one.key: ListingProbe(True, 400.0)}))
     assert terms(fast)["rtt"] == 95 and "rtt" in terms(slow) and terms(slow)["rtt"] == 0
     stale = score_listing(listing(created=NOW - 90), AutoContext(now=NOW))
     assert terms(stale)["stale"] == -30
@@ -117,10 +117,11 @@ def test_ranking_properties(items, last):
 
 @settings(max_examples=100, deadline=None)
 @given(listings_st, st.integers(1, 10))
-def test_more_nodes_or_lower_rtt_never_hurts(l, extra):
+def test_more_nodes_or_lower_rtt_never_hurts(one, extra):
     ctx = AutoContext(now=NOW)
-    bigger = dataclasses.replace(l, content=dataclasses.replace(l.content, node_count=l.content.node_count + extra))
-    assert score_listing(bigger, ctx).total >= score_listing(l, ctx).total
-    near = AutoContext(now=NOW, probes={l.key: ListingProbe(True, 5.0)})
-    far = AutoContext(now=NOW, probes={l.key: ListingProbe(True, 5.0 + extra * 20)})
-    assert score_listing(l, near).total >= score_listing(l, far).total
+    content = dataclasses.replace(one.content, node_count=one.content.node_count + extra)
+    bigger = dataclasses.replace(one, content=content)
+    assert score_listing(bigger, ctx).total >= score_listing(one, ctx).total
+    near = AutoContext(now=NOW, probes={one.key: ListingProbe(True, 5.0)})
+    far = AutoContext(now=NOW, probes={one.key: ListingProbe(True, 5.0 + extra * 20)})
+    assert score_listing(one, near).total >= score_listing(one, far).total

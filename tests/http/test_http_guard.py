@@ -1,4 +1,4 @@
-"""The pure front-door decisions (hydra_node/http/guard.py) and limits (http_limits.py)."""
+"""The pure front-door decisions (hydra_node/http/guard.py) and limits (hydra_node/http/limits.py)."""
 
 from __future__ import annotations
 

@@ -44,7 +44,8 @@ def mesh(tmp_path_factory):
         nodes["ids"] = ids
         for n in "abc":
             others = {ids[m] for m in "abc" if m != n}
-            nodes[n].wait_status(lambda st: alive_peers(st) >= others, timeout=20, what=f"{n} sees everyone")
+            nodes[n].wait_status(lambda st, others=others: alive_peers(st) >= others, timeout=20,
+                                 what=f"{n} sees everyone")
         yield nodes
     finally:
         for n in "abc":

@@ -40,10 +40,11 @@ def test_three_hosts_partition_and_heal(tmp_path):
         serve(lab, 3, homes[3], "--no-model", "--join", token)
         ids = {1: st1["node_id"]}
         for i in (2, 3):
-            ids[i] = wait_for(lambda: node_status(lab, i, homes[i]), 90, f"host {i} up")["node_id"]
+            ids[i] = wait_for(lambda i=i: node_status(lab, i, homes[i]), 90, f"host {i} up")["node_id"]
         for i in (1, 2, 3):
             want = {ids[j] for j in (1, 2, 3) if j != i}
-            wait_for(lambda: alive(node_status(lab, i, homes[i])) >= want, 30, f"host {i} sees the others")
+            wait_for(lambda i=i, want=want: alive(node_status(lab, i, homes[i])) >= want, 30,
+                     f"host {i} sees the others")
         # a request on host 3 runs on host 1, across the bridge
         body = json.dumps({"model": BUNDLED_MODEL_ID, "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0})
         r = lab.run(3, ["curl", "-s", "-m", "60", "localhost:9337/v1/completions", "-d", body], timeout=70)
@@ -60,7 +61,7 @@ def test_three_hosts_partition_and_heal(tmp_path):
         lab.set_link(3, True)
         for i in (1, 2, 3):
             want = {ids[j] for j in (1, 2, 3) if j != i}
-            wait_for(lambda: alive(node_status(lab, i, homes[i])) >= want, 40, f"host {i} healed")
+            wait_for(lambda i=i, want=want: alive(node_status(lab, i, homes[i])) >= want, 40, f"host {i} healed")
         r = lab.run(3, ["curl", "-s", "-m", "60", "localhost:9337/v1/completions", "-d", body], timeout=70)
         assert json.loads(r.stdout)["choices"][0]["text"], r.stdout
         print(f"partition noticed on both sides in {detect_s:.1f} s")

@@ -1,5 +1,5 @@
 """The default config file (<home>/config.toml), layering (file < --config < flags), `config show`/`path`,
-the seed README's starting profile, and the TOML line editor behind `benchmark tune --apply`."""
+and the seed README's starting profile (editing the file: tests/cli/test_config_edit.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
 
 from hydra_node.cli.config_sources import load_layered, merge_tables
 from hydra_node.cli.main import build_parser, node_config_from_args
-from hydra_node.cli.toml_edit import TomlEditError, set_keys
 from hydra_node.config import RESERVED_KEYS, ConfigError, load_config_file
 from hydra_node.config.runner_settings import runner_settings_from
 
@@ -141,58 +139,3 @@ def test_config_path_and_a_configuration_error(tmp_path):
     (tmp_path / "config.toml").write_text("[defaults.model_fit]\nctx_size = 1\n")
     r = run_cli("config", "show", "--home", str(tmp_path))
     assert r.returncode == 2 and "ctx_size: must be between 128" in r.stderr
-
-
-# ---- the TOML line editor -----------------------------------------------------------------
-
-COMMENTED = """# my node
-[scheduler]
-mode = "shadow"  # watch first
-
-[defaults.model_fit]
-ctx_size = 8192 # long chats
-# flash stays auto
-flash_attention = "auto"
-
-[defaults.throughput]
-threads = 8
-"""
-
-
-def test_set_keys_keeps_comments_and_other_keys():
-    out = set_keys(COMMENTED, {"defaults.model_fit.ctx_size": 4096, "defaults.model_fit.batch": 256,
-                               "defaults.hardware.mmap": False, "defaults.throughput.threads": 0})
-    assert "ctx_size = 4096 # long chats" in out and 'mode = "shadow"  # watch first' in out
-    assert "# flash stays auto" in out and out.startswith("# my node\n")
-    data = tomllib.loads(out)
-    assert data["defaults"]["model_fit"] == {"ctx_size": 4096, "flash_attention": "auto", "batch": 256}
-    assert data["defaults"]["hardware"] == {"mmap": False} and data["defaults"]["throughput"] == {"threads": 0}
-    assert out.index("batch = 256") < out.index("[defaults.throughput]")  # added inside its table
-
-
-def test_set_keys_refuses_what_it_cannot_edit_line_by_line():
-    with pytest.raises(TomlEditError, match="spans lines"):
-        set_keys('[defaults.model_fit]\nctx_size = [\n 1,\n]\n', {"defaults.model_fit.ctx_size": 2})
-    with pytest.raises(TomlEditError, match="by hand"):  # the table is defined by dotted keys elsewhere
-        set_keys('[defaults]\nmodel_fit.ctx_size = 1\n', {"defaults.model_fit.batch": 2})
-    with pytest.raises(TomlEditError, match="not valid TOML"):
-        set_keys("[broken\n", {"a.b": 1})
-
-
-values = st.one_of(st.booleans(), st.integers(-2**31, 2**31), st.text(st.characters(codec="ascii", exclude_categories=("Cc",)), max_size=12))
-keys = st.sampled_from(["scheduler.mode", "defaults.model_fit.ctx_size", "defaults.model_fit.batch",
-                        "defaults.hardware.mmap", "defaults.throughput.threads", "runner.load_timeout_s"])
-
-
-@settings(max_examples=150, deadline=None)
-@given(st.dictionaries(keys, values, max_size=6))
-def test_set_keys_sets_exactly_the_keys(changes):
-    out = set_keys(COMMENTED, changes)
-    data = tomllib.loads(out)
-    for dotted, value in changes.items():
-        node = data
-        for part in dotted.split("."):
-            node = node[part]
-        assert node == value
-    kept = [line for line in COMMENTED.splitlines() if line.lstrip().startswith("#")]
-    assert all(line in out.splitlines() for line in kept)

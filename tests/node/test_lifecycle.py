@@ -183,7 +183,7 @@ def test_crash_loop_is_reported_as_failed(tmp_path):
         for _ in range(2):
             pid = n.wait_status(lambda st: st["models"][0]["state"] == "ready", what="ready")["models"][0]["pid"]
             os.kill(pid, signal.SIGKILL)
-            n.wait_status(lambda st: st["models"][0]["pid"] != pid, what="runner gone")
+            n.wait_status(lambda st, pid=pid: st["models"][0]["pid"] != pid, what="runner gone")
         st = n.wait_status(lambda st: st["models"][0]["state"] == "failed", what="failed state")
         assert "killed by signal 9" in st["models"][0]["last_error"]
         code, body = request("POST", n.api_port, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1})

@@ -67,8 +67,9 @@ def test_management_bodies_get_typed_answers_and_the_node_stays_up(node, route, 
 
 def test_after_the_fuzz_the_node_answers_and_its_memory_is_bounded(node):
     base = _rss_kib(node.proc.pid)
-    deep = b"[" * 100_000 + b"]" * 100_000
+    deep, big = b"[" * 2000 + b"]" * 2000, b"[" * 100_000 + b"]" * 100_000  # within the route's 4 KiB bound, past it
     for _ in range(20):
-        assert request("POST", node.console_port, "/api/runtime/models", deep)[0] == 400
+        assert request("POST", node.console_port, "/api/runtime/models", deep)[0] == 400  # invalid_json
+        assert request("POST", node.console_port, "/api/runtime/models", big)[0] == 413  # body_too_large
     assert request("GET", node.console_port, "/health")[0] == 200
     assert _rss_kib(node.proc.pid) < base + 64 * 1024  # within 64 MiB of where it was

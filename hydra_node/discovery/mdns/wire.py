@@ -159,7 +159,7 @@ def encode_announcement(advert: MdnsAdvert, ttl: int = DEFAULT_TTL, *, legacy_qu
     if not 0 <= ttl <= 4500:
         raise MdnsAdvertError(f"ttl {ttl} out of range")
     legacy = legacy_query_id is not None
-    if legacy and not 0 <= legacy_query_id <= 0xFFFF:
+    if legacy_query_id is not None and not 0 <= legacy_query_id <= 0xFFFF:
         raise MdnsAdvertError("query id out of range")
     if legacy:
         ttl = min(ttl, LEGACY_TTL)

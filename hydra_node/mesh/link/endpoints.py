@@ -7,13 +7,14 @@ import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 import trio
 import trio_websocket
-from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, open_websocket_url, serve_websocket
+from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, WebSocketServer, open_websocket_url
 
 from hydra_node.mesh.link.dialback import answer_dialback, nonce_from_path
+from hydra_node.mesh.link.transport import MessageTransport
 from hydra_node.mesh.link.websocket import set_message_limit
 from hydra_node.mesh.wire.constants import MAX_HANDSHAKE_MESSAGE_BYTES, MAX_LINK_FRAME_BYTES
 from hydra_node.mesh.wire.errors import HandshakeError, LinkClosed, LocalProtocolError
@@ -38,7 +39,8 @@ HANDSHAKE_WS_MESSAGE_BYTES = MAX_HANDSHAKE_MESSAGE_BYTES + 1024
 LinkHandler = Callable[[PeerLink], Awaitable[None]]
 
 
-async def _run_handshake(ws: WebSocketConnection, handshake: Handshake, timeout_s: float) -> HandshakeResult:
+async def _run_handshake(ws: WebSocketConnection | MessageTransport, handshake: Handshake,
+                         timeout_s: float) -> HandshakeResult:
     """Run ``handshake`` over ``ws``: messages are limited to handshake size until it completes."""
     set_message_limit(ws, HANDSHAKE_WS_MESSAGE_BYTES)
     result = await _exchange(ws, handshake, timeout_s)
@@ -50,7 +52,8 @@ async def _run_handshake(ws: WebSocketConnection, handshake: Handshake, timeout_
 run_handshake = _run_handshake
 
 
-async def _exchange(ws: WebSocketConnection, handshake: Handshake, timeout_s: float) -> HandshakeResult:
+async def _exchange(ws: WebSocketConnection | MessageTransport, handshake: Handshake,
+                    timeout_s: float) -> HandshakeResult:
     try:
         with trio.fail_after(timeout_s):
             if handshake.role == "initiator":
@@ -164,17 +167,20 @@ class LinkListener:
             links_open=len(self.links), handshake_failures=dict(self._failures),
         )
 
-    async def serve(self, host: str = "127.0.0.1", port: int = 0, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        """Listen until cancelled; `started(bound_port)` once accepting."""
+    async def serve(self, host: str = "127.0.0.1", port: int = 0, *, listeners: list[trio.SocketListener] | None = None,
+                    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen until cancelled; `started(bound_port)` once accepting.  ``listeners``: already bound
+        (on ``host``), served (and closed when done) instead of binding ``host:port`` here."""
+        if listeners is None:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        server = WebSocketServer(
+            self._handle, listeners,
+            max_message_size=MAX_LINK_FRAME_BYTES, message_queue_size=WS_MESSAGE_QUEUE,
+            receive_buffer_size=WS_RECEIVE_BUFFER, connect_timeout=self._settings.handshake_timeout_s,
+            disconnect_timeout=CLOSE_TIMEOUT_S,
+        )
         async with trio.open_nursery() as nursery:
-            server = await nursery.start(
-                partial(
-                    serve_websocket, self._handle, host, port, None,
-                    max_message_size=MAX_LINK_FRAME_BYTES, message_queue_size=WS_MESSAGE_QUEUE,
-                    receive_buffer_size=WS_RECEIVE_BUFFER, connect_timeout=self._settings.handshake_timeout_s,
-                    disconnect_timeout=CLOSE_TIMEOUT_S,
-                )
-            )
+            await nursery.start(server.run)
             self.port = server.port
             log_event(logging.INFO, "link_listener_up", host=host, port=self.port)
             task_status.started(self.port)
@@ -264,14 +270,15 @@ class LinkListener:
 def _source_address(request: WebSocketRequest) -> str:
     """The remote IP of a connection being accepted ("?" if unknown): handshake slots are per address."""
     try:
-        return str(request.remote.address)
+        remote: Any = request.remote  # an Endpoint (typed Endpoint | str); anything else raises here
+        return str(remote.address)
     except Exception:
         return "?"
 
 
 def _remote(ws: WebSocketConnection) -> str:
     try:
-        remote = ws.remote
+        remote: Any = ws.remote  # an Endpoint (typed Endpoint | str); anything else raises here
         return f"{remote.address}:{remote.port}"
     except Exception:
         return "?"

@@ -113,7 +113,8 @@ class PeerLink:
     def remote_host(self) -> str | None:
         """The peer's IP address as this connection sees it (None if unknown)."""
         try:
-            return str(self._ws.remote.address)
+            remote: Any = getattr(self._ws, "remote")  # a websocket's Endpoint; a relayed stream has none
+            return str(remote.address)
         except Exception:  # not a TCP connection, or already torn down
             return None
 

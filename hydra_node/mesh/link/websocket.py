@@ -8,6 +8,7 @@ import trio
 from trio_websocket import WebSocketConnection
 
 from hydra_node.mesh.link.settings import CLOSE_TIMEOUT_S
+from hydra_node.mesh.link.transport import MessageTransport
 
 __all__ = ["close_websocket", "log_event", "set_message_limit"]
 
@@ -23,7 +24,7 @@ def log_event(level: int, event: str, **fields: object) -> None:
     log.log(level, " ".join(parts))
 
 
-async def close_websocket(ws: WebSocketConnection) -> None:
+async def close_websocket(ws: WebSocketConnection | MessageTransport) -> None:
     """Close handshake (bounded, shielded), then the TCP stream itself.
 
     trio-websocket 0.12 leaves the socket open when the peer started the close
@@ -40,7 +41,7 @@ async def close_websocket(ws: WebSocketConnection) -> None:
                 pass
 
 
-def set_message_limit(ws: WebSocketConnection, max_bytes: int) -> None:
+def set_message_limit(ws: WebSocketConnection | MessageTransport, max_bytes: int) -> None:
     """Largest websocket message ``ws`` assembles from now on (bigger: closed with 1009).
 
     trio-websocket takes the limit once, at connection set-up; before authentication a link only

@@ -96,7 +96,7 @@ def seq_of(value: Any, name: str, max_items: int) -> list[Any]:
     return list(value)
 
 
-def exact_map(value: Any, name: str, required: frozenset[str], optional: frozenset[str] = frozenset()) -> Mapping:
+def exact_map(value: Any, name: str, required: frozenset[str], optional: frozenset[str] = frozenset()) -> Mapping[Any, Any]:
     if not isinstance(value, Mapping):
         raise InvalidMessage(f"{name} must be a map")
     keys = set(value)
@@ -157,8 +157,8 @@ class ModelEntry:
         if self.free_slots is not None:
             uint(self.free_slots, "free_slots", MAX_FREE_SLOTS)
 
-    def to_wire(self) -> dict:
-        wire: dict = {"id": self.id, "state": self.state}
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {"id": self.id, "state": self.state}
         if self.free_slots is not None:  # omitted when unknown: the entry stays as older nodes wrote it
             wire["free_slots"] = self.free_slots
         return wire
@@ -183,7 +183,7 @@ class Hardware:
         for name in ("ram_bytes", "vram_bytes", "usable_bytes"):
             uint(getattr(self, name), name)
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"cores": self.cores, "ram_bytes": self.ram_bytes, "vram_bytes": self.vram_bytes,
                 "usable_bytes": self.usable_bytes}
 
@@ -204,7 +204,7 @@ class RpcCapacity:
         uint(self.free_bytes, "rpc free_bytes")
         text(self.device, "rpc device")
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"free_bytes": self.free_bytes, "device": self.device}
 
     @classmethod
@@ -289,7 +289,7 @@ class Announcement:
         """Order of a node's own announcements."""
         return (self.incarnation, self.seq)
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {
             "node_id": self.node_id, "incarnation": self.incarnation, "seq": self.seq,
             "version": self.version, "role": self.role, "addresses": list(self.addresses),
@@ -309,10 +309,10 @@ class Announcement:
             raise InvalidMessage(f"more than {MAX_THROUGHPUT_HINTS} throughput hints")
         return cls(
             node_id=m["node_id"], incarnation=m["incarnation"], seq=m["seq"], version=m["version"],
-            role=m["role"], addresses=seq_of(m["addresses"], "addresses", MAX_ADDRESSES),
+            role=m["role"], addresses=tuple(seq_of(m["addresses"], "addresses", MAX_ADDRESSES)),
             api_port=m["api_port"], console_port=m["console_port"],
             models=tuple(ModelEntry.from_wire(x) for x in seq_of(m["models"], "models", MAX_MODELS)),
             hardware=Hardware.from_wire(m["hardware"]), queue_depth=m["queue_depth"],
-            throughput_milli=hints, rpc=None if m["rpc"] is None else RpcCapacity.from_wire(m["rpc"]),
+            throughput_milli=tuple(hints.items()), rpc=None if m["rpc"] is None else RpcCapacity.from_wire(m["rpc"]),
             extra=m["extra"],
         )

@@ -24,11 +24,12 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from hydra_node.codec.cbor import encode
 from hydra_node.mesh.membership.changes import PeerEntry
 from hydra_node.mesh.membership.config import MembershipConfig
-from hydra_node.mesh.membership.messages import MAX_WIRE_BUCKETS, DigestSync, PeerRecord, Sync
+from hydra_node.mesh.membership.messages import MAX_WIRE_BUCKETS, DigestEntry, DigestSync, Message, PeerRecord, Sync
 
 __all__ = ["AntiEntropy", "bucket_count", "entry_hash", "id_hash"]
 
@@ -64,6 +65,13 @@ class AntiEntropy:
     _rng: random.Random
     _peers: dict[str, PeerEntry]
     _hash_cache: dict[str, tuple[tuple[int, str, int], int, int]]  # id -> (version, entry hash, id hash)
+
+    if TYPE_CHECKING:  # provided by `Membership` and the sibling mixins
+        def self_record(self) -> PeerRecord: ...
+        def _all_records(self) -> list[PeerRecord]: ...
+        def _sync_message(self) -> Sync: ...
+        def _send(self, to: str, msg: Message, *, piggyback: bool = True) -> None: ...
+        def _push_pull(self, sender: str, mine: Iterable[PeerRecord], theirs: dict[str, DigestEntry]) -> None: ...
 
     def _hashed(self, rec: PeerRecord) -> tuple[int, int]:
         """(entry hash, id hash) of a record, cached per id until its version changes."""
@@ -113,7 +121,8 @@ class AntiEntropy:
         if not differ:
             return
         self._rng.shuffle(differ)
-        parts, entries = [], []
+        parts: list[int] = []
+        entries: list[DigestEntry] = []
         for i in differ:
             chunk = by_bucket.get(i, [])
             if parts and len(entries) + len(chunk) > self.config.sync_bucket_entries:

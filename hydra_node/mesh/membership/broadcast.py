@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from typing import TypeVar
 
 __all__ = ["BroadcastQueue"]
+
+T = TypeVar("T")
 
 
 class BroadcastQueue:
@@ -36,12 +39,12 @@ class BroadcastQueue:
         self._sends.pop(peer_id, None)
         self._order.pop(peer_id, None)
 
-    def take(self, count: int, limit: int, lookup: Callable[[str], object | None]) -> list:
+    def take(self, count: int, limit: int, lookup: Callable[[str], T | None]) -> list[T]:
         """Up to `count` current values (via `lookup`), counting one transmission for each."""
         if not self._sends or count <= 0:
             return []
         chosen = heapq.nsmallest(count, self._sends, key=lambda i: (self._sends[i], -self._order[i]))
-        out = []
+        out: list[T] = []
         for peer_id in chosen:
             value = lookup(peer_id)
             sends = self._sends[peer_id] + 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from hydra_node.mesh.membership.announcement import Announcement
 from hydra_node.mesh.membership.broadcast import BroadcastQueue
@@ -68,6 +69,13 @@ class PeerChanges:
     _member_ids: list[str] | None
     _told: dict[str, int]
     _out: list[Action]
+
+    if TYPE_CHECKING:  # provided by `Membership` and the sibling mixins
+        @property
+        def incarnation(self) -> int: ...
+        def _members_sorted(self) -> list[str]: ...
+        def _start_probe(self, target: str, now: float) -> None: ...
+        def _enqueue(self, peer_id: str) -> None: ...
 
     def _apply(self, rec: PeerRecord, sender: str, now: float) -> None:
         if rec.incarnation > MAX_CLAIMED_INCARNATION:
@@ -131,6 +139,7 @@ class PeerChanges:
                                rec.announcement)
             peer = self._peers[rec.node_id] = PeerEntry(alive, last_seen=now if sender == rec.node_id else None)
             self._ring = self._member_ids = None
+            assert rec.announcement is not None  # a member's record carries it (PeerRecord.__post_init__)
             self._out.append(PeerJoined(rec.node_id, rec.incarnation, rec.announcement))
             self._enqueue(rec.node_id)
             if rec.state is PeerState.SUSPECT:

@@ -114,7 +114,9 @@ class Membership(MessageHandlers, PeerChanges, Dissemination, Lifeguard, AntiEnt
 
     def members(self) -> dict[str, Announcement]:
         """Alive and suspect peers (not us) and their announcements."""
-        return {i: p.record.announcement for i, p in self._peers.items() if p.record.state.is_member}
+        # (a member's record always carries its announcement: PeerRecord.__post_init__)
+        return {i: ann for i, p in self._peers.items()
+                if p.record.state.is_member and (ann := p.record.announcement) is not None}
 
     def _members_sorted(self) -> list[str]:
         """Member ids, sorted; cached until the member set changes (reset with `_ring`)."""

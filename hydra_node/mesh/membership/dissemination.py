@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from hydra_node.mesh.membership.broadcast import BroadcastQueue
 from hydra_node.mesh.membership.changes import PeerEntry
@@ -31,6 +32,11 @@ class Dissemination:
     _peers: dict[str, PeerEntry]
     _broadcasts: BroadcastQueue
     _out: list[Action]
+
+    if TYPE_CHECKING:  # provided by `Membership`
+        def self_record(self) -> PeerRecord: ...
+        def record(self, peer_id: str) -> PeerRecord | None: ...
+        def _members_sorted(self) -> list[str]: ...
 
     def _enqueue(self, peer_id: str) -> None:
         self._broadcasts.push(peer_id)

@@ -8,10 +8,14 @@ anti-entropy push/pull of `Sync` and `Pull`, and a peer's own `Leave`.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from hydra_node.mesh.membership.changes import PeerEntry
 from hydra_node.mesh.membership.config import MembershipConfig
-from hydra_node.mesh.membership.messages import Ack, Gossip, Leave, PeerRecord, Ping, PingReq, Pull, Sync
+from hydra_node.mesh.membership.messages import (
+    Ack, DigestEntry, Gossip, Leave, Message, PeerRecord, Ping, PingReq, Pull, Sync,
+)
 from hydra_node.mesh.membership.health import LocalHealth
 from hydra_node.mesh.membership.probes import NACK_FRACTION, ProbeTable
 from hydra_node.mesh.membership.state import PeerState
@@ -28,6 +32,16 @@ class MessageHandlers:
     _peers: dict[str, PeerEntry]
     _probes: ProbeTable
     health: LocalHealth
+
+    if TYPE_CHECKING:  # provided by `Membership` and the sibling mixins
+        def self_record(self) -> PeerRecord: ...
+        def record(self, peer_id: str) -> PeerRecord | None: ...
+        def _all_records(self) -> list[PeerRecord]: ...
+        def _piggyback(self) -> tuple[PeerRecord, ...]: ...
+        def _send(self, to: str, msg: Message, *, piggyback: bool = True) -> None: ...
+        def _send_records(self, to: str, records: list[PeerRecord]) -> None: ...
+        def _note_rtt(self, peer: PeerEntry, rtt: float) -> None: ...
+        def _apply(self, rec: PeerRecord, sender: str, now: float) -> None: ...
 
     def _on_ping(self, sender: str, msg: Ping, now: float) -> None:
         records = self._piggyback()
@@ -81,7 +95,7 @@ class MessageHandlers:
     def _on_sync(self, sender: str, msg: Sync, now: float) -> None:
         self._push_pull(sender, self._all_records(), {d.node_id: d for d in msg.digest})
 
-    def _push_pull(self, sender: str, mine, theirs: dict) -> None:
+    def _push_pull(self, sender: str, mine: Iterable[PeerRecord], theirs: dict[str, DigestEntry]) -> None:
         """Anti-entropy with ``sender``: push our records in ``mine`` that are newer than its digest
         entries ``theirs`` (or missing there), pull those of ``theirs`` newer than ours."""
         push = [rec for rec in mine if (d := theirs.get(rec.node_id)) is None or rec.digest().key > d.key]

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from hydra_node.mesh.membership.changes import PeerEntry
 from hydra_node.mesh.membership.config import MembershipConfig
 from hydra_node.mesh.membership.health import LocalHealth
-from hydra_node.mesh.membership.messages import Nack, Suspect
+from hydra_node.mesh.membership.messages import Message, Nack, Suspect
 from hydra_node.mesh.membership.probes import Probe, ProbeTable
 from hydra_node.mesh.membership.state import PeerState
 from hydra_node.mesh.membership.suspicion import Suspicion
@@ -50,6 +51,12 @@ class Lifeguard:
     _peers: dict[str, PeerEntry]
     _probes: ProbeTable
     _suspicions: dict[str, Suspicion]
+
+    if TYPE_CHECKING:  # provided by `Membership` and the sibling mixins
+        def _members_sorted(self) -> list[str]: ...
+        def _send(self, to: str, msg: Message, *, piggyback: bool = True) -> None: ...
+        def _about_me(self, incarnation: int, state: PeerState) -> None: ...
+        def _suspect(self, peer: PeerEntry, now: float, *, origin: str) -> None: ...
 
     def note_local_lag(self, lag_s: float, now: float) -> None:
         """The driver's timer woke `lag_s` seconds after the deadline it slept for.

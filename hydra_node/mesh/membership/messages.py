@@ -77,7 +77,7 @@ class PeerRecord:
     def digest(self) -> DigestEntry:
         return DigestEntry(self.node_id, self.incarnation, self.state, self.seq)
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         ann = None if self.announcement is None else self.announcement.to_wire()
         return {"id": self.node_id, "inc": self.incarnation, "state": self.state.value, "ann": ann}
 
@@ -110,7 +110,7 @@ class DigestEntry:
         """Lexicographic version: status first, then the announcement seq (-1: none)."""
         return (*status_key(self.incarnation, self.state), -1 if self.seq is None else self.seq)
 
-    def to_wire(self) -> list:
+    def to_wire(self) -> list[Any]:
         return [self.node_id, self.incarnation, self.state.value, self.seq]
 
     @classmethod
@@ -121,7 +121,7 @@ class DigestEntry:
         return cls(items[0], items[1], _state(items[2]), items[3])
 
 
-def _ann_order(ann: Announcement | None) -> tuple:
+def _ann_order(ann: Announcement | None) -> tuple[int | str, ...]:
     if ann is None:
         return (-1, -1, "")
     return (ann.incarnation, ann.seq)
@@ -145,7 +145,7 @@ def merge_records(a: PeerRecord, b: PeerRecord) -> PeerRecord:
     ann_a, ann_b = a.announcement, b.announcement
     if _ann_order(ann_a) != _ann_order(ann_b):
         ann = ann_a if _ann_order(ann_a) > _ann_order(ann_b) else ann_b
-    elif ann_a is None or ann_a == ann_b:
+    elif ann_a is None or ann_b is None or ann_a == ann_b:  # (equal orders: both None or neither)
         ann = ann_a
     else:
         ann = ann_a if _ann_tiebreak(ann_a) >= _ann_tiebreak(ann_b) else ann_b
@@ -163,10 +163,10 @@ def _view(wire: Any) -> DigestEntry | None:
 
 
 def _check_records(records: Any) -> tuple[PeerRecord, ...]:
-    records = tuple(seq_of(records, "records", MAX_WIRE_RECORDS))
-    if not all(isinstance(r, PeerRecord) for r in records):
+    checked = tuple(seq_of(records, "records", MAX_WIRE_RECORDS))
+    if not all(isinstance(r, PeerRecord) for r in checked):
         raise InvalidMessage("records must be PeerRecord values")
-    return records
+    return checked
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ class Ping:
         uint(self.probe_id, "probe_id")
         object.__setattr__(self, "records", _check_records(self.records))
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"type": self.TYPE, "probe": self.probe_id,
                 "view": None if self.view is None else self.view.to_wire(),
                 "records": [r.to_wire() for r in self.records]}
@@ -207,7 +207,7 @@ class Ack:
         node_id(self.subject, "subject")
         object.__setattr__(self, "records", _check_records(self.records))
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"type": self.TYPE, "probe": self.probe_id, "subject": self.subject,
                 "records": [r.to_wire() for r in self.records]}
 
@@ -232,7 +232,7 @@ class PingReq:
         node_id(self.target, "target")
         object.__setattr__(self, "records", _check_records(self.records))
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"type": self.TYPE, "probe": self.probe_id, "target": self.target,
                 "view": None if self.view is None else self.view.to_wire(),
                 "records": [r.to_wire() for r in self.records]}
@@ -253,7 +253,7 @@ class Gossip:
     def __post_init__(self) -> None:
         object.__setattr__(self, "records", _check_records(self.records))
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"type": self.TYPE, "records": [r.to_wire() for r in self.records]}
 
     @classmethod
@@ -277,7 +277,7 @@ class Sync:
         object.__setattr__(self, "digest", digest)
         object.__setattr__(self, "records", _check_records(self.records))
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"type": self.TYPE, "digest": [d.to_wire() for d in self.digest],
                 "records": [r.to_wire() for r in self.records]}
 
@@ -301,7 +301,7 @@ class Pull:
             node_id(i, "pull id")
         object.__setattr__(self, "ids", ids)
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"type": self.TYPE, "ids": list(self.ids)}
 
     @classmethod
@@ -320,7 +320,7 @@ class Leave:
     def __post_init__(self) -> None:
         uint(self.incarnation, "incarnation")
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"type": self.TYPE, "inc": self.incarnation}
 
     @classmethod
@@ -340,7 +340,7 @@ class Nack:
     def __post_init__(self) -> None:
         uint(self.probe_id, "probe_id")
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"type": self.TYPE, "probe": self.probe_id}
 
     @classmethod
@@ -361,7 +361,7 @@ class Suspect:
         node_id(self.target, "target")
         uint(self.incarnation, "incarnation")
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"type": self.TYPE, "target": self.target, "inc": self.incarnation}
 
     @classmethod
@@ -400,7 +400,7 @@ class DigestSync:
             object.__setattr__(self, name, value)
         object.__setattr__(self, "records", _check_records(self.records))
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         return {"type": self.TYPE, "buckets": self.buckets, "hashes": list(self.hashes),
                 "parts": list(self.parts), "digest": [d.to_wire() for d in self.digest],
                 "records": [r.to_wire() for r in self.records]}
@@ -414,7 +414,7 @@ class DigestSync:
 
 
 Message = Ping | Ack | PingReq | Gossip | Sync | Pull | Leave | Nack | Suspect | DigestSync
-MESSAGE_TYPES: dict[str, type] = {
+MESSAGE_TYPES: dict[str, type[Message]] = {
     c.TYPE: c for c in (Ping, Ack, PingReq, Gossip, Sync, Pull, Leave, Nack, Suspect, DigestSync)}
 
 

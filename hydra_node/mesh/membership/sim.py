@@ -17,10 +17,12 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import Any, cast
 
 from hydra_node.mesh.membership.announcement import Announcement
-from hydra_node.mesh.membership.config import MembershipConfig, MembershipEvent, Send
+from hydra_node.mesh.membership.config import Action, MembershipConfig, MembershipEvent, Send
 from hydra_node.mesh.membership.core import Membership
+from hydra_node.mesh.membership.messages import Message
 from hydra_node.mesh.membership.simlinks import HostProfile, LanDelay, WanDelay, cbor_size
 from hydra_node.mesh.membership.state import PeerState
 
@@ -109,7 +111,7 @@ class SimNetwork:
     def _partitioned(self, a: str, b: str) -> bool:
         return self.groups is not None and self.groups.get(a, -1) != self.groups.get(b, -1)
 
-    def send_as(self, sender: str, to: str, message: object) -> None:
+    def send_as(self, sender: str, to: str, message: Message) -> None:
         """Inject `message` as if `sender` sent it now (a forged, stale or buggy peer)."""
         self._transmit(sender, to, message)
 
@@ -189,7 +191,7 @@ class SimNetwork:
             self.nodes[node].note_local_lag(self.now - payload, self.now)  # type: ignore[operator]
             self._tick(node)
         else:  # "msg" (arrived) or "handle" (a loaded loop gets to it now)
-            sender, wire = payload  # type: ignore[misc]  # in flight: only the receiver and partitions matter
+            sender, wire = cast("tuple[str, Message | dict[str, Any]]", payload)  # in flight: only the receiver and partitions matter
             if self._partitioned(sender, node):
                 return
             if kind == "msg" and prof.loaded:
@@ -210,7 +212,7 @@ class SimNetwork:
         if core.next_deadline() <= self.now:
             raise RuntimeError(f"{node}: next_deadline did not advance past {self.now}")
 
-    def _process(self, node: str, actions: list) -> None:
+    def _process(self, node: str, actions: list[Action]) -> None:
         for action in actions:
             if not isinstance(action, Send):
                 self.log.append((self.now, node, action))
@@ -219,8 +221,8 @@ class SimNetwork:
                 continue
             self._transmit(node, action.to, action.message)
 
-    def _transmit(self, node: str, to: str, message: object) -> None:
-        wire = message.to_wire() if self.decode else message  # type: ignore[attr-defined]
+    def _transmit(self, node: str, to: str, message: Message) -> None:
+        wire = message.to_wire() if self.decode else message
         self.messages_sent[node] += 1
         size = self._size(message) + ENVELOPE_OVERHEAD_BYTES if self.measure_bytes else 0
         self.bytes_sent[node] += size
@@ -242,12 +244,14 @@ class SimNetwork:
             delay += RELAY_HOP_S
         heapq.heappush(self._queue, (self.now + delay, next(self._counter), "msg", to, (node, wire)))
 
-    def _size(self, message: object) -> int:
+    def _size(self, message: Message) -> int:
         """CBOR length of the message's wire form; records' sizes cached (they are re-sent often)."""
         records = getattr(message, "records", ())
         if not records:
-            return cbor_size(message.to_wire())  # type: ignore[attr-defined]
-        total = cbor_size(replace(message, records=()).to_wire()) - 1  # type: ignore[type-var]
+            return cbor_size(message.to_wire())
+        # (mypy types replace() on a union of dataclasses as if each lacked `records`: only the ones
+        # with records get here)
+        total = cbor_size(replace(message, records=()).to_wire()) - 1  # type: ignore[arg-type]
         total += cbor_size([0] * len(records)) - len(records)  # the array head
         cache = self._record_sizes
         if len(cache) > MAX_CACHED_RECORD_SIZES:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import enum
 
 from hydra_node.mesh.membership.announcement import LocalMembershipError
+from hydra_node.statemachine import InvalidTransition, StateTable
 
-__all__ = ["PeerState", "Trigger", "TRANSITIONS", "transition", "STATE_RANK", "status_key"]
+__all__ = ["PeerState", "Trigger", "TRANSITIONS", "PEER_MACHINE", "transition", "STATE_RANK", "status_key"]
 
 
 class PeerState(enum.Enum):
@@ -50,6 +51,7 @@ TRANSITIONS: dict[PeerState, dict[Trigger, PeerState]] = {
     S.DEAD: {T.ALIVE: S.ALIVE, T.LEAVE: S.LEFT, T.EXPIRE: S.UNKNOWN},
     S.LEFT: {T.ALIVE: S.ALIVE, T.CONFIRM: S.DEAD, T.EXPIRE: S.UNKNOWN},  # CONFIRM: a later life died
 }
+PEER_MACHINE = StateTable("peer", TRANSITIONS)
 
 # Precedence at equal incarnation: a later claim about the same life wins.
 STATE_RANK = {S.ALIVE: 0, S.SUSPECT: 1, S.DEAD: 2, S.LEFT: 3}
@@ -58,9 +60,9 @@ STATE_RANK = {S.ALIVE: 0, S.SUSPECT: 1, S.DEAD: 2, S.LEFT: 3}
 def transition(state: PeerState, trigger: Trigger) -> PeerState:
     """The next state, or LocalMembershipError if the table has no such move."""
     try:
-        return TRANSITIONS[state][trigger]
-    except KeyError:
-        raise LocalMembershipError(f"no move {trigger.value!r} from state {state.value!r}") from None
+        return PEER_MACHINE.next(state, trigger)
+    except InvalidTransition as exc:
+        raise LocalMembershipError(f"no move {trigger.value!r} from state {state.value!r}") from exc
 
 
 def status_key(incarnation: int, state: PeerState) -> tuple[int, int]:

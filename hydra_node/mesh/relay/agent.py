@@ -209,7 +209,7 @@ class RelayAgent:
 
     # ---- dialling (the link table's connect) ------------------------------------------------------
     async def connect(self, url: str, settings: LinkSettings, *, expected_peer_id: str | None = None,
-                      invite=None, task_status=trio.TASK_STATUS_IGNORED) -> None:
+                      invite=None, task_status: trio.TaskStatus[PeerLink] = trio.TASK_STATUS_IGNORED) -> None:
         """``connect_link`` for ``ws://`` URLs; through the relay for ``relay:<id>`` ones."""
         relay = parse_relay_url(url)
         if relay is None:
@@ -234,7 +234,7 @@ class RelayAgent:
         self._count_close(inner)
 
     # ---- the driver --------------------------------------------------------------------------------
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[RelayAgent] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.upgrader.run)
             task_status.started(self)

@@ -36,7 +36,8 @@ class Reservation:
     circuits: int
 
 
-async def hold_reservation(relay_link: PeerLink, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def hold_reservation(relay_link: PeerLink, *,
+                           task_status: trio.TaskStatus[Reservation] = trio.TASK_STATUS_IGNORED) -> None:
     """Reserve at ``relay_link``'s node; ``started(Reservation)``; return when the reservation ends
     (TTL, relay or link gone: never raises after ``started``). Before ``started``: LinkClosed (code
     relay_refused if the relay refuses)."""
@@ -62,7 +63,7 @@ async def hold_reservation(relay_link: PeerLink, *, task_status=trio.TASK_STATUS
 
 async def connect_via_relay(relay_link: PeerLink, target: str, settings: LinkSettings, *,
                             on_observed: Callable[[str | None], None] | None = None,
-                            task_status=trio.TASK_STATUS_IGNORED) -> None:
+                            task_status: trio.TaskStatus[PeerLink] = trio.TASK_STATUS_IGNORED) -> None:
     """Dial ``target`` through ``relay_link``'s node and run the link until it closes; ``started(link)``.
     Before that: LinkClosed (relay_refused, connect_failed) or a HandshakeError. ``on_observed``
     receives our public IP as the relay saw it (``connected.observed``; None if not given)."""

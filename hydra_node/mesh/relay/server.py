@@ -97,9 +97,10 @@ class RelayServer:
                 while await stream.receive():  # the client sends nothing; its EOF ends the reservation
                     pass
         finally:
-            self.book.release(link.peer_id, expires)
-            if self._links.get(link.peer_id) is link and not self.book.reserved(link.peer_id, trio.current_time()):
-                del self._links[link.peer_id]
+            peer_id = link.peer_id
+            self.book.release(peer_id, expires)
+            if self._links.get(peer_id) is link and not self.book.reserved(peer_id, trio.current_time()):
+                del self._links[peer_id]
 
     async def serve_connect(self, link: Any, header: Mapping[str, Any], stream: LinkStream) -> None:
         try:

@@ -99,7 +99,7 @@ async def simultaneous_open(sock: trio.socket.SocketType, addr: PunchAddress,
 
 
 async def run_punched_link(stream: trio.SocketStream, peer_id: str, settings: LinkSettings, *,
-                           task_status=trio.TASK_STATUS_IGNORED) -> None:
+                           task_status: trio.TaskStatus[PeerLink] = trio.TASK_STATUS_IGNORED) -> None:
     """Authenticate ``peer_id`` on the punched connection and run the link until it closes;
     ``started(link)``. Before that: PunchFailed (the connection is closed)."""
     failure: PunchFailed | None = None

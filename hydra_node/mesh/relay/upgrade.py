@@ -71,7 +71,7 @@ class LinkUpgrader:
         self._nursery: trio.Nursery | None = None
         self._punching = 0
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[LinkUpgrader] = trio.TASK_STATUS_IGNORED) -> None:
         """Holds the upgraded links' tasks (and the upgrades in progress) until cancelled."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -243,7 +243,8 @@ class LinkUpgrader:
         return await self._nursery.start(self._run_link, factory)  # type: ignore[union-attr]
 
     @staticmethod
-    async def _run_link(factory: Callable[..., Any], *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def _run_link(factory: Callable[..., Any], *,
+                        task_status: trio.TaskStatus[PeerLink] = trio.TASK_STATUS_IGNORED) -> None:
         """Run one upgraded link: a failure before it is up goes to the caller, one after it ends
         that link only (never the upgrader)."""
         status = _StartedFlag(task_status)

@@ -14,9 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hydra_node.backoff import Backoff
+from hydra_node.statemachine import InvalidTransition, StateTable
 
 __all__ = ["ATTEMPTS_PER_ROUND", "ATTEMPT_GAP_S", "FINAL_REFUSALS", "MAX_ROUNDS", "ROUND_BACKOFF", "TRANSITIONS",
-           "UpgradePlan", "UpgradeStateError", "UpgradeStatus"]
+           "UPGRADE_MACHINE", "UpgradePlan", "UpgradeStateError", "UpgradeStatus"]
 
 ATTEMPTS_PER_ROUND = 3
 """Attempts in one round (DCUtR's number): a SYN lost to timing is retried at once."""
@@ -32,15 +33,14 @@ FINAL_REFUSALS = frozenset({"disabled", "no_address", "not_relayed", "bad_punch"
 
 WAITING, ATTEMPTING, DIRECT, GAVE_UP = "waiting", "attempting", "direct", "gave_up"
 
-#: (state, event) -> next state; ``failed`` may also lead to GAVE_UP (rounds used up).
-TRANSITIONS: dict[tuple[str, str], frozenset[str]] = {
-    (WAITING, "begin"): frozenset({ATTEMPTING}),
-    (WAITING, "abandon"): frozenset({GAVE_UP}),
-    (ATTEMPTING, "failed"): frozenset({WAITING, GAVE_UP}),
-    (ATTEMPTING, "refused"): frozenset({GAVE_UP}),
-    (ATTEMPTING, "succeeded"): frozenset({DIRECT}),
-    (ATTEMPTING, "abandon"): frozenset({GAVE_UP}),
+#: state -> {event: next state}. A failed attempt is ``failed`` while attempts or rounds are left,
+#: ``exhausted`` when it was the last one; DIRECT and GAVE_UP take nothing.
+TRANSITIONS: dict[str, dict[str, str]] = {
+    WAITING: {"begin": ATTEMPTING, "abandon": GAVE_UP},
+    ATTEMPTING: {"failed": WAITING, "exhausted": GAVE_UP, "refused": GAVE_UP, "succeeded": DIRECT,
+                 "abandon": GAVE_UP},
 }
+UPGRADE_MACHINE = StateTable("upgrade plan", TRANSITIONS)
 
 
 class UpgradeStateError(Exception):
@@ -80,16 +80,16 @@ class UpgradePlan:
     def due(self, now: float) -> bool:
         return self.state == WAITING and now >= self.next_at
 
-    def _move(self, event: str, to: str) -> None:
-        allowed = TRANSITIONS.get((self.state, event))
-        if allowed is None or to not in allowed:
-            raise UpgradeStateError(f"upgrade plan in state {self.state!r} cannot take {event!r}")
-        self.state = to
+    def _move(self, event: str) -> None:
+        try:
+            self.state = UPGRADE_MACHINE.next(self.state, event)
+        except InvalidTransition as exc:
+            raise UpgradeStateError(f"upgrade plan in state {self.state!r} cannot take {event!r}") from exc
 
     def begin(self, now: float) -> None:
         if now < self.next_at:
             raise UpgradeStateError(f"upgrade attempt started {self.next_at - now:.3f} s early")
-        self._move("begin", ATTEMPTING)
+        self._move("begin")
         self.attempt += 1
         self.attempts_made += 1
 
@@ -97,32 +97,32 @@ class UpgradePlan:
         """The attempt failed (``u`` uniform in [0, 1) for the round back-off's jitter)."""
         self.last_reason = reason
         if self.attempt < self._per_round:
-            self._move("failed", WAITING)
+            self._move("failed")
             self.next_at = now + ATTEMPT_GAP_S
         elif self.round + 1 < self._max_rounds:
-            self._move("failed", WAITING)
+            self._move("failed")
             self.next_at = now + self._backoff.delay(self.round, u)
             self.round += 1
             self.attempt = 0
         else:
-            self._move("failed", GAVE_UP)
+            self._move("exhausted")
 
     def refused(self, now: float, code: str, u: float) -> None:
         """The peer refused with ``code``: final ones end the plan, others count as a failure."""
         if code in FINAL_REFUSALS:
             self.last_reason = f"refused:{code}"
-            self._move("refused", GAVE_UP)
+            self._move("refused")
         else:
             self.failed(now, f"refused:{code}", u)
 
     def succeeded(self) -> None:
         self.last_reason = None
-        self._move("succeeded", DIRECT)
+        self._move("succeeded")
 
     def abandon(self, reason: str) -> None:
         """Stop for good (nothing to punch with: no public address known, punching off)."""
         self.last_reason = reason
-        self._move("abandon", GAVE_UP)
+        self._move("abandon")
 
     def status(self) -> UpgradeStatus:
         return UpgradeStatus(state=self.state, round=self.round, attempt=self.attempt,

@@ -48,6 +48,7 @@ from hydra_node.mesh.wire.handshake_messages import (Accept, Auth, HandshakeMess
                                  parse_handshake_message)
 from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key
 from hydra_node.mesh.wire.token import InviteToken, parse_invite
+from hydra_node.statemachine import InvalidTransition, StateTable
 
 __all__ = ["Accept", "Auth", "Handshake", "HandshakeMessage", "HandshakeResult", "HandshakeState", "Hello",
            "MESH_PROOF_INITIATOR", "MESH_PROOF_RESPONDER", "Reject", "TRANSCRIPT_LABEL", "TRANSITIONS", "Welcome",
@@ -110,16 +111,14 @@ class HandshakeState(enum.Enum):
     FAILED = "failed"
 
 
-# (role, state) -> {received message type: next state}; anything else is a protocol error.
-TRANSITIONS: dict[tuple[str, HandshakeState], dict[type, HandshakeState]] = {
-    ("initiator", HandshakeState.START): {},
-    ("initiator", HandshakeState.WAIT_WELCOME): {Welcome: HandshakeState.WAIT_ACCEPT},
-    ("initiator", HandshakeState.WAIT_ACCEPT): {Accept: HandshakeState.DONE},
-    ("responder", HandshakeState.WAIT_HELLO): {Hello: HandshakeState.WAIT_AUTH},
-    ("responder", HandshakeState.WAIT_AUTH): {Auth: HandshakeState.DONE},
-    ("initiator", HandshakeState.DONE): {},
-    ("responder", HandshakeState.DONE): {},
+_H = HandshakeState
+# role -> state -> {received message type: next state}; anything else is a protocol error.
+TRANSITIONS: dict[str, dict[HandshakeState, dict[type, HandshakeState]]] = {
+    "initiator": {_H.START: {}, _H.WAIT_WELCOME: {Welcome: _H.WAIT_ACCEPT}, _H.WAIT_ACCEPT: {Accept: _H.DONE},
+                  _H.DONE: {}},
+    "responder": {_H.WAIT_HELLO: {Hello: _H.WAIT_AUTH}, _H.WAIT_AUTH: {Auth: _H.DONE}, _H.DONE: {}},
 }
+HANDSHAKE_MACHINES = {role: StateTable(f"{role} handshake", moves) for role, moves in TRANSITIONS.items()}
 
 
 class Handshake:
@@ -198,11 +197,11 @@ class Handshake:
                 if msg.code == "generation_mismatch" or msg.gen != PROTOCOL_GENERATION:
                     raise GenerationMismatch(PROTOCOL_GENERATION, msg.gen)
                 raise RejectedByPeer(f"peer refused the handshake: {msg.code}: {msg.message}", code=msg.code)
-            allowed = TRANSITIONS.get((self.role, self.state), {})
-            next_state = allowed.get(type(msg))
-            if next_state is None:
-                raise handshake_failure(HandshakeError, "bad_handshake", f"unexpected {type(msg).__name__.lower()} in state {self.role}/{self.state.value}")
-            reply = getattr(self, f"_on_{type(msg).__name__.lower()}")(msg, data)
+            try:
+                next_state = HANDSHAKE_MACHINES[self.role].next(self.state, type(msg))
+            except InvalidTransition as exc:
+                raise handshake_failure(HandshakeError, "bad_handshake", f"unexpected {type(msg).__name__.lower()} in state {self.role}/{self.state.value}") from exc
+            reply: bytes | None = getattr(self, f"_on_{type(msg).__name__.lower()}")(msg, data)
             self.state = next_state
             return reply
         except HandshakeError:
@@ -229,9 +228,10 @@ class Handshake:
     def _on_auth(self, msg: Auth, raw: bytes) -> bytes:
         payload = self._open(self._k_i2r, 0, msg.box, "auth")
         mesh: MeshSecret = self._credential  # type: ignore[assignment]
-        key, sig = payload.get("key"), payload.get("sig")
-        if set(payload) not in ({"key", "sig", "mac"}, {"key", "sig", "token"}) or not _is_key_sig(key, sig):
+        key_sig = _key_sig(payload)
+        if set(payload) not in ({"key", "sig", "mac"}, {"key", "sig", "token"}) or key_sig is None:
             raise handshake_failure(HandshakeError, "bad_handshake", "auth payload must be {key, sig, mac} or {key, sig, token}")
+        key, sig = key_sig
         self._verify(key, signing_input("handshake-initiator", self._h), sig)
         invite_nonce = None
         if "mac" in payload:
@@ -266,9 +266,10 @@ class Handshake:
     def _on_welcome(self, msg: Welcome, raw: bytes) -> bytes:
         self._agree(msg.eph, responder_eph=msg.eph)
         payload = self._open(self._k_r2i, 0, msg.box, "welcome")
-        key, sig, mac = payload.get("key"), payload.get("sig"), payload.get("mac")
-        if set(payload) != {"key", "mac", "sig"} or not _is_key_sig(key, sig) or not isinstance(mac, bytes):
+        key_sig, mac = _key_sig(payload), payload.get("mac")
+        if set(payload) != {"key", "mac", "sig"} or key_sig is None or not isinstance(mac, bytes):
             raise handshake_failure(HandshakeError, "bad_handshake", "welcome payload must be {key, mac, sig}")
+        key, sig = key_sig
         self._verify(key, signing_input("handshake-responder", self._h), sig)
         if self._expected_peer_id is not None and node_id_from_public_key(key) != self._expected_peer_id:
             raise handshake_failure(PeerAuthenticationFailed, "unexpected_peer", f"expected peer {self._expected_peer_id}, got {node_id_from_public_key(key)}")
@@ -357,5 +358,9 @@ class Handshake:
         )
 
 
-def _is_key_sig(key: object, sig: object) -> bool:
-    return isinstance(key, bytes) and len(key) == 32 and isinstance(sig, bytes) and len(sig) == 64
+def _key_sig(payload: dict[str, Any]) -> tuple[bytes, bytes] | None:
+    """The payload's ``key`` (an Ed25519 public key) and ``sig`` (a signature), if well-formed."""
+    key, sig = payload.get("key"), payload.get("sig")
+    if isinstance(key, bytes) and len(key) == 32 and isinstance(sig, bytes) and len(sig) == 64:
+        return key, sig
+    return None

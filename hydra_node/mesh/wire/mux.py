@@ -17,8 +17,8 @@ Stream state machine (`STREAM_TRANSITIONS`), per stream::
     local_closed   -              closed         -              local_closed   closed
     remote_closed  closed         -              remote_closed  -              closed
 
-A move not in the table raises LocalProtocolError (our side) or FlowControlError
-(the peer's side) naming the state. Closed streams are forgotten.
+A move not in the table (`STREAM_MACHINE`, hydra_node.statemachine) raises
+LocalProtocolError (our side) or FlowControlError (the peer's side) naming the state. Closed streams are forgotten.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from hydra_node.mesh.wire.frames import (
     decode_frame,
     encode_frame,
 )
+from hydra_node.statemachine import InvalidTransition, StateTable
 
 
 class StreamState(enum.Enum):
@@ -80,6 +81,7 @@ STREAM_TRANSITIONS: dict[StreamState, dict[StreamEvent, StreamState]] = {
     _S.LOCAL_CLOSED: {_E.RECV_EOF: _S.CLOSED, _E.RECV_DATA: _S.LOCAL_CLOSED, _E.RESET: _S.CLOSED},
     _S.REMOTE_CLOSED: {_E.SEND_EOF: _S.CLOSED, _E.SEND_DATA: _S.REMOTE_CLOSED, _E.RESET: _S.CLOSED},
 }
+STREAM_MACHINE = StateTable("mux stream", STREAM_TRANSITIONS)
 
 MAX_PEER_INDUCED_CONTROL_FRAMES = 4 * MAX_PENDING_CONTROL_FRAMES
 """PONG/WINDOW/RESET replies we queue for the peer; a peer that outruns this is flooding."""
@@ -337,18 +339,18 @@ class Multiplexer:
         stream = self._streams.get(stream_id)
         if stream is None:
             raise LocalProtocolError(f"{event.value} on stream {stream_id}, which is closed or was never opened")
-        next_state = STREAM_TRANSITIONS.get(stream.state, {}).get(event)
-        if next_state is None:
-            raise LocalProtocolError(f"{event.value} not allowed on stream {stream_id} in state {stream.state.value}")
-        stream.state = next_state
+        try:
+            stream.state = STREAM_MACHINE.next(stream.state, event)
+        except InvalidTransition as exc:
+            raise LocalProtocolError(f"{event.value} not allowed on stream {stream_id} in state {stream.state.value}") from exc
         return stream
 
     def _remote_move(self, stream: _Stream, event: StreamEvent) -> None:
-        next_state = STREAM_TRANSITIONS.get(stream.state, {}).get(event)
-        if next_state is None:
+        try:
+            stream.state = STREAM_MACHINE.next(stream.state, event)
+        except InvalidTransition as exc:
             raise FlowControlError(f"peer sent {event.value} on stream {stream.stream_id} in state {stream.state.value}",
-                                   code="stream_state")
-        stream.state = next_state
+                                   code="stream_state") from exc
 
     def _forget(self, stream_id: int) -> None:
         self._streams.pop(stream_id, None)

@@ -60,7 +60,7 @@ class Revocation:
         if self.reason not in REASONS:
             raise ValueError(f"a revocation's why is one of {', '.join(REASONS)}")
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, object]:
         return {"exp": self.expires_at, "id": self.token_id, "why": self.reason}
 
 

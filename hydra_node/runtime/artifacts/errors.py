@@ -48,7 +48,7 @@ class IdentityMismatch(ArtifactError):
     """The artifact's compatibility identity differs from the one required, in ``fields``."""
 
     code = "identity_mismatch"
-    status = 409
+    status = 422
 
     def __init__(self, fields: list[str], message: str | None = None) -> None:
         self.fields = list(fields)

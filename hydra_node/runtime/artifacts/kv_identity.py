@@ -24,7 +24,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "MAX_DIGEST_ENTRIES",
@@ -93,15 +93,16 @@ class KvIdentity:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            want = {"str": str, "int": int, "float": float, "bool": bool}[f.type]
+            # f.type is the annotation's text (postponed annotations)
+            want = {"str": str, "int": int, "float": float, "bool": bool}[cast(str, f.type)]
             if want is float and type(v) is int:
                 object.__setattr__(self, f.name, float(v))
                 continue
             if type(v) is not want:
                 raise ValueError(f"kv identity: {f.name!r} must be {f.type}, not {type(v).__name__}")
-            if want is str and not 0 < len(v) <= MAX_IDENTITY_TEXT:
+            if type(v) is str and not 0 < len(v) <= MAX_IDENTITY_TEXT:  # (type(v) is want here)
                 raise ValueError(f"kv identity: {f.name!r} must be 1..{MAX_IDENTITY_TEXT} characters")
-            if want is int and not 0 <= v < 2**31 and f.name != "rope_type":
+            if type(v) is int and not 0 <= v < 2**31 and f.name != "rope_type":
                 raise ValueError(f"kv identity: {f.name!r} must be a count, not {v}")
         for name in ("model_sha256", "tokenizer_sha256", "prefix_sha256"):
             if not _HEX64.fullmatch(getattr(self, name)):
@@ -116,7 +117,7 @@ class KvIdentity:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_mapping(cls, m: Mapping[str, Any]) -> KvIdentity:
+    def from_mapping(cls, m: object) -> KvIdentity:
         """Strict: exactly the known fields, each of its type; ``ValueError`` names what is wrong."""
         if not isinstance(m, Mapping):
             raise ValueError("kv identity must be a map")

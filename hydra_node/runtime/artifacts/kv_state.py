@@ -11,7 +11,7 @@ Layout (protocol/kv_state.md; all lengths big-endian)::
 The header goes through the one strict decoder (:mod:`hydra_node.codec`); the file must end exactly
 after the state (no trailing bytes), the tokens must be the identity's prefix (count and hash), and
 the state's sha256 must match before a single byte reaches llama.cpp.  Anything else raises
-:class:`KvStateInvalid` or :class:`~hydra_node.runtime.artifacts.errors.ChecksumMismatch`.
+:class:`KvStateInvalid` or :class:`KvStateCorrupt` (a ``checksum_mismatch``).
 
 :func:`write_kv_state` writes through a temporary sibling, fsyncs and renames (a reader sees the
 old file or the whole new one); :func:`open_kv_state` reads and checks the header only;
@@ -25,8 +25,8 @@ import hashlib
 import os
 import struct
 from dataclasses import dataclass
+from io import BufferedReader
 from pathlib import Path
-from typing import BinaryIO
 
 from hydra_node.codec import DecodeError, cbor
 from hydra_node.runtime.artifacts.errors import ArtifactError, ChecksumMismatch
@@ -38,7 +38,7 @@ from hydra_node.runtime.artifacts.kv_identity import (
 )
 
 __all__ = ["KV_STATE_FILE", "MAGIC", "MAX_HEADER_BYTES", "MAX_PREFIX_TOKENS", "MAX_STATE_BYTES", "KvStateHeader",
-           "KvStateInvalid", "KvStateReader", "decode_header", "encode_header", "header_length", "open_kv_state",
+           "KvStateCorrupt", "KvStateInvalid", "KvStateReader", "decode_header", "encode_header", "header_length", "open_kv_state",
            "write_kv_state"]
 
 MAGIC = b"HYKV\x01"
@@ -59,6 +59,13 @@ class KvStateInvalid(ArtifactError):
     """Not a kv_state file: wrong magic or version, a malformed or inconsistent header, wrong length."""
 
     code = "kv_state_invalid"
+    status = 422
+
+
+class KvStateCorrupt(ChecksumMismatch):
+    """The state's bytes differ from the sha256 in the file's header: the file the caller named is
+    corrupt (422, where a store's corrupt artifact is the holder's fault, 502)."""
+
     status = 422
 
 
@@ -134,7 +141,7 @@ def decode_header(body: bytes) -> KvStateHeader:
     return header
 
 
-def write_kv_state(path: Path, identity: KvIdentity, tokens: tuple[int, ...], state) -> KvStateHeader:
+def write_kv_state(path: Path | str, identity: KvIdentity, tokens: tuple[int, ...], state) -> KvStateHeader:
     """Write a state file atomically (``state``: bytes or any buffer, e.g. a ctypes array)."""
     view = memoryview(state).cast("B")
     header = KvStateHeader(identity, tuple(tokens), len(view), hashlib.sha256(view).digest())
@@ -162,13 +169,13 @@ def write_kv_state(path: Path, identity: KvIdentity, tokens: tuple[int, ...], st
 class KvStateReader:
     """An open state file whose header was checked; :meth:`read_state_into` reads the rest."""
 
-    def __init__(self, f: BinaryIO, header: KvStateHeader) -> None:
+    def __init__(self, f: BufferedReader, header: KvStateHeader) -> None:
         self._f = f
         self.header = header
 
     def read_state_into(self, buf) -> None:
         """Fill ``buf`` (at least ``state_bytes`` long) with the state, checking its sha256 and that
-        the file ends right after it; :class:`ChecksumMismatch` otherwise (``buf`` is then garbage)."""
+        the file ends right after it; :class:`KvStateCorrupt` otherwise (``buf`` is then garbage)."""
         view = memoryview(buf).cast("B")
         n = self.header.state_bytes
         if len(view) < n:
@@ -183,7 +190,7 @@ class KvStateReader:
         if self._f.read(1):
             raise KvStateInvalid("kv_state file has bytes after its state")
         if h.digest() != self.header.state_sha256:
-            raise ChecksumMismatch("kv_state: the state's sha256 differs from its header (corrupt file)")
+            raise KvStateCorrupt("kv_state: the state's sha256 differs from its header (corrupt file)")
 
     def close(self) -> None:
         self._f.close()
@@ -195,7 +202,7 @@ class KvStateReader:
         self.close()
 
 
-def open_kv_state(path: Path) -> KvStateReader:
+def open_kv_state(path: Path | str) -> KvStateReader:
     """Open ``path`` and check its header and length; ``FileNotFoundError`` if it is not there."""
     f = open(path, "rb")
     try:

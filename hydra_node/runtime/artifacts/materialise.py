@@ -77,9 +77,11 @@ class Materialiser:
                         lambda: store.fetch(kind, name, dest, progress=progress)))
                 except StoreUnavailable as exc:
                     tried.append(f"{ns.location}: {exc.message}")
+            peer_fetch = self.peer_fetch
             for peer_id in self.holders(kind, name):
+                assert peer_fetch is not None  # holders() finds none without it
                 try:
-                    return await self._fill(kind, name, 0, f"peer:{peer_id}", lambda dest, peer_id=peer_id: self.peer_fetch(
+                    return await self._fill(kind, name, 0, f"peer:{peer_id}", lambda dest, peer_id=peer_id: peer_fetch(
                         peer_id, kind, name, dest, trust=self._trusted, progress=progress))
                 except ArtifactError as exc:
                     if exc.code in CORRUPT_CODES:

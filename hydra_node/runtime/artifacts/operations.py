@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra_node.runtime.artifacts.errors import ArtifactError
+from hydra_node.statemachine import InvalidTransition, StateTable
 
 __all__ = ["ACTIONS", "MAX_OPERATIONS", "STATES", "TERMINAL", "TRANSITIONS", "BadTransition", "NotRetryable",
            "OpStore", "Operation", "PlacementBusy", "UnknownOperation",
@@ -44,6 +45,7 @@ TRANSITIONS: Mapping[str, frozenset[str]] = {
     "triggered": frozenset(),
     "failed": frozenset({"queued", "committed"}),
 }
+OP_MACHINE = StateTable.between("placement operation", TRANSITIONS)
 #: States an operation rests in (``committed`` only when no trigger is due).
 TERMINAL = frozenset({"triggered", "failed"})
 #: Operation files kept; past it the oldest finished ones are deleted (the directory is read whole at start).
@@ -109,8 +111,10 @@ class Operation:
         return self.action == "publish" and self.vast is not None and not (self.trigger or {}).get("delivered")
 
     def move(self, state: str, now: float, **changes: Any) -> Operation:
-        if state not in TRANSITIONS.get(self.state, ()):
-            raise BadTransition(f"operation {self.id}: no move from {self.state!r} to {state!r}")
+        try:
+            OP_MACHINE.next(self.state, state)
+        except InvalidTransition as exc:
+            raise BadTransition(f"operation {self.id}: no move from {self.state!r} to {state!r}") from exc
         if state == "committed" and self.state == "failed" and self.manifest is None:
             raise BadTransition(f"operation {self.id}: failed before its commit; retry runs it from queued")
         hist = (self.history + ((state, now),))[-32:]

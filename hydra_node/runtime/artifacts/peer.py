@@ -287,11 +287,13 @@ async def _receive(stream: Any, request: ArtifactRequest, trust: Trust | None, p
                     staging = await trio.to_thread.run_sync(staged.__enter__)
                     files = _StagedFiles(staging, checker.manifest.files)
                 if file is not None:
+                    assert files is not None  # data frames come after the manifest
                     await files.write(file, block)
                     done += len(block)
                     if progress is not None and done - reported >= DISK_IO_BYTES:
                         progress(done)
                         reported = done
+        assert files is not None and checker.manifest is not None  # the end comes after the manifest
         await files.finish()
         if progress is not None:
             progress(done)

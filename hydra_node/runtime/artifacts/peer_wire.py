@@ -84,6 +84,7 @@ class ArtifactReplyChecker:
 
     def _advance(self) -> None:
         """Move past the files whose bytes have all come (empty files included)."""
+        assert self.manifest is not None  # called once the manifest came
         files = self.manifest.files
         while self._index < len(files) and self._left == 0:
             self._index += 1

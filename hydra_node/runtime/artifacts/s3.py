@@ -20,6 +20,7 @@ region from ``[placement]``. Request signing, retries and multipart are boto3's.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import re
@@ -359,7 +360,7 @@ class S3Store:
             if not quiet:
                 raise
 
-    def _delete_keys(self, keys: list[str], what: str) -> None:
+    def _delete_keys(self, keys: builtins.list[str], what: str) -> None:  # (``list`` here: the method above)
         for i in range(0, len(keys), DELETE_BATCH):
             batch = [{"Key": k} for k in keys[i:i + DELETE_BATCH]]
             response = self._call(what, self._client.delete_objects, Bucket=self.bucket,

@@ -128,7 +128,7 @@ class PlacementService:
                    on_materialised=on_materialised)
 
     # ---- life -----------------------------------------------------------------------------
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Load the cache and the operations (interrupted ones marked failed), then run the workers."""
         for note in await trio.to_thread.run_sync(self.cache.load):
             log.warning("event=placement_cache_repaired note=%r", note)

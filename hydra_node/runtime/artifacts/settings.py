@@ -43,7 +43,7 @@ class Namespace:
         return f"s3://{self.bucket}/{self.prefix.strip('/')}".rstrip("/")
 
     def to_json(self) -> dict:
-        out = {"type": self.kind, "location": self.location}
+        out: dict[str, Any] = {"type": self.kind, "location": self.location}
         if self.kind == "posix":
             out["root"] = self.root
         else:

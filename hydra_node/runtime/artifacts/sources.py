@@ -61,7 +61,7 @@ def open_store(ns: Namespace, settings: Any = None) -> Any:
     if ns.kind == "s3":
         from hydra_node.runtime.artifacts.s3 import S3Store
         try:
-            sizes = {} if settings is None else {
+            sizes: dict[str, Any] = {} if settings is None else {
                 "multipart_threshold": int(settings.s3_multipart_threshold_mb * MIB),
                 "part_size": int(settings.s3_part_size_mb * MIB)}
             return S3Store(ns.bucket, endpoint=ns.endpoint or None, region=ns.region or None, prefix=ns.prefix,

@@ -146,8 +146,9 @@ def engine_stats_from_wire(msg: dict) -> EngineStatistics:
     n_slots = _count(msg, "n_slots")
     if not 1 <= n_slots <= MAX_SLOTS:
         raise RunnerProtocolError(f"runner stats: 'n_slots' must be 1..{MAX_SLOTS}, not {n_slots}")
-    values = {k: _rate(msg, k, n_slots if k == "batch_mean" else MAX_TOKENS_PER_S) if k in _STATS_RATES
-              else _total(msg, k) if k in _STATS_TOTALS else _count(msg, k) for k in _STATS_FIELDS}
+    values: dict[str, Any] = {
+        k: _rate(msg, k, n_slots if k == "batch_mean" else MAX_TOKENS_PER_S) if k in _STATS_RATES
+        else _total(msg, k) if k in _STATS_TOTALS else _count(msg, k) for k in _STATS_FIELDS}
     st = EngineStatistics(**values)
     if st.active + st.free_slots != n_slots or st.batch_last > n_slots or st.kv_used > st.kv_budget:
         raise RunnerProtocolError(f"runner stats contradict themselves: {n_slots} slots, {st.active} active, "

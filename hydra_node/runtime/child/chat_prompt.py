@@ -110,7 +110,7 @@ class ChatTemplate:
             out = self._try_render([user], tools=[tool_format.openai_tool(
                 ToolSpec(_PROBE_TOOL, "probe", '{"type": "object", "properties": {}}'))])
             self.supports_tools = out is not None and _PROBE_TOOL in out
-            self.native_format = self.supports_tools and "<tool_call>" in out
+            self.native_format = out is not None and self.supports_tools and "<tool_call>" in out
         if self.supports_tools:
             def with_arguments(arguments: Any) -> str | None:
                 call = {"id": "call_0", "type": "function",
@@ -131,6 +131,7 @@ class ChatTemplate:
             return None
 
     def _render(self, messages: list[dict], tools: list[dict] | None, tool_choice: Any) -> str:
+        assert self._template is not None  # only a source with a template renders
         return self._template.render(
             messages=messages, eos_token=self.eos_token, bos_token=self.bos_token,
             raise_exception=_raise_exception, add_generation_prompt=True, functions=None, function_call=None,

@@ -183,6 +183,7 @@ class Embedder:
                and size + len(job.seqs[job.done + len(batch)]) <= STEP_TOKENS):
             size += len(job.seqs[job.done + len(batch)])
             batch.append(job.seqs[job.done + len(batch)])
+        assert self._ctx is not None  # made when the first job was taken
         try:
             vectors = self._ctx.embed(batch)
         except Exception as exc:  # a llama.cpp failure: this request fails, the runner keeps serving

@@ -30,6 +30,7 @@ import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TypeGuard, cast
 
 from hydra_node.runtime.child.process import TokenClock
 from hydra_node.runtime.artifacts.errors import ChecksumMismatch
@@ -103,7 +104,7 @@ class KvJobs:
 
     def take(self, msg: dict) -> bool:
         """Handle ``msg`` if it is ours (a kv_export, a kv_import, or a cancel of one waiting)."""
-        op, rid = msg["op"], msg.get("id")
+        op, rid = msg["op"], cast(int, msg.get("id"))  # the parent numbers every request (an int)
         if op == "kv_export":
             self._export_request(rid, msg)
         elif op == "kv_import":
@@ -221,5 +222,5 @@ class KvJobs:
         self._send({"op": "error", "id": rid, "code": code, "status": status, "message": message})
 
 
-def _digest(v) -> bool:
+def _digest(v: object) -> TypeGuard[str]:
     return isinstance(v, str) and bool(_HEX64.fullmatch(v))

@@ -38,7 +38,7 @@ class TokenClock:
     def tick(self) -> None:
         """A token came out of the model."""
         now = time.monotonic()
-        if self.first is None:
+        if self.first is None or self.last is None:  # (set together: the first token)
             self.first = now
         else:
             self.gaps += now - self.last

@@ -131,7 +131,7 @@ class LlamaLogCapture:
     def __init__(self) -> None:
         self.lines: collections.deque[str] = collections.deque(maxlen=MAX_LOG_LINES)
         self._partial = ""
-        self._cb = None
+        self._cb: object = None  # the ctypes callback while it is installed
 
     def __enter__(self) -> "LlamaLogCapture":
         import llama_cpp
@@ -228,9 +228,10 @@ def verify_placement(plan: SplitPlan, lines, registered: list[RpcDevice] | None 
     ``registered`` maps endpoints to device names when the process holds other RPC
     devices; by default the plan's workers are RPC0, RPC1, ... (a fresh runner).
     """
-    names = {d.endpoint: d.name for d in registered} if registered is not None else {}
-    expected = {}
+    names: dict[str | None, str] = {d.endpoint: d.name for d in registered} if registered is not None else {}
+    expected: dict[int, str | None] = {}  # None: not checked
     for dev in plan.devices:
+        name: str | None
         if dev.kind == "rpc":
             name = names.get(dev.endpoint, dev.name)
         else:  # the host's CPU keeps what is not offloaded; a host GPU's name is not checked

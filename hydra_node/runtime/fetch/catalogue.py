@@ -104,8 +104,9 @@ class RemoteModel:
     hub: bool = False
 
 
-_FIELDS = {"sources": list, "file": str, "size_bytes": int, "approx_gb": (int, float), "sha256": str,
-           "licence": str, "quant": str, "context": int, "bundled": bool, "note": str}
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "sources": list, "file": str, "size_bytes": int, "approx_gb": (int, float), "sha256": str,
+    "licence": str, "quant": str, "context": int, "bundled": bool, "note": str}
 
 
 def parse_catalogue(text: str) -> dict[str, CatalogueEntry]:
@@ -130,7 +131,7 @@ def parse_catalogue(text: str) -> dict[str, CatalogueEntry]:
                 raise CatalogueError(f"catalogue entry {name!r}: unknown field {key!r}")
             if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
                 raise CatalogueError(f"catalogue entry {name!r}: field {key!r} has the wrong type")
-            kwargs[key] = tuple(value) if key == "sources" else value
+            kwargs[key] = tuple(value) if key == "sources" and isinstance(value, list) else value  # (a list: checked)
         if "sources" not in kwargs or "file" not in kwargs:
             raise CatalogueError(f"catalogue entry {name!r}: needs sources and file")
         out[name] = CatalogueEntry(name=name, **kwargs)

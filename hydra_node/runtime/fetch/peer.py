@@ -212,6 +212,7 @@ class ModelShare:
         if offset and (meta is None or meta.url != source):
             self.cache.drop_partial(mid)
             offset = 0
+        assert self.mesh is not None  # holders() finds peers only through the mesh
         try:
             link = await self.mesh.link_to(peer_id)
             async with link.open_stream(FetchRequest(digest, offset).header()) as stream:

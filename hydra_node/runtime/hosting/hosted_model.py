@@ -62,11 +62,20 @@ class HostingSettings(Protocol):
 class Hosting(Protocol):
     """What a hosted model needs of the runtime that hosts it (``ModelRuntime`` satisfies it)."""
 
-    settings: HostingSettings
-    mesh: PeerView | None
-    runners: MutableMapping[str, RunnerSupervisor]
-    runner_settings: Callable[[], RunnerSettings]
-    runner_events: RunnerEvents
+    # read-only members (properties), so that a runtime with narrower types still satisfies it
+    @property
+    def settings(self) -> HostingSettings: ...
+    @property
+    def mesh(self) -> PeerView | None: ...
+    @property
+    def runners(self) -> MutableMapping[str, RunnerSupervisor]: ...
+    @property
+    def runner_settings(self) -> Callable[[], RunnerSettings]: ...
+    @property
+    def runner_events(self) -> RunnerEvents: ...
+    #: ``(model, direction, bytes, ms)`` of every KV export/import of a hosted runner
+    @property
+    def on_kv_transfer(self) -> Callable[[str, str, int, float], None] | None: ...
 
     def host_free_bytes(self, exclude: str | None = None) -> int: ...
 
@@ -139,7 +148,8 @@ class HostedModel:
         return fits_locally(self.size_bytes, self.n_layers, self._host(), force_split=self.force_split)
 
     # ---- lifecycle -------------------------------------------------------------
-    async def run(self, *, strict: bool = False, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, strict: bool = False,
+                  task_status: trio.TaskStatus[HostedModel | None] = trio.TASK_STATUS_IGNORED) -> None:
         """Host the model until cancelled (``self.scope``).  ``strict``: a failed first load
         raises :class:`RunnerLoadError` (start-up); otherwise the model stays listed as failed."""
         runners = self.runtime.runners
@@ -225,6 +235,7 @@ class HostedModel:
                 self.plan, self.fallback, self.placement_error = plan, placement.fallback, None
                 log.info("event=placement model=%s split=false fallback=%s", self.model.id, placement.fallback)
                 return base
+            assert plan is not None and self._nursery is not None  # a split has a plan; run() set the nursery
             peers = [ep.removeprefix("peer:") for ep in plan.rpc_endpoints]
             try:
                 leased = await self._nursery.start(self._hold_tunnels, peers)
@@ -246,17 +257,20 @@ class HostedModel:
         raise PlanError(f"no usable workers after {MAX_PLACEMENT_ATTEMPTS} attempts "
                         f"({'; '.join(w.reason for w in self.ignored[-MAX_PLACEMENT_ATTEMPTS:])})")
 
-    async def _hold_tunnels(self, peers: list[str], *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def _hold_tunnels(self, peers: list[str], *,
+                            task_status: trio.TaskStatus[list[LeasedWorker]] = trio.TASK_STATUS_IGNORED) -> None:
         """Lease every worker of a plan (in plan order) and keep the tunnels until cancelled."""
         failure: TunnelError | None = None
         done = self._tunnels_done = trio.Event()
         try:
+            mesh = self.runtime.mesh
+            assert mesh is not None  # remote workers (a split) are known only through the mesh
             with trio.CancelScope() as scope:
                 self._tunnel_scope = scope
                 async with trio.open_nursery() as nursery:
                     opened: list[tuple[RemoteWorkerTunnel, LeasedWorker]] = []
                     for peer in peers:
-                        tunnel = RemoteWorkerTunnel(self.runtime.mesh, peer, tag=self.lease_tag)
+                        tunnel = RemoteWorkerTunnel(mesh, peer, tag=self.lease_tag)
                         try:
                             opened.append((tunnel, await nursery.start(tunnel.run)))
                         except TunnelError as exc:
@@ -276,6 +290,7 @@ class HostedModel:
     async def _drop_tunnels(self) -> None:
         if self._tunnel_scope is not None:
             self._tunnel_scope.cancel()
+            assert self._tunnels_done is not None  # set with the scope (_hold_tunnels)
             with trio.CancelScope(shield=True), trio.move_on_after(UNLOAD_TIMEOUT_S):
                 await self._tunnels_done.wait()
             self._tunnel_scope = None

@@ -35,6 +35,7 @@ from typing import Any
 import trio
 
 from hydra_node.eventlog import EmitFn
+from hydra_node.listen import ListenError, ListenPurpose, bind_tcp, close_listeners
 from hydra_node.mesh.membership.announcement import RpcCapacity
 from hydra_node.models import MAX_HOSTED_MODELS, ModelRef
 from hydra_node.runtime.hosting.hosted_model import UNLOAD_TIMEOUT_S, HostedModel, HostedModelStatus
@@ -61,6 +62,8 @@ SWAP_WAIT_DEFAULT_S = 120.0
 WORKER_MONITOR_S = 0.5
 #: How often :meth:`ModelRuntime.wait_ready` looks at a loading model's state.
 READY_POLL_S = 0.1
+#: The tunnel data port, as a port-in-use error names it.
+TUNNEL_PORT = ListenPurpose("the data port of RPC tunnels", "--tunnel-port")
 
 
 class ModelConflict(Exception):
@@ -158,6 +161,9 @@ class ModelRuntime:
         self.worker_error: str | None = None
         self.tunnel_server = RpcTunnelServer(f"{settings.node_id[:16]}/rpc", self._worker_info)
         self._deferred: list[ModelRef] = []
+        #: The tunnel data port :meth:`bind` bound (served by run); ``_tunnel_off``: bind() could not bind it.
+        self._tunnel_listeners: list[trio.SocketListener] | None = None
+        self._tunnel_off = False
         self._nursery: trio.Nursery | None = None
         self._seen_restarts = 0
 
@@ -174,7 +180,27 @@ class ModelRuntime:
                      "split forced" if self.settings.force_split else "does not fit this host")
             self._deferred.append(model)
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def bind(self) -> None:
+        """Bind the tunnel data port now (served by :meth:`run`), before the node joins a mesh: an explicit
+        ``--tunnel-port`` that cannot be bound fails the start (:class:`~hydra_node.listen.PortInUse`);
+        any free port (0) that cannot be bound leaves the tunnels on the mesh link, as before."""
+        if not (self.want_worker and self.mesh is not None):
+            return
+        try:
+            self._tunnel_listeners = await bind_tcp(self.mesh.listen_host, self.settings.tunnel_port, TUNNEL_PORT)
+        except ListenError as exc:
+            if self.settings.tunnel_port:
+                raise
+            log.warning("event=tunnel_data_port_failed host=%s error=%r (tunnels use the mesh link)",
+                        self.mesh.listen_host, str(exc))
+            self._tunnel_off = True
+
+    def close_unserved(self) -> None:
+        """Close the tunnel data port :meth:`bind` bound if :meth:`run` never served it."""
+        close_listeners(self._tunnel_listeners)
+        self._tunnel_listeners = None
+
+    async def run(self, *, task_status: trio.TaskStatus[ModelRuntime] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the RPC worker (in the background) and the models that wait for the mesh."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -188,11 +214,17 @@ class ModelRuntime:
             self._deferred.clear()
             await trio.sleep_forever()
 
-    async def _serve_tunnel_data(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """The data port of this node's tunnels; without it coordinators use the link stream."""
+    async def _serve_tunnel_data(self, *, task_status: trio.TaskStatus[int | None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The data port of this node's tunnels (bound by :meth:`bind`, else here); without it
+        coordinators use the link stream."""
+        assert self.mesh is not None  # run() starts this only in a mesh
         host, port = self.mesh.listen_host, self.settings.tunnel_port
+        if self._tunnel_off:  # bind() could not bind it, and said so
+            task_status.started()
+            return
+        listeners, self._tunnel_listeners = self._tunnel_listeners, None
         try:
-            await self.tunnel_server.serve_data(host, port, task_status=task_status)
+            await self.tunnel_server.serve_data(host, port, listeners=listeners, task_status=task_status)
         except OSError as exc:
             log.warning("event=tunnel_data_port_failed host=%s error=%r (tunnels use the mesh link)", host, exc)
             task_status.started()
@@ -216,8 +248,10 @@ class ModelRuntime:
             nursery.cancel_scope.cancel()
 
     async def _monitor_worker(self) -> None:
+        worker = self.worker
+        assert worker is not None  # started by _run_worker once the worker exists
         while True:
-            st = self.worker.statistics()
+            st = worker.statistics()
             if st.restarts != self._seen_restarts:
                 self._seen_restarts = st.restarts
                 await self.tunnel_server.revoke("the RPC worker restarted; its tensors are gone")

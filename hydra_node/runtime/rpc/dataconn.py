@@ -275,8 +275,11 @@ class DataListener:
         if send is not None:
             send.close()
 
-    async def serve(self, host: str, port: int = 0, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(port, host=host)
+    async def serve(self, host: str, port: int = 0, *, listeners: list[trio.SocketListener] | None = None,
+                    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Accept data connections on ``listeners`` (bound beforehand on ``host``), else on ``host:port``."""
+        if listeners is None:
+            listeners = await trio.open_tcp_listeners(port, host=host)
         self.port = listeners[0].socket.getsockname()[1]
         log.info("event=tunnel_data_listener_up host=%s port=%s", host, self.port)
         task_status.started(self.port)

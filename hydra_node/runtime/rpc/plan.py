@@ -36,7 +36,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from hydra_node.runtime.rpc.proto import GGML_RPC_MAX_SERVERS, RPC_PROTO, ProtoVersion
 
@@ -44,6 +44,9 @@ from hydra_node.runtime.rpc.proto import GGML_RPC_MAX_SERVERS, RPC_PROTO, ProtoV
 DEFAULT_SAFETY_MARGIN = 0.10
 
 Reason = Literal["fits_locally", "forced", "too_large_for_host"]
+DeviceKind = Literal["host", "rpc"]
+#: (name, kind, worker id, endpoint, blocks it can hold, blocks assigned, usable bytes), in split order
+_Entry = tuple[str, DeviceKind, str | None, str | None, int, int, int]
 
 
 class PlanError(Exception):
@@ -86,7 +89,7 @@ class WorkerInfo:
 @dataclass(frozen=True)
 class DevicePlacement:
     name: str                      # "host", or llama.cpp's name "RPC<i>" in a fresh runner
-    kind: Literal["host", "rpc"]
+    kind: DeviceKind
     worker_id: str | None
     endpoint: str | None
     first_block: int               # llama.cpp assigns blocks [first_block, stop_block) here
@@ -115,7 +118,7 @@ class SplitPlan:
     #: Pin the output projection to the host CPU (a tensor override; see the module notes).
     output_on_host: bool = False
 
-    def to_status(self) -> dict:
+    def to_status(self) -> dict[str, Any]:
         """Plain-data view for ``/api/status``."""
         return {
             "split": self.split, "reason": self.reason, "n_layers": self.n_layers,
@@ -234,9 +237,9 @@ def plan_split(model_size_bytes: int, n_layers: int, host: Capacity, workers: li
     if output_on_host:
         assigned[-2] += 1
         assigned[-1] -= 1
-    rpc = [(f"RPC{i}", "rpc", w.worker_id, w.endpoint, c, a, u)
-           for i, (w, c, a, u) in enumerate(zip(chosen, worker_counts, assigned, usable))]
-    host_entry = ("host", "host", None, None, host_count, assigned[-1], host_usable)
+    rpc: list[_Entry] = [(f"RPC{i}", "rpc", w.worker_id, w.endpoint, c, a, u)
+                         for i, (w, c, a, u) in enumerate(zip(chosen, worker_counts, assigned, usable))]
+    host_entry: _Entry = ("host", "host", None, None, host_count, assigned[-1], host_usable)
     if host.has_gpu_device:
         order, tensor_split, ngl = rpc + [host_entry], tuple(float(a) for a in assigned), n_blocks
         output_holder = "host"

@@ -112,7 +112,7 @@ class RpcWorkerSupervisor:
             await c.wait_changed()
         return self.statistics()
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[WorkerStatistics] = trio.TASK_STATUS_IGNORED) -> None:
         try:
             await self._child.run(task_status=task_status)
         except ChildFailed as exc:
@@ -132,6 +132,7 @@ class RpcWorkerSupervisor:
     async def _await_readiness(self, proc: trio.Process) -> Readiness:
         """The worker's readiness line; :class:`ChildNotReady` for a failure, timeout, early exit or garbage."""
         buf = bytearray()
+        assert proc.stdout is not None  # spawned with its stdout piped to us
         with trio.move_on_after(self._ready_timeout):
             while b"\n" not in buf:
                 if len(buf) > MAX_READINESS_LINE:

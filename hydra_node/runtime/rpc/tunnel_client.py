@@ -82,7 +82,7 @@ class RemoteWorkerTunnel:
         self.bytes_down = 0
         self.ended: str | None = None
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[LeasedWorker] = trio.TASK_STATUS_IGNORED) -> None:
         peer = self.peer_id
         try:
             link = await self.mesh.link_to(peer)
@@ -153,7 +153,8 @@ class RemoteWorkerTunnel:
         async with limit:
             self.connections += 1
             try:
-                header = {"kind": "tunnel", "service": TUNNEL_SERVICE, "op": "connect", "tag": self.tag}
+                header: dict[str, object] = {"kind": "tunnel", "service": TUNNEL_SERVICE, "op": "connect",
+                                             "tag": self.tag}
                 if self.worker_offers_data:
                     header["data"] = 1
                 async with link.open_stream(header) as s:

@@ -48,9 +48,11 @@ class RpcTunnelServer:
                          "data_connections": 0, "bytes_in": 0, "bytes_out": 0}
         self._lease_bytes = [0, 0]                 # (in, out) tunnelled for the current lease holder
 
-    async def serve_data(self, host: str, port: int = 0, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Accept tunnel data connections on ``host`` (the mesh listener's address)."""
-        await self.data.serve(host, port, task_status=task_status)
+    async def serve_data(self, host: str, port: int = 0, *, listeners: list[trio.SocketListener] | None = None,
+                         task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Accept tunnel data connections on ``host`` (the mesh listener's address); ``listeners``:
+        that port bound beforehand."""
+        await self.data.serve(host, port, listeners=listeners, task_status=task_status)
 
     def holder(self) -> str | None:
         return self.lease.holder()
@@ -167,12 +169,13 @@ class RpcTunnelServer:
         if not wants_data:
             return None, b""
         ticket = waiter = None
-        if self.data.port is not None:
+        port = self.data.port
+        if port is not None:
             try:
                 ticket, waiter = self.data.issue(peer)
             except TooManyTickets:
                 pass
-        offer = (DataOffer(self.data.port, ticket.ticket_id, ticket.secret) if ticket is not None
+        offer = (DataOffer(port, ticket.ticket_id, ticket.secret) if port is not None and ticket is not None
                  else NoDataOffer())
         try:
             await stream.send(encode_control(offer))

@@ -10,7 +10,7 @@ file's sha256, part of the identity, is computed here in a worker thread and rem
 Replies are read strictly: ``kv_exported`` / ``kv_imported`` with their counts, or the child's
 ``error``: ``identity_mismatch`` (with the differing ``fields``) becomes
 :class:`~hydra_node.runtime.artifacts.errors.IdentityMismatch` and is counted per field
-(``import_refused``), a corrupt or malformed file :class:`ChecksumMismatch` / :class:`KvStateInvalid`,
+(``import_refused``), a corrupt or malformed file :class:`KvStateCorrupt` / :class:`KvStateInvalid`,
 a missing one :class:`ArtifactNotFound`; anything else the ``GenerationError`` it reports.
 ``on_transfer(model_id, direction, bytes, duration_ms)``, when set (the composition root wires it
 to routing telemetry's ``observe_kv_transfer``), hears every completed export and import.
@@ -33,11 +33,10 @@ from hydra_node.inference import (
 from hydra_node.runtime.artifacts.errors import (
     ArtifactError,
     ArtifactNotFound,
-    ChecksumMismatch,
     IdentityMismatch,
 )
-from hydra_node.runtime.artifacts.kv_identity import KvIdentity
-from hydra_node.runtime.artifacts.kv_state import KvStateInvalid
+from hydra_node.runtime.artifacts.kv_identity import FileDigests, KvIdentity
+from hydra_node.runtime.artifacts.kv_state import KvStateCorrupt, KvStateInvalid
 from hydra_node.runtime.child.channel import RunnerProtocolError
 from hydra_node.runtime.runner.embed_call import end_call, next_frame
 
@@ -87,7 +86,7 @@ class RunnerKv:
         self._stats = {"exports": 0, "imports": 0, "export_bytes": 0, "import_bytes": 0, "import_refusals": 0,
                        "failures": 0}
         self._refused: dict[str, int] = {}
-        self._digests = None
+        self._digests: FileDigests | None = None  # the model file's, once hashed
 
     def statistics(self) -> KvStatistics:
         return KvStatistics(**self._stats, import_refused=dict(self._refused))
@@ -171,7 +170,7 @@ class RunnerKv:
                 self._refused[f] = self._refused.get(f, 0) + 1
             raise IdentityMismatch(fields)
         if code == "checksum_mismatch":
-            raise ChecksumMismatch(text)
+            raise KvStateCorrupt(text)
         if code == "kv_state_invalid":
             raise KvStateInvalid(text)
         if code == "kv_state_not_found":

@@ -13,9 +13,10 @@ from typing import Any, Mapping
 
 from hydra_node.inference import Finished, GenerationError
 from hydra_node.runtime.child.stats import EngineStatistics
+from hydra_node.statemachine import StateTable
 
-__all__ = ["RequestStats", "RequestSummary", "RunnerCrashed", "RunnerLoadError", "RunnerSettings", "RunnerStalled",
-           "RunnerState", "RunnerStatus", "safe_file_part"]
+__all__ = ["RUNNER_MACHINE", "RUNNER_TRANSITIONS", "RequestStats", "RequestSummary", "RunnerCrashed",
+           "RunnerLoadError", "RunnerSettings", "RunnerStalled", "RunnerState", "RunnerStatus", "safe_file_part"]
 
 
 class RunnerState(enum.StrEnum):
@@ -26,6 +27,23 @@ class RunnerState(enum.StrEnum):
     RESTARTING = "restarting"  # exited; waiting out the back-off
     FAILED = "failed"          # crash loop, or the model cannot be loaded
     STOPPED = "stopped"
+
+
+_R = RunnerState
+#: Where a runner may go from each state (the supervisor, and its host: placing, failed). Every life
+#: is [placing] -> loading -> [ready] -> restarting; a crash loop is failed, then loading again
+#: after ``failed_retry_s``; stopped (run() ended) and failed are reachable from anywhere, and a
+#: host may run a stopped runner again (a split retries its load) or mark it failed for good.
+RUNNER_TRANSITIONS: Mapping[RunnerState, frozenset[RunnerState]] = {
+    _R.STARTING: frozenset({_R.PLACING, _R.LOADING, _R.FAILED, _R.STOPPED}),
+    _R.PLACING: frozenset({_R.LOADING, _R.FAILED, _R.STOPPED}),
+    _R.LOADING: frozenset({_R.PLACING, _R.READY, _R.RESTARTING, _R.FAILED, _R.STOPPED}),
+    _R.READY: frozenset({_R.RESTARTING, _R.FAILED, _R.STOPPED}),
+    _R.RESTARTING: frozenset({_R.PLACING, _R.LOADING, _R.FAILED, _R.STOPPED}),
+    _R.FAILED: frozenset({_R.LOADING, _R.STOPPED}),
+    _R.STOPPED: frozenset({_R.PLACING, _R.LOADING, _R.FAILED}),
+}
+RUNNER_MACHINE = StateTable.between("model runner", RUNNER_TRANSITIONS)
 
 
 class RunnerCrashed(GenerationError):

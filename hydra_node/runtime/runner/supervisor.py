@@ -16,7 +16,7 @@ import math
 import socket
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, cast
 
 import trio
 
@@ -25,8 +25,8 @@ from hydra_node.inference import (Finished, GenerationError, GenerationEvent, Ge
                                   ModelUnavailable, QueueFull)
 from hydra_node.models import ModelRef
 from hydra_node.runtime.runner.argv import runner_argv
-from hydra_node.runtime.runner.records import (RequestStats, RequestSummary, RunnerCrashed, RunnerLoadError, RunnerSettings,
-                                              RunnerStalled, RunnerState, RunnerStatus, safe_file_part)
+from hydra_node.runtime.runner.records import (RUNNER_MACHINE, RequestStats, RequestSummary, RunnerCrashed, RunnerLoadError,
+                                              RunnerSettings, RunnerStalled, RunnerState, RunnerStatus, safe_file_part)
 from hydra_node.runtime.runner.admission import AdmissionLimit
 from hydra_node.runtime.runner.embed_call import RunnerEmbeddings
 from hydra_node.runtime.runner.kv_call import RunnerKv
@@ -108,9 +108,14 @@ class RunnerSupervisor:
         return self._state
 
     @state.setter
-    def state(self, value: RunnerState | str) -> None:
-        old, self._state = self._state, RunnerState(value)
-        if old is not self._state and self.on_state is not None:
+    def state(self, value: RunnerState) -> None:
+        """Move to ``value`` (the same state: nothing happens); a move not in ``RUNNER_TRANSITIONS``
+        raises InvalidTransition."""
+        old = self._state
+        if value == old:
+            return
+        self._state = RUNNER_MACHINE.next(old, value)
+        if self.on_state is not None:
             self.on_state(self, old)
 
     @property
@@ -164,7 +169,7 @@ class RunnerSupervisor:
         await self._ready.wait()
 
     # ---- supervision --------------------------------------------------------------
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the child until cancelled.  Reports started once the first load succeeded.
 
         If the very first load fails, raises :class:`RunnerLoadError` so ``serve``
@@ -270,6 +275,7 @@ class RunnerSupervisor:
             if msg is not None:
                 self._last_frame_at = trio.current_time()
                 return msg
+            assert self._sock is not None  # set while the child runs (_gone clears it after)
             try:
                 data = await self._sock.receive_some(65536)
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -289,13 +295,14 @@ class RunnerSupervisor:
             if msg["op"] == "stats":
                 self._take_stats(msg)
                 continue
-            ch = self._pending.get(msg.get("id"))
+            rid = cast(int, msg.get("id"))  # our request's id (None for a pong: it finds nothing)
+            ch = self._pending.get(rid)
             if ch is None:
                 continue  # pong, or a late frame for a request already given up
             try:
                 await ch.send(msg)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self._pending.pop(msg.get("id"), None)
+                self._pending.pop(rid, None)
 
     def _take_stats(self, msg: dict) -> None:
         """A stats frame: kept if well-formed; a malformed one is the child's bug, logged and dropped

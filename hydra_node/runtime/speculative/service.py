@@ -42,15 +42,22 @@ from hydra_node.runtime.speculative.wire import MAX_READY_LINE_BYTES, DraftReady
 
 
 class SpeculationSettings(Protocol):
-    """What the service reads of ``[defaults.speculative]`` (the config's ``SpeculativeSection``)."""
+    """What the service reads of ``[defaults.speculative]`` (the config's ``SpeculativeSection``): read-only."""
 
-    strategy: str
-    draft_model: str
-    draft_max_tokens: int
-    draft_min_tokens: int
-    min_acceptance: float
-    min_predicted_speedup: float
-    serve_draft: str
+    @property
+    def strategy(self) -> str: ...
+    @property
+    def draft_model(self) -> str: ...
+    @property
+    def draft_max_tokens(self) -> int: ...
+    @property
+    def draft_min_tokens(self) -> int: ...
+    @property
+    def min_acceptance(self) -> float: ...
+    @property
+    def min_predicted_speedup(self) -> float: ...
+    @property
+    def serve_draft(self) -> str: ...
 
 log = logging.getLogger("hydra.speculative")
 
@@ -118,6 +125,7 @@ class DraftServerProcess:
 
     async def _read_ready(self, proc: trio.Process) -> DraftReady:
         line = b""
+        assert proc.stdout is not None  # spawned with its stdout piped to us
         with trio.move_on_after(DRAFT_READY_TIMEOUT_S):
             while b"\n" not in line:
                 chunk = await proc.stdout.receive_some(MAX_READY_LINE_BYTES)
@@ -229,16 +237,17 @@ class SpeculationService:
     # ---- what runners get ---------------------------------------------------------------
     def runner_argv(self) -> tuple[str, ...]:
         s = self.section
-        kw = dict(min_tokens=s.draft_min_tokens, max_tokens=s.draft_max_tokens, min_acceptance=s.min_acceptance,
+        kw: dict[str, Any] = dict(min_tokens=s.draft_min_tokens, max_tokens=s.draft_max_tokens, min_acceptance=s.min_acceptance,
                   min_speedup=s.min_predicted_speedup)
         if self.mode is SpeculationMode.MESH:
             return tuple(argv_for(endpoint=self.endpoint, **kw))
         if self.mode is SpeculationMode.LOCAL:
+            assert self.local_draft is not None  # resolved with the mode
             return tuple(argv_for(model=str(self.local_draft.path), **kw))
         return ()
 
     # ---- lifecycle ----------------------------------------------------------------------
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[SpeculationService] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             if self.server is not None:
                 nursery.start_soon(self.server.run)
@@ -311,13 +320,15 @@ class SpeculationService:
 
     async def _forward(self, tcp: trio.SocketStream, limit: trio.CapacityLimiter) -> None:
         async with limit:
-            own = self.server.endpoint if self.server is not None else None
-            if own is not None and (not self.wanted or self.wanted == self.server.model.id):
+            server = self.server
+            own = server.endpoint if server is not None else None
+            if server is not None and own is not None and (not self.wanted or self.wanted == server.model.id):
                 local = await self._connect_local(own)
                 if local is not None:
                     await _splice_tcp(tcp, local)
                     return
             for peer_id, _draft in self.draft_peers():
+                assert self.mesh is not None  # draft peers come from the mesh
                 try:
                     with trio.fail_after(PEER_OPEN_TIMEOUT_S):
                         link = await self.mesh.link_to(peer_id)

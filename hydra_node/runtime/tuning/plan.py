@@ -157,20 +157,22 @@ def best_measured(outcomes: Iterable[Outcome]) -> Figures | None:
 def recommend(outcomes: Iterable[Outcome], tolerance_pct: float, baseline: Candidate | None = None) -> Outcome | None:
     """The candidate to run (see the module docstring); None when nothing was measured.
     ``baseline``: the current profile, whose TTFT (when measured) bounds the others'."""
-    measured = [o for o in outcomes if o.status == "measured" and o.figures is not None]
-    base = next((o.figures for o in measured if o.candidate == baseline), None) if baseline is not None else None
+    # (outcome, its figures) pairs
+    measured = [(o, o.figures) for o in outcomes if o.status == "measured" and o.figures is not None]
+    base = next((f for o, f in measured if o.candidate == baseline), None) if baseline is not None else None
     if base is not None:
-        measured = [o for o in measured
-                    if o.candidate == baseline or o.figures.ttft_ms <= base.ttft_ms * (1 + tolerance_pct / 100)]
+        measured = [(o, f) for o, f in measured
+                    if o.candidate == baseline or f.ttft_ms <= base.ttft_ms * (1 + tolerance_pct / 100)]
     if not measured:
         return None
-    fastest = max(o.figures.gen_tok_s for o in measured)  # type: ignore[union-attr]
-    near = [o for o in measured if o.figures.gen_tok_s >= fastest * (1 - tolerance_pct / 100)]  # type: ignore[union-attr]
-    rss = [o.figures.peak_rss_bytes for o in near]  # type: ignore[union-attr]
-    if all(r is not None for r in rss):
-        least = min(rss)  # type: ignore[type-var]
-        near = [o for o, r in zip(near, rss) if r <= least * (1 + MEMORY_TIE_FRACTION)]  # type: ignore[operator]
-    return max(near, key=lambda o: o.figures.gen_tok_s)  # type: ignore[union-attr]
+    fastest = max(f.gen_tok_s for _, f in measured)
+    near = [(o, f) for o, f in measured if f.gen_tok_s >= fastest * (1 - tolerance_pct / 100)]
+    rss = [f.peak_rss_bytes for _, f in near]
+    known = [r for r in rss if r is not None]
+    if len(known) == len(rss):  # every peak RSS is known
+        least = min(known)
+        near = [p for p, r in zip(near, known) if r <= least * (1 + MEMORY_TIE_FRACTION)]
+    return max(near, key=lambda p: p[1].gen_tok_s)[0]
 
 
 def eta_s(done: int, total: int, elapsed_s: float, budget_left_s: float) -> float | None:

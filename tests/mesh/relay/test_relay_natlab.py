@@ -89,7 +89,7 @@ def nat_mesh(tmp_path_factory):
         lab.spawn("A", serve_argv(lab, "A", homes["A"], "--join", token), root / "A.log")
         lab.spawn("B", serve_argv(lab, "B", homes["B"], "--join", token, command="client"), root / "B.log")
         for n in ("R2", "A", "B"):
-            ids[n] = wait_for(lambda: status(lab, n), 90, f"{n} up")["node_id"]
+            ids[n] = wait_for(lambda n=n: status(lab, n), 90, f"{n} up")["node_id"]
         _LAB[:] = [lab]
         yield lab, ids, root
     finally:
@@ -100,7 +100,7 @@ def test_natted_client_uses_natted_host_through_a_relay(nat_mesh) -> None:
     lab, ids, _ = nat_mesh
     for n in ("A", "B"):  # each learns by dial-back that it cannot be dialled, and reserves at a relay
         # (the verdict is "unknown" for a moment whenever a new link raises the number of checkers wanted)
-        st = wait_for(lambda: (s := status(lab, n)) and s["mesh"]["relays"]["reserved_at"]
+        st = wait_for(lambda n=n: (s := status(lab, n)) and s["mesh"]["relays"]["reserved_at"]
                       and s["mesh"]["reachability"]["reachable"] is False and s, 30, f"{n} reserved")
         assert st["mesh"]["reachability"]["method"] == "dialback"
     r1 = status(lab, "R1")["mesh"]
@@ -150,7 +150,7 @@ def test_link_moves_to_a_punched_direct_path(nat_mesh) -> None:
     assert out["choices"][0]["text"]
     assert status(lab, relay)["mesh"]["relays"]["server"]["bytes_relayed"] == server["bytes_relayed"]
     for n in ("A", "B"):  # a punched link is no proof that we can be dialled: reservations are kept
-        st = wait_for(lambda: (s := status(lab, n)["mesh"])["reachability"]["reachable"] is False
+        st = wait_for(lambda n=n: (s := status(lab, n)["mesh"])["reachability"]["reachable"] is False
                       and s["relays"]["reserved_at"] and s, 15, f"{n} still unreachable")
         assert st["relays"]["punched_links"] == 1 and st["relays"]["reserved_at"] == [ids[relay]]
         assert st["reachability"]["method"] == "dialback"

@@ -62,14 +62,18 @@ async def test_prefetch_status_fetch_cache_pin(routes, tmp_path):
 
 
 @pytest.mark.parametrize(("method", "path", "body", "status", "code"), [
-    ("POST", "/api/placement/prefetch", b"[1]", 400, "invalid_value"),
-    ("POST", "/api/placement/prefetch", b"{", 400, "invalid_value"),
-    ("POST", "/api/placement/prefetch", {"kind": "model_weights", "name": "m"}, 400, "invalid_value"),
+    ("POST", "/api/placement/prefetch", b"[1]", 400, "invalid_type"),
+    ("POST", "/api/placement/prefetch", b"{", 400, "invalid_json"),
+    ("POST", "/api/placement/prefetch", b"x" * (256 * 1024 + 1), 413, "body_too_large"),
+    ("POST", "/api/placement/prefetch", {"kind": "model_weights", "name": "m"}, 400, "missing_required_parameter"),
+    ("POST", "/api/placement/prefetch", {"kind": "model_weights", "name": 5, "source": "/x"}, 400, "invalid_type"),
+    ("POST", "/api/placement/prefetch", {"kind": "model_weights", "name": "m", "source": "/x", "identity": [1]}, 400,
+     "invalid_type"),
     ("POST", "/api/placement/prefetch", {"kind": "weights", "name": "m", "source": "/x"}, 400, "invalid_value"),
     ("POST", "/api/placement/prefetch", {"kind": "model_weights", "name": "../m", "source": "/x"}, 400,
      "invalid_value"),
     ("POST", "/api/placement/prefetch", {"kind": "model_weights", "name": "m", "source": "/x", "ttl": 5}, 400,
-     "unknown_field"),
+     "unknown_parameter"),
     ("POST", "/api/placement/prefetch", {"kind": "model_weights", "name": "m", "source": "/x", "posix_root": "/a",
                                          "s3_bucket": "b"}, 400, "invalid_value"),
     ("POST", "/api/placement/prefetch", {"kind": "model_weights", "name": "m", "source": "/x",
@@ -79,7 +83,7 @@ async def test_prefetch_status_fetch_cache_pin(routes, tmp_path):
     ("GET", "/api/placement/status/op-00000000-00000000", None, 404, "operation_not_found"),
     ("GET", "/api/placement/status", None, 400, "invalid_value"),
     ("POST", "/api/placement/retry", {"id": "op-00000000-00000000"}, 404, "operation_not_found"),
-    ("POST", "/api/placement/pin", {"name": "m", "pinned": "yes"}, 400, "invalid_value"),
+    ("POST", "/api/placement/pin", {"name": "m", "pinned": "yes"}, 400, "invalid_type"),
     ("POST", "/api/placement/evict", {"name": "m", "posix_root": "/ns"}, 400, "invalid_value"),
     ("POST", "/api/placement/fetch", {"kind": "kv_state", "name": "nowhere"}, 202, None),
 ])

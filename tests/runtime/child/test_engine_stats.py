@@ -204,7 +204,7 @@ def test_model_entries_carry_optional_bounded_free_slots_and_old_entries_stay_va
 
 def test_the_supervisor_keeps_good_stats_and_drops_malformed_ones(tmp_path):
     from hydra_node.models import resolve_model
-    from hydra_node.runtime.runner.records import RunnerSettings
+    from hydra_node.runtime.runner.records import RunnerSettings, RunnerState
     from hydra_node.runtime.runner.supervisor import RunnerSupervisor
 
     sup = RunnerSupervisor(resolve_model(None), tmp_path, RunnerSettings(parallel=4), node_id="n")
@@ -212,5 +212,6 @@ def test_the_supervisor_keeps_good_stats_and_drops_malformed_ones(tmp_path):
     sup._take_stats(GOOD.to_wire())
     sup._take_stats({**GOOD.to_wire(), "free_slots": 3})  # contradicts active: dropped, counted
     assert sup.status().engine_stats == GOOD and sup.stats_rejected == 1
-    sup.state = "ready"
+    sup.state = RunnerState.LOADING
+    sup.state = RunnerState.READY
     assert sup.free_slots == 4  # parallel minus admitted generations

@@ -215,7 +215,7 @@ def test_progress_is_redrawn_on_a_terminal_and_logged_sparsely_otherwise():
     for tty in (True, False):
         now = [0.0]
         stream = FakeStream(tty)
-        bar = StderrProgress("pull m", stream, clock=lambda: now[0])
+        bar = StderrProgress("pull m", stream, clock=lambda now=now: now[0])
         meter = ProgressMeter(total=100, start=0, now=0.0)
         for step in range(1, 11):  # one chunk a second for ten seconds
             now[0] = float(step)

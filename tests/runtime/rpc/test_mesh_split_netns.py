@@ -39,7 +39,7 @@ def test_split_across_namespaces(tmp_path):
         token = r.stdout.strip()
         serve(lab, 3, homes[3], "--no-model", "--max-memory", "0.2", "--join", token)
         serve(lab, 1, homes[1], "--max-memory", "0.06", "--no-rpc-worker", "--join", token)
-        workers = {wait_for(lambda: node_status(lab, i, homes[i]), 90, f"host {i} up")["node_id"] for i in (2, 3)}
+        workers = {wait_for(lambda i=i: node_status(lab, i, homes[i]), 90, f"host {i} up")["node_id"] for i in (2, 3)}
 
         def split_ready():
             st = node_status(lab, 1, homes[1])

@@ -40,7 +40,7 @@ from hydra_node.inference import MAX_TOP_LOGPROBS_REQUEST as MAX_TOP_LOGPROBS
 from hydra_node.runtime.child.process import TokenClock
 from hydra_node.runtime.child.engine.logprobs import LogprobReporter, TokenPieces, row_logits
 from hydra_node.runtime.child.engine.sampler import Sampler, SamplerParams, SamplingError
-from hydra_node.runtime.child.engine.slots import Finish, Rejected, SlotConfig, StepPlan
+from hydra_node.runtime.child.engine.slots import DecodeToken, Finish, PrefillChunk, Rejected, SlotConfig, StepPlan
 from hydra_node.runtime.child.engine.spec_slots import SpeculativeSlots
 from hydra_node.runtime.child.engine.speculation import SMALL_STEP_TOKENS, RoundPlan, speculation_eligible
 from hydra_node.runtime.speculative.errors import DraftProtocolError
@@ -247,6 +247,7 @@ class BatchEngine:
             if not ended:
                 live.n += 1
                 if live.reporter is not None:  # before the next decode overwrites this row's logits
+                    assert live.pending is not None  # a list whenever there is a reporter
                     live.pending.append(live.reporter.entry(row_logits(self.ctx, row, self.n_vocab), tok))
                 text = live.asm.feed(self.llm.detokenize([tok]))
                 if text:
@@ -294,8 +295,9 @@ class BatchEngine:
 
     def _fail_step(self, plan: StepPlan, message: str) -> None:
         """A failed decode: every sequence in it gets an error; their cells are dropped."""
+        seqs: tuple[DecodeToken | PrefillChunk, ...] = (*plan.decode, *plan.prefill)
         for rid in {d.rid for d in plan.decode} | {c.rid for c in plan.prefill}:
-            slot = next(x.slot for x in (*plan.decode, *plan.prefill) if x.rid == rid)
+            slot = next(x.slot for x in seqs if x.rid == rid)
             self.sched.finish(rid)
             self._ll.llama_memory_seq_rm(self.mem, slot, 0, -1)
             live = self._live.pop(rid)

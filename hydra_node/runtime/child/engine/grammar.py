@@ -193,14 +193,16 @@ class GrammarCheck:
 
     def _sample_watching(self, pre, post, logits: np.ndarray) -> int:
         banned: list[int] = []
+        watch = self.watch
+        assert watch is not None  # not active yet (only a successful _start clears it, and returns)
         for _ in range(MAX_TRIGGER_RETRIES):
             self.cand.load(logits, banned)
             self.cand.apply(pre)
             tok = self.cand.run(post)
             piece = self.piece(tok)
-            hit = self.watch.find(tok, piece)
+            hit = watch.find(tok, piece)
             if hit is None:
-                self.watch.commit(tok, piece)
+                watch.commit(tok, piece)
                 return tok
             if self._start(hit):
                 return tok

@@ -120,10 +120,10 @@ class SlotScheduler:
             if s.rid == rid:
                 s.cancelled = True
                 return True
-        s = self._active.get(rid)
-        if s is None:
+        active = self._active.get(rid)
+        if active is None:
             return False
-        s.cancelled = True
+        active.cancelled = True
         return True
 
     def is_active(self, rid: int) -> bool:

@@ -36,7 +36,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -46,6 +46,9 @@ from hydra_node.runtime.child.speculative.draft import Drafter, Proposal
 from hydra_node.runtime.child.speculative.controller import SpeculationController
 from hydra_node.runtime.speculative.errors import DraftProtocolError
 from hydra_node.runtime.child.speculative.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from hydra_node.runtime.child.speculative.remote import RemoteDrafter
 
 __all__ = ["EngineSpeculation", "RoundPlan", "speculation_eligible"]
 
@@ -94,7 +97,7 @@ class EngineSpeculation:
     drafter: Drafter
     controller: SpeculationController
     kind: str  # "local" | "remote"
-    remote: object | None = None  # the RemoteDrafter (status, close per request)
+    remote: RemoteDrafter | None = None  # status, close per request
     clock: Callable[[], float] = time.perf_counter
     #: Speculate while other sequences share the batch.  Off by default: the draft's compute (local,
     #: on the same cores) stalls every sequence of the step for one sequence's gain, and such steps
@@ -227,14 +230,15 @@ class EngineSpeculation:
     def status(self, rid: int | None = None) -> dict:
         st = self.controller.statistics()
         recent = self.controller.recent_speedup()
-        out = {"draft": self.kind, "disabled": None, "acceptance_rate": round(st.acceptance_rate, 4),
-               "tokens_per_round": round(st.tokens_per_round, 3), "k": st.k,
-               "predicted_speedup": round(st.predicted_speedup, 3), "measured_speedup": round(st.measured_speedup, 3),
-               "recent_speedup": None if recent is None else round(recent, 3), "rounds": st.rounds,
-               "draft_tokens": st.draft_tokens, "accepted_tokens": st.accepted_tokens,
-               "target_only_tokens": st.target_only_tokens, "speculating": st.speculating,
-               "requests": self.requests, "draft_failures": self.draft_failures,
-               "last_draft_failure": self.last_draft_failure, "in_engine": True}
+        out: dict[str, Any] = {
+            "draft": self.kind, "disabled": None, "acceptance_rate": round(st.acceptance_rate, 4),
+            "tokens_per_round": round(st.tokens_per_round, 3), "k": st.k,
+            "predicted_speedup": round(st.predicted_speedup, 3), "measured_speedup": round(st.measured_speedup, 3),
+            "recent_speedup": None if recent is None else round(recent, 3), "rounds": st.rounds,
+            "draft_tokens": st.draft_tokens, "accepted_tokens": st.accepted_tokens,
+            "target_only_tokens": st.target_only_tokens, "speculating": st.speculating,
+            "requests": self.requests, "draft_failures": self.draft_failures,
+            "last_draft_failure": self.last_draft_failure, "in_engine": True}
         if self.remote is not None:
             out["remote"] = self.remote.status()
         if self._last is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from hydra_node.runtime.child.speculative.draft import Proposal
 from hydra_node.runtime.speculative.errors import SpeculationError
@@ -118,7 +118,7 @@ class RemoteDrafter:
             finally:
                 self._sock = None
 
-    def _fail(self, exc: SpeculationError):
+    def _fail(self, exc: SpeculationError) -> NoReturn:
         self.failures += 1
         self.last_error = str(exc)[:300]
         self.close()
@@ -144,6 +144,7 @@ class RemoteDrafter:
             left = deadline - time.monotonic()
             if left <= 0:
                 self._fail(DraftUnavailable(f"no answer from the draft within {timeout_s:g} s"))
+            assert self._sock is not None  # _send (called first) checked it; _fail closes and raises
             try:
                 self._sock.settimeout(left)
                 data = self._sock.recv(65536)

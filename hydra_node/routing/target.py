@@ -1,0 +1,84 @@
+"""What the router ranks: one place a model can run (:class:`RouteTarget`), its state, its sources.
+
+A target is a local runner (:mod:`hydra_node.routing.local`) or a peer's model as announced
+(:mod:`hydra_node.routing.remote`); the router (:mod:`hydra_node.routing.router`) and the live
+scheduler (:mod:`hydra_node.routing.live`) both take them, so they live apart from either.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from hydra_node.inference import EmbeddingRequest, EmbeddingResult, GenerationEvent, GenerationRequest
+
+__all__ = ["EmbedFn", "OpenGeneration", "RouteTarget", "TargetSource", "TargetState"]
+
+#: ``open(req)``: how a target runs a generation — an async context manager whose value is its events
+#: (leaving it early cancels the generation where it runs).
+OpenGeneration = Callable[[GenerationRequest], AbstractAsyncContextManager[AsyncIterator[GenerationEvent]]]
+#: ``await embed(req)``: how a target embeds.
+EmbedFn = Callable[[EmbeddingRequest], Awaitable[EmbeddingResult]]
+
+
+class TargetState(enum.StrEnum):
+    """A target's state as the router lists it (``/v1/models`` ``states``); only READY is routed to.
+
+    The runner states (:class:`hydra_node.runtime.runner.records.RunnerState`, same values: a local
+    restarting runner is listed as loading, a peer announces its own), ``suspect`` for a peer that
+    is not alive, and ``unknown`` for a state a peer announced that this version does not know
+    (:meth:`of`: a newer peer's state never breaks routing, it is just not routed to)."""
+
+    STARTING = "starting"
+    PLACING = "placing"
+    LOADING = "loading"
+    READY = "ready"
+    RESTARTING = "restarting"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    SUSPECT = "suspect"
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def of(cls, state: str) -> TargetState:
+        """``state`` (a runner's, or as a peer announced it) as a target state; UNKNOWN if it is none."""
+        try:
+            return cls(state)
+        except ValueError:
+            return cls.UNKNOWN
+
+
+@dataclass
+class RouteTarget:
+    """One place a model can run (a local runner or a peer), as the router ranks it."""
+
+    model: str
+    node_id: str
+    local: bool
+    open: OpenGeneration
+    queue_depth: int = 0  # requests waiting or being served there (local: live; remote: as announced)
+    rtt_ms: float = 0.0
+    state: TargetState = TargetState.READY
+    slots: int = 1  # sequences the target serves at once (its runner's parallel; remote: estimated)
+    free_slots: int | None = None  # sequences it could start now (local: live; remote: as announced)
+    embed: EmbedFn | None = None  # None: cannot embed
+
+    @property
+    def busy(self) -> bool:
+        """True when a request sent now would wait for a slot there."""
+        if self.free_slots is not None:
+            return self.free_slots <= 0
+        return self.queue_depth >= self.slots
+
+    @property
+    def key(self) -> str:
+        return f"{'local' if self.local else self.node_id}/{self.model}"
+
+
+class TargetSource(Protocol):
+    """Where the router gets targets from (local runners, the mesh's members)."""
+
+    def targets(self) -> list[RouteTarget]: ...
