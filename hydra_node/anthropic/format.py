@@ -11,7 +11,8 @@ Stream order (the Anthropic SDKs dispatch on the ``event:`` name, which equals t
 
 ``usage.input_tokens`` is known only when the generation ends (the host renders and tokenises the
 prompt), so ``message_start`` carries 0 and ``message_delta`` the real count; the SDKs take the
-``message_delta`` figures as the final ones.
+``message_delta`` figures as the final ones. :class:`MessageStreamFormatter` is the builder as the
+streamed answer's formatter (:mod:`hydra_node.api.answer`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ import secrets
 from collections.abc import Callable
 
 from hydra_node.http.server import Response
+from hydra_node.api.answer import Chunks
+from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments
 from hydra_node.api.errors import ApiError
 from hydra_node.grammar.toolcalls import ParsedToolCall, ToolCallStart
+from hydra_node.inference import GenerationError, TokenLogprob
 
-__all__ = ["ERROR_TYPES", "MessageEventStream", "error_body", "error_response", "matched_stop", "message_body",
-           "new_id", "sse", "stop_reason", "usage_body"]
+__all__ = ["ERROR_TYPES", "MessageEventStream", "MessageStreamFormatter", "error_body", "error_response",
+           "matched_stop", "message_body", "new_id", "sse", "stop_reason", "stop_sequence", "usage_body"]
 
 #: Anthropic's error ``type`` by HTTP status (anything else >= 500: ``api_error``).
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -61,6 +65,14 @@ def matched_stop(generated: str, stops: tuple[str, ...]) -> str | None:
         if i != -1 and (best is None or i < best[0]):
             best = (i, k)
     return None if best is None else stops[best[1]]
+
+
+def stop_sequence(finish_reason: str, entries: list[TokenLogprob], stops: tuple[str, ...]) -> str | None:
+    """The stop sequence that ended an answer: ``entries``, every token generated (the stop's own
+    included), tell which one (None: the answer did not end at a stop sequence)."""
+    if finish_reason != "stop" or not stops:
+        return None
+    return matched_stop(b"".join(e.bytes for e in entries).decode("utf-8", "replace"), stops)
 
 
 def stop_reason(finish_reason: str, stop_sequence: str | None) -> str:
@@ -168,3 +180,43 @@ class MessageEventStream:
     def fail(self, message: str, status: int) -> list[dict]:
         self.done = True
         return [error_body(status, message)]
+
+
+class MessageStreamFormatter:
+    """A streamed message (:class:`hydra_node.api.answer.StreamFormatter`): ``builder``'s events
+    per chat event, each framed on its own; the text's token entries tell which of
+    ``stop_sequences`` ended it. A failure or a drain is an ``error`` event."""
+
+    def __init__(self, builder: MessageEventStream, stop_sequences: tuple[str, ...]):
+        self.builder, self.stop_sequences = builder, stop_sequences
+        self.entries: list[TokenLogprob] = []
+
+    def start(self) -> Chunks:
+        return [sse(e) for e in self.builder.start()]
+
+    def text(self, k: int, delta: ContentDelta) -> Chunks:
+        self.entries.extend(delta.logprobs)
+        return [sse(e) for e in self.builder.text_delta(delta.text)]
+
+    def tool_call_start(self, k: int, start: ToolCallStart) -> Chunks:
+        return [sse(e) for e in self.builder.call_start(start)]
+
+    def tool_call_arguments(self, k: int, fragment: ToolCallArguments) -> Chunks:
+        return [sse(e) for e in self.builder.call_arguments(fragment.text)]
+
+    def tool_call(self, k: int, call: ParsedToolCall) -> Chunks:
+        return [sse(e) for e in self.builder.tool_call(call)]
+
+    def finish(self, k: int, done: ChatDone) -> Chunks:
+        stop = stop_sequence(done.finish_reason, self.entries, self.stop_sequences)
+        return [sse(e) for e in self.builder.finish(stop_reason(done.finish_reason, stop), stop,
+                                                    usage_body(done.usage))]
+
+    def end(self) -> Chunks:
+        return []
+
+    def error(self, exc: GenerationError) -> Chunks:
+        return [sse(e) for e in self.builder.fail(exc.message, exc.status)]
+
+    def interrupted(self, reason: str) -> bytes:
+        return b"".join(sse(e) for e in self.builder.fail(f"stream ended: {reason}", 503))

@@ -16,24 +16,22 @@ tokens included; the entries are not shown to the client.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncGenerator
-from contextlib import aclosing
 
 import trio
 
 from hydra_node.grammar import constraints as grammar  # built on the API node, enforced by the host's sampler
-from hydra_node.anthropic.format import (MessageEventStream, error_response, matched_stop, message_body, new_id,
-                                             sse, stop_reason, usage_body)
+from hydra_node.anthropic.format import (MessageEventStream, MessageStreamFormatter, error_response, message_body,
+                                             new_id, stop_reason, stop_sequence, usage_body)
 from hydra_node.anthropic.models import resolve_model
 from hydra_node.anthropic.request import MessagesCall, parse_count_tokens_body, parse_messages_body
-from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart, complete_chat
+from hydra_node.api.answer import stream_answer
+from hydra_node.api.chat import complete_chat
 from hydra_node.http.server import Request, Response, StreamResponse
-from hydra_node.http.messages import served_by_header
-from hydra_node.moa.answers import MoaApi, open_chat_events
+from hydra_node.moa.answers import MoaApi, complete_answer, open_chat_events
 from hydra_node.api.errors import ApiError, bad
 from hydra_node.api.router_api import RouterApi
 from hydra_node.api.tool_choice_header import TOOL_CHOICE_HEADER, override_tool_choice
-from hydra_node.inference import GenerationError, GenerationRequest, InvalidRequest, TokenLogprob
+from hydra_node.inference import GenerationError, GenerationRequest, InvalidRequest
 
 __all__ = ["MessagesApi", "generation_request"]
 
@@ -58,10 +56,6 @@ def generation_request(call: MessagesCall, request_id: str, session: str = "") -
             logprobs=bool(call.stop_sequences), **fields)
     except InvalidRequest as exc:
         raise bad(exc.message, exc.param) from None
-
-
-def _generated_text(entries: list[TokenLogprob]) -> str:
-    return b"".join(e.bytes for e in entries).decode("utf-8", "replace")
 
 
 class MessagesApi:
@@ -119,61 +113,16 @@ class MessagesApi:
             raise ApiError.from_generation(exc) from None
         return Response.json(200, {"input_tokens": out.usage.get("prompt_tokens", 0)})
 
-    def _stop(self, call: MessagesCall, finish: str, entries: list[TokenLogprob]) -> str | None:
-        if finish != "stop" or not call.stop_sequences:
-            return None
-        return matched_stop(_generated_text(entries), call.stop_sequences)
-
     async def _complete(self, call: MessagesCall, req: GenerationRequest) -> Response:
-        headers: list[tuple[str, str]] | None = None
-        try:
-            if self.moa is not None and self.moa.handles(req.model):
-                out, _, headers = await self.moa.answer(req)  # the mixture of agents' answer
-            else:
-                out = await complete_chat(self.router, req)
-        except GenerationError as exc:
-            raise ApiError.from_generation(exc) from None
-        stop = self._stop(call, out.finish_reason, out.logprobs)
+        out, headers = await complete_answer(self.router, self.moa, req)  # model "mesh": the mixture's answer
+        stop = stop_sequence(out.finish_reason, out.logprobs, call.stop_sequences)
         body = message_body(req.request_id, call.model, out.content, out.tool_calls,
                             stop_reason(out.finish_reason, stop), stop, usage_body(out.usage))
-        return Response.json(200, body, headers if headers is not None else served_by_header(out.served_by))
+        return Response.json(200, body, headers)
 
     async def _stream(self, call: MessagesCall, req: GenerationRequest,
                       nursery: trio.Nursery | None) -> StreamResponse:
         # Open the generation before answering 200, so routing errors get a proper status.
         events, close, headers = await open_chat_events(self.router, self.moa, req, nursery)
-        builder = MessageEventStream(req.request_id, call.model)
-
-        async def body() -> AsyncGenerator[bytes, None]:
-            entries: list[TokenLogprob] = []
-            try:
-                for ev in builder.start():
-                    yield sse(ev)
-                async with aclosing(events()) as stream:
-                    async for _, ev in stream:
-                        out: list[dict] = []
-                        if isinstance(ev, ContentDelta):
-                            entries.extend(ev.logprobs)
-                            out = builder.text_delta(ev.text)
-                        elif isinstance(ev, ToolCallStart):
-                            out = builder.call_start(ev)
-                        elif isinstance(ev, ToolCallArguments):
-                            out = builder.call_arguments(ev.text)
-                        elif isinstance(ev, ToolCallDelta):
-                            out = builder.tool_call(ev.call)
-                        elif isinstance(ev, ChatDone):
-                            stop = self._stop(call, ev.finish_reason, entries)
-                            out = builder.finish(stop_reason(ev.finish_reason, stop), stop, usage_body(ev.usage))
-                        for e in out:
-                            yield sse(e)
-            except GenerationError as exc:
-                for e in builder.fail(exc.message, exc.status):
-                    yield sse(e)
-            finally:
-                await close()
-
-        def interrupted(reason: str) -> bytes:
-            return b"".join(sse(e) for e in builder.fail(f"stream ended: {reason}", 503))
-
-        return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=close, headers=headers)
-
+        fmt = MessageStreamFormatter(MessageEventStream(req.request_id, call.model), call.stop_sequences)
+        return stream_answer(events, fmt, close=close, headers=headers)

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import trio
 
-from hydra_node.api.chat import ChatDone, ChatOutcome, ContentDelta, ToolCallDelta, complete_chat, sum_usage
+from hydra_node.api.answer import EventSource, nothing_to_close
+from hydra_node.api.chat import ChatDone, ChatEvent, ChatOutcome, ContentDelta, ToolCallDelta, complete_chat, sum_usage
 from hydra_node.api.errors import ApiError
 from hydra_node.api.fanout import StreamFanOut
 from hydra_node.api.router_api import RouterApi
@@ -28,7 +30,7 @@ from hydra_node.inference import GenerationError, GenerationRequest, InvalidRequ
 from hydra_node.moa.config import MESH_MODEL
 from hydra_node.moa.mixture import MixtureOfAgents, MoaRun
 
-__all__ = ["MoaApi", "moa_headers", "moa_info", "moa_header", "open_chat_events", "replay_events"]
+__all__ = ["MoaApi", "complete_answer", "moa_headers", "moa_info", "moa_header", "open_chat_events", "replay_events"]
 
 #: Longest member error quoted in ``hydra_moa`` (the full text is in the node's log).
 MAX_ERROR_CHARS = 300
@@ -105,15 +107,31 @@ class MoaApi:
         return out, ""
 
 
+async def complete_answer(router: RouterApi, moa: "MoaApi | None",
+                          req: GenerationRequest) -> tuple[ChatOutcome, list[tuple[str, str]]]:
+    """``(outcome, headers)`` of one whole chat for /v1/messages and /v1/responses: the mixture of
+    agents' answer for ``mesh``, else the router's. A failure is an :class:`ApiError`."""
+    try:
+        if moa is not None and moa.handles(req.model):
+            out, _, headers = await moa.answer(req)
+            return out, headers
+        out = await complete_chat(router, req)
+    except GenerationError as exc:
+        raise ApiError.from_generation(exc) from None
+    return out, served_by_header(out.served_by)
+
+
 async def open_chat_events(router: RouterApi, moa: "MoaApi | None", req: GenerationRequest,
-                           nursery: trio.Nursery | None):
-    """``(events, close, headers)`` of one streamed chat for /v1/messages and /v1/responses, opened
-    before the 200 so routing errors get a proper status: the router's stream, or for ``mesh`` the
-    mixture of agents' finished answer replayed (``events()`` yields ``(0, event)`` pairs).
-    ``nursery``: the request's (``Request.nursery``), where the generation runs."""
+                           nursery: trio.Nursery | None
+                           ) -> tuple[EventSource, Callable[[], Awaitable[None]], list[tuple[str, str]]]:
+    """``(events, close, headers)`` of one streamed chat for /v1/messages and /v1/responses
+    (:func:`hydra_node.api.answer.stream_answer` takes them), opened before the 200 so routing
+    errors get a proper status: the router's stream, or for ``mesh`` the mixture of agents'
+    finished answer replayed (``events()`` yields ``(0, event)`` pairs). ``nursery``: the
+    request's (``Request.nursery``), where the generation runs."""
     if moa is not None and moa.handles(req.model):
         out, _, headers = await moa.answer(req)
-        return (lambda: replay_events(out)), _nothing, headers
+        return (lambda: replay_events(out)), nothing_to_close, headers
     fan = StreamFanOut(router, [req], nursery)
     try:
         await fan.open()
@@ -122,17 +140,15 @@ async def open_chat_events(router: RouterApi, moa: "MoaApi | None", req: Generat
     return fan.events, fan.close, served_by_header(fan.served_by[0])
 
 
-async def _nothing() -> None:
-    """Nothing to close (a ``mesh`` answer is already complete)."""
-
-
-async def replay_events(out: ChatOutcome):
-    """A finished answer as the chat events a stream of it would have given: ``(0, event)`` pairs
-    like :meth:`StreamFanOut.events` (for ``mesh`` streams on /v1/messages and /v1/responses)."""
-    if out.content:
-        yield 0, ContentDelta(out.content, tuple(out.logprobs))
+async def replay_events(out: ChatOutcome) -> AsyncGenerator[tuple[int, ChatEvent], None]:
+    """A finished answer as the chat events of a stream of it: ``(0, event)`` pairs like
+    :meth:`StreamFanOut.events` (for ``mesh`` streams): its text (with its token logprobs, also
+    when it has no text: a call's tokens), each call whole (``streamed`` False: no
+    :class:`ToolCallStart` came for it), then the end."""
+    if out.content or out.logprobs:
+        yield 0, ContentDelta(out.content or "", tuple(out.logprobs))
     for call in out.tool_calls:
-        yield 0, ToolCallDelta(call)
+        yield 0, ToolCallDelta(dataclasses.replace(call, streamed=False))
     yield 0, ChatDone(out.finish_reason, out.usage, out.served_by)
 
 

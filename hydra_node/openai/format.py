@@ -9,13 +9,17 @@ Chat logprobs: ``{"content": [{"token", "logprob", "bytes": [ints], "top_logprob
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Iterable
 
-from hydra_node.api.chat import ChatOutcome
-from hydra_node.inference import TokenLogprob
+from hydra_node.api.answer import Chunks
+from hydra_node.api.chat import ChatDone, ChatOutcome, ContentDelta, ToolCallArguments, ToolCallStart, sum_usage
+from hydra_node.api.errors import ApiError
+from hydra_node.grammar.toolcalls import ParsedToolCall
+from hydra_node.inference import GenerationError, TokenLogprob
 
 __all__ = ["sse", "DONE", "chat_logprobs", "completion_logprobs", "tool_call_json", "chat_choice",
-           "completion_choice", "ChunkMaker"]
+           "completion_choice", "ChunkMaker", "ChunkStream"]
 
 DONE = b"data: [DONE]\n\n"
 
@@ -125,3 +129,45 @@ class ChunkMaker:
         obj = {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
                "choices": [], "usage": usage}
         return sse(obj)
+
+
+class ChunkStream:
+    """A streamed chat or completion answer (:class:`hydra_node.api.answer.StreamFormatter`):
+    ``chunks``' pieces per chat event, the role (chat; completions: ``echo[k]``, the prompt, when
+    echoed) of each of the ``choices`` first, then, with ``include_usage``, every choice's usage in
+    one chunk before ``[DONE]``. A failure or a drain is an error chunk, then ``[DONE]``."""
+
+    def __init__(self, chunks: ChunkMaker, *, choices: int = 1, include_usage: bool = False,
+                 echo: Sequence[str] | None = None):
+        self.chunks, self.choices, self.include_usage, self.echo = chunks, choices, include_usage, echo
+        self.usages: list[dict] = []
+
+    def start(self) -> Chunks:
+        if self.chunks.chat:
+            return [self.chunks.role(k) for k in range(self.choices)]
+        return [self.chunks.text(k, self.echo[k]) for k in range(self.choices)] if self.echo is not None else []
+
+    def text(self, k: int, delta: ContentDelta) -> Chunks:
+        return [self.chunks.text(k, delta.text, delta.logprobs)]
+
+    def tool_call_start(self, k: int, start: ToolCallStart) -> Chunks:
+        return [self.chunks.tool_call_start(k, start)]
+
+    def tool_call_arguments(self, k: int, fragment: ToolCallArguments) -> Chunks:
+        return [self.chunks.tool_call_arguments(k, fragment.index, fragment.text)]
+
+    def tool_call(self, k: int, call: ParsedToolCall) -> Chunks:
+        return [] if call.streamed else [self.chunks.tool_call(k, call)]  # streamed: sent as it came
+
+    def finish(self, k: int, done: ChatDone) -> Chunks:
+        self.usages.append(done.usage)
+        return [self.chunks.finish(k, done.finish_reason, done.served_by)]
+
+    def end(self) -> Chunks:
+        return ([self.chunks.usage(sum_usage(self.usages))] if self.include_usage else []) + [DONE]
+
+    def error(self, exc: GenerationError) -> Chunks:
+        return [sse(ApiError.from_generation(exc).body()), DONE]
+
+    def interrupted(self, reason: str) -> bytes:
+        return sse(ApiError(503, f"stream ended: {reason}", "node_shutting_down").body()) + DONE

@@ -9,20 +9,19 @@ generation streamed as it is generated. docs/moa.md documents ``hydra_moa`` and 
 from __future__ import annotations
 
 import time
-from contextlib import aclosing
 
 import trio
 
-from hydra_node.api.chat import (ChatDone, ChatOutcome, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart,
-                                 sum_usage)
-from hydra_node.api.errors import ApiError, bad
+from hydra_node.api.answer import Chunks, nothing_to_close, stream_answer
+from hydra_node.api.chat import ChatDone, sum_usage
+from hydra_node.api.errors import bad
 from hydra_node.api.fanout import StreamFanOut
 from hydra_node.http.server import Response, StreamResponse
 from hydra_node.inference import GenerationError, InvalidRequest
-from hydra_node.moa.answers import MoaApi, moa_headers, moa_info
+from hydra_node.moa.answers import MoaApi, moa_headers, moa_info, replay_events
 from hydra_node.moa.config import MESH_MODEL
 from hydra_node.moa.mixture import MoaRun
-from hydra_node.openai.format import DONE, ChunkMaker, chat_choice, sse
+from hydra_node.openai.format import DONE, ChunkMaker, ChunkStream, chat_choice, sse
 from hydra_node.openai.parse import ParsedBody
 
 __all__ = ["MoaChat"]
@@ -72,55 +71,32 @@ class MoaChat:
         info = moa_info(run, reducer, reducer_error)
         chunks = ChunkMaker(req.request_id, MESH_MODEL, int(time.time()), True, logprobs=req.logprobs)
         member_usage = [m.outcome.usage for m in run.answered if m.outcome is not None]  # (answered: it has one)
+        fmt = _MoaChunkStream(chunks, info, member_usage, reduced=fan is not None, include_usage=parsed.include_usage)
+        if fan is not None:
+            return stream_answer(fan.events, fmt, close=fan.close, headers=moa_headers(info, fan.served_by[0]))
+        out = run.chosen.outcome
+        assert out is not None  # (the pick answered)
+        return stream_answer(lambda: replay_events(out), fmt, close=nothing_to_close,
+                             headers=moa_headers(info, run.chosen.served_by))
 
-        def finish(reason: str, usage: list[dict], served_by: str) -> bytes:
-            out = sse({"id": req.request_id, "object": "chat.completion.chunk", "created": chunks.created,
-                       "model": MESH_MODEL, "system_fingerprint": served_by or None, "hydra_moa": info,
-                       "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}]})
-            return out + (chunks.usage(sum_usage(usage)) if parsed.include_usage else b"")
 
-        async def replay(out: ChatOutcome):
-            if out.content or out.logprobs:
-                yield chunks.text(0, out.content or "", tuple(out.logprobs))
-            for call in out.tool_calls:
-                yield chunks.tool_call(0, call)
-            yield finish(out.finish_reason, member_usage, out.served_by)
+class _MoaChunkStream(ChunkStream):
+    """The mesh's answer as chat chunks: the reducer's as it is generated, or the pick's replayed;
+    the finish chunk carries ``hydra_moa`` and the usage of every member (and of the reducer,
+    ``reduced``), which follows it at once with ``include_usage``."""
 
-        async def reduced(fan: StreamFanOut):
-            async with aclosing(fan.events()) as events:
-                async for _, ev in events:
-                    if isinstance(ev, ContentDelta):
-                        yield chunks.text(0, ev.text, ev.logprobs)
-                    elif isinstance(ev, ToolCallStart):
-                        yield chunks.tool_call_start(0, ev)
-                    elif isinstance(ev, ToolCallArguments):
-                        yield chunks.tool_call_arguments(0, ev.index, ev.text)
-                    elif isinstance(ev, ToolCallDelta) and not ev.call.streamed:
-                        yield chunks.tool_call(0, ev.call)
-                    elif isinstance(ev, ChatDone):
-                        yield finish(ev.finish_reason, member_usage + [ev.usage], ev.served_by)
+    def __init__(self, chunks: ChunkMaker, info: dict, member_usage: list[dict], *, reduced: bool,
+                 include_usage: bool):
+        super().__init__(chunks, include_usage=include_usage)
+        self.info, self.member_usage, self.reduced = info, member_usage, reduced
 
-        async def body():
-            try:
-                yield chunks.role(0)
-                source = reduced(fan) if fan is not None else replay(run.chosen.outcome)
-                async with aclosing(source) as parts:
-                    async for part in parts:
-                        yield part
-                yield DONE
-            except GenerationError as exc:
-                yield sse(ApiError.from_generation(exc).body())
-                yield DONE
-            finally:
-                if fan is not None:
-                    await fan.close()
+    def finish(self, k: int, done: ChatDone) -> Chunks:
+        c = self.chunks
+        usage = self.member_usage + ([done.usage] if self.reduced else [])
+        out = sse({"id": c.id, "object": "chat.completion.chunk", "created": c.created, "model": MESH_MODEL,
+                   "system_fingerprint": done.served_by or None, "hydra_moa": self.info,
+                   "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": done.finish_reason}]})
+        return [out + (c.usage(sum_usage(usage)) if self.include_usage else b"")]
 
-        def interrupted(reason: str) -> bytes:
-            return sse(ApiError(503, f"stream ended: {reason}", "node_shutting_down").body()) + DONE
-
-        async def close() -> None:
-            if fan is not None:
-                await fan.close()
-
-        served = fan.served_by[0] if fan is not None else run.chosen.served_by
-        return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=close, headers=moa_headers(info, served))
+    def end(self) -> Chunks:
+        return [DONE]  # (the usage came with the finish)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from contextlib import aclosing
 from urllib.parse import unquote
 
 import trio
 
-from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart, sum_usage
+from hydra_node.api.answer import stream_answer
+from hydra_node.api.chat import sum_usage
 from hydra_node.api.errors import ApiError
 from hydra_node.api.fanout import StreamFanOut, run_all
 from hydra_node.api.router_api import RouterApi
@@ -27,7 +27,7 @@ from hydra_node.http.messages import served_by_header
 from hydra_node.http.server import Request, Response, StreamResponse
 from hydra_node.inference import GenerationError, GenerationRequest
 from hydra_node.moa.answers import MoaApi
-from hydra_node.openai.format import DONE, ChunkMaker, chat_choice, completion_choice, sse
+from hydra_node.openai.format import ChunkMaker, ChunkStream, chat_choice, completion_choice
 from hydra_node.openai.moa_chat import MoaChat
 from hydra_node.openai.parse import ParsedBody, expand, parse_body
 
@@ -139,43 +139,10 @@ class OpenAIApi:
             raise ApiError.from_generation(exc) from None
         chunks = ChunkMaker(req.request_id, req.model, int(time.time()), chat, logprobs=req.logprobs,
                             completion_top=parsed.completion_logprobs)
-
-        async def body():
-            try:
-                for k in range(len(reqs)):
-                    if chat:
-                        yield chunks.role(k)
-                    elif parsed.echo:
-                        yield chunks.text(k, self._echo_text(parsed, k) or "")
-                usages = []
-                async with aclosing(fan.events()) as events:
-                    async for k, ev in events:
-                        if isinstance(ev, ContentDelta):
-                            yield chunks.text(k, ev.text, ev.logprobs)
-                        elif isinstance(ev, ToolCallStart):
-                            yield chunks.tool_call_start(k, ev)
-                        elif isinstance(ev, ToolCallArguments):
-                            yield chunks.tool_call_arguments(k, ev.index, ev.text)
-                        elif isinstance(ev, ToolCallDelta) and not ev.call.streamed:  # streamed: already sent
-                            yield chunks.tool_call(k, ev.call)
-                        elif isinstance(ev, ChatDone):
-                            usages.append(ev.usage)
-                            yield chunks.finish(k, ev.finish_reason, ev.served_by)
-                if parsed.include_usage:
-                    yield chunks.usage(sum_usage(usages))
-                yield DONE
-            except GenerationError as exc:
-                yield sse(ApiError.from_generation(exc).body())
-                yield DONE
-            finally:
-                await fan.close()
-
-        def interrupted(reason: str) -> bytes:
-            return sse(ApiError(503, f"stream ended: {reason}", "node_shutting_down").body()) + DONE
-
+        echo = [self._echo_text(parsed, k) or "" for k in range(len(reqs))] if parsed.echo else None
+        fmt = ChunkStream(chunks, choices=len(reqs), include_usage=parsed.include_usage, echo=echo)
         hosts = ",".join(dict.fromkeys(h for h in fan.served_by if h))  # each host once, in choice order
-        return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=fan.close,
-                              headers=served_by_header(hosts))
+        return stream_answer(fan.events, fmt, close=fan.close, headers=served_by_header(hosts))
 
 
 def _method(request: Request, method: str) -> None:

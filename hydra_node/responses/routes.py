@@ -15,10 +15,9 @@ from collections.abc import Callable
 
 import trio
 
-from hydra_node.api.chat import (ChatDone, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart, complete_chat)
+from hydra_node.api.answer import stream_answer
 from hydra_node.http.server import Request, Response, StreamResponse
-from hydra_node.http.messages import served_by_header
-from hydra_node.moa.answers import MoaApi, open_chat_events
+from hydra_node.moa.answers import MoaApi, complete_answer, open_chat_events
 from hydra_node.api.errors import ApiError
 from hydra_node.api.router_api import RouterApi
 from hydra_node.responses.constraints import generation_request
@@ -26,8 +25,8 @@ from hydra_node.responses.output import (conversation_after, new_id, output_item
                                              usage_body)
 from hydra_node.responses.request import ResponsesCall, parse_responses_body
 from hydra_node.responses.store import ResponsesStore
-from hydra_node.responses.stream import ResponseEventStream, sse
-from hydra_node.inference import GenerationError, GenerationRequest
+from hydra_node.responses.stream import ResponseEventStream, ResponseStreamFormatter
+from hydra_node.inference import GenerationRequest
 
 __all__ = ["ResponsesApi"]
 
@@ -98,15 +97,7 @@ class ResponsesApi:
             self.store.put(body["id"], conversation_after(call, body["output"]), body)
 
     async def _complete(self, call: ResponsesCall, req: GenerationRequest, resp_id: str, created: int) -> Response:
-        headers: list[tuple[str, str]] | None = None
-        try:
-            if self._mesh(req.model):
-                assert self.moa is not None  # _mesh() checked it
-                out, _, headers = await self.moa.answer(req)  # the mixture of agents' answer
-            else:
-                out = await complete_chat(self.router, req)
-        except GenerationError as exc:
-            raise ApiError.from_generation(exc) from None
+        out, headers = await complete_answer(self.router, self.moa, req)  # model "mesh": the mixture's answer
         output = output_items(out.content, out.tool_calls, out.finish_reason,
                               logprobs=out.logprobs if call.logprobs else None)
         for item, made in zip([o for o in output if o["type"] == "function_call"], out.tool_calls):
@@ -116,40 +107,12 @@ class ResponsesApi:
         body = response_body(call, resp_id, created, status=status, output=output, usage=usage_body(out.usage),
                              incomplete=incomplete)
         self._remember(call, body)
-        return Response.json(200, body, headers if headers is not None else served_by_header(out.served_by))
+        return Response.json(200, body, headers)
 
     async def _stream(self, call: ResponsesCall, req: GenerationRequest, resp_id: str,
                       created: int, nursery: trio.Nursery | None) -> StreamResponse:
         # Open the generation before answering 200, so routing errors get a proper status.
         events, close, headers = await open_chat_events(self.router, self.moa, req, nursery)
-        builder = ResponseEventStream(call, resp_id, created)
-
-        async def body():
-            try:
-                for ev in builder.start():
-                    yield sse(ev)
-                async for _, ev in events():
-                    if isinstance(ev, ContentDelta):
-                        out = builder.text(ev.text, ev.logprobs)
-                    elif isinstance(ev, ToolCallStart):
-                        out = builder.call_start(ev)
-                    elif isinstance(ev, ToolCallArguments):
-                        out = builder.call_arguments(ev.text)
-                    elif isinstance(ev, ToolCallDelta):
-                        out = builder.tool_call(ev.call)
-                    elif isinstance(ev, ChatDone):
-                        out = builder.finish(ev.finish_reason, ev.usage)
-                        self._remember(call, builder.final)
-                    for e in out:
-                        yield sse(e)
-            except GenerationError as exc:
-                for e in builder.fail(exc.message, exc.status):
-                    yield sse(e)
-            finally:
-                await close()
-
-        def interrupted(reason: str) -> bytes:
-            return b"".join(sse(e) for e in builder.fail(f"stream ended: {reason}", 503))
-
-        return StreamResponse(200, body(), on_interrupt=interrupted, finalizer=close, headers=headers)
-
+        fmt = ResponseStreamFormatter(ResponseEventStream(call, resp_id, created),
+                                      lambda final: self._remember(call, final))
+        return stream_answer(events, fmt, close=close, headers=headers)

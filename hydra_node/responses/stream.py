@@ -23,7 +23,8 @@ At ``max_output_tokens`` OpenAI ends with ``response.incomplete``; here the stre
 with ``response.completed`` (the response says ``incomplete``), so the SDKs' stream helpers
 (``get_final_response()``, the Agents SDK) return the partial response instead of raising.
 
-:func:`sse` frames an event as ``event: TYPE`` / ``data: JSON``.
+:func:`sse` frames an event as ``event: TYPE`` / ``data: JSON``; :class:`ResponseStreamFormatter`
+is the builder as the streamed answer's formatter (:mod:`hydra_node.api.answer`).
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from hydra_node.api.answer import Chunks
+from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments, ToolCallStart
+from hydra_node.grammar.toolcalls import ParsedToolCall
 from hydra_node.responses.output import (CallLike, call_item, delta_logprobs, message_item, new_id, response_body,
                                              response_status, usage_body)
 from hydra_node.responses.request import ResponsesCall
-from hydra_node.inference import TokenLogprob
+from hydra_node.inference import GenerationError, TokenLogprob
 
-__all__ = ["FAILED_CODES", "ResponseEventStream", "sse"]
+__all__ = ["FAILED_CODES", "ResponseEventStream", "ResponseStreamFormatter", "sse"]
 
 #: ``response.error.code`` values OpenAI's schema allows; every other failure is a server_error.
 FAILED_CODES = {429: "rate_limit_exceeded"}
@@ -138,7 +142,7 @@ class ResponseEventStream:
                                   content_index=0, delta=delta, logprobs=delta_logprobs(sent)))
         return events
 
-    def call_start(self, call: CallLike) -> list[dict]:
+    def call_start(self, call: CallLike | ToolCallStart) -> list[dict]:
         """A streamed call begins (``call.arguments`` is not read): its item, ``in_progress``."""
         if self.done or self._call is not None:
             return []
@@ -196,3 +200,42 @@ class ResponseEventStream:
         self.final = self._response("failed", error={"code": FAILED_CODES.get(status, "server_error"),
                                                      "message": message})
         return [self._event("response.failed", response=self.final)]
+
+
+class ResponseStreamFormatter:
+    """A streamed response (:class:`hydra_node.api.answer.StreamFormatter`): ``builder``'s events
+    per chat event, each framed on its own; ``finished`` gets the final response (to store it).
+    A failure or a drain is ``response.failed``."""
+
+    def __init__(self, builder: ResponseEventStream, finished: Callable[[dict], None]):
+        self.builder, self.finished = builder, finished
+
+    def start(self) -> Chunks:
+        return [sse(e) for e in self.builder.start()]
+
+    def text(self, k: int, delta: ContentDelta) -> Chunks:
+        return [sse(e) for e in self.builder.text(delta.text, delta.logprobs)]
+
+    def tool_call_start(self, k: int, start: ToolCallStart) -> Chunks:
+        return [sse(e) for e in self.builder.call_start(start)]
+
+    def tool_call_arguments(self, k: int, fragment: ToolCallArguments) -> Chunks:
+        return [sse(e) for e in self.builder.call_arguments(fragment.text)]
+
+    def tool_call(self, k: int, call: ParsedToolCall) -> Chunks:
+        return [sse(e) for e in self.builder.tool_call(call)]
+
+    def finish(self, k: int, done: ChatDone) -> Chunks:
+        events = self.builder.finish(done.finish_reason, done.usage)
+        assert self.builder.final is not None  # (finished)
+        self.finished(self.builder.final)
+        return [sse(e) for e in events]
+
+    def end(self) -> Chunks:
+        return []
+
+    def error(self, exc: GenerationError) -> Chunks:
+        return [sse(e) for e in self.builder.fail(exc.message, exc.status)]
+
+    def interrupted(self, reason: str) -> bytes:
+        return b"".join(sse(e) for e in self.builder.fail(f"stream ended: {reason}", 503))
