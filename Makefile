@@ -27,7 +27,7 @@ STAMP := $(VENV)/.hydra-installed-$(FLAVOUR)
 PUMP_SO := hydra_node/native/_pump.so
 CC ?= cc
 
-.PHONY: install serve test test-fast bench clean lint
+.PHONY: install serve test test-fast bench clean lint format
 
 install: $(STAMP) $(PUMP_SO)
 
@@ -65,10 +65,16 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not live"
 
-# ruff with the rule set in pyproject.toml ([tool.ruff.lint]), then mypy on what [tool.mypy] names.
+# ruff with the rule set in pyproject.toml ([tool.ruff.lint]), the formatter's check, then mypy on
+# what [tool.mypy] names. `make format` rewrites the files the check would refuse.
+LINTED := hydra_node tests bench protocol
 lint: install
-	$(VENV)/bin/ruff check hydra_node tests bench protocol
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
 	$(PY) -m mypy
+
+format: install
+	$(VENV)/bin/ruff format $(LINTED)
 
 bench: install
 	$(PY) bench/api_overhead.py

@@ -22,8 +22,10 @@ def stream_completion(port: int, body: dict, path: str = "/v1/completions") -> t
     payload = json.dumps(body).encode()
     t0 = time.perf_counter()
     with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        s.sendall(
+            b"POST " + path.encode() + b" HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
+        )
         buf = b""
         t_first = t_last = None
         tokens = 0
@@ -32,7 +34,7 @@ def stream_completion(port: int, body: dict, path: str = "/v1/completions") -> t
             if not chunk:
                 raise RuntimeError(f"connection closed early: {buf[-500:]!r}")
             now = time.perf_counter()
-            if t_first is None and b'"text":"' in chunk and b'"text":""' not in chunk.split(b"data: ")[-1][:0] :
+            if t_first is None and b'"text":"' in chunk and b'"text":""' not in chunk.split(b"data: ")[-1][:0]:
                 t_first = now
             t_last = now
             buf += chunk
@@ -78,7 +80,9 @@ def sse_events(port: int, body: dict, timeout_s: float, path: str = "/v1/chat/co
         conn.close()
 
 
-def stream_chat(port: int, body: dict, timeout_s: float, path: str = "/v1/chat/completions") -> tuple[float, float, int]:
+def stream_chat(
+    port: int, body: dict, timeout_s: float, path: str = "/v1/chat/completions"
+) -> tuple[float, float, int]:
     """POST a streaming chat request to 127.0.0.1 (any server: chunked or not). Returns
     (ttft_s, latency_s, completion_tokens): TTFT at the first non-empty content delta; tokens
     from the final `usage` chunk, else the number of content deltas. Raises as :func:`sse_events`."""

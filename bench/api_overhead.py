@@ -31,8 +31,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
-                    help="llama.cpp threads on both sides (default: half the cores, like llama-cpp-python)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=max(1, (os.cpu_count() or 2) // 2),
+        help="llama.cpp threads on both sides (default: half the cores, like llama-cpp-python)",
+    )
     args = ap.parse_args()
 
     import llama_cpp
@@ -40,11 +44,14 @@ def main() -> None:
 
     home = Path(tempfile.mkdtemp(prefix="hydra-bench-"))
     cfg = home / "hydra.toml"
-    cfg.write_text(f"[defaults.throughput]\nthreads = {args.threads}\nthreads_batch = {args.threads}\n"
-                   f"[defaults.model_fit]\nctx_size = 2048\n")
+    cfg.write_text(
+        f"[defaults.throughput]\nthreads = {args.threads}\nthreads_batch = {args.threads}\n"
+        f"[defaults.model_fit]\nctx_size = 2048\n"
+    )
     node = NodeProcess(home / "node", "--config", str(cfg)).start()
-    llm = llama_cpp.Llama(str(bundled_model_path()), n_ctx=2048, n_threads=args.threads,
-                          n_threads_batch=args.threads, verbose=False)
+    llm = llama_cpp.Llama(
+        str(bundled_model_path()), n_ctx=2048, n_threads=args.threads, n_threads_batch=args.threads, verbose=False
+    )
     res = {"direct": {"ttft": [], "tps": []}, "node": {"ttft": [], "tps": []}}
 
     def direct(prompt):
@@ -60,8 +67,10 @@ def main() -> None:
         return t_first - t0, t_last - t_first, n
 
     def via_node(prompt):
-        return stream_completion(node.api_port, {"model": BUNDLED_MODEL_ID, "prompt": prompt,
-                                                 "max_tokens": args.max_tokens, "temperature": 0})
+        return stream_completion(
+            node.api_port,
+            {"model": BUNDLED_MODEL_ID, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0},
+        )
 
     try:
         for p in PROMPTS:  # warm both sides once
@@ -79,8 +88,10 @@ def main() -> None:
     finally:
         node.kill_all()
     d, n = res["direct"], res["node"]
-    print(f"samples per side: {len(d['ttft'])} ({args.rounds} rounds x {len(PROMPTS)} prompts, "
-          f"max_tokens={args.max_tokens}, threads={args.threads})")
+    print(
+        f"samples per side: {len(d['ttft'])} ({args.rounds} rounds x {len(PROMPTS)} prompts, "
+        f"max_tokens={args.max_tokens}, threads={args.threads})"
+    )
     print(f"{'':8} {'decode tok/s (median)':>22} {'TTFT ms (median)':>18}")
     for name, v in res.items():
         print(f"{name:8} {median(v['tps']):22.1f} {median(v['ttft']):18.1f}")

@@ -51,10 +51,21 @@ BUILD_TIMEOUT_S = 3600
 DOWNLOAD_TIMEOUT_S = 600
 #: The flags of the wheel (Makefile: -DGGML_RPC=on -DGGML_NATIVE=off, Release), plus what a
 #: standalone llama-server needs and must not do (no curl, no OpenSSL, no UI download or npm).
-CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_RPC=ON", "-DLLAMA_CURL=OFF",
-               "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON",
-               "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_UI=OFF",
-               "-DLLAMA_USE_PREBUILT_UI=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DFETCHCONTENT_FULLY_DISCONNECTED=ON"]
+CMAKE_FLAGS = [
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_RPC=ON",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
+]
 
 
 def llama_cpp_version() -> str:
@@ -102,20 +113,46 @@ def ensure_llama_server(version: str) -> Path:
     t0 = time.monotonic()
     try:
         with open(cache / "build.log", "wb") as log:
-            _run_logged([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
-                         "--no-binary", ":all:", "--no-deps", "-d", str(work),
-                         f"llama-cpp-python=={version}"], log, work, DOWNLOAD_TIMEOUT_S,
-                        f"downloading the llama-cpp-python {version} sdist")
+            _run_logged(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "-q",
+                    "--disable-pip-version-check",
+                    "--no-binary",
+                    ":all:",
+                    "--no-deps",
+                    "-d",
+                    str(work),
+                    f"llama-cpp-python=={version}",
+                ],
+                log,
+                work,
+                DOWNLOAD_TIMEOUT_S,
+                f"downloading the llama-cpp-python {version} sdist",
+            )
             sdist = next(work.glob("llama_cpp_python-*.tar.gz"))
             print(f"==> unpacking {sdist.name}", flush=True)
             with tarfile.open(sdist) as tar:
                 tar.extractall(work, filter="data")
             src = work / sdist.name.removesuffix(".tar.gz") / "vendor" / "llama.cpp"
-            _run_logged(["cmake", "-S", str(src), "-B", str(work / "build"), *CMAKE_FLAGS], log, work,
-                        BUILD_TIMEOUT_S, "configuring llama.cpp")
+            _run_logged(
+                ["cmake", "-S", str(src), "-B", str(work / "build"), *CMAKE_FLAGS],
+                log,
+                work,
+                BUILD_TIMEOUT_S,
+                "configuring llama.cpp",
+            )
             jobs = str(max(1, os.cpu_count() or 1))
-            _run_logged(["cmake", "--build", str(work / "build"), "--target", "llama-server", "-j", jobs],
-                        log, work, BUILD_TIMEOUT_S, "building llama-server (5 to 25 minutes on 2 cores, once)")
+            _run_logged(
+                ["cmake", "--build", str(work / "build"), "--target", "llama-server", "-j", jobs],
+                log,
+                work,
+                BUILD_TIMEOUT_S,
+                "building llama-server (5 to 25 minutes on 2 cores, once)",
+            )
         built = work / "build" / "bin" / "llama-server"
         shutil.copy2(built, cache / "llama-server.partial")
         os.replace(cache / "llama-server.partial", binary)
@@ -132,23 +169,46 @@ def ensure_llama_server(version: str) -> Path:
 REQUEST_TIMEOUT_S = 300.0
 SERVER_START_TIMEOUT_S = 120.0
 SIDES = ("hydra", "llama-server")
-TOPICS = ["why the sky is blue", "how a bicycle stays upright", "the history of the printing press",
-          "how bread rises", "what a compiler does", "why leaves change colour", "how tides work",
-          "what a black hole is", "how vaccines train the immune system", "why cats purr",
-          "how a refrigerator keeps food cold", "what makes a good password", "how bees make honey",
-          "why the ocean is salty", "how a rainbow forms", "what photosynthesis is",
-          "how trains switch tracks", "why we dream", "how a violin makes sound", "what inflation is"]
+TOPICS = [
+    "why the sky is blue",
+    "how a bicycle stays upright",
+    "the history of the printing press",
+    "how bread rises",
+    "what a compiler does",
+    "why leaves change colour",
+    "how tides work",
+    "what a black hole is",
+    "how vaccines train the immune system",
+    "why cats purr",
+    "how a refrigerator keeps food cold",
+    "what makes a good password",
+    "how bees make honey",
+    "why the ocean is salty",
+    "how a rainbow forms",
+    "what photosynthesis is",
+    "how trains switch tracks",
+    "why we dream",
+    "how a violin makes sound",
+    "what inflation is",
+]
 
 
 def chat_body(model: str, prompt: str, max_tokens: int) -> dict:
-    return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "seed": 42}
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": 42,
+    }
 
 
 def prompts_for(level: int, round_no: int, side_no: int) -> list[str]:
     """Distinct prompts for every client and round (and side, where sides share one model)."""
-    return [f"Question {round_no}.{side_no}.{i}: explain in a few sentences "
-            f"{TOPICS[(round_no * level + i) % len(TOPICS)]}." for i in range(level)]
+    return [
+        f"Question {round_no}.{side_no}.{i}: explain in a few sentences {TOPICS[(round_no * level + i) % len(TOPICS)]}."
+        for i in range(level)
+    ]
 
 
 def run_wave(port: int, bodies: list[dict]) -> tuple[float, list[tuple[float, float, int]], list[str]]:
@@ -182,12 +242,37 @@ def free_port() -> int:
 class LlamaServer:
     """`llama-server` on 127.0.0.1, ready once /health answers 200; killed by stop()."""
 
-    def __init__(self, binary: Path, model: Path, parallel: int, ctx: int, threads: int, log_dir: Path,
-                 device: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        binary: Path,
+        model: Path,
+        parallel: int,
+        ctx: int,
+        threads: int,
+        log_dir: Path,
+        device: tuple[str, ...] = (),
+    ):
         self.parallel = self.requested_slots = parallel
         self.port = free_port()
-        self.cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-                    "-np", str(parallel), "-cb", "-c", str(ctx), "-t", str(threads), "-tb", str(threads), *device]
+        self.cmd = [
+            str(binary),
+            "-m",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "-np",
+            str(parallel),
+            "-cb",
+            "-c",
+            str(ctx),
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+            *device,
+        ]
         self.log_path = log_dir / f"llama-server-np{parallel}.log"
 
     def start(self) -> LlamaServer:
@@ -196,8 +281,10 @@ class LlamaServer:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.proc.returncode}: "
-                                   f"{self.log_path.read_text(errors='replace')[-2000:]}")
+                raise RuntimeError(
+                    f"llama-server exited with {self.proc.returncode}: "
+                    f"{self.log_path.read_text(errors='replace')[-2000:]}"
+                )
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
             try:
                 conn.request("GET", "/health")
@@ -225,8 +312,9 @@ class LlamaServer:
 class HydraServer:
     """`hydra-node serve` (bench/_common.py NodeProcess) with a generated config file."""
 
-    def __init__(self, home: Path, parallel: int, ctx: int, threads: int, extra: tuple[str, ...] = (),
-                 device_toml: str = ""):
+    def __init__(
+        self, home: Path, parallel: int, ctx: int, threads: int, extra: tuple[str, ...] = (), device_toml: str = ""
+    ):
         self.home, self.requested, self.ctx, self.threads, self.extra = home, parallel, ctx, threads, extra
         self.device_toml = device_toml
         self.parallel, self.requested_slots, self.note = parallel, parallel, ""
@@ -234,8 +322,10 @@ class HydraServer:
     def _config(self, parallel: int | None) -> Path:
         cfg = self.home.parent / f"{self.home.name}.toml"
         slots = f"parallel = {parallel}\n" if parallel is not None else ""
-        cfg.write_text(f"[defaults.throughput]\nthreads = {self.threads}\nthreads_batch = {self.threads}\n{slots}"
-                       f"[defaults.model_fit]\nctx_size = {self.ctx}\n{self.device_toml}")
+        cfg.write_text(
+            f"[defaults.throughput]\nthreads = {self.threads}\nthreads_batch = {self.threads}\n{slots}"
+            f"[defaults.model_fit]\nctx_size = {self.ctx}\n{self.device_toml}"
+        )
         return cfg
 
     def start(self) -> HydraServer:
@@ -245,8 +335,9 @@ class HydraServer:
             if self.requested == 1 or "parallel" not in str(exc):
                 raise
             refusal = next((line.strip() for line in str(exc).splitlines() if "parallel" in line), str(exc))[:200]
-            self.node = NodeProcess(self.home.with_name(self.home.name + "-default"), "--config",
-                                    str(self._config(None)), *self.extra).start()
+            self.node = NodeProcess(
+                self.home.with_name(self.home.name + "-default"), "--config", str(self._config(None)), *self.extra
+            ).start()
             from hydra_node.config import ThroughputSection
 
             self.parallel = ThroughputSection().parallel
@@ -280,12 +371,19 @@ class Samples:
             self.latency += [r[1] * 1000 for r in results]
 
     def row(self) -> dict:
-        return {"agg": median(self.agg), "ttft50": percentile(self.ttft, 50), "ttft95": percentile(self.ttft, 95),
-                "lat95": percentile(self.latency, 95), "rss": self.rss / 2**20, "errors": len(self.errors)}
+        return {
+            "agg": median(self.agg),
+            "ttft50": percentile(self.ttft, 50),
+            "ttft95": percentile(self.ttft, 95),
+            "lat95": percentile(self.latency, 95),
+            "rss": self.rss / 2**20,
+            "errors": len(self.errors),
+        }
 
 
-def measure(servers: dict, level: int, rounds: int, max_tokens: int, model_id: str, level_no: int,
-            shared_model: bool = False) -> dict:
+def measure(
+    servers: dict, level: int, rounds: int, max_tokens: int, model_id: str, level_no: int, shared_model: bool = False
+) -> dict:
     """Interleaved rounds at ``level`` clients over ``servers`` {name: server}; RSS after load.
     Each side gets the same prompts, unless the sides share one model (``shared_model``: a
     prefix cache would then favour the side that goes second)."""
@@ -307,12 +405,16 @@ def measure(servers: dict, level: int, rounds: int, max_tokens: int, model_id: s
 
 
 def fmt_row(level: int, name: str, slots: int, row: dict) -> str:
-    return (f"{level:>6} {name:>13} {slots:>5} {row['agg']:>10.1f} {row['ttft50']:>10.0f} {row['ttft95']:>10.0f} "
-            f"{row['lat95']:>10.0f} {row['rss']:>8.0f} {row['errors']:>6}")
+    return (
+        f"{level:>6} {name:>13} {slots:>5} {row['agg']:>10.1f} {row['ttft50']:>10.0f} {row['ttft95']:>10.0f} "
+        f"{row['lat95']:>10.0f} {row['rss']:>8.0f} {row['errors']:>6}"
+    )
 
 
-HEADER = (f"{'level':>6} {'side':>13} {'slots':>5} {'agg tok/s':>10} {'TTFT p50':>10} {'TTFT p95':>10} "
-          f"{'lat p95':>10} {'RSS MiB':>8} {'errors':>6}   (times in ms)")
+HEADER = (
+    f"{'level':>6} {'side':>13} {'slots':>5} {'agg tok/s':>10} {'TTFT p50':>10} {'TTFT p95':>10} "
+    f"{'lat p95':>10} {'RSS MiB':>8} {'errors':>6}   (times in ms)"
+)
 
 
 def ratio(a: float, b: float) -> float:
@@ -331,8 +433,11 @@ def report(table: dict, slots: dict, notes: list[str]) -> None:
         return
     print("\nratios hydra / llama-server:")
     agg = {lv: ratio(r["hydra"]["agg"], r["llama-server"]["agg"]) for lv, r in both.items()}
-    print("  aggregate tok/s: " + ", ".join(f"{lv} clients {x:.2f}x" for lv, x in agg.items())
-          + "   (goal >= 1.0 at every level)")
+    print(
+        "  aggregate tok/s: "
+        + ", ".join(f"{lv} clients {x:.2f}x" for lv, x in agg.items())
+        + "   (goal >= 1.0 at every level)"
+    )
     ttft = {lv: ratio(r["hydra"]["ttft95"], r["llama-server"]["ttft95"]) for lv, r in both.items() if lv in (8, 16)}
     if ttft:
         print("  TTFT p95: " + ", ".join(f"{lv} clients {x:.2f}x" for lv, x in ttft.items()) + "   (goal <= 1.2)")
@@ -377,11 +482,19 @@ def run_levels(args, binary: Path | None, root: Path) -> None:
                     srv.stop()
                 print(f"starting {name} with {want} slot(s)", flush=True)
                 if name == "hydra":
-                    srv = HydraServer(root / f"hydra-p{want}", want, args.ctx, args.threads,
-                                      device_toml=hydra_device_toml(args)).start()
+                    srv = HydraServer(
+                        root / f"hydra-p{want}", want, args.ctx, args.threads, device_toml=hydra_device_toml(args)
+                    ).start()
                 else:
-                    srv = LlamaServer(binary, bundled_model_path(), want, args.ctx, args.threads, root,
-                                      device=llama_server_device_args(args)).start()
+                    srv = LlamaServer(
+                        binary,
+                        bundled_model_path(),
+                        want,
+                        args.ctx,
+                        args.threads,
+                        root,
+                        device=llama_server_device_args(args),
+                    ).start()
                 running[name] = srv
             servers = {name: running[name] for name in sides}
             notes += [s.note for s in servers.values() if getattr(s, "note", "")]
@@ -404,13 +517,14 @@ def run_mesh(args, root: Path, clients: int = 8) -> None:
     host = HydraServer(root / "mesh-host", want, args.ctx, args.threads, device_toml=hydra_device_toml(args)).start()
     peer = None
     try:
-        peer = HydraServer(root / "mesh-peer", 1, args.ctx, args.threads,
-                           ("--no-model", "--join", host.node.invite())).start()
-        peer.node.wait_status(lambda st: any(p["state"] == "alive" for p in st["peers"]), timeout=60,
-                              what="the peer sees the host alive")
+        peer = HydraServer(
+            root / "mesh-peer", 1, args.ctx, args.threads, ("--no-model", "--join", host.node.invite())
+        ).start()
+        peer.node.wait_status(
+            lambda st: any(p["state"] == "alive" for p in st["peers"]), timeout=60, what="the peer sees the host alive"
+        )
         print(f"measuring {clients} clients at the host vs through the mesh, {args.rounds} round(s)", flush=True)
-        rows = measure({"at host": host, "via peer": peer}, clients, args.rounds, args.max_tokens,
-                       BUNDLED_MODEL_ID, 0)
+        rows = measure({"at host": host, "via peer": peer}, clients, args.rounds, args.max_tokens, BUNDLED_MODEL_ID, 0)
     finally:
         host.stop()
         if peer is not None:
@@ -428,17 +542,31 @@ def main() -> None:
     ap.add_argument("--levels", default="1,2,4,8,16", help="concurrent clients per level (default 1,2,4,8,16)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per level (default 3)")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
-                    help="llama.cpp threads on both sides (default: half the cores)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=max(1, (os.cpu_count() or 2) // 2),
+        help="llama.cpp threads on both sides (default: half the cores)",
+    )
     ap.add_argument("--ctx", type=int, default=4096, help="total context on both sides (llama-server -c)")
-    ap.add_argument("--parallel", type=int, default=0,
-                    help="slots on both sides (llama-server -np, hydra [defaults.throughput] parallel); "
-                         "default: the number of clients at each level")
-    ap.add_argument("--gpu-layers", type=int, metavar="N",
-                    help="layers offloaded to a GPU on both sides (llama-server -ngl, hydra gpu_layers); "
-                         "default: each side's own")
-    ap.add_argument("--flash-attn", choices=("on", "off", "auto"),
-                    help="flash attention on both sides (llama-server -fa, hydra flash_attention); default: each side's own")
+    ap.add_argument(
+        "--parallel",
+        type=int,
+        default=0,
+        help="slots on both sides (llama-server -np, hydra [defaults.throughput] parallel); "
+        "default: the number of clients at each level",
+    )
+    ap.add_argument(
+        "--gpu-layers",
+        type=int,
+        metavar="N",
+        help="layers offloaded to a GPU on both sides (llama-server -ngl, hydra gpu_layers); default: each side's own",
+    )
+    ap.add_argument(
+        "--flash-attn",
+        choices=("on", "off", "auto"),
+        help="flash attention on both sides (llama-server -fa, hydra flash_attention); default: each side's own",
+    )
     ap.add_argument("--only", choices=SIDES, help="measure one side only (no ratios)")
     ap.add_argument("--mesh", action="store_true", help="also: 8 clients through a joined node vs at the host")
     ap.add_argument("--llama-server", type=Path, metavar="PATH", help="use this binary instead of building one")
@@ -448,8 +576,15 @@ def main() -> None:
         args.levels = [int(x) for x in args.levels.split(",") if x.strip()]
     except ValueError:
         ap.error(f"--levels must be comma-separated integers, not {args.levels!r}")
-    if not args.levels or min(args.levels) < 1 or args.rounds < 1 or args.max_tokens < 1 or args.threads < 1 \
-            or args.parallel < 0 or args.ctx < 128:
+    if (
+        not args.levels
+        or min(args.levels) < 1
+        or args.rounds < 1
+        or args.max_tokens < 1
+        or args.threads < 1
+        or args.parallel < 0
+        or args.ctx < 128
+    ):
         ap.error("levels, rounds, max tokens and threads must be >= 1, --parallel >= 0, --ctx >= 128")
     if args.mesh and args.only == "llama-server":
         ap.error("--mesh measures hydra-node; it cannot go with --only llama-server")
@@ -461,8 +596,11 @@ def main() -> None:
     if args.build_only:
         return
     root = Path(tempfile.mkdtemp(prefix="hydra-bench-concurrency-"))
-    print(f"levels={args.levels} rounds={args.rounds} max_tokens={args.max_tokens} threads={args.threads} "
-          f"ctx={args.ctx} slots={args.parallel or 'clients per level'} logs in {root}", flush=True)
+    print(
+        f"levels={args.levels} rounds={args.rounds} max_tokens={args.max_tokens} threads={args.threads} "
+        f"ctx={args.ctx} slots={args.parallel or 'clients per level'} logs in {root}",
+        flush=True,
+    )
     run_levels(args, binary, root)
     if args.mesh:
         run_mesh(args, root)

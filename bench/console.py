@@ -51,8 +51,12 @@ async def floor_ms(browser, port: int) -> float:
 
 
 def load(port: int, stop: threading.Event) -> None:
-    body = {"model": BUNDLED_MODEL_ID, "messages": [{"role": "user", "content": "Count to fifty."}],
-            "max_tokens": 64, "temperature": 0}
+    body = {
+        "model": BUNDLED_MODEL_ID,
+        "messages": [{"role": "user", "content": "Count to fifty."}],
+        "max_tokens": 64,
+        "temperature": 0,
+    }
     while not stop.is_set():
         try:
             stream_chat(port, body, timeout_s=300)
@@ -67,7 +71,10 @@ async def run(rounds: int, chromium: str, node: NodeProcess) -> dict:
         await console_ms(browser, port)  # warm the browser once
         for loaded in (False, True):
             stop = threading.Event()
-            threads = [threading.Thread(target=load, args=(node.api_port, stop), daemon=True) for _ in range(4 if loaded else 0)]
+            threads = [
+                threading.Thread(target=load, args=(node.api_port, stop), daemon=True)
+                for _ in range(4 if loaded else 0)
+            ]
             for t in threads:
                 t.start()
             if loaded:
@@ -75,7 +82,7 @@ async def run(rounds: int, chromium: str, node: NodeProcess) -> dict:
             tag = "load" if loaded else "idle"
             for i in range(rounds):
                 pair = [("console", console_ms), ("floor", floor_ms)]
-                for name, fn in (pair if i % 2 == 0 else pair[::-1]):
+                for name, fn in pair if i % 2 == 0 else pair[::-1]:
                     out[f"{name}_{tag}"].append(await fn(browser, port))
             stop.set()
             for t in threads:
@@ -83,7 +90,9 @@ async def run(rounds: int, chromium: str, node: NodeProcess) -> dict:
         page = await browser.new_page()
         await page.goto(f"http://127.0.0.1:{port}/#overview")
         await page.wait_for("document.body.dataset.ready === '1'")
-        out["payload"] = await page.evaluate("""[performance.getEntriesByType('navigation')[0], ...performance.getEntriesByType('resource')]
+        out[
+            "payload"
+        ] = await page.evaluate("""[performance.getEntriesByType('navigation')[0], ...performance.getEntriesByType('resource')]
           .filter((e) => new URL(e.name).pathname === '/' || new URL(e.name).pathname.startsWith('/console/'))
           .reduce((a, e) => a + e.decodedBodySize, 0)""")
     return out
@@ -105,12 +114,18 @@ def main() -> None:
     print(f"first render with data, {args.rounds} fresh pages each (ms from navigation start)")
     for k in ("console_idle", "floor_idle", "console_load", "floor_load"):
         print(f"  {k:<13} {row(k)}")
-    print(f"console / floor: idle x{median(r['console_idle']) / median(r['floor_idle']):.2f}, "
-          f"loaded x{median(r['console_load']) / median(r['floor_load']):.2f}")
-    print(f"loaded / idle: console x{median(r['console_load']) / median(r['console_idle']):.2f}, "
-          f"floor x{median(r['floor_load']) / median(r['floor_idle']):.2f}")
-    print(f"goal < {GOAL_MS:.0f} ms: idle median {'met' if median(r['console_idle']) < GOAL_MS else 'NOT met'}, "
-          f"loaded median {'met' if median(r['console_load']) < GOAL_MS else 'NOT met'}")
+    print(
+        f"console / floor: idle x{median(r['console_idle']) / median(r['floor_idle']):.2f}, "
+        f"loaded x{median(r['console_load']) / median(r['floor_load']):.2f}"
+    )
+    print(
+        f"loaded / idle: console x{median(r['console_load']) / median(r['console_idle']):.2f}, "
+        f"floor x{median(r['floor_load']) / median(r['floor_idle']):.2f}"
+    )
+    print(
+        f"goal < {GOAL_MS:.0f} ms: idle median {'met' if median(r['console_idle']) < GOAL_MS else 'NOT met'}, "
+        f"loaded median {'met' if median(r['console_load']) < GOAL_MS else 'NOT met'}"
+    )
     print(f"payload: {r['payload']} bytes uncompressed (goal <= {200 * 1024})")
     print(json.dumps({k: [round(x, 1) for x in v] for k, v in r.items() if isinstance(v, list)}))
 

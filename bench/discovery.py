@@ -123,10 +123,32 @@ def bench_mdns_netns(runs: int, n: int) -> None:
         for _ in range(runs):
             port = str(random.randrange(20000, 60000))
             t0 = time.monotonic()
-            procs = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "hydra_node.discovery.mdns.probe",
-                                       "--interface", f"10.79.0.{i}", "--port", port, "--expect", str(n - 1),
-                                       "--timeout", "15", "--linger", "1.5"], stdout=subprocess.PIPE, cwd=ROOT)
-                     for i, ns in enumerate(hosts, start=1)]
+            procs = [
+                subprocess.Popen(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        ns,
+                        sys.executable,
+                        "-m",
+                        "hydra_node.discovery.mdns.probe",
+                        "--interface",
+                        f"10.79.0.{i}",
+                        "--port",
+                        port,
+                        "--expect",
+                        str(n - 1),
+                        "--timeout",
+                        "15",
+                        "--linger",
+                        "1.5",
+                    ],
+                    stdout=subprocess.PIPE,
+                    cwd=ROOT,
+                )
+                for i, ns in enumerate(hosts, start=1)
+            ]
             results = [json.loads(p.communicate(timeout=30)[0].decode().strip().splitlines()[-1]) for p in procs]
             wall.append(time.monotonic() - t0 - 1.5)
             if all(r["ok"] for r in results):

@@ -41,8 +41,12 @@ BODY = {"model": BUNDLED_MODEL_ID, "prompt": "1, 2,", "max_tokens": 1, "temperat
 
 
 def start_relay() -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "discovery" / "local_relay_process.py")],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "discovery" / "local_relay_process.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     return proc, proc.stdout.readline().strip()
 
 
@@ -67,8 +71,12 @@ def one_run(home: Path, args: list[str]) -> dict:
         t_ok = time.perf_counter()
         auto = b.status()["discovery"]["auto_result"]
         b.stop()
-        return {"ready": t_ready - t0, "first_ok": t_ok - t0, "discovery": auto["discovery_s"],
-                "outcome": f"{auto['outcome']}/{auto.get('chosen', {}).get('source')}"}
+        return {
+            "ready": t_ready - t0,
+            "first_ok": t_ok - t0,
+            "discovery": auto["discovery_s"],
+            "outcome": f"{auto['outcome']}/{auto.get('chosen', {}).get('source')}",
+        }
     finally:
         b.kill_all()
 
@@ -76,11 +84,14 @@ def one_run(home: Path, args: list[str]) -> dict:
 def summary(name: str, rows: list[dict]) -> None:
     def med(k):
         return statistics.median(r[k] for r in rows)
+
     fo = sorted(r["first_ok"] for r in rows)
-    print(f"{name:<12} n={len(rows)}  spawn->ready median {med('ready'):.2f} s   spawn->first 200 median "
-          f"{med('first_ok'):.2f} s (min {fo[0]:.2f}, max {fo[-1]:.2f}; goal {GOAL_S:.0f} s: ratio "
-          f"{med('first_ok') / GOAL_S:.2f})   discovery phase median {med('discovery') * 1000:.0f} ms   "
-          f"outcomes {sorted({r['outcome'] for r in rows})}")
+    print(
+        f"{name:<12} n={len(rows)}  spawn->ready median {med('ready'):.2f} s   spawn->first 200 median "
+        f"{med('first_ok'):.2f} s (min {fo[0]:.2f}, max {fo[-1]:.2f}; goal {GOAL_S:.0f} s: ratio "
+        f"{med('first_ok') / GOAL_S:.2f})   discovery phase median {med('discovery') * 1000:.0f} ms   "
+        f"outcomes {sorted({r['outcome'] for r in rows})}"
+    )
 
 
 def main() -> None:
@@ -89,8 +100,14 @@ def main() -> None:
     a = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="hydra-disc-e2e-"))
     relay, url = start_relay()
-    mdns = ["--mdns-group", "224.0.0.251", "--mdns-port", str(random.randrange(20000, 60000)),
-            "--mdns-interface", "127.0.0.1"]
+    mdns = [
+        "--mdns-group",
+        "224.0.0.251",
+        "--mdns-port",
+        str(random.randrange(20000, 60000)),
+        "--mdns-interface",
+        "127.0.0.1",
+    ]
     node_a = NodeProcess(root / "a", "--publish", "--mdns", "--nostr-relay", url, *mdns)
     try:
         t0 = time.perf_counter()
@@ -101,10 +118,12 @@ def main() -> None:
         results: dict[str, list[dict]] = {"nostr": [], "both": [], "mdns-member": []}
         for i in range(a.runs):
             home = root / f"b{i}"
-            results["nostr"].append(one_run(home, ["--no-model", "--auto", "--mesh-discovery-mode", "nostr",
-                                                   "--nostr-relay", url]))
-            results["mdns-member"].append(one_run(home, ["--no-model", "--auto", "--mesh-discovery-mode", "mdns",
-                                                         *mdns]))
+            results["nostr"].append(
+                one_run(home, ["--no-model", "--auto", "--mesh-discovery-mode", "nostr", "--nostr-relay", url])
+            )
+            results["mdns-member"].append(
+                one_run(home, ["--no-model", "--auto", "--mesh-discovery-mode", "mdns", *mdns])
+            )
             shutil.rmtree(home)
             results["both"].append(one_run(root / f"c{i}", ["--no-model", "--auto", "--nostr-relay", url, *mdns]))
         for name, rows in results.items():

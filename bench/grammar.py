@@ -50,14 +50,17 @@ PROMPTS = [
 ]
 SCHEMA = {
     "type": "object",
-    "properties": {"topic": {"type": "string", "maxLength": 40},
-                   "items": {"type": "array", "items": {"type": "string", "maxLength": 40},
-                             "minItems": 8, "maxItems": 12}},
+    "properties": {
+        "topic": {"type": "string", "maxLength": 40},
+        "items": {"type": "array", "items": {"type": "string", "maxLength": 40}, "minItems": 8, "maxItems": 12},
+    },
     "required": ["topic", "items"],
     "additionalProperties": False,
 }
-TOOL = {"type": "function", "function": {
-    "name": "record_list", "description": "Record a list of things about a topic.", "parameters": SCHEMA}}
+TOOL = {
+    "type": "function",
+    "function": {"name": "record_list", "description": "Record a list of things about a topic.", "parameters": SCHEMA},
+}
 MODES = ("plain", "schema", "tool", "pair", "mixed")
 #: The modes that measure a plain request with a neighbour in flight, and the neighbour's mode.
 NEIGHBOURS = {"pair": "plain", "mixed": "schema"}
@@ -65,11 +68,20 @@ TIMEOUT_S = 300.0
 
 
 def body_for(mode: str, prompt: str, max_tokens: int, model: str) -> dict:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "seed": 1, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": 1,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if mode == "schema":
-        body["response_format"] = {"type": "json_schema",
-                                   "json_schema": {"name": "things", "schema": SCHEMA, "strict": True}}
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "things", "schema": SCHEMA, "strict": True},
+        }
     elif mode == "tool":
         body["tools"] = [TOOL]
         body["tool_choice"] = {"type": "function", "function": {"name": "record_list"}}
@@ -170,7 +182,7 @@ def main() -> None:
             for mode in MODES:  # warm-up: first use of each path (prompt templates, grammar compile)
                 run_mode(port, mode, PROMPTS[0], 8, BUNDLED_MODEL_ID)
             for r in range(args.rounds):
-                order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
+                order = MODES[r % len(MODES) :] + MODES[: r % len(MODES)]
                 for mode in order:
                     for prompt in PROMPTS:
                         before = itl_totals(console)
@@ -186,19 +198,27 @@ def main() -> None:
         finally:
             node.kill_all()
 
-    print(f"\nbundled model {BUNDLED_MODEL_ID}, greedy, max_tokens {args.max_tokens}, "
-          f"{args.rounds} rounds x {len(PROMPTS)} prompts per mode, modes interleaved")
+    print(
+        f"\nbundled model {BUNDLED_MODEL_ID}, greedy, max_tokens {args.max_tokens}, "
+        f"{args.rounds} rounds x {len(PROMPTS)} prompts per mode, modes interleaved"
+    )
     fmt = lambda xs: f"{median(xs):.1f}" if xs else "-"  # noqa: E731
     print(f"{'mode':8} {'node decode tok/s':>18} {'stream decode tok/s':>20} {'TTFT ms':>9} {'tokens':>7}   (medians)")
     for mode in MODES:
         s = samples[mode]
-        print(f"{mode:8} {fmt(s['node_tps']):>18} {fmt(s['stream_tps']):>20} {fmt(s['ttft']):>9} "
-              f"{median(s['tokens']):7.0f}")
+        print(
+            f"{mode:8} {fmt(s['node_tps']):>18} {fmt(s['stream_tps']):>20} {fmt(s['ttft']):>9} "
+            f"{median(s['tokens']):7.0f}"
+        )
     plain_node = median(samples["plain"]["node_tps"])
-    for what, ratio in (("json_schema / plain (node decode tok/s)", median(samples["schema"]["node_tps"]) / plain_node),
-                        ("forced tool / plain (node decode tok/s)", median(samples["tool"]["node_tps"]) / plain_node),
-                        ("plain beside schema / plain beside plain (stream)",
-                         median(samples["mixed"]["stream_tps"]) / median(samples["pair"]["stream_tps"]))):
+    for what, ratio in (
+        ("json_schema / plain (node decode tok/s)", median(samples["schema"]["node_tps"]) / plain_node),
+        ("forced tool / plain (node decode tok/s)", median(samples["tool"]["node_tps"]) / plain_node),
+        (
+            "plain beside schema / plain beside plain (stream)",
+            median(samples["mixed"]["stream_tps"]) / median(samples["pair"]["stream_tps"]),
+        ),
+    ):
         print(f"{what:58} {ratio:6.3f}  (goal >= 0.8){'' if ratio >= 0.8 else '  BELOW GOAL'}")
 
 

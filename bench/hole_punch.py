@@ -83,10 +83,16 @@ def punch_latency(root: Path) -> float:
 
 
 def start_nated(lab: NatLab, homes: dict, root: Path, token: str, punch: str) -> None:
-    lab.spawn("A", serve_argv(lab, "A", homes["A"], "--no-model", "--join", token, "--hole-punch", punch),
-              root / f"A-{punch}.log")
-    lab.spawn("B", serve_argv(lab, "B", homes["B"], "--join", token, "--hole-punch", punch, command="client"),
-              root / f"B-{punch}.log")
+    lab.spawn(
+        "A",
+        serve_argv(lab, "A", homes["A"], "--no-model", "--join", token, "--hole-punch", punch),
+        root / f"A-{punch}.log",
+    )
+    lab.spawn(
+        "B",
+        serve_argv(lab, "B", homes["B"], "--join", token, "--hole-punch", punch, command="client"),
+        root / f"B-{punch}.log",
+    )
 
 
 def main() -> int:
@@ -106,13 +112,31 @@ def main() -> int:
     with NatLab() as lab:
         try:
             for host in ("R1", "NAT1", "NAT2") if args.delay_ms > 0 else ():
-                _run("ip", "netns", "exec", lab.ns[host], "tc", "qdisc", "add", "dev", "pub0", "root", "netem",
-                     "delay", f"{args.delay_ms}ms")
+                _run(
+                    "ip",
+                    "netns",
+                    "exec",
+                    lab.ns[host],
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    "pub0",
+                    "root",
+                    "netem",
+                    "delay",
+                    f"{args.delay_ms}ms",
+                )
         except subprocess.CalledProcessError as exc:
             print(f"note: no netem here ({exc.stderr.strip()}): no delay added")
             args.delay_ms = 0.0
-        token = issue_invite(load_or_create_identity(homes["R1"]).signing_key, mesh.mesh_id,
-                             [f"{lab.addr('R1')}:9338"], 3600, time.time())
+        token = issue_invite(
+            load_or_create_identity(homes["R1"]).signing_key,
+            mesh.mesh_id,
+            [f"{lab.addr('R1')}:9338"],
+            3600,
+            time.time(),
+        )
         lab.spawn("R1", serve_argv(lab, "R1", homes["R1"], "--no-model"), root / "R1.log")
         ids = {"R1": wait(lambda: status(lab, "R1"), 90, "R1 up")["node_id"]}
         results = {}
@@ -137,9 +161,11 @@ def main() -> int:
     med_on = statistics.median(rtt_on) if rtt_on else float("nan")
     print(f"one-way delay per public interface: {args.delay_ms:g} ms; sampled {args.sample_s:g} s per run")
     print(f"hole_punch off: path={p_off} rtt_ms={[round(r, 1) for r in rtt_off]} relay_bytes_per_s={bps_off:.0f}")
-    print(f"hole_punch on:  path={p_on} rtt_ms={[round(r, 1) for r in rtt_on]} relay_bytes_per_s={bps_on:.0f} "
-          f"(first seen in status: {results['first_path']}; "
-          f"punched {results['punch_s']:.3f} s after R1 opened the circuit)")
+    print(
+        f"hole_punch on:  path={p_on} rtt_ms={[round(r, 1) for r in rtt_on]} relay_bytes_per_s={bps_on:.0f} "
+        f"(first seen in status: {results['first_path']}; "
+        f"punched {results['punch_s']:.3f} s after R1 opened the circuit)"
+    )
     print(f"rtt punched / relayed = {med_on / med_off:.2f} (median {med_on:.1f} ms / {med_off:.1f} ms)")
     return 0
 

@@ -37,8 +37,9 @@ SENTENCE = "The archive held letters from sailors, merchants and lighthouse keep
 
 
 def completion(prompt_tokens: tuple[int, ...] = (), prompt: str = "") -> GenerationRequest:
-    return GenerationRequest(model="m", kind="completion", prompt=prompt, prompt_tokens=prompt_tokens, max_tokens=1,
-                             temperature=0.0)
+    return GenerationRequest(
+        model="m", kind="completion", prompt=prompt, prompt_tokens=prompt_tokens, max_tokens=1, temperature=0.0
+    )
 
 
 def prompt_ids(model_path: Path, n: int) -> tuple[int, ...]:
@@ -58,8 +59,9 @@ async def ttft(sup: RunnerSupervisor, req: GenerationRequest) -> tuple[float, in
 async def bench(args) -> None:
     home = Path(tempfile.mkdtemp(prefix="kv-bench-"))
     model = resolve_model(args.model)
-    sup = RunnerSupervisor(model, home, RunnerSettings(n_ctx=args.tokens + 256, n_batch=512, parallel=1,
-                                                        warmup=True), node_id="bench")
+    sup = RunnerSupervisor(
+        model, home, RunnerSettings(n_ctx=args.tokens + 256, n_batch=512, parallel=1, warmup=True), node_id="bench"
+    )
     ids = prompt_ids(model.path, args.tokens)
     async with trio.open_nursery() as nursery:
         await nursery.start(sup.run)
@@ -67,8 +69,10 @@ async def bench(args) -> None:
         t0 = time.perf_counter()
         exported = await sup.kv.export(long_req, home / "long.hykv")
         export_ms = (time.perf_counter() - t0) * 1000
-        print(f"model {model.id}: prompt {exported.tokens} tokens, state file {exported.bytes / 1e6:.1f} MB, "
-              f"export {export_ms:.0f} ms (its prefill included)")
+        print(
+            f"model {model.id}: prompt {exported.tokens} tokens, state file {exported.bytes / 1e6:.1f} MB, "
+            f"export {export_ms:.0f} ms (its prefill included)"
+        )
         cold, warm, imports = [], [], []
         for i in range(args.rounds):
             await ttft(sup, short_req)  # the slot now holds the short prompt: the long one's cells are gone

@@ -38,8 +38,13 @@ def node_id(i: int) -> str:
 
 
 def announcement(nid: str, i: int) -> Announcement:
-    return Announcement(node_id=nid, incarnation=1_764_000_000, addresses=(f"198.51.{i // 250}.{i % 250 + 1}:7946",),
-                        models=(ModelEntry("SmolLM2-135M-Instruct", "ready"),), extra={"sig": SIG})
+    return Announcement(
+        node_id=nid,
+        incarnation=1_764_000_000,
+        addresses=(f"198.51.{i // 250}.{i % 250 + 1}:7946",),
+        models=(ModelEntry("SmolLM2-135M-Instruct", "ready"),),
+        extra={"sig": SIG},
+    )
 
 
 def profiles(ids: list[str], nat_share: float, rng: random.Random) -> dict[str, HostProfile]:
@@ -99,16 +104,32 @@ def measure(n: int, args: argparse.Namespace) -> dict:
         step = min(5.0, left)
         net.run_for(step)
         left -= step
-        progress(n, f"stress {args.stress - left:.0f}/{args.stress:.0f} s: false deaths {false_deaths(net) - calm_false}, "
-                    f"suspicions {len(net.events_of(PeerSuspected)) - s0}", cpu)
+        progress(
+            n,
+            f"stress {args.stress - left:.0f}/{args.stress:.0f} s: false deaths {false_deaths(net) - calm_false}, "
+            f"suspicions {len(net.events_of(PeerSuspected)) - s0}",
+            cpu,
+        )
     stress_false = false_deaths(net) - calm_false
     suspicions = len(net.events_of(PeerSuspected)) - s0
     stress_kill = kill_time(net, rng.choice(net.live()))
     health = max(c.health.score for i, c in net.nodes.items() if i not in net.down)
-    return {"n": n, "converge": converge, "bytes": per_node, "relayed": relayed, "kill_max": max(kills),
-            "kill_mean": sum(kills) / len(kills), "calm_false": calm_false, "stress_false": stress_false,
-            "suspicions": suspicions, "stress_kill": stress_kill, "health": health,
-            "unreachable": net.unreachable, "wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+    return {
+        "n": n,
+        "converge": converge,
+        "bytes": per_node,
+        "relayed": relayed,
+        "kill_max": max(kills),
+        "kill_mean": sum(kills) / len(kills),
+        "calm_false": calm_false,
+        "stress_false": stress_false,
+        "suspicions": suspicions,
+        "stress_kill": stress_kill,
+        "health": health,
+        "unreachable": net.unreachable,
+        "wall": time.perf_counter() - wall,
+        "cpu": time.process_time() - cpu,
+    }
 
 
 def progress(n: int, text: str, cpu0: float) -> None:
@@ -141,20 +162,27 @@ def main() -> None:
     parser.add_argument("--stall", type=float, default=0.5, help="mean stall of a loaded host (s), 1 %% of its events")
     args = parser.parse_args()
     cfg = MembershipConfig()
-    print(f"defaults: probe {cfg.probe_interval}s, timeouts {cfg.probe_timeout}+{cfg.indirect_timeout}s x "
-          f"local health, suspicion {cfg.suspicion_mult} x max(1, log10 n) s .. x{cfg.suspicion_max_mult}, "
-          f"k={cfg.suspicion_confirmations}, sync {cfg.sync_interval}s in buckets of {cfg.sync_bucket_entries}; "
-          f"WAN sites, {args.nat:.0%} NAT (2 relays each), wave {args.wave:g}s; bytes include "
-          f"{ENVELOPE_OVERHEAD_BYTES} B/message envelope")
-    print(f"{'nodes':>5} {'wave->full view s':>17} {'B/node/s':>8} {'relayed B/s':>11} "
-          f"{'kill->all dead s max/mean':>25} {'stress: false deaths':>20} {'suspicions':>10} "
-          f"{'kill s':>6} {'max LHM':>7} {'cpu s':>6}")
+    print(
+        f"defaults: probe {cfg.probe_interval}s, timeouts {cfg.probe_timeout}+{cfg.indirect_timeout}s x "
+        f"local health, suspicion {cfg.suspicion_mult} x max(1, log10 n) s .. x{cfg.suspicion_max_mult}, "
+        f"k={cfg.suspicion_confirmations}, sync {cfg.sync_interval}s in buckets of {cfg.sync_bucket_entries}; "
+        f"WAN sites, {args.nat:.0%} NAT (2 relays each), wave {args.wave:g}s; bytes include "
+        f"{ENVELOPE_OVERHEAD_BYTES} B/message envelope"
+    )
+    print(
+        f"{'nodes':>5} {'wave->full view s':>17} {'B/node/s':>8} {'relayed B/s':>11} "
+        f"{'kill->all dead s max/mean':>25} {'stress: false deaths':>20} {'suspicions':>10} "
+        f"{'kill s':>6} {'max LHM':>7} {'cpu s':>6}"
+    )
     for n in args.sizes:
         r = measure(n, args)
         conv = "never" if r["converge"] is None else f"{r['converge']:.2f}"
-        print(f"{r['n']:>5} {conv:>17} {r['bytes']:>8.0f} {r['relayed']:>11.0f} "
-              f"{r['kill_max']:>12.2f} / {r['kill_mean']:<10.2f} {r['calm_false']:>6} calm, {r['stress_false']:>3} "
-              f"stress {r['suspicions']:>10} {r['stress_kill']:>6.2f} {r['health']:>7} {r['cpu']:>6.0f}", flush=True)
+        print(
+            f"{r['n']:>5} {conv:>17} {r['bytes']:>8.0f} {r['relayed']:>11.0f} "
+            f"{r['kill_max']:>12.2f} / {r['kill_mean']:<10.2f} {r['calm_false']:>6} calm, {r['stress_false']:>3} "
+            f"stress {r['suspicions']:>10} {r['stress_kill']:>6.2f} {r['health']:>7} {r['cpu']:>6.0f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

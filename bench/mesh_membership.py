@@ -52,12 +52,22 @@ POLL_S = 0.5
 #: How often /api/status of every node is read while waiting for the full view.
 STATUS_POLL_S = 3.0
 #: Membership log events → the state the logging node now holds for the peer.
-STATE_OF_EVENT = {"membership_peerjoined": "alive", "membership_peerrecovered": "alive",
-                  "membership_peersuspected": "suspect", "membership_peerdied": "dead",
-                  "membership_peerleft": "left"}
+STATE_OF_EVENT = {
+    "membership_peerjoined": "alive",
+    "membership_peerrecovered": "alive",
+    "membership_peersuspected": "suspect",
+    "membership_peerdied": "dead",
+    "membership_peerleft": "left",
+}
 #: Counters of /api/status mesh.counters summed over the nodes in the report (when present).
-COUNTERS = ("dials", "dial_failures", "dials_deferred", "duplicate_links_closed", "loop_lag_max_ms",
-            "loop_lag_late_wakes")
+COUNTERS = (
+    "dials",
+    "dial_failures",
+    "dials_deferred",
+    "duplicate_links_closed",
+    "loop_lag_max_ms",
+    "loop_lag_late_wakes",
+)
 
 
 class LogView:
@@ -110,18 +120,37 @@ class ProfiledNode(NodeProcess):
         self.home.mkdir(parents=True, exist_ok=True)
         # CPU time, not wall time: on a loaded host a wall-clock profile charges the time the
         # process waited for a core to whatever it was running.
-        wrapper = ("import cProfile, runpy, sys, time\n"
-                   "prof = cProfile.Profile(time.process_time)\n"
-                   "sys.argv = ['hydra-node'] + sys.argv[2:]\n"
-                   "try:\n    prof.runcall(runpy.run_module, 'hydra_node.cli', run_name='__main__')\n"
-                   "except SystemExit:\n    pass\n"
-                   "finally:\n    prof.dump_stats(sys.argv_out)\n")
+        wrapper = (
+            "import cProfile, runpy, sys, time\n"
+            "prof = cProfile.Profile(time.process_time)\n"
+            "sys.argv = ['hydra-node'] + sys.argv[2:]\n"
+            "try:\n    prof.runcall(runpy.run_module, 'hydra_node.cli', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "finally:\n    prof.dump_stats(sys.argv_out)\n"
+        )
         wrapper = wrapper.replace("sys.argv_out", repr(str(self.home / "profile.out")))
-        cmd = [sys.executable, "-c", wrapper, "--", self.command, "--home", str(self.home), "--port", "0",
-               "--console", "0", "--mesh-host", "127.0.0.1", "--mesh-port", "0", *self.args]
+        cmd = [
+            sys.executable,
+            "-c",
+            wrapper,
+            "--",
+            self.command,
+            "--home",
+            str(self.home),
+            "--port",
+            "0",
+            "--console",
+            "0",
+            "--mesh-host",
+            "127.0.0.1",
+            "--mesh-port",
+            "0",
+            *self.args,
+        ]
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
         if wait:
             self.wait_ready()
         return self
@@ -162,9 +191,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=30)
     ap.add_argument("--simultaneous", action="store_true", help="spawn every node at the same instant")
-    ap.add_argument("--stable-s", type=float, default=None,
-                    help="after the full view, watch this long for suspect/dead flaps "
-                         "(default 300 with --simultaneous, else 0)")
+    ap.add_argument(
+        "--stable-s",
+        type=float,
+        default=None,
+        help="after the full view, watch this long for suspect/dead flaps (default 300 with --simultaneous, else 0)",
+    )
     ap.add_argument("--steady-s", type=float, default=10.0, help="window for the link bytes per node per second")
     ap.add_argument("--converge-timeout-s", type=float, default=180.0)
     ap.add_argument("--keep", action="store_true", help="keep the nodes' homes (logs) after the run")
@@ -172,15 +204,26 @@ def main() -> None:
     ap.add_argument("--node-args", default="", help="extra serve flags for every node, e.g. '--relay off'")
     args = ap.parse_args()
     stable_s = args.stable_s if args.stable_s is not None else (300.0 if args.simultaneous else 0.0)
-    extra = ["--no-model", "--headless", "--log-format", "json", "--no-rpc-worker", "--no-mdns",
-             *shlex.split(args.node_args)]
+    extra = [
+        "--no-model",
+        "--headless",
+        "--log-format",
+        "json",
+        "--no-rpc-worker",
+        "--no-mdns",
+        *shlex.split(args.node_args),
+    ]
     root = Path(tempfile.mkdtemp(prefix="hydra-bench-members-"))
     seed_port = free_port()
     seed_args = [*extra, "--mesh-port", str(seed_port)]
     seed = NodeProcess(root / "n0", *seed_args).start()
     token = seed.invite()
-    nodes = [seed] + [(ProfiledNode if args.profile and i == 1 else NodeProcess)(
-        root / f"n{i}", *extra, "--join", token, "--join-timeout", "120") for i in range(1, args.nodes)]
+    nodes = [seed] + [
+        (ProfiledNode if args.profile and i == 1 else NodeProcess)(
+            root / f"n{i}", *extra, "--join", token, "--join-timeout", "120"
+        )
+        for i in range(1, args.nodes)
+    ]
     pool = ThreadPoolExecutor(4)
     views = [LogView(n) for n in nodes]
     load0 = os.getloadavg()
@@ -202,8 +245,11 @@ def main() -> None:
             for n in nodes[1:]:
                 n.start(wait=True)
         t_up, cpu_up = time.monotonic(), cpu_seconds(nodes)
-        print(f"{args.nodes} nodes up {t_up - t_start:.1f} s after the first spawn "
-              f"({'all at once' if args.simultaneous else 'one after another'})", flush=True)
+        print(
+            f"{args.nodes} nodes up {t_up - t_start:.1f} s after the first spawn "
+            f"({'all at once' if args.simultaneous else 'one after another'})",
+            flush=True,
+        )
         want = args.nodes - 1
 
         last_status = [0.0]
@@ -224,14 +270,20 @@ def main() -> None:
         while not converged():
             if time.monotonic() > deadline:  # measure the rest anyway: how bad is it, and does a kill show?
                 full = False
-                print(f"NO full view {args.converge_timeout_s:.0f} s after the last node was up: alive counts "
-                      f"{sorted(v.alive() for v in views)}", flush=True)
+                print(
+                    f"NO full view {args.converge_timeout_s:.0f} s after the last node was up: alive counts "
+                    f"{sorted(v.alive() for v in views)}",
+                    flush=True,
+                )
                 break
             time.sleep(POLL_S)
         t_full, cpu_full = time.monotonic(), cpu_seconds(nodes)
         if full:
-            print(f"full view everywhere: {t_full - t_start:.1f} s after the first spawn, "
-                  f"{t_full - t_up:.1f} s after the last node was up", flush=True)
+            print(
+                f"full view everywhere: {t_full - t_start:.1f} s after the first spawn, "
+                f"{t_full - t_up:.1f} s after the last node was up",
+                flush=True,
+            )
             checked = list(pool.map(status_alive, nodes))
             if min(checked) < want:
                 print(f"warning: /api/status disagrees with the logs: alive counts {sorted(checked)}")
@@ -242,14 +294,24 @@ def main() -> None:
             time.sleep(min(5.0, max(0.0, t_end - time.monotonic())))
             for v in views:
                 v.read()
-        flaps = Counter(ev for v in views for ts, ev, _ in v.transitions
-                        if ts >= stable_from and ev in ("membership_peersuspected", "membership_peerdied"))
+        flaps = Counter(
+            ev
+            for v in views
+            for ts, ev, _ in v.transitions
+            if ts >= stable_from and ev in ("membership_peersuspected", "membership_peerdied")
+        )
         stable_end = time.time()
         # The tail of the start-up storm may still flap after the first full view: the last
         # suspicion or death in the window, and how long every view then stayed quiet.
-        last_flap = max((ts for v in views for ts, ev, _ in v.transitions
-                         if ts >= stable_from and ev in ("membership_peersuspected", "membership_peerdied")),
-                        default=None)
+        last_flap = max(
+            (
+                ts
+                for v in views
+                for ts, ev, _ in v.transitions
+                if ts >= stable_from and ev in ("membership_peersuspected", "membership_peerdied")
+            ),
+            default=None,
+        )
         wall_start = stable_end - (time.monotonic() - t_start)
         min_alive_end = min(v.alive() for v in views)
         status_end = sorted(pool.map(status_alive, nodes))  # the cores' own views (-1: no answer)
@@ -277,12 +339,22 @@ def main() -> None:
             times = [t_kill if before[id(v)] in already else v.first(events, vid, t_kill) for v in rest]
             return times if all(t is not None for t in times) else None
 
-        noticed = wait_until(lambda: all_saw(("membership_peersuspected", "membership_peerdied"),
-                                             ("suspect", "dead", "left")), 120, "suspicion")
+        noticed = wait_until(
+            lambda: all_saw(("membership_peersuspected", "membership_peerdied"), ("suspect", "dead", "left")),
+            120,
+            "suspicion",
+        )
         dead = wait_until(lambda: all_saw(("membership_peerdied",), ("dead", "left")), 120, "death")
-        false_after_kill = sum(1 for v in rest for ts, ev, p in v.transitions
-                               if ts >= t_kill and p != vid and ev in STATE_OF_EVENT and ev != "membership_peerjoined"
-                               and ev != "membership_peerrecovered")
+        false_after_kill = sum(
+            1
+            for v in rest
+            for ts, ev, p in v.transitions
+            if ts >= t_kill
+            and p != vid
+            and ev in STATE_OF_EVENT
+            and ev != "membership_peerjoined"
+            and ev != "membership_peerrecovered"
+        )
     finally:
         exited = [n.home.name for n in nodes[:-1] if n.proc is not None and n.proc.poll() is not None]
         if args.profile:
@@ -290,30 +362,42 @@ def main() -> None:
         for n in nodes:
             n.kill_all()
     load1 = os.getloadavg()
-    print(f"nodes: {args.nodes} real processes on loopback, "
-          f"{'spawned at the same instant' if args.simultaneous else 'joined one after another'}"
-          f"{', extra flags: ' + args.node_args if args.node_args else ''}")
+    print(
+        f"nodes: {args.nodes} real processes on loopback, "
+        f"{'spawned at the same instant' if args.simultaneous else 'joined one after another'}"
+        f"{', extra flags: ' + args.node_args if args.node_args else ''}"
+    )
     if exited:
         print(f"nodes that EXITED during the run (see their stderr.log): {', '.join(exited)}")
     print(f"load average (1 min) before/after: {load0[0]:.2f} / {load1[0]:.2f} on {os.cpu_count()} cores")
     if full:
-        print(f"join: first spawn -> full view everywhere: {t_full - t_start:.2f} s "
-              f"(last node up -> full view: {t_full - t_up:.2f} s)")
+        print(
+            f"join: first spawn -> full view everywhere: {t_full - t_start:.2f} s "
+            f"(last node up -> full view: {t_full - t_up:.2f} s)"
+        )
     else:
-        print(f"join: NO full view within {t_full - t_start:.0f} s of the first spawn "
-              f"({args.converge_timeout_s:.0f} s after the last node was up)")
-    print(f"stability over {stable_s:.0f} s after {'the full view' if full else 'that'}: "
-          f"{flaps['membership_peersuspected']} suspicions, "
-          f"{flaps['membership_peerdied']} deaths (goal 0); smallest view at the end: {min_alive_end}/{want} "
-          f"from the logs; alive counts from /api/status: {status_end}")
+        print(
+            f"join: NO full view within {t_full - t_start:.0f} s of the first spawn "
+            f"({args.converge_timeout_s:.0f} s after the last node was up)"
+        )
+    print(
+        f"stability over {stable_s:.0f} s after {'the full view' if full else 'that'}: "
+        f"{flaps['membership_peersuspected']} suspicions, "
+        f"{flaps['membership_peerdied']} deaths (goal 0); smallest view at the end: {min_alive_end}/{want} "
+        f"from the logs; alive counts from /api/status: {status_end}"
+    )
     if full and last_flap is not None:
-        print(f"  last suspicion in that window: {last_flap - wall_start:.1f} s after the first spawn; then "
-              f"{stable_end - last_flap:.0f} s with no suspicion or death anywhere (goal: a stable full view "
-              f"within 60 s of the start, then 300 s without flaps)")
+        print(
+            f"  last suspicion in that window: {last_flap - wall_start:.1f} s after the first spawn; then "
+            f"{stable_end - last_flap:.0f} s with no suspicion or death anywhere (goal: a stable full view "
+            f"within 60 s of the start, then 300 s without flaps)"
+        )
     elif full:
         print(f"  no suspicion in that window: a stable full view {t_full - t_start:.1f} s after the first spawn")
-    print(f"node CPU: start-up {cpu_up:.1f} s in all; last up -> {'full view' if full else 'timeout'} "
-          f"{(cpu_full - cpu_up) / max(t_full - t_up, 1e-9):.2f} cores busy; stability window {cpu_stable:.2f} cores busy")
+    print(
+        f"node CPU: start-up {cpu_up:.1f} s in all; last up -> {'full view' if full else 'timeout'} "
+        f"{(cpu_full - cpu_up) / max(t_full - t_up, 1e-9):.2f} cores busy; stability window {cpu_stable:.2f} cores busy"
+    )
     print(f"steady state: {per_node:.0f} link bytes per node per second (encrypted frames, in+out / 2)")
     print(f"kill -9 -> every peer stops routing to it (suspect or dead): {max(noticed) - t_kill:.2f} s")
     print(f"kill -9 -> every peer has declared it dead: {max(dead) - t_kill:.2f} s  (goal <= 10 s; upstream ~41 s)")
@@ -331,7 +415,7 @@ def cpu_seconds(nodes) -> float:
         try:
             with open(f"/proc/{n.proc.pid}/stat") as f:
                 st = f.read()
-            fields = st[st.rfind(")") + 2:].split()
+            fields = st[st.rfind(")") + 2 :].split()
             total += int(fields[11]) + int(fields[12])
         except (OSError, ValueError, IndexError, AttributeError):
             pass
@@ -378,7 +462,9 @@ def report_counters(pool, nodes, views, t_start, quiet: bool = False) -> dict:
         totals["gossip_dropped_sends"] += ms.get("dropped_sends", 0)
         totals["refutations"] += ms.get("refutations", 0)
         totals["links"] += m.get("links", 0)
-    totals["suspicions_logged"] = sum(1 for v in views for _, ev, _ in v.transitions if ev == "membership_peersuspected")
+    totals["suspicions_logged"] = sum(
+        1 for v in views for _, ev, _ in v.transitions if ev == "membership_peersuspected"
+    )
     totals["deaths_logged"] = sum(1 for v in views for _, ev, _ in v.transitions if ev == "membership_peerdied")
     if not quiet:
         print("node counters, summed: " + ", ".join(f"{k}={v}" for k, v in totals.items()), flush=True)

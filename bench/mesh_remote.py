@@ -17,8 +17,12 @@ from pathlib import Path
 
 from _common import NodeProcess, median, stream_completion
 
-PROMPTS = ["def quicksort(arr):\n", "The history of the printing press begins", "A list of ten fruits:\n1.",
-           "Q: Why is the sky blue?\nA:"]
+PROMPTS = [
+    "def quicksort(arr):\n",
+    "The history of the printing press begins",
+    "A list of ten fruits:\n1.",
+    "Q: Why is the sky blue?\nA:",
+]
 
 
 def main() -> None:

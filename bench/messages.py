@@ -22,8 +22,12 @@ from _common import NodeProcess, median
 
 from hydra_node.models import BUNDLED_MODEL_ID
 
-QUESTIONS = ["Write a short story about a lighthouse keeper.", "Explain how a bicycle works.",
-             "List some facts about the Moon.", "Describe a walk through a forest in autumn."]
+QUESTIONS = [
+    "Write a short story about a lighthouse keeper.",
+    "Explain how a bicycle works.",
+    "List some facts about the Moon.",
+    "Describe a walk through a forest in autumn.",
+]
 
 
 def _post(port: int, path: str, body: dict):
@@ -37,8 +41,14 @@ def _post(port: int, path: str, body: dict):
 
 def openai_chat(port: int, question: str, max_tokens: int) -> tuple[float, float, int]:
     """(ttft_s, decode_s, completion tokens) of one streamed chat completion."""
-    body = {"model": BUNDLED_MODEL_ID, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": BUNDLED_MODEL_ID,
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     conn, resp = _post(port, "/v1/chat/completions", body)
     first = last = None
@@ -60,8 +70,13 @@ def openai_chat(port: int, question: str, max_tokens: int) -> tuple[float, float
 
 def messages(port: int, question: str, max_tokens: int) -> tuple[float, float, int]:
     """(ttft_s, decode_s, output tokens) of one streamed Messages request."""
-    body = {"model": BUNDLED_MODEL_ID, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True}
+    body = {
+        "model": BUNDLED_MODEL_ID,
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
     t0 = time.perf_counter()
     conn, resp = _post(port, "/v1/messages", body)
     first = last = None
@@ -110,11 +125,15 @@ def main() -> None:
     finally:
         node.kill_all()
     for name in sides:
-        print(f"{name:9s} decode {median(res[name]['tps']):7.1f} tok/s   ttft {median(res[name]['ttft']):7.1f} ms   "
-              f"tokens {sum(res[name]['tokens'])} over {len(res[name]['tokens'])} requests")
+        print(
+            f"{name:9s} decode {median(res[name]['tps']):7.1f} tok/s   ttft {median(res[name]['ttft']):7.1f} ms   "
+            f"tokens {sum(res[name]['tokens'])} over {len(res[name]['tokens'])} requests"
+        )
     ratio = median(res["messages"]["tps"]) / median(res["openai"]["tps"])
-    print(f"ratio messages/openai tok/s = {ratio:.3f} (goal >= 0.97); "
-          f"added ttft = {median(res['messages']['ttft']) - median(res['openai']['ttft']):+.1f} ms")
+    print(
+        f"ratio messages/openai tok/s = {ratio:.3f} (goal >= 0.97); "
+        f"added ttft = {median(res['messages']['ttft']) - median(res['openai']['ttft']):+.1f} ms"
+    )
 
 
 if __name__ == "__main__":

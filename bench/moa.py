@@ -42,10 +42,17 @@ PROMPT = "Write a short story about a dragon who learns to read."
 
 def ask(port: int, model: str, max_tokens: int) -> tuple[float, dict]:
     """One whole chat request: (seconds, body)."""
-    body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
-            "temperature": 0}
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     t0 = time.perf_counter()
     with urllib.request.urlopen(req, timeout=600) as r:
         out = json.loads(r.read())
@@ -56,7 +63,9 @@ def ask_pair(port: int, max_tokens: int) -> tuple[float, dict]:
     """Both models asked directly at the same moment (no arbiter): seconds until both answered."""
     outs: list = []
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=lambda m=m: outs.append(ask(port, m, max_tokens))) for m in (BUNDLED_MODEL_ID, F16)]
+    threads = [
+        threading.Thread(target=lambda m=m: outs.append(ask(port, m, max_tokens))) for m in (BUNDLED_MODEL_ID, F16)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -79,8 +88,10 @@ def start_pinned(node: NodeProcess, core: int) -> NodeProcess:
 def start_nodes(tmp: Path, args, f16: Path) -> tuple[NodeProcess, list[NodeProcess]]:
     """The node every request goes to, and every node started (to stop)."""
     cfg = tmp / "config.toml"
-    cfg.write_text(f"[defaults.model_fit]\nctx_size = 1024\n[defaults.throughput]\nthreads = {args.threads}\n"
-                   "[moa]\ndeadline_s = 600\n")
+    cfg.write_text(
+        f"[defaults.model_fit]\nctx_size = 1024\n[defaults.throughput]\nthreads = {args.threads}\n"
+        "[moa]\ndeadline_s = 600\n"
+    )
     if not args.pin:
         node = NodeProcess(tmp / "home", "--config", str(cfg), "--model", BUNDLED_MODEL_ID, "--model", f"{F16}={f16}")
         return node.start(), [node]
@@ -91,11 +102,15 @@ def start_nodes(tmp: Path, args, f16: Path) -> tuple[NodeProcess, list[NodeProce
     try:
         b = NodeProcess(tmp / "b", "--config", str(cfg), "--model", f"{F16}={f16}", "--join", a.invite())
         nodes.append(start_pinned(b, 1))
-        a.wait_status(lambda st: any(F16 in json.dumps(p) and p["state"] == "alive" for p in st["peers"]),
-                      timeout=120, what="node A sees node B's model")
+        a.wait_status(
+            lambda st: any(F16 in json.dumps(p) and p["state"] == "alive" for p in st["peers"]),
+            timeout=120,
+            what="node A sees node B's model",
+        )
         deadline = time.monotonic() + 120
-        while F16 not in json.dumps(json.load(urllib.request.urlopen(
-                f"http://127.0.0.1:{a.api_port}/v1/models", timeout=10))):
+        while F16 not in json.dumps(
+            json.load(urllib.request.urlopen(f"http://127.0.0.1:{a.api_port}/v1/models", timeout=10))
+        ):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{F16} not routable from node A")
             time.sleep(0.5)
@@ -112,8 +127,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--pin", action="store_true",
-                    help="two joined nodes, one member each, each pinned to its own core (members on two hosts)")
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="two joined nodes, one member each, each pinned to its own core (members on two hosts)",
+    )
     args = ap.parse_args()
     f16 = ensure_f16_target(bundled_model_path())
     with tempfile.TemporaryDirectory(prefix="hydra-bench-moa-") as tmp:
@@ -124,8 +142,9 @@ def main() -> None:
             inside: list[float] = []
             for i in range(args.warmup + args.rounds):
                 for m in models:
-                    seconds, out = (ask_pair if m == PAIR else lambda p, t, m=m: ask(p, m, t))(node.api_port,
-                                                                                               args.max_tokens)
+                    seconds, out = (ask_pair if m == PAIR else lambda p, t, m=m: ask(p, m, t))(
+                        node.api_port, args.max_tokens
+                    )
                     if m == "mesh":
                         info = out["hydra_moa"]
                         assert not info["reducer"]["ran"] and all(x["status"] == "ok" for x in info["members"]), info
@@ -139,18 +158,24 @@ def main() -> None:
     med = {m: statistics.median(v) for m, v in times.items()}
     slowest = max((BUNDLED_MODEL_ID, F16), key=med.get)
     fastest = min((BUNDLED_MODEL_ID, F16), key=med.get)
-    print(f"rounds={args.rounds} max_tokens={args.max_tokens} threads={args.threads} "
-          f"{'members on two pinned nodes (cores 0 and 1)' if args.pin else 'both members on one node'} "
-          "(median whole-request seconds)")
+    print(
+        f"rounds={args.rounds} max_tokens={args.max_tokens} threads={args.threads} "
+        f"{'members on two pinned nodes (cores 0 and 1)' if args.pin else 'both members on one node'} "
+        "(median whole-request seconds)"
+    )
     for m in models:
         print(f"  {m:32s} {med[m]:7.3f} s   (min {min(times[m]):.3f}, max {max(times[m]):.3f})")
-    print(f"  {'mesh: its slowest member inside':32s} {statistics.median(inside):7.3f} s   "
-          f"(the rest of the mesh request, {med['mesh'] - statistics.median(inside):.3f} s, is routing, "
-          "arbitration and the answer)")
+    print(
+        f"  {'mesh: its slowest member inside':32s} {statistics.median(inside):7.3f} s   "
+        f"(the rest of the mesh request, {med['mesh'] - statistics.median(inside):.3f} s, is routing, "
+        "arbitration and the answer)"
+    )
     print(f"mesh / slowest member alone ({slowest}): {med['mesh'] / med[slowest]:.3f}   (goal <= 1.1)")
     print(f"mesh / fastest member alone ({fastest}): {med['mesh'] / med[fastest]:.3f}")
-    print(f"mesh / both members asked directly at once: {med['mesh'] / med[PAIR]:.3f}   (the arbiter's own cost; "
-          "above 1.0 only by its overhead)")
+    print(
+        f"mesh / both members asked directly at once: {med['mesh'] / med[PAIR]:.3f}   (the arbiter's own cost; "
+        "above 1.0 only by its overhead)"
+    )
 
 
 if __name__ == "__main__":

@@ -74,15 +74,19 @@ def posix_rows(work: Path, sources: dict[str, Path], rounds: int) -> list[Row]:
         out.mkdir()
         # The publish of this round makes the stored copy the fetch rows read.
         files = list(sources.values())
-        pub = [("publish", partial(store.publish, "model_weights", "bench", sources, identity={}, sign=sign)),
-               ("cp", partial(cp, files, out / "cp", False)),
-               ("cp+sync", partial(cp, files, out / "cp-sync", True))]
+        pub = [
+            ("publish", partial(store.publish, "model_weights", "bench", sources, identity={}, sign=sign)),
+            ("cp", partial(cp, files, out / "cp", False)),
+            ("cp+sync", partial(cp, files, out / "cp-sync", True)),
+        ]
         for name, step in pub if r % 2 == 0 else pub[::-1]:
             timed(times, name, step)
         stored = [root / "model_weights" / "bench" / "current" / "files" / n for n in sources]
-        get = [("fetch", partial(store.fetch, "model_weights", "bench", out / "fetched")),
-               ("cp stored", partial(cp, stored, out / "cp-stored", False)),
-               ("cp stored+sync", partial(cp, stored, out / "cp-stored-sync", True))]
+        get = [
+            ("fetch", partial(store.fetch, "model_weights", "bench", out / "fetched")),
+            ("cp stored", partial(cp, stored, out / "cp-stored", False)),
+            ("cp stored+sync", partial(cp, stored, out / "cp-stored-sync", True)),
+        ]
         for name, step in get if r % 2 == 0 else get[::-1]:
             timed(times, name, step)
         timed(times, "sha256", partial(lambda fs: [hash_file(p) for p in fs], files))  # a verified copy's ceiling
@@ -90,9 +94,13 @@ def posix_rows(work: Path, sources: dict[str, Path], rounds: int) -> list[Row]:
             assert (out / "fetched" / n).stat().st_size == (out / "cp" / n).stat().st_size == p.stat().st_size
         shutil.rmtree(out)
     rate = {k: mb / statistics.median(v) for k, v in times.items()}
-    pairs = [("sha256 alone vs cp", "sha256", "cp"), ("publish vs cp", "publish", "cp"),
-             ("publish vs cp+sync", "publish", "cp+sync"), ("fetch vs cp", "fetch", "cp stored"),
-             ("fetch vs cp+sync", "fetch", "cp stored+sync")]
+    pairs = [
+        ("sha256 alone vs cp", "sha256", "cp"),
+        ("publish vs cp", "publish", "cp"),
+        ("publish vs cp+sync", "publish", "cp+sync"),
+        ("fetch vs cp", "fetch", "cp stored"),
+        ("fetch vs cp+sync", "fetch", "cp stored+sync"),
+    ]
     return [(label, rate[ours], rate[base], rate[ours] / rate[base]) for label, ours, base in pairs]
 
 
@@ -128,12 +136,16 @@ def main() -> int:
     try:
         sources = make_sources(work, args.mb, args.files)
         rows = posix_rows(work, sources, args.rounds)
-        print_rows(f"POSIX root on {work} ({args.mb} MiB in {args.files} file(s), median of {args.rounds} rounds)",
-                   rows, "cp")
+        print_rows(
+            f"POSIX root on {work} ({args.mb} MiB in {args.files} file(s), median of {args.rounds} rounds)", rows, "cp"
+        )
         if args.s3:
             print()
-            print_rows(f"S3 (moto server on loopback), {args.mb // args.files} MiB object", s3_section(
-                work, sources, args.rounds), "boto3")
+            print_rows(
+                f"S3 (moto server on loopback), {args.mb // args.files} MiB object",
+                s3_section(work, sources, args.rounds),
+                "boto3",
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

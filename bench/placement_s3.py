@@ -52,8 +52,11 @@ def s3_rows(endpoint: str, src: Path, work: Path, rounds: int) -> list[tuple[str
             "fetch": partial(store.fetch, "model_weights", "bench", dest),
             "download_file": partial(client.download_file, bucket, key, str(plain)),
         }
-        order = ["publish", "upload_file", "fetch", "download_file"] if r % 2 == 0 else \
-            ["upload_file", "publish", "download_file", "fetch"]
+        order = (
+            ["publish", "upload_file", "fetch", "download_file"]
+            if r % 2 == 0
+            else ["upload_file", "publish", "download_file", "fetch"]
+        )
         for name in order:
             t0 = time.perf_counter()
             steps[name]()
@@ -62,8 +65,10 @@ def s3_rows(endpoint: str, src: Path, work: Path, rounds: int) -> list[tuple[str
         shutil.rmtree(dest)
         plain.unlink()
     rate = {k: mb / statistics.median(v) for k, v in times.items()}
-    return [("publish vs upload_file", rate["publish"], rate["upload_file"], rate["publish"] / rate["upload_file"]),
-            ("fetch vs download_file", rate["fetch"], rate["download_file"], rate["fetch"] / rate["download_file"])]
+    return [
+        ("publish vs upload_file", rate["publish"], rate["upload_file"], rate["publish"] / rate["upload_file"]),
+        ("fetch vs download_file", rate["fetch"], rate["download_file"], rate["fetch"] / rate["download_file"]),
+    ]
 
 
 def main() -> int:

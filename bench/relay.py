@@ -45,8 +45,12 @@ from hydra_node.routing.remote import RemoteGeneration  # noqa: E402
 from hydra_node.runtime.runner.records import RunnerSettings  # noqa: E402
 from hydra_node.runtime.runner.supervisor import RunnerSupervisor  # noqa: E402
 
-PROMPTS = ["def quicksort(arr):\n", "The history of the printing press begins", "A list of ten fruits:\n1.",
-           "Q: Why is the sky blue?\nA:"]
+PROMPTS = [
+    "def quicksort(arr):\n",
+    "The history of the printing press begins",
+    "A list of ten fruits:\n1.",
+    "Q: Why is the sky blue?\nA:",
+]
 
 
 class OneLink:
@@ -115,8 +119,9 @@ async def bench(args) -> None:
         await host_routes[header["kind"]](link, header, stream)
 
     async def host_via_relay(link, header, stream):
-        inner = await accept_relayed(link, header, stream, LinkSettings(identity=ident["H"], mesh=mesh,
-                                                                        on_stream=host_stream), allowed=True)
+        inner = await accept_relayed(
+            link, header, stream, LinkSettings(identity=ident["H"], mesh=mesh, on_stream=host_stream), allowed=True
+        )
         if inner is not None:
             async with trio.open_nursery() as n:
                 await n.start(inner.run)
@@ -132,15 +137,20 @@ async def bench(args) -> None:
         await nursery.start(sup.run)
         h_port = await nursery.start(LinkListener(settings("H", on_stream=host_stream)).serve, "127.0.0.1", 0)
         r_port = await nursery.start(LinkListener(settings("R", on_stream=relay_stream)).serve, "127.0.0.1", 0)
-        async with open_link(f"ws://127.0.0.1:{r_port}", settings("H", on_stream=host_via_relay)) as h_relay, \
-                open_link(f"ws://127.0.0.1:{r_port}", settings("C")) as c_relay, \
-                open_link(f"ws://127.0.0.1:{h_port}", settings("C")) as direct:
+        async with (
+            open_link(f"ws://127.0.0.1:{r_port}", settings("H", on_stream=host_via_relay)) as h_relay,
+            open_link(f"ws://127.0.0.1:{r_port}", settings("C")) as c_relay,
+            open_link(f"ws://127.0.0.1:{h_port}", settings("C")) as direct,
+        ):
             await nursery.start(hold_reservation, h_relay)
             # the end-to-end link gets no delay of its own: its frames cross the two delayed relay links
-            relayed = await nursery.start(partial(connect_via_relay, c_relay, ids["H"],
-                                                  LinkSettings(identity=ident["C"], mesh=mesh)))
-            paths = {"direct": (RemoteGeneration(OneLink(direct), node_id=ids["C"], local_open=lambda m: None), direct),
-                     "relayed": (RemoteGeneration(OneLink(relayed), node_id=ids["C"], local_open=lambda m: None), relayed)}
+            relayed = await nursery.start(
+                partial(connect_via_relay, c_relay, ids["H"], LinkSettings(identity=ident["C"], mesh=mesh))
+            )
+            paths = {
+                "direct": (RemoteGeneration(OneLink(direct), node_id=ids["C"], local_open=lambda m: None), direct),
+                "relayed": (RemoteGeneration(OneLink(relayed), node_id=ids["C"], local_open=lambda m: None), relayed),
+            }
             rtts = {name: await rtt_ms(link) for name, (_, link) in paths.items()}
             for p in PROMPTS:  # warm-up: the prompt cache and both paths
                 for gen, _ in paths.values():
@@ -157,8 +167,10 @@ async def bench(args) -> None:
             stats = relay.statistics()
         nursery.cancel_scope.cancel()
     med = statistics.median
-    print(f"samples per path: {len(res['direct']['ttft'])}, max_tokens={args.max_tokens}, "
-          f"added one-way latency per link: {args.latency_ms} ms, relayed bytes: {stats.bytes_relayed}")
+    print(
+        f"samples per path: {len(res['direct']['ttft'])}, max_tokens={args.max_tokens}, "
+        f"added one-way latency per link: {args.latency_ms} ms, relayed bytes: {stats.bytes_relayed}"
+    )
     print(f"RTT ms (median of 30 echoes): direct {rtts['direct']:.2f}, relayed {rtts['relayed']:.2f}")
     print(f"{'':8} {'decode tok/s (median)':>22} {'TTFT ms (median)':>18}")
     for name, v in res.items():

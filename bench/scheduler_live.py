@@ -32,13 +32,20 @@ GOSSIP_WAIT_S = 30.0
 
 def stream_chat(port: int, text: str, max_tokens: int) -> tuple[float, float]:
     """One streamed chat request on a raw socket: (ttft_s, completion_s)."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
     payload = json.dumps(body).encode()
     t0 = time.perf_counter()
     with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
+        )
         buf, t_first = b"", None
         while b"data: [DONE]" not in buf:
             chunk = s.recv(65536)
@@ -84,8 +91,11 @@ def main() -> None:
             n.wait_ready()
         ids = {fast.status()["node_id"]: "fast", slow.status()["node_id"]: "slow"}
         for entry in (off, active):
-            entry.wait_status(lambda st: sum(1 for p in st["peers"] if p["state"] == "alive" and p["models"]) == 2,
-                              GOSSIP_WAIT_S, "both hosts alive")
+            entry.wait_status(
+                lambda st: sum(1 for p in st["peers"] if p["state"] == "alive" and p["models"]) == 2,
+                GOSSIP_WAIT_S,
+                "both hosts alive",
+            )
         # Warm both runners straight at the hosts (a fresh runner's first requests are several
         # times slower on a loaded machine); not measured, and the entries learn only hints from it.
         for host in (fast, slow):
@@ -96,8 +106,9 @@ def main() -> None:
 
         def client(worker: int) -> None:
             for i in range(worker, args.requests, args.concurrency):
-                for mode, entry in (("off", off), ("active", active)) if i % 2 == 0 else (("active", active),
-                                                                                          ("off", off)):
+                for mode, entry in (
+                    (("off", off), ("active", active)) if i % 2 == 0 else (("active", active), ("off", off))
+                ):
                     r = stream_chat(entry.api_port, f"Request {i}: name a fruit and a colour.", args.max_tokens)
                     with lock:
                         results[mode].append(r)
@@ -110,32 +121,46 @@ def main() -> None:
             t.join()
         wall = time.perf_counter() - t0
 
-        print(f"scheduler live bench: {args.requests} requests per mode, slow host +{args.delay_ms:g} ms/token, "
-              f"max_tokens {args.max_tokens}, concurrency {args.concurrency}, wall {wall:.1f} s")
+        print(
+            f"scheduler live bench: {args.requests} requests per mode, slow host +{args.delay_ms:g} ms/token, "
+            f"max_tokens {args.max_tokens}, concurrency {args.concurrency}, wall {wall:.1f} s"
+        )
         print(f"{'mode':<8}{'TTFT p50':>10}{'TTFT p95':>10}{'done p50':>10}{'done p95':>10}   served (fast/slow)")
         summary = {}
         for mode, entry in (("off", off), ("active", active)):
             ttft = [r[0] for r in results[mode]]
             done = [r[1] for r in results[mode]]
-            summary[mode] = (pct(ttft, .5), pct(ttft, .95), pct(done, .5), pct(done, .95))
+            summary[mode] = (pct(ttft, 0.5), pct(ttft, 0.95), pct(done, 0.5), pct(done, 0.95))
             served = {"fast": 0, "slow": 0}
             for t in entry.status()["network_costs"]["targets"]:
                 if t["node"] in ids:
                     served[ids[t["node"]]] += t["successes"]
-            print(f"{mode:<8}" + "".join(f"{v * 1000:>8.0f}ms" for v in summary[mode])
-                  + f"   {served['fast']}/{served['slow']}")
+            print(
+                f"{mode:<8}"
+                + "".join(f"{v * 1000:>8.0f}ms" for v in summary[mode])
+                + f"   {served['fast']}/{served['slow']}"
+            )
         ratios = [a / o if o else float("nan") for a, o in zip(summary["active"], summary["off"])]
-        print("ratio active/off: TTFT p50 {:.2f}, TTFT p95 {:.2f}, completion p50 {:.2f}, completion p95 {:.2f}"
-              .format(*ratios))
+        print(
+            "ratio active/off: TTFT p50 {:.2f}, TTFT p95 {:.2f}, completion p50 {:.2f}, completion p95 {:.2f}".format(
+                *ratios
+            )
+        )
         st = active.status()["scheduler"]
-        print(f"active entry: decisions {st['decisions']}, overrides {st['overrides']}; "
-              f"mean TTFT off {statistics.mean(r[0] for r in results['off']) * 1000:.0f} ms, "
-              f"active {statistics.mean(r[0] for r in results['active']) * 1000:.0f} ms")
+        print(
+            f"active entry: decisions {st['decisions']}, overrides {st['overrides']}; "
+            f"mean TTFT off {statistics.mean(r[0] for r in results['off']) * 1000:.0f} ms, "
+            f"active {statistics.mean(r[0] for r in results['active']) * 1000:.0f} ms"
+        )
         slow_id = next(k for k, v in ids.items() if v == "slow")
         for d in reversed(st["recent_decisions"]):  # why the active entry chose the slow host
             if d["target"].startswith(slow_id):
-                terms = {ids.get(sc["target"].split("/")[0], "?"): {k: round(sc[k]) for k in (
-                    "total_ms", "queue_ms", "prefill_ms", "decode_ms", "unknown_ms")} for sc in d["scores"]}
+                terms = {
+                    ids.get(sc["target"].split("/")[0], "?"): {
+                        k: round(sc[k]) for k in ("total_ms", "queue_ms", "prefill_ms", "decode_ms", "unknown_ms")
+                    }
+                    for sc in d["scores"]
+                }
                 print(f"  active -> slow: {d['reason']}; {terms}")
     finally:
         for n in nodes:

@@ -28,7 +28,7 @@ from hydra_node.routing import (  # noqa: E402
     RequestFeatures,
     Scheduler,
     SchedulerConfig,
-        Target,
+    Target,
 )
 
 MODEL = "qwen3-8b"
@@ -119,8 +119,11 @@ def make_trace(kind: str, seed: int, duration: float) -> list[Req]:
                 history += user + out
                 at += rng.expovariate(1 / 12.0) + 2.0
     reqs.sort(key=lambda r: r.arrival)
-    return [Req(i, r.arrival, r.session, r.prompt, r.shared, r.output, r.max_tokens)
-            for i, r in enumerate(reqs) if r.arrival < duration]
+    return [
+        Req(i, r.arrival, r.session, r.prompt, r.shared, r.output, r.max_tokens)
+        for i, r in enumerate(reqs)
+        if r.arrival < duration
+    ]
 
 
 @dataclass
@@ -134,8 +137,9 @@ class Host:
 class Sim:
     """One policy over one trace."""
 
-    def __init__(self, policy: str, specs: list[HostSpec], trace: list[Req], seed: int,
-                 overrides: dict | None = None) -> None:
+    def __init__(
+        self, policy: str, specs: list[HostSpec], trace: list[Req], seed: int, overrides: dict | None = None
+    ) -> None:
         self.policy, self.trace, self.seed = policy, trace, seed
         self.hosts = {s.name: Host(s) for s in specs}
         self.names = [s.name for s in specs]
@@ -157,8 +161,7 @@ class Sim:
 
     # ---- policies ------------------------------------------------------------------------
     def eligible(self, req: Req, tried: set[str]) -> list[str]:
-        names = [n for n in self.names if n not in tried
-                 and self.hosts[n].spec.context >= req.prompt + req.max_tokens]
+        names = [n for n in self.names if n not in tried and self.hosts[n].spec.context >= req.prompt + req.max_tokens]
         return names or [n for n in self.names if self.hosts[n].spec.context >= req.prompt + req.max_tokens]
 
     def choose(self, req: Req, tried: set[str], now: float) -> str:
@@ -177,13 +180,18 @@ class Sim:
         candidates = []
         for n in names:
             spec = self.hosts[n].spec
-            candidates.append(Candidate(
-                self.target(n), spec.context, in_flight=self.in_flight[n],
-                queue_depth=max(0, self.in_flight[n] - spec.slots), slots=spec.slots,
-                advertised_decode_tps=spec.advertised_decode_tps,
-                advertised_prefill_tps=spec.advertised_prefill_tps))
-        features = RequestFeatures(MODEL, req.prompt, req.max_tokens,
-                                   session_key=req.session, prefix_key=None)
+            candidates.append(
+                Candidate(
+                    self.target(n),
+                    spec.context,
+                    in_flight=self.in_flight[n],
+                    queue_depth=max(0, self.in_flight[n] - spec.slots),
+                    slots=spec.slots,
+                    advertised_decode_tps=spec.advertised_decode_tps,
+                    advertised_prefill_tps=spec.advertised_prefill_tps,
+                )
+            )
+        features = RequestFeatures(MODEL, req.prompt, req.max_tokens, session_key=req.session, prefix_key=None)
         decision = self.scheduler.decide(candidates, features, now)
         return decision.target.node
 
@@ -254,9 +262,15 @@ class Sim:
                 self.results[req.rid] = (first_seen - req.arrival, now - req.arrival, True)
                 if self.scheduler is not None:
                     self.scheduler.telemetry.observe_request(
-                        self.target(name), now, queue_wait_ms=queue_s * 1000,
-                        ttft_ms=(first_seen - sent_at) * 1000, duration_ms=(now - sent_at) * 1000,
-                        prompt_tokens=req.prompt, cached_tokens=cached, completion_tokens=req.output)
+                        self.target(name),
+                        now,
+                        queue_wait_ms=queue_s * 1000,
+                        ttft_ms=(first_seen - sent_at) * 1000,
+                        duration_ms=(now - sent_at) * 1000,
+                        prompt_tokens=req.prompt,
+                        cached_tokens=cached,
+                        completion_tokens=req.output,
+                    )
             elif kind == "fail":
                 req, name, tried, sent_at, one_way = p
                 self.finish(name, now)
@@ -302,36 +316,48 @@ def run_all(seeds: range, duration: float, overrides: dict | None = None) -> dic
                 row["done"] += [r[1] for r in results.values()]
                 row["failed"] += sum(not r[2] for r in results.values())
     for row in table.values():
-        row.update(n=len(row["ttft"]), ttft_p50=pct(row["ttft"], 0.5), ttft_p95=pct(row["ttft"], 0.95),
-                   done_p50=pct(row["done"], 0.5), done_p95=pct(row["done"], 0.95))
+        row.update(
+            n=len(row["ttft"]),
+            ttft_p50=pct(row["ttft"], 0.5),
+            ttft_p95=pct(row["ttft"], 0.95),
+            done_p50=pct(row["done"], 0.5),
+            done_p95=pct(row["done"], 0.95),
+        )
     return table
 
 
 def report(table: dict) -> bool:
-    print(f"{'trace':15} {'policy':12} {'n':>5} {'fail':>4} {'TTFT p50':>9} {'TTFT p95':>9} "
-          f"{'done p50':>9} {'done p95':>9}   (seconds)")
+    print(
+        f"{'trace':15} {'policy':12} {'n':>5} {'fail':>4} {'TTFT p50':>9} {'TTFT p95':>9} "
+        f"{'done p50':>9} {'done p95':>9}   (seconds)"
+    )
     ok = True
     for trace_kind in TRACES:
         for policy in POLICIES:
             r = table[(trace_kind, policy)]
-            print(f"{trace_kind:15} {policy:12} {r['n']:5d} {r['failed']:4d} {r['ttft_p50']:9.3f} "
-                  f"{r['ttft_p95']:9.3f} {r['done_p50']:9.2f} {r['done_p95']:9.2f}")
+            print(
+                f"{trace_kind:15} {policy:12} {r['n']:5d} {r['failed']:4d} {r['ttft_p50']:9.3f} "
+                f"{r['ttft_p95']:9.3f} {r['done_p50']:9.2f} {r['done_p95']:9.2f}"
+            )
         h = table[(trace_kind, "hydra")]
         fixed = [table[(trace_kind, p)] for p in POLICIES if p != "hydra"]
         best = min(fixed, key=lambda r: r["ttft_p95"])
         worst_gap = h["ttft_p95"] / best["ttft_p95"] - 1
         done_gap = h["done_p95"] / min(r["done_p95"] for r in fixed) - 1
-        print(f"  hydra p95 TTFT: {_change(h, table[(trace_kind, 'round-robin')])} vs round-robin, "
-              f"{_change(h, table[(trace_kind, 'least-queue')])} vs least-queue, "
-              f"{worst_gap * 100:+.1f}% vs best fixed (p95 completion {done_gap * 100:+.1f}%)")
+        print(
+            f"  hydra p95 TTFT: {_change(h, table[(trace_kind, 'round-robin')])} vs round-robin, "
+            f"{_change(h, table[(trace_kind, 'least-queue')])} vs least-queue, "
+            f"{worst_gap * 100:+.1f}% vs best fixed (p95 completion {done_gap * 100:+.1f}%)"
+        )
         ok &= worst_gap <= 0.05
-    geo = {p: math.exp(sum(math.log(table[(t, p)]["ttft_p95"]) for t in TRACES) / len(TRACES))
-           for p in POLICIES}
+    geo = {p: math.exp(sum(math.log(table[(t, p)]["ttft_p95"]) for t in TRACES) / len(TRACES)) for p in POLICIES}
     print("geometric mean over traces of p95 TTFT: " + ", ".join(f"{p} {v:.3f}s" for p, v in geo.items()))
     rr_cut, lq_cut = 1 - geo["hydra"] / geo["round-robin"], 1 - geo["hydra"] / geo["least-queue"]
-    print(f"hydra: {rr_cut * 100:.1f}% lower than round-robin (goal >= 30%), "
-          f"{lq_cut * 100:.1f}% lower than least-queue (goal >= 10%); on every trace at most 5% "
-          f"above the best fixed policy: {'yes' if ok else 'NO'}")
+    print(
+        f"hydra: {rr_cut * 100:.1f}% lower than round-robin (goal >= 30%), "
+        f"{lq_cut * 100:.1f}% lower than least-queue (goal >= 10%); on every trace at most 5% "
+        f"above the best fixed policy: {'yes' if ok else 'NO'}"
+    )
     return ok and rr_cut >= 0.30 and lq_cut >= 0.10
 
 
@@ -344,8 +370,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--seeds", type=int, default=3, help="run seeds seed..seed+N-1")
     parser.add_argument("--duration", type=float, default=600.0, help="trace length, simulated s")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a [scheduler] key for the hydra policy")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a [scheduler] key for the hydra policy",
+    )
     args = parser.parse_args()
     overrides = {}
     for item in args.set:

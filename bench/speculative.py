@@ -39,8 +39,12 @@ from pathlib import Path
 
 
 from hydra_node.models import bundled_model_path
-from hydra_node.runtime.child.speculative.controller import (ControllerConfig, SpeculationController, expected_tokens,
-                                                           leviathan_speedup)
+from hydra_node.runtime.child.speculative.controller import (
+    ControllerConfig,
+    SpeculationController,
+    expected_tokens,
+    leviathan_speedup,
+)
 from hydra_node.runtime.child.speculative.draft import DraftSession
 from hydra_node.runtime.child.speculative.llama_engine import LlamaEngine
 
@@ -81,8 +85,9 @@ def verify_seconds(engine: LlamaEngine, prompt: list[int], k: int, reps: int = 3
     return min(times)
 
 
-def speculative_run(target: LlamaEngine, draft: LlamaEngine, prompt: list[int], n: int,
-                    controller: SpeculationController) -> tuple[float, Completion]:
+def speculative_run(
+    target: LlamaEngine, draft: LlamaEngine, prompt: list[int], n: int, controller: SpeculationController
+) -> tuple[float, Completion]:
     dec = SpeculativeDecoder(target, DraftSession(draft, clock=clock), controller, clock=clock)
     t0 = clock()
     events = list(dec.generate(prompt, max_tokens=n))
@@ -109,8 +114,13 @@ def _node_request(node, model: str, prompt: str, n: int) -> tuple[float, dict]:
     from harness import request
 
     t0 = time.perf_counter()
-    code, body = request("POST", node.api_port, "/v1/completions",
-                         {"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0}, timeout=300)
+    code, body = request(
+        "POST",
+        node.api_port,
+        "/v1/completions",
+        {"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0},
+        timeout=300,
+    )
     dt = time.perf_counter() - t0
     if code != 200:
         raise RuntimeError(f"HTTP {code}: {body[:300]}")
@@ -156,15 +166,28 @@ def cross_node(args) -> None:
         d = launch("d", "--config", str(config("d", 1, 8, 1.0)), "--no-model", "--draft-server", "bundled")
         r = launch("r", "--config", str(config("r", 1, 8, 1.0)), "--model", str(target_path))
         model = r.status()["models"][0]["id"]
-        print(f"cross-node: target={args.target} ({target_path.name}) draft=Q4_1 on another node, threads="
-              f"{args.threads} tokens={args.tokens} repeats={args.repeats} clock=wall")
-        print(f"{'kind':6} {'config':9} {'tok/s':>7} {'alone':>7} {'speedup':>7} {'alpha':>6} {'c':>5} {'k':>4} "
-              f"{'rtt_ms':>6} {'bound(k)':>8} {'frac':>5} {'best':>11}")
+        print(
+            f"cross-node: target={args.target} ({target_path.name}) draft=Q4_1 on another node, threads="
+            f"{args.threads} tokens={args.tokens} repeats={args.repeats} clock=wall"
+        )
+        print(
+            f"{'kind':6} {'config':9} {'tok/s':>7} {'alone':>7} {'speedup':>7} {'alpha':>6} {'c':>5} {'k':>4} "
+            f"{'rtt_ms':>6} {'bound(k)':>8} {'frac':>5} {'best':>11}"
+        )
         rows = []
         for cfg in args.node_ks.split(","):
             kmin, kmax, min_speedup = (1, 8, 1.0) if cfg == "adaptive" else (int(cfg), int(cfg), 0.01)
-            t = launch(f"t-{cfg}", "--config", str(config(f"t-{cfg}", kmin, kmax, min_speedup)),
-                       "--model", str(target_path), "--speculative", "mesh", "--join", d.invite())
+            t = launch(
+                f"t-{cfg}",
+                "--config",
+                str(config(f"t-{cfg}", kmin, kmax, min_speedup)),
+                "--model",
+                str(target_path),
+                "--speculative",
+                "mesh",
+                "--join",
+                d.invite(),
+            )
             t.wait_status(lambda st: st["speculation"]["draft_peers"], timeout=60, what="T sees the draft")
             _node_request(t, model, PROMPTS["code"], 8)  # warm-up: connections, first measurements
             _node_request(r, model, PROMPTS["code"], 8)
@@ -192,20 +215,39 @@ def cross_node(args) -> None:
                 c = c_of[kind]
                 rtt = runs[-1][1]["remote"]["rtt_ms"]
                 bound = leviathan_speedup(alpha, round(k), c) if rounds else 1.0
-                best_k, best = max(((j, leviathan_speedup(alpha, j, c)) for j in range(1, K_MAX_BOUND + 1)),
-                                   key=lambda x: x[1])
+                best_k, best = max(
+                    ((j, leviathan_speedup(alpha, j, c)) for j in range(1, K_MAX_BOUND + 1)), key=lambda x: x[1]
+                )
                 speedup = t_alone / t_spec
-                row = dict(kind=kind, config=cfg, tok_s=1 / t_spec, alone_tok_s=1 / t_alone, speedup=speedup,
-                           alpha=alpha, c=c, k=k, rtt_ms=rtt, bound=bound, frac=speedup / bound, best_k=best_k,
-                           best_bound=best, draft_failures=failures, status=runs[-1][1])
+                row = dict(
+                    kind=kind,
+                    config=cfg,
+                    tok_s=1 / t_spec,
+                    alone_tok_s=1 / t_alone,
+                    speedup=speedup,
+                    alpha=alpha,
+                    c=c,
+                    k=k,
+                    rtt_ms=rtt,
+                    bound=bound,
+                    frac=speedup / bound,
+                    best_k=best_k,
+                    best_bound=best,
+                    draft_failures=failures,
+                    status=runs[-1][1],
+                )
                 rows.append(row)
-                print(f"{kind:6} {cfg:9} {1 / t_spec:7.1f} {1 / t_alone:7.1f} {speedup:7.2f} {alpha:6.2f} {c:5.2f} "
-                      f"{k:4.1f} {rtt if rtt is not None else float('nan'):6.2f} {bound:8.2f} {speedup / bound:5.2f} "
-                      f"{best:6.2f}@k={best_k}" + (f"  draft failures: {failures[:1]}" if failures else ""))
+                print(
+                    f"{kind:6} {cfg:9} {1 / t_spec:7.1f} {1 / t_alone:7.1f} {speedup:7.2f} {alpha:6.2f} {c:5.2f} "
+                    f"{k:4.1f} {rtt if rtt is not None else float('nan'):6.2f} {bound:8.2f} {speedup / bound:5.2f} "
+                    f"{best:6.2f}@k={best_k}" + (f"  draft failures: {failures[:1]}" if failures else "")
+                )
             st = t.status()["models"][0]["speculative"]
-            print(f"  T status: acceptance_rate={st['acceptance_rate']} tokens_per_round={st['tokens_per_round']} "
-                  f"k={st['k']} predicted={st['predicted_speedup']} measured={st['measured_speedup']} "
-                  f"speculating={st['speculating']}")
+            print(
+                f"  T status: acceptance_rate={st['acceptance_rate']} tokens_per_round={st['tokens_per_round']} "
+                f"k={st['k']} predicted={st['predicted_speedup']} measured={st['measured_speedup']} "
+                f"speculating={st['speculating']}"
+            )
             t.kill_all()
         if args.json:
             args.json.write_text(json.dumps(dict(rows=rows), indent=1))
@@ -217,8 +259,12 @@ def cross_node(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--mode", choices=["process", "nodes"], default="process",
-                    help="process: draft and target in this process; nodes: draft and target on two nodes")
+    ap.add_argument(
+        "--mode",
+        choices=["process", "nodes"],
+        default="process",
+        help="process: draft and target in this process; nodes: draft and target on two nodes",
+    )
     ap.add_argument("--node-ks", default="adaptive,8", help="--mode nodes: T configurations (adaptive or a fixed k)")
     ap.add_argument("--target", choices=["f16", "f32"], default="f32")
     ap.add_argument("--tokens", type=int, default=96)
@@ -248,7 +294,7 @@ def main() -> None:
     plain_seconds_per_token(draft, prompts["code"], 8)
     for rep in range(args.repeats):
         for kind, prompt in prompts.items():
-            order = modes[rep % len(modes):] + modes[: rep % len(modes)]
+            order = modes[rep % len(modes) :] + modes[: rep % len(modes)]
             for mode in order:
                 if mode == "alone":
                     val = plain_seconds_per_token(target, prompt, args.tokens)
@@ -260,18 +306,25 @@ def main() -> None:
                     else:
                         k = int(mode[2:])
                         ctl = SpeculationController(
-                            ControllerConfig(draft_min_tokens=k, draft_max_tokens=k, min_speedup=0.0))
+                            ControllerConfig(draft_min_tokens=k, draft_max_tokens=k, min_speedup=0.0)
+                        )
                     val = speculative_run(target, draft, prompt, args.tokens, ctl)
                 samples.setdefault((kind, mode), []).append(val)
     t_verify = {k: verify_seconds(target, prompts["prose"], k) for k in range(0, max(ks) + 1)}
 
     rows = []
-    print(f"target={args.target} ({target_path.name}) draft=Q4_1 threads={args.threads} "
-          f"tokens={args.tokens} repeats={args.repeats} clock={args.clock}")
-    print("verify cost t_verify(k)/t_verify(0): " + " ".join(
-        f"k={k}:{t_verify[k] / t_verify[0]:.2f}" for k in sorted(t_verify)))
-    hdr = f"{'kind':6} {'mode':9} {'tok/s':>7} {'speedup':>7} {'alpha':>6} {'c':>5} {'k':>3} " \
-          f"{'bound(k)':>8} {'frac':>5} {'model(k)':>8} {'frac':>5} {'best':>11}"
+    print(
+        f"target={args.target} ({target_path.name}) draft=Q4_1 threads={args.threads} "
+        f"tokens={args.tokens} repeats={args.repeats} clock={args.clock}"
+    )
+    print(
+        "verify cost t_verify(k)/t_verify(0): "
+        + " ".join(f"k={k}:{t_verify[k] / t_verify[0]:.2f}" for k in sorted(t_verify))
+    )
+    hdr = (
+        f"{'kind':6} {'mode':9} {'tok/s':>7} {'speedup':>7} {'alpha':>6} {'c':>5} {'k':>3} "
+        f"{'bound(k)':>8} {'frac':>5} {'model(k)':>8} {'frac':>5} {'best':>11}"
+    )
     print(hdr)
     for kind in prompts:
         t_alone = statistics.median(samples[(kind, "alone")])
@@ -289,15 +342,31 @@ def main() -> None:
             bound = leviathan_speedup(alpha, k, c) if k else 1.0
             vk = t_verify.get(k, t_verify[max(t_verify)]) / t_verify[0]
             model = expected_tokens(alpha, k) / (k * c + vk) if k else 1.0
-            best_k, best = max(((j, leviathan_speedup(alpha, j, c)) for j in range(1, K_MAX_BOUND + 1)),
-                               key=lambda x: x[1])
-            row = dict(kind=kind, mode=mode, tok_s=1 / t_spec, alone_tok_s=1 / t_alone, speedup=speedup,
-                       alpha=alpha, c=c, k=k, bound=bound, frac=speedup / bound, model=model,
-                       frac_model=speedup / model, best_k=best_k, best_bound=best)
+            best_k, best = max(
+                ((j, leviathan_speedup(alpha, j, c)) for j in range(1, K_MAX_BOUND + 1)), key=lambda x: x[1]
+            )
+            row = dict(
+                kind=kind,
+                mode=mode,
+                tok_s=1 / t_spec,
+                alone_tok_s=1 / t_alone,
+                speedup=speedup,
+                alpha=alpha,
+                c=c,
+                k=k,
+                bound=bound,
+                frac=speedup / bound,
+                model=model,
+                frac_model=speedup / model,
+                best_k=best_k,
+                best_bound=best,
+            )
             rows.append(row)
-            print(f"{kind:6} {mode:9} {1 / t_spec:7.1f} {speedup:7.2f} {alpha:6.2f} {c:5.2f} {k:3d} "
-                  f"{bound:8.2f} {speedup / bound:5.2f} {model:8.2f} {speedup / model:5.2f} "
-                  f"{best:6.2f}@k={best_k}")
+            print(
+                f"{kind:6} {mode:9} {1 / t_spec:7.1f} {speedup:7.2f} {alpha:6.2f} {c:5.2f} {k:3d} "
+                f"{bound:8.2f} {speedup / bound:5.2f} {model:8.2f} {speedup / model:5.2f} "
+                f"{best:6.2f}@k={best_k}"
+            )
         print(f"{kind:6} {'alone':9} {1 / t_alone:7.1f}")
     if args.json:
         args.json.write_text(json.dumps(dict(rows=rows, t_verify=t_verify), indent=1))

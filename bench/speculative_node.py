@@ -95,9 +95,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--kinds", default=",".join(PROMPTS))
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--aa", action="store_true",
-                    help="control run: S gets no draft either, so the ratios show what this machine's noise "
-                         "and the two nodes' positions alone give")
+    ap.add_argument(
+        "--aa",
+        action="store_true",
+        help="control run: S gets no draft either, so the ratios show what this machine's noise "
+        "and the two nodes' positions alone give",
+    )
     args = ap.parse_args()
     draft = bundled_model_path()
     target = ensure_converted_target(draft, kind=args.target)
@@ -116,9 +119,11 @@ def main() -> None:
         for node in (s, p):  # warm-up: first requests, the controller's first measurements
             for kind in kinds:
                 timed(node, model, kind, 16, 0)
-        print(f"{'CONTROL (--aa): S without a draft too' if args.aa else 'node with --draft Q4_1 (S)'} vs without (P): "
-              f"target={args.target} threads={args.threads} "
-              f"tokens={args.tokens} repeats={args.repeats} (wall clock, interleaved)")
+        print(
+            f"{'CONTROL (--aa): S without a draft too' if args.aa else 'node with --draft Q4_1 (S)'} vs without (P): "
+            f"target={args.target} threads={args.threads} "
+            f"tokens={args.tokens} repeats={args.repeats} (wall clock, interleaved)"
+        )
         samples: dict[tuple[str, str], list[float]] = {}
         for rep in range(args.repeats):
             for kind in kinds:
@@ -133,7 +138,9 @@ def main() -> None:
             per = " ".join(f"{a / b:.2f}" for a, b in zip(ts, tp))
             paired = statistics.median(a / b for a, b in zip(ts, tp))
             rows.append(dict(kind=kind, s=ts, p=tp, ratio=ratio, paired=paired))
-            print(f"{kind:8} {statistics.median(ts):8.1f} {statistics.median(tp):8.1f} {ratio:6.2f} {paired:6.2f}  {per}")
+            print(
+                f"{kind:8} {statistics.median(ts):8.1f} {statistics.median(tp):8.1f} {ratio:6.2f} {paired:6.2f}  {per}"
+            )
         spec = s.status()["models"][0].get("speculative")
         print("S speculative status:", json.dumps(spec, sort_keys=True)[:1200])
         if args.json:

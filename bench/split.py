@@ -54,14 +54,19 @@ def serve(spec: dict) -> None:
 
     from hydra_node.runtime.rpc import Capacity, WorkerInfo, plan_split, probe_worker
     from hydra_node.runtime.child.rpc_coordinator import (
-        llama_kwargs_for_plan, output_projection_on_host, register_rpc_servers)
+        llama_kwargs_for_plan,
+        output_projection_on_host,
+        register_rpc_servers,
+    )
 
     model = spec["model"]
     kwargs: dict = {"n_gpu_layers": 0}
     plan_status, output_on_host = None, False
     if spec["endpoints"]:
-        workers = [WorkerInfo(f"w{i}", ep, probe_worker(ep).proto, SMALL_BYTES, float(i))
-                   for i, ep in enumerate(spec["endpoints"])]
+        workers = [
+            WorkerInfo(f"w{i}", ep, probe_worker(ep).proto, SMALL_BYTES, float(i))
+            for i, ep in enumerate(spec["endpoints"])
+        ]
         plan = plan_split(Path(model).stat().st_size, N_LAYERS, Capacity(SMALL_BYTES), workers)
         register_rpc_servers(list(plan.rpc_endpoints))
         kwargs, plan_status = llama_kwargs_for_plan(plan), plan.to_status()
@@ -75,8 +80,10 @@ def serve(spec: dict) -> None:
         t0 = time.perf_counter()
         out = llm.create_completion(PROMPT, max_tokens=spec["tokens"], temperature=0.0)
         dt = time.perf_counter() - t0
-        print(json.dumps({"tokens": out["usage"]["completion_tokens"], "seconds": dt,
-                          "text": out["choices"][0]["text"]}), flush=True)
+        print(
+            json.dumps({"tokens": out["usage"]["completion_tokens"], "seconds": dt, "text": out["choices"][0]["text"]}),
+            flush=True,
+        )
 
 
 # ---------------------------------------------------------------- driver
@@ -108,9 +115,21 @@ def start_workers(procs: Procs, n: int, threads: int) -> list[tuple[str, int]]:
     """Start ``n`` loopback workers; return their (endpoint, pid)."""
     from hydra_node.runtime.rpc.supervisor import free_loopback_port
 
-    ws = [procs.start([sys.executable, "-m", "hydra_node.runtime.rpc.worker", "--port",
-                       str(free_loopback_port()), "--threads", str(threads)], stderr=subprocess.DEVNULL)
-          for _ in range(n)]
+    ws = [
+        procs.start(
+            [
+                sys.executable,
+                "-m",
+                "hydra_node.runtime.rpc.worker",
+                "--port",
+                str(free_loopback_port()),
+                "--threads",
+                str(threads),
+            ],
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(n)
+    ]
     return [(_line(w)["endpoint"], w.pid) for w in ws]
 
 
@@ -152,8 +171,9 @@ async def _tunnel_main(spec: dict) -> None:
     async with trio.open_nursery() as nursery:  # the coordinator node: leases + tunnel ports
         endpoints = []
         for url in spec["urls"]:
-            link = await nursery.start(_hold_link, open_link, url, LinkSettings(identity=SigningKey.generate(),
-                                                                                mesh=mesh))
+            link = await nursery.start(
+                _hold_link, open_link, url, LinkSettings(identity=SigningKey.generate(), mesh=mesh)
+            )
             info = await nursery.start(RemoteWorkerTunnel(_OneLink(link), link.peer_id, tag="bench").run)
             endpoints.append(info.endpoint)
         print(json.dumps({"endpoints": endpoints}), flush=True)
@@ -175,16 +195,37 @@ def start_tunnelled_workers(procs: "Procs", n: int, threads: int, link_only: boo
     from hydra_node.runtime.rpc.supervisor import free_loopback_port
 
     mesh = os.urandom(32).hex()
-    ws = [procs.start([sys.executable, "-m", "hydra_node.runtime.rpc.worker", "--port",
-                       str(free_loopback_port()), "--threads", str(threads)], stderr=subprocess.DEVNULL)
-          for _ in range(n)]
+    ws = [
+        procs.start(
+            [
+                sys.executable,
+                "-m",
+                "hydra_node.runtime.rpc.worker",
+                "--port",
+                str(free_loopback_port()),
+                "--threads",
+                str(threads),
+            ],
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(n)
+    ]
     ready = [_line(w) for w in ws]
-    sides = [procs.start([sys.executable, __file__, "--tunnel", json.dumps({"side": "worker", "mesh": mesh,
-                                                                             "worker": r, "link_only": link_only})])
-             for r in ready]
+    sides = [
+        procs.start(
+            [
+                sys.executable,
+                __file__,
+                "--tunnel",
+                json.dumps({"side": "worker", "mesh": mesh, "worker": r, "link_only": link_only}),
+            ]
+        )
+        for r in ready
+    ]
     urls = [_line(p)["url"] for p in sides]
-    coord = procs.start([sys.executable, __file__, "--tunnel", json.dumps({"side": "coord", "mesh": mesh,
-                                                                            "urls": urls})])
+    coord = procs.start(
+        [sys.executable, __file__, "--tunnel", json.dumps({"side": "coord", "mesh": mesh, "urls": urls})]
+    )
     endpoints = _line(coord)["endpoints"]
     extra = [p.pid for p in sides] + [coord.pid]
     return [(ep, w.pid) for ep, w in zip(endpoints, ws)] + [(None, pid) for pid in extra]
@@ -229,8 +270,12 @@ def main() -> None:
         runners, pids = {}, {}
         for name, workers_for in MODES.items():
             workers = workers_for(procs, args)
-            spec = {"model": model, "endpoints": [ep for ep, _ in workers if ep],
-                    "threads": args.threads, "tokens": args.tokens}
+            spec = {
+                "model": model,
+                "endpoints": [ep for ep, _ in workers if ep],
+                "threads": args.threads,
+                "tokens": args.tokens,
+            }
             runners[name] = procs.start([sys.executable, __file__, "--serve", json.dumps(spec)])
             pids[name] = [runners[name].pid] + [pid for _, pid in workers]
             ready = _line(runners[name])
@@ -242,7 +287,7 @@ def main() -> None:
         texts: dict[str, str] = {}
         names = list(MODES)
         for r in range(args.rounds + 1):  # round 0 warms up
-            order = names[r % len(names):] + names[:r % len(names)]
+            order = names[r % len(names) :] + names[: r % len(names)]
             for name in order:
                 cpu0 = cpu_seconds(pids[name])
                 runners[name].stdin.write("run\n")
@@ -254,18 +299,25 @@ def main() -> None:
                     cpu_per_token[name].append(1000 * (cpu_seconds(pids[name]) - cpu0) / res["tokens"])
         base = statistics.median(rates["local"])
         base_cpu = statistics.median(cpu_per_token["local"])
-        print(f"{'mode':<14} {'tok/s median':>12} {'min':>7} {'max':>7} {'ratio':>6} "
-              f"{'cpu ms/tok':>10} {'cpu ratio':>9}")
+        print(
+            f"{'mode':<14} {'tok/s median':>12} {'min':>7} {'max':>7} {'ratio':>6} {'cpu ms/tok':>10} {'cpu ratio':>9}"
+        )
         for name in names:
             med, cpu = statistics.median(rates[name]), statistics.median(cpu_per_token[name])
-            print(f"{name:<14} {med:12.1f} {min(rates[name]):7.1f} {max(rates[name]):7.1f} {med / base:6.2f} "
-                  f"{cpu:10.2f} {cpu / base_cpu:9.2f}")
+            print(
+                f"{name:<14} {med:12.1f} {min(rates[name]):7.1f} {max(rates[name]):7.1f} {med / base:6.2f} "
+                f"{cpu:10.2f} {cpu / base_cpu:9.2f}"
+            )
         if "split-tunnel" in rates:
             ratio = statistics.median(rates["split-tunnel"]) / statistics.median(rates["split-direct"])
-            cpu_ratio = statistics.median(cpu_per_token["split-tunnel"]) / statistics.median(cpu_per_token["split-direct"])
+            cpu_ratio = statistics.median(cpu_per_token["split-tunnel"]) / statistics.median(
+                cpu_per_token["split-direct"]
+            )
             per_round = [t / d for t, d in zip(rates["split-tunnel"], rates["split-direct"])]
-            print(f"tunnel/direct tok/s ratio: {ratio:.2f} (per round {min(per_round):.2f}-{max(per_round):.2f}; "
-                  f"goal >= 0.85)   CPU per token ratio: {cpu_ratio:.2f}")
+            print(
+                f"tunnel/direct tok/s ratio: {ratio:.2f} (per round {min(per_round):.2f}-{max(per_round):.2f}; "
+                f"goal >= 0.85)   CPU per token ratio: {cpu_ratio:.2f}"
+            )
             link = statistics.median(rates["split-link"]) / statistics.median(rates["split-direct"])
             print(f"link-stream fall-back (no data port)/direct tok/s ratio: {link:.2f}")
         same = all(t == texts["local"] for t in texts.values())

@@ -37,8 +37,23 @@ from hydra_node.runtime.tuning.trial import TrialSettings, run_trial  # noqa: E4
 
 
 def tune(home: Path, args, extra: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "hydra_node.cli", "benchmark", "tune", "--json", "--home", str(home),
-           "--budget", str(args.budget), "--rounds", str(args.rounds), "--max-tokens", str(args.max_tokens), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hydra_node.cli",
+        "benchmark",
+        "tune",
+        "--json",
+        "--home",
+        str(home),
+        "--budget",
+        str(args.budget),
+        "--rounds",
+        str(args.rounds),
+        "--max-tokens",
+        str(args.max_tokens),
+        *extra,
+    ]
     print("$ " + " ".join(cmd[1:]), file=sys.stderr)
     r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=args.budget * 3 + 300)
     if r.returncode != 0:
@@ -56,15 +71,18 @@ async def side_by_side(home: Path, keys: dict, args) -> dict[str, list]:
     out: dict[str, list] = {"default": [], "tuned": []}
     for r in range(args.ab_rounds):
         order = [("default", default), ("tuned", tuned)]
-        for name, settings in (order if r % 2 == 0 else order[::-1]):
+        for name, settings in order if r % 2 == 0 else order[::-1]:
             run_home = home / f"run-{name}-{r}"
             for sub in ("run", "logs"):
                 (run_home / sub).mkdir(parents=True)
             res = await run_trial(model, settings, run_home, trial)
             out[name].append(res.figures)
             f = res.figures
-            print(f"  round {r + 1} {name:<7} gen {f.gen_tok_s:7.1f} tok/s  pp {f.pp_tok_s:7.1f} tok/s  "
-                  f"TTFT {f.ttft_ms:8.1f} ms  RSS {(f.peak_rss_bytes or 0) / 2**20:6.0f} MiB", file=sys.stderr)
+            print(
+                f"  round {r + 1} {name:<7} gen {f.gen_tok_s:7.1f} tok/s  pp {f.pp_tok_s:7.1f} tok/s  "
+                f"TTFT {f.ttft_ms:8.1f} ms  RSS {(f.peak_rss_bytes or 0) / 2**20:6.0f} MiB",
+                file=sys.stderr,
+            )
     return out
 
 
@@ -81,21 +99,29 @@ def main() -> None:
         (home / "default").mkdir()
         report = tune(home / "default", args, extra)
         rec = report["recommended"]
-        print(f"tuner: {len(report['candidates'])} candidates; baseline {report['baseline']}\n"
-              f"       recommended {rec['profile']} (in-sweep gain {report['gain_vs_baseline']})")
+        print(
+            f"tuner: {len(report['candidates'])} candidates; baseline {report['baseline']}\n"
+            f"       recommended {rec['profile']} (in-sweep gain {report['gain_vs_baseline']})"
+        )
         if rec["profile"] == report["baseline"]:
-            print("       the recommendation is the default profile: the side-by-side below compares a profile "
-                  "with itself, i.e. it shows this machine's run-to-run noise")
+            print(
+                "       the recommendation is the default profile: the side-by-side below compares a profile "
+                "with itself, i.e. it shows this machine's run-to-run noise"
+            )
         figs = trio.run(side_by_side, home, rec["keys"], args)
-    med = {side: {k: statistics.median(getattr(f, k) for f in fs) for k in ("gen_tok_s", "pp_tok_s", "ttft_ms")}
-           for side, fs in figs.items()}
+    med = {
+        side: {k: statistics.median(getattr(f, k) for f in fs) for k in ("gen_tok_s", "pp_tok_s", "ttft_ms")}
+        for side, fs in figs.items()
+    }
     print(f"\n{'profile':<9} {'gen tok/s':>10} {'pp tok/s':>10} {'TTFT ms':>10}   (medians of {args.ab_rounds} rounds)")
     for side in ("default", "tuned"):
         m = med[side]
         print(f"{side:<9} {m['gen_tok_s']:10.1f} {m['pp_tok_s']:10.1f} {m['ttft_ms']:10.1f}")
     d, t = med["default"], med["tuned"]
-    print(f"ratio tuned/default: gen tok/s {t['gen_tok_s'] / d['gen_tok_s']:.3f} (goal >= 1)  "
-          f"pp tok/s {t['pp_tok_s'] / d['pp_tok_s']:.3f}  TTFT {t['ttft_ms'] / d['ttft_ms']:.3f} (goal <= 1)")
+    print(
+        f"ratio tuned/default: gen tok/s {t['gen_tok_s'] / d['gen_tok_s']:.3f} (goal >= 1)  "
+        f"pp tok/s {t['pp_tok_s'] / d['pp_tok_s']:.3f}  TTFT {t['ttft_ms'] / d['ttft_ms']:.3f} (goal <= 1)"
+    )
 
 
 if __name__ == "__main__":

@@ -132,8 +132,14 @@ class EventLogStatistics:
 class Subscription:
     """One reader's view: replayed events first, then live ones through a bounded queue."""
 
-    def __init__(self, owner: EventLog, prefixes: tuple[str, ...], capacity: int,
-                 backlog: Iterable[Event], wake: Callable[[], None] | None) -> None:
+    def __init__(
+        self,
+        owner: EventLog,
+        prefixes: tuple[str, ...],
+        capacity: int,
+        backlog: Iterable[Event],
+        wake: Callable[[], None] | None,
+    ) -> None:
         self._owner = owner
         self.prefixes = prefixes
         self.capacity = capacity
@@ -190,8 +196,15 @@ class EventLog:
     keep growing across restarts and a reader's ``Last-Event-ID`` from an earlier run replays
     the whole buffer of this one)."""
 
-    def __init__(self, *, clock: Callable[[], float], capacity: int = DEFAULT_CAPACITY,
-                 queue_size: int = DEFAULT_QUEUE, first_id: int = 1, max_subscribers: int = MAX_SUBSCRIBERS) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float],
+        capacity: int = DEFAULT_CAPACITY,
+        queue_size: int = DEFAULT_QUEUE,
+        first_id: int = 1,
+        max_subscribers: int = MAX_SUBSCRIBERS,
+    ) -> None:
         if capacity < 1 or queue_size < 1 or first_id < 1:
             raise ValueError("capacity, queue_size and first_id must be >= 1")
         self._clock = clock
@@ -232,11 +245,15 @@ class EventLog:
 
     def recent(self, after_id: int | None = None, prefixes: tuple[str, ...] = ()) -> list[Event]:
         """Buffered events with id > ``after_id`` whose type starts with one of ``prefixes``."""
-        return [e for e in self._ring if (after_id is None or e.id > after_id)
-                and (not prefixes or e.type.startswith(prefixes))]
+        return [
+            e
+            for e in self._ring
+            if (after_id is None or e.id > after_id) and (not prefixes or e.type.startswith(prefixes))
+        ]
 
-    def subscribe(self, *, after_id: int | None = None, prefixes: tuple[str, ...] = (),
-                  wake: Callable[[], None] | None = None) -> Subscription:
+    def subscribe(
+        self, *, after_id: int | None = None, prefixes: tuple[str, ...] = (), wake: Callable[[], None] | None = None
+    ) -> Subscription:
         """A new reader.  ``after_id`` (``Last-Event-ID``): replay the buffered events after it; None:
         live events only.  A reader whose id is older than the buffer first gets ``events.dropped``
         counting the events it can no longer see; an id from an earlier run (below ``first_id``) or
@@ -263,9 +280,15 @@ class EventLog:
             self._subs.remove(sub)
 
     def statistics(self) -> EventLogStatistics:
-        return EventLogStatistics(emitted=self.emitted, buffered=len(self._ring), last_id=self.last_id,
-                                  subscribers=len(self._subs), dropped=self.dropped, closed_slow=self.closed_slow,
-                                  emit_errors=self.emit_errors)
+        return EventLogStatistics(
+            emitted=self.emitted,
+            buffered=len(self._ring),
+            last_id=self.last_id,
+            subscribers=len(self._subs),
+            dropped=self.dropped,
+            closed_slow=self.closed_slow,
+            emit_errors=self.emit_errors,
+        )
 
     # ---- called by subscriptions -------------------------------------------------------------
     def _count_drop(self) -> None:

@@ -45,8 +45,10 @@ class PortInUse(ListenError):
     """The port is held by another process (EADDRINUSE)."""
 
     def _reason(self, cause: OSError) -> str:
-        return (f"is in use: another hydra-node or program holds it; stop it or choose another port "
-                f"with {self.purpose.option} N")
+        return (
+            f"is in use: another hydra-node or program holds it; stop it or choose another port "
+            f"with {self.purpose.option} N"
+        )
 
 
 async def bind_tcp(host: str, port: int, purpose: ListenPurpose) -> list[trio.SocketListener]:
@@ -63,4 +65,3 @@ def close_listeners(listeners: list[trio.SocketListener] | None) -> None:
     """Close listeners that were bound but never served (a start that failed before serving them)."""
     for listener in listeners or ():
         listener.socket.close()
-

@@ -15,8 +15,12 @@ LOG_BACKUPS = 3
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        d = {"ts": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
-             "msg": record.getMessage()}
+        d = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
         if record.exc_info:
             d["exc"] = self.formatException(record.exc_info)
         return json.dumps(d)

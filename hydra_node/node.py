@@ -119,8 +119,9 @@ class Node:
         self.local = LocalRunners(self.node_id, self.runners)
         self.router.add_source(self.local)
         refs = config.models or (() if config.fetch_models else (None,))  # None: the bundled model
-        self.models: list[ModelRef] = [] if config.no_model else [resolve_model(m) for m in refs
-                                                                  if placed_name(m) is None]
+        self.models: list[ModelRef] = (
+            [] if config.no_model else [resolve_model(m) for m in refs if placed_name(m) is None]
+        )
         self.placed_models = [n for n in map(placed_name, config.models) if n is not None]  # materialised in run
         self.api_server: HttpServer | None = None
         self.console_server: HttpServer | None = None
@@ -130,40 +131,72 @@ class Node:
         self.mesh: MeshService | None = None
         self.remote: RemoteGeneration | None = None
         if config.mesh is not None:
-            self.mesh = MeshService(signing_key=self.identity.signing_key, state_dir=self.home / "mesh",
-                                    settings=config.mesh, announcement=self.announcement_content,
-                                    name=config.name or self.node_id[:8], on_event=self.events.emit)
+            self.mesh = MeshService(
+                signing_key=self.identity.signing_key,
+                state_dir=self.home / "mesh",
+                settings=config.mesh,
+                announcement=self.announcement_content,
+                name=config.name or self.node_id[:8],
+                on_event=self.events.emit,
+            )
             self.embeddings = RemoteEmbeddings(self.mesh, node_id=self.node_id, local_embed=self._local_embed)
-            self.remote = RemoteGeneration(self.mesh, node_id=self.node_id, local_open=self._local_open,
-                                           embed_remote=self.embeddings.embed_remote)
+            self.remote = RemoteGeneration(
+                self.mesh, node_id=self.node_id, local_open=self._local_open, embed_remote=self.embeddings.embed_remote
+            )
             self.router.add_source(self.remote)
             self.mesh.handle_stream("generate", self.remote.serve)
             self.mesh.handle_stream("embed", self.embeddings.serve)
         f = config.file
         self.model_share = ModelShare.for_home(self.home, self.mesh, f)  # models to and from peers (docs/models.md)
-        self.placement = PlacementService.for_node(f.placement, home=self.home, signing_key=self.identity.signing_key,
-                                                   node_id=self.node_id, mesh=self.mesh,  # docs/placement.md
-                                                   on_materialised=self.scheduling.observe_materialised)
+        self.placement = PlacementService.for_node(
+            f.placement,
+            home=self.home,
+            signing_key=self.identity.signing_key,
+            node_id=self.node_id,
+            mesh=self.mesh,  # docs/placement.md
+            on_materialised=self.scheduling.observe_materialised,
+        )
         # [defaults.speculative]: draft server, draft tunnel port, runner arguments
-        self.speculation = SpeculationService(f.defaults.speculative, log_dir=self.home / "logs",
-                                              threads=f.defaults.throughput.threads, mesh=self.mesh,
-                                              run_dir=self.home / "run")
+        self.speculation = SpeculationService(
+            f.defaults.speculative,
+            log_dir=self.home / "logs",
+            threads=f.defaults.throughput.threads,
+            mesh=self.mesh,
+            run_dir=self.home / "run",
+        )
         # hosted models: placement, splits, RPC worker, hot swap
         self.runtime = ModelRuntime(
-            RuntimeSettings(node_id=self.node_id, home=self.home, force_split=config.force_split,
-                            stall_timeout_s=config.split_stall_timeout_s,
-                            rpc_worker=config.rpc_worker and config.role != "client",
-                            tunnel_port=config.tunnel_port, max_memory_bytes=config.max_memory_bytes),
-            runners=self.runners, runner_settings=self.runner_settings, host_memory=self.host_memory,
-            mesh=self.mesh, on_event=self.events.emit)
+            RuntimeSettings(
+                node_id=self.node_id,
+                home=self.home,
+                force_split=config.force_split,
+                stall_timeout_s=config.split_stall_timeout_s,
+                rpc_worker=config.rpc_worker and config.role != "client",
+                tunnel_port=config.tunnel_port,
+                max_memory_bytes=config.max_memory_bytes,
+            ),
+            runners=self.runners,
+            runner_settings=self.runner_settings,
+            host_memory=self.host_memory,
+            mesh=self.mesh,
+            on_event=self.events.emit,
+        )
         self.runtime.on_kv_transfer = self.scheduling.observe_kv  # docs/kv-reuse.md: KV transfer cost
-        self.metrics = NodeMetrics(MetricsSources(
-            http_requests=lambda: self.requests_total, runners=self._runner_samples,
-            routing=self.router.statistics, scheduling=self.scheduling.statistics,
-            gossip=self.mesh.gossip_statistics if self.mesh is not None else lambda: None,
-            links=self._link_statistics))
-        self.history = HistorySampler(config.file.scheduler.history_interval_ms / 1000, runners=self.runners.values,
-                                      links=self.mesh.open_links if self.mesh is not None else list)  # GET /api/history
+        self.metrics = NodeMetrics(
+            MetricsSources(
+                http_requests=lambda: self.requests_total,
+                runners=self._runner_samples,
+                routing=self.router.statistics,
+                scheduling=self.scheduling.statistics,
+                gossip=self.mesh.gossip_statistics if self.mesh is not None else lambda: None,
+                links=self._link_statistics,
+            )
+        )
+        self.history = HistorySampler(
+            config.file.scheduler.history_interval_ms / 1000,
+            runners=self.runners.values,
+            links=self.mesh.open_links if self.mesh is not None else list,
+        )  # GET /api/history
         self.scheduling.listeners += [self.metrics.observe, self.history.observe]
         if self.mesh is not None:
             self.mesh.handle_tunnel(DRAFT_SERVICE, self.speculation.handle_stream)
@@ -174,7 +207,8 @@ class Node:
         self.management_routes: dict[tuple[str, str], Handler] = {
             **invite_routes(self.mesh),  # POST /api/invite, GET /api/invites, POST /api/invite/revoke
             ("GET", "/metrics"): self.metrics.handle,
-            ("GET", "/api/events"): EventsRoute(self.events).handle, ("GET", "/api/history"): self.history.handle,
+            ("GET", "/api/events"): EventsRoute(self.events).handle,
+            ("GET", "/api/history"): self.history.handle,
             **runtime_routes(self.runtime),
             **models_routes(self.model_share),  # POST /api/models/fetch
             **placement_routes(self.placement),  # /api/placement/... (docs/placement.md)
@@ -192,21 +226,35 @@ class Node:
             "kv_cache": kv_status(self.runners),
             "events": self.events.statistics,
             "invites": self.mesh.invites.statistics if self.mesh is not None else lambda: None,
-            "config": lambda: {"reserved_keys": list(self.config.file.reserved_keys),
-                               "files": list(self.config.config_files),
-                               "api": {"cors_origins": list(self.config.file.api.cors_origins),
-                                       "allow_hosts": list(self.config.file.api.allow_hosts)}},
+            "config": lambda: {
+                "reserved_keys": list(self.config.file.reserved_keys),
+                "files": list(self.config.config_files),
+                "api": {
+                    "cors_origins": list(self.config.file.api.cors_origins),
+                    "allow_hosts": list(self.config.file.api.allow_hosts),
+                },
+            },
         }
         #: How the mesh is entered: the --join invites (TokenError here for a bad one), or our own mesh.
         self.join_plan = JoinPlan.from_tokens(config.mesh.join, time.time()) if config.mesh is not None else None
         self.discovery: DiscoveryService | None = None  # mDNS / Nostr / --auto: chooses and joins the mesh
         if self.mesh is not None and config.discovery is not None:
-            self.discovery = DiscoveryService(self.mesh, NodeFacts(
-                node_id=self.node_id, name=config.name or self.node_id[:8],
-                configured_models=frozenset(m.id for m in self.models),
-                ready_models=lambda: sorted(r.model.id for r in self.runners.values() if r.state == RunnerState.READY),
-                serving_models=lambda: [m.id for m in self.router.models()],
-                spare_slots=self._spare_slots), config.discovery, home=self.home, plan=self.join_plan)
+            self.discovery = DiscoveryService(
+                self.mesh,
+                NodeFacts(
+                    node_id=self.node_id,
+                    name=config.name or self.node_id[:8],
+                    configured_models=frozenset(m.id for m in self.models),
+                    ready_models=lambda: sorted(
+                        r.model.id for r in self.runners.values() if r.state == RunnerState.READY
+                    ),
+                    serving_models=lambda: [m.id for m in self.router.models()],
+                    spare_slots=self._spare_slots,
+                ),
+                config.discovery,
+                home=self.home,
+                plan=self.join_plan,
+            )
             self.status_sections["discovery"] = self.discovery.status
 
     # ---- public surface used by the APIs ------------------------------------------
@@ -237,15 +285,27 @@ class Node:
         mem = self.host_memory()
         return AnnouncementContent(
             models=tuple(ModelEntry(r.model.id, str(r.state), r.free_slots) for r in runners),
-            hardware=Hardware(cores=os.cpu_count() or 1, ram_bytes=mem.ram_bytes, vram_bytes=self.runtime.vram_bytes(),
-                              usable_bytes=mem.usable_bytes),
+            hardware=Hardware(
+                cores=os.cpu_count() or 1,
+                ram_bytes=mem.ram_bytes,
+                vram_bytes=self.runtime.vram_bytes(),
+                usable_bytes=mem.usable_bytes,
+            ),
             queue_depth=sum(r.queue_depth + r.in_flight for r in runners),
-            throughput_milli=tuple((r.model.id, int(r.stats.tokens_per_s * 1000)) for r in runners
-                                   if r.stats.tokens_per_s > 0),
+            throughput_milli=tuple(
+                (r.model.id, int(r.stats.tokens_per_s * 1000)) for r in runners if r.stats.tokens_per_s > 0
+            ),
             api_port=self.api_server.port if self.api_server else None,
             console_port=self.console_server.port if self.console_server else None,
-            rpc=rpc, extra={**self.speculation.announce_extra(), **self.scheduling.announce_extra(), **rpc_extra,
-                                    **self.model_share.announce_extra(), **self.placement.announce_extra()})
+            rpc=rpc,
+            extra={
+                **self.speculation.announce_extra(),
+                **self.scheduling.announce_extra(),
+                **rpc_extra,
+                **self.model_share.announce_extra(),
+                **self.placement.announce_extra(),
+            },
+        )
 
     def _local_embed(self, model_id: str):
         """How a peer's ``embed`` stream runs on a model hosted here (None: not hosted)."""
@@ -260,14 +320,25 @@ class Node:
     def _spare_slots(self) -> int:
         """Free request-queue slots of our ready models (published in our Nostr listing)."""
         queue_size = self.config.file.defaults.throughput.queue_size
-        return sum(max(0, queue_size - r.queue_depth - r.in_flight) for r in self.runners.values()
-                   if r.state == RunnerState.READY)
+        return sum(
+            max(0, queue_size - r.queue_depth - r.in_flight)
+            for r in self.runners.values()
+            if r.state == RunnerState.READY
+        )
 
     def _runner_samples(self) -> list[RunnerSample]:
-        return [RunnerSample(model=r.model.id, queue_depth=r.queue_depth, in_flight=r.in_flight,
-                             tokens_per_s=r.stats.tokens_per_s, restarts=r.restarts,
-                             ready=r.state == RunnerState.READY, engine=r.engine_stats)
-                for r in self.runners.values()]
+        return [
+            RunnerSample(
+                model=r.model.id,
+                queue_depth=r.queue_depth,
+                in_flight=r.in_flight,
+                tokens_per_s=r.stats.tokens_per_s,
+                restarts=r.restarts,
+                ready=r.state == RunnerState.READY,
+                engine=r.engine_stats,
+            )
+            for r in self.runners.values()
+        ]
 
     def _link_statistics(self) -> list:
         return [link.statistics() for link in self.mesh.open_links()] if self.mesh is not None else []
@@ -327,8 +398,10 @@ class Node:
             log.info("event=cleanup %s", action)
         rec = read_pidfile(self.pidfile)
         if rec is not None and rec.alive() and rec.pid != os.getpid():
-            raise NodeAlreadyRunning(f"a node is already running with home {self.home} (pid {rec.pid}); "
-                                     f"stop it with `hydra-node stop --home {self.home}` or use another --home")
+            raise NodeAlreadyRunning(
+                f"a node is already running with home {self.home} (pid {rec.pid}); "
+                f"stop it with `hydra-node stop --home {self.home}` or use another --home"
+            )
         write_pidfile(self.pidfile, os.getpid(), ["hydra-node", "serve"], kind="node")
 
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
@@ -356,14 +429,22 @@ class Node:
                         await self._start_fetched(root, ref)
                     for name in from_peers:  # --model placement:NAME --join: from a peer that holds it
                         await self._start_placed_from_peers(root, name)
-                await root.start(self.speculation.run)  # draft server, draft tunnel port (runtime/speculative/service.py)
+                await root.start(
+                    self.speculation.run
+                )  # draft server, draft tunnel port (runtime/speculative/service.py)
                 await root.start(self.runtime.run)  # RPC worker, split models, hot swap (runtime/hosting/)
                 self.state = NodeState.SERVING
                 self._write_ports()
                 assert self.api_server is not None and self.console_server is not None  # built by _bind_listeners
-                log.info("event=node_ready node_id=%s api=http://%s:%s/v1 console=http://%s:%s models=%s",
-                         self.node_id, self.config.api_host, self.api_server.port, self.config.api_host,
-                         self.console_server.port, ",".join(m.id for m in self.models) or "-")
+                log.info(
+                    "event=node_ready node_id=%s api=http://%s:%s/v1 console=http://%s:%s models=%s",
+                    self.node_id,
+                    self.config.api_host,
+                    self.api_server.port,
+                    self.config.api_host,
+                    self.console_server.port,
+                    ",".join(m.id for m in self.models) or "-",
+                )
                 task_status.started(self)
                 await self._stop.wait()
                 self.state = NodeState.STOPPING
@@ -403,8 +484,9 @@ class Node:
         """``placement:NAME`` from the nearest peer that announces it (bounded wait for the
         announcements), then load it; ModelNotFound naming every source tried when none has it."""
         with trio.move_on_after(PEER_WAIT_S):
-            await wait_for_holders(lambda: bool(self.placement.materialiser.holders(PLACED_KIND, name)), self.mesh,
-                                   trio.current_time)
+            await wait_for_holders(
+                lambda: bool(self.placement.materialiser.holders(PLACED_KIND, name)), self.mesh, trio.current_time
+            )
         try:
             model = await placed_model(self.placement, name)
         except ModelNotFound as exc:  # once more after the view had time to fill (the signer's record)
@@ -429,8 +511,16 @@ class Node:
         assert self.api_server is not None and self.console_server is not None  # built by _bind_listeners
         path = self.home / "run" / "ports.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"api_port": self.api_server.port, "console_port": self.console_server.port,
-                                   "pid": os.getpid(), "node_id": self.node_id}))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "api_port": self.api_server.port,
+                    "console_port": self.console_server.port,
+                    "pid": os.getpid(),
+                    "node_id": self.node_id,
+                }
+            )
+        )
         os.replace(tmp, path)
 
     async def _bind_listeners(self) -> None:
@@ -456,23 +546,58 @@ class Node:
         # Every API of the inference port, built here: "mesh" (the mixture of agents) answers in each dialect.
         moa = MoaApi(MixtureOfAgents(self.router, c.file.moa, quality=scheduler_quality(self.scheduling, self.node_id)))
         openai = OpenAIApi(self.router, moa=moa)
-        api = InferencePort([
-            ("/v1/responses", ResponsesApi(self.router, moa=moa).handle),
-            ("/v1/embeddings", EmbeddingsApi(self.router).handle),
-            ("/v1/messages", MessagesApi(self.router, claude_model=c.file.api.claude_model or None, moa=moa).handle),
-            ("/v1", openai.handle), ("/models", openai.handle),
-        ], api_key=c.api_key, health=self.health, on_request=self._count_request)
-        mgmt = ManagementApi(health=self.health, status=self.status, routes=self.management_routes,
-                             headless=c.headless, api_key=c.api_key if c.listen_all else None, openai=api.handle)
+        api = InferencePort(
+            [
+                ("/v1/responses", ResponsesApi(self.router, moa=moa).handle),
+                ("/v1/embeddings", EmbeddingsApi(self.router).handle),
+                (
+                    "/v1/messages",
+                    MessagesApi(self.router, claude_model=c.file.api.claude_model or None, moa=moa).handle,
+                ),
+                ("/v1", openai.handle),
+                ("/models", openai.handle),
+            ],
+            api_key=c.api_key,
+            health=self.health,
+            on_request=self._count_request,
+        )
+        mgmt = ManagementApi(
+            health=self.health,
+            status=self.status,
+            routes=self.management_routes,
+            headless=c.headless,
+            api_key=c.api_key if c.listen_all else None,
+            openai=api.handle,
+        )
         # Host (DNS rebinding) on loopback listeners, Origin/Content-Type (CSRF) on the management
         # port, CORS on the OpenAI port, the key before any body is read (docs/security.md).
         loopback = not c.listen_all
-        self.console_server = HttpServer(mgmt.handle, c.api_host, c.console_port, name="console", guard=GuardSettings(
-            check_host=loopback, allowed_hosts=c.file.api.allow_hosts, csrf=True, api_key=mgmt.api_key,
-            public_paths=mgmt.public_paths))
-        self.api_server = HttpServer(api.handle, c.api_host, c.api_port, name="api", guard=GuardSettings(
-            check_host=loopback, allowed_hosts=c.file.api.allow_hosts, cors_origins=c.file.api.cors_origins,
-            api_key=c.api_key), on_refused=self._count_request)
+        self.console_server = HttpServer(
+            mgmt.handle,
+            c.api_host,
+            c.console_port,
+            name="console",
+            guard=GuardSettings(
+                check_host=loopback,
+                allowed_hosts=c.file.api.allow_hosts,
+                csrf=True,
+                api_key=mgmt.api_key,
+                public_paths=mgmt.public_paths,
+            ),
+        )
+        self.api_server = HttpServer(
+            api.handle,
+            c.api_host,
+            c.api_port,
+            name="api",
+            guard=GuardSettings(
+                check_host=loopback,
+                allowed_hosts=c.file.api.allow_hosts,
+                cors_origins=c.file.api.cors_origins,
+                api_key=c.api_key,
+            ),
+            on_refused=self._count_request,
+        )
         return self.api_server, self.console_server
 
     async def _watch_signals(self, root_scope: trio.CancelScope) -> None:

@@ -28,7 +28,7 @@ def _stat(pid: int) -> list[bytes] | None:
     except OSError:
         return None
     # The command name may contain spaces and parentheses: split after the last ')'.
-    return data[data.rfind(b")") + 2:].split()
+    return data[data.rfind(b")") + 2 :].split()
 
 
 def _start_time(rest: list[bytes] | None) -> int | None:
@@ -78,8 +78,9 @@ class PidRecord:
 
 def write_pidfile(path: Path, pid: int, argv: list, kind: str, owner_pid: int | None = None) -> PidRecord:
     owner = owner_pid if owner_pid is not None else os.getpid()
-    rec = PidRecord(pid, process_start_time(pid), [str(a) for a in argv][:16], owner,
-                    process_start_time(owner), kind, time.time())
+    rec = PidRecord(
+        pid, process_start_time(pid), [str(a) for a in argv][:16], owner, process_start_time(owner), kind, time.time()
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(asdict(rec)))
@@ -90,8 +91,15 @@ def write_pidfile(path: Path, pid: int, argv: list, kind: str, owner_pid: int | 
 def read_pidfile(path: Path) -> PidRecord | None:
     try:
         d = json.loads(path.read_text())
-        return PidRecord(int(d["pid"]), d.get("start_time"), list(d.get("argv", [])), int(d["owner_pid"]),
-                         d.get("owner_start_time"), str(d.get("kind", "")), float(d.get("created_at", 0)))
+        return PidRecord(
+            int(d["pid"]),
+            d.get("start_time"),
+            list(d.get("argv", [])),
+            int(d["owner_pid"]),
+            d.get("owner_start_time"),
+            str(d.get("kind", "")),
+            float(d.get("created_at", 0)),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -123,8 +131,11 @@ def reap_stale(run_dir: Path, log=None) -> list[str]:
         elif rec.kind != "node" and not rec.owner_alive():
             killed = kill_recorded(rec)
             remove_pidfile(path)
-            actions.append(f"killed orphaned {rec.kind} pid {rec.pid} (owner {rec.owner_pid} gone)" if killed
-                           else f"removed stale pid file {path.name} (pid {rec.pid} gone)")
+            actions.append(
+                f"killed orphaned {rec.kind} pid {rec.pid} (owner {rec.owner_pid} gone)"
+                if killed
+                else f"removed stale pid file {path.name} (pid {rec.pid} gone)"
+            )
     return actions
 
 

@@ -27,10 +27,22 @@ from hydra_node.mesh.wire import cbor  # noqa: E402
 from hydra_node.mesh.wire.secure_channel import SecureChannel  # noqa: E402
 from hydra_node.mesh.wire.envelope import seal  # noqa: E402
 from hydra_node.mesh.wire.errors import MeshError  # noqa: E402
-from hydra_node.mesh.wire.frames import Close, Data, GoAway, Message, Open, LinkPing, LinkPong, Reset, Window, encode_frame  # noqa: E402
+from hydra_node.mesh.wire.frames import (  # noqa: E402
+    Close,
+    Data,
+    GoAway,
+    Message,
+    Open,
+    LinkPing,
+    LinkPong,
+    Reset,
+    Window,
+    encode_frame,
+)
 from hydra_node.mesh.wire.handshake import Handshake  # noqa: E402
 from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key  # noqa: E402
 from hydra_node.mesh.wire.token import issue_invite, parse_invite  # noqa: E402
+
 sys.path.insert(0, str(ROOT / "protocol"))
 from relay_vectors import relay_vectors  # noqa: E402  (protocol/relay_vectors.py)
 from membership_vectors import membership_vectors  # noqa: E402  (protocol/membership_vectors.py)
@@ -67,14 +79,34 @@ def error_code(fn: Any) -> str:
 
 def cbor_vectors() -> dict[str, Any]:
     valid = [
-        ("uint 0", 0), ("uint 23", 23), ("uint 24", 24), ("uint 255", 255), ("uint 256", 256),
-        ("uint 65536", 65536), ("uint 2^32", 2**32), ("uint max", 2**64 - 1),
-        ("nint -1", -1), ("nint -24", -24), ("nint -25", -25), ("nint min", -(2**64)),
-        ("false", False), ("true", True), ("null", None),
-        ("float 1.0 is half", 1.0), ("float 1.5", 1.5), ("float 100000.0 is single", 100000.0), ("float 0.1 is double", 0.1),
+        ("uint 0", 0),
+        ("uint 23", 23),
+        ("uint 24", 24),
+        ("uint 255", 255),
+        ("uint 256", 256),
+        ("uint 65536", 65536),
+        ("uint 2^32", 2**32),
+        ("uint max", 2**64 - 1),
+        ("nint -1", -1),
+        ("nint -24", -24),
+        ("nint -25", -25),
+        ("nint min", -(2**64)),
+        ("false", False),
+        ("true", True),
+        ("null", None),
+        ("float 1.0 is half", 1.0),
+        ("float 1.5", 1.5),
+        ("float 100000.0 is single", 100000.0),
+        ("float 0.1 is double", 0.1),
         ("float -0.0", -0.0),
-        ("empty bytes", b""), ("bytes", b"\x00\x01\xff"), ("empty text", ""), ("text", "hydra"), ("text utf8", "ü水"),
-        ("empty array", []), ("array", [1, [2, 3], "x"]), ("empty map", {}),
+        ("empty bytes", b""),
+        ("bytes", b"\x00\x01\xff"),
+        ("empty text", ""),
+        ("text", "hydra"),
+        ("text utf8", "ü水"),
+        ("empty array", []),
+        ("array", [1, [2, 3], "x"]),
+        ("empty map", {}),
         ("map keys sorted bytewise == length-first for text keys", {"b": 1, "a": 2, "aa": 3, "z": 4, "": 5}),
         ("nested map", {"peer": {"gpu": "none", "vram": 0}, "t": "announce"}),
     ]
@@ -117,11 +149,17 @@ def cbor_vectors() -> dict[str, Any]:
         ("too deep", "81" * 17 + "00", "too_deep"),
     ]
     out_valid = [{"name": n, "hex": cbor.encode(v).hex(), "decoded": to_json(v)} for n, v in valid]
-    out_invalid = [{"name": n, "hex": h, "error": error_code(lambda h=h: cbor.decode(bytes.fromhex(h)))} for n, h, _ in invalid]
+    out_invalid = [
+        {"name": n, "hex": h, "error": error_code(lambda h=h: cbor.decode(bytes.fromhex(h)))} for n, h, _ in invalid
+    ]
     for vector, (_, _, expected) in zip(out_invalid, invalid):
         assert vector["error"] == expected, (vector, expected)
-    return {"description": "Canonical CBOR of the restricted data model (protocol/README.md section 2)",
-            "max_depth": cbor.MAX_DEPTH, "valid": out_valid, "invalid": out_invalid}
+    return {
+        "description": "Canonical CBOR of the restricted data model (protocol/README.md section 2)",
+        "max_depth": cbor.MAX_DEPTH,
+        "valid": out_valid,
+        "invalid": out_invalid,
+    }
 
 
 def envelope_vectors() -> dict[str, Any]:
@@ -135,10 +173,22 @@ def envelope_vectors() -> dict[str, Any]:
         "description": "Signed envelopes (protocol/README.md section 3); signer seed is the Ed25519 seed",
         "signer_seed": SEED_A.hex(),
         "signer_id": node_id_from_public_key(bytes(key.verify_key)),
-        "valid": [{"name": "announce", "context": "announce", "body": to_json(body), "hex": good.hex(),
-                   "signing_input_hex": (b"hydra/1/announce\x00" + cbor.encode(body)).hex()}],
+        "valid": [
+            {
+                "name": "announce",
+                "context": "announce",
+                "body": to_json(body),
+                "hex": good.hex(),
+                "signing_input_hex": (b"hydra/1/announce\x00" + cbor.encode(body)).hex(),
+            }
+        ],
         "invalid": [
-            {"name": "body altered after signing", "hex": forged.hex(), "context": "announce", "error": "bad_signature"},
+            {
+                "name": "body altered after signing",
+                "hex": forged.hex(),
+                "context": "announce",
+                "error": "bad_signature",
+            },
             {"name": "generation 2", "hex": other_gen.hex(), "context": "announce", "error": "generation_mismatch"},
             {"name": "wrong context", "hex": good.hex(), "context": "invite", "error": "wrong_context"},
             {"name": "not a map", "hex": "80", "context": "announce", "error": "malformed"},
@@ -169,13 +219,23 @@ def token_vectors() -> dict[str, Any]:
         entry: dict[str, Any] = {"name": name, "token": token_text, "now": now, "expected_mesh_id": expected_mesh}
         try:
             token = parse_invite(token_text, now, expected_mesh_id=expected_mesh)
-            entry["parsed"] = {"mesh_id": token.mesh_id, "issuer_id": token.issuer_id, "addrs": list(token.addrs),
-                               "expires_at": token.expires_at, "nonce": token.nonce.hex()}
+            entry["parsed"] = {
+                "mesh_id": token.mesh_id,
+                "issuer_id": token.issuer_id,
+                "addrs": list(token.addrs),
+                "expires_at": token.expires_at,
+                "nonce": token.nonce.hex(),
+            }
         except MeshError as exc:
             entry["error"] = exc.code
         out.append(entry)
-    return {"description": "Invite tokens (protocol/README.md section 6)", "issuer_seed": SEED_A.hex(),
-            "mesh_key": MESH_KEY.hex(), "mesh_id": mesh.mesh_id, "cases": out}
+    return {
+        "description": "Invite tokens (protocol/README.md section 6)",
+        "issuer_seed": SEED_A.hex(),
+        "mesh_key": MESH_KEY.hex(),
+        "mesh_id": mesh.mesh_id,
+        "cases": out,
+    }
 
 
 def invite_vectors() -> dict[str, Any]:
@@ -204,11 +264,15 @@ def invite_vectors() -> dict[str, Any]:
     plain = issue_invite(issuer, mesh.mesh_id, addrs, 3600, NOW, nonce=bytes([3]) * 16)
     body = {"addrs": addrs, "exp": NOW + 3600, "mesh": mesh.mesh_id, "nonce": bytes([4]) * 16}
     tokens = []
-    for name, text in [("uses 1", once), ("uses 2", twice), ("no uses (unlimited, as before uses existed)", plain),
-                       ("uses 0", token_b64(seal(issuer, "invite", {**body, "uses": 0}))),
-                       ("uses 1001", token_b64(seal(issuer, "invite", {**body, "uses": 1001}))),
-                       ("uses as text", token_b64(seal(issuer, "invite", {**body, "uses": "1"}))),
-                       ("unknown key", token_b64(seal(issuer, "invite", {**body, "use": 1})))]:
+    for name, text in [
+        ("uses 1", once),
+        ("uses 2", twice),
+        ("no uses (unlimited, as before uses existed)", plain),
+        ("uses 0", token_b64(seal(issuer, "invite", {**body, "uses": 0}))),
+        ("uses 1001", token_b64(seal(issuer, "invite", {**body, "uses": 1001}))),
+        ("uses as text", token_b64(seal(issuer, "invite", {**body, "uses": "1"}))),
+        ("unknown key", token_b64(seal(issuer, "invite", {**body, "use": 1}))),
+    ]:
         entry: dict[str, Any] = {"name": name, "token": text, "now": NOW + 10}
         try:
             tok = parse_invite(text, NOW + 10)
@@ -225,15 +289,28 @@ def invite_vectors() -> dict[str, Any]:
     for name, raw in [
         ("altered body (forged)", cbor.encode({**outer, "body": cbor.encode({**v2_decoded, "ver": 9})})),
         ("other mesh", seal_revocations(issuer, MeshSecret(OTHER_MESH_KEY).mesh_id, 2, revoked)),
-        ("entries out of order", seal(issuer, "invite-revocations", {**v2_decoded, "revoked": list(reversed(v2_decoded["revoked"]))})),
+        (
+            "entries out of order",
+            seal(issuer, "invite-revocations", {**v2_decoded, "revoked": list(reversed(v2_decoded["revoked"]))}),
+        ),
         ("duplicate id", seal(issuer, "invite-revocations", {**v2_decoded, "revoked": v2_decoded["revoked"][:1] * 2})),
-        ("unknown reason", seal(issuer, "invite-revocations", {**v2_decoded, "revoked": [{**v2_decoded["revoked"][0], "why": "lost"}]})),
+        (
+            "unknown reason",
+            seal(
+                issuer, "invite-revocations", {**v2_decoded, "revoked": [{**v2_decoded["revoked"][0], "why": "lost"}]}
+            ),
+        ),
         ("version 0", seal(issuer, "invite-revocations", {**v2_decoded, "ver": 0})),
         ("extra key", seal(issuer, "invite-revocations", {**v2_decoded, "note": "x"})),
         ("an invite token's envelope (wrong context)", base64.urlsafe_b64decode(plain + "=" * (-len(plain) % 4))),
     ]:
-        lists_invalid.append({"name": name, "hex": raw.hex(),
-                              "error": code_of(lambda r=raw: open_revocations(r, expected_mesh_id=mesh.mesh_id))})
+        lists_invalid.append(
+            {
+                "name": name,
+                "hex": raw.hex(),
+                "error": code_of(lambda r=raw: open_revocations(r, expected_mesh_id=mesh.mesh_id)),
+            }
+        )
 
     # A receiver's table: which offers it takes (the newest list per issuer; its signer must be a member).
     members = {node_id_from_public_key(bytes(k.verify_key)) for k in (issuer, member)}
@@ -243,9 +320,15 @@ def invite_vectors() -> dict[str, Any]:
     v3 = seal_revocations(issuer, mesh.mesh_id, 3, [])
     stranger = seal_revocations(outsider, mesh.mesh_id, 5, revoked)
     table_steps = []
-    for name, raw in [("v1 from the issuer", v1), ("v2 (newer)", v2), ("v1 again (a replay)", v1),
-                      ("v2 again (a duplicate: taken, not relayed)", v2), ("another v2 (equivocation)", v2_other),
-                      ("v3 (empty: nothing revoked any more)", v3), ("a list signed by a non-member", stranger)]:
+    for name, raw in [
+        ("v1 from the issuer", v1),
+        ("v2 (newer)", v2),
+        ("v1 again (a replay)", v1),
+        ("v2 again (a duplicate: taken, not relayed)", v2),
+        ("another v2 (equivocation)", v2_other),
+        ("v3 (empty: nothing revoked any more)", v3),
+        ("a list signed by a non-member", stranger),
+    ]:
         try:
             got = table.offer(raw, is_member=members.__contains__)
             outcome = "accepted" if got is not None else "duplicate"
@@ -259,9 +342,12 @@ def invite_vectors() -> dict[str, Any]:
     member_id = node_id_from_public_key(bytes(member.verify_key))
     fresh = issue_invite(issuer, mesh.mesh_id, addrs, 3600, NOW, nonce=bytes([5]) * 16)
     at_member = []
-    for name, text, now in [("revoked token", plain, NOW + 10), ("used-up token", once, NOW + 10),
-                            ("uses-limited token at a non-issuer", twice, NOW + 10),
-                            ("unlisted unlimited token", fresh, NOW + 10)]:
+    for name, text, now in [
+        ("revoked token", plain, NOW + 10),
+        ("used-up token", once, NOW + 10),
+        ("uses-limited token at a non-issuer", twice, NOW + 10),
+        ("unlisted unlimited token", fresh, NOW + 10),
+    ]:
         tok = parse_invite(text, now)
         result = code_of(lambda t=tok, n=now: check_invite(t, own_id=member_id, book=None, table=held, now=n))
         at_member.append({"name": name, "token": text, "now": now, "result": result or "admitted"})
@@ -273,35 +359,60 @@ def invite_vectors() -> dict[str, Any]:
         book.record(tok, NOW)
         issuer_story = []
         for i in range(3):
-            result = code_of(lambda i=i: check_invite(tok, own_id=tok.issuer_id, book=book, table=None,
-                                                      now=NOW + 10 + i))
+            result = code_of(
+                lambda i=i: check_invite(tok, own_id=tok.issuer_id, book=book, table=None, now=NOW + 10 + i)
+            )
             issuer_story.append({"now": NOW + 10 + i, "result": result or "admitted"})
         after = open_revocations(book.revocation_list(mesh.mesh_id, NOW + 20), expected_mesh_id=mesh.mesh_id)
-    return {"description": "Invite tokens with uses, signed invite revocation lists and the admission rule "
-                           "(protocol/README.md section 6.1)",
-            "issuer_seed": SEED_A.hex(), "member_seed": SEED_B.hex(), "outsider_seed": SEED_C.hex(),
-            "mesh_key": MESH_KEY.hex(), "mesh_id": mesh.mesh_id, "tokens": tokens,
-            "list": {"hex": v2.hex(), "issuer_id": node_id_from_public_key(bytes(issuer.verify_key)),
-                     "body": to_json(v2_decoded)},
-            "lists_invalid": lists_invalid, "table_story": table_steps, "at_member": at_member,
-            "issuer_story": {"token": twice, "steps": issuer_story,
-                             "list_after": [to_json(e.to_wire()) for e in after.entries]}}
+    return {
+        "description": "Invite tokens with uses, signed invite revocation lists and the admission rule "
+        "(protocol/README.md section 6.1)",
+        "issuer_seed": SEED_A.hex(),
+        "member_seed": SEED_B.hex(),
+        "outsider_seed": SEED_C.hex(),
+        "mesh_key": MESH_KEY.hex(),
+        "mesh_id": mesh.mesh_id,
+        "tokens": tokens,
+        "list": {
+            "hex": v2.hex(),
+            "issuer_id": node_id_from_public_key(bytes(issuer.verify_key)),
+            "body": to_json(v2_decoded),
+        },
+        "lists_invalid": lists_invalid,
+        "table_story": table_steps,
+        "at_member": at_member,
+        "issuer_story": {
+            "token": twice,
+            "steps": issuer_story,
+            "list_after": [to_json(e.to_wire()) for e in after.entries],
+        },
+    }
 
 
 def frame_vectors() -> dict[str, Any]:
     frames = [
         ("open", Open(1, {"kind": "generate", "model": "smollm2-135m"})),
-        ("data", Data(1, b"hello")), ("close", Close(1)), ("reset", Reset(2, "cancel", "client went away")),
-        ("window", Window(3, 131072)), ("message", Message({"t": "gossip", "seq": 1})),
-        ("ping", LinkPing(bytes(8))), ("pong", LinkPong(b"\x00\x00\x00\x00\x00\x00\x00\x07")), ("goaway", GoAway("normal", "")),
+        ("data", Data(1, b"hello")),
+        ("close", Close(1)),
+        ("reset", Reset(2, "cancel", "client went away")),
+        ("window", Window(3, 131072)),
+        ("message", Message({"t": "gossip", "seq": 1})),
+        ("ping", LinkPing(bytes(8))),
+        ("pong", LinkPong(b"\x00\x00\x00\x00\x00\x00\x00\x07")),
+        ("goaway", GoAway("normal", "")),
     ]
     valid = [{"name": n, "hex": encode_frame(f).hex(), "kind": type(f).__name__} for n, f in frames]
     invalid = [
-        ("short header", "0100", "bad_frame"), ("unknown kind", "0a00000000", "bad_frame"),
-        ("data on stream 0", "020000000061", "bad_frame"), ("empty data", "0200000001", "bad_frame"),
-        ("message on stream 1", "0600000001a0", "bad_frame"), ("open header not a map", "010000000180", "bad_cbor"),
-        ("open header not canonical", "0100000001a2616201616101", "bad_cbor"), ("close with payload", "030000000100", "bad_frame"),
-        ("window of zero", "050000000100000000", "bad_frame"), ("ping of 7 bytes", "0700000000" + "00" * 7, "bad_frame"),
+        ("short header", "0100", "bad_frame"),
+        ("unknown kind", "0a00000000", "bad_frame"),
+        ("data on stream 0", "020000000061", "bad_frame"),
+        ("empty data", "0200000001", "bad_frame"),
+        ("message on stream 1", "0600000001a0", "bad_frame"),
+        ("open header not a map", "010000000180", "bad_cbor"),
+        ("open header not canonical", "0100000001a2616201616101", "bad_cbor"),
+        ("close with payload", "030000000100", "bad_frame"),
+        ("window of zero", "050000000100000000", "bad_frame"),
+        ("ping of 7 bytes", "0700000000" + "00" * 7, "bad_frame"),
     ]
     from hydra_node.mesh.wire.frames import decode_frame
 
@@ -310,7 +421,11 @@ def frame_vectors() -> dict[str, Any]:
         code = error_code(lambda h=hexstr: decode_frame(bytes.fromhex(h)))
         assert code == expected, (name, code)
         out_invalid.append({"name": name, "hex": hexstr, "error": code})
-    return {"description": "Plaintext link frames (protocol/README.md section 5)", "valid": valid, "invalid": out_invalid}
+    return {
+        "description": "Plaintext link frames (protocol/README.md section 5)",
+        "valid": valid,
+        "invalid": out_invalid,
+    }
 
 
 def channel_vectors() -> dict[str, Any]:
@@ -319,7 +434,8 @@ def channel_vectors() -> dict[str, Any]:
     frames = [sender.seal(p) for p in (b"first", b"", b"third frame")]
     return {
         "description": "Encrypted frames (protocol/README.md section 4.5): sender uses send_key; receiver swaps the keys",
-        "send_key": k1.hex(), "receive_key": k2.hex(),
+        "send_key": k1.hex(),
+        "receive_key": k2.hex(),
         "frames": [{"plaintext": p.hex(), "hex": f.hex()} for p, f in zip((b"first", b"", b"third frame"), frames)],
         "receiver_story": [
             {"hex": frames[0].hex(), "result": "ok"},
@@ -332,7 +448,9 @@ def channel_vectors() -> dict[str, Any]:
     }
 
 
-def _story(name: str, initiator: Handshake, responder: Handshake, setup: dict[str, Any], first: bytes | None = None) -> dict[str, Any]:
+def _story(
+    name: str, initiator: Handshake, responder: Handshake, setup: dict[str, Any], first: bytes | None = None
+) -> dict[str, Any]:
     messages: list[dict[str, Any]] = []
     story: dict[str, Any] = {"name": name, "setup": setup, "messages": messages}
     data, side = (initiator.initiate() if first is None else first), "initiator"
@@ -355,9 +473,13 @@ def _story(name: str, initiator: Handshake, responder: Handshake, setup: dict[st
         side = receiver
     ri, rr = initiator.result, responder.result
     story["result"] = {
-        "session_id": ri.session_id.hex(), "admitted_by": ri.admitted_by, "mesh_id": ri.mesh.mesh_id,
-        "initiator_send_key": ri.send_key.hex(), "responder_send_key": rr.send_key.hex(),
-        "initiator_sees": ri.peer_id, "responder_sees": rr.peer_id,
+        "session_id": ri.session_id.hex(),
+        "admitted_by": ri.admitted_by,
+        "mesh_id": ri.mesh.mesh_id,
+        "initiator_send_key": ri.send_key.hex(),
+        "responder_send_key": rr.send_key.hex(),
+        "initiator_sees": ri.peer_id,
+        "responder_sees": rr.peer_id,
     }
     assert ri.session_id == rr.session_id and ri.send_key == rr.receive_key
     return story
@@ -372,7 +494,9 @@ def handshake_vectors() -> dict[str, Any]:
     raw = base64.urlsafe_b64decode(token_text + "=" * (-len(token_text) % 4))
     outer = cbor.decode(raw)
     forged_body = {**cbor.decode(outer["body"]), "exp": NOW + 10**7}
-    forged_text = base64.urlsafe_b64encode(cbor.encode({**outer, "body": cbor.encode(forged_body)})).rstrip(b"=").decode()
+    forged_text = (
+        base64.urlsafe_b64encode(cbor.encode({**outer, "body": cbor.encode(forged_body)})).rstrip(b"=").decode()
+    )
     member = {"initiator_seed": SEED_A.hex(), "mesh_key": MESH_KEY.hex()}
     newcomer = {"initiator_seed": SEED_C.hex(), "invite": token_text}
     setups = [
@@ -382,8 +506,14 @@ def handshake_vectors() -> dict[str, Any]:
         ("invite issued by a non-member", {**newcomer, "invite": foreign_text}),
         ("invite forged (presented text differs from what was parsed)", {**newcomer, "present": forged_text}),
         ("different mesh", {**member, "mesh_key": OTHER_MESH_KEY.hex()}),
-        ("stranger claims the mesh id without its key", {**member, "mesh_key": OTHER_MESH_KEY.hex(), "claim_mesh_id": mesh.mesh_id}),
-        ("protocol generation 2 hello", {**member, "first": cbor.encode({"eph": bytes(32), "gen": 2, "mesh": mesh.mesh_id, "type": "hello"}).hex()}),
+        (
+            "stranger claims the mesh id without its key",
+            {**member, "mesh_key": OTHER_MESH_KEY.hex(), "claim_mesh_id": mesh.mesh_id},
+        ),
+        (
+            "protocol generation 2 hello",
+            {**member, "first": cbor.encode({"eph": bytes(32), "gen": 2, "mesh": mesh.mesh_id, "type": "hello"}).hex()},
+        ),
     ]
     stories = []
     for name, setup in setups:
@@ -394,8 +524,12 @@ def handshake_vectors() -> dict[str, Any]:
         "description": "Handshake stories (protocol/README.md section 4). Build each side from `setup` "
         "(see build_story_parties in protocol/generate_vectors.py), feed each side the other's messages, "
         "and every message and error must match.",
-        "responder_seed": SEED_B.hex(), "initiator_ephemeral": EPH_I.hex(), "responder_ephemeral": EPH_R.hex(),
-        "responder_mesh_key": MESH_KEY.hex(), "now": NOW, "stories": stories,
+        "responder_seed": SEED_B.hex(),
+        "initiator_ephemeral": EPH_I.hex(),
+        "responder_ephemeral": EPH_R.hex(),
+        "responder_mesh_key": MESH_KEY.hex(),
+        "now": NOW,
+        "stories": stories,
     }
 
 
@@ -404,17 +538,33 @@ def build_story_parties(setup: dict[str, Any]) -> tuple[Handshake, Handshake]:
     if "invite" in setup:
         token = parse_invite(setup["invite"], NOW)
         if "present" in setup:
-            token = type(token)(mesh_id=token.mesh_id, issuer_public_key=token.issuer_public_key, addrs=token.addrs,
-                                expires_at=token.expires_at, nonce=token.nonce, text=setup["present"])
+            token = type(token)(
+                mesh_id=token.mesh_id,
+                issuer_public_key=token.issuer_public_key,
+                addrs=token.addrs,
+                expires_at=token.expires_at,
+                nonce=token.nonce,
+                text=setup["present"],
+            )
         credential: Any = token
     else:
         credential = MeshSecret(bytes.fromhex(setup["mesh_key"]))
-    initiator = Handshake("initiator", SigningKey(bytes.fromhex(setup["initiator_seed"])), credential,
-                          now=setup.get("initiator_now", NOW), ephemeral_secret=EPH_I)
+    initiator = Handshake(
+        "initiator",
+        SigningKey(bytes.fromhex(setup["initiator_seed"])),
+        credential,
+        now=setup.get("initiator_now", NOW),
+        ephemeral_secret=EPH_I,
+    )
     if "claim_mesh_id" in setup:
         initiator._mesh_id = setup["claim_mesh_id"]  # a stranger who knows the public mesh id but not the key
-    responder = Handshake("responder", SigningKey(SEED_B), MeshSecret(MESH_KEY),
-                          now=setup.get("responder_now", NOW), ephemeral_secret=EPH_R)
+    responder = Handshake(
+        "responder",
+        SigningKey(SEED_B),
+        MeshSecret(MESH_KEY),
+        now=setup.get("responder_now", NOW),
+        ephemeral_secret=EPH_R,
+    )
     return initiator, responder
 
 
@@ -428,30 +578,67 @@ def announcement_vectors() -> dict[str, Any]:
 
     key = SigningKey(bytes(range(32, 64)))
     nid = node_id_from_public_key(bytes(key.verify_key))
-    ann = sign_announcement(key, Announcement(
-        node_id=nid, incarnation=1795940000, seq=3, version="0.1.0", role="host", addresses=("10.0.0.5:9338",),
-        api_port=9337, console_port=3131, models=(ModelEntry("SmolLM2-135M-Instruct-Q4_1", "ready"),),
-        hardware=Hardware(cores=8, ram_bytes=16 << 30, vram_bytes=0, usable_bytes=12 << 30), queue_depth=1,
-        throughput_milli=(("SmolLM2-135M-Instruct-Q4_1", 180000),), extra={"name": "alpha"}))
+    ann = sign_announcement(
+        key,
+        Announcement(
+            node_id=nid,
+            incarnation=1795940000,
+            seq=3,
+            version="0.1.0",
+            role="host",
+            addresses=("10.0.0.5:9338",),
+            api_port=9337,
+            console_port=3131,
+            models=(ModelEntry("SmolLM2-135M-Instruct-Q4_1", "ready"),),
+            hardware=Hardware(cores=8, ram_bytes=16 << 30, vram_bytes=0, usable_bytes=12 << 30),
+            queue_depth=1,
+            throughput_milli=(("SmolLM2-135M-Instruct-Q4_1", 180000),),
+            extra={"name": "alpha"},
+        ),
+    )
     forged = dataclasses.replace(ann, queue_depth=0)
-    slots = sign_announcement(key, dataclasses.replace(  # a model entry with the optional free_slots
-        ann, seq=4, models=(ModelEntry("SmolLM2-135M-Instruct-Q4_1", "ready", free_slots=3),),
-        extra={"name": "alpha"}))
+    slots = sign_announcement(
+        key,
+        dataclasses.replace(  # a model entry with the optional free_slots
+            ann,
+            seq=4,
+            models=(ModelEntry("SmolLM2-135M-Instruct-Q4_1", "ready", free_slots=3),),
+            extra={"name": "alpha"},
+        ),
+    )
     gossip = Gossip((PeerRecord(nid, ann.incarnation, PeerState.ALIVE, ann),))
     message = {"t": "gossip", "m": gossip.to_wire()}
     return {
         "description": "Announcements signed by the node they describe; verify with the node id as public key.",
         "seed": {"bytes": bytes(range(32, 64)).hex()},
-        "valid": [{"name": "signed_announcement", "wire": to_json(ann.to_wire()),
-                   "signing_input": {"bytes": _unsigned_bytes(ann).hex()},
-                   "signature": {"bytes": dict(ann.extra)["sig"].hex()}},
-                  {"name": "signed_announcement_with_free_slots", "wire": to_json(slots.to_wire()),
-                   "signing_input": {"bytes": _unsigned_bytes(slots).hex()},
-                   "signature": {"bytes": dict(slots.extra)["sig"].hex()}}],
-        "invalid": [{"name": "queue_depth_changed_after_signing", "wire": to_json(forged.to_wire()),
-                     "error": "bad_announcement_signature"}],
-        "messages": [{"name": "gossip_message_on_the_priority_lane", "decoded": to_json(message),
-                      "hex": cbor.encode(message).hex()}],
+        "valid": [
+            {
+                "name": "signed_announcement",
+                "wire": to_json(ann.to_wire()),
+                "signing_input": {"bytes": _unsigned_bytes(ann).hex()},
+                "signature": {"bytes": dict(ann.extra)["sig"].hex()},
+            },
+            {
+                "name": "signed_announcement_with_free_slots",
+                "wire": to_json(slots.to_wire()),
+                "signing_input": {"bytes": _unsigned_bytes(slots).hex()},
+                "signature": {"bytes": dict(slots.extra)["sig"].hex()},
+            },
+        ],
+        "invalid": [
+            {
+                "name": "queue_depth_changed_after_signing",
+                "wire": to_json(forged.to_wire()),
+                "error": "bad_announcement_signature",
+            }
+        ],
+        "messages": [
+            {
+                "name": "gossip_message_on_the_priority_lane",
+                "decoded": to_json(message),
+                "hex": cbor.encode(message).hex(),
+            }
+        ],
     }
 
 
@@ -461,19 +648,27 @@ def tunnel_data_vectors() -> dict[str, Any]:
     secret, ticket = bytes(range(32)), bytes(range(0xA0, 0xB0))
     c2w, w2c = direction_keys(secret)
     coord, worker = channel_for(secret, "coordinator"), channel_for(secret, "worker")
-    frames = [("coordinator", b""), ("worker", b""), ("coordinator", bytes([8]) + bytes(8) + b"get"),
-              ("worker", b"\x03\x00\x00\x00\x00\x00\x00\x00abc")]
+    frames = [
+        ("coordinator", b""),
+        ("worker", b""),
+        ("coordinator", bytes([8]) + bytes(8) + b"get"),
+        ("worker", b"\x03\x00\x00\x00\x00\x00\x00\x00abc"),
+    ]
     out = []
     for side, plaintext in frames:
         wire = seal_frame(coord if side == "coordinator" else worker, plaintext)
         out.append({"from": side, "plaintext": plaintext.hex(), "wire": wire.hex()})
     return {
         "description": "Tunnel data connections (protocol/README.md section 11.5): keys are BLAKE2b-256 keyed "
-                       "with the offer's secret, personalisation 'hydra-tun-c2w' / 'hydra-tun-w2c'; a frame is "
-                       "u32 big-endian length || counter u64 big-endian || XChaCha20-Poly1305; the first frame "
-                       "each way is the empty hello / accept",
-        "secret": secret.hex(), "ticket": ticket.hex(), "preamble": (MAGIC + ticket).hex(),
-        "key_c2w": c2w.hex(), "key_w2c": w2c.hex(), "frames": out,
+        "with the offer's secret, personalisation 'hydra-tun-c2w' / 'hydra-tun-w2c'; a frame is "
+        "u32 big-endian length || counter u64 big-endian || XChaCha20-Poly1305; the first frame "
+        "each way is the empty hello / accept",
+        "secret": secret.hex(),
+        "ticket": ticket.hex(),
+        "preamble": (MAGIC + ticket).hex(),
+        "key_c2w": c2w.hex(),
+        "key_w2c": w2c.hex(),
+        "frames": out,
     }
 
 
@@ -503,9 +698,13 @@ def framing_vectors() -> dict[str, Any]:
     from hydra_node.codec.framing import MAX_MESSAGE_DEPTH, MAX_OP_CHARS, encode_message
 
     limit = 64
-    valid = [("small map", {"op": "ping", "n": 1}), ("event", {"op": "event", "ev": {"type": "delta", "text": "hi"}}),
-             ("bytes and floats", {"op": "x", "b": b"\x00\xff", "f": 0.5})]
+    valid = [
+        ("small map", {"op": "ping", "n": 1}),
+        ("event", {"op": "event", "ev": {"type": "delta", "text": "hi"}}),
+        ("bytes and floats", {"op": "x", "b": b"\x00\xff", "f": 0.5}),
+    ]
     out_valid = [{"name": n, "decoded": to_json(m), "hex": encode_message(m, limit=limit).hex()} for n, m in valid]
+
     def fr(body: bytes) -> str:
         return (len(body).to_bytes(4, "big") + body).hex()
 
@@ -515,13 +714,18 @@ def framing_vectors() -> dict[str, Any]:
         ("map without op", fr(cbor.encode({"a": 1})), "bad_message"),
         ("op is not text", fr(cbor.encode({"op": 1})), "bad_message"),
         ("op too long", fr(cbor.encode({"op": "a" * (MAX_OP_CHARS + 1)})), "bad_message"),
-        ("tag 35 (regex) in the body", fr(cbor2.dumps({"op": "x", "r": cbor2.CBORTag(35, "a")}, canonical=True)),
-         "tag"),
-        ("tag 258 (set) in the body", fr(cbor2.dumps({"op": "x", "s": cbor2.CBORTag(258, [1])}, canonical=True)),
-         "tag"),
+        (
+            "tag 35 (regex) in the body",
+            fr(cbor2.dumps({"op": "x", "r": cbor2.CBORTag(35, "a")}, canonical=True)),
+            "tag",
+        ),
+        (
+            "tag 258 (set) in the body",
+            fr(cbor2.dumps({"op": "x", "s": cbor2.CBORTag(258, [1])}, canonical=True)),
+            "tag",
+        ),
         ("duplicate key", fr(bytes.fromhex("a2626f706178626f706179")), "duplicate_key"),
-        ("float not in its shortest form", fr(bytes.fromhex("a26166fb3ff0000000000000626f706178")),
-         "non_canonical"),
+        ("float not in its shortest form", fr(bytes.fromhex("a26166fb3ff0000000000000626f706178")), "non_canonical"),
         ("too deep", fr(cbor.encode({"op": "x", "d": [[[[[[[[1]]]]]]]]})), "too_deep"),
         ("truncated body: waiting for more", (5).to_bytes(4, "big").hex() + "a1626f70", None),
     ]
@@ -535,22 +739,39 @@ def framing_vectors() -> dict[str, Any]:
         got = _codec_error(lambda data=data: _decode_all(data, limit))
         assert got == expected, (name, got, expected)
         out_invalid.append({"name": name, "hex": hexdata, "error": got})
-    return {"description": "Length-prefixed frames (protocol/README.md section 2.1): u32 big-endian length || one "
-                           "canonical CBOR map with a text 'op'; decoded with the frame limit below. An error of "
-                           "null means the decoder is still waiting for bytes (no message, no error).",
-            "limit": limit, "max_depth": MAX_MESSAGE_DEPTH, "max_op_chars": MAX_OP_CHARS,
-            "valid": out_valid, "invalid": out_invalid}
+    return {
+        "description": "Length-prefixed frames (protocol/README.md section 2.1): u32 big-endian length || one "
+        "canonical CBOR map with a text 'op'; decoded with the frame limit below. An error of "
+        "null means the decoder is still waiting for bytes (no message, no error).",
+        "limit": limit,
+        "max_depth": MAX_MESSAGE_DEPTH,
+        "max_op_chars": MAX_OP_CHARS,
+        "valid": out_valid,
+        "invalid": out_invalid,
+    }
 
 
 def lease_vectors() -> dict[str, Any]:
     from hydra_node.runtime.rpc.proto import ProtoVersion
-    from hydra_node.runtime.rpc.lease_wire import (MAX_CONTROL_FRAME_BYTES, ControlDecoder, DataOffer,
-                                                   LeaseGranted, NoDataOffer, PathChoice, encode_control)
+    from hydra_node.runtime.rpc.lease_wire import (
+        MAX_CONTROL_FRAME_BYTES,
+        ControlDecoder,
+        DataOffer,
+        LeaseGranted,
+        NoDataOffer,
+        PathChoice,
+        encode_control,
+    )
 
     def event_json(ev: Any) -> dict[str, Any]:
         if isinstance(ev, LeaseGranted):
-            return {"type": "lease_granted", "proto": str(ev.proto), "free_bytes": ev.free_bytes,
-                    "device": ev.device, "data": ev.data}
+            return {
+                "type": "lease_granted",
+                "proto": str(ev.proto),
+                "free_bytes": ev.free_bytes,
+                "device": ev.device,
+                "data": ev.data,
+            }
         if isinstance(ev, DataOffer):
             return {"type": "data_offer", "port": ev.port, "ticket": ev.ticket.hex(), "secret": ev.secret.hex()}
         if isinstance(ev, NoDataOffer):
@@ -559,10 +780,14 @@ def lease_vectors() -> dict[str, Any]:
 
     grant = LeaseGranted(ProtoVersion(7, 0, 0), 6 * 2**30, "CUDA0 NVIDIA H200", True)
     offer = DataOffer(40123, bytes(range(0xA0, 0xB0)), bytes(range(32)))
-    events = [("lease granted", grant), ("lease granted, no data connections", LeaseGranted(ProtoVersion(7, 1, 2), 0,
-                                                                                             "CPU", False)),
-              ("data offer", offer), ("no data offer", NoDataOffer()), ("path data", PathChoice("data")),
-              ("path link", PathChoice("link"))]
+    events = [
+        ("lease granted", grant),
+        ("lease granted, no data connections", LeaseGranted(ProtoVersion(7, 1, 2), 0, "CPU", False)),
+        ("data offer", offer),
+        ("no data offer", NoDataOffer()),
+        ("path data", PathChoice("data")),
+        ("path link", PathChoice("link")),
+    ]
     valid = [{"name": n, "event": event_json(ev), "hex": encode_control(ev).hex()} for n, ev in events]
 
     def frame_of_raw(body: bytes) -> str:
@@ -573,71 +798,152 @@ def lease_vectors() -> dict[str, Any]:
 
     invalid_msgs = [
         ("unknown op", frame_of({"op": "lease_revoked"}), "unexpected"),
-        ("grant without proto", frame_of({"op": "lease_granted", "free_bytes": 1, "device": "x", "data": True}),
-         "bad_message"),
-        ("grant with a bad proto", frame_of({"data": True, "device": "x", "free_bytes": 1, "op": "lease_granted",
-                                             "proto": "seven"}), "bad_message"),
-        ("grant with negative memory", frame_of({"data": True, "device": "x", "free_bytes": -1, "op": "lease_granted",
-                                                 "proto": "7.0.0"}), "bad_message"),
-        ("grant with data as an integer", frame_of({"data": 1, "device": "x", "free_bytes": 1, "op": "lease_granted",
-                                                    "proto": "7.0.0"}), "bad_message"),
-        ("offer with a short ticket", frame_of({"op": "data_offer", "port": 1, "ticket": b"ab",
-                                                "secret": bytes(32)}), "bad_message"),
-        ("offer with port 0", frame_of({"op": "data_offer", "port": 0, "ticket": bytes(16), "secret": bytes(32)}),
-         "bad_message"),
-        ("offer with a hex ticket (the old JSON line)", frame_of({"op": "data_offer", "port": 1, "ticket": "a0" * 16,
-                                                                  "secret": bytes(32)}), "bad_message"),
+        (
+            "grant without proto",
+            frame_of({"op": "lease_granted", "free_bytes": 1, "device": "x", "data": True}),
+            "bad_message",
+        ),
+        (
+            "grant with a bad proto",
+            frame_of({"data": True, "device": "x", "free_bytes": 1, "op": "lease_granted", "proto": "seven"}),
+            "bad_message",
+        ),
+        (
+            "grant with negative memory",
+            frame_of({"data": True, "device": "x", "free_bytes": -1, "op": "lease_granted", "proto": "7.0.0"}),
+            "bad_message",
+        ),
+        (
+            "grant with data as an integer",
+            frame_of({"data": 1, "device": "x", "free_bytes": 1, "op": "lease_granted", "proto": "7.0.0"}),
+            "bad_message",
+        ),
+        (
+            "offer with a short ticket",
+            frame_of({"op": "data_offer", "port": 1, "ticket": b"ab", "secret": bytes(32)}),
+            "bad_message",
+        ),
+        (
+            "offer with port 0",
+            frame_of({"op": "data_offer", "port": 0, "ticket": bytes(16), "secret": bytes(32)}),
+            "bad_message",
+        ),
+        (
+            "offer with a hex ticket (the old JSON line)",
+            frame_of({"op": "data_offer", "port": 1, "ticket": "a0" * 16, "secret": bytes(32)}),
+            "bad_message",
+        ),
         ("path neither data nor link", frame_of({"op": "path", "via": "carrier pigeon"}), "bad_message"),
         ("old JSON lease line", b'{"proto": "7.0.0"}\n'.hex(), "too_large"),
         ("nested value", frame_of({"op": "path", "via": ["link"]}), "too_deep"),
-        ("tag in a control frame", frame_of_raw(cbor2.dumps({"op": "path", "via": cbor2.CBORTag(35, "link")},
-                                                            canonical=True)), "tag"),
+        (
+            "tag in a control frame",
+            frame_of_raw(cbor2.dumps({"op": "path", "via": cbor2.CBORTag(35, "link")}, canonical=True)),
+            "tag",
+        ),
         ("frame above the control limit", (MAX_CONTROL_FRAME_BYTES + 1).to_bytes(4, "big").hex(), "too_large"),
     ]
     invalid = []
     for name, hexdata, expected in invalid_msgs:
+
         def run(data: bytes = bytes.fromhex(hexdata)) -> None:
             d = ControlDecoder()
             d.receive_data(data)
             d.next_event()
+
         got = _codec_error(run)
         assert got == expected, (name, got, expected)
         invalid.append({"name": name, "hex": hexdata, "error": got})
 
     raw = bytes([14]) + (24).to_bytes(8, "little") + bytes(24)  # the runner's ggml RPC HELLO
     stories = [
-        {"name": "lease stream", "steps": [{"from": "worker_node", "hex": encode_control(grant).hex(),
-                                            "expect": ["LeaseGranted"], "event": event_json(grant), "rest": ""}]},
-        {"name": "connect over a data connection",
-         "steps": [{"from": "worker_node", "hex": encode_control(offer).hex(), "expect": ["DataOffer", "NoDataOffer"],
-                    "event": event_json(offer), "rest": ""},
-                   {"from": "coordinator", "hex": encode_control(PathChoice("data")).hex(), "expect": ["PathChoice"],
-                    "event": event_json(PathChoice("data")), "rest": ""}]},
-        {"name": "connect over the link stream, RPC bytes in the same chunk",
-         "steps": [{"from": "worker_node", "hex": encode_control(NoDataOffer()).hex(),
-                    "expect": ["DataOffer", "NoDataOffer"], "event": event_json(NoDataOffer()), "rest": ""},
-                   {"from": "coordinator", "hex": (encode_control(PathChoice("link")) + raw).hex(),
-                    "expect": ["PathChoice"], "event": event_json(PathChoice("link")), "rest": raw.hex()}]},
-        {"name": "a path choice where an offer is due",
-         "steps": [{"from": "worker_node", "hex": encode_control(PathChoice("link")).hex(),
-                    "expect": ["DataOffer", "NoDataOffer"], "error": "unexpected"}]},
+        {
+            "name": "lease stream",
+            "steps": [
+                {
+                    "from": "worker_node",
+                    "hex": encode_control(grant).hex(),
+                    "expect": ["LeaseGranted"],
+                    "event": event_json(grant),
+                    "rest": "",
+                }
+            ],
+        },
+        {
+            "name": "connect over a data connection",
+            "steps": [
+                {
+                    "from": "worker_node",
+                    "hex": encode_control(offer).hex(),
+                    "expect": ["DataOffer", "NoDataOffer"],
+                    "event": event_json(offer),
+                    "rest": "",
+                },
+                {
+                    "from": "coordinator",
+                    "hex": encode_control(PathChoice("data")).hex(),
+                    "expect": ["PathChoice"],
+                    "event": event_json(PathChoice("data")),
+                    "rest": "",
+                },
+            ],
+        },
+        {
+            "name": "connect over the link stream, RPC bytes in the same chunk",
+            "steps": [
+                {
+                    "from": "worker_node",
+                    "hex": encode_control(NoDataOffer()).hex(),
+                    "expect": ["DataOffer", "NoDataOffer"],
+                    "event": event_json(NoDataOffer()),
+                    "rest": "",
+                },
+                {
+                    "from": "coordinator",
+                    "hex": (encode_control(PathChoice("link")) + raw).hex(),
+                    "expect": ["PathChoice"],
+                    "event": event_json(PathChoice("link")),
+                    "rest": raw.hex(),
+                },
+            ],
+        },
+        {
+            "name": "a path choice where an offer is due",
+            "steps": [
+                {
+                    "from": "worker_node",
+                    "hex": encode_control(PathChoice("link")).hex(),
+                    "expect": ["DataOffer", "NoDataOffer"],
+                    "error": "unexpected",
+                }
+            ],
+        },
     ]
     for story in stories:  # each step must hold against the code
         for step in story["steps"]:
             d = ControlDecoder()
             d.receive_data(bytes.fromhex(step["hex"]))
-            kinds = {"LeaseGranted": LeaseGranted, "DataOffer": DataOffer, "NoDataOffer": NoDataOffer,
-                     "PathChoice": PathChoice}
+            kinds = {
+                "LeaseGranted": LeaseGranted,
+                "DataOffer": DataOffer,
+                "NoDataOffer": NoDataOffer,
+                "PathChoice": PathChoice,
+            }
             expected = tuple(kinds[k] for k in step["expect"])
             if "error" in step:
                 assert _codec_error(lambda d=d, e=expected: d.next_event(*e)) == step["error"]
             else:
                 assert event_json(d.next_event(*expected)) == step["event"]
                 assert d.take_unconsumed().hex() == step["rest"]
-    return {"description": "RPC tunnel control messages (protocol/README.md section 11.6): length-prefixed "
-                           "canonical CBOR maps on tunnel/rpc streams; 'expect' lists the events the receiver "
-                           "accepts at that step, 'rest' the bytes that follow the message",
-            "limit": MAX_CONTROL_FRAME_BYTES, "valid": valid, "invalid": invalid, "stories": stories}
+    return {
+        "description": "RPC tunnel control messages (protocol/README.md section 11.6): length-prefixed "
+        "canonical CBOR maps on tunnel/rpc streams; 'expect' lists the events the receiver "
+        "accepts at that step, 'rest' the bytes that follow the message",
+        "limit": MAX_CONTROL_FRAME_BYTES,
+        "valid": valid,
+        "invalid": invalid,
+        "stories": stories,
+    }
 
 
 def manifest_vectors() -> dict[str, Any]:
@@ -652,16 +958,36 @@ def manifest_vectors() -> dict[str, Any]:
 
     key = SigningKey(SEED_A)
     empty_sha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-    weights = Manifest("model_weights", "smollm2-135m", (ArtifactFile("model.gguf", 1234567, "5e" * 32),
-                                                         ArtifactFile("tokenizer/vocab.json", 0, empty_sha256)),
-                       {}, "posix:/vast/global/hydra", NOW).sign(key)
-    kv_identity = {"model_sha256": "cd" * 32, "n_ctx": 4096, "rope_freq_base": 10000.0,
-                   "tokens": bytes([1, 0, 0, 0, 2, 0, 0, 0])}
-    kv = Manifest("kv_state", "prefix-7f3a", (ArtifactFile("seq0.state", 4096, "ab" * 32),), kv_identity,
-                  "s3://bucket/hydra", NOW).sign(key)
-    valid = [{"name": name, "hex": m.to_cbor().hex(), "decoded": to_json(m.to_wire()), "body_hex": m.body_bytes().hex(),
-              "signing_input_hex": signing_input(MANIFEST_CONTEXT, m.body_bytes()).hex(), "manifest_id": m.manifest_id,
-              "size": m.size, "json": m.to_json()} for name, m in (("model weights, two files", weights), ("kv state", kv))]
+    weights = Manifest(
+        "model_weights",
+        "smollm2-135m",
+        (ArtifactFile("model.gguf", 1234567, "5e" * 32), ArtifactFile("tokenizer/vocab.json", 0, empty_sha256)),
+        {},
+        "posix:/vast/global/hydra",
+        NOW,
+    ).sign(key)
+    kv_identity = {
+        "model_sha256": "cd" * 32,
+        "n_ctx": 4096,
+        "rope_freq_base": 10000.0,
+        "tokens": bytes([1, 0, 0, 0, 2, 0, 0, 0]),
+    }
+    kv = Manifest(
+        "kv_state", "prefix-7f3a", (ArtifactFile("seq0.state", 4096, "ab" * 32),), kv_identity, "s3://bucket/hydra", NOW
+    ).sign(key)
+    valid = [
+        {
+            "name": name,
+            "hex": m.to_cbor().hex(),
+            "decoded": to_json(m.to_wire()),
+            "body_hex": m.body_bytes().hex(),
+            "signing_input_hex": signing_input(MANIFEST_CONTEXT, m.body_bytes()).hex(),
+            "manifest_id": m.manifest_id,
+            "size": m.size,
+            "json": m.to_json(),
+        }
+        for name, m in (("model weights, two files", weights), ("kv state", kv))
+    ]
 
     def code(wire: dict[str, Any]) -> str:
         try:
@@ -685,28 +1011,45 @@ def manifest_vectors() -> dict[str, Any]:
     ]
     invalid = [{"name": name, "hex": cbor.encode(wire).hex(), "error": code(wire)} for name, wire in cases]
     non_canonical = bytes.fromhex(valid[0]["hex"])
-    invalid.append({"name": "non-canonical: a size with a non-shortest head", "hex": _non_shortest(non_canonical).hex(),
-                    "error": "manifest_invalid"})
-    return {"description": "Signed artifact manifests (protocol/placement.md): 'hex' is the wire form (canonical "
-                           "CBOR), 'body_hex' the signed body, 'signing_input_hex' the exact bytes the Ed25519 key of "
-                           "'node' signed, 'json' the JSON form; invalid manifests with the error code a reader gives",
-            "context": MANIFEST_CONTEXT, "signer_seed": SEED_A.hex(), "valid": valid, "invalid": invalid}
+    invalid.append(
+        {
+            "name": "non-canonical: a size with a non-shortest head",
+            "hex": _non_shortest(non_canonical).hex(),
+            "error": "manifest_invalid",
+        }
+    )
+    return {
+        "description": "Signed artifact manifests (protocol/placement.md): 'hex' is the wire form (canonical "
+        "CBOR), 'body_hex' the signed body, 'signing_input_hex' the exact bytes the Ed25519 key of "
+        "'node' signed, 'json' the JSON form; invalid manifests with the error code a reader gives",
+        "context": MANIFEST_CONTEXT,
+        "signer_seed": SEED_A.hex(),
+        "valid": valid,
+        "invalid": invalid,
+    }
 
 
 def _non_shortest(data: bytes) -> bytes:
     """``data`` with ``created_at`` (a 4-byte integer head) re-encoded with an 8-byte head."""
     head = cbor.encode(NOW)
     at = data.index(head)
-    return data[:at] + bytes([0x1B]) + NOW.to_bytes(8, "big") + data[at + len(head):]
+    return data[:at] + bytes([0x1B]) + NOW.to_bytes(8, "big") + data[at + len(head) :]
 
 
 def build_all() -> dict[str, Any]:
     return {
-        "cbor.json": cbor_vectors(), "envelope.json": envelope_vectors(), "token.json": token_vectors(),
-        "frames.json": frame_vectors(), "channel.json": channel_vectors(), "handshake.json": handshake_vectors(),
-        "announce.json": announcement_vectors(), "tunnel_data.json": tunnel_data_vectors(),
-        "framing.json": framing_vectors(), "lease.json": lease_vectors(),
-        "invites.json": invite_vectors(), "manifests.json": manifest_vectors(),
+        "cbor.json": cbor_vectors(),
+        "envelope.json": envelope_vectors(),
+        "token.json": token_vectors(),
+        "frames.json": frame_vectors(),
+        "channel.json": channel_vectors(),
+        "handshake.json": handshake_vectors(),
+        "announce.json": announcement_vectors(),
+        "tunnel_data.json": tunnel_data_vectors(),
+        "framing.json": framing_vectors(),
+        "lease.json": lease_vectors(),
+        "invites.json": invite_vectors(),
+        "manifests.json": manifest_vectors(),
         "relay.json": relay_vectors(to_json),
         "membership.json": membership_vectors(to_json),
     }

@@ -97,8 +97,16 @@ def shared_keyed_node(tmp_path_factory) -> NodeProcess:
     ``harness.SHARED_CORS_ORIGIN``: for modules that check authentication and CORS for real."""
     home = tmp_path_factory.mktemp("shared-keyed-node")
     (home / "hydra.toml").write_text("[defaults.model_fit]\nprompt_cache = false\n")
-    node = NodeProcess(home, "--config", str(home / "hydra.toml"), "--no-rpc-worker", "--api-key", SHARED_API_KEY,
-                       "--cors-origin", SHARED_CORS_ORIGIN)
+    node = NodeProcess(
+        home,
+        "--config",
+        str(home / "hydra.toml"),
+        "--no-rpc-worker",
+        "--api-key",
+        SHARED_API_KEY,
+        "--cors-origin",
+        SHARED_CORS_ORIGIN,
+    )
     try:
         yield node.start()
     finally:
@@ -128,9 +136,13 @@ def shared_mesh(tmp_path_factory) -> MeshPair:
         front.args += ["--join", host.invite()]
         front.start()
         host_id = host.status()["node_id"]
-        front.wait_status(lambda st: any(p["id"] == host_id and p["state"] == "alive" and
-                                         BUNDLED_MODEL_ID in p["models"] for p in st["peers"]),
-                          timeout=MESH_JOIN_TIMEOUT_S, what="the front sees the host's model")
+        front.wait_status(
+            lambda st: any(
+                p["id"] == host_id and p["state"] == "alive" and BUNDLED_MODEL_ID in p["models"] for p in st["peers"]
+            ),
+            timeout=MESH_JOIN_TIMEOUT_S,
+            what="the front sees the host's model",
+        )
         yield MeshPair(host, front, host_id)
     finally:
         front.kill_all()

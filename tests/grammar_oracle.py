@@ -71,7 +71,7 @@ _FORMATS["hostname"] = rf"{_LABEL}(\.{_LABEL})*"
 _FORMATS["email"] = rf"[A-Za-z0-9!#$%&'*+/=?^_`{{|}}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{{|}}~-]+)*@{_LABEL}(\.{_LABEL})+"
 _FORMATS["ipv4"] = r"((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 _FORMATS["uri"] = r"[A-Za-z][A-Za-z0-9+.-]*:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]*"
-_INT_FORMATS = {"int32": 2 ** 31, "int64": 2 ** 63}
+_INT_FORMATS = {"int32": 2**31, "int64": 2**63}
 
 
 def _is_type(v: object, t: str) -> bool:
@@ -79,8 +79,13 @@ def _is_type(v: object, t: str) -> bool:
         return type(v) is int or (type(v) is float and v.is_integer())
     if t == "number":
         return type(v) in (int, float)
-    return {"null": v is None, "boolean": type(v) is bool, "string": type(v) is str,
-            "object": type(v) is dict, "array": type(v) is list}[t]
+    return {
+        "null": v is None,
+        "boolean": type(v) is bool,
+        "string": type(v) is str,
+        "object": type(v) is dict,
+        "array": type(v) is list,
+    }[t]
 
 
 def _same(a: object, b: object) -> bool:

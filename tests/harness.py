@@ -30,11 +30,27 @@ class NodeProcess:
 
     def start(self, wait: bool = True) -> "NodeProcess":
         self.home.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "hydra_node.cli", self.command, "--home", str(self.home), "--port", "0",
-               "--console", "0", "--mesh-host", "127.0.0.1", "--mesh-port", "0", *self.args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "hydra_node.cli",
+            self.command,
+            "--home",
+            str(self.home),
+            "--port",
+            "0",
+            "--console",
+            "0",
+            "--mesh-host",
+            "127.0.0.1",
+            "--mesh-port",
+            "0",
+            *self.args,
+        ]
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
         if wait:
             self.wait_ready()
         return self
@@ -120,8 +136,14 @@ class NodeProcess:
             self._log.close()
 
 
-def request(method: str, port: int, path: str, body: bytes | str | dict | None = None,
-            headers: dict | None = None, timeout: float = 60.0) -> tuple[int, str]:
+def request(
+    method: str,
+    port: int,
+    path: str,
+    body: bytes | str | dict | None = None,
+    headers: dict | None = None,
+    timeout: float = 60.0,
+) -> tuple[int, str]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     if isinstance(body, dict):
         body = json.dumps(body)
@@ -142,7 +164,7 @@ def pids_with_parent(pid: int) -> list[int]:
             try:
                 with open(f"/proc/{d}/stat") as f:
                     st = f.read()
-                ppid = int(st[st.rfind(")") + 2:].split()[1])
+                ppid = int(st[st.rfind(")") + 2 :].split()[1])
                 if ppid == pid:
                     out.append(int(d))
             except (OSError, ValueError, IndexError):

@@ -44,12 +44,14 @@ def ensure_iptables() -> str | None:
         return None
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
-        r = subprocess.run(["apt-get", "install", "-y", "-q", "iptables"], capture_output=True, text=True,
-                           timeout=600, env=env)
+        r = subprocess.run(
+            ["apt-get", "install", "-y", "-q", "iptables"], capture_output=True, text=True, timeout=600, env=env
+        )
         if r.returncode != 0:  # an empty or stale package list: refresh it once
             subprocess.run(["apt-get", "update", "-q"], capture_output=True, timeout=600, env=env)
-            r = subprocess.run(["apt-get", "install", "-y", "-q", "iptables"], capture_output=True, text=True,
-                               timeout=600, env=env)
+            r = subprocess.run(
+                ["apt-get", "install", "-y", "-q", "iptables"], capture_output=True, text=True, timeout=600, env=env
+            )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"iptables could not be installed: {exc}"
     return None if shutil.which("iptables") else f"iptables could not be installed: {r.stderr[-300:]}"
@@ -88,8 +90,21 @@ class NatLab:
             for host, k in NATED.items():
                 router, inner = self.ns[f"NAT{k}"], self.ns[host]
                 self._bridge_port(router, 20 + k, f"{PUBLIC}.{20 + k}")
-                _run("ip", "link", "add", f"p{inner}", "netns", router, "type", "veth", "peer", "name", f"q{inner}",
-                     "netns", inner)
+                _run(
+                    "ip",
+                    "link",
+                    "add",
+                    f"p{inner}",
+                    "netns",
+                    router,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    f"q{inner}",
+                    "netns",
+                    inner,
+                )
                 _run("ip", "-n", router, "link", "set", f"p{inner}", "name", "lan0")
                 _run("ip", "-n", inner, "link", "set", f"q{inner}", "name", "eth0")
                 _run("ip", "-n", router, "addr", "add", f"192.168.{k}.1/24", "dev", "lan0")
@@ -113,19 +128,39 @@ class NatLab:
         TCP hole punching can pass) or at random (``--random``: a NAT hole punching cannot pass).
         Connections already mapped keep their mapping."""
         router = self.ns[f"NAT{NATED[host]}"]
-        _run("ip", "netns", "exec", router, "iptables", "-t", "nat", "-R", "POSTROUTING", "1", "-o", "pub0",
-             "-j", "MASQUERADE", *(() if preserving else ("--random",)))
+        _run(
+            "ip",
+            "netns",
+            "exec",
+            router,
+            "iptables",
+            "-t",
+            "nat",
+            "-R",
+            "POSTROUTING",
+            "1",
+            "-o",
+            "pub0",
+            "-j",
+            "MASQUERADE",
+            *(() if preserving else ("--random",)),
+        )
 
     def spawn(self, name: str, argv: list[str], log: Path) -> subprocess.Popen:
         with open(log, "ab") as f:
-            p = subprocess.Popen(["ip", "netns", "exec", self.ns[name], *argv], stdout=f, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+            p = subprocess.Popen(
+                ["ip", "netns", "exec", self.ns[name], *argv],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.procs.setdefault(name, []).append(p)
         return p
 
     def run(self, name: str, argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
-        return subprocess.run(["ip", "netns", "exec", self.ns[name], *argv], capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            ["ip", "netns", "exec", self.ns[name], *argv], capture_output=True, text=True, timeout=timeout
+        )
 
     def status(self, name: str) -> dict | None:
         """``/api/status`` of the node on host ``name`` (its console on :3131), None if it does not answer."""
@@ -154,6 +189,24 @@ class NatLab:
 
 def serve_argv(lab: NatLab, name: str, home: Path, *extra: str, command: str = "serve") -> list[str]:
     """``hydra-node serve`` (or ``client``) on host ``name``, links advertised on its own address."""
-    return [sys.executable, "-m", "hydra_node.cli", command, "--home", str(home), "--port", "9337",
-            "--console", "3131", "--mesh-host", "0.0.0.0", "--mesh-port", "9338", "--advertise", lab.addr(name),
-            "--name", name, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "hydra_node.cli",
+        command,
+        "--home",
+        str(home),
+        "--port",
+        "9337",
+        "--console",
+        "3131",
+        "--mesh-host",
+        "0.0.0.0",
+        "--mesh-port",
+        "9338",
+        "--advertise",
+        lab.addr(name),
+        "--name",
+        name,
+        *extra,
+    ]

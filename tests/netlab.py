@@ -55,14 +55,19 @@ class NetLab:
 
     def spawn(self, i: int, argv: list[str], log: Path) -> subprocess.Popen:
         f = open(log, "ab")
-        p = subprocess.Popen(["ip", "netns", "exec", self.hosts[i - 1], *argv], stdout=f, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+        p = subprocess.Popen(
+            ["ip", "netns", "exec", self.hosts[i - 1], *argv],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs.append(p)
         return p
 
     def run(self, i: int, argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
-        return subprocess.run(["ip", "netns", "exec", self.hosts[i - 1], *argv], capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            ["ip", "netns", "exec", self.hosts[i - 1], *argv], capture_output=True, text=True, timeout=timeout
+        )
 
     def __exit__(self, *exc) -> None:
         for p in self.procs:
@@ -78,9 +83,31 @@ class NetLab:
 
 def serve_node(lab: NetLab, i: int, home: Path, *extra: str) -> subprocess.Popen:
     """`hydra-node serve` on host i: standard ports inside its namespace, links advertised on its address."""
-    return lab.spawn(i, [sys.executable, "-m", "hydra_node.cli", "serve", "--home", str(home), "--port", "9337",
-                         "--console", "3131", "--mesh-host", "0.0.0.0", "--mesh-port", "9338", "--advertise",
-                         lab.addr(i), "--name", f"h{i}", *extra], home.parent / f"h{i}.log")
+    return lab.spawn(
+        i,
+        [
+            sys.executable,
+            "-m",
+            "hydra_node.cli",
+            "serve",
+            "--home",
+            str(home),
+            "--port",
+            "9337",
+            "--console",
+            "3131",
+            "--mesh-host",
+            "0.0.0.0",
+            "--mesh-port",
+            "9338",
+            "--advertise",
+            lab.addr(i),
+            "--name",
+            f"h{i}",
+            *extra,
+        ],
+        home.parent / f"h{i}.log",
+    )
 
 
 def node_status(lab: NetLab, i: int, home: Path) -> dict | None:

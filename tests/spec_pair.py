@@ -23,8 +23,7 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "hydra-node" / "models"
 
 
-def ensure_converted_target(src: Path, cache_dir: Path | None = None, kind: str = "f16",
-                            n_threads: int = 2) -> Path:
+def ensure_converted_target(src: Path, cache_dir: Path | None = None, kind: str = "f16", n_threads: int = 2) -> Path:
     """Return the cached ``kind`` conversion of ``src``, making it once (atomically) if needed."""
     if kind not in FTYPES:
         raise ValueError(f"unknown target kind {kind!r}; choose one of {sorted(FTYPES)}")

@@ -15,11 +15,18 @@ PKG = Path(__file__).resolve().parent.parent / "hydra_node"
 
 #: Layer of each top-level part of the package (by the name after ``hydra_node.``).
 LAYER_OF = {
-    "": "base", "backoff": "base", "pidfile": "base", "logging_setup": "base", "native": "base", "eventlog": "base",
+    "": "base",
+    "backoff": "base",
+    "pidfile": "base",
+    "logging_setup": "base",
+    "native": "base",
+    "eventlog": "base",
     "statemachine": "base",
     "listen": "base",
     "codec": "codec",
-    "inference": "vocabulary", "models": "vocabulary", "grammar": "vocabulary",
+    "inference": "vocabulary",
+    "models": "vocabulary",
+    "grammar": "vocabulary",
     "http": "http",
     "mesh": "mesh",
     "runtime": "runtime",
@@ -27,9 +34,12 @@ LAYER_OF = {
     "discovery": "discovery",
     "api": "api",
     "moa": "moa",
-    "openai": "dialect", "responses": "dialect", "anthropic": "dialect",
+    "openai": "dialect",
+    "responses": "dialect",
+    "anthropic": "dialect",
     "admin": "admin",
-    "node": "root", "config": "root",
+    "node": "root",
+    "config": "root",
     "cli": "cli",
 }
 

@@ -23,8 +23,9 @@ def hydra_class(name: str) -> type:
 
 
 class FakeItem:
-    def __init__(self, fixturenames: tuple[str, ...] = (), markers: tuple[str, ...] = (),
-                 module: ModuleType | None = None) -> None:
+    def __init__(
+        self, fixturenames: tuple[str, ...] = (), markers: tuple[str, ...] = (), module: ModuleType | None = None
+    ) -> None:
         self.fixturenames, self.markers, self.module = fixturenames, markers, module
 
     def get_closest_marker(self, name: str) -> object | None:

@@ -22,11 +22,14 @@ class Push(enum.Enum):
     UNLOCK = "unlock"
 
 
-DOOR = StateTable("door", {
-    Door.OPEN: {Push.CLOSE: Door.SHUT},
-    Door.SHUT: {Push.OPEN: Door.OPEN, Push.LOCK: Door.LOCKED},
-    Door.LOCKED: {Push.UNLOCK: Door.SHUT},
-})
+DOOR = StateTable(
+    "door",
+    {
+        Door.OPEN: {Push.CLOSE: Door.SHUT},
+        Door.SHUT: {Push.OPEN: Door.OPEN, Push.LOCK: Door.LOCKED},
+        Door.LOCKED: {Push.UNLOCK: Door.SHUT},
+    },
+)
 
 
 def test_a_move_in_the_table_gives_the_next_state() -> None:
@@ -54,7 +57,9 @@ def test_a_state_with_no_row_has_no_moves() -> None:
 
 
 def test_between_takes_the_target_state_as_the_event() -> None:
-    runs = StateTable.between("run", {"queued": {"running", "failed"}, "running": ("done", "failed"), "failed": ["queued"]})
+    runs = StateTable.between(
+        "run", {"queued": {"running", "failed"}, "running": ("done", "failed"), "failed": ["queued"]}
+    )
     assert runs.next("queued", "running") == "running" and runs.next("failed", "queued") == "queued"
     assert not runs.allows("done", "queued") and not runs.allows("running", "queued")
     with pytest.raises(InvalidTransition, match="run: no move 'queued' from state 'running'"):

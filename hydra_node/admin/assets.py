@@ -31,12 +31,23 @@ PAGE_PATHS = frozenset({"/", "/dashboard"})
 CONSOLE_PREFIX = "/console/"
 #: What the HTTP guard lets through without the API key (GET only; a trailing ``/*`` is a prefix).
 PUBLIC_PATHS = (*sorted(PAGE_PATHS), CONSOLE_PREFIX + "*")
-_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-          ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png"}
-_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
-_SECURITY_HEADERS = (("content-security-policy", _CSP), ("x-content-type-options", "nosniff"),
-                     ("referrer-policy", "no-referrer"), ("x-frame-options", "DENY"))
+_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+}
+_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+)
+_SECURITY_HEADERS = (
+    ("content-security-policy", _CSP),
+    ("x-content-type-options", "nosniff"),
+    ("referrer-policy", "no-referrer"),
+    ("x-frame-options", "DENY"),
+)
 
 
 @dataclass(frozen=True)
@@ -47,7 +58,7 @@ class Asset:
 
 
 def _asset(name: str, body: bytes) -> Asset:
-    suffix = name[name.rfind("."):] if "." in name else ""
+    suffix = name[name.rfind(".") :] if "." in name else ""
     if suffix not in _TYPES:
         raise ValueError(f"console file {name!r} has no known content type")
     return Asset(body, _TYPES[suffix], '"' + hashlib.sha256(body).hexdigest()[:32] + '"')
@@ -91,14 +102,17 @@ class ConsoleAssets:
         if norm in PAGE_PATHS:
             name = "index.html"
         elif path.startswith(CONSOLE_PREFIX):
-            name = path[len(CONSOLE_PREFIX):]
+            name = path[len(CONSOLE_PREFIX) :]
         else:
             return None
         if self.headless:
             return Response(404, error_body("console disabled (--headless)", "not_found"))
         if method != "GET":
-            return Response(405, error_body(f"{method} is not allowed on the console", "method_not_allowed"),
-                            headers=[("allow", "GET")])
+            return Response(
+                405,
+                error_body(f"{method} is not allowed on the console", "method_not_allowed"),
+                headers=[("allow", "GET")],
+            )
         asset = self.assets.get(name)
         if asset is None:
             return Response(404, error_body(f"no console file {name!r}", "not_found"))

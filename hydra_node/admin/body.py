@@ -40,8 +40,14 @@ __all__ = ["ANSWERED", "Fields", "error_response", "guarded", "json_body"]
 #: Field name → the JSON type(s) it takes: ``str``, ``bool``, ``int``, ``float``, ``dict``, ``list``.
 Fields = Mapping[str, type | tuple[type, ...]]
 _NONE: Fields = MappingProxyType({})
-_NAMES = {str: "a string", bool: "true or false", int: "an integer", float: "a number", dict: "an object",
-          list: "an array"}
+_NAMES = {
+    str: "a string",
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    dict: "an object",
+    list: "an array",
+}
 #: The typed errors :func:`guarded` answers (anything else is a bug: the server's 500).
 ANSWERED = (ApiError, ArtifactError, GenerationError, DownloadError)
 
@@ -51,7 +57,9 @@ def _is(value: Any, types: type | tuple[type, ...]) -> bool:
     return bool in types if isinstance(value, bool) else isinstance(value, types)  # true is no number here
 
 
-def json_body(request: Request, *, required: Fields = _NONE, optional: Fields = _NONE, max_bytes: int) -> dict[str, Any]:
+def json_body(
+    request: Request, *, required: Fields = _NONE, optional: Fields = _NONE, max_bytes: int
+) -> dict[str, Any]:
     """The request's body: a JSON object of at most ``max_bytes`` holding every ``required`` field and
     no field outside ``required`` and ``optional``, each of its type; optional nulls are dropped.
     Anything else raises the :class:`ApiError` of the table above, naming the field."""
@@ -61,8 +69,12 @@ def json_body(request: Request, *, required: Fields = _NONE, optional: Fields = 
     known = {**required, **optional}
     unknown = sorted(set(body) - set(known))
     if unknown:
-        raise ApiError(400, f"unknown field {unknown[0][:60]!r} (known: {', '.join(known) or 'none'})",
-                       "unknown_parameter", unknown[0][:60])
+        raise ApiError(
+            400,
+            f"unknown field {unknown[0][:60]!r} (known: {', '.join(known) or 'none'})",
+            "unknown_parameter",
+            unknown[0][:60],
+        )
     for key, types in known.items():
         value = body.get(key)
         if key in required and (value is None or value == ""):
@@ -99,6 +111,7 @@ def guarded(routes: Mapping[tuple[str, str], Handler]) -> dict[tuple[str, str], 
                 return await handler(request)
             except ANSWERED as exc:
                 return error_response(exc)
+
         return handle
 
     return {key: guard(handler) for key, handler in routes.items()}

@@ -86,8 +86,7 @@ class EventsRoute:
         async def release() -> None:
             sub.close()
 
-        return StreamResponse(200, self._stream(sub, wakeup), headers=[("x-accel-buffering", "no")],
-                              finalizer=release)
+        return StreamResponse(200, self._stream(sub, wakeup), headers=[("x-accel-buffering", "no")], finalizer=release)
 
     async def _stream(self, sub: Subscription, wakeup: _Wakeup):
         try:

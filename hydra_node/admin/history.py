@@ -58,9 +58,16 @@ class HistoryPoint:
     rtt_ms: Mapping[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {"ts": self.ts, "tok_s": self.tok_s, "ttft_p50_ms": self.ttft_p50_ms, "ttft_p95_ms": self.ttft_p95_ms,
-                "queue_depth": self.queue_depth, "in_flight": self.in_flight, "requests": self.requests,
-                "rtt_ms": dict(self.rtt_ms)}
+        return {
+            "ts": self.ts,
+            "tok_s": self.tok_s,
+            "ttft_p50_ms": self.ttft_p50_ms,
+            "ttft_p95_ms": self.ttft_p95_ms,
+            "queue_depth": self.queue_depth,
+            "in_flight": self.in_flight,
+            "requests": self.requests,
+            "rtt_ms": dict(self.rtt_ms),
+        }
 
 
 class HistoryRing:
@@ -97,16 +104,22 @@ class IntervalStats:
         if len(self.ttfts) < MAX_TTFT_SAMPLES and math.isfinite(ttft_ms):
             self.ttfts.append(max(0.0, float(ttft_ms)))
 
-    def point(self, ts: float, elapsed_s: float, *, queue_depth: int, in_flight: int,
-              rtt_ms: Mapping[str, float]) -> HistoryPoint:
+    def point(
+        self, ts: float, elapsed_s: float, *, queue_depth: int, in_flight: int, rtt_ms: Mapping[str, float]
+    ) -> HistoryPoint:
         """The point closing this interval (``elapsed_s`` long); the caller starts a new interval."""
         nearest = sorted((v, k) for k, v in rtt_ms.items() if isinstance(v, (int, float)) and math.isfinite(v))
         p50, p95 = percentile(self.ttfts, 0.50), percentile(self.ttfts, 0.95)
         return HistoryPoint(
-            ts=round(ts, 3), tok_s=round(self.tokens / elapsed_s, 3) if elapsed_s > 0 else 0.0,
-            ttft_p50_ms=None if p50 is None else round(p50, 1), ttft_p95_ms=None if p95 is None else round(p95, 1),
-            queue_depth=queue_depth, in_flight=in_flight, requests=self.requests,
-            rtt_ms={k: round(float(v), 2) for v, k in nearest[:MAX_RTT_PEERS]})
+            ts=round(ts, 3),
+            tok_s=round(self.tokens / elapsed_s, 3) if elapsed_s > 0 else 0.0,
+            ttft_p50_ms=None if p50 is None else round(p50, 1),
+            ttft_p95_ms=None if p95 is None else round(p95, 1),
+            queue_depth=queue_depth,
+            in_flight=in_flight,
+            requests=self.requests,
+            rtt_ms={k: round(float(v), 2) for v, k in nearest[:MAX_RTT_PEERS]},
+        )
 
 
 class RunnerLoad(Protocol):
@@ -133,9 +146,15 @@ class HistorySampler:
     ``observe`` is a ``LiveScheduling.listeners`` callable (one call per routed generation that
     finished); ``runners`` and ``links`` return the local runners and the open peer links."""
 
-    def __init__(self, interval_s: float = DEFAULT_INTERVAL_S, *, runners: Callable[[], Iterable[RunnerLoad]],
-                 links: Callable[[], Iterable[Linked]], capacity: int = CAPACITY,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        *,
+        runners: Callable[[], Iterable[RunnerLoad]],
+        links: Callable[[], Iterable[Linked]],
+        capacity: int = CAPACITY,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if not (math.isfinite(interval_s) and interval_s > 0):
             raise ValueError(f"interval_s must be > 0, not {interval_s!r}")
         self.interval_s = interval_s
@@ -155,8 +174,12 @@ class HistorySampler:
         elapsed = now - self._since if self._since is not None else self.interval_s
         runners = list(self._runners())
         point = self._current.point(
-            now, elapsed, queue_depth=sum(r.queue_depth for r in runners), in_flight=sum(r.in_flight for r in runners),
-            rtt_ms={link.peer_id: link.rtt_ms for link in self._links() if link.rtt_ms is not None})
+            now,
+            elapsed,
+            queue_depth=sum(r.queue_depth for r in runners),
+            in_flight=sum(r.in_flight for r in runners),
+            rtt_ms={link.peer_id: link.rtt_ms for link in self._links() if link.rtt_ms is not None},
+        )
         self.ring.append(point)
         self._current = IntervalStats()
         self._since = now
@@ -180,7 +203,14 @@ class HistorySampler:
                 if not math.isfinite(since):
                     raise ValueError
             except ValueError:
-                return ApiError(400, f"since must be a unix time in seconds, not {raw[:40]!r}", "invalid_value",
-                                "since").response()
-        return Response.json(200, {"interval_s": self.interval_s, "capacity": self.ring.capacity,
-                                   "series": [p.as_dict() for p in self.ring.since(since)]})
+                return ApiError(
+                    400, f"since must be a unix time in seconds, not {raw[:40]!r}", "invalid_value", "since"
+                ).response()
+        return Response.json(
+            200,
+            {
+                "interval_s": self.interval_s,
+                "capacity": self.ring.capacity,
+                "series": [p.as_dict() for p in self.ring.since(since)],
+            },
+        )

@@ -52,8 +52,14 @@ class InviteIssuer(Protocol):
 
 
 def _record_json(rec: InviteRecord, now: float) -> dict:
-    return {"id": rec.id, "issued_at": rec.issued_at, "expires_at": rec.expires_at, "uses": rec.uses,
-            "used": rec.used, "state": rec.state(now)}
+    return {
+        "id": rec.id,
+        "issued_at": rec.issued_at,
+        "expires_at": rec.expires_at,
+        "uses": rec.uses,
+        "used": rec.used,
+        "state": rec.state(now),
+    }
 
 
 def _joined(mesh: InviteIssuer | None) -> InviteIssuer:
@@ -71,12 +77,14 @@ def invite_routes(mesh: InviteIssuer | None) -> dict[tuple[str, str], Handler]:
         body = json_body(request, optional={"ttl_s": (int, float), "uses": int}, max_bytes=MAX_BODY_BYTES)
         ttl = body.get("ttl_s", issuer.invite_ttl_s)
         if not MIN_INVITE_TTL_S <= ttl <= MAX_INVITE_TTL_S:
-            raise ApiError(400, "ttl_s must be a number of seconds between 60 and 2592000 (30 days)",
-                           "invalid_value", "ttl_s")
+            raise ApiError(
+                400, "ttl_s must be a number of seconds between 60 and 2592000 (30 days)", "invalid_value", "ttl_s"
+            )
         uses = body.get("uses")
         if uses is not None and not 1 <= uses <= MAX_INVITE_USES:
-            raise ApiError(400, f"uses must be an integer 1..{MAX_INVITE_USES} (or absent: no limit)",
-                           "invalid_value", "uses")
+            raise ApiError(
+                400, f"uses must be an integer 1..{MAX_INVITE_USES} (or absent: no limit)", "invalid_value", "uses"
+            )
         try:
             token = issuer.invite(float(ttl), uses)
         except InviteBookError as exc:
@@ -84,8 +92,17 @@ def invite_routes(mesh: InviteIssuer | None) -> dict[tuple[str, str], Handler]:
         except OSError as exc:
             return ApiError(500, f"cannot record the invite: {exc}", "invite_unwritable").response()
         tok = parse_invite(token, time.time())
-        return Response.json(200, {"token": token, "id": tok.token_id, "mesh_id": tok.mesh_id,
-                                   "expires_at": tok.expires_at, "uses": tok.uses, "addresses": list(tok.addrs)})
+        return Response.json(
+            200,
+            {
+                "token": token,
+                "id": tok.token_id,
+                "mesh_id": tok.mesh_id,
+                "expires_at": tok.expires_at,
+                "uses": tok.uses,
+                "addresses": list(tok.addrs),
+            },
+        )
 
     async def listing(request: Request) -> Response:
         now = time.time()
@@ -109,5 +126,6 @@ def invite_routes(mesh: InviteIssuer | None) -> dict[tuple[str, str], Handler]:
             return ApiError(status, str(exc), f"invite_{exc.code}", "token").response()
         return Response.json(200, {"revoked": _record_json(rec, time.time())})
 
-    return guarded({("POST", "/api/invite"): invite, ("GET", "/api/invites"): listing,
-                    ("POST", "/api/invite/revoke"): revoke})
+    return guarded(
+        {("POST", "/api/invite"): invite, ("GET", "/api/invites"): listing, ("POST", "/api/invite/revoke"): revoke}
+    )

@@ -49,7 +49,6 @@ KIND = "kv_state"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-
 class KvPlacement(Protocol):
     """What the KV routes need of placement (``runtime/artifacts/service.py`` PlacementService)."""
 
@@ -62,13 +61,18 @@ def _body(request: Request, **optional: type | tuple[type, ...]) -> dict:
     """The body: ``model`` and the ``optional`` fields (name=type), a ``name`` of the export pattern."""
     body = json_body(request, required={"model": str}, optional=optional, max_bytes=MAX_KV_BODY_BYTES)
     if "name" in body and not _NAME.fullmatch(body["name"]):
-        raise ApiError(400, "'name' must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",
-                       "invalid_value", "name")
+        raise ApiError(
+            400,
+            "'name' must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            "invalid_value",
+            "name",
+        )
     return body
 
 
-def kv_routes(runners: Mapping[str, Any], export_dir: Path,
-              placement: KvPlacement | None = None) -> dict[tuple[str, str], Handler]:
+def kv_routes(
+    runners: Mapping[str, Any], export_dir: Path, placement: KvPlacement | None = None
+) -> dict[tuple[str, str], Handler]:
     """The KV routes, keyed by (method, path); exports are written under ``export_dir``."""
 
     def runner(model: str) -> RunnerKv:
@@ -83,14 +87,19 @@ def kv_routes(runners: Mapping[str, Any], export_dir: Path,
             raise ApiError(400, "give exactly one of 'messages' or 'prompt'", "invalid_value", "messages")
         publishing = body.get("publish", False)
         if publishing and placement is None:
-            raise ApiError(409, "'publish' needs placement ([placement] posix_root or s3_bucket)",
-                           "placement_not_configured", "publish")
+            raise ApiError(
+                409,
+                "'publish' needs placement ([placement] posix_root or s3_bucket)",
+                "placement_not_configured",
+                "publish",
+            )
         kind = "chat" if "messages" in body else "completion"
         sub = {k: body[k] for k in ("model", "messages", "prompt") if k in body}
         parsed = parse_body(json.dumps(sub).encode(), kind)
         if len(parsed.requests) != 1:
-            raise ApiError(400, "'prompt' must be one prompt (a string or one array of token ids)",
-                           "invalid_value", "prompt")
+            raise ApiError(
+                400, "'prompt' must be one prompt (a string or one array of token ids)", "invalid_value", "prompt"
+            )
         req = parsed.request
         kv = runner(body["model"])
         export_dir.mkdir(parents=True, exist_ok=True)
@@ -103,15 +112,27 @@ def kv_routes(runners: Mapping[str, Any], export_dir: Path,
             tmp.replace(path)
         finally:
             tmp.unlink(missing_ok=True)  # left only when the exchange was abandoned after the child wrote it
-        out = {"model": body["model"], "name": name, "path": str(path), "tokens": done.tokens, "bytes": done.bytes,
-               "duration_ms": round(done.duration_ms, 1), "identity": done.identity.to_mapping(), "published": None}
+        out = {
+            "model": body["model"],
+            "name": name,
+            "path": str(path),
+            "tokens": done.tokens,
+            "bytes": done.bytes,
+            "duration_ms": round(done.duration_ms, 1),
+            "identity": done.identity.to_mapping(),
+            "published": None,
+        }
         if publishing and placement is not None:  # None: refused above
             op = await placement.publish(KIND, name, str(path.parent), identity=done.identity.to_mapping())
             out["published"] = pub = to_json(op)
             if isinstance(pub, dict) and pub.get("state") == "failed":
                 why = (pub.get("error") or {}).get("message", "see the operation")
-                raise ApiError(502, f"exported to {path}, but publishing it failed: {why}", "publish_failed",
-                               extra={"operation": pub})
+                raise ApiError(
+                    502,
+                    f"exported to {path}, but publishing it failed: {why}",
+                    "publish_failed",
+                    extra={"operation": pub},
+                )
         return Response.json(200, out)
 
     async def import_(request: Request) -> Response:
@@ -128,11 +149,24 @@ def kv_routes(runners: Mapping[str, Any], export_dir: Path,
         elif placement is not None:
             path = (await placement.materialise(KIND, body["name"]))[1] / KV_STATE_FILE
         else:
-            raise ApiError(404, f"no local kv_state export named {body['name']!r} and no placement to fetch one from",
-                           "artifact_not_found", "name")
+            raise ApiError(
+                404,
+                f"no local kv_state export named {body['name']!r} and no placement to fetch one from",
+                "artifact_not_found",
+                "name",
+            )
         done = await kv.import_state(path)
-        return Response.json(200, {"model": body["model"], "path": str(path), "tokens": done.tokens,
-                                   "bytes": done.bytes, "slot": done.slot, "duration_ms": round(done.duration_ms, 1)})
+        return Response.json(
+            200,
+            {
+                "model": body["model"],
+                "path": str(path),
+                "tokens": done.tokens,
+                "bytes": done.bytes,
+                "slot": done.slot,
+                "duration_ms": round(done.duration_ms, 1),
+            },
+        )
 
     return guarded({("POST", "/api/kv/export"): export, ("POST", "/api/kv/import"): import_})
 

@@ -28,9 +28,17 @@ Handler = Callable[[Request], Awaitable[Response | StreamResponse]]  # e.g. GET 
 
 
 class ManagementApi:
-    def __init__(self, *, health: Callable[[], tuple[int, Mapping[str, Any]]], status: Callable[[], Mapping[str, Any]],
-                 routes: Mapping[tuple[str, str], Handler], headless: bool, api_key: str | None = None,
-                 console: ConsoleAssets | None = None, openai: Handler | None = None):
+    def __init__(
+        self,
+        *,
+        health: Callable[[], tuple[int, Mapping[str, Any]]],
+        status: Callable[[], Mapping[str, Any]],
+        routes: Mapping[tuple[str, str], Handler],
+        headless: bool,
+        api_key: str | None = None,
+        console: ConsoleAssets | None = None,
+        openai: Handler | None = None,
+    ):
         self.health = health
         self.status = status
         self.routes = routes

@@ -39,8 +39,14 @@ MAX_MODEL_LABELS = 32
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5)
 #: Scheduler counters exported (``hydra_scheduler_events`` by kind).
-SCHEDULER_EVENT_KINDS = ("decisions", "overrides", "shadow_disagreements", "no_target", "affinity_hits",
-                         "affinity_overrides")
+SCHEDULER_EVENT_KINDS = (
+    "decisions",
+    "overrides",
+    "shadow_disagreements",
+    "no_target",
+    "affinity_hits",
+    "affinity_overrides",
+)
 
 
 @dataclass(frozen=True)
@@ -79,18 +85,39 @@ class NodeMetrics:
     def __init__(self, sources: MetricsSources) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         labels = ("model", "target")
-        self.ttft = Histogram("hydra_request_ttft_seconds", "Time to first token of routed requests, as the "
-                              "router measured it", labels, buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.itl = Histogram("hydra_request_itl_seconds", "Mean inter-token latency (TPOT) of routed requests",
-                             labels, buckets=ITL_BUCKETS, registry=self.registry)
-        self.duration = Histogram("hydra_request_duration_seconds", "Completion time of routed requests",
-                                  labels, buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.tokens = Counter("hydra_generated_tokens", "Completion tokens of routed requests "
-                              "(rate() gives tokens/s)", labels, registry=self.registry)
-        self.prompt_tokens = Counter("hydra_prompt_tokens", "Prompt tokens of routed requests", labels,
-                                     registry=self.registry)
-        self.cached_tokens = Counter("hydra_cached_prompt_tokens", "Prompt tokens served from a prefix cache",
-                                     labels, registry=self.registry)
+        self.ttft = Histogram(
+            "hydra_request_ttft_seconds",
+            "Time to first token of routed requests, as the router measured it",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.itl = Histogram(
+            "hydra_request_itl_seconds",
+            "Mean inter-token latency (TPOT) of routed requests",
+            labels,
+            buckets=ITL_BUCKETS,
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "hydra_request_duration_seconds",
+            "Completion time of routed requests",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "hydra_generated_tokens",
+            "Completion tokens of routed requests (rate() gives tokens/s)",
+            labels,
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "hydra_prompt_tokens", "Prompt tokens of routed requests", labels, registry=self.registry
+        )
+        self.cached_tokens = Counter(
+            "hydra_cached_prompt_tokens", "Prompt tokens served from a prefix cache", labels, registry=self.registry
+        )
         self.registry.register(_ScrapeCollector(sources))
         self._models: set[str] = set()
 
@@ -135,8 +162,9 @@ class _ScrapeCollector:
         yield from self._mesh()
 
     def _http(self):
-        http = CounterMetricFamily("hydra_http_requests", "OpenAI API requests by path and status",
-                                   labels=("path", "status"))
+        http = CounterMetricFamily(
+            "hydra_http_requests", "OpenAI API requests by path and status", labels=("path", "status")
+        )
         for key, count in sorted(self.sources.http_requests().items()):
             path, _, status = key.rpartition(" ")
             http.add_metric((path, status), count)
@@ -144,20 +172,26 @@ class _ScrapeCollector:
 
     def _runners(self):
         queue = GaugeMetricFamily("hydra_queue_depth", "Requests waiting for a local runner", labels=("model",))
-        inflight = GaugeMetricFamily("hydra_inflight_requests", "Requests a local runner is generating",
-                                     labels=("model",))
-        tps = GaugeMetricFamily("hydra_runner_tokens_per_second", "Decode speed of a local runner (EWMA)",
-                                labels=("model",))
+        inflight = GaugeMetricFamily(
+            "hydra_inflight_requests", "Requests a local runner is generating", labels=("model",)
+        )
+        tps = GaugeMetricFamily(
+            "hydra_runner_tokens_per_second", "Decode speed of a local runner (EWMA)", labels=("model",)
+        )
         restarts = CounterMetricFamily("hydra_runner_restarts", "Restarts of a local runner", labels=("model",))
         up = GaugeMetricFamily("hydra_runner_ready", "1 if the local runner is ready", labels=("model",))
-        batch = GaugeMetricFamily("hydra_engine_batch_size", "Mean sequences per engine step over the "
-                                  "latest steps (continuous batching)", labels=("model",))
-        free = GaugeMetricFamily("hydra_engine_free_slots", "Sequence slots free in a local runner",
-                                 labels=("model",))
-        kv_used = GaugeMetricFamily("hydra_engine_kv_cells_used", "KV cache cells the active sequences use",
-                                    labels=("model",))
-        kv_budget = GaugeMetricFamily("hydra_engine_kv_cells_budget", "KV cache cells the slots may use",
-                                      labels=("model",))
+        batch = GaugeMetricFamily(
+            "hydra_engine_batch_size",
+            "Mean sequences per engine step over the latest steps (continuous batching)",
+            labels=("model",),
+        )
+        free = GaugeMetricFamily("hydra_engine_free_slots", "Sequence slots free in a local runner", labels=("model",))
+        kv_used = GaugeMetricFamily(
+            "hydra_engine_kv_cells_used", "KV cache cells the active sequences use", labels=("model",)
+        )
+        kv_budget = GaugeMetricFamily(
+            "hydra_engine_kv_cells_budget", "KV cache cells the slots may use", labels=("model",)
+        )
         for r in list(self.sources.runners())[:MAX_MODEL_LABELS]:
             queue.add_metric((r.model,), r.queue_depth)
             inflight.add_metric((r.model,), r.in_flight)
@@ -178,8 +212,9 @@ class _ScrapeCollector:
         live = self.sources.scheduling()
         if live is None:
             return
-        sched = CounterMetricFamily("hydra_scheduler_events", "Scheduler decisions and outcomes by kind",
-                                    labels=("kind",))
+        sched = CounterMetricFamily(
+            "hydra_scheduler_events", "Scheduler decisions and outcomes by kind", labels=("kind",)
+        )
         for kind in SCHEDULER_EVENT_KINDS:
             sched.add_metric((kind,), live.decisions.get(kind, 0))
         yield sched
@@ -187,15 +222,18 @@ class _ScrapeCollector:
         for m in ("off", "shadow", "active"):
             mode.add_metric((m,), 1.0 if live.mode.value == m else 0.0)
         yield mode
-        failures = CounterMetricFamily("hydra_route_failures", "Failed attempts by whether the target "
-                                       "was to blame", labels=("blamed",))
+        failures = CounterMetricFamily(
+            "hydra_route_failures", "Failed attempts by whether the target was to blame", labels=("blamed",)
+        )
         failures.add_metric(("true",), live.counters["failures_blamed"])
         failures.add_metric(("false",), live.counters["failures_not_blamed"])
         yield failures
-        yield GaugeMetricFamily("hydra_telemetry_tracked_targets", "Targets with measured telemetry",
-                                value=live.tracked_targets)
-        hints = CounterMetricFamily("hydra_telemetry_hint_summaries", "Peers' telemetry summaries by outcome",
-                                    labels=("outcome",))
+        yield GaugeMetricFamily(
+            "hydra_telemetry_tracked_targets", "Targets with measured telemetry", value=live.tracked_targets
+        )
+        hints = CounterMetricFamily(
+            "hydra_telemetry_hint_summaries", "Peers' telemetry summaries by outcome", labels=("outcome",)
+        )
         hints.add_metric(("merged",), live.counters["hint_summaries_merged"])
         hints.add_metric(("rejected",), live.counters["hint_summaries_rejected"])
         yield hints
@@ -204,14 +242,16 @@ class _ScrapeCollector:
         st = self.sources.gossip()
         if st is None:
             return
-        msgs = CounterMetricFamily("hydra_gossip_messages", "Membership messages by direction and type",
-                                   labels=("direction", "type"))
+        msgs = CounterMetricFamily(
+            "hydra_gossip_messages", "Membership messages by direction and type", labels=("direction", "type")
+        )
         for direction, tally in (("sent", st.membership.sent), ("received", st.membership.received)):
             for kind, count in sorted(tally.items()):
                 msgs.add_metric((direction, str(kind)), count)
         yield msgs
-        rejected = CounterMetricFamily("hydra_gossip_messages_rejected", "Membership messages rejected",
-                                       labels=("reason",))
+        rejected = CounterMetricFamily(
+            "hydra_gossip_messages_rejected", "Membership messages rejected", labels=("reason",)
+        )
         for reason, count in sorted(st.membership.rejected.items()):
             rejected.add_metric((str(reason),), count)
         yield rejected
@@ -222,8 +262,11 @@ class _ScrapeCollector:
         yield peers
         links = list(self.sources.links())
         yield GaugeMetricFamily("hydra_links", "Open peer links", value=len(links))
-        frames = CounterMetricFamily("hydra_link_frames_rejected", "Frames rejected on the open peer links "
-                                     "by reason (a closed link's count leaves with it)", labels=("reason",))
+        frames = CounterMetricFamily(
+            "hydra_link_frames_rejected",
+            "Frames rejected on the open peer links by reason (a closed link's count leaves with it)",
+            labels=("reason",),
+        )
         frame_tally: _Tally[str] = _Tally()
         for link in links:
             frame_tally.update(link.rejected)

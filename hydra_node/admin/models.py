@@ -34,12 +34,21 @@ MAX_BODY_BYTES = 4096
 
 
 def _answer(rec: CachedModel, root: Any, source: str) -> Response:
-    return Response.json(200, {"model": rec.model_id, "path": str(rec.path(root)), "size_bytes": rec.size_bytes,
-                               "sha256": rec.sha256, "source": source})
+    return Response.json(
+        200,
+        {
+            "model": rec.model_id,
+            "path": str(rec.path(root)),
+            "size_bytes": rec.size_bytes,
+            "sha256": rec.sha256,
+            "source": source,
+        },
+    )
 
 
-def models_routes(share: ModelShare, resolve: Callable[[str], RemoteModel] | None = None
-                  ) -> dict[tuple[str, str], Handler]:
+def models_routes(
+    share: ModelShare, resolve: Callable[[str], RemoteModel] | None = None
+) -> dict[tuple[str, str], Handler]:
     """``resolve(ref)``: a catalogue name or URL → the model to fetch (``BadModelSource`` otherwise);
     by default the built-in catalogue (a peer is asked by model id and sha256, so the Hub URL is moot)."""
     resolve = resolve or (lambda ref: resolve_remote(ref, load_catalogue()))

@@ -68,13 +68,24 @@ def placement_routes(service: PlacementService) -> dict[tuple[str, str], Handler
         b = _body(request, "kind", "name", "source", **_NS, identity=dict, vast=dict, trigger=bool)
         identity, vast, trigger = b.get("identity", {}), b.get("vast"), b.get("trigger", True)
         if vast is not None and (set(vast) - set(_VAST_KEYS) or not isinstance(vast.get("endpoint"), str)):
-            raise ApiError(400, f"vast must be an object with endpoint and optionally {', '.join(_VAST_KEYS[1:])}",
-                           "invalid_value", "vast")
+            raise ApiError(
+                400,
+                f"vast must be an object with endpoint and optionally {', '.join(_VAST_KEYS[1:])}",
+                "invalid_value",
+                "vast",
+            )
         _kind(b)
         if vast is not None and not trigger:
             raise ApiError(400, "vast and trigger=false exclude each other", "invalid_value", "trigger")
-        op = await service.submit_publish(b["kind"], b["name"], b["source"], namespace=_namespace(b, service),
-                                          identity=identity, trigger=trigger, vast=vast)
+        op = await service.submit_publish(
+            b["kind"],
+            b["name"],
+            b["source"],
+            namespace=_namespace(b, service),
+            identity=identity,
+            trigger=trigger,
+            vast=vast,
+        )
         return _op(op, 202)
 
     async def fetch(request: Request) -> Response:
@@ -114,16 +125,18 @@ def placement_routes(service: PlacementService) -> dict[tuple[str, str], Handler
             raise ApiError(400, "evicting from a namespace needs kind", "invalid_value", "kind")
         return Response.json(200, await service.evict(b["name"], kind, ns))
 
-    return guarded({
-        ("POST", "/api/placement/prefetch"): prefetch,
-        ("POST", "/api/placement/fetch"): fetch,
-        ("GET", "/api/placement/status"): status,
-        ("GET", "/api/placement/status/*"): status,
-        ("POST", "/api/placement/retry"): retry,
-        ("GET", "/api/placement/cache"): cache,
-        ("POST", "/api/placement/pin"): pin,
-        ("POST", "/api/placement/evict"): evict,
-    })
+    return guarded(
+        {
+            ("POST", "/api/placement/prefetch"): prefetch,
+            ("POST", "/api/placement/fetch"): fetch,
+            ("GET", "/api/placement/status"): status,
+            ("GET", "/api/placement/status/*"): status,
+            ("POST", "/api/placement/retry"): retry,
+            ("GET", "/api/placement/cache"): cache,
+            ("POST", "/api/placement/pin"): pin,
+            ("POST", "/api/placement/evict"): evict,
+        }
+    )
 
 
 def _kind(body: Mapping[str, Any]) -> str | None:

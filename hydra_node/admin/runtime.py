@@ -60,8 +60,12 @@ class RuntimeAdmin(Protocol):
 
 def _load_request(request: Request) -> tuple[str, bool | None, bool, float]:
     """(model reference, split, wait, timeout) of a load request; an :class:`ApiError` otherwise."""
-    body = json_body(request, required={"model": str}, optional={"split": bool, "wait": bool, "timeout_s": (int, float)},
-                     max_bytes=MAX_BODY_BYTES)
+    body = json_body(
+        request,
+        required={"model": str},
+        optional={"split": bool, "wait": bool, "timeout_s": (int, float)},
+        max_bytes=MAX_BODY_BYTES,
+    )
     timeout = body.get("timeout_s", SWAP_WAIT_DEFAULT_S)
     if not 0 < timeout <= MAX_WAIT_S:
         raise ApiError(400, f"'timeout_s' must be a number in (0, {MAX_WAIT_S:.0f}]", "invalid_value", "timeout_s")
@@ -97,9 +101,12 @@ def runtime_routes(runtime: RuntimeAdmin) -> dict[tuple[str, str], Handler]:
             return Response.json(200, to_json(hosted.status()))
         if state == RunnerState.FAILED:
             return ApiError(502, f"model {model.id!r} failed to load: {hosted.last_error}", "load_failed").response()
-        return ApiError(504, f"model {model.id!r} is still {state} after {timeout:g} s "
-                             f"({hosted.placement_error or hosted.last_error or 'loading'})",
-                        "load_timeout").response()
+        return ApiError(
+            504,
+            f"model {model.id!r} is still {state} after {timeout:g} s "
+            f"({hosted.placement_error or hosted.last_error or 'loading'})",
+            "load_timeout",
+        ).response()
 
     async def unload_model(request: Request) -> Response:
         model_id = unquote(request.path.rstrip("/").rsplit("/", 1)[-1])
@@ -109,6 +116,10 @@ def runtime_routes(runtime: RuntimeAdmin) -> dict[tuple[str, str], Handler]:
             return ApiError(404, str(exc), "model_not_found").response()
         return Response.json(200, {"id": model_id, "unloaded": True})
 
-    return guarded({("GET", "/api/runtime/models"): list_models,
-                    ("POST", "/api/runtime/models"): load_model,
-                    ("DELETE", "/api/runtime/models/*"): unload_model})
+    return guarded(
+        {
+            ("GET", "/api/runtime/models"): list_models,
+            ("POST", "/api/runtime/models"): load_model,
+            ("DELETE", "/api/runtime/models/*"): unload_model,
+        }
+    )

@@ -28,14 +28,34 @@ from hydra_node.api.errors import ApiError
 from hydra_node.grammar.toolcalls import ParsedToolCall, ToolCallStart
 from hydra_node.inference import GenerationError, TokenLogprob
 
-__all__ = ["ERROR_TYPES", "MessageEventStream", "MessageStreamFormatter", "error_body", "error_response",
-           "matched_stop", "message_body", "new_id", "sse", "stop_reason", "stop_sequence", "usage_body"]
+__all__ = [
+    "ERROR_TYPES",
+    "MessageEventStream",
+    "MessageStreamFormatter",
+    "error_body",
+    "error_response",
+    "matched_stop",
+    "message_body",
+    "new_id",
+    "sse",
+    "stop_reason",
+    "stop_sequence",
+    "usage_body",
+]
 
 #: Anthropic's error ``type`` by HTTP status (anything else >= 500: ``api_error``).
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 405: "invalid_request_error", 409: "invalid_request_error",
-               413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
-               529: "overloaded_error"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 
 
 def new_id(prefix: str, token: Callable[[int], str] = secrets.token_hex) -> str:
@@ -86,9 +106,12 @@ def stop_reason(finish_reason: str, stop_sequence: str | None) -> str:
 
 def usage_body(usage: dict) -> dict:
     """Anthropic's ``usage`` from the chat's (OpenAI-shaped) usage."""
-    return {"input_tokens": usage.get("prompt_tokens", 0), "output_tokens": usage.get("completion_tokens", 0),
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)}
+    return {
+        "input_tokens": usage.get("prompt_tokens", 0),
+        "output_tokens": usage.get("completion_tokens", 0),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0),
+    }
 
 
 def _tool_use(call: ParsedToolCall | ToolCallStart, arguments: str | None) -> dict:
@@ -96,8 +119,12 @@ def _tool_use(call: ParsedToolCall | ToolCallStart, arguments: str | None) -> di
         inp = json.loads(arguments) if arguments else {}
     except ValueError:  # a call cut by max_tokens inside its arguments
         inp = {}
-    return {"type": "tool_use", "id": _tool_id(call.id), "name": call.name, "input": inp if isinstance(inp, dict)
-            else {}}
+    return {
+        "type": "tool_use",
+        "id": _tool_id(call.id),
+        "name": call.name,
+        "input": inp if isinstance(inp, dict) else {},
+    }
 
 
 def _tool_id(call_id: str) -> str:
@@ -105,12 +132,27 @@ def _tool_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-def message_body(msg_id: str, model: str, text: str | None, calls: list[ParsedToolCall], reason: str | None,
-                 stop_sequence: str | None, usage: dict) -> dict:
+def message_body(
+    msg_id: str,
+    model: str,
+    text: str | None,
+    calls: list[ParsedToolCall],
+    reason: str | None,
+    stop_sequence: str | None,
+    usage: dict,
+) -> dict:
     content = [{"type": "text", "text": text}] if text else []
     content += [_tool_use(c, c.arguments) for c in calls]
-    return {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": reason, "stop_sequence": stop_sequence, "usage": usage}
+    return {
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": stop_sequence,
+        "usage": usage,
+    }
 
 
 def sse(event: dict) -> bytes:
@@ -128,8 +170,7 @@ class MessageEventStream:
         self.done = False
 
     def start(self) -> list[dict]:
-        shell = message_body(self.msg_id, self.model, None, [], None, None,
-                             {"input_tokens": 0, "output_tokens": 0})
+        shell = message_body(self.msg_id, self.model, None, [], None, None, {"input_tokens": 0, "output_tokens": 0})
         return [{"type": "message_start", "message": shell}, {"type": "ping"}]
 
     def _close(self) -> list[dict]:
@@ -149,8 +190,9 @@ class MessageEventStream:
             return []
         out = [] if self._open == "text" else self._begin("text", {"type": "text", "text": ""})
         self.text.append(text)
-        return out + [{"type": "content_block_delta", "index": self._index,
-                       "delta": {"type": "text_delta", "text": text}}]
+        return out + [
+            {"type": "content_block_delta", "index": self._index, "delta": {"type": "text_delta", "text": text}}
+        ]
 
     def call_start(self, ev: ToolCallStart) -> list[dict]:
         return self._begin("tool_use", _tool_use(ev, None))
@@ -158,8 +200,13 @@ class MessageEventStream:
     def call_arguments(self, fragment: str) -> list[dict]:
         if self._open != "tool_use" or not fragment:
             return []
-        return [{"type": "content_block_delta", "index": self._index,
-                 "delta": {"type": "input_json_delta", "partial_json": fragment}}]
+        return [
+            {
+                "type": "content_block_delta",
+                "index": self._index,
+                "delta": {"type": "input_json_delta", "partial_json": fragment},
+            }
+        ]
 
     def tool_call(self, call: ParsedToolCall) -> list[dict]:
         """A call's end: after streamed arguments, the block's stop; a call parsed whole comes as a
@@ -173,9 +220,9 @@ class MessageEventStream:
     def finish(self, reason: str, stop_sequence: str | None, usage: dict) -> list[dict]:
         self.done = True
         return self._close() + [
-            {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": stop_sequence},
-             "usage": usage},
-            {"type": "message_stop"}]
+            {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": stop_sequence}, "usage": usage},
+            {"type": "message_stop"},
+        ]
 
     def fail(self, message: str, status: int) -> list[dict]:
         self.done = True
@@ -209,8 +256,9 @@ class MessageStreamFormatter:
 
     def finish(self, k: int, done: ChatDone) -> Chunks:
         stop = stop_sequence(done.finish_reason, self.entries, self.stop_sequences)
-        return [sse(e) for e in self.builder.finish(stop_reason(done.finish_reason, stop), stop,
-                                                    usage_body(done.usage))]
+        return [
+            sse(e) for e in self.builder.finish(stop_reason(done.finish_reason, stop), stop, usage_body(done.usage))
+        ]
 
     def end(self) -> Chunks:
         return []

@@ -23,8 +23,15 @@ from dataclasses import dataclass
 
 from hydra_node.api.errors import bad
 from hydra_node.api.body import load_body, number
-from hydra_node.inference import (MAX_STOP_SEQUENCES, MAX_TOKENS_LIMIT, MAX_TOOLS, ChatMessage, InvalidRequest,
-                                  ToolCall, ToolSpec)
+from hydra_node.inference import (
+    MAX_STOP_SEQUENCES,
+    MAX_TOKENS_LIMIT,
+    MAX_TOOLS,
+    ChatMessage,
+    InvalidRequest,
+    ToolCall,
+    ToolSpec,
+)
 
 __all__ = ["DEFAULT_TEMPERATURE", "MAX_MESSAGES", "MessagesCall", "parse_messages_body", "parse_count_tokens_body"]
 
@@ -33,12 +40,30 @@ DEFAULT_TEMPERATURE = 1.0
 #: Largest accepted conversation, in messages (as ``/v1/chat/completions``).
 MAX_MESSAGES = 4096
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_HONOURED = {"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature", "top_p",
-             "tools", "tool_choice", "metadata", "service_tier", "thinking", "context_management", "output_config",
-             "cache_control"}
-_REFUSED = {"top_k": "'top_k' is not supported (use temperature or top_p)",
-            "container": "containers are not supported", "mcp_servers": "MCP servers are not supported",
-            "output_format": "structured output formats are not supported on /v1/messages"}
+_HONOURED = {
+    "model",
+    "messages",
+    "system",
+    "max_tokens",
+    "stop_sequences",
+    "stream",
+    "temperature",
+    "top_p",
+    "tools",
+    "tool_choice",
+    "metadata",
+    "service_tier",
+    "thinking",
+    "context_management",
+    "output_config",
+    "cache_control",
+}
+_REFUSED = {
+    "top_k": "'top_k' is not supported (use temperature or top_p)",
+    "container": "containers are not supported",
+    "mcp_servers": "MCP servers are not supported",
+    "output_format": "structured output formats are not supported on /v1/messages",
+}
 #: ``thinking`` types that ask for nothing the models here cannot do (they never reason).
 _THINKING_OK = ("disabled", "adaptive")
 _EFFORTS = ("low", "medium", "high", "max")
@@ -49,6 +74,7 @@ _HARMLESS_BLOCK_KEYS = {"cache_control", "citations"}
 @dataclass(frozen=True)
 class MessagesCall:
     """What a Messages request asks for, validated."""
+
     model: str
     messages: tuple[ChatMessage, ...]  # system first when given
     max_tokens: int
@@ -75,8 +101,11 @@ def _text_blocks(v, p: str) -> str:
         if not isinstance(block, dict) or not isinstance(block.get("type"), str):
             raise bad(f"'{q}' must be a content block object with a 'type'", q, "invalid_type")
         if block["type"] != "text":
-            raise bad(f"{q}: {block['type']!r:.40} blocks are not supported here (text only; no images or "
-                      f"documents)", f"{q}.type", "unsupported_parameter")
+            raise bad(
+                f"{q}: {block['type']!r:.40} blocks are not supported here (text only; no images or documents)",
+                f"{q}.type",
+                "unsupported_parameter",
+            )
         out.append(_block_text(block, q))
     return "".join(out)
 
@@ -135,8 +164,11 @@ def _message(m, p: str, names: dict[str, str]) -> list[ChatMessage]:
     if role == "system":
         return [ChatMessage("system", _text_blocks(content, f"{p}.content"))]
     if not isinstance(content, list):
-        raise bad(f"'{p}.content' must be a string or an array of content blocks", f"{p}.content",
-                  "missing_required_parameter" if content is None else "invalid_type")
+        raise bad(
+            f"'{p}.content' must be a string or an array of content blocks",
+            f"{p}.content",
+            "missing_required_parameter" if content is None else "invalid_type",
+        )
     out: list[ChatMessage] = []
     text: list[str] = []
     calls: list[ToolCall] = []
@@ -152,11 +184,14 @@ def _message(m, p: str, names: dict[str, str]) -> list[ChatMessage]:
         elif kind in ("image", "document", "search_result"):
             raise bad(f"{q}: {kind} blocks are not supported (text only)", f"{q}.type", "unsupported_parameter")
         elif kind in ("tool_use", "tool_result"):
-            raise bad(f"{q}: a {kind} block belongs in a{'n assistant' if kind == 'tool_use' else ' user'} message",
-                      f"{q}.type")
+            raise bad(
+                f"{q}: a {kind} block belongs in a{'n assistant' if kind == 'tool_use' else ' user'} message",
+                f"{q}.type",
+            )
         else:
-            raise bad(f"{q}: content blocks of type {kind!r:.40} are not supported", f"{q}.type",
-                      "unsupported_parameter")
+            raise bad(
+                f"{q}: content blocks of type {kind!r:.40} are not supported", f"{q}.type", "unsupported_parameter"
+            )
     names.update((c.id, c.name) for c in calls)
     if text or calls or not out:
         out.append(ChatMessage(role, "".join(text), tuple(calls)))
@@ -166,8 +201,11 @@ def _message(m, p: str, names: dict[str, str]) -> list[ChatMessage]:
 def _messages(body: dict, system: str | None) -> tuple[ChatMessage, ...]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
-        raise bad("'messages' must be a non-empty array", "messages",
-                  "missing_required_parameter" if msgs is None else "invalid_type")
+        raise bad(
+            "'messages' must be a non-empty array",
+            "messages",
+            "missing_required_parameter" if msgs is None else "invalid_type",
+        )
     if len(msgs) > MAX_MESSAGES:
         raise bad(f"'messages' has more than {MAX_MESSAGES} entries", "messages")
     out: list[ChatMessage] = [ChatMessage("system", system)] if system else []
@@ -178,8 +216,11 @@ def _messages(body: dict, system: str | None) -> tuple[ChatMessage, ...]:
         except InvalidRequest as exc:
             raise bad(f"messages[{i}]: {exc.message}", f"messages[{i}]") from None
     if msgs[-1].get("role") == "assistant":
-        raise bad("a final assistant message (prefill) is not supported: end with a user message",
-                  f"messages[{len(msgs) - 1}].role", "unsupported_parameter")
+        raise bad(
+            "a final assistant message (prefill) is not supported: end with a user message",
+            f"messages[{len(msgs) - 1}].role",
+            "unsupported_parameter",
+        )
     return tuple(out)
 
 
@@ -198,11 +239,16 @@ def _tools(body: dict) -> tuple[ToolSpec, ...]:
         if not isinstance(t, dict):
             raise bad(f"'{p}' must be an object", p, "invalid_type")
         if t.get("type") not in (None, "custom"):
-            raise bad(f"{p}: server tools ({t.get('type')!r:.40}) are not supported; only custom tools "
-                      "with an input_schema", f"{p}.type", "unsupported_parameter")
+            raise bad(
+                f"{p}: server tools ({t.get('type')!r:.40}) are not supported; only custom tools with an input_schema",
+                f"{p}.type",
+                "unsupported_parameter",
+            )
         for key, value in t.items():
-            if key not in ("type", "name", "description", "input_schema", "cache_control", "defer_loading") \
-                    and value is not None:
+            if (
+                key not in ("type", "name", "description", "input_schema", "cache_control", "defer_loading")
+                and value is not None
+            ):
                 raise bad(f"{p}.{key} is not a tool field", f"{p}.{key}", "unknown_parameter")
         if t.get("defer_loading") not in (None, False, True):
             raise bad(f"'{p}.defer_loading' must be a boolean", f"{p}.defer_loading", "invalid_type")
@@ -214,8 +260,11 @@ def _tools(body: dict) -> tuple[ToolSpec, ...]:
         if desc is not None and not isinstance(desc, str):
             raise bad(f"'{p}.description' must be a string", f"{p}.description", "invalid_type")
         if not isinstance(schema, dict):
-            raise bad(f"'{p}.input_schema' must be a JSON Schema object", f"{p}.input_schema",
-                      "missing_required_parameter" if schema is None else "invalid_type")
+            raise bad(
+                f"'{p}.input_schema' must be a JSON Schema object",
+                f"{p}.input_schema",
+                "missing_required_parameter" if schema is None else "invalid_type",
+            )
         try:
             spec = ToolSpec(name, desc or "", json.dumps(schema))
         except InvalidRequest as exc:
@@ -242,8 +291,11 @@ def _tool_choice(body: dict, tools: tuple[ToolSpec, ...]) -> tuple[str, str, boo
             raise bad(f"tool_choice.{key} does not go with type {kind!r}", f"tool_choice.{key}", "unknown_parameter")
     no_parallel = tc.get("disable_parallel_tool_use")
     if no_parallel is not None and not isinstance(no_parallel, bool):
-        raise bad("'tool_choice.disable_parallel_tool_use' must be a boolean", "tool_choice.disable_parallel_tool_use",
-                  "invalid_type")
+        raise bad(
+            "'tool_choice.disable_parallel_tool_use' must be a boolean",
+            "tool_choice.disable_parallel_tool_use",
+            "invalid_type",
+        )
     if kind != "none" and not tools:
         raise bad(f"tool_choice {kind!r} needs 'tools'", "tool_choice")
     name = ""
@@ -276,23 +328,36 @@ def _neutral_fields(body: dict) -> str:
     if body.get("service_tier") not in (None, "auto", "standard_only"):
         raise bad("'service_tier' must be 'auto' or 'standard_only' (there are no tiers here)", "service_tier")
     thinking = body.get("thinking")
-    if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") in _THINKING_OK
-                                     and set(thinking) <= {"type", "display"}):
-        raise bad("extended thinking is not supported: the models here do not reason ('thinking' may only be "
-                  "{\"type\": \"disabled\"} or \"adaptive\", which thinks never here)", "thinking",
-                  "unsupported_parameter")
+    if thinking is not None and not (
+        isinstance(thinking, dict) and thinking.get("type") in _THINKING_OK and set(thinking) <= {"type", "display"}
+    ):
+        raise bad(
+            "extended thinking is not supported: the models here do not reason ('thinking' may only be "
+            "{\"type\": \"disabled\"} or \"adaptive\", which thinks never here)",
+            "thinking",
+            "unsupported_parameter",
+        )
     edits = body.get("context_management")
     if edits is not None and not _clears_thinking_only(edits):
-        raise bad("'context_management' may only clear thinking blocks (clear_thinking_*: there are none here); "
-                  "other edits are not supported", "context_management", "unsupported_parameter")
+        raise bad(
+            "'context_management' may only clear thinking blocks (clear_thinking_*: there are none here); "
+            "other edits are not supported",
+            "context_management",
+            "unsupported_parameter",
+        )
     cache = body.get("cache_control")
     if cache is not None and not isinstance(cache, dict):
         raise bad("'cache_control' must be an object", "cache_control", "invalid_type")
     config = body.get("output_config")
-    if config is not None and not (isinstance(config, dict) and set(config) <= {"effort"}
-                                   and config.get("effort") in (None, *_EFFORTS)):
-        raise bad("'output_config' may only hold an 'effort' (low, medium, high, max: it sets how much a model "
-                  "reasons, and the models here do not)", "output_config", "unsupported_parameter")
+    if config is not None and not (
+        isinstance(config, dict) and set(config) <= {"effort"} and config.get("effort") in (None, *_EFFORTS)
+    ):
+        raise bad(
+            "'output_config' may only hold an 'effort' (low, medium, high, max: it sets how much a model "
+            "reasons, and the models here do not)",
+            "output_config",
+            "unsupported_parameter",
+        )
     meta = body.get("metadata")
     if meta is None:
         return ""
@@ -326,8 +391,11 @@ def parse_messages_body(raw: bytes) -> MessagesCall:
         raise bad("'model' is required and must be a string", "model", "missing_required_parameter")
     max_tokens = body.get("max_tokens")
     if type(max_tokens) is not int:
-        raise bad("'max_tokens' is required and must be an integer", "max_tokens",
-                  "missing_required_parameter" if max_tokens is None else "invalid_type")
+        raise bad(
+            "'max_tokens' is required and must be an integer",
+            "max_tokens",
+            "missing_required_parameter" if max_tokens is None else "invalid_type",
+        )
     if not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
         raise bad(f"'max_tokens' must be between 1 and {MAX_TOKENS_LIMIT}", "max_tokens")
     stream = body.get("stream")
@@ -335,14 +403,32 @@ def parse_messages_body(raw: bytes) -> MessagesCall:
         raise bad("'stream' must be a boolean", "stream", "invalid_type")
     messages, tools = _conversation(body)
     choice, name, parallel = _tool_choice(body, tools)
-    return MessagesCall(model=model, messages=messages, max_tokens=max_tokens, stop_sequences=_stop_sequences(body),
-                        stream=bool(stream), temperature=number(body, "temperature", DEFAULT_TEMPERATURE, 0, 1),
-                        top_p=number(body, "top_p", 1.0, 0, 1), tools=tools, tool_choice=choice, tool_name=name,
-                        parallel_tool_calls=parallel, session=session)
+    return MessagesCall(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        stop_sequences=_stop_sequences(body),
+        stream=bool(stream),
+        temperature=number(body, "temperature", DEFAULT_TEMPERATURE, 0, 1),
+        top_p=number(body, "top_p", 1.0, 0, 1),
+        tools=tools,
+        tool_choice=choice,
+        tool_name=name,
+        parallel_tool_calls=parallel,
+        session=session,
+    )
 
 
-_COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "context_management",
-                 "output_config"}
+_COUNT_FIELDS = {
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "context_management",
+    "output_config",
+}
 
 
 def parse_count_tokens_body(raw: bytes) -> MessagesCall:
@@ -358,5 +444,13 @@ def parse_count_tokens_body(raw: bytes) -> MessagesCall:
         raise bad("'model' is required and must be a string", "model", "missing_required_parameter")
     messages, tools = _conversation(body)
     choice, name, parallel = _tool_choice(body, tools)
-    return MessagesCall(model=model, messages=messages, max_tokens=1, tools=tools, tool_choice=choice,
-                        tool_name=name, parallel_tool_calls=parallel, temperature=0.0)
+    return MessagesCall(
+        model=model,
+        messages=messages,
+        max_tokens=1,
+        tools=tools,
+        tool_choice=choice,
+        tool_name=name,
+        parallel_tool_calls=parallel,
+        temperature=0.0,
+    )

@@ -20,8 +20,16 @@ import dataclasses
 import trio
 
 from hydra_node.grammar import constraints as grammar  # built on the API node, enforced by the host's sampler
-from hydra_node.anthropic.format import (MessageEventStream, MessageStreamFormatter, error_response, message_body,
-                                             new_id, stop_reason, stop_sequence, usage_body)
+from hydra_node.anthropic.format import (
+    MessageEventStream,
+    MessageStreamFormatter,
+    error_response,
+    message_body,
+    new_id,
+    stop_reason,
+    stop_sequence,
+    usage_body,
+)
 from hydra_node.anthropic.models import resolve_model
 from hydra_node.anthropic.request import MessagesCall, parse_count_tokens_body, parse_messages_body
 from hydra_node.api.answer import stream_answer
@@ -44,16 +52,28 @@ def generation_request(call: MessagesCall, request_id: str, session: str = "") -
     fields: dict = {}
     try:
         if call.tools and call.tool_choice != "none":
-            fields["grammar"] = grammar.tool_call_grammar(call.tools, name=call.tool_name or None,
-                                                          parallel=call.parallel_tool_calls)
+            fields["grammar"] = grammar.tool_call_grammar(
+                call.tools, name=call.tool_name or None, parallel=call.parallel_tool_calls
+            )
             if call.tool_choice == "auto":
                 fields["grammar_triggers"] = (grammar.TOOL_CALL_TRIGGER,)
         return GenerationRequest(
-            model=call.model, kind="chat", messages=call.messages, max_tokens=call.max_tokens,
-            temperature=call.temperature, top_p=call.top_p if call.top_p > 0 else 1.0, stop=call.stop_sequences,
-            request_id=request_id, session=session or call.session, tools=call.tools, tool_choice=call.tool_choice,
-            tool_name=call.tool_name, parallel_tool_calls=call.parallel_tool_calls,
-            logprobs=bool(call.stop_sequences), **fields)
+            model=call.model,
+            kind="chat",
+            messages=call.messages,
+            max_tokens=call.max_tokens,
+            temperature=call.temperature,
+            top_p=call.top_p if call.top_p > 0 else 1.0,
+            stop=call.stop_sequences,
+            request_id=request_id,
+            session=session or call.session,
+            tools=call.tools,
+            tool_choice=call.tool_choice,
+            tool_name=call.tool_name,
+            parallel_tool_calls=call.parallel_tool_calls,
+            logprobs=bool(call.stop_sequences),
+            **fields,
+        )
     except InvalidRequest as exc:
         raise bad(exc.message, exc.param) from None
 
@@ -99,8 +119,13 @@ class MessagesApi:
         if self.moa is not None and self.moa.handles(model):
             return dataclasses.replace(call, model=model)
         if model not in ids and not self.router.recently_seen(model):
-            raise ApiError(404, f"model {call.model!r} does not exist (available: {', '.join(ids) or 'none'}; "
-                                "claude-* names map to the largest)", "model_not_found", "model")
+            raise ApiError(
+                404,
+                f"model {call.model!r} does not exist (available: {', '.join(ids) or 'none'}; "
+                "claude-* names map to the largest)",
+                "model_not_found",
+                "model",
+            )
         return dataclasses.replace(call, model=model)
 
     async def _count(self, call: MessagesCall, session: str) -> Response:
@@ -116,12 +141,18 @@ class MessagesApi:
     async def _complete(self, call: MessagesCall, req: GenerationRequest) -> Response:
         out, headers = await complete_answer(self.router, self.moa, req)  # model "mesh": the mixture's answer
         stop = stop_sequence(out.finish_reason, out.logprobs, call.stop_sequences)
-        body = message_body(req.request_id, call.model, out.content, out.tool_calls,
-                            stop_reason(out.finish_reason, stop), stop, usage_body(out.usage))
+        body = message_body(
+            req.request_id,
+            call.model,
+            out.content,
+            out.tool_calls,
+            stop_reason(out.finish_reason, stop),
+            stop,
+            usage_body(out.usage),
+        )
         return Response.json(200, body, headers)
 
-    async def _stream(self, call: MessagesCall, req: GenerationRequest,
-                      nursery: trio.Nursery | None) -> StreamResponse:
+    async def _stream(self, call: MessagesCall, req: GenerationRequest, nursery: trio.Nursery | None) -> StreamResponse:
         # Open the generation before answering 200, so routing errors get a proper status.
         events, close, headers = await open_chat_events(self.router, self.moa, req, nursery)
         fmt = MessageStreamFormatter(MessageEventStream(req.request_id, call.model), call.stop_sequences)

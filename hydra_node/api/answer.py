@@ -30,8 +30,15 @@ from hydra_node.grammar.toolcalls import ParsedToolCall
 from hydra_node.http.server import StreamResponse
 from hydra_node.inference import GenerationError
 
-__all__ = ["Chunks", "EventSource", "StreamFormatter", "format_event", "nothing_to_close", "stream_answer",
-           "stream_body"]
+__all__ = [
+    "Chunks",
+    "EventSource",
+    "StreamFormatter",
+    "format_event",
+    "nothing_to_close",
+    "stream_answer",
+    "stream_body",
+]
 
 #: What a formatter writes for one step: each item one piece of the body, in order.
 Chunks = Iterable[bytes]
@@ -90,8 +97,9 @@ def format_event(fmt: StreamFormatter, k: int, ev: ChatEvent) -> Chunks:
     return fmt.finish(k, ev)
 
 
-async def stream_body(events: EventSource, fmt: StreamFormatter,
-                      close: Callable[[], Awaitable[None]]) -> AsyncGenerator[bytes, None]:
+async def stream_body(
+    events: EventSource, fmt: StreamFormatter, close: Callable[[], Awaitable[None]]
+) -> AsyncGenerator[bytes, None]:
     """The body: ``fmt``'s chunks for ``events()``; a :class:`GenerationError` ends it with
     ``fmt.error``; ``close`` is awaited however it ends."""
     try:
@@ -110,11 +118,13 @@ async def stream_body(events: EventSource, fmt: StreamFormatter,
         await close()
 
 
-def stream_answer(events: EventSource, fmt: StreamFormatter, *, close: Callable[[], Awaitable[None]],
-                  headers: list[tuple[str, str]]) -> StreamResponse:
+def stream_answer(
+    events: EventSource, fmt: StreamFormatter, *, close: Callable[[], Awaitable[None]], headers: list[tuple[str, str]]
+) -> StreamResponse:
     """The 200 streaming ``events()`` through ``fmt`` (see the module doc)."""
-    return StreamResponse(200, stream_body(events, fmt, close), on_interrupt=fmt.interrupted, finalizer=close,
-                          headers=headers)
+    return StreamResponse(
+        200, stream_body(events, fmt, close), on_interrupt=fmt.interrupted, finalizer=close, headers=headers
+    )
 
 
 async def nothing_to_close() -> None:

@@ -32,20 +32,39 @@ from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Literal
 
-from hydra_node.grammar.toolcalls import (OPEN_TAG, ContentText, ParsedToolCall, ToolCallArguments, ToolCallParser,
-                                      ToolCallStart)
+from hydra_node.grammar.toolcalls import (
+    OPEN_TAG,
+    ContentText,
+    ParsedToolCall,
+    ToolCallArguments,
+    ToolCallParser,
+    ToolCallStart,
+)
 from hydra_node.api.router_api import RouterApi
 from hydra_node.routing.router import RoutedEvents
 from hydra_node.inference import Finished, GenerationError, GenerationEvent, GenerationRequest, TextDelta, TokenLogprob
 
-__all__ = ["ContentDelta", "ToolCallStart", "ToolCallArguments", "ToolCallDelta", "ChatDone", "ChatEvent",
-           "ChatOutcome", "stream_chat", "complete_chat", "chat_events", "usage_of", "parses_tool_calls",
-           "sum_usage"]
+__all__ = [
+    "ContentDelta",
+    "ToolCallStart",
+    "ToolCallArguments",
+    "ToolCallDelta",
+    "ChatDone",
+    "ChatEvent",
+    "ChatOutcome",
+    "stream_chat",
+    "complete_chat",
+    "chat_events",
+    "usage_of",
+    "parses_tool_calls",
+    "sum_usage",
+]
 
 
 @dataclass(frozen=True)
 class ContentDelta:
     """Assistant text (may be empty when only logprobs came with it)."""
+
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
 
@@ -53,12 +72,14 @@ class ContentDelta:
 @dataclass(frozen=True)
 class ToolCallDelta:
     """A tool call, whole, or the end of a streamed one (``call.index`` counts calls from 0 within the answer)."""
+
     call: ParsedToolCall
 
 
 @dataclass(frozen=True)
 class ChatDone:
     """The end: ``finish_reason`` is ``tool_calls`` when the answer made calls."""
+
     finish_reason: str
     usage: dict
     served_by: str
@@ -79,9 +100,12 @@ class ChatOutcome:
 
 def usage_of(fin: Finished) -> dict:
     """OpenAI's ``usage`` object for a finished generation."""
-    return {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
-            "total_tokens": fin.prompt_tokens + fin.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": fin.cached_tokens}}
+    return {
+        "prompt_tokens": fin.prompt_tokens,
+        "completion_tokens": fin.completion_tokens,
+        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
+    }
 
 
 def parses_tool_calls(req: GenerationRequest) -> bool:
@@ -101,8 +125,9 @@ def _parser(req: GenerationRequest) -> ToolCallParser | None:
     return ToolCallParser([t.name for t in req.tools], constrained=constrained)
 
 
-async def chat_events(req: GenerationRequest,
-                      events: AsyncIterator[GenerationEvent]) -> AsyncGenerator[ChatEvent, None]:
+async def chat_events(
+    req: GenerationRequest, events: AsyncIterator[GenerationEvent]
+) -> AsyncGenerator[ChatEvent, None]:
     """The router's events for ``req`` as chat events (tool-call text parsed into calls)."""
     parser = _parser(req)
     called = cut = False
@@ -175,8 +200,12 @@ async def complete_chat(router: RouterApi, req: GenerationRequest) -> ChatOutcom
 
 def sum_usage(usages: Iterable[dict]) -> dict:
     """The usage of several generations added up (OpenAI reports one usage for all choices)."""
-    total: dict[str, Any] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
-                             "prompt_tokens_details": {"cached_tokens": 0}}
+    total: dict[str, Any] = {
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "total_tokens": 0,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     for u in usages:
         for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
             total[key] += u.get(key, 0)

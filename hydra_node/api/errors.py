@@ -15,21 +15,43 @@ __all__ = ["ApiError", "bad"]
 class ApiError(Exception):
     """An error answered as ``{"error": {"message", "type", "param", "code"}}``."""
 
-    TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-             404: "invalid_request_error", 405: "invalid_request_error", 409: "invalid_request_error",
-             413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
-             499: "request_cancelled"}
+    TYPES = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "invalid_request_error",
+        405: "invalid_request_error",
+        409: "invalid_request_error",
+        413: "invalid_request_error",
+        422: "invalid_request_error",
+        429: "rate_limit_error",
+        499: "request_cancelled",
+    }
 
-    def __init__(self, status: int, message: str, code: str, param: str | None = None,
-                 retry_after: float | None = None, extra: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str,
+        param: str | None = None,
+        retry_after: float | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.code, self.param, self.retry_after = status, message, code, param, retry_after
         #: Further members of ``error`` (``fields`` of an identity mismatch, a failed ``operation``).
         self.extra = dict(extra or {})
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "server_error"),
-                          "param": self.param, "code": self.code, **self.extra}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.TYPES.get(self.status, "server_error"),
+                "param": self.param,
+                "code": self.code,
+                **self.extra,
+            }
+        }
 
     def response(self) -> Response:
         headers = []

@@ -23,9 +23,14 @@ class InferencePort:
     """Routes for :9337.  ``health()``: ``(status, body)`` for ``/health`` (the node's: degraded while a
     model failed); ``on_request(path, status)``: counts every answer."""
 
-    def __init__(self, routes: Sequence[tuple[str, Handler]], *, api_key: str | None = None,
-                 health: Callable[[], tuple[int, dict]] | None = None,
-                 on_request: Callable[[str, int], None] | None = None):
+    def __init__(
+        self,
+        routes: Sequence[tuple[str, Handler]],
+        *,
+        api_key: str | None = None,
+        health: Callable[[], tuple[int, dict]] | None = None,
+        on_request: Callable[[str, int], None] | None = None,
+    ):
         self.routes = tuple(routes)
         self.api_key = api_key
         self.health = health
@@ -47,8 +52,11 @@ class InferencePort:
         if path in ("/health", "/healthz"):
             return Response.json(*(self.health() if self.health is not None else (200, {"status": "ok"})))
         if not key_matches(request.headers, self.api_key):
-            raise ApiError(401, "missing or invalid API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
-                           "invalid_api_key")
+            raise ApiError(
+                401,
+                "missing or invalid API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
+                "invalid_api_key",
+            )
         for prefix, handler in self.routes:
             if path == prefix or path.startswith(prefix + "/"):
                 return await handler(request)

@@ -38,8 +38,9 @@ def _choice(value: str, dialect: str):
             return {"type": "function", "function": {"name": named.group(1)}}
         if v in ("auto", "none", "required", "any"):
             return "required" if v == "any" else v
-    raise bad(f"header {TOOL_CHOICE_HEADER}: {value!r:.80} is not auto, none, required or tool:NAME",
-              TOOL_CHOICE_HEADER)
+    raise bad(
+        f"header {TOOL_CHOICE_HEADER}: {value!r:.80} is not auto, none, required or tool:NAME", TOOL_CHOICE_HEADER
+    )
 
 
 def override_tool_choice(raw: bytes, value: str | None, dialect: str) -> bytes:

@@ -42,19 +42,34 @@ class AgentLaunchError(Exception):
 
 def add_agent_parsers(sub, add_home) -> None:
     for tool in AGENTS:
-        p = sub.add_parser(tool, help=f"start {tool} wired to the running node (docs/agents.md)",
-                           description=f"Start {tool} against a node: its configuration is written under "
-                                       f"<home>/agents/{tool}/ (never over your own), the model defaults to "
-                                       "the largest ready one. Arguments after -- go to the tool.")
+        p = sub.add_parser(
+            tool,
+            help=f"start {tool} wired to the running node (docs/agents.md)",
+            description=f"Start {tool} against a node: its configuration is written under "
+            f"<home>/agents/{tool}/ (never over your own), the model defaults to "
+            "the largest ready one. Arguments after -- go to the tool.",
+        )
         p.add_argument("--model", metavar="ID", help="the model to use (default: the largest ready one)")
-        p.add_argument("--node", metavar="URL",
-                       help=f"the node's API, e.g. http://127.0.0.1:{DEFAULT_API_PORT} (default: the node running "
-                            "with --home, else the default port)")
-        p.add_argument("--tool-choice", metavar="CHOICE", default="",
-                       help="force the node's tool_choice for this agent: auto, none, required or tool:NAME "
-                            "(sent as the x-hydra-tool-choice header; helps small models call tools)")
-        p.add_argument("--max-tokens", type=int, metavar="N", default=None,
-                       help="the most tokens per answer (default: the tool's own)")
+        p.add_argument(
+            "--node",
+            metavar="URL",
+            help=f"the node's API, e.g. http://127.0.0.1:{DEFAULT_API_PORT} (default: the node running "
+            "with --home, else the default port)",
+        )
+        p.add_argument(
+            "--tool-choice",
+            metavar="CHOICE",
+            default="",
+            help="force the node's tool_choice for this agent: auto, none, required or tool:NAME "
+            "(sent as the x-hydra-tool-choice header; helps small models call tools)",
+        )
+        p.add_argument(
+            "--max-tokens",
+            type=int,
+            metavar="N",
+            default=None,
+            help="the most tokens per answer (default: the tool's own)",
+        )
         p.add_argument("--dry-run", action="store_true", help="write the configuration, print the plan, run nothing")
         add_home(p)
         p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the tool (after --)")
@@ -73,6 +88,7 @@ def _origin(url: str) -> tuple[str, str, int]:
 def _running(home: Path) -> tuple[int, int | None] | None:
     """``(api_port, console_port)`` of the node running with ``home``, or None."""
     from hydra_node.pidfile import read_pidfile
+
     rec = read_pidfile(home / "run" / "node.pid")
     info = home / "run" / "ports.json"
     if rec is None or not rec.alive() or not info.exists():
@@ -97,9 +113,11 @@ def find_node(node_url: str | None, home: Path, key: str | None) -> tuple[str, N
     try:
         client.get("/health")
     except NodeClientError:
-        raise AgentLaunchError(f"no node is running with home {home} nor on port {DEFAULT_API_PORT}; start one "
-                               "with `hydra-node serve` (the bundled model) or `hydra-node serve --join TOKEN`, "
-                               "or pass --node URL") from None
+        raise AgentLaunchError(
+            f"no node is running with home {home} nor on port {DEFAULT_API_PORT}; start one "
+            "with `hydra-node serve` (the bundled model) or `hydra-node serve --join TOKEN`, "
+            "or pass --node URL"
+        ) from None
     return f"http://127.0.0.1:{DEFAULT_API_PORT}", client, None
 
 

@@ -66,6 +66,7 @@ AGENTS = {
 @dataclass(frozen=True)
 class LaunchPlan:
     """What to run: ``argv`` with ``env`` set (and ``unset`` removed), after writing ``files``."""
+
     tool: str
     argv: tuple[str, ...]
     env: dict[str, str]
@@ -78,60 +79,99 @@ class LaunchPlan:
         return out
 
     def to_json(self) -> dict:
-        return {"tool": self.tool, "argv": list(self.argv), "env": dict(self.env), "unset": list(self.unset),
-                "files": dict(self.files)}
+        return {
+            "tool": self.tool,
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "unset": list(self.unset),
+            "files": dict(self.files),
+        }
 
 
 def _json(obj: dict) -> str:
     return json.dumps(obj, indent=2) + "\n"
 
 
-def _claude(origin: str, model: str, key: str, args: tuple[str, ...], _dir: Path, choice: str,
-            max_tokens: int | None) -> LaunchPlan:
+def _claude(
+    origin: str, model: str, key: str, args: tuple[str, ...], _dir: Path, choice: str, max_tokens: int | None
+) -> LaunchPlan:
     headers = {"ANTHROPIC_CUSTOM_HEADERS": f"{TOOL_CHOICE_HEADER}: {choice}"} if choice else {}
     if max_tokens:
         headers["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(max_tokens)
-    env = {**headers, "ANTHROPIC_BASE_URL": origin, "ANTHROPIC_AUTH_TOKEN": key, "ANTHROPIC_MODEL": model,
-           "ANTHROPIC_DEFAULT_OPUS_MODEL": model, "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
-           "ANTHROPIC_DEFAULT_HAIKU_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model,
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    env = {
+        **headers,
+        "ANTHROPIC_BASE_URL": origin,
+        "ANTHROPIC_AUTH_TOKEN": key,
+        "ANTHROPIC_MODEL": model,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+        "ANTHROPIC_SMALL_FAST_MODEL": model,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
     return LaunchPlan("claude", ("claude", *args), env, unset=("ANTHROPIC_API_KEY",))
 
 
-def _opencode(origin: str, model: str, key: str, args: tuple[str, ...], folder: Path, choice: str,
-              max_tokens: int | None) -> LaunchPlan:
+def _opencode(
+    origin: str, model: str, key: str, args: tuple[str, ...], folder: Path, choice: str, max_tokens: int | None
+) -> LaunchPlan:
     path = folder / "opencode.json"
     options: dict[str, Any] = {"baseURL": f"{origin}/v1", "apiKey": key}
     limit = {"limit": {"context": MAX_CONTEXT, "output": max_tokens}} if max_tokens else {}
     if choice:
         options["headers"] = {TOOL_CHOICE_HEADER: choice}
-    config = {"$schema": "https://opencode.ai/config.json", "model": f"hydra/{model}", "autoupdate": False,
-              "provider": {"hydra": {"npm": "@ai-sdk/openai-compatible", "name": "Hydra mesh",
-                                     "options": options,
-                                     "models": {model: {"name": model, **limit}}}}}
+    config = {
+        "$schema": "https://opencode.ai/config.json",
+        "model": f"hydra/{model}",
+        "autoupdate": False,
+        "provider": {
+            "hydra": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "Hydra mesh",
+                "options": options,
+                "models": {model: {"name": model, **limit}},
+            }
+        },
+    }
     env = {"OPENCODE_CONFIG": str(path), "OPENCODE_DISABLE_AUTOUPDATE": "1"}
     return LaunchPlan("opencode", ("opencode", *args), env, files={str(path): _json(config)})
 
 
-def _pi(origin: str, model: str, key: str, args: tuple[str, ...], folder: Path, choice: str,
-        max_tokens: int | None) -> LaunchPlan:
+def _pi(
+    origin: str, model: str, key: str, args: tuple[str, ...], folder: Path, choice: str, max_tokens: int | None
+) -> LaunchPlan:
     entry = {"id": model, "name": model, "reasoning": False, "input": ["text"]}
     if max_tokens:
         entry["maxTokens"] = max_tokens
-    provider = {"baseUrl": f"{origin}/v1", "api": "openai-completions", "apiKey": key,
-                "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False}, "models": [entry]}
+    provider = {
+        "baseUrl": f"{origin}/v1",
+        "api": "openai-completions",
+        "apiKey": key,
+        "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
+        "models": [entry],
+    }
     if choice:
         provider["headers"] = {TOOL_CHOICE_HEADER: choice}
     models = {"providers": {"hydra": provider}}
     settings = {"defaultProvider": "hydra", "defaultModel": model}
-    return LaunchPlan("pi", ("pi", *args), {"PI_CODING_AGENT_DIR": str(folder)},
-                      files={str(folder / "models.json"): _json(models), str(folder / "settings.json"): _json(settings)})
+    return LaunchPlan(
+        "pi",
+        ("pi", *args),
+        {"PI_CODING_AGENT_DIR": str(folder)},
+        files={str(folder / "models.json"): _json(models), str(folder / "settings.json"): _json(settings)},
+    )
 
 
-def _goose(origin: str, model: str, key: str, args: tuple[str, ...], _dir: Path, choice: str,
-           max_tokens: int | None) -> LaunchPlan:
-    env = {"GOOSE_PROVIDER": "openai", "GOOSE_MODEL": model, "OPENAI_HOST": origin,
-           "OPENAI_BASE_PATH": "v1/chat/completions", "OPENAI_API_KEY": key}
+def _goose(
+    origin: str, model: str, key: str, args: tuple[str, ...], _dir: Path, choice: str, max_tokens: int | None
+) -> LaunchPlan:
+    env = {
+        "GOOSE_PROVIDER": "openai",
+        "GOOSE_MODEL": model,
+        "OPENAI_HOST": origin,
+        "OPENAI_BASE_PATH": "v1/chat/completions",
+        "OPENAI_API_KEY": key,
+    }
     if choice:
         env["OPENAI_CUSTOM_HEADERS"] = f"{TOOL_CHOICE_HEADER}={choice}"
     if max_tokens:
@@ -142,12 +182,21 @@ def _goose(origin: str, model: str, key: str, args: tuple[str, ...], _dir: Path,
 _BUILDERS = {"claude": _claude, "opencode": _opencode, "pi": _pi, "goose": _goose}
 
 
-def launch_plan(tool: str, origin: str, model: str, key: str | None, args: tuple[str, ...],
-                agents_dir: Path, tool_choice: str = "", max_tokens: int | None = None) -> LaunchPlan:
+def launch_plan(
+    tool: str,
+    origin: str,
+    model: str,
+    key: str | None,
+    args: tuple[str, ...],
+    agents_dir: Path,
+    tool_choice: str = "",
+    max_tokens: int | None = None,
+) -> LaunchPlan:
     """The plan for ``tool`` against the node at ``origin`` (``http://host:port``, no ``/v1``),
     with its files under ``agents_dir/<tool>/``; ``tool_choice`` ("" = the tool's own);
     ``max_tokens``: the most tokens per answer (None = the tool's own)."""
     if tool not in _BUILDERS:
         raise ValueError(f"unknown agent {tool!r} (known: {', '.join(AGENTS)})")
-    return _BUILDERS[tool](origin.rstrip("/"), model, key or PLACEHOLDER_KEY, tuple(args), agents_dir / tool,
-                           tool_choice, max_tokens)
+    return _BUILDERS[tool](
+        origin.rstrip("/"), model, key or PLACEHOLDER_KEY, tuple(args), agents_dir / tool, tool_choice, max_tokens
+    )

@@ -17,12 +17,18 @@ __all__ = ["print_start_banner", "reap_home", "start_banner"]
 
 def start_banner(api_url: str, console_url: str, headless: bool, invite: str | None, role: str) -> str:
     """The lines ``serve`` prints when ready (pure)."""
-    lines = ["hydra-node is serving", f"  OpenAI API   {api_url}",
-             f"  {'management' if headless else 'console   '}   {console_url}" + (" (headless: API only)" if headless else "")]
+    lines = [
+        "hydra-node is serving",
+        f"  OpenAI API   {api_url}",
+        f"  {'management' if headless else 'console   '}   {console_url}"
+        + (" (headless: API only)" if headless else ""),
+    ]
     if invite:
-        lines += [f"  invite       {invite}",
-                  "  (whoever holds it can join this mesh until it expires: hydra-node serve --join TOKEN; "
-                  "revoke with hydra-node invite revoke)"]
+        lines += [
+            f"  invite       {invite}",
+            "  (whoever holds it can join this mesh until it expires: hydra-node serve --join TOKEN; "
+            "revoke with hydra-node invite revoke)",
+        ]
     elif role != "client":
         lines.append("  invite       (none: this node is in no mesh)")
     return "\n".join(lines)
@@ -37,8 +43,13 @@ def print_start_banner(node: "Node", out: TextIO | None = None) -> None:
     c = node.config
     assert node.api_server is not None and node.console_server is not None  # called once the node serves
     token = node.mesh.token() if node.mesh is not None else None
-    text = start_banner(f"http://{_host(c.api_host)}:{node.api_server.port}/v1",
-                        f"http://{_host(c.api_host)}:{node.console_server.port}", c.headless, token, c.role)
+    text = start_banner(
+        f"http://{_host(c.api_host)}:{node.api_server.port}/v1",
+        f"http://{_host(c.api_host)}:{node.console_server.port}",
+        c.headless,
+        token,
+        c.role,
+    )
     try:
         print(text, file=out or sys.stdout, flush=True)
     except (OSError, ValueError):  # stdout closed or a broken pipe: the node serves on regardless
@@ -58,4 +69,3 @@ def reap_home(home: Path, err: TextIO | None = None) -> list[str]:
     for action in actions:
         print(f"hydra-node: cleaned up {home}: {action}", file=err or sys.stderr)
     return actions
-

@@ -59,8 +59,12 @@ class NodeClient:
     def request(self, method: str, path: str, body: dict | None, *, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
         data = None if body is None else json.dumps(body).encode()
         # The node refuses state-changing requests without a JSON content type (CSRF), even body-less ones.
-        req = urllib.request.Request(f"http://{self.host}:{self.port}{path}", method=method, data=data,
-                                     headers={"Content-Type": "application/json"} if method != "GET" else {})
+        req = urllib.request.Request(
+            f"http://{self.host}:{self.port}{path}",
+            method=method,
+            data=data,
+            headers={"Content-Type": "application/json"} if method != "GET" else {},
+        )
         if self.api_key:
             req.add_header("Authorization", f"Bearer {self.api_key}")
         try:

@@ -20,16 +20,25 @@ from hydra_node.config import NodeConfig, default_home
 __all__ = ["add_config_parser", "cmd_config", "format_sources", "node_sources"]
 
 
-def add_config_parser(sub, serve_parser: argparse.ArgumentParser,
-                      add_home: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_config_parser(
+    sub, serve_parser: argparse.ArgumentParser, add_home: Callable[[argparse.ArgumentParser], None]
+) -> None:
     """``config show`` takes every flag of ``serve_parser`` (argparse ``parents``)."""
-    c = sub.add_parser("config", help="show the effective configuration and where each value comes from",
-                       description="The configuration is layered: built-in defaults < <home>/config.toml "
-                                   "(when present) < --config FILE < command-line flags (docs/config.md).")
+    c = sub.add_parser(
+        "config",
+        help="show the effective configuration and where each value comes from",
+        description="The configuration is layered: built-in defaults < <home>/config.toml "
+        "(when present) < --config FILE < command-line flags (docs/config.md).",
+    )
     csub = c.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
-    show = csub.add_parser("show", parents=[serve_parser], conflict_handler="resolve", help="print the effective configuration with the source of each value",
-                           description="Takes the flags of `serve` and prints what `serve` with them would run "
-                                       "with; each value is marked default, the file that set it, flag or env.")
+    show = csub.add_parser(
+        "show",
+        parents=[serve_parser],
+        conflict_handler="resolve",
+        help="print the effective configuration with the source of each value",
+        description="Takes the flags of `serve` and prints what `serve` with them would run "
+        "with; each value is marked default, the file that set it, flag or env.",
+    )
     show.add_argument("--json", action="store_true", help="print JSON: files, values with sources, reserved keys")
     path = csub.add_parser("path", help="print the path of the default config file (<home>/config.toml)")
     add_home(path)
@@ -37,8 +46,10 @@ def add_config_parser(sub, serve_parser: argparse.ArgumentParser,
 
 def node_sources(args, cfg: NodeConfig) -> list[ValueSource]:
     """The node's own settings (not file keys): flag when given, env for what the environment set."""
+
     def src(flag_value: Any) -> str:
         return "flag" if flag_value not in (None, False, [], "") else "default"
+
     mesh_port = cfg.mesh.listen_port if cfg.mesh is not None else None
     home_src = "flag" if args.home else ("env" if default_home() != Path("~/.hydra").expanduser() else "default")
     key_src = "flag" if (args.api_key or args.api_key_file) else ("env" if cfg.api_key else "default")
@@ -94,9 +105,17 @@ def cmd_config(args, build: Callable[[Any], NodeConfig]) -> int:
     layered = load_layered(cfg.home, args.config)
     values = value_sources(cfg.file, layered) + node_sources(args, cfg)
     if args.json:
-        print(json.dumps({"files": list(layered.files), "default_file": str(default_config_path(cfg.home)),
-                          "values": {v.key: {"value": v.value, "source": v.source} for v in values},
-                          "reserved_keys": list(cfg.file.reserved_keys)}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "files": list(layered.files),
+                    "default_file": str(default_config_path(cfg.home)),
+                    "values": {v.key: {"value": v.value, "source": v.source} for v in values},
+                    "reserved_keys": list(cfg.file.reserved_keys),
+                },
+                indent=2,
+            )
+        )
     else:
         print(format_sources(values, layered.files))
         if cfg.file.reserved_keys:

@@ -22,8 +22,16 @@ from typing import Any, Mapping
 
 from hydra_node.config import ConfigError, FileConfig, parse_config_data
 
-__all__ = ["DEFAULT_CONFIG_NAME", "LayeredConfig", "ValueSource", "default_config_path", "flatten", "load_layered",
-           "merge_tables", "value_sources"]
+__all__ = [
+    "DEFAULT_CONFIG_NAME",
+    "LayeredConfig",
+    "ValueSource",
+    "default_config_path",
+    "flatten",
+    "load_layered",
+    "merge_tables",
+    "value_sources",
+]
 
 #: The default file's name under the home (``~/.hydra/config.toml``).
 DEFAULT_CONFIG_NAME = "config.toml"

@@ -25,5 +25,7 @@ def check_home(home: Path) -> None:
     except OSError as exc:
         reason = exc.strerror or str(exc)
         where = exc.filename or home
-        raise ConfigError(f"home {home} is not usable ({reason}: {where}); choose another with --home or "
-                          f"HYDRA_HOME, or fix its permissions") from None
+        raise ConfigError(
+            f"home {home} is not usable ({reason}: {where}); choose another with --home or "
+            f"HYDRA_HOME, or fix its permissions"
+        ) from None

@@ -29,22 +29,38 @@ def parse_duration(text: str) -> float:
 
 def add_invite_parser(sub, add_home: Callable[[argparse.ArgumentParser], None]) -> None:
     inv = sub.add_parser(
-        "invite", help="mint, list or revoke invite tokens of the running node's mesh",
+        "invite",
+        help="mint, list or revoke invite tokens of the running node's mesh",
         description="Ask the running node (found through --home or --console) for a new invite token "
-                    "(`invite` or `invite create`; POST /api/invite, /api/status shows none), list the "
-                    "unexpired invites it issued (`invite list`) or revoke one (`invite revoke TOKEN_OR_ID`: "
-                    "every member then refuses it). Whoever holds a token can join the mesh until it expires, "
-                    "is revoked, or (with --uses N) has admitted N nodes; a --uses token is redeemed only by "
-                    "the node that issued it.",
+        "(`invite` or `invite create`; POST /api/invite, /api/status shows none), list the "
+        "unexpired invites it issued (`invite list`) or revoke one (`invite revoke TOKEN_OR_ID`: "
+        "every member then refuses it). Whoever holds a token can join the mesh until it expires, "
+        "is revoked, or (with --uses N) has admitted N nodes; a --uses token is redeemed only by "
+        "the node that issued it.",
         epilog="examples: hydra-node invite --uses 1 --ttl 1h | hydra-node invite list | "
-               "hydra-node invite revoke 3f2a9c01")
-    inv.add_argument("action", nargs="?", choices=("create", "list", "revoke"), default="create",
-                     help="create (default), list, or revoke")
-    inv.add_argument("target", nargs="?", metavar="TOKEN_OR_ID",
-                     help="revoke: the token, or its id (or 8+ leading hex characters of it) from `invite list`")
+        "hydra-node invite revoke 3f2a9c01",
+    )
+    inv.add_argument(
+        "action",
+        nargs="?",
+        choices=("create", "list", "revoke"),
+        default="create",
+        help="create (default), list, or revoke",
+    )
+    inv.add_argument(
+        "target",
+        nargs="?",
+        metavar="TOKEN_OR_ID",
+        help="revoke: the token, or its id (or 8+ leading hex characters of it) from `invite list`",
+    )
     inv.add_argument("--ttl", default="24h", help="lifetime: seconds, or with a unit s/m/h/d (default 24h)")
-    inv.add_argument("--uses", type=int, default=None, metavar="N",
-                     help="admit at most N joining nodes (1..1000; default: any number until it expires)")
+    inv.add_argument(
+        "--uses",
+        type=int,
+        default=None,
+        metavar="N",
+        help="admit at most N joining nodes (1..1000; default: any number until it expires)",
+    )
     inv.add_argument("--console", type=int, default=None, metavar="PORT", help="management port of the node")
     inv.add_argument("--json", action="store_true", help="print JSON (the expiry, addresses, id ...)")
     add_home(inv)
@@ -74,8 +90,12 @@ def cmd_invite(args, client: NodeClient) -> int:
             print(json.dumps(d, indent=2)) if args.json else _print_list(d["invites"])
         elif args.action == "revoke":
             d = client.post("/api/invite/revoke", {"token": args.target}, timeout=10)
-            print(json.dumps(d, indent=2) if args.json else f"revoked invite {d['revoked']['id']}; "
-                  "members refuse it once the signed revocation list reaches them")
+            print(
+                json.dumps(d, indent=2)
+                if args.json
+                else f"revoked invite {d['revoked']['id']}; "
+                "members refuse it once the signed revocation list reaches them"
+            )
         else:
             body: dict = {"ttl_s": parse_duration(args.ttl)}
             if args.uses is not None:

@@ -24,18 +24,34 @@ MAX_STALL_TIMEOUT_S = 3600.0
 
 
 def add_split_serve_args(s) -> None:
-    s.add_argument("--split", action="store_true",
-                   help="split hosted models over RPC workers of other mesh nodes even when they fit here "
-                        "(without it, a model is split only when it does not fit --max-memory / free memory)")
-    s.add_argument("--no-rpc-worker", action="store_true",
-                   help="run no llama.cpp RPC worker: lend no memory to other nodes' split models")
-    s.add_argument("--tunnel-port", type=int, default=0, metavar="PORT",
-                   help="data port of this node's RPC tunnels (default 0: any free port; binds --mesh-host). "
-                        "Open it next to the mesh port for fast splits; when coordinators cannot reach it, "
-                        "tunnel bytes ride the mesh link instead (slower)")
-    s.add_argument("--stall-timeout", type=float, default=DEFAULT_SPLIT_STALL_TIMEOUT_S, metavar="S",
-                   help="a split model's runner that produces nothing for S seconds during a request is killed "
-                        f"and replanned; the request gets an error (default {DEFAULT_SPLIT_STALL_TIMEOUT_S:g})")
+    s.add_argument(
+        "--split",
+        action="store_true",
+        help="split hosted models over RPC workers of other mesh nodes even when they fit here "
+        "(without it, a model is split only when it does not fit --max-memory / free memory)",
+    )
+    s.add_argument(
+        "--no-rpc-worker",
+        action="store_true",
+        help="run no llama.cpp RPC worker: lend no memory to other nodes' split models",
+    )
+    s.add_argument(
+        "--tunnel-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="data port of this node's RPC tunnels (default 0: any free port; binds --mesh-host). "
+        "Open it next to the mesh port for fast splits; when coordinators cannot reach it, "
+        "tunnel bytes ride the mesh link instead (slower)",
+    )
+    s.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=DEFAULT_SPLIT_STALL_TIMEOUT_S,
+        metavar="S",
+        help="a split model's runner that produces nothing for S seconds during a request is killed "
+        f"and replanned; the request gets an error (default {DEFAULT_SPLIT_STALL_TIMEOUT_S:g})",
+    )
 
 
 def split_config_from_args(args, error) -> dict:
@@ -46,16 +62,23 @@ def split_config_from_args(args, error) -> dict:
         raise error(f"--stall-timeout: must be between {MIN_STALL_TIMEOUT_S:g} and {MAX_STALL_TIMEOUT_S:g} s")
     if not 0 <= args.tunnel_port <= 65535:
         raise error(f"--tunnel-port: must be a TCP port between 0 and 65535, not {args.tunnel_port}")
-    return {"force_split": args.split, "rpc_worker": not args.no_rpc_worker,
-            "split_stall_timeout_s": float(args.stall_timeout), "tunnel_port": args.tunnel_port}
+    return {
+        "force_split": args.split,
+        "rpc_worker": not args.no_rpc_worker,
+        "split_stall_timeout_s": float(args.stall_timeout),
+        "tunnel_port": args.tunnel_port,
+    }
 
 
 def add_swap_parser(sub, add_home) -> None:
-    sw = sub.add_parser("swap", help="load a model on the running node (and unload the others)",
-                        description="Hot swap: the running node (found through --home or --console) loads MODEL "
-                                    "(a GGUF path, ID=PATH, the bundled id, or a catalogue name, hf:// or https:// "
-                                    "reference: fetched first from mesh peers, else downloaded), waits until it is ready, then "
-                                    "unloads its other models unless --keep. RPC workers stay up.")
+    sw = sub.add_parser(
+        "swap",
+        help="load a model on the running node (and unload the others)",
+        description="Hot swap: the running node (found through --home or --console) loads MODEL "
+        "(a GGUF path, ID=PATH, the bundled id, or a catalogue name, hf:// or https:// "
+        "reference: fetched first from mesh peers, else downloaded), waits until it is ready, then "
+        "unloads its other models unless --keep. RPC workers stay up.",
+    )
     sw.add_argument("model", metavar="MODEL")
     sw.add_argument("--keep", action="store_true", help="keep the models already loaded")
     sw.add_argument("--split", action="store_true", help="split MODEL over mesh RPC workers even if it fits")
@@ -84,6 +107,7 @@ def cmd_swap(args, client: NodeClient, settings=None) -> int:
     """``settings`` (:func:`fetch_settings`): a catalogue name or URL is pulled first (mesh peers through
     the node, else the internet) and loaded as ``ID=PATH``."""
     from hydra_node.runtime.fetch import BadModelSource, DownloadError, needs_fetch
+
     model = args.model
     try:
         if settings is not None and needs_fetch(model):
@@ -155,19 +179,31 @@ class StderrProgress:
 
 def add_models_parser(sub, add_home) -> None:
     import argparse
-    m = sub.add_parser("models", help="list, download (pull) and remove models: the catalogue, the local cache, "
-                                      "the mesh",
-                       description="Without a subcommand: list the built-in catalogue, the models downloaded under "
-                                   "<home>/models (sizes, sha256) and, when a node runs with this home, what the "
-                                   "mesh hosts. `pull NAME|hf://OWNER/REPO[@REV]/FILE|URL` downloads one (resumable, "
-                                   "sha256-verified; from mesh peers first when a node runs); `rm NAME` deletes one. "
-                                   "`serve --model NAME` pulls on first use. See docs/models.md.")
+
+    m = sub.add_parser(
+        "models",
+        help="list, download (pull) and remove models: the catalogue, the local cache, the mesh",
+        description="Without a subcommand: list the built-in catalogue, the models downloaded under "
+        "<home>/models (sizes, sha256) and, when a node runs with this home, what the "
+        "mesh hosts. `pull NAME|hf://OWNER/REPO[@REV]/FILE|URL` downloads one (resumable, "
+        "sha256-verified; from mesh peers first when a node runs); `rm NAME` deletes one. "
+        "`serve --model NAME` pulls on first use. See docs/models.md.",
+    )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
-    common.add_argument("--console", type=int, default=argparse.SUPPRESS, metavar="PORT",
-                        help="management port of the running node (default: from --home)")
-    common.add_argument("--home", metavar="DIR", default=argparse.SUPPRESS,
-                        help="state directory holding models/ (default: $HYDRA_HOME or ~/.hydra)")
+    common.add_argument(
+        "--console",
+        type=int,
+        default=argparse.SUPPRESS,
+        metavar="PORT",
+        help="management port of the running node (default: from --home)",
+    )
+    common.add_argument(
+        "--home",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="state directory holding models/ (default: $HYDRA_HOME or ~/.hydra)",
+    )
     m.add_argument("--json", action="store_true", help="print JSON")
     m.add_argument("--console", type=int, default=None, metavar="PORT", help="management port of the running node")
     add_home(m)
@@ -188,8 +224,13 @@ def fetch_settings(home, file_cfg, environ):
     from hydra_node.runtime.fetch import FetchSettings
     from hydra_node.runtime.fetch.catalogue import DEFAULT_HUB
     from hydra_node.runtime.fetch.settings import models_settings
-    return FetchSettings(cache_dir=home / "models", hub=environ.get("HF_ENDPOINT") or DEFAULT_HUB,
-                         token=environ.get("HF_TOKEN") or None, models=models_settings(file_cfg))
+
+    return FetchSettings(
+        cache_dir=home / "models",
+        hub=environ.get("HF_ENDPOINT") or DEFAULT_HUB,
+        token=environ.get("HF_TOKEN") or None,
+        models=models_settings(file_cfg),
+    )
 
 
 def prepare_models(cfg, environ):
@@ -205,6 +246,7 @@ def prepare_models(cfg, environ):
         load_catalogue,
         needs_fetch,
     )
+
     settings = fetch_settings(cfg.home, cfg.file, environ)
     joining = cfg.mesh is not None and bool(cfg.mesh.join)
     out, deferred = [], []
@@ -213,11 +255,19 @@ def prepare_models(cfg, environ):
             out.append(ref)
             continue
         if not needs_fetch(ref):
-            if ("/" not in ref and "=" not in ref and not ref.endswith(".gguf") and not Path(ref).exists()
-                    and ref not in (BUNDLED_MODEL_ID, "default", "bundled")):  # a name, but no known one
+            if (
+                "/" not in ref
+                and "=" not in ref
+                and not ref.endswith(".gguf")
+                and not Path(ref).exists()
+                and ref not in (BUNDLED_MODEL_ID, "default", "bundled")
+            ):  # a name, but no known one
                 names = ", ".join(sorted(load_catalogue()))
-                print(f"hydra-node: model {ref!r:.80} is not in the catalogue ({names}), not a file, and not "
-                      f"hf://OWNER/REPO[@REV]/FILE or an https:// URL (see `hydra models`)", file=sys.stderr)
+                print(
+                    f"hydra-node: model {ref!r:.80} is not in the catalogue ({names}), not a file, and not "
+                    f"hf://OWNER/REPO[@REV]/FILE or an https:// URL (see `hydra models`)",
+                    file=sys.stderr,
+                )
                 return None
             out.append(ref)
             continue
@@ -257,6 +307,7 @@ def _held_locally(ref, settings) -> bool:
 
 def cmd_models(args, home, file_cfg, client: NodeClient, environ) -> int:
     from hydra_node.runtime.fetch import BadModelSource, DownloadError
+
     settings = fetch_settings(home, file_cfg, environ)
     action = getattr(args, "models_command", None) or "list"
     try:
@@ -284,32 +335,68 @@ def _mesh_models(client: NodeClient) -> dict | None:
 
 def _list(args, settings, client: NodeClient) -> int:
     from hydra_node.runtime.fetch import ModelCache, load_catalogue
+
     cat = load_catalogue()
     cache = ModelCache(settings.cache_dir)
     local = cache.records()
     mesh = _mesh_models(client)
     if args.json:
-        print(json.dumps({
-            "catalogue": [{"name": e.name, "sources": list(e.sources), "file": e.file, "size_bytes": e.size_bytes,
-                           "approx_gb": e.approx_gb, "sha256": e.sha256, "licence": e.licence, "quant": e.quant,
-                           "context": e.context, "bundled": e.bundled} for e in cat.values()],
-            "local": [{"model": r.model_id, "path": str(r.path(cache.root)), "size_bytes": r.size_bytes,
-                       "sha256": r.sha256, "sha256_origin": r.sha256_origin, "source": r.source, "keep": r.keep,
-                       "last_used": r.last_used} for r in local.values()],
-            "cache": {"dir": str(cache.root), "used_bytes": cache.used_bytes(),
-                      "limit_bytes": settings.models.cache_limit_bytes},
-            "mesh": mesh}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "catalogue": [
+                        {
+                            "name": e.name,
+                            "sources": list(e.sources),
+                            "file": e.file,
+                            "size_bytes": e.size_bytes,
+                            "approx_gb": e.approx_gb,
+                            "sha256": e.sha256,
+                            "licence": e.licence,
+                            "quant": e.quant,
+                            "context": e.context,
+                            "bundled": e.bundled,
+                        }
+                        for e in cat.values()
+                    ],
+                    "local": [
+                        {
+                            "model": r.model_id,
+                            "path": str(r.path(cache.root)),
+                            "size_bytes": r.size_bytes,
+                            "sha256": r.sha256,
+                            "sha256_origin": r.sha256_origin,
+                            "source": r.source,
+                            "keep": r.keep,
+                            "last_used": r.last_used,
+                        }
+                        for r in local.values()
+                    ],
+                    "cache": {
+                        "dir": str(cache.root),
+                        "used_bytes": cache.used_bytes(),
+                        "limit_bytes": settings.models.cache_limit_bytes,
+                    },
+                    "mesh": mesh,
+                },
+                indent=2,
+            )
+        )
         return 0
     print("CATALOGUE (hydra serve --model NAME; hydra models pull NAME)")
     for e in cat.values():
         state = "bundled" if e.bundled else ("downloaded" if e.name in local else "")
         print(f"  {e.name:<28} {e.quant:<7} {e.display_size:>10}  {e.licence:<11} {state}")
     limit = settings.models.cache_limit_bytes
-    print(f"LOCAL ({cache.root}: {cache.used_bytes() / 1e9:.2f} GB"
-          + (f" of {limit / 1e9:.2f} GB)" if limit else ", no limit)"))
+    print(
+        f"LOCAL ({cache.root}: {cache.used_bytes() / 1e9:.2f} GB"
+        + (f" of {limit / 1e9:.2f} GB)" if limit else ", no limit)")
+    )
     for r in sorted(local.values(), key=lambda r: r.model_id):
-        print(f"  {r.model_id:<28} {r.size_bytes / 1e9:7.2f} GB  sha256 {r.sha256[:12]}… ({r.sha256_origin})"
-              + ("  kept" if r.keep else ""))
+        print(
+            f"  {r.model_id:<28} {r.size_bytes / 1e9:7.2f} GB  sha256 {r.sha256[:12]}… ({r.sha256_origin})"
+            + ("  kept" if r.keep else "")
+        )
     if not local:
         print("  (none downloaded)")
     if mesh is None:
@@ -323,6 +410,7 @@ def _list(args, settings, client: NodeClient) -> int:
 
 def _rm(args, settings) -> int:
     from hydra_node.runtime.fetch import ModelCache
+
     if not ModelCache(settings.cache_dir).remove(args.model):
         print(f"hydra-node: {args.model!r} is not downloaded (see `hydra models`)", file=sys.stderr)
         return 1
@@ -333,27 +421,41 @@ def _rm(args, settings) -> int:
 def _pull(args, settings, client: NodeClient) -> int:
     from hydra_node.runtime.fetch import needs_fetch
     from hydra_node.runtime.fetch.fetcher import remote_for
+
     remote_for(args.model, settings)  # BadModelSource for a name that is in no catalogue
     if not needs_fetch(args.model) and not args.force:
-        print(f"{args.model} is bundled with hydra-node: nothing to download (--force downloads it anyway)",
-              file=sys.stderr if args.json else sys.stdout)
+        print(
+            f"{args.model} is bundled with hydra-node: nothing to download (--force downloads it anyway)",
+            file=sys.stderr if args.json else sys.stdout,
+        )
         return 0
     rec = pull_model(args.model, settings, client, force=args.force, keep=args.keep, peers=not args.no_peers)
     if args.json:
-        print(json.dumps({"model": rec.model_id, "path": str(rec.path(settings.cache_dir)), "size_bytes": rec.size_bytes,
-                          "sha256": rec.sha256, "sha256_origin": rec.sha256_origin, "source": rec.source,
-                          "keep": rec.keep}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "model": rec.model_id,
+                    "path": str(rec.path(settings.cache_dir)),
+                    "size_bytes": rec.size_bytes,
+                    "sha256": rec.sha256,
+                    "sha256_origin": rec.sha256_origin,
+                    "source": rec.source,
+                    "keep": rec.keep,
+                },
+                indent=2,
+            )
+        )
     else:
         print(f"{rec.model_id}\t{rec.size_bytes / 1e9:.2f} GB\tsha256 {rec.sha256}\t{rec.path(settings.cache_dir)}")
     return 0
 
 
-def pull_model(ref: str, settings, client: NodeClient, *, force: bool = False, keep: bool = False,
-               peers: bool = True):
+def pull_model(ref: str, settings, client: NodeClient, *, force: bool = False, keep: bool = False, peers: bool = True):
     """The cache record of ``ref``: cached already, else from mesh peers through the running node
     (when one runs and ``[models].peer_fetch``), else downloaded here with a progress bar."""
     from hydra_node.runtime.fetch import ModelCache, ensure_local
     from hydra_node.runtime.fetch.fetcher import remote_for
+
     remote = remote_for(ref, settings)
     cache = ModelCache(settings.cache_dir)
     mesh = _mesh_models(client)
@@ -376,6 +478,8 @@ def _pull_from_peers(ref: str, client: NodeClient) -> bool:
     except NodeClientError as exc:
         print(f"hydra-node: from the mesh: {exc}; downloading instead", file=sys.stderr)
         return False
-    print(f"fetched {got['model']} from {got['source']} ({got['size_bytes'] / 1e9:.2f} GB, sha256 verified)",
-          file=sys.stderr)
+    print(
+        f"fetched {got['model']} from {got['source']} ({got['size_bytes'] / 1e9:.2f} GB, sha256 verified)",
+        file=sys.stderr,
+    )
     return True

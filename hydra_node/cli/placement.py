@@ -30,37 +30,55 @@ EXIT_FAILED = 1
 POLL_S = 0.5
 _KINDS = ("model_weights", "layer_package", "kv_state", "recurrent_state", "activation_frames")
 #: ``--vast-*`` flag → ``[placement]`` key and the API's ``vast`` field.
-_VAST_FLAGS = (("vast_trigger_endpoint", "endpoint"), ("vast_tenant", "tenant"), ("vast_dataspace", "dataspace"),
-               ("vast_source_namespace", "source_namespace"),
-               ("vast_destination_namespace", "destination_namespace"), ("vast_target_site", "target_site"))
+_VAST_FLAGS = (
+    ("vast_trigger_endpoint", "endpoint"),
+    ("vast_tenant", "tenant"),
+    ("vast_dataspace", "dataspace"),
+    ("vast_source_namespace", "source_namespace"),
+    ("vast_destination_namespace", "destination_namespace"),
+    ("vast_target_site", "target_site"),
+)
 
 
 def _add_namespace_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--posix-root", metavar="DIR", help="a POSIX namespace root (an NFS or VAST DataSpace mount)")
-    g.add_argument("--s3-bucket", metavar="BUCKET",
-                   help="an S3 bucket (endpoint, region and prefix: the node's [placement] s3_* keys)")
+    g.add_argument(
+        "--s3-bucket",
+        metavar="BUCKET",
+        help="an S3 bucket (endpoint, region and prefix: the node's [placement] s3_* keys)",
+    )
 
 
 def _add_vast_args(p: argparse._ActionsContainer) -> None:  # a parser or an argument group
     for key, _ in _VAST_FLAGS:
         flag = "--" + key.replace("_", "-")
-        p.add_argument(flag, dest=key, metavar="URL" if key.endswith("endpoint") else "TEXT",
-                       help="the VAST trigger endpoint (POSTed after the commit)" if key.endswith("endpoint")
-                       else f"VAST trigger: {key[len('vast_'):].replace('_', ' ')}")
+        p.add_argument(
+            flag,
+            dest=key,
+            metavar="URL" if key.endswith("endpoint") else "TEXT",
+            help="the VAST trigger endpoint (POSTed after the commit)"
+            if key.endswith("endpoint")
+            else f"VAST trigger: {key[len('vast_') :].replace('_', ' ')}",
+        )
 
 
 def add_placement_serve_args(s: argparse.ArgumentParser) -> None:
     g = s.add_argument_group("placement (docs/placement.md; override [placement])")
-    g.add_argument("--posix-root", metavar="DIR", help="POSIX namespace root artifacts are published to and fetched from")
+    g.add_argument(
+        "--posix-root", metavar="DIR", help="POSIX namespace root artifacts are published to and fetched from"
+    )
     g.add_argument("--s3-bucket", metavar="BUCKET", help="S3 bucket artifacts are published to and fetched from")
     _add_vast_args(g)
 
 
 def apply_placement_args(args: argparse.Namespace, file_cfg: Any) -> Any:
     """``file_cfg`` with the serve flags' ``[placement]`` overrides, re-validated."""
-    changes = {key: getattr(args, key) for key in ("posix_root", "s3_bucket", *(k for k, _ in _VAST_FLAGS))
-               if getattr(args, key, None) is not None}
+    changes = {
+        key: getattr(args, key)
+        for key in ("posix_root", "s3_bucket", *(k for k, _ in _VAST_FLAGS))
+        if getattr(args, key, None) is not None
+    }
     if not changes:
         return file_cfg
     placement = dataclasses.replace(file_cfg.placement, **changes)
@@ -73,12 +91,15 @@ def apply_placement_args(args: argparse.Namespace, file_cfg: Any) -> Any:
 
 
 def add_placement_parser(sub, add_home: Callable[[argparse.ArgumentParser], None]) -> None:
-    p = sub.add_parser("placement", help="publish, fetch, pin and evict artifacts (docs/placement.md)",
-                       description="Artifact placement through the running node (found through --home or --console): "
-                                   "publish a local source into a POSIX or S3 namespace, materialise artifacts into "
-                                   "the node's cache, and manage that cache.",
-                       epilog="example: hydra placement prefetch layer_package qwen3-stage-0 /local/cache/stage-0 "
-                              "--posix-root /vast/global/hydra")
+    p = sub.add_parser(
+        "placement",
+        help="publish, fetch, pin and evict artifacts (docs/placement.md)",
+        description="Artifact placement through the running node (found through --home or --console): "
+        "publish a local source into a POSIX or S3 namespace, materialise artifacts into "
+        "the node's cache, and manage that cache.",
+        epilog="example: hydra placement prefetch layer_package qwen3-stage-0 /local/cache/stage-0 "
+        "--posix-root /vast/global/hydra",
+    )
     ps = p.add_subparsers(dest="placement_command", metavar="ACTION", required=True)
 
     def action(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -200,8 +221,10 @@ def _size(n: float) -> str:
 
 
 def _print_op(op: dict) -> None:
-    print(f"operation {op['id']}: {op['action']} {op['kind']}/{op['name']}  state {op['state']}"
-          + ("" if op.get("done") else "  (in progress)"))
+    print(
+        f"operation {op['id']}: {op['action']} {op['kind']}/{op['name']}  state {op['state']}"
+        + ("" if op.get("done") else "  (in progress)")
+    )
     if op.get("source"):
         print(f"  source      {op['source']}")
     if op.get("namespace"):

@@ -80,10 +80,12 @@ def gather_facts(home: Path) -> MachineFacts:
     backends: tuple[str, ...] = ()
     try:
         import llama_cpp
+
         llama_version = llama_cpp.__version__
         rpc = bool(llama_cpp.llama_supports_rpc())
         if rpc:
             from hydra_node.runtime.rpc.ggml import RpcUnavailable, load
+
             try:
                 backends = tuple(sorted({d.backend for d in load().devices() if d.backend}))
             except RpcUnavailable:
@@ -91,36 +93,72 @@ def gather_facts(home: Path) -> MachineFacts:
     except ImportError:
         pass
     from hydra_node.runtime.hosting.meminfo import read_meminfo
+
     total, avail = read_meminfo()
     probe = home if home.exists() else next((p for p in home.parents if p.exists()), Path("/"))
     return MachineFacts(
-        python=(sys.version_info.major, sys.version_info.minor, sys.version_info.micro), platform=f"{platform.system()} {platform.machine()}",
-        cores=os.cpu_count() or 1, compiler=shutil.which("cc") or shutil.which("gcc") or shutil.which("clang"),
-        cmake=shutil.which("cmake"), llama_cpp_version=llama_version, rpc=rpc, backends=backends,
+        python=(sys.version_info.major, sys.version_info.minor, sys.version_info.micro),
+        platform=f"{platform.system()} {platform.machine()}",
+        cores=os.cpu_count() or 1,
+        compiler=shutil.which("cc") or shutil.which("gcc") or shutil.which("clang"),
+        cmake=shutil.which("cmake"),
+        llama_cpp_version=llama_version,
+        rpc=rpc,
+        backends=backends,
         gpu_tools={t: p for t in ("nvidia-smi", "nvcc", "glslc", "rocminfo") if (p := shutil.which(t))},
-        mem_total_bytes=total, mem_available_bytes=avail, disk_free_bytes=shutil.disk_usage(probe).free,
-        home=str(home))
+        mem_total_bytes=total,
+        mem_available_bytes=avail,
+        disk_free_bytes=shutil.disk_usage(probe).free,
+        home=str(home),
+    )
 
 
 def judge(f: MachineFacts) -> list[Check]:
     """The verdicts, each with the command that fixes what is missing."""
     out = []
     py = ".".join(map(str, f.python))
-    out.append(Check("python", "ok", f"Python {py}") if tuple(f.python[:2]) >= MIN_PYTHON else
-               Check("python", "missing", f"Python {py} is older than {'.'.join(map(str, MIN_PYTHON))}",
-                     "install Python 3.11 or newer (e.g. `sudo apt install python3.11 python3.11-venv`)"))
-    out.append(Check("compiler", "ok", f.compiler) if f.compiler else
-               Check("compiler", "missing", "no C/C++ compiler (needed to build llama-cpp-python with RPC)",
-                     "`sudo apt install build-essential` (Debian/Ubuntu) or `xcode-select --install` (macOS)"))
-    out.append(Check("cmake", "ok", f.cmake) if f.cmake else
-               Check("cmake", "missing", "cmake not found (needed to build llama-cpp-python)",
-                     "`sudo apt install cmake` or `pip install cmake`"))
+    out.append(
+        Check("python", "ok", f"Python {py}")
+        if tuple(f.python[:2]) >= MIN_PYTHON
+        else Check(
+            "python",
+            "missing",
+            f"Python {py} is older than {'.'.join(map(str, MIN_PYTHON))}",
+            "install Python 3.11 or newer (e.g. `sudo apt install python3.11 python3.11-venv`)",
+        )
+    )
+    out.append(
+        Check("compiler", "ok", f.compiler)
+        if f.compiler
+        else Check(
+            "compiler",
+            "missing",
+            "no C/C++ compiler (needed to build llama-cpp-python with RPC)",
+            "`sudo apt install build-essential` (Debian/Ubuntu) or `xcode-select --install` (macOS)",
+        )
+    )
+    out.append(
+        Check("cmake", "ok", f.cmake)
+        if f.cmake
+        else Check(
+            "cmake",
+            "missing",
+            "cmake not found (needed to build llama-cpp-python)",
+            "`sudo apt install cmake` or `pip install cmake`",
+        )
+    )
     if f.llama_cpp_version is None:
         out.append(Check("llama-cpp-python", "missing", "not installed", "`make install` (builds it with RPC)"))
     elif not f.rpc:
-        out.append(Check("rpc", "missing", f"llama-cpp-python {f.llama_cpp_version} was built without RPC "
-                         "(splits and lending memory to peers need it; `serve` refuses to start)",
-                         "`make install` (rebuilds llama-cpp-python with CMAKE_ARGS=-DGGML_RPC=on)"))
+        out.append(
+            Check(
+                "rpc",
+                "missing",
+                f"llama-cpp-python {f.llama_cpp_version} was built without RPC "
+                "(splits and lending memory to peers need it; `serve` refuses to start)",
+                "`make install` (rebuilds llama-cpp-python with CMAKE_ARGS=-DGGML_RPC=on)",
+            )
+        )
     else:
         out.append(Check("rpc", "ok", f"llama-cpp-python {f.llama_cpp_version} with RPC"))
     gpus = [b for b in f.backends if b not in ("CPU", "RPC", "BLAS")]
@@ -129,21 +167,38 @@ def judge(f: MachineFacts) -> list[Check]:
     elif "nvidia-smi" in f.gpu_tools or "rocminfo" in f.gpu_tools:
         kind = "CUDA" if "nvidia-smi" in f.gpu_tools else "Vulkan"
         make = "GPU=cuda" if kind == "CUDA" else "GPU=vulkan"
-        out.append(Check("gpu", "warn", f"a GPU is present but llama-cpp-python has no {kind} backend "
-                         f"(it runs on the CPU)", f"`make install {make}` (needs "
-                         f"{'nvcc' if kind == 'CUDA' else 'glslc'} on PATH)"))
+        out.append(
+            Check(
+                "gpu",
+                "warn",
+                f"a GPU is present but llama-cpp-python has no {kind} backend (it runs on the CPU)",
+                f"`make install {make}` (needs {'nvcc' if kind == 'CUDA' else 'glslc'} on PATH)",
+            )
+        )
     else:
         out.append(Check("gpu", "ok", "no GPU found: models run on the CPU"))
     gb = 1e9
-    out.append(Check("memory", "ok" if f.mem_available_bytes >= LOW_MEMORY_BYTES else "warn",
-                     f"{f.mem_available_bytes / gb:.1f} GB available of {f.mem_total_bytes / gb:.1f} GB",
-                     "" if f.mem_available_bytes >= LOW_MEMORY_BYTES else
-                     "only small models fit; join a mesh to split bigger ones (`hydra serve --join TOKEN --split`)"))
-    out.append(Check("disk", "ok" if f.disk_free_bytes >= LOW_DISK_BYTES else "warn",
-                     f"{f.disk_free_bytes / gb:.1f} GB free under {f.home}",
-                     "" if f.disk_free_bytes >= LOW_DISK_BYTES else
-                     "free space or choose another --home (models are cached under <home>/models); "
-                     "set [models].cache_limit_gb to bound the cache"))
+    out.append(
+        Check(
+            "memory",
+            "ok" if f.mem_available_bytes >= LOW_MEMORY_BYTES else "warn",
+            f"{f.mem_available_bytes / gb:.1f} GB available of {f.mem_total_bytes / gb:.1f} GB",
+            ""
+            if f.mem_available_bytes >= LOW_MEMORY_BYTES
+            else "only small models fit; join a mesh to split bigger ones (`hydra serve --join TOKEN --split`)",
+        )
+    )
+    out.append(
+        Check(
+            "disk",
+            "ok" if f.disk_free_bytes >= LOW_DISK_BYTES else "warn",
+            f"{f.disk_free_bytes / gb:.1f} GB free under {f.home}",
+            ""
+            if f.disk_free_bytes >= LOW_DISK_BYTES
+            else "free space or choose another --home (models are cached under <home>/models); "
+            "set [models].cache_limit_gb to bound the cache",
+        )
+    )
     return out
 
 
@@ -160,11 +215,14 @@ def write_starter_config(path: Path, facts: MachineFacts, force: bool) -> bool:
 
 
 def add_setup_parser(sub, add_home) -> None:
-    s = sub.add_parser("setup", help="check this machine and write a starting config file",
-                       description="Check Python, the compiler, cmake, RPC support in llama-cpp-python, free memory "
-                                   "and disk, and GPU backends; explain what is missing with the command to fix it; "
-                                   "write <home>/config.toml (never over an existing one without --force). "
-                                   "Exit status 1 when something required is missing.")
+    s = sub.add_parser(
+        "setup",
+        help="check this machine and write a starting config file",
+        description="Check Python, the compiler, cmake, RPC support in llama-cpp-python, free memory "
+        "and disk, and GPU backends; explain what is missing with the command to fix it; "
+        "write <home>/config.toml (never over an existing one without --force). "
+        "Exit status 1 when something required is missing.",
+    )
     s.add_argument("--json", action="store_true", help="print the checks as JSON")
     s.add_argument("--force", action="store_true", help="overwrite an existing <home>/config.toml")
     s.add_argument("--no-config", action="store_true", help="only check; write no config file")
@@ -173,6 +231,7 @@ def add_setup_parser(sub, add_home) -> None:
 
 def cmd_setup(args) -> int:
     from hydra_node.config import default_home
+
     home = Path(args.home).expanduser() if args.home else default_home()
     facts = gather_facts(home)
     checks = judge(facts)
@@ -180,9 +239,20 @@ def cmd_setup(args) -> int:
     written = False if args.no_config else write_starter_config(config_path, facts, args.force)
     missing = [c for c in checks if c.status == "missing"]
     if args.json:
-        print(json.dumps({"checks": [asdict(c) for c in checks], "facts": asdict(facts),
-                          "config": {"path": str(config_path), "written": written,
-                                     "existed": config_path.exists() and not written}}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "checks": [asdict(c) for c in checks],
+                    "facts": asdict(facts),
+                    "config": {
+                        "path": str(config_path),
+                        "written": written,
+                        "existed": config_path.exists() and not written,
+                    },
+                },
+                indent=2,
+            )
+        )
     else:
         for c in checks:
             mark = {"ok": "ok  ", "warn": "warn", "missing": "MISS"}[c.status]

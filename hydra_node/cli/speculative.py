@@ -6,14 +6,26 @@ import dataclasses
 
 
 def add_speculative_serve_args(s) -> None:
-    s.add_argument("--draft", default=None, metavar="MODEL",
-                   help="speculative decoding with this local draft model (same vocabulary as the served "
-                        "model): [defaults.speculative] strategy = \"local\", draft_model = MODEL")
-    s.add_argument("--draft-server", default=None, metavar="MODEL",
-                   help="serve this draft model to the mesh's speculative targets (tunnel service \"draft\"): "
-                        "[defaults.speculative] serve_draft = MODEL")
-    s.add_argument("--speculative", default=None, choices=("off", "local", "mesh", "auto"),
-                   help="[defaults.speculative] strategy (mesh: draft on a peer that serves one)")
+    s.add_argument(
+        "--draft",
+        default=None,
+        metavar="MODEL",
+        help="speculative decoding with this local draft model (same vocabulary as the served "
+        "model): [defaults.speculative] strategy = \"local\", draft_model = MODEL",
+    )
+    s.add_argument(
+        "--draft-server",
+        default=None,
+        metavar="MODEL",
+        help="serve this draft model to the mesh's speculative targets (tunnel service \"draft\"): "
+        "[defaults.speculative] serve_draft = MODEL",
+    )
+    s.add_argument(
+        "--speculative",
+        default=None,
+        choices=("off", "local", "mesh", "auto"),
+        help="[defaults.speculative] strategy (mesh: draft on a peer that serves one)",
+    )
 
 
 def apply_speculative_args(args, file_cfg):

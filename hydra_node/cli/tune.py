@@ -23,12 +23,18 @@ import tomlkit
 from hydra_node.cli.config_sources import default_config_path, load_layered
 from hydra_node.cli.tune_sweep import Draft, SweepSettings, run_sweep
 from hydra_node.config import ConfigError, FileConfig, default_home, parse_config_text
-from hydra_node.runtime.tuning.plan import (Candidate, Outcome, TuneAxes, candidate_grid, eta_s, progress_line,
-                                            recommend)
+from hydra_node.runtime.tuning.plan import Candidate, Outcome, TuneAxes, candidate_grid, eta_s, progress_line, recommend
 from hydra_node.runtime.tuning.trial import TrialSettings
 
-__all__ = ["DEFAULT_BUDGET_S", "DEFAULT_TOLERANCE_PCT", "add_tune_parser", "apply_profile", "axes_from_args",
-           "cmd_benchmark", "set_keys"]
+__all__ = [
+    "DEFAULT_BUDGET_S",
+    "DEFAULT_TOLERANCE_PCT",
+    "add_tune_parser",
+    "apply_profile",
+    "axes_from_args",
+    "cmd_benchmark",
+    "set_keys",
+]
 
 #: ``--budget`` default: a few minutes.
 DEFAULT_BUDGET_S = 180.0
@@ -42,38 +48,69 @@ def add_tune_parser(sub, add_home) -> None:
     b = sub.add_parser("benchmark", help="measure this machine: `benchmark tune` finds the fastest runtime profile")
     bsub = b.add_subparsers(dest="benchmark_command", metavar="SUBCOMMAND", required=True)
     t = bsub.add_parser(
-        "tune", help="sweep runtime profiles of a model and recommend (and --apply) the fastest",
+        "tune",
+        help="sweep runtime profiles of a model and recommend (and --apply) the fastest",
         description="Each candidate profile runs in its own model runner child; a fixed prompt set measures "
-                    "generation tok/s, prompt-processing tok/s and time to first token. The recommendation is "
-                    "the fastest profile, preferring lower memory among those within the tolerance. Lists are "
-                    "comma-separated; an option not given keeps the config's value (docs/tuning.md).")
+        "generation tok/s, prompt-processing tok/s and time to first token. The recommendation is "
+        "the fastest profile, preferring lower memory among those within the tolerance. Lists are "
+        "comma-separated; an option not given keeps the config's value (docs/tuning.md).",
+    )
     t.add_argument("--model", default=None, metavar="PATH_OR_ID", help="the model to tune (default: the bundled one)")
     t.add_argument("--config", metavar="FILE", help="config file layered over <home>/config.toml (the base profile)")
     t.add_argument("--ctx-sizes", metavar="N,N", help="[defaults.model_fit].ctx_size values")
     t.add_argument("--batch-sizes", metavar="N,N", help="[defaults.model_fit].batch values")
-    t.add_argument("--ubatch-sizes", metavar="N,N",
-                   help="[defaults.model_fit].ubatch values (default: the config's, /2 and /4; above batch skipped)")
+    t.add_argument(
+        "--ubatch-sizes",
+        metavar="N,N",
+        help="[defaults.model_fit].ubatch values (default: the config's, /2 and /4; above batch skipped)",
+    )
     t.add_argument("--mmap-values", metavar="V,V", help="[defaults.hardware].mmap values: auto,true,false")
     t.add_argument("--mlock-values", metavar="V,V", help="[defaults.hardware].mlock values: true,false")
-    t.add_argument("--flash-attention", metavar="V,V",
-                   help="[defaults.model_fit].flash_attention values: auto,on,off (default: the config's and off)")
+    t.add_argument(
+        "--flash-attention",
+        metavar="V,V",
+        help="[defaults.model_fit].flash_attention values: auto,on,off (default: the config's and off)",
+    )
     t.add_argument("--threads", metavar="N,N", help="[defaults.throughput].threads values (0 = llama.cpp's default)")
-    t.add_argument("--parallel", metavar="N,N", help="[defaults.throughput].parallel values (default: the config's and 1)")
+    t.add_argument(
+        "--parallel", metavar="N,N", help="[defaults.throughput].parallel values (default: the config's and 1)"
+    )
     t.add_argument("--draft", metavar="MODEL", help="evaluate speculative decoding with this local draft model")
-    t.add_argument("--draft-max-tokens", metavar="N,N",
-                   help="[defaults.speculative].draft_max_tokens values (needs a draft: --draft or the config's)")
-    t.add_argument("--throughput-tolerance-pct", type=float, default=DEFAULT_TOLERANCE_PCT, metavar="PCT",
-                   help=f"profiles within PCT %% of the fastest count as fast; the least memory wins among them "
-                        f"(default {DEFAULT_TOLERANCE_PCT:g})")
-    t.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="SECONDS",
-                   help=f"time for the whole sweep (default {DEFAULT_BUDGET_S:g}); the baseline always finishes")
+    t.add_argument(
+        "--draft-max-tokens",
+        metavar="N,N",
+        help="[defaults.speculative].draft_max_tokens values (needs a draft: --draft or the config's)",
+    )
+    t.add_argument(
+        "--throughput-tolerance-pct",
+        type=float,
+        default=DEFAULT_TOLERANCE_PCT,
+        metavar="PCT",
+        help=f"profiles within PCT %% of the fastest count as fast; the least memory wins among them "
+        f"(default {DEFAULT_TOLERANCE_PCT:g})",
+    )
+    t.add_argument(
+        "--budget",
+        type=float,
+        default=DEFAULT_BUDGET_S,
+        metavar="SECONDS",
+        help=f"time for the whole sweep (default {DEFAULT_BUDGET_S:g}); the baseline always finishes",
+    )
     t.add_argument("--rounds", type=int, default=2, help="rounds of the prompt set per candidate (default 2)")
     t.add_argument("--max-tokens", type=int, default=48, help="tokens generated per prompt (default 48)")
-    t.add_argument("--prompt", action="append", default=None, metavar="TEXT",
-                   help="use this prompt instead of the fixed prompt set (repeatable; all are sent at once)")
+    t.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="use this prompt instead of the fixed prompt set (repeatable; all are sent at once)",
+    )
     t.add_argument("--json", action="store_true", help="print the results as JSON")
-    t.add_argument("--apply", action="store_true",
-                   help="write the recommended profile into <home>/config.toml (comments kept, backup written)")
+    t.add_argument(
+        "--apply",
+        action="store_true",
+        help="write the recommended profile into <home>/config.toml (comments kept, backup written)",
+    )
     add_home(t)
 
 
@@ -107,9 +144,17 @@ def _threads(text: str) -> int:
 
 def baseline_of(f: FileConfig, draft_configured: bool) -> Candidate:
     mf, hw, tp = f.defaults.model_fit, f.defaults.hardware, f.defaults.throughput
-    return Candidate(ctx_size=mf.ctx_size, batch=mf.batch, ubatch=mf.ubatch, mmap=str(hw.mmap), mlock=hw.mlock,
-                     flash_attention=str(mf.flash_attention), threads=tp.threads, parallel=tp.parallel,
-                     draft_max_tokens=f.defaults.speculative.draft_max_tokens if draft_configured else None)
+    return Candidate(
+        ctx_size=mf.ctx_size,
+        batch=mf.batch,
+        ubatch=mf.ubatch,
+        mmap=str(hw.mmap),
+        mlock=hw.mlock,
+        flash_attention=str(mf.flash_attention),
+        threads=tp.threads,
+        parallel=tp.parallel,
+        draft_max_tokens=f.defaults.speculative.draft_max_tokens if draft_configured else None,
+    )
 
 
 def axes_from_args(args, base: Candidate, f: FileConfig, draft: bool) -> TuneAxes:
@@ -117,10 +162,16 @@ def axes_from_args(args, base: Candidate, f: FileConfig, draft: bool) -> TuneAxe
     fa_default = (base.flash_attention, "off" if base.flash_attention != "off" else "on")
     par_default = tuple(dict.fromkeys((base.parallel, 1)))
     if args.draft_max_tokens is not None and not draft:
-        raise ConfigError("--draft-max-tokens: needs a draft model (--draft MODEL, or [defaults.speculative] "
-                          "strategy = \"local\" with a draft_model)")
+        raise ConfigError(
+            "--draft-max-tokens: needs a draft model (--draft MODEL, or [defaults.speculative] "
+            "strategy = \"local\" with a draft_model)"
+        )
     spec = f.defaults.speculative
-    drafts = _list("--draft-max-tokens", args.draft_max_tokens, _positive_int, (spec.draft_max_tokens,)) if draft else (None,)
+    drafts = (
+        _list("--draft-max-tokens", args.draft_max_tokens, _positive_int, (spec.draft_max_tokens,))
+        if draft
+        else (None,)
+    )
     for k in drafts:
         if k is not None and not spec.draft_min_tokens <= k <= 64:
             raise ConfigError(f"--draft-max-tokens: {k} is outside {spec.draft_min_tokens}..64 (draft_min_tokens..64)")
@@ -137,7 +188,9 @@ def axes_from_args(args, base: Candidate, f: FileConfig, draft: bool) -> TuneAxe
         flash_attention=_list("--flash-attention", args.flash_attention, _SWITCH.__getitem__, fa_default),
         threads=_list("--threads", args.threads, _threads, (base.threads,)),
         parallel=_list("--parallel", args.parallel, _positive_int, par_default),
-        draft_max_tokens=drafts, type_v=f.defaults.model_fit.cache_type_v)
+        draft_max_tokens=drafts,
+        type_v=f.defaults.model_fit.cache_type_v,
+    )
 
 
 def _draft(args, f: FileConfig) -> tuple[Draft | None, bool]:
@@ -155,9 +208,18 @@ def _draft(args, f: FileConfig) -> tuple[Draft | None, bool]:
         if not args.draft and spec.strategy == "auto":
             return None, False  # auto with a mesh draft: nothing local to tune
         raise ConfigError(f"--draft {name}: {exc}") from None
-    return Draft(name, lambda k: tuple(argv_for(model=path, min_tokens=spec.draft_min_tokens, max_tokens=k,
-                                                min_acceptance=spec.min_acceptance,
-                                                min_speedup=spec.min_predicted_speedup))), bool(args.draft)
+    return Draft(
+        name,
+        lambda k: tuple(
+            argv_for(
+                model=path,
+                min_tokens=spec.draft_min_tokens,
+                max_tokens=k,
+                min_acceptance=spec.min_acceptance,
+                min_speedup=spec.min_predicted_speedup,
+            )
+        ),
+    ), bool(args.draft)
 
 
 def set_keys(text: str, keys: Mapping[str, Any]) -> str:
@@ -206,8 +268,11 @@ def _progress(done: int, total: int, elapsed: float, outcomes: list[Outcome], la
 
 def _row(o: Outcome, mark: str) -> str:
     f = o.figures
-    figs = (f"{f.gen_tok_s:9.1f} {f.pp_tok_s:9.1f} {f.ttft_ms:8.1f} "
-            f"{(f.peak_rss_bytes or 0) / 2**20:8.0f}" if f else f"{'-':>9} {'-':>9} {'-':>8} {'-':>8}")
+    figs = (
+        f"{f.gen_tok_s:9.1f} {f.pp_tok_s:9.1f} {f.ttft_ms:8.1f} {(f.peak_rss_bytes or 0) / 2**20:8.0f}"
+        if f
+        else f"{'-':>9} {'-':>9} {'-':>8} {'-':>8}"
+    )
     return f"{mark:1} {o.status:<14} {figs}  {o.candidate.label()}" + (f"  ({o.error[:80]})" if o.error else "")
 
 
@@ -218,15 +283,30 @@ def report_json(outcomes: list[Outcome], base: Candidate, rec: Outcome | None, m
     gain = None
     if rec_figures is not None and base_o is not None and base_o.figures is not None:
         b, r = base_o.figures, rec_figures
-        gain = {"gen_tok_s_pct": round((r.gen_tok_s / b.gen_tok_s - 1) * 100, 1) if b.gen_tok_s else None,
-                "ttft_ms_pct": round((r.ttft_ms / b.ttft_ms - 1) * 100, 1) if b.ttft_ms else None}
-    return {"model": model, "tolerance_pct": tol, "baseline": base.label(),
-            "candidates": [{"profile": o.candidate.label(), "keys": o.candidate.config_keys(), "status": o.status,
-                            "figures": o.figures.to_json() if o.figures else None, "error": o.error or None,
-                            "seconds": round(o.seconds, 2)} for o in outcomes],
-            "recommended": None if rec is None or rec_figures is None else {
-                "profile": rec.candidate.label(), "keys": rec.candidate.config_keys(), "figures": rec_figures.to_json()},
-            "gain_vs_baseline": gain}
+        gain = {
+            "gen_tok_s_pct": round((r.gen_tok_s / b.gen_tok_s - 1) * 100, 1) if b.gen_tok_s else None,
+            "ttft_ms_pct": round((r.ttft_ms / b.ttft_ms - 1) * 100, 1) if b.ttft_ms else None,
+        }
+    return {
+        "model": model,
+        "tolerance_pct": tol,
+        "baseline": base.label(),
+        "candidates": [
+            {
+                "profile": o.candidate.label(),
+                "keys": o.candidate.config_keys(),
+                "status": o.status,
+                "figures": o.figures.to_json() if o.figures else None,
+                "error": o.error or None,
+                "seconds": round(o.seconds, 2),
+            }
+            for o in outcomes
+        ],
+        "recommended": None
+        if rec is None or rec_figures is None
+        else {"profile": rec.candidate.label(), "keys": rec.candidate.config_keys(), "figures": rec_figures.to_json()},
+        "gain_vs_baseline": gain,
+    }
 
 
 def cmd_benchmark(args, environ) -> int:
@@ -244,8 +324,9 @@ def cmd_benchmark(args, environ) -> int:
     if not 0 <= args.throughput_tolerance_pct < 100:
         raise ConfigError("--throughput-tolerance-pct: 0 <= PCT < 100")
     try:
-        trial = TrialSettings(rounds=args.rounds, max_tokens=args.max_tokens,
-                              **({"prompts": tuple(args.prompt)} if args.prompt else {}))
+        trial = TrialSettings(
+            rounds=args.rounds, max_tokens=args.max_tokens, **({"prompts": tuple(args.prompt)} if args.prompt else {})
+        )
     except ValueError as exc:
         raise ConfigError(f"--rounds/--max-tokens/--prompt: {exc}") from None
     layered = load_layered(home, args.config)
@@ -268,13 +349,15 @@ def cmd_benchmark(args, environ) -> int:
         raise ConfigError(str(exc)) from None
     settings = SweepSettings(budget_s=args.budget, tolerance_pct=args.throughput_tolerance_pct, trial=trial)
     print(f"tuning {model.id}: {len(grid)} candidates, budget {args.budget:g} s", file=sys.stderr)
-    outcomes = trio.run(lambda: run_sweep(model, runner_settings_from(f), grid, settings, draft,
-                                          partial(_progress, budget=args.budget)))
+    outcomes = trio.run(
+        lambda: run_sweep(model, runner_settings_from(f), grid, settings, draft, partial(_progress, budget=args.budget))
+    )
     rec = recommend(outcomes, args.throughput_tolerance_pct, base)
     report = report_json(outcomes, base, rec, model.id, args.throughput_tolerance_pct)
     if rec is not None and draft_from_flag and draft is not None and rec.candidate.draft_max_tokens is not None:
-        report["recommended"]["keys"].update({"defaults.speculative.strategy": "local",
-                                              "defaults.speculative.draft_model": draft.model})
+        report["recommended"]["keys"].update(
+            {"defaults.speculative.strategy": "local", "defaults.speculative.draft_model": draft.model}
+        )
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -287,23 +370,30 @@ def cmd_benchmark(args, environ) -> int:
         return 1
     gain = report["gain_vs_baseline"]
     if gain and None not in gain.values() and not args.json:
-        print(f"recommended: {rec.candidate.label()}  (generation {gain['gen_tok_s_pct']:+.1f} %, "
-              f"TTFT {gain['ttft_ms_pct']:+.1f} % vs the current profile)")
+        print(
+            f"recommended: {rec.candidate.label()}  (generation {gain['gen_tok_s_pct']:+.1f} %, "
+            f"TTFT {gain['ttft_ms_pct']:+.1f} % vs the current profile)"
+        )
     if args.apply:
         path = default_config_path(home)
         chosen = report["recommended"]["keys"]  # the keys the sweep varied (or a draft adds); others stay as they are
-        keys = {k: v for k, v in chosen.items() if k not in rec.candidate.config_keys()
-                or any(c.config_keys().get(k) != v for c in grid)}
+        keys = {
+            k: v
+            for k, v in chosen.items()
+            if k not in rec.candidate.config_keys() or any(c.config_keys().get(k) != v for c in grid)
+        }
         if not keys:
             print(f"applied: nothing to change in {path} (the sweep varied no key)", file=sys.stderr)
             return 0
         backup = apply_profile(path, keys)
-        print(f"applied: {len(keys)} keys written to {path}" + (f" (backup {backup})" if backup else ""),
-              file=sys.stderr)
+        print(
+            f"applied: {len(keys)} keys written to {path}" + (f" (backup {backup})" if backup else ""), file=sys.stderr
+        )
         over = [k for k in keys for src, table in layered.layers if src != str(path) and _has(table, k)]
         if args.config and over:
-            print(f"note: --config {args.config} sets {', '.join(over)}, which override the default file",
-                  file=sys.stderr)
+            print(
+                f"note: --config {args.config} sets {', '.join(over)}, which override the default file", file=sys.stderr
+            )
     return 0
 
 

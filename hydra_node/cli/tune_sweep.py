@@ -50,15 +50,30 @@ class SweepSettings:
 def candidate_settings(base: RunnerSettings, c: Candidate, draft: Draft | None) -> RunnerSettings:
     """The runner settings of ``base`` (the node's config) with the candidate's keys."""
     extra = draft.argv(c.draft_max_tokens) if (draft is not None and c.draft_max_tokens is not None) else ()
-    return dataclasses.replace(base, n_ctx=c.ctx_size, n_batch=c.batch, n_ubatch=c.ubatch, mmap=c.mmap,
-                               mlock=c.mlock, flash_attention=c.flash_attention, threads=c.threads,
-                               parallel=c.parallel, extra_argv=tuple(extra), crash_loop_restarts=1,
-                               load_timeout_s=min(base.load_timeout_s, TRIAL_LOAD_TIMEOUT_S))
+    return dataclasses.replace(
+        base,
+        n_ctx=c.ctx_size,
+        n_batch=c.batch,
+        n_ubatch=c.ubatch,
+        mmap=c.mmap,
+        mlock=c.mlock,
+        flash_attention=c.flash_attention,
+        threads=c.threads,
+        parallel=c.parallel,
+        extra_argv=tuple(extra),
+        crash_loop_restarts=1,
+        load_timeout_s=min(base.load_timeout_s, TRIAL_LOAD_TIMEOUT_S),
+    )
 
 
-async def run_sweep(model: ModelRef, base: RunnerSettings, grid: tuple[Candidate, ...], s: SweepSettings,
-                    draft: Draft | None = None,
-                    progress: Callable[[int, int, float, list[Outcome], str], None] = lambda *_: None) -> list[Outcome]:
+async def run_sweep(
+    model: ModelRef,
+    base: RunnerSettings,
+    grid: tuple[Candidate, ...],
+    s: SweepSettings,
+    draft: Draft | None = None,
+    progress: Callable[[int, int, float, list[Outcome], str], None] = lambda *_: None,
+) -> list[Outcome]:
     """Measure ``grid`` (its first entry is the baseline); ``progress(done, total, elapsed_s, outcomes, label)``
     is called before each candidate and at the end."""
     outcomes: list[Outcome] = []
@@ -80,19 +95,29 @@ async def run_sweep(model: ModelRef, base: RunnerSettings, grid: tuple[Candidate
     return outcomes
 
 
-async def _measure(model: ModelRef, base: RunnerSettings, cand: Candidate, s: SweepSettings, draft: Draft | None,
-                   home: Path, done: list[Outcome], limit_s: float | None) -> Outcome:
+async def _measure(
+    model: ModelRef,
+    base: RunnerSettings,
+    cand: Candidate,
+    s: SweepSettings,
+    draft: Draft | None,
+    home: Path,
+    done: list[Outcome],
+    limit_s: float | None,
+) -> Outcome:
     best = best_measured(done)
     t = trio.current_time()
     settings = candidate_settings(base, cand, draft)
     try:
         with trio.move_on_after(limit_s if limit_s is not None else float("inf")):
-            result = await run_trial(model, settings, home, s.trial,
-                                     lambda partial: cannot_win(partial, best, s.tolerance_pct, s.noise_pct))
+            result = await run_trial(
+                model, settings, home, s.trial, lambda partial: cannot_win(partial, best, s.tolerance_pct, s.noise_pct)
+            )
             status = "stopped_early" if result.stopped_early else "measured"
             return Outcome(cand, status, result.figures, seconds=trio.current_time() - t)
-        return Outcome(cand, "skipped_budget", error="the budget ran out during this candidate",
-                       seconds=trio.current_time() - t)
+        return Outcome(
+            cand, "skipped_budget", error="the budget ran out during this candidate", seconds=trio.current_time() - t
+        )
     except (RunnerLoadError, GenerationError) as exc:
         return Outcome(cand, "failed", error=str(exc)[:500], seconds=trio.current_time() - t)
     except BaseExceptionGroup as group:  # a generation failed inside the trial's nurseries

@@ -20,5 +20,13 @@ from hydra_node.codec.errors import CodecError, DecodeError, EncodeError, FrameE
 from hydra_node.codec.framing import MessageDecoder, encode_message
 from hydra_node.codec.jsonline import decode_object_line
 
-__all__ = ["CodecError", "DecodeError", "EncodeError", "FrameError", "MessageDecoder", "cbor",
-           "decode_object_line", "encode_message"]
+__all__ = [
+    "CodecError",
+    "DecodeError",
+    "EncodeError",
+    "FrameError",
+    "MessageDecoder",
+    "cbor",
+    "decode_object_line",
+    "encode_message",
+]

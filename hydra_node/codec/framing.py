@@ -76,8 +76,8 @@ class MessageDecoder:
             raise self._broken
         if len(self._buf) < HEADER_BYTES + n:
             return None
-        body = bytes(self._buf[HEADER_BYTES:HEADER_BYTES + n])
-        del self._buf[:HEADER_BYTES + n]
+        body = bytes(self._buf[HEADER_BYTES : HEADER_BYTES + n])
+        del self._buf[: HEADER_BYTES + n]
         return body
 
     def next_message(self) -> dict[str, Any] | None:
@@ -88,8 +88,10 @@ class MessageDecoder:
         try:
             msg = cbor.decode(body, max_size=self.limit, max_depth=self.max_depth)
             if not isinstance(msg, dict) or not isinstance(msg.get("op"), str) or len(msg["op"]) > MAX_OP_CHARS:
-                raise FrameError(f"a frame must carry a map with a text 'op' of at most {MAX_OP_CHARS} "
-                                 "characters", code="bad_message")
+                raise FrameError(
+                    f"a frame must carry a map with a text 'op' of at most {MAX_OP_CHARS} characters",
+                    code="bad_message",
+                )
             self.check(msg)
         except DecodeError as exc:
             self._broken = exc

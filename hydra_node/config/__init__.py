@@ -81,6 +81,7 @@ class PlacementSection:
 
     def validate(self, prefix: str) -> None:
         from hydra_node.runtime.artifacts.settings import check_placement
+
         check_placement(self, prefix, ConfigError)
 
 
@@ -96,8 +97,11 @@ class RelaySection:
 
     def validate(self, prefix: str) -> None:
         _check(self.mode in ("auto", "on", "off"), f"[{prefix}].mode", f"must be auto, on or off, not {self.mode!r}")
-        _check(0.001 <= self.rate_mb_s <= 10_000, f"[{prefix}].rate_mb_s",
-               f"must be between 0.001 and 10000 MB/s, not {self.rate_mb_s}")
+        _check(
+            0.001 <= self.rate_mb_s <= 10_000,
+            f"[{prefix}].rate_mb_s",
+            f"must be between 0.001 and 10000 MB/s, not {self.rate_mb_s}",
+        )
 
 
 @dataclass(frozen=True)
@@ -116,10 +120,14 @@ class RunnerSection:
 
     def validate(self, prefix: str) -> None:
         for f in fields(self):
-            _positive(prefix, f.name, getattr(self, f.name),
-                      zero_ok=f.name in ("inject_token_delay_ms", "failed_retry_s"))
-        _check(self.inject_token_delay_ms <= MAX_INJECT_TOKEN_DELAY_MS, f"[{prefix}].inject_token_delay_ms",
-               f"must be at most {MAX_INJECT_TOKEN_DELAY_MS:g}, not {self.inject_token_delay_ms}")
+            _positive(
+                prefix, f.name, getattr(self, f.name), zero_ok=f.name in ("inject_token_delay_ms", "failed_retry_s")
+            )
+        _check(
+            self.inject_token_delay_ms <= MAX_INJECT_TOKEN_DELAY_MS,
+            f"[{prefix}].inject_token_delay_ms",
+            f"must be at most {MAX_INJECT_TOKEN_DELAY_MS:g}, not {self.inject_token_delay_ms}",
+        )
 
 
 #: Upper bound on ``[runner].inject_token_delay_ms`` (a minute per token is already absurd).
@@ -130,11 +138,19 @@ MAX_INJECT_TOKEN_DELAY_MS = 60_000.0
 #: Those present in a file are listed in ``FileConfig.reserved_keys``: logged at start
 #: (``event=config_reserved_keys``) and shown in ``/api/status`` ``config.reserved_keys``.
 RESERVED_KEYS = (
-    "defaults.model_fit.kv_cache_policy", "defaults.model_fit.prefix_cache.payload_mode", "defaults.hardware.device",
-    "defaults.hardware.direct_io", "defaults.hardware.moe_cpu", "defaults.hardware.split_mode",
-    "defaults.hardware.tensor_split", "defaults.throughput.tuning_profile",
-    "defaults.throughput.priority", "defaults.throughput.numa", "defaults.throughput.cpu_affinity",
-    "defaults.throughput.slot_prompt_similarity", "defaults.skippy",
+    "defaults.model_fit.kv_cache_policy",
+    "defaults.model_fit.prefix_cache.payload_mode",
+    "defaults.hardware.device",
+    "defaults.hardware.direct_io",
+    "defaults.hardware.moe_cpu",
+    "defaults.hardware.split_mode",
+    "defaults.hardware.tensor_split",
+    "defaults.throughput.tuning_profile",
+    "defaults.throughput.priority",
+    "defaults.throughput.numa",
+    "defaults.throughput.cpu_affinity",
+    "defaults.throughput.slot_prompt_similarity",
+    "defaults.skippy",
 )
 
 
@@ -173,16 +189,25 @@ class ApiSection:
     def validate(self, prefix: str) -> None:
         from hydra_node.http.guard import normalize_origin, valid_host_name
 
-        _check(self.claude_model == self.claude_model.strip() and not self.claude_model.startswith("claude"),
-               f"[{prefix}].claude_model", f"must be a mesh model id (or \"mesh\"), not {self.claude_model!r}")
+        _check(
+            self.claude_model == self.claude_model.strip() and not self.claude_model.startswith("claude"),
+            f"[{prefix}].claude_model",
+            f"must be a mesh model id (or \"mesh\"), not {self.claude_model!r}",
+        )
 
         for origin in self.cors_origins:
-            _check(isinstance(origin, str) and (origin == "*" or normalize_origin(origin) == origin),
-                   f"[{prefix}].cors_origins", "each must be \"*\" or an origin as browsers send it "
-                   f"(lower-case scheme://host[:port], no path or trailing slash), not {origin!r}")
+            _check(
+                isinstance(origin, str) and (origin == "*" or normalize_origin(origin) == origin),
+                f"[{prefix}].cors_origins",
+                "each must be \"*\" or an origin as browsers send it "
+                f"(lower-case scheme://host[:port], no path or trailing slash), not {origin!r}",
+            )
         for host in self.allow_hosts:
-            _check(isinstance(host, str) and valid_host_name(host), f"[{prefix}].allow_hosts",
-                   f"each must be a host name, optionally with :port, not {host!r}")
+            _check(
+                isinstance(host, str) and valid_host_name(host),
+                f"[{prefix}].allow_hosts",
+                f"each must be a host name, optionally with :port, not {host!r}",
+            )
 
 
 @dataclass(frozen=True)
@@ -193,9 +218,12 @@ class FileConfig:
     runner: RunnerSection = field(default_factory=RunnerSection, metadata={"section": RunnerSection})
     relay: RelaySection = field(default_factory=RelaySection, metadata={"section": RelaySection})
     api: ApiSection = field(default_factory=ApiSection, metadata={"section": ApiSection})
-    moa: MoaSettings = field(default_factory=MoaSettings, metadata={"parse": lambda d: parse_moa_section(d, ConfigError)})
-    models: ModelsSection = field(default_factory=ModelsSection,
-                                  metadata={"parse": lambda d: parse_models_section(d, ConfigError)})
+    moa: MoaSettings = field(
+        default_factory=MoaSettings, metadata={"parse": lambda d: parse_moa_section(d, ConfigError)}
+    )
+    models: ModelsSection = field(
+        default_factory=ModelsSection, metadata={"parse": lambda d: parse_models_section(d, ConfigError)}
+    )
     #: The reserved keys (:data:`RESERVED_KEYS`) this file sets; computed by the loader, not a table.
     reserved_keys: tuple[str, ...] = field(default=(), metadata={"computed": True})
 
@@ -279,8 +307,10 @@ class NodeConfig:
             if not (0 <= port <= 65535):
                 raise ConfigError(f"{name}: must be a TCP port between 0 and 65535, not {port}")
         if self.listen_all and not self.api_key:
-            raise ConfigError("--listen-all: refusing to listen on all interfaces without an API key; "
-                              "pass --api-key KEY or set HYDRA_API_KEY")
+            raise ConfigError(
+                "--listen-all: refusing to listen on all interfaces without an API key; "
+                "pass --api-key KEY or set HYDRA_API_KEY"
+            )
         if self.api_key is not None and (len(self.api_key) < 8 or not all("!" <= c <= "~" for c in self.api_key)):
             raise ConfigError("--api-key: must be at least 8 printable ASCII characters without spaces")
 

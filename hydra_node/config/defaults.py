@@ -17,8 +17,16 @@ from hydra_node.runtime.runner.llama_params import (
 )
 
 __all__ = [
-    "DEFAULT_PARALLEL", "MAX_PARALLEL", "ConfigError", "DefaultsSection", "HardwareSection", "ModelFitSection",
-    "PrefixCacheSection", "SkippySection", "SpeculativeSection", "ThroughputSection",
+    "DEFAULT_PARALLEL",
+    "MAX_PARALLEL",
+    "ConfigError",
+    "DefaultsSection",
+    "HardwareSection",
+    "ModelFitSection",
+    "PrefixCacheSection",
+    "SkippySection",
+    "SpeculativeSection",
+    "ThroughputSection",
 ]
 
 
@@ -69,7 +77,11 @@ def _coerce(key: str, typ: Any, value: Any) -> Any:
         _check(isinstance(value, (bool, str)), key, f"must be true, false or a string, not {value!r}")
         value = ("on" if value else "off") if isinstance(value, bool) else value
     elif t.startswith("int | str") or t == "str | int":
-        _check(isinstance(value, (int, str)) and not isinstance(value, bool), key, f"must be an integer or a string, not {value!r}")
+        _check(
+            isinstance(value, (int, str)) and not isinstance(value, bool),
+            key,
+            f"must be an integer or a string, not {value!r}",
+        )
     elif t.startswith("tuple"):
         _check(isinstance(value, list), key, f"must be an array, not {value!r}")
         value = tuple(value)
@@ -88,6 +100,7 @@ def _positive(prefix: str, key: str, value: float, *, zero_ok: bool = False) -> 
 @dataclass(frozen=True)
 class PrefixCacheSection:
     """Prefix reuse across a runner's slots (the engine's slot scheduler, docs/config.md)."""
+
     enabled: bool = True  # copy a prefix held by a slot that is still generating
     max_entries: int = 64  # free slots that keep their cached prefix (the oldest is dropped beyond)
     min_tokens: int = 64  # shortest prefix worth copying from another slot
@@ -112,8 +125,9 @@ class ModelFitSection:
     type_k: str = ""  # K cache type; "" = kv_dtype
     type_v: str = ""  # V cache type; "" = kv_dtype
     prompt_cache: bool = True
-    prefix_cache: PrefixCacheSection = field(default_factory=PrefixCacheSection,
-                                             metadata={"section": PrefixCacheSection})
+    prefix_cache: PrefixCacheSection = field(
+        default_factory=PrefixCacheSection, metadata={"section": PrefixCacheSection}
+    )
 
     @property
     def cache_type_k(self) -> str:
@@ -124,7 +138,11 @@ class ModelFitSection:
         return self.type_v or (self.kv_dtype if self.kv_dtype != "auto" else "f16")
 
     def validate(self, prefix: str) -> None:
-        _check(128 <= self.ctx_size <= 1 << 20, f"[{prefix}].ctx_size", f"must be between 128 and 1048576, not {self.ctx_size}")
+        _check(
+            128 <= self.ctx_size <= 1 << 20,
+            f"[{prefix}].ctx_size",
+            f"must be between 128 and 1048576, not {self.ctx_size}",
+        )
         _positive(prefix, "batch", self.batch)
         _positive(prefix, "ubatch", self.ubatch)
         _one_of(prefix, "flash_attention", self.flash_attention, FLASH_ATTENTION_MODES)
@@ -166,7 +184,11 @@ class HardwareSection:
         if isinstance(self.gpu_layers, str):
             _check(self.gpu_layers == "auto", f"[{prefix}].gpu_layers", "must be an integer or \"auto\"")
         else:
-            _check(self.gpu_layers >= -1, f"[{prefix}].gpu_layers", f"must be -1 (all), >= 0 or \"auto\", not {self.gpu_layers}")
+            _check(
+                self.gpu_layers >= -1,
+                f"[{prefix}].gpu_layers",
+                f"must be -1 (all), >= 0 or \"auto\", not {self.gpu_layers}",
+            )
 
 
 #: ``[defaults.throughput].parallel``: default sequences per runner, and the most (the engine's slot bound).
@@ -190,13 +212,21 @@ class ThroughputSection:
     queue_size: int = 16  # requests waiting per runner before 429
 
     def validate(self, prefix: str) -> None:
-        _check(isinstance(self.parallel, int) and 1 <= self.parallel <= MAX_PARALLEL, f"[{prefix}].parallel",
-               f"must be an integer between 1 and {MAX_PARALLEL}, not {self.parallel!r}")
-        _check(self.continuous_batching or self.parallel == 1, f"[{prefix}].parallel",
-               "parallel > 1 needs continuous_batching = true (without it the runner generates one sequence at a time)")
+        _check(
+            isinstance(self.parallel, int) and 1 <= self.parallel <= MAX_PARALLEL,
+            f"[{prefix}].parallel",
+            f"must be an integer between 1 and {MAX_PARALLEL}, not {self.parallel!r}",
+        )
+        _check(
+            self.continuous_batching or self.parallel == 1,
+            f"[{prefix}].parallel",
+            "parallel > 1 needs continuous_batching = true (without it the runner generates one sequence at a time)",
+        )
         _positive(prefix, "threads", self.threads, zero_ok=True)
         _positive(prefix, "threads_batch", self.threads_batch, zero_ok=True)
-        _check(1 <= self.queue_size <= 4096, f"[{prefix}].queue_size", f"must be between 1 and 4096, not {self.queue_size}")
+        _check(
+            1 <= self.queue_size <= 4096, f"[{prefix}].queue_size", f"must be between 1 and 4096, not {self.queue_size}"
+        )
         _one_of(prefix, "tuning_profile", self.tuning_profile, ("balanced", "latency", "throughput"))
 
 
@@ -213,13 +243,18 @@ class SpeculativeSection:
 
     def validate(self, prefix: str) -> None:
         _one_of(prefix, "strategy", self.strategy, ("off", "auto", "local", "mesh"))
-        _check(1 <= self.draft_min_tokens <= self.draft_max_tokens <= 64, f"[{prefix}].draft_max_tokens",
-               "need 1 <= draft_min_tokens <= draft_max_tokens <= 64")
+        _check(
+            1 <= self.draft_min_tokens <= self.draft_max_tokens <= 64,
+            f"[{prefix}].draft_max_tokens",
+            "need 1 <= draft_min_tokens <= draft_max_tokens <= 64",
+        )
         _check(0.0 <= self.min_acceptance <= 1.0, f"[{prefix}].min_acceptance", "must be between 0 and 1")
-        _check(0.0 < self.min_predicted_speedup <= 10.0, f"[{prefix}].min_predicted_speedup",
-               "must be in (0, 10]")
-        _check(self.strategy != "local" or bool(self.draft_model), f"[{prefix}].draft_model",
-               "strategy \"local\" needs a draft_model")
+        _check(0.0 < self.min_predicted_speedup <= 10.0, f"[{prefix}].min_predicted_speedup", "must be in (0, 10]")
+        _check(
+            self.strategy != "local" or bool(self.draft_model),
+            f"[{prefix}].draft_model",
+            "strategy \"local\" needs a draft_model",
+        )
 
 
 @dataclass(frozen=True)
@@ -235,5 +270,7 @@ class DefaultsSection:
     model_fit: ModelFitSection = field(default_factory=ModelFitSection, metadata={"section": ModelFitSection})
     hardware: HardwareSection = field(default_factory=HardwareSection, metadata={"section": HardwareSection})
     throughput: ThroughputSection = field(default_factory=ThroughputSection, metadata={"section": ThroughputSection})
-    speculative: SpeculativeSection = field(default_factory=SpeculativeSection, metadata={"section": SpeculativeSection})
+    speculative: SpeculativeSection = field(
+        default_factory=SpeculativeSection, metadata={"section": SpeculativeSection}
+    )
     skippy: SkippySection = field(default_factory=SkippySection, metadata={"section": SkippySection})

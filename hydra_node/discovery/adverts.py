@@ -54,8 +54,16 @@ def advert_ips(addresses: list[str], fallback: str) -> list[str]:
     return ips or [fallback if fallback != "0.0.0.0" else "127.0.0.1"]
 
 
-def mdns_advert(mesh: AdvertisedMesh, *, node_id: str, name: str, ready_models: list[str], alive_peers: int,
-                fallback_ip: str, origin: str | None) -> MdnsAdvert:
+def mdns_advert(
+    mesh: AdvertisedMesh,
+    *,
+    node_id: str,
+    name: str,
+    ready_models: list[str],
+    alive_peers: int,
+    fallback_ip: str,
+    origin: str | None,
+) -> MdnsAdvert:
     """Our advert; models are dropped from the end while the TXT record is too long."""
     secret = mesh.mesh_secret
     if secret is None or mesh.port is None:
@@ -65,26 +73,42 @@ def mdns_advert(mesh: AdvertisedMesh, *, node_id: str, name: str, ready_models: 
     models = sorted(ready_models)[:MAX_MODELS]
     while True:
         try:
-            return MdnsAdvert(instance=f"hydra-{node_id[:12]}", port=mesh.port, addresses=tuple(ips[:MAX_ADDRESSES]),
-                              node_id=node_id, mesh_id=secret.mesh_id, token_fingerprint=lan_fingerprint(secret),
-                              name=clean_name, models=tuple(models), node_count=min(1 + alive_peers, MAX_NODE_COUNT),
-                              version=__version__, origin=origin or secrets.token_hex(8))
+            return MdnsAdvert(
+                instance=f"hydra-{node_id[:12]}",
+                port=mesh.port,
+                addresses=tuple(ips[:MAX_ADDRESSES]),
+                node_id=node_id,
+                mesh_id=secret.mesh_id,
+                token_fingerprint=lan_fingerprint(secret),
+                name=clean_name,
+                models=tuple(models),
+                node_count=min(1 + alive_peers, MAX_NODE_COUNT),
+                version=__version__,
+                origin=origin or secrets.token_hex(8),
+            )
         except MdnsAdvertError:
             if not models:
                 raise
             models = models[:-1]  # the TXT string is full: list fewer models
 
 
-def listing_content(mesh: AdvertisedMesh, settings: DiscoverySettings, *, peers: list[PeerRow], serving: list[str],
-                    spare_slots: int) -> ListingContent:
+def listing_content(
+    mesh: AdvertisedMesh, settings: DiscoverySettings, *, peers: list[PeerRow], serving: list[str], spare_slots: int
+) -> ListingContent:
     """Our Nostr listing: the mesh, a standing invite for it, what it serves and how full it is."""
     listed = sorted({m for m in serving if 0 < len(m) <= MAX_MODEL_NAME and m.isprintable()})[:MAX_LISTED_MODELS]
     # MeshService.token() is already re-issued near expiry and whenever our mesh changed.
     mesh_id, token = mesh.mesh_id, mesh.token()
     assert mesh_id is not None and token is not None  # listed only while we are in a mesh
     return ListingContent(
-        mesh_id=mesh_id, invite_token=token, serving=tuple(listed),
+        mesh_id=mesh_id,
+        invite_token=token,
+        serving=tuple(listed),
         node_count=min(1 + len(peers), MAX_LISTING_COUNT),
         client_count=min(sum(1 for p in peers if p.role == "client"), MAX_LISTING_COUNT),
-        max_clients=settings.max_clients, spare_slots=min(spare_slots, MAX_LISTING_COUNT),
-        name=settings.mesh_name, region=settings.region, version=__version__[:64])
+        max_clients=settings.max_clients,
+        spare_slots=min(spare_slots, MAX_LISTING_COUNT),
+        name=settings.mesh_name,
+        region=settings.region,
+        version=__version__[:64],
+    )

@@ -117,8 +117,15 @@ def rank_listings(listings: Iterable[Listing], ctx: AutoContext) -> tuple[Listin
     """Eligible listings, best first; ties go to lower RTT, more nodes, then (pubkey, d, event id)."""
     scored = [score_listing(x, ctx) for x in listings]
     eligible = [s for s in scored if s.eligible]
-    eligible.sort(key=lambda s: (-s.total, s.rtt_ms if s.rtt_ms is not None else float("inf"),
-                                 -s.listing.content.node_count, s.listing.key, s.listing.event_id))
+    eligible.sort(
+        key=lambda s: (
+            -s.total,
+            s.rtt_ms if s.rtt_ms is not None else float("inf"),
+            -s.listing.content.node_count,
+            s.listing.key,
+            s.listing.event_id,
+        )
+    )
     return tuple(eligible)
 
 
@@ -127,6 +134,8 @@ def explain(listings: Iterable[Listing], ctx: AutoContext) -> tuple[ListingScore
     listings = tuple(listings)
     ranked = rank_listings(listings, ctx)
     ranked_ids = {s.listing.event_id for s in ranked}
-    rest = sorted((score_listing(x, ctx) for x in listings if x.event_id not in ranked_ids),
-                  key=lambda s: (s.reason, s.listing.key))
+    rest = sorted(
+        (score_listing(x, ctx) for x in listings if x.event_id not in ranked_ids),
+        key=lambda s: (s.reason, s.listing.key),
+    )
     return ranked + tuple(rest)

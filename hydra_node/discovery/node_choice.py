@@ -145,8 +145,14 @@ class JoinCandidate:
     label: str = ""
 
     def describe(self) -> dict:
-        return {"source": self.source, "mesh_id": self.mesh_id, "via": "token" if self.token else "member",
-                "peer_id": self.peer_id, "score": self.score, "label": self.label}
+        return {
+            "source": self.source,
+            "mesh_id": self.mesh_id,
+            "via": "token" if self.token else "member",
+            "peer_id": self.peer_id,
+            "score": self.score,
+            "label": self.label,
+        }
 
 
 @dataclass(frozen=True)
@@ -162,8 +168,9 @@ class CandidateSet:
     skipped: tuple[Skipped, ...] = field(default=())
 
 
-def lan_candidates(adverts: Iterable[MdnsAdvert], held: HeldCredentials, *, node_id: str,
-                   last_mesh_id: str | None = None) -> CandidateSet:
+def lan_candidates(
+    adverts: Iterable[MdnsAdvert], held: HeldCredentials, *, node_id: str, last_mesh_id: str | None = None
+) -> CandidateSet:
     """Adverts of meshes we hold a credential for; everything else is skipped with its reason."""
     out: list[tuple[tuple, JoinCandidate]] = []
     skipped: list[Skipped] = []
@@ -176,8 +183,13 @@ def lan_candidates(adverts: Iterable[MdnsAdvert], held: HeldCredentials, *, node
             if not lan_fingerprint_matches(held.mesh, a):
                 skipped.append(Skipped("lan", label, "fingerprint_mismatch"))
                 continue
-            cand = JoinCandidate("lan", a.mesh_id, urls=tuple(f"ws://{ip}:{a.port}" for ip in a.addresses),
-                                 peer_id=a.node_id, label=label)
+            cand = JoinCandidate(
+                "lan",
+                a.mesh_id,
+                urls=tuple(f"ws://{ip}:{a.port}" for ip in a.addresses),
+                peer_id=a.node_id,
+                label=label,
+            )
         elif (tok := held.token_for(a.mesh_id)) is not None:
             # A token holder cannot check the fingerprint (it does not know the mesh key); the
             # handshake with the token's issuer is the admission.
@@ -209,13 +221,13 @@ def nostr_candidates(ranked: Sequence[ListingScore], *, node_id: str, now: float
         if tok.issuer_id == node_id:
             skipped.append(Skipped("nostr", label, "own_listing"))
             continue
-        out.append(JoinCandidate("nostr", c.mesh_id, token=tok.text, peer_id=tok.issuer_id, score=s.total,
-                                 label=label))
+        out.append(JoinCandidate("nostr", c.mesh_id, token=tok.text, peer_id=tok.issuer_id, score=s.total, label=label))
     return CandidateSet(tuple(out), tuple(skipped))
 
 
-def ordered_candidates(lan: CandidateSet, nostr: CandidateSet,
-                       limit: int = MAX_JOIN_ATTEMPTS) -> tuple[JoinCandidate, ...]:
+def ordered_candidates(
+    lan: CandidateSet, nostr: CandidateSet, limit: int = MAX_JOIN_ATTEMPTS
+) -> tuple[JoinCandidate, ...]:
     """LAN candidates first (we hold their credential, and they are near), then Nostr ones; at most ``limit``."""
     return (lan.candidates + nostr.candidates)[:limit]
 
@@ -235,6 +247,7 @@ def probe_address(token_text: str, now: float) -> tuple[str, int] | None:
 
 
 # ---- the last mesh joined (HOME/discovery/last_mesh.json) -------------------------------------
+
 
 @dataclass(frozen=True)
 class LastMesh:

@@ -103,8 +103,15 @@ class DiscoveryService:
     chooses which mesh — then keeps our mDNS advert and Nostr listing current. ``home`` holds the
     mesh key it reads, ``discovery/last_mesh.json`` and the Nostr key."""
 
-    def __init__(self, mesh: DiscoveryMesh, node: NodeFacts, settings: DiscoverySettings, *, home: Path,
-                 plan: JoinPlan | None = None) -> None:
+    def __init__(
+        self,
+        mesh: DiscoveryMesh,
+        node: NodeFacts,
+        settings: DiscoverySettings,
+        *,
+        home: Path,
+        plan: JoinPlan | None = None,
+    ) -> None:
         self.mesh = mesh
         self.node = node
         self.settings = settings
@@ -136,12 +143,21 @@ class DiscoveryService:
                 self.responder = MdnsService(self._mdns_config(), self._advert())
                 await nursery.start(self.responder.run)
             if self.settings.publish:
-                self.publisher = NostrPublisher(self._nostr_keys, self._listing, PublisherConfig(
-                    relays=relays_or_default(self.settings.relays), interval_s=self.settings.publish_interval_s,
-                    ttl_s=self.settings.listing_ttl_s))
+                self.publisher = NostrPublisher(
+                    self._nostr_keys,
+                    self._listing,
+                    PublisherConfig(
+                        relays=relays_or_default(self.settings.relays),
+                        interval_s=self.settings.publish_interval_s,
+                        ttl_s=self.settings.listing_ttl_s,
+                    ),
+                )
                 await nursery.start(self.publisher.run)
-                log.info("event=nostr_publishing pubkey=%s relays=%s", self.publisher.pubkey,
-                         ",".join(self.publisher.config.relays))
+                log.info(
+                    "event=nostr_publishing pubkey=%s relays=%s",
+                    self.publisher.pubkey,
+                    ",".join(self.publisher.config.relays),
+                )
             self._last_key = self._state_key()
             nursery.start_soon(self._refresh_loop)
             self.phase = DiscoveryPhase.READY
@@ -162,12 +178,20 @@ class DiscoveryService:
         held = held_credentials(load_mesh_key(mesh_key_path(self.home)), last, now)
         lan, nostr = await self._scan(held, last)
         candidates = ordered_candidates(lan, nostr)
-        self.auto = {"discovery_s": round(trio.current_time() - t0, 3),
-                     "candidates": [c.describe() for c in candidates],
-                     "skipped": [dataclasses.asdict(x) for x in lan.skipped + nostr.skipped][:MAX_RECORDED_SKIPS],
-                     "attempts": [], "outcome": None}
-        log.info("event=auto_discovered lan=%d nostr=%d plan=%d in_s=%.2f", len(lan.candidates),
-                 len(nostr.candidates), len(candidates), self.auto["discovery_s"])
+        self.auto = {
+            "discovery_s": round(trio.current_time() - t0, 3),
+            "candidates": [c.describe() for c in candidates],
+            "skipped": [dataclasses.asdict(x) for x in lan.skipped + nostr.skipped][:MAX_RECORDED_SKIPS],
+            "attempts": [],
+            "outcome": None,
+        }
+        log.info(
+            "event=auto_discovered lan=%d nostr=%d plan=%d in_s=%.2f",
+            len(lan.candidates),
+            len(nostr.candidates),
+            len(candidates),
+            self.auto["discovery_s"],
+        )
         self.phase = DiscoveryPhase.JOINING
         members = [c for c in candidates if c.token is None]
         if members:  # we are a member of a mesh seen on the LAN: resume it and dial its nodes
@@ -185,8 +209,9 @@ class DiscoveryService:
                 await self.mesh.join(plan)
             except (JoinFailed, MeshError, TokenError) as exc:
                 self.auto["attempts"].append({**cand.describe(), "error": str(exc)[:300]})
-                log.warning("event=auto_join_failed source=%s mesh_id=%s error=%r", cand.source, cand.mesh_id,
-                            str(exc)[:300])
+                log.warning(
+                    "event=auto_join_failed source=%s mesh_id=%s error=%r", cand.source, cand.mesh_id, str(exc)[:300]
+                )
                 continue
             self._outcome("joined", cand)
             return cand.token
@@ -206,8 +231,9 @@ class DiscoveryService:
         node_id = self.node.node_id
         last_id = last.mesh_id if last else None
         browser = MdnsService(self._mdns_config(), None) if s.use_mdns else None
-        discoverer = (NostrDiscoverer(DiscovererConfig(relays=relays_or_default(s.relays)))
-                      if s.use_nostr_discovery else None)
+        discoverer = (
+            NostrDiscoverer(DiscovererConfig(relays=relays_or_default(s.relays))) if s.use_nostr_discovery else None
+        )
         lan = nostr = CandidateSet(())
         async with trio.open_nursery() as scan:
             start = trio.current_time()
@@ -235,8 +261,12 @@ class DiscoveryService:
                 lan = lan_candidates(browser.adverts(), held, node_id=node_id, last_mesh_id=last_id)
             if discoverer is not None and not any(c.token is None for c in lan.candidates):
                 listings = discoverer.listings()
-                ctx = AutoContext(now=int(time.time()), last_mesh_id=last_id, mesh_name=s.mesh_name,
-                                  local_models=self.node.configured_models)
+                ctx = AutoContext(
+                    now=int(time.time()),
+                    last_mesh_id=last_id,
+                    mesh_name=s.mesh_name,
+                    local_models=self.node.configured_models,
+                )
                 pre = rank_listings(listings, ctx)[:PROBE_LIMIT]
                 probes = await self._probe([x.listing for x in pre])
                 ranked = rank_listings(listings, dataclasses.replace(ctx, probes=probes))
@@ -280,19 +310,34 @@ class DiscoveryService:
 
     def _advert(self):
         origin = self.responder.origin if self.responder is not None else None
-        return mdns_advert(self.mesh, node_id=self.node.node_id, name=self.node.name,
-                           ready_models=self.node.ready_models(), alive_peers=len(self._alive_peers()),
-                           fallback_ip=self.settings.mdns_interface, origin=origin)
+        return mdns_advert(
+            self.mesh,
+            node_id=self.node.node_id,
+            name=self.node.name,
+            ready_models=self.node.ready_models(),
+            alive_peers=len(self._alive_peers()),
+            fallback_ip=self.settings.mdns_interface,
+            origin=origin,
+        )
 
     def _listing(self) -> ListingContent | None:
         if self.mesh.mesh_id is None or self.mesh.port is None:
             return None
-        return listing_content(self.mesh, self.settings, peers=self._alive_peers(),
-                               serving=self.node.serving_models(), spare_slots=self.node.spare_slots())
+        return listing_content(
+            self.mesh,
+            self.settings,
+            peers=self._alive_peers(),
+            serving=self.node.serving_models(),
+            spare_slots=self.node.spare_slots(),
+        )
 
     def _state_key(self) -> tuple:
-        return (len(self._alive_peers()), tuple(self.node.ready_models()), tuple(sorted(self.node.serving_models())),
-                self.mesh.mesh_id)
+        return (
+            len(self._alive_peers()),
+            tuple(self.node.ready_models()),
+            tuple(sorted(self.node.serving_models())),
+            self.mesh.mesh_id,
+        )
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -312,24 +357,55 @@ class DiscoveryService:
     # ---- status ----------------------------------------------------------------------------
     def status(self) -> dict:
         s = self.settings
-        out: dict[str, Any] = {"mode": s.mode, "phase": self.phase.value, "auto": s.auto, "publish": s.publish,
-                               "mdns": None, "nostr": None}
+        out: dict[str, Any] = {
+            "mode": s.mode,
+            "phase": self.phase.value,
+            "auto": s.auto,
+            "publish": s.publish,
+            "mdns": None,
+            "nostr": None,
+        }
         if s.auto:
             out["auto_result"] = self.auto
         if self.responder is not None:
             st = self.responder.statistics()
             out["mdns"] = {
-                "group": s.mdns_group, "port": s.mdns_port,
-                "announcements_sent": st.announcements_sent, "rejected_adverts": st.rejected_adverts,
+                "group": s.mdns_group,
+                "port": s.mdns_port,
+                "announcements_sent": st.announcements_sent,
+                "rejected_adverts": st.rejected_adverts,
                 "malformed": st.malformed,
-                "lan": [{"instance": a.instance, "node_id": a.node_id, "name": a.name, "mesh_id": a.mesh_id,
-                         "addresses": list(a.addresses), "port": a.port, "models": list(a.models),
-                         "node_count": a.node_count, "version": a.version} for a in self.responder.adverts()]}
+                "lan": [
+                    {
+                        "instance": a.instance,
+                        "node_id": a.node_id,
+                        "name": a.name,
+                        "mesh_id": a.mesh_id,
+                        "addresses": list(a.addresses),
+                        "port": a.port,
+                        "models": list(a.models),
+                        "node_count": a.node_count,
+                        "version": a.version,
+                    }
+                    for a in self.responder.adverts()
+                ],
+            }
         if self.publisher is not None:
             pst = self.publisher.statistics()
-            out["nostr"] = {"pubkey": self.publisher.pubkey, "published": pst.published, "withdrawn": pst.withdrawn,
-                            "event_id": pst.current_event_id,
-                            "relays": [{"url": r.url, "connected": r.connected, "ok_accepted": r.ok_accepted,
-                                        "ok_rejected": r.ok_rejected, "last_error": r.last_error}
-                                       for r in pst.relays]}
+            out["nostr"] = {
+                "pubkey": self.publisher.pubkey,
+                "published": pst.published,
+                "withdrawn": pst.withdrawn,
+                "event_id": pst.current_event_id,
+                "relays": [
+                    {
+                        "url": r.url,
+                        "connected": r.connected,
+                        "ok_accepted": r.ok_accepted,
+                        "ok_rejected": r.ok_rejected,
+                        "last_error": r.last_error,
+                    }
+                    for r in pst.relays
+                ],
+            }
         return out

@@ -70,39 +70,70 @@ async def discover_once(
 
 def report_to_json(report: DiscoveryReport) -> dict[str, Any]:
     def advert(a: MdnsAdvert) -> dict[str, Any]:
-        return {"instance": a.instance, "name": a.name, "node_id": a.node_id, "mesh_id": a.mesh_id,
-                "token_fingerprint": a.token_fingerprint, "addresses": list(a.addresses), "port": a.port,
-                "models": list(a.models), "node_count": a.node_count, "version": a.version}
+        return {
+            "instance": a.instance,
+            "name": a.name,
+            "node_id": a.node_id,
+            "mesh_id": a.mesh_id,
+            "token_fingerprint": a.token_fingerprint,
+            "addresses": list(a.addresses),
+            "port": a.port,
+            "models": list(a.models),
+            "node_count": a.node_count,
+            "version": a.version,
+        }
 
     def scored(s: ListingScore) -> dict[str, Any]:
         c = s.listing.content
-        return {"pubkey": s.listing.pubkey, "d": s.listing.d, "created_at": s.listing.created_at,
-                "expires_at": s.listing.expires_at, "mesh_id": c.mesh_id, "name": c.name, "region": c.region,
-                "serving": list(c.serving), "wanted": list(c.wanted), "node_count": c.node_count,
-                "client_count": c.client_count, "max_clients": c.max_clients, "vram_bytes": c.vram_bytes,
-                "spare_slots": c.spare_slots, "version": c.version, "invite_token": c.invite_token,
-                "eligible": s.eligible, "reason": s.reason, "score": s.total, "terms": dict(s.terms)}
+        return {
+            "pubkey": s.listing.pubkey,
+            "d": s.listing.d,
+            "created_at": s.listing.created_at,
+            "expires_at": s.listing.expires_at,
+            "mesh_id": c.mesh_id,
+            "name": c.name,
+            "region": c.region,
+            "serving": list(c.serving),
+            "wanted": list(c.wanted),
+            "node_count": c.node_count,
+            "client_count": c.client_count,
+            "max_clients": c.max_clients,
+            "vram_bytes": c.vram_bytes,
+            "spare_slots": c.spare_slots,
+            "version": c.version,
+            "invite_token": c.invite_token,
+            "eligible": s.eligible,
+            "reason": s.reason,
+            "score": s.total,
+            "terms": dict(s.terms),
+        }
 
     out: dict[str, Any] = {"lan": [advert(a) for a in report.lan], "nostr": [scored(s) for s in report.nostr]}
     if report.nostr_table is not None:
         t = report.nostr_table
         out["nostr_dropped"] = dict(t.rejected)
-        out["relays"] = [{"url": r.url, "connected": r.connected, "events_received": r.events_received,
-                          "last_error": r.last_error} for r in report.relays]
+        out["relays"] = [
+            {"url": r.url, "connected": r.connected, "events_received": r.events_received, "last_error": r.last_error}
+            for r in report.relays
+        ]
     return out
 
 
 def format_report(report: DiscoveryReport) -> str:
     lines = [f"LAN (mDNS): {len(report.lan)} node(s)"]
     for a in report.lan:
-        lines.append(f"  {a.name or a.instance:<20} mesh={a.mesh_id} nodes={a.node_count} "
-                     f"at {','.join(a.addresses)}:{a.port} models={','.join(a.models) or '-'}")
+        lines.append(
+            f"  {a.name or a.instance:<20} mesh={a.mesh_id} nodes={a.node_count} "
+            f"at {','.join(a.addresses)}:{a.port} models={','.join(a.models) or '-'}"
+        )
     lines.append(f"Nostr: {len(report.nostr)} listing(s)")
     for s in report.nostr:
         c = s.listing.content
         verdict = f"score={s.total:.0f}" if s.eligible else f"skipped ({s.reason})"
-        lines.append(f"  {c.name or c.mesh_id:<20} nodes={c.node_count} serving={','.join(c.serving) or '-'} "
-                     f"region={c.region or '-'} {verdict}")
+        lines.append(
+            f"  {c.name or c.mesh_id:<20} nodes={c.node_count} serving={','.join(c.serving) or '-'} "
+            f"region={c.region or '-'} {verdict}"
+        )
     if report.nostr_table is not None and report.nostr_table.rejected:
         dropped = ", ".join(f"{k}={v}" for k, v in report.nostr_table.rejected.items())
         lines.append(f"  dropped: {dropped}")

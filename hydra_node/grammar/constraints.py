@@ -43,8 +43,7 @@ _NAME_KEY, _ARGS_KEY = gbnf_literal('"name"'), gbnf_literal('"arguments"')
 def _finish(b: GrammarBuilder, root: str, param: str) -> str:
     text = b.text(root)
     if len(text) > MAX_GRAMMAR_CHARS:
-        raise InvalidRequest(f"{param}: the schema needs a grammar larger than {MAX_GRAMMAR_CHARS} characters",
-                             param)
+        raise InvalidRequest(f"{param}: the schema needs a grammar larger than {MAX_GRAMMAR_CHARS} characters", param)
     return text
 
 
@@ -77,8 +76,9 @@ def _arguments_schema(tool: ToolSpec, param: str) -> dict[str, Any]:
     if not any(k in schema for k in _COMBINATORS):
         t = schema.get("type", "object")
         if t != "object":
-            raise InvalidRequest(f"{param}: a function's parameters must be an object schema, not type {t!r:.40}",
-                                 param)
+            raise InvalidRequest(
+                f"{param}: a function's parameters must be an object schema, not type {t!r:.40}", param
+            )
         schema = {**schema, "type": "object"}
     return schema
 
@@ -101,8 +101,12 @@ def tool_call_grammar(tools: Sequence[ToolSpec], *, name: str | None, parallel: 
         b.param = param
         args = b.schema(_arguments_schema(tool, param), f"{tool.name}-arguments")
         name_lit = gbnf_literal(json.dumps(tool.name, ensure_ascii=False))
-        calls.append(b.add(f"{tool.name}-call", f'"{{" ws {_NAME_KEY} ws ":" ws {name_lit} ws "," ws {_ARGS_KEY} '
-                                                f'ws ":" ws {args} ws "}}"'))
+        calls.append(
+            b.add(
+                f"{tool.name}-call",
+                f'"{{" ws {_NAME_KEY} ws ":" ws {name_lit} ws "," ws {_ARGS_KEY} ws ":" ws {args} ws "}}"',
+            )
+        )
     call = b.add("tool-call", f'{gbnf_literal(OPEN_TAG)} ws ( {" | ".join(calls)} ) ws {gbnf_literal(CLOSE_TAG)}')
     # parallel blocks follow each other directly: with a newline allowed between them, the bundled
     # model (greedy) writes one call after another until max_tokens; without, it stops

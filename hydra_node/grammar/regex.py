@@ -25,10 +25,18 @@ __all__ = ["PatternError", "pattern_gbnf"]
 _FORBIDDEN = [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C)]
 _FORBIDDEN_GBNF = r'"\\\x00-\x1F'
 #: ECMAScript \s beyond ASCII controls (which are forbidden anyway).
-_UNICODE_SPACES = [(0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
-                   (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)]
-_SHORTHAND = {"d": [(0x30, 0x39)], "w": [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)],
-              "s": _UNICODE_SPACES}
+_UNICODE_SPACES = [
+    (0x20, 0x20),
+    (0xA0, 0xA0),
+    (0x1680, 0x1680),
+    (0x2000, 0x200A),
+    (0x2028, 0x2029),
+    (0x202F, 0x202F),
+    (0x205F, 0x205F),
+    (0x3000, 0x3000),
+    (0xFEFF, 0xFEFF),
+]
+_SHORTHAND = {"d": [(0x30, 0x39)], "w": [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)], "s": _UNICODE_SPACES}
 _CONTROL_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\0"}
 #: llama.cpp refuses a repetition when (rules inside the repeated group) x (repetitions) reaches
 #: this (MAX_REPETITION_THRESHOLD in llama-grammar.cpp): nested repetitions are checked against it.
@@ -125,10 +133,10 @@ class _Parser:
         if c == "(":
             if self.src.startswith("?:", self.i):
                 self.i += 2
-            elif self.src.startswith("?<", self.i) and self.src[self.i + 2:self.i + 3] not in ("=", "!"):
-                self.i = self.src.index(">", self.i) + 1 if ">" in self.src[self.i:self.end] else self.end
+            elif self.src.startswith("?<", self.i) and self.src[self.i + 2 : self.i + 3] not in ("=", "!"):
+                self.i = self.src.index(">", self.i) + 1 if ">" in self.src[self.i : self.end] else self.end
             elif self.src.startswith("?P<", self.i):
-                self.i = self.src.index(">", self.i) + 1 if ">" in self.src[self.i:self.end] else self.end
+                self.i = self.src.index(">", self.i) + 1 if ">" in self.src[self.i : self.end] else self.end
             elif self._peek() == "?":
                 raise self.fail("lookarounds and other '(?' groups are not supported")
             inner = self._alternation()
@@ -170,7 +178,7 @@ class _Parser:
             return ord(_CONTROL_ESCAPES[c])
         if c in "xu":
             n = 2 if c == "x" else 4
-            digits = self.src[self.i:self.i + n]
+            digits = self.src[self.i : self.i + n]
             if len(digits) != n or any(d not in "0123456789abcdefABCDEF" for d in digits):
                 raise self.fail(f"'\\{c}' needs {n} hex digits")
             self.i += n
@@ -190,7 +198,7 @@ class _Parser:
             lo = self._class_char(ranges)
             if lo is None:
                 continue
-            if self._peek() == "-" and self.src[self.i + 1:self.i + 2] not in ("]", ""):
+            if self._peek() == "-" and self.src[self.i + 1 : self.i + 2] not in ("]", ""):
                 self.i += 1
                 hi = self._class_char(ranges)
                 if hi is None or hi < lo:
@@ -234,10 +242,14 @@ class _Parser:
         self.i += 1
         if c == "{":
             close = self.src.find("}", self.i, self.end)
-            spec = self.src[self.i:close] if close >= 0 else ""
+            spec = self.src[self.i : close] if close >= 0 else ""
             parts = spec.split(",")
-            if close < 0 or len(parts) > 2 or not parts[0].isdigit() or (len(parts) == 2 and parts[1]
-                                                                          and not parts[1].isdigit()):
+            if (
+                close < 0
+                or len(parts) > 2
+                or not parts[0].isdigit()
+                or (len(parts) == 2 and parts[1] and not parts[1].isdigit())
+            ):
                 self.i = start
                 raise self.fail("'{' that is not a quantifier {n}, {n,} or {n,m}")
             self.i = close + 1
@@ -259,7 +271,8 @@ class _Parser:
             return ""
         total = hi if hi else (lo or 1)
         if n_prev * total >= LLAMA_REPETITION_THRESHOLD:
-            raise self.fail(f"repetitions nested too deep for llama.cpp's grammar engine ({n_prev} rules "
-                            f"repeated {total} times)")
+            raise self.fail(
+                f"repetitions nested too deep for llama.cpp's grammar engine ({n_prev} rules repeated {total} times)"
+            )
         self.made += 1 if hi is None else hi - lo
         return repeat(atom, lo, hi)

@@ -82,8 +82,9 @@ class GrammarBuilder:
         """Count grammar text as it is built, so a schema cannot make us build a huge one."""
         self._size += chars + 6
         if self._size > MAX_GRAMMAR_CHARS:
-            raise InvalidRequest(f"{self.param}: the schema needs a grammar larger than {MAX_GRAMMAR_CHARS} "
-                                 "characters", self.param)
+            raise InvalidRequest(
+                f"{self.param}: the schema needs a grammar larger than {MAX_GRAMMAR_CHARS} characters", self.param
+            )
 
     def text(self, root_body: str) -> str:
         """The grammar: ``root ::= root_body`` then every rule."""
@@ -133,8 +134,9 @@ class GrammarBuilder:
                 alts = s[key]
                 if not isinstance(alts, list) or not alts:
                     raise self.fail(f"'{key}' must be a non-empty array", ptr)
-                exprs = [self._visit(a, pointer(ptr, key, i), f"{hint}-{i}", guard, depth + 1)
-                         for i, a in enumerate(alts)]
+                exprs = [
+                    self._visit(a, pointer(ptr, key, i), f"{hint}-{i}", guard, depth + 1) for i, a in enumerate(alts)
+                ]
                 return self.add(hint, " | ".join(exprs))
         types = self._types(s, ptr)
         if "const" in s or "enum" in s:
@@ -150,8 +152,11 @@ class GrammarBuilder:
         t = s.get("type")
         if t is None:
             # ("format" says "string" here: a number format is honoured only with its "type")
-            fams = [name for name in ("object", "array", "string", "number")
-                    if (FAMILY[name] - ({"format"} if name == "number" else set())) & s.keys()]
+            fams = [
+                name
+                for name in ("object", "array", "string", "number")
+                if (FAMILY[name] - ({"format"} if name == "number" else set())) & s.keys()
+            ]
             return fams or None
         types = [t] if isinstance(t, str) else t
         if not isinstance(types, list) or not types or any(x not in FAMILY for x in types):
@@ -211,8 +216,9 @@ class GrammarBuilder:
                 raise self.unsupported("'allOf' of a boolean schema", where)
             bad = sorted(set(part) - ANNOTATIONS - {"type", "properties", "required"})
             if bad or part.get("type", "object") != "object":
-                raise self.unsupported(f"'allOf' merging '{(bad or ['type'])[0]}' (only object properties merge)",
-                                       where)
+                raise self.unsupported(
+                    f"'allOf' merging '{(bad or ['type'])[0]}' (only object properties merge)", where
+                )
             for name, sub in (part.get("properties") or {}).items():
                 if name in merged["properties"] and merged["properties"][name] != sub:
                     raise self.unsupported(f"'allOf' defining property {name!r:.60} twice", where)
@@ -223,8 +229,7 @@ class GrammarBuilder:
     def _literals(self, s: dict[str, Any], ptr: str, hint: str, types: list[str] | None) -> str:
         others = sorted(set(s) - ANNOTATIONS - {"type", "enum", "const"})
         if others or ("enum" in s and "const" in s):
-            raise self.unsupported(f"'{'const' if 'const' in s else 'enum'}' next to '{(others or ['enum'])[0]}'",
-                                   ptr)
+            raise self.unsupported(f"'{'const' if 'const' in s else 'enum'}' next to '{(others or ['enum'])[0]}'", ptr)
         values = [s["const"]] if "const" in s else s["enum"]
         if not isinstance(values, list) or not values:
             raise self.fail("'enum' must be a non-empty array", ptr)
@@ -246,4 +251,3 @@ class GrammarBuilder:
     def visit_child(self, s: object, ptr: str, hint: str, depth: int) -> str:
         """A subschema reached after consuming text (inside an object or array): no left recursion."""
         return self._visit(s, ptr, hint, frozenset(), depth + 1)
-

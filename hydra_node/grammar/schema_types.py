@@ -12,27 +12,57 @@ import math
 from typing import Any, Protocol
 
 from hydra_node.grammar.regex import PatternError, pattern_gbnf
-from hydra_node.grammar.terms import (FORMATS, INT_FORMATS, MAX_DIGITS, MAX_REPEAT, NUMBER_FORMATS, gbnf_literal,
-                                       int_range, repeat)
+from hydra_node.grammar.terms import (
+    FORMATS,
+    INT_FORMATS,
+    MAX_DIGITS,
+    MAX_REPEAT,
+    NUMBER_FORMATS,
+    gbnf_literal,
+    int_range,
+    repeat,
+)
 from hydra_node.inference import InvalidRequest
 
 __all__ = ["ANNOTATIONS", "FAMILY", "of_type", "pointer", "typed_rule"]
 
 #: Keywords that constrain nothing (``$defs``/``definitions`` hold subschemas for ``$ref``).
-ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment",
-                         "strict", "deprecated", "readOnly", "writeOnly", "discriminator", "$defs",
-                         "definitions"})
+ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$schema",
+        "$id",
+        "$comment",
+        "strict",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "discriminator",
+        "$defs",
+        "definitions",
+    }
+)
 _OBJECT = frozenset({"properties", "required", "additionalProperties"})
 _ARRAY = frozenset({"items", "prefixItems", "minItems", "maxItems"})
 _STRING = frozenset({"minLength", "maxLength", "pattern", "format"})
 _NUMBER = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "format"})
 #: The keywords that apply to each JSON Schema type.
-FAMILY = {"object": _OBJECT, "array": _ARRAY, "string": _STRING, "number": _NUMBER, "integer": _NUMBER,
-          "boolean": frozenset(), "null": frozenset()}
+FAMILY = {
+    "object": _OBJECT,
+    "array": _ARRAY,
+    "string": _STRING,
+    "number": _NUMBER,
+    "integer": _NUMBER,
+    "boolean": frozenset(),
+    "null": frozenset(),
+}
 _SEP = 'ws "," ws'
 _QUOTE = '"\\""'
 #: Bounds beyond this magnitude are looser than what unbounded generation writes anyway.
-_BIG = 10 ** MAX_DIGITS
+_BIG = 10**MAX_DIGITS
 
 
 class RuleBuilder(Protocol):
@@ -56,8 +86,13 @@ def of_type(v: object, t: str) -> bool:
         return type(v) is int or (type(v) is float and v.is_integer())
     if t == "number":
         return (type(v) is int or type(v) is float) and math.isfinite(v)
-    return {"null": v is None, "boolean": isinstance(v, bool), "string": isinstance(v, str),
-            "object": isinstance(v, dict), "array": isinstance(v, list)}[t]
+    return {
+        "null": v is None,
+        "boolean": isinstance(v, bool),
+        "string": isinstance(v, str),
+        "object": isinstance(v, dict),
+        "array": isinstance(v, list),
+    }[t]
 
 
 def typed_rule(b: RuleBuilder, s: dict[str, Any], t: str, ptr: str, hint: str, depth: int) -> str:
@@ -113,8 +148,9 @@ def _string(b: RuleBuilder, s: dict[str, Any], ptr: str, hint: str) -> str:
         rule, shortest, longest = FORMATS[fmt]
         lo, hi = _count(b, s, "minLength", ptr) or 0, _count(b, s, "maxLength", ptr)
         if lo > shortest or (hi is not None and hi < longest):  # else every value the rule makes fits
-            raise b.unsupported(f"'format' {fmt!r} with 'minLength' above {shortest} or 'maxLength' below {longest}",
-                                ptr)
+            raise b.unsupported(
+                f"'format' {fmt!r} with 'minLength' above {shortest} or 'maxLength' below {longest}", ptr
+            )
         return b.add(hint, f"{_QUOTE} {b.use(rule)} {_QUOTE}")
     if lengths:
         lo, hi = _bounds(b, s, "minLength", "maxLength", ptr)
@@ -202,8 +238,9 @@ def _object(b: RuleBuilder, s: dict[str, Any], ptr: str, hint: str, depth: int) 
     for r in dict.fromkeys(required):
         if r not in props:
             if addl is False:
-                raise b.fail(f"required property {r!r:.60} is not in 'properties' and "
-                             "'additionalProperties' is false", ptr)
+                raise b.fail(
+                    f"required property {r!r:.60} is not in 'properties' and 'additionalProperties' is false", ptr
+                )
             entries.append((r, addl if isinstance(addl, dict) else True, pointer(ptr, "additionalProperties")))
     members = []
     for name, sub, where in entries:
@@ -216,7 +253,7 @@ def _object(b: RuleBuilder, s: dict[str, Any], ptr: str, hint: str, depth: int) 
     first: list[str] = [""] * len(members)
     for i in reversed(range(len(members))):
         kv, req = members[i]
-        rest = " ".join(f"( {_SEP} {k} )" + ("" if r else "?") for k, r in members[i + 1:])
+        rest = " ".join(f"( {_SEP} {k} )" + ("" if r else "?") for k, r in members[i + 1 :])
         body = f"{kv} {rest}".strip()
         if not req and i + 1 < len(members):
             body = f"{body} | {first[i + 1]}"
@@ -250,8 +287,9 @@ def _array(b: RuleBuilder, s: dict[str, Any], ptr: str, hint: str, depth: int) -
         hi = 0
     if not prefix and items in (None, True) and (lo, hi) == (0, None):
         return b.use("array")
-    elems = [b.visit_child(p, pointer(ptr, prefix_key, i), f"{hint}-{i}", depth)
-             for i, p in enumerate(prefix[:n_prefix])]
+    elems = [
+        b.visit_child(p, pointer(ptr, prefix_key, i), f"{hint}-{i}", depth) for i, p in enumerate(prefix[:n_prefix])
+    ]
     x = None
     if hi is None or hi > 0:
         x = b.visit_child(True if items is None else items, pointer(ptr, "items"), f"{hint}-item", depth)

@@ -11,8 +11,19 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["PRIMITIVES", "FORMATS", "INT_FORMATS", "NUMBER_FORMATS", "MAX_REPEAT", "MAX_DIGITS", "gbnf_literal",
-           "gbnf_char", "is_single", "repeat", "int_range"]
+__all__ = [
+    "PRIMITIVES",
+    "FORMATS",
+    "INT_FORMATS",
+    "NUMBER_FORMATS",
+    "MAX_REPEAT",
+    "MAX_DIGITS",
+    "gbnf_literal",
+    "gbnf_char",
+    "is_single",
+    "repeat",
+    "int_range",
+]
 
 #: Largest repetition count written into a grammar (llama.cpp expands ``x{m,n}`` into copies):
 #: a ``maxLength``/``maxItems`` above it generates at most this many; a minimum above it is refused.
@@ -26,8 +37,11 @@ MAX_DIGITS = 16
 PRIMITIVES: dict[str, tuple[str, tuple[str, ...]]] = {
     "ws": (r'( " " | "\n" " "{0,8} )?', ()),
     "hex": (r"[0-9a-fA-F]", ()),
-    "char": (r'[^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" ( [0-9a-cA-C] hex{3} | [dD] [0-7] hex{2} '
-             r'| [eEfF] hex{3} ) )', ("hex",)),
+    "char": (
+        r'[^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" ( [0-9a-cA-C] hex{3} | [dD] [0-7] hex{2} '
+        r'| [eEfF] hex{3} ) )',
+        ("hex",),
+    ),
     "string": (r'"\"" char* "\""', ("char",)),
     "boolean": (r'"true" | "false"', ()),
     "null": (r'"null"', ()),
@@ -35,36 +49,55 @@ PRIMITIVES: dict[str, tuple[str, tuple[str, ...]]] = {
     "integer": (r'"-"? integral', ("integral",)),
     # finite (exponent below 100); any double's shortest repr fits (17 significant digits)
     "number": (r'"-"? integral ( "." [0-9]{1,20} )? ( [eE] [-+]? [0-9]{1,2} )?', ("integral",)),
-    "object": (r'"{" ws ( string ws ":" ws value ( ws "," ws string ws ":" ws value )* ws )? "}"',
-               ("ws", "string", "value")),
+    "object": (
+        r'"{" ws ( string ws ":" ws value ( ws "," ws string ws ":" ws value )* ws )? "}"',
+        ("ws", "string", "value"),
+    ),
     "array": (r'"[" ws ( value ( ws "," ws value )* ws )? "]"', ("ws", "value")),
-    "value": ("object | array | string | number | boolean | null",
-              ("object", "array", "string", "number", "boolean", "null")),
+    "value": (
+        "object | array | string | number | boolean | null",
+        ("object", "array", "string", "number", "boolean", "null"),
+    ),
     # string formats (JSON Schema "format"), the text inside the quotes: sound subsets with a
     # bounded length (RFC 3339 date/time, RFC 4122 uuid, RFC 5321 mailbox, RFC 1123 hostname,
     # RFC 3986 URI with an authority, dotted-quad IPv4)
     "date": (r'[0-9]{4} "-" ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] )', ()),
-    "time": (r'( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,6} )? '
-             r'( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] )', ()),
+    "time": (
+        r'( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,6} )? '
+        r'( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] )',
+        (),
+    ),
     "date-time": (r'date "T" time', ("date", "time")),
     "uuid": (r'hex{8} "-" hex{4} "-" hex{4} "-" hex{4} "-" hex{12}', ("hex",)),
     "label": (r'[a-zA-Z0-9]{1,20} ( "-" [a-zA-Z0-9]{1,20} ){0,2}', ()),
     "hostname": (r'label ( "." label ){0,3}', ("label",)),
-    "email": (r'[a-zA-Z0-9_%+\x2D]{1,32} ( "." [a-zA-Z0-9_%+\x2D]{1,32} ){0,3} "@" label ( "." label ){0,2} '
-              r'"." [a-zA-Z]{2,12}', ("label",)),
+    "email": (
+        r'[a-zA-Z0-9_%+\x2D]{1,32} ( "." [a-zA-Z0-9_%+\x2D]{1,32} ){0,3} "@" label ( "." label ){0,2} '
+        r'"." [a-zA-Z]{2,12}',
+        ("label",),
+    ),
     "octet": (r'"25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9]', ()),
     "ipv4": (r'octet "." octet "." octet "." octet', ("octet",)),
     "pchar": (r'[a-zA-Z0-9._~!$&\x27()*+,;=:@\x2D] | "%" hex hex', ("hex",)),
-    "uri": (r'[a-zA-Z] [a-zA-Z0-9+.\x2D]{0,9} "://" hostname ( "/" pchar{0,32} ){0,8} ( "?" ( pchar | [/?] ){0,128} )?',
-            ("hostname", "pchar")),
+    "uri": (
+        r'[a-zA-Z] [a-zA-Z0-9+.\x2D]{0,9} "://" hostname ( "/" pchar{0,32} ){0,8} ( "?" ( pchar | [/?] ){0,128} )?',
+        ("hostname", "pchar"),
+    ),
 }
 
 #: JSON Schema string formats: name -> (rule, shortest and longest text the rule generates).
-FORMATS = {"date": ("date", 10, 10), "time": ("time", 9, 21), "date-time": ("date-time", 20, 32),
-           "uuid": ("uuid", 36, 36), "email": ("email", 6, 333), "hostname": ("hostname", 1, 251),
-           "ipv4": ("ipv4", 7, 15), "uri": ("uri", 5, 10 + 3 + 251 + 8 * (1 + 32 * 3) + 1 + 128 * 3)}
+FORMATS = {
+    "date": ("date", 10, 10),
+    "time": ("time", 9, 21),
+    "date-time": ("date-time", 20, 32),
+    "uuid": ("uuid", 36, 36),
+    "email": ("email", 6, 333),
+    "hostname": ("hostname", 1, 251),
+    "ipv4": ("ipv4", 7, 15),
+    "uri": ("uri", 5, 10 + 3 + 251 + 8 * (1 + 32 * 3) + 1 + 128 * 3),
+}
 #: Integer formats (OpenAPI) -> bounds; number formats that constrain nothing we generate.
-INT_FORMATS = {"int32": (-2 ** 31, 2 ** 31 - 1), "int64": (-2 ** 63, 2 ** 63 - 1)}
+INT_FORMATS = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 NUMBER_FORMATS = frozenset({"float", "double"})
 
 
@@ -154,7 +187,7 @@ def _natural_range(lo: int, hi: int | None) -> list[str]:
     out: list[str] = []
     for n in range(len(str(lo)), max_len + 1):
         first = 0 if n == 1 else 10 ** (n - 1)
-        last = 10 ** n - 1
+        last = 10**n - 1
         a, b = max(lo, first), last if hi is None else min(hi, last)
         if a > b:
             continue

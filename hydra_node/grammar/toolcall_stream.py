@@ -25,8 +25,28 @@ __all__ = ["StreamedBlock"]
 
 _WS, _NAME, _VALUE = object(), object(), object()
 #: what follows the open tag; a str item is a literal
-_SHAPE = (_WS, "{", _WS, '"name"', _WS, ":", _WS, _NAME, _WS, ",", _WS, '"arguments"', _WS, ":", _WS, _VALUE,
-          _WS, "}", _WS, "</tool_call>")
+_SHAPE = (
+    _WS,
+    "{",
+    _WS,
+    '"name"',
+    _WS,
+    ":",
+    _WS,
+    _NAME,
+    _WS,
+    ",",
+    _WS,
+    '"arguments"',
+    _WS,
+    ":",
+    _WS,
+    _VALUE,
+    _WS,
+    "}",
+    _WS,
+    "</tool_call>",
+)
 _CLOSE = "</tool_call>"
 _SCALAR_END = " \t\r\n}<"
 
@@ -64,7 +84,7 @@ class StreamedBlock:
         out: list[str] = []
         for i, ch in enumerate(text):
             if not self._step(ch, out):
-                self.rest = text[i + 1:] if self.state == "done" else "".join(self._raw)
+                self.rest = text[i + 1 :] if self.state == "done" else "".join(self._raw)
                 break
         return "".join(out)
 
@@ -153,7 +173,7 @@ class StreamedBlock:
         return self._skip(ch)
 
     def _skip(self, ch: str) -> bool:
-        self._tail = (self._tail + ch)[-len(_CLOSE):]
+        self._tail = (self._tail + ch)[-len(_CLOSE) :]
         if self._tail == _CLOSE:
             self.state = "done"
             return False

@@ -48,8 +48,18 @@ from typing import Callable, Collection, Literal
 
 from hydra_node.grammar.toolcall_stream import StreamedBlock
 
-__all__ = ["OPEN_TAG", "CLOSE_TAG", "ContentText", "ParsedToolCall", "ToolCallStart", "ToolCallArguments",
-           "ParserItem", "ToolCallParser", "default_call_id", "parse_call_body"]
+__all__ = [
+    "OPEN_TAG",
+    "CLOSE_TAG",
+    "ContentText",
+    "ParsedToolCall",
+    "ToolCallStart",
+    "ToolCallArguments",
+    "ParserItem",
+    "ToolCallParser",
+    "default_call_id",
+    "parse_call_body",
+]
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
@@ -79,6 +89,7 @@ class ParsedToolCall:
 @dataclass(frozen=True)
 class ToolCallStart:
     """A streamed call begins: its name is complete."""
+
     index: int
     id: str
     name: str
@@ -87,6 +98,7 @@ class ToolCallStart:
 @dataclass(frozen=True)
 class ToolCallArguments:
     """A fragment of a streamed call's arguments text."""
+
     index: int
     text: str
 
@@ -130,8 +142,13 @@ def _partial_tag_len(text: str, tag: str) -> int:
 class ToolCallParser:
     """Generated text in, content and calls out; see the module docstring for the rules."""
 
-    def __init__(self, tool_names: Collection[str], *, new_id: Callable[[], str] = default_call_id,
-                 constrained: Literal["lazy", "whole"] | None = None):
+    def __init__(
+        self,
+        tool_names: Collection[str],
+        *,
+        new_id: Callable[[], str] = default_call_id,
+        constrained: Literal["lazy", "whole"] | None = None,
+    ):
         self._names = frozenset(tool_names)
         self._constrained = constrained
         self._may_stream = constrained is not None  # the next block is one the grammar constrains
@@ -195,11 +212,11 @@ class ToolCallParser:
                 at = self._pending.find(OPEN_TAG)
                 if at < 0:
                     keep = _partial_tag_len(self._pending, OPEN_TAG)
-                    self._content(self._pending[:len(self._pending) - keep], out)
-                    self._pending = self._pending[len(self._pending) - keep:]
+                    self._content(self._pending[: len(self._pending) - keep], out)
+                    self._pending = self._pending[len(self._pending) - keep :]
                     break
                 self._content(self._pending[:at], out)
-                rest, self._pending = self._pending[at + len(OPEN_TAG):], ""
+                rest, self._pending = self._pending[at + len(OPEN_TAG) :], ""
                 if self._may_stream:
                     self._streamed = StreamedBlock(self._names)
                     self._stream_block(rest, out)
@@ -209,7 +226,7 @@ class ToolCallParser:
             if end < 0:
                 self._scan_from = max(0, len(self._block) - len(CLOSE_TAG) + 1)
                 break
-            body, rest = self._block[:end], self._block[end + len(CLOSE_TAG):]
+            body, rest = self._block[:end], self._block[end + len(CLOSE_TAG) :]
             self._block = None
             self._pending = rest
             self._close_block(body, out)
@@ -219,7 +236,7 @@ class ToolCallParser:
         restart = body.rfind(OPEN_TAG)
         if restart >= 0:  # an open tag inside the block: the call starts at the last one
             self._content(OPEN_TAG + body[:restart], out)
-            body = body[restart + len(OPEN_TAG):]
+            body = body[restart + len(OPEN_TAG) :]
         parsed = parse_call_body(body, self._names)
         if parsed is None:
             self._content(OPEN_TAG + body + CLOSE_TAG, out)
@@ -255,8 +272,9 @@ class ToolCallParser:
         assert start is not None and streamed is not None  # called only for an announced streamed block
         complete = streamed.value_complete
         raw = "".join(self._args)
-        call = ParsedToolCall(start.index, start.id, start.name, _compact(raw) if complete else raw,
-                              streamed=True, complete=complete)
+        call = ParsedToolCall(
+            start.index, start.id, start.name, _compact(raw) if complete else raw, streamed=True, complete=complete
+        )
         self._calls.append(call)
         out.append(call)
         self._current, self._args = None, []

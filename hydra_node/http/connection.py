@@ -96,14 +96,20 @@ class Connection:
             head_size = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
             if head_size > lim.max_header_bytes:
                 # h11 only bounds an *incomplete* head; a complete one can still be too big.
-                await self._refuse(None, 431, "request_header_fields_too_large",
-                                   f"request headers exceed {lim.max_header_bytes} bytes")
+                await self._refuse(
+                    None, 431, "request_header_fields_too_large", f"request headers exceed {lim.max_header_bytes} bytes"
+                )
                 return
             head = self._head(event)
             self._extra = response_headers(head.headers, self.server.guard) if self.server.guard else []
             if overflow and (head.path.rstrip("/") or "/") not in OPEN_PATHS:
-                await self._refuse(head, 429, "too_many_connections",
-                                   "too many connections from this address; retry later", retry_after=1)
+                await self._refuse(
+                    head,
+                    429,
+                    "too_many_connections",
+                    "too many connections from this address; retry later",
+                    retry_after=1,
+                )
                 return
             verdict = screen(head.method, head.path, head.headers, self.server.guard) if self.server.guard else None
             if verdict is not None and verdict.refusal:
@@ -166,19 +172,30 @@ class Connection:
     def _head(self, event: h11.Request) -> Request:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in event.headers}
         parts = urlsplit(event.target.decode("latin-1"))
-        return Request(event.method.decode("ascii", "replace").upper(), parts.path,
-                       {k: v[-1] for k, v in parse_qs(parts.query).items()}, headers, b"", self.client)
+        return Request(
+            event.method.decode("ascii", "replace").upper(),
+            parts.path,
+            {k: v[-1] for k, v in parse_qs(parts.query).items()},
+            headers,
+            b"",
+            self.client,
+        )
 
     async def _protocol_error(self, exc: h11.RemoteProtocolError) -> None:
         status = exc.error_status_hint or 400
         if status == 431:
-            await self._refuse(None, 431, "request_header_fields_too_large",
-                               f"request headers exceed {self.limits.max_header_bytes} bytes")
+            await self._refuse(
+                None,
+                431,
+                "request_header_fields_too_large",
+                f"request headers exceed {self.limits.max_header_bytes} bytes",
+            )
         else:
             await self._refuse(None, status, "bad_request", f"malformed HTTP request: {exc}")
 
-    async def _refuse(self, head: Request | None, status: int, code: str, message: str,
-                      retry_after: int | None = None) -> None:
+    async def _refuse(
+        self, head: Request | None, status: int, code: str, message: str, retry_after: int | None = None
+    ) -> None:
         """Answer a refusal and close; the unread body is drained (bounded) so the client sees it."""
         self.server.refused(self.client, head, status, code)
         body_pending = self._body_pending()
@@ -209,12 +226,22 @@ class Connection:
         if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
         kind = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}.get(
-            status, "invalid_request_error")
+            status, "invalid_request_error"
+        )
         body = error_body(message, code, kind)
         try:
-            await self._send(h11.Response(status_code=status, headers=[
-                ("content-type", "application/json"), ("content-length", str(len(body))),
-                ("connection", "close")] + (extra or []) + self._extra))
+            await self._send(
+                h11.Response(
+                    status_code=status,
+                    headers=[
+                        ("content-type", "application/json"),
+                        ("content-length", str(len(body))),
+                        ("connection", "close"),
+                    ]
+                    + (extra or [])
+                    + self._extra,
+                )
+            )
             await self._send(h11.Data(data=body))
             await self._send(h11.EndOfMessage())
         except (ClientGone, h11.LocalProtocolError):
@@ -239,8 +266,9 @@ class Connection:
             if isinstance(event, h11.Data):
                 size += len(event.data)
                 if size > self.limits.max_body_bytes:
-                    await self._refuse(head, 413, "request_too_large",
-                                       f"request body exceeds {self.limits.max_body_bytes} bytes")
+                    await self._refuse(
+                        head, 413, "request_too_large", f"request body exceeds {self.limits.max_body_bytes} bytes"
+                    )
                     return None
                 chunks.append(event.data)
             elif isinstance(event, h11.EndOfMessage):
@@ -286,8 +314,17 @@ class Connection:
             return await self.server.handler(request)
         except Exception:
             log.exception("event=handler_error server=%s path=%s", self.server.name, request.path)
-            return Response.json(500, {"error": {"message": "internal server error", "type": "server_error",
-                                                 "param": None, "code": "internal_error"}})
+            return Response.json(
+                500,
+                {
+                    "error": {
+                        "message": "internal server error",
+                        "type": "server_error",
+                        "param": None,
+                        "code": "internal_error",
+                    }
+                },
+            )
 
     async def _watch_disconnect(self, gone: trio.Event, scope: trio.CancelScope) -> None:
         budget = self.limits.max_pipelined_bytes
@@ -321,8 +358,14 @@ class Connection:
         await self._send(h11.EndOfMessage())
 
     async def _write_stream(self, resp: StreamResponse) -> None:
-        await self._send(h11.Response(status_code=resp.status, headers=[
-            ("content-type", resp.content_type), ("cache-control", "no-cache")] + resp.headers + self._extra))
+        await self._send(
+            h11.Response(
+                status_code=resp.status,
+                headers=[("content-type", resp.content_type), ("cache-control", "no-cache")]
+                + resp.headers
+                + self._extra,
+            )
+        )
         with trio.CancelScope() as scope:
             self.server._streams.add(scope)
             try:

@@ -15,8 +15,17 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-__all__ = ["GuardSettings", "LOOPBACK_HOSTS", "Verdict", "bearer_matches", "key_matches", "normalize_origin",
-           "response_headers", "screen", "valid_host_name"]
+__all__ = [
+    "GuardSettings",
+    "LOOPBACK_HOSTS",
+    "Verdict",
+    "bearer_matches",
+    "key_matches",
+    "normalize_origin",
+    "response_headers",
+    "screen",
+    "valid_host_name",
+]
 
 #: Host names a loopback listener answers to (with or without a port).
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
@@ -65,8 +74,11 @@ class Verdict:
         return self.status >= 400
 
     def error_body(self) -> dict:
-        kind = "authentication_error" if self.status == 401 else (
-            "permission_error" if self.status == 403 else "invalid_request_error")
+        kind = (
+            "authentication_error"
+            if self.status == 401
+            else ("permission_error" if self.status == 403 else "invalid_request_error")
+        )
         return {"error": {"message": self.message, "type": kind, "param": None, "code": self.code}}
 
 
@@ -77,8 +89,11 @@ def key_matches(headers: dict, key: str | None) -> bool:
         return True
     given = headers.get("x-api-key")
     # (key is not None here: without one, bearer_matches said True)
-    return key is not None and given is not None and hmac.compare_digest(
-        given.strip().encode("utf-8", "surrogateescape"), key.encode("utf-8"))
+    return (
+        key is not None
+        and given is not None
+        and hmac.compare_digest(given.strip().encode("utf-8", "surrogateescape"), key.encode("utf-8"))
+    )
 
 
 def bearer_matches(authorization: str | None, key: str | None) -> bool:
@@ -134,8 +149,15 @@ def normalize_origin(origin: str) -> str | None:
         parts = urlsplit(origin.strip())
     except ValueError:
         return None
-    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/") \
-            or parts.query or parts.fragment or "@" in parts.netloc or _split_host(parts.netloc) is None:
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.netloc
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or "@" in parts.netloc
+        or _split_host(parts.netloc) is None
+    ):
         return None
     return f"{parts.scheme}://{parts.netloc.lower()}"
 
@@ -176,13 +198,22 @@ def response_headers(headers: dict, settings: GuardSettings) -> list[tuple[str, 
 def _preflight(headers: dict, settings: GuardSettings) -> Verdict:
     origin = headers.get("origin")
     if not _cors_allowed(origin, settings):
-        return Verdict(403, "cors_origin_not_allowed",
-                       f"origin {origin!r} may not call this API from a browser (see --cors-origin)")
+        return Verdict(
+            403,
+            "cors_origin_not_allowed",
+            f"origin {origin!r} may not call this API from a browser (see --cors-origin)",
+        )
     asked = headers.get("access-control-request-headers", "").strip()
-    allow = asked.lower() if asked and len(asked) <= _MAX_REQUEST_HEADERS_CHARS and _TOKEN_LIST.match(asked) \
+    allow = (
+        asked.lower()
+        if asked and len(asked) <= _MAX_REQUEST_HEADERS_CHARS and _TOKEN_LIST.match(asked)
         else DEFAULT_CORS_HEADERS
-    extra = [("access-control-allow-methods", CORS_METHODS), ("access-control-allow-headers", allow),
-             ("access-control-max-age", str(PREFLIGHT_MAX_AGE_S))]
+    )
+    extra = [
+        ("access-control-allow-methods", CORS_METHODS),
+        ("access-control-allow-headers", allow),
+        ("access-control-max-age", str(PREFLIGHT_MAX_AGE_S)),
+    ]
     if headers.get("access-control-request-private-network", "").lower() == "true":
         extra.append(("access-control-allow-private-network", "true"))
     return Verdict(204, headers=tuple(response_headers(headers, settings) + extra))
@@ -191,8 +222,11 @@ def _preflight(headers: dict, settings: GuardSettings) -> Verdict:
 def screen(method: str, path: str, headers: dict, settings: GuardSettings) -> Verdict | None:
     """The verdict on a request head (``headers``: lower-case names), or None to go on."""
     if not host_allowed(headers.get("host"), settings):
-        return Verdict(403, "forbidden_host", "this node answers only to its own host names "
-                       "(127.0.0.1, localhost, [::1]); add others with --allow-host")
+        return Verdict(
+            403,
+            "forbidden_host",
+            "this node answers only to its own host names (127.0.0.1, localhost, [::1]); add others with --allow-host",
+        )
     if method == "OPTIONS" and "origin" in headers and "access-control-request-method" in headers:
         return _preflight(headers, settings)  # before the key: browsers never send one in a preflight
     norm = path.rstrip("/") or "/"
@@ -201,11 +235,12 @@ def screen(method: str, path: str, headers: dict, settings: GuardSettings) -> Ve
         if origin is not None and not _same_origin(origin, headers.get("host"), settings):
             return Verdict(403, "forbidden_origin", f"requests from origin {origin!r} may not change this node")
         if _media_type(headers) != "application/json":
-            return Verdict(415, "unsupported_media_type",
-                           f"{method} requests need 'Content-Type: application/json'")
-    public = method == "GET" and any(norm == p or (p.endswith("/*") and path.startswith(p[:-1]))
-                                     for p in settings.public_paths)
+            return Verdict(415, "unsupported_media_type", f"{method} requests need 'Content-Type: application/json'")
+    public = method == "GET" and any(
+        norm == p or (p.endswith("/*") and path.startswith(p[:-1])) for p in settings.public_paths
+    )
     if norm not in OPEN_PATHS and not public and not key_matches(headers, settings.api_key):
-        return Verdict(401, "invalid_api_key",
-                       "missing or invalid API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')")
+        return Verdict(
+            401, "invalid_api_key", "missing or invalid API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')"
+        )
     return None

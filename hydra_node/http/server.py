@@ -25,8 +25,16 @@ from hydra_node.http.limits import ConnectionTable, HttpLimits, RateLimitedLog
 from hydra_node.http.messages import Handler, Request, Response, StreamResponse
 from hydra_node.listen import ListenPurpose, bind_tcp, close_listeners
 
-__all__ = ["Handler", "HttpServer", "Request", "Response", "StreamResponse", "serve_http",
-           "MAX_BODY_BYTES", "MAX_HEADER_BYTES"]
+__all__ = [
+    "Handler",
+    "HttpServer",
+    "Request",
+    "Response",
+    "StreamResponse",
+    "serve_http",
+    "MAX_BODY_BYTES",
+    "MAX_HEADER_BYTES",
+]
 
 log = logging.getLogger("hydra.http")
 
@@ -41,9 +49,17 @@ class HttpServer:
     ``guard``: what the listener enforces on each request head (None: nothing).  ``on_refused``:
     called ``(path, status)`` for each request refused before its handler (for counters)."""
 
-    def __init__(self, handler: Handler, host: str, port: int, name: str = "http", *,
-                 guard: GuardSettings | None = None, limits: HttpLimits = _DEFAULTS,
-                 on_refused: Callable[[str, int], None] | None = None):
+    def __init__(
+        self,
+        handler: Handler,
+        host: str,
+        port: int,
+        name: str = "http",
+        *,
+        guard: GuardSettings | None = None,
+        limits: HttpLimits = _DEFAULTS,
+        on_refused: Callable[[str, int], None] | None = None,
+    ):
         self.handler = handler
         self.host = host
         self.port = port
@@ -109,9 +125,16 @@ class HttpServer:
             self.on_refused(head.path, status)
         if self._refusal_log.allow(time.monotonic()):
             suppressed = self._refusal_log.take_suppressed()
-            log.warning("event=http_refused server=%s status=%s code=%s client=%s method=%s path=%.200r%s",
-                        self.name, status, code, client, head.method if head else "-",
-                        head.path if head else "-", f" suppressed={suppressed}" if suppressed else "")
+            log.warning(
+                "event=http_refused server=%s status=%s code=%s client=%s method=%s path=%.200r%s",
+                self.name,
+                status,
+                code,
+                client,
+                head.method if head else "-",
+                head.path if head else "-",
+                f" suppressed={suppressed}" if suppressed else "",
+            )
 
     def _enter(self) -> None:
         self._active += 1

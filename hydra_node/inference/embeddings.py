@@ -64,8 +64,9 @@ def _check_input(i: int, v: Any) -> str | tuple[int, ...]:
         try:
             v.encode("utf-8")
         except UnicodeEncodeError:
-            raise InvalidRequest(f"input[{i}] holds text that is not valid Unicode (a lone surrogate?)",
-                                 "input") from None
+            raise InvalidRequest(
+                f"input[{i}] holds text that is not valid Unicode (a lone surrogate?)", "input"
+            ) from None
         return v
     if isinstance(v, (list, tuple)):
         if not v:
@@ -79,6 +80,7 @@ def _check_input(i: int, v: Any) -> str | tuple[int, ...]:
 @dataclass(frozen=True)
 class EmbeddingRequest:
     """Embed each of ``inputs`` (text, tokenised by the host with BOS; or token ids, used as they are)."""
+
     model: str
     inputs: tuple[str | tuple[int, ...], ...]
     request_id: str = ""
@@ -93,8 +95,11 @@ class EmbeddingRequest:
         object.__setattr__(self, "inputs", tuple(_check_input(i, v) for i, v in enumerate(self.inputs)))
 
     def to_wire(self) -> dict[str, Any]:
-        return {"model": self.model, "inputs": [v if isinstance(v, str) else list(v) for v in self.inputs],
-                "request_id": self.request_id}
+        return {
+            "model": self.model,
+            "inputs": [v if isinstance(v, str) else list(v) for v in self.inputs],
+            "request_id": self.request_id,
+        }
 
     @classmethod
     def from_wire(cls, d: Any) -> EmbeddingRequest:
@@ -103,8 +108,9 @@ class EmbeddingRequest:
         if not isinstance(d, dict):
             raise InvalidRequest("embedding request must be a map")
         if set(d) != _WIRE_KEYS:
-            raise InvalidRequest(f"embedding request must have exactly the keys {sorted(_WIRE_KEYS)}, "
-                                 f"not {sorted(map(str, d))!r:.120}")
+            raise InvalidRequest(
+                f"embedding request must have exactly the keys {sorted(_WIRE_KEYS)}, not {sorted(map(str, d))!r:.120}"
+            )
         if not isinstance(d["inputs"], list):
             raise InvalidRequest("'inputs' must be a list", "input")
         return cls(d["model"], tuple(d["inputs"]), d["request_id"])
@@ -131,6 +137,7 @@ def vector_floats(data: bytes) -> list[float]:
 class EmbeddingResult:
     """One vector per input, in input order; ``prompt_tokens`` the tokens embedded; ``served_by``
     the node id of the host whose runner computed them."""
+
     vectors: tuple[bytes, ...]
     prompt_tokens: int
     served_by: str = ""
@@ -208,13 +215,16 @@ class EmbeddingAssembler:
 
     def _take(self, vs: Any) -> None:
         if not isinstance(vs, list) or not vs or len(self.vectors) + len(vs) > self.expected:
-            raise MalformedRemoteEvent(f"embedding reply: 'v' must be a non-empty list of at most "
-                                       f"{self.expected - len(self.vectors)} vectors")
+            raise MalformedRemoteEvent(
+                f"embedding reply: 'v' must be a non-empty list of at most {self.expected - len(self.vectors)} vectors"
+            )
         size = len(self.vectors[0]) if self.vectors else None
         for v in vs:
             if not isinstance(v, bytes) or not 4 <= len(v) <= 4 * MAX_EMBEDDING_DIM or len(v) % 4:
-                raise MalformedRemoteEvent(f"embedding reply: a vector must be 1 to {MAX_EMBEDDING_DIM} "
-                                           f"float32 as bytes, not {type(v).__name__} of {_len(v)}")
+                raise MalformedRemoteEvent(
+                    f"embedding reply: a vector must be 1 to {MAX_EMBEDDING_DIM} "
+                    f"float32 as bytes, not {type(v).__name__} of {_len(v)}"
+                )
             if size is not None and len(v) != size:
                 raise MalformedRemoteEvent(f"embedding reply: vectors of {size // 4} and {len(v) // 4} dimensions")
             size = len(v)
@@ -228,11 +238,13 @@ class EmbeddingAssembler:
             raise MalformedRemoteEvent(f"embedding reply: 'prompt_tokens' must be a token count, not {n!r:.40}")
         by = msg.get("served_by", "")
         if not isinstance(by, str) or len(by) > MAX_SERVED_BY_CHARS:
-            raise MalformedRemoteEvent(f"embedding reply: 'served_by' must be text of at most "
-                                       f"{MAX_SERVED_BY_CHARS} characters")
+            raise MalformedRemoteEvent(
+                f"embedding reply: 'served_by' must be text of at most {MAX_SERVED_BY_CHARS} characters"
+            )
         if len(self.vectors) != self.expected:
-            raise MalformedRemoteEvent(f"embedding reply ended with {len(self.vectors)} vectors for "
-                                       f"{self.expected} inputs")
+            raise MalformedRemoteEvent(
+                f"embedding reply ended with {len(self.vectors)} vectors for {self.expected} inputs"
+            )
         return EmbeddingResult(tuple(self.vectors), n, by if self.served_by is None else self.served_by)
 
 

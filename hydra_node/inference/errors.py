@@ -8,8 +8,15 @@ from typing import Any
 #: remote failure is relayed as 502.
 UNAVAILABLE_STATUSES = frozenset({429, 503})
 
-__all__ = ["UNAVAILABLE_STATUSES", "GenerationError", "QueueFull", "ModelUnavailable", "RemoteError",
-           "MalformedRemoteEvent", "InvalidRequest"]
+__all__ = [
+    "UNAVAILABLE_STATUSES",
+    "GenerationError",
+    "QueueFull",
+    "ModelUnavailable",
+    "RemoteError",
+    "MalformedRemoteEvent",
+    "InvalidRequest",
+]
 
 
 class GenerationError(Exception):
@@ -24,8 +31,15 @@ class GenerationError(Exception):
     #: retry it elsewhere, whatever ``retryable`` says (the router sets it; it never crosses the wire).
     streamed: bool = False
 
-    def __init__(self, message: str, *, code: str = "generation_failed", status: int = 500,
-                 retryable: bool = False, retry_after: float | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "generation_failed",
+        status: int = 500,
+        retryable: bool = False,
+        retry_after: float | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.code = code
@@ -34,14 +48,24 @@ class GenerationError(Exception):
         self.retry_after = retry_after
 
     def to_wire(self) -> dict[str, Any]:
-        return {"message": self.message, "code": self.code, "status": self.status,
-                "retryable": self.retryable, "retry_after": self.retry_after}
+        return {
+            "message": self.message,
+            "code": self.code,
+            "status": self.status,
+            "retryable": self.retryable,
+            "retry_after": self.retry_after,
+        }
 
 
 class QueueFull(GenerationError):
     def __init__(self, model: str, retry_after: float = 1.0):
-        super().__init__(f"model {model!r} is busy: its request queue is full", code="queue_full",
-                         status=429, retryable=True, retry_after=retry_after)
+        super().__init__(
+            f"model {model!r} is busy: its request queue is full",
+            code="queue_full",
+            status=429,
+            retryable=True,
+            retry_after=retry_after,
+        )
 
 
 class ModelUnavailable(GenerationError):
@@ -55,8 +79,16 @@ class RemoteError(GenerationError):
     ``status`` is ours to answer with: 502 or 503, never a success; ``remote_status`` is
     what the remote claimed (None when it sent something malformed)."""
 
-    def __init__(self, message: str, *, code: str, status: int, retryable: bool = False,
-                 retry_after: float | None = None, remote_status: int | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        status: int,
+        retryable: bool = False,
+        retry_after: float | None = None,
+        remote_status: int | None = None,
+    ):
         super().__init__(message, code=code, status=status, retryable=retryable, retry_after=retry_after)
         self.remote_status = remote_status
 

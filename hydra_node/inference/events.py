@@ -9,8 +9,7 @@ from typing import Any, AsyncContextManager, AsyncIterator, Protocol
 
 from hydra_node.codec.errors import DecodeError
 from hydra_node.codec.framing import MessageDecoder, encode_message
-from hydra_node.inference.errors import (UNAVAILABLE_STATUSES, GenerationError, MalformedRemoteEvent,
-                                         RemoteError)
+from hydra_node.inference.errors import UNAVAILABLE_STATUSES, GenerationError, MalformedRemoteEvent, RemoteError
 from hydra_node.inference.request import GenerationRequest
 
 #: Largest frame of a remote generate stream: one event (a delta is a few tokens of text).
@@ -32,10 +31,25 @@ MAX_TOP_LOGPROBS = 20
 #: Longest token text / bytes in a logprob entry.
 MAX_TOKEN_CHARS = 256
 
-__all__ = ["MAX_EVENT_FRAME_BYTES", "MAX_REMOTE_MESSAGE_CHARS", "MAX_FINISH_REASON_CHARS", "MAX_SERVED_BY_CHARS",
-           "MAX_TOKEN_COUNT", "MAX_EVENT_MILLIS", "MAX_RETRY_AFTER_S", "MAX_TOP_LOGPROBS", "TokenLogprob",
-           "TextDelta", "Finished", "GenerationEvent", "remote_error_from_wire", "event_from_wire",
-           "event_frame", "EventStreamDecoder", "InferenceTarget"]
+__all__ = [
+    "MAX_EVENT_FRAME_BYTES",
+    "MAX_REMOTE_MESSAGE_CHARS",
+    "MAX_FINISH_REASON_CHARS",
+    "MAX_SERVED_BY_CHARS",
+    "MAX_TOKEN_COUNT",
+    "MAX_EVENT_MILLIS",
+    "MAX_RETRY_AFTER_S",
+    "MAX_TOP_LOGPROBS",
+    "TokenLogprob",
+    "TextDelta",
+    "Finished",
+    "GenerationEvent",
+    "remote_error_from_wire",
+    "event_from_wire",
+    "event_frame",
+    "EventStreamDecoder",
+    "InferenceTarget",
+]
 
 
 @dataclass(frozen=True)
@@ -44,6 +58,7 @@ class TokenLogprob:
     and, when asked (``top_logprobs``), the most likely alternatives at that position.
 
     Wire: ``[token, logprob, bytes, [[token, logprob, bytes], ...]]``."""
+
     token: str
     logprob: float
     bytes: bytes
@@ -60,9 +75,16 @@ class TokenLogprob:
 
 
 def _logprob_triple(v: Any) -> tuple[str, float, bytes]:
-    if not (isinstance(v, list) and len(v) == 3 and isinstance(v[0], str) and len(v[0]) <= MAX_TOKEN_CHARS
-            and type(v[1]) in (int, float) and v[1] <= 0.0
-            and isinstance(v[2], bytes) and len(v[2]) <= MAX_TOKEN_CHARS):
+    if not (
+        isinstance(v, list)
+        and len(v) == 3
+        and isinstance(v[0], str)
+        and len(v[0]) <= MAX_TOKEN_CHARS
+        and type(v[1]) in (int, float)
+        and v[1] <= 0.0
+        and isinstance(v[2], bytes)
+        and len(v[2]) <= MAX_TOKEN_CHARS
+    ):
         raise MalformedRemoteEvent(f"delta event: malformed logprob entry {v!r:.60}")
     return v[0], float(v[1]), v[2]
 
@@ -72,6 +94,7 @@ class TextDelta:
     """Generated text; ``logprobs`` holds one entry per token behind it when the request asked
     for logprobs (entries may run ahead of or behind the text by a few tokens, where text is
     held back for a stop sequence or an incomplete UTF-8 character)."""
+
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
     type: str = field(default="delta", init=False)
@@ -107,8 +130,9 @@ GenerationEvent = TextDelta | Finished
 def _text(d: dict[str, Any], key: str, limit: int, default: str | None = None) -> str:
     v = d.get(key, default)
     if not isinstance(v, str) or len(v) > limit:
-        raise MalformedRemoteEvent(f"{d.get('type', 'event')!s:.20} event: {key!r} must be text of at most "
-                                  f"{limit} characters, not {v!r:.40}")
+        raise MalformedRemoteEvent(
+            f"{d.get('type', 'event')!s:.20} event: {key!r} must be text of at most {limit} characters, not {v!r:.40}"
+        )
     return v
 
 
@@ -143,18 +167,29 @@ def remote_error_from_wire(d: Any, *, relay_status: bool = False) -> GenerationE
     if type(status) is not int or not 100 <= status <= 599:
         return MalformedRemoteEvent(f"remote error with an invalid status {status!r:.20}: {message}", code="bad_status")
     if status < 400:
-        return MalformedRemoteEvent(f"remote error claiming status {status}: {message}", code="bad_status",
-                                   remote_status=status)
+        return MalformedRemoteEvent(
+            f"remote error claiming status {status}: {message}", code="bad_status", remote_status=status
+        )
     retryable = d.get("retryable") is True
     retry_after: object = d.get("retry_after")
     if not (type(retry_after) is int or type(retry_after) is float) or not 0.0 <= retry_after <= MAX_RETRY_AFTER_S:
         retry_after = None
     if relay_status:
-        return GenerationError(message, code=code, status=status, retryable=retryable,
-                               retry_after=None if retry_after is None else float(retry_after))
-    return RemoteError(message, code=code, status=503 if status in UNAVAILABLE_STATUSES else 502,
-                       retryable=retryable, retry_after=None if retry_after is None else float(retry_after),
-                       remote_status=status)
+        return GenerationError(
+            message,
+            code=code,
+            status=status,
+            retryable=retryable,
+            retry_after=None if retry_after is None else float(retry_after),
+        )
+    return RemoteError(
+        message,
+        code=code,
+        status=503 if status in UNAVAILABLE_STATUSES else 502,
+        retryable=retryable,
+        retry_after=None if retry_after is None else float(retry_after),
+        remote_status=status,
+    )
 
 
 def event_from_wire(d: Any) -> GenerationEvent:
@@ -170,9 +205,16 @@ def event_from_wire(d: Any) -> GenerationEvent:
         reason = _text(d, "finish_reason", MAX_FINISH_REASON_CHARS)
         if not reason:
             raise MalformedRemoteEvent("finished event: empty finish_reason")
-        return Finished(reason, _count(d, "prompt_tokens"), _count(d, "completion_tokens"),
-                        _millis(d, "queue_wait_ms"), _millis(d, "ttft_ms"), _millis(d, "itl_ms"),
-                        _text(d, "served_by", MAX_SERVED_BY_CHARS, ""), _count(d, "cached_tokens", 0))
+        return Finished(
+            reason,
+            _count(d, "prompt_tokens"),
+            _count(d, "completion_tokens"),
+            _millis(d, "queue_wait_ms"),
+            _millis(d, "ttft_ms"),
+            _millis(d, "itl_ms"),
+            _text(d, "served_by", MAX_SERVED_BY_CHARS, ""),
+            _count(d, "cached_tokens", 0),
+        )
     if t == "error":
         raise remote_error_from_wire(d)
     raise MalformedRemoteEvent(f"malformed generation event {t!r:.40}")

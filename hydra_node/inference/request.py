@@ -30,9 +30,20 @@ from typing import Any, Literal
 
 from hydra_node.inference.errors import InvalidRequest
 
-__all__ = ["Kind", "MAX_TOKENS_LIMIT", "MAX_STOP_SEQUENCES", "MAX_SESSION_CHARS", "MAX_TOOLS",
-           "MAX_LOGIT_BIAS", "MAX_TOP_LOGPROBS_REQUEST", "MAX_GRAMMAR_CHARS", "ToolCall", "ChatMessage",
-           "ToolSpec", "GenerationRequest"]
+__all__ = [
+    "Kind",
+    "MAX_TOKENS_LIMIT",
+    "MAX_STOP_SEQUENCES",
+    "MAX_SESSION_CHARS",
+    "MAX_TOOLS",
+    "MAX_LOGIT_BIAS",
+    "MAX_TOP_LOGPROBS_REQUEST",
+    "MAX_GRAMMAR_CHARS",
+    "ToolCall",
+    "ChatMessage",
+    "ToolSpec",
+    "GenerationRequest",
+]
 
 Kind = Literal["chat", "completion"]
 
@@ -80,6 +91,7 @@ def _s(d: dict[str, Any], key: str, default: str = "") -> str:
 @dataclass(frozen=True)
 class ToolCall:
     """A function call made by the assistant: ``arguments`` is JSON text (as OpenAI sends it)."""
+
     id: str
     name: str
     arguments: str = "{}"
@@ -120,8 +132,13 @@ class ChatMessage:
         """``[role, content]`` for a plain message (the form older peers read), else a map."""
         if self.plain:
             return [self.role, self.content]
-        return {"role": self.role, "content": self.content, "tool_calls": [c.to_wire() for c in self.tool_calls],
-                "tool_call_id": self.tool_call_id, "name": self.name}
+        return {
+            "role": self.role,
+            "content": self.content,
+            "tool_calls": [c.to_wire() for c in self.tool_calls],
+            "tool_call_id": self.tool_call_id,
+            "name": self.name,
+        }
 
     @classmethod
     def from_wire(cls, v: Any) -> "ChatMessage":
@@ -134,13 +151,19 @@ class ChatMessage:
         calls = v.get("tool_calls") or []
         if not isinstance(calls, list):
             raise InvalidRequest("a message's 'tool_calls' must be a list", "messages")
-        return cls(_s(v, "role"), _s(v, "content"), tuple(ToolCall.from_wire(c) for c in calls),
-                   _s(v, "tool_call_id"), _s(v, "name"))
+        return cls(
+            _s(v, "role"),
+            _s(v, "content"),
+            tuple(ToolCall.from_wire(c) for c in calls),
+            _s(v, "tool_call_id"),
+            _s(v, "name"),
+        )
 
 
 @dataclass(frozen=True)
 class ToolSpec:
     """A function the model may call: ``parameters`` is its JSON Schema as JSON text."""
+
     name: str
     description: str = ""
     parameters: str = '{"type": "object", "properties": {}}'
@@ -243,7 +266,8 @@ class GenerationRequest:
         if self.kind != "completion" or self.prompt:
             raise InvalidRequest("a prompt is text or token ids, not both", "prompt")
         if len(self.prompt_tokens) > MAX_PROMPT_TOKENS or any(
-                type(t) is not int or not 0 <= t < 2**31 for t in self.prompt_tokens):
+            type(t) is not int or not 0 <= t < 2**31 for t in self.prompt_tokens
+        ):
             raise InvalidRequest("'prompt' token ids must be integers from 0 to 2^31-1", "prompt")
 
     def _check_tools(self) -> None:
@@ -264,20 +288,47 @@ class GenerationRequest:
     def to_wire(self) -> dict[str, Any]:
         """A CBOR-friendly map; the fields added after the first protocol version are sent only
         when they differ from their defaults, so plain requests look as they always did."""
-        d: dict[str, Any] = {"model": self.model, "kind": self.kind, "messages": [m.to_wire() for m in self.messages],
-                   "prompt": self.prompt, "max_tokens": self.max_tokens, "temperature": self.temperature,
-                   "top_p": self.top_p, "stop": list(self.stop), "seed": self.seed,
-                   "request_id": self.request_id, "session": self.session}
-        extra = {"prompt_tokens": list(self.prompt_tokens), "tools": [t.to_wire() for t in self.tools],
-                 "tool_choice": self.tool_choice, "tool_name": self.tool_name,
-                 "parallel_tool_calls": self.parallel_tool_calls, "grammar": self.grammar,
-                 "grammar_triggers": list(self.grammar_triggers), "logprobs": self.logprobs,
-                 "top_logprobs": self.top_logprobs, "presence_penalty": self.presence_penalty,
-                 "frequency_penalty": self.frequency_penalty,
-                 "logit_bias": [[t, b] for t, b in self.logit_bias]}
-        defaults = {"prompt_tokens": [], "tools": [], "tool_choice": "auto", "tool_name": "",
-                    "parallel_tool_calls": True, "grammar": "", "grammar_triggers": [], "logprobs": False,
-                    "top_logprobs": 0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": []}
+        d: dict[str, Any] = {
+            "model": self.model,
+            "kind": self.kind,
+            "messages": [m.to_wire() for m in self.messages],
+            "prompt": self.prompt,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stop": list(self.stop),
+            "seed": self.seed,
+            "request_id": self.request_id,
+            "session": self.session,
+        }
+        extra = {
+            "prompt_tokens": list(self.prompt_tokens),
+            "tools": [t.to_wire() for t in self.tools],
+            "tool_choice": self.tool_choice,
+            "tool_name": self.tool_name,
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "grammar": self.grammar,
+            "grammar_triggers": list(self.grammar_triggers),
+            "logprobs": self.logprobs,
+            "top_logprobs": self.top_logprobs,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "logit_bias": [[t, b] for t, b in self.logit_bias],
+        }
+        defaults = {
+            "prompt_tokens": [],
+            "tools": [],
+            "tool_choice": "auto",
+            "tool_name": "",
+            "parallel_tool_calls": True,
+            "grammar": "",
+            "grammar_triggers": [],
+            "logprobs": False,
+            "top_logprobs": 0,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "logit_bias": [],
+        }
         d.update({k: v for k, v in extra.items() if v != defaults[k]})
         return d
 
@@ -299,18 +350,26 @@ class GenerationRequest:
             raise InvalidRequest("'top_logprobs' must be an integer", "top_logprobs")
         try:
             return cls(
-                model=str(d["model"]), kind=d["kind"],
+                model=str(d["model"]),
+                kind=d["kind"],
                 messages=tuple(ChatMessage.from_wire(m) for m in d.get("messages") or ()),
-                prompt=str(d.get("prompt") or ""), max_tokens=d.get("max_tokens"),
-                temperature=float(d.get("temperature", 0.8)), top_p=float(d.get("top_p", 0.95)),
-                stop=tuple(str(s) for s in d.get("stop") or ()), seed=d.get("seed"),
-                request_id=str(d.get("request_id") or ""), session=str(d.get("session") or ""),
+                prompt=str(d.get("prompt") or ""),
+                max_tokens=d.get("max_tokens"),
+                temperature=float(d.get("temperature", 0.8)),
+                top_p=float(d.get("top_p", 0.95)),
+                stop=tuple(str(s) for s in d.get("stop") or ()),
+                seed=d.get("seed"),
+                request_id=str(d.get("request_id") or ""),
+                session=str(d.get("session") or ""),
                 prompt_tokens=tuple(d.get("prompt_tokens") or ()),
                 tools=tuple(ToolSpec.from_wire(t) for t in d.get("tools") or ()),
-                tool_choice=_s(d, "tool_choice", "auto"), tool_name=_s(d, "tool_name"),
-                parallel_tool_calls=d.get("parallel_tool_calls", True), grammar=_s(d, "grammar"),
+                tool_choice=_s(d, "tool_choice", "auto"),
+                tool_name=_s(d, "tool_name"),
+                parallel_tool_calls=d.get("parallel_tool_calls", True),
+                grammar=_s(d, "grammar"),
                 grammar_triggers=tuple(str(t) for t in d.get("grammar_triggers") or ()),
-                logprobs=d.get("logprobs", False), top_logprobs=d.get("top_logprobs", 0),
+                logprobs=d.get("logprobs", False),
+                top_logprobs=d.get("top_logprobs", 0),
                 presence_penalty=float(d.get("presence_penalty", 0.0)),
                 frequency_penalty=float(d.get("frequency_penalty", 0.0)),
                 logit_bias=tuple((t, float(b)) for t, b in d.get("logit_bias") or ()),

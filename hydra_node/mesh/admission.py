@@ -27,8 +27,9 @@ ADMISSION_RETRY_S = (0.25, 5.0)
 ADMISSION_BACKOFF = Backoff(initial_s=ADMISSION_RETRY_S[0], factor=2.0, max_s=ADMISSION_RETRY_S[1], jitter=0.2)
 
 
-async def admit_with_invite(nursery: trio.Nursery, token: InviteToken, settings: LinkSettings,
-                            timeout_s: float) -> PeerLink:
+async def admit_with_invite(
+    nursery: trio.Nursery, token: InviteToken, settings: LinkSettings, timeout_s: float
+) -> PeerLink:
     """The first link that admits us (running in ``nursery``; its ``mesh`` is the mesh key).
 
     Retries every address in rounds until ``timeout_s`` (a round always runs whole); JoinFailed
@@ -39,8 +40,9 @@ async def admit_with_invite(nursery: trio.Nursery, token: InviteToken, settings:
         for url in token.urls:
             try:
                 with trio.fail_after(ADMISSION_ATTEMPT_S):
-                    return await nursery.start(partial(connect_link, url, settings, invite=token,
-                                                       expected_peer_id=token.issuer_id))
+                    return await nursery.start(
+                        partial(connect_link, url, settings, invite=token, expected_peer_id=token.issuer_id)
+                    )
             except HandshakeError as exc:
                 if exc.code in PERMANENT_JOIN_ERRORS and "busy" not in str(exc):
                     raise JoinFailed(f"{url} refused the invite: {exc}") from None

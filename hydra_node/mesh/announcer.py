@@ -52,17 +52,36 @@ class Announcer:
     def build(self, *, incarnation: int, addresses: tuple[str, ...]) -> Announcement:
         c = self._source()
         return Announcement(
-            node_id=self.node_id, incarnation=incarnation, version=self.version, role=self.role,
-            addresses=addresses, api_port=c.api_port, console_port=c.console_port, models=c.models,
-            hardware=c.hardware, queue_depth=c.queue_depth, throughput_milli=c.throughput_milli,
-            rpc=c.rpc, extra={**c.extra, "name": self.name})
+            node_id=self.node_id,
+            incarnation=incarnation,
+            version=self.version,
+            role=self.role,
+            addresses=addresses,
+            api_port=c.api_port,
+            console_port=c.console_port,
+            models=c.models,
+            hardware=c.hardware,
+            queue_depth=c.queue_depth,
+            throughput_milli=c.throughput_milli,
+            rpc=c.rpc,
+            extra={**c.extra, "name": self.name},
+        )
 
     def changed(self, ann: Announcement) -> bool:
         """True (and remembered as published) when ``ann`` differs from the last published one
         in what peers act on. Hardware is left out: free memory moves all the time, and a fresh value
         rides along with the next real change."""
-        key = (ann.models, ann.queue_depth, ann.api_port, ann.console_port, ann.addresses,
-               ann.throughput_milli, ann.incarnation, dict(ann.extra), ann.rpc)
+        key = (
+            ann.models,
+            ann.queue_depth,
+            ann.api_port,
+            ann.console_port,
+            ann.addresses,
+            ann.throughput_milli,
+            ann.incarnation,
+            dict(ann.extra),
+            ann.rpc,
+        )
         if key == self._published:
             return False
         self._published = key

@@ -55,13 +55,14 @@ class DialLimits:
         if self.max_concurrent < 1:
             raise ValueError(f"max_concurrent must be >= 1, got {self.max_concurrent}")
         if self.predial_spread_s < 0 or self.inbound_grace_s < 0:
-            raise ValueError(f"predial_spread_s and inbound_grace_s must be >= 0, got "
-                             f"{self.predial_spread_s}, {self.inbound_grace_s}")
+            raise ValueError(
+                f"predial_spread_s and inbound_grace_s must be >= 0, got "
+                f"{self.predial_spread_s}, {self.inbound_grace_s}"
+            )
 
     @property
     def backoff(self) -> Backoff:
-        return Backoff(initial_s=self.base_backoff_s, factor=2.0, max_s=self.max_backoff_s,
-                       jitter=self.backoff_jitter)
+        return Backoff(initial_s=self.base_backoff_s, factor=2.0, max_s=self.max_backoff_s, jitter=self.backoff_jitter)
 
 
 def predial_delay(our_id: str, peer_id: str, u: float, limits: DialLimits) -> float | None:

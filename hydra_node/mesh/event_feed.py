@@ -36,8 +36,13 @@ log = logging.getLogger("hydra.mesh")
 #: Members whose announced models are remembered (a mesh this big is past what one node follows).
 MAX_TRACKED_PEERS = 4096
 
-_PEER_TYPES = {PeerJoined: "peer.joined", PeerRecovered: "peer.alive", PeerSuspected: "peer.suspect",
-               PeerDied: "peer.dead", PeerLeft: "peer.left"}
+_PEER_TYPES = {
+    PeerJoined: "peer.joined",
+    PeerRecovered: "peer.alive",
+    PeerSuspected: "peer.suspect",
+    PeerDied: "peer.dead",
+    PeerLeft: "peer.left",
+}
 
 
 class MembershipFeed:

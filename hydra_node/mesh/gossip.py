@@ -25,7 +25,12 @@ import trio
 
 from hydra_node.mesh.gossip_load import GossipLoad
 from hydra_node.mesh.membership import (
-    Action, Announcement, LocalMembershipError, Membership, MembershipEvent, MembershipStatistics,
+    Action,
+    Announcement,
+    LocalMembershipError,
+    Membership,
+    MembershipEvent,
+    MembershipStatistics,
     Send,
 )
 
@@ -67,11 +72,18 @@ class GossipService:
     probes that peer at once. Events arrive on `service.events` (closed when `run` ends).
     """
 
-    def __init__(self, membership: Membership, send: SendFn, *,
-                 event_buffer: int = DEFAULT_EVENT_BUFFER, max_sends: int = DEFAULT_MAX_SENDS,
-                 send_timeout: float = DEFAULT_SEND_TIMEOUT,
-                 send_errors: tuple[type[BaseException], ...] = SEND_ERRORS,
-                 load: GossipLoad | None = None, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        membership: Membership,
+        send: SendFn,
+        *,
+        event_buffer: int = DEFAULT_EVENT_BUFFER,
+        max_sends: int = DEFAULT_MAX_SENDS,
+        send_timeout: float = DEFAULT_SEND_TIMEOUT,
+        send_errors: tuple[type[BaseException], ...] = SEND_ERRORS,
+        load: GossipLoad | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         self.membership = membership
         self.load = load or GossipLoad()
         self._rng = rng or random.Random()
@@ -151,16 +163,26 @@ class GossipService:
 
     def statistics(self) -> GossipServiceStatistics:
         return GossipServiceStatistics(
-            membership=self.membership.statistics(trio.current_time()), sends_in_flight=self._in_flight,
-            dropped_sends=self.dropped_sends, failed_sends=self.failed_sends,
-            dropped_events=self.dropped_events, timed_out_sends=self.timed_out_sends,
-            late_wakes=self.late_wakes, max_lag_s=self.max_lag_s, shed_sends=self.load.shed_count)
+            membership=self.membership.statistics(trio.current_time()),
+            sends_in_flight=self._in_flight,
+            dropped_sends=self.dropped_sends,
+            failed_sends=self.failed_sends,
+            dropped_events=self.dropped_events,
+            timed_out_sends=self.timed_out_sends,
+            late_wakes=self.late_wakes,
+            max_lag_s=self.max_lag_s,
+            shed_sends=self.load.shed_count,
+        )
 
     def lag_counters(self) -> dict[str, int]:
         """Event-loop lag and slow sends for the status view's ``mesh.counters`` (integers)."""
-        return {"loop_lag_max_ms": round(self.max_lag_s * 1000), "loop_lag_late_wakes": self.late_wakes,
-                "gossip_timed_out_sends": self.timed_out_sends, "gossip_shed_sends": self.load.shed_count,
-                "loop_lag_avg_ms": round(self.load.lag_avg_s * 1000)}
+        return {
+            "loop_lag_max_ms": round(self.max_lag_s * 1000),
+            "loop_lag_late_wakes": self.late_wakes,
+            "gossip_timed_out_sends": self.timed_out_sends,
+            "gossip_shed_sends": self.load.shed_count,
+            "loop_lag_avg_ms": round(self.load.lag_avg_s * 1000),
+        }
 
     # ------------------------------------------------------------ plumbing
     def _handle(self, actions: list[Action], *, wake: bool = True) -> None:

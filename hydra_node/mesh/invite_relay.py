@@ -64,8 +64,9 @@ class InviteService:
         self._rejected: Counter[str] = Counter()
         self._refused: Counter[str] = Counter()
 
-    def enter(self, mesh_id: str, nursery: trio.Nursery, open_links: Callable[[], list[Any]],
-              is_member: Callable[[str], bool]) -> None:
+    def enter(
+        self, mesh_id: str, nursery: trio.Nursery, open_links: Callable[[], list[Any]], is_member: Callable[[str], bool]
+    ) -> None:
         try:
             self.book.records(self._clock())  # a corrupt records file is one clear error at start
         except InviteBookError as exc:
@@ -96,8 +97,7 @@ class InviteService:
         """TokenError (a code the handshake's reject carries) when the token must not admit."""
         try:
             try:
-                changed = check_invite(token, own_id=self.node_id, book=self.book, table=self._table,
-                                       now=self._clock())
+                changed = check_invite(token, own_id=self.node_id, book=self.book, table=self._table, now=self._clock())
             except (InviteBookError, OSError) as exc:  # records unreadable or unwritable: refuse, never crash
                 raise TokenUnknown(f"the issuer cannot read or record its invites: {exc}") from None
         except TokenError as exc:
@@ -128,14 +128,20 @@ class InviteService:
         except RevocationRejected as exc:
             self._rejected[exc.code] += 1
             if self._rejected[exc.code] <= MAX_LOGGED_REJECTIONS:
-                log.warning("event=revocations_rejected peer=%s reason=%s detail=%r", link.peer_id[:16], exc.code,
-                            str(exc))
+                log.warning(
+                    "event=revocations_rejected peer=%s reason=%s detail=%r", link.peer_id[:16], exc.code, str(exc)
+                )
             return
         if new is None:
             return
         self._accepted += 1
-        log.info("event=revocations_accepted issuer=%s version=%d entries=%d via=%s", new.issuer_id[:16],
-                 new.version, len(new.entries), link.peer_id[:16])
+        log.info(
+            "event=revocations_accepted issuer=%s version=%d entries=%d via=%s",
+            new.issuer_id[:16],
+            new.version,
+            len(new.entries),
+            link.peer_id[:16],
+        )
         self._relay(raw, skip=link.peer_id)
         await trio.lowlevel.checkpoint()
 
@@ -145,9 +151,13 @@ class InviteService:
         issued = Counter(r.state(now) for r in self.book.records(now, self._mesh_id)) if self._mesh_id else Counter()
         own = self.book.revocation_list(self._mesh_id, now) if self._mesh_id else None
         return InviteStatistics(
-            issued=dict(issued), lists_held=len(self._table.lists()) if self._table is not None else 0,
-            list_version=self.book.list_version if own is not None else None, lists_accepted=self._accepted,
-            lists_rejected=dict(self._rejected), admissions_refused=dict(self._refused))
+            issued=dict(issued),
+            lists_held=len(self._table.lists()) if self._table is not None else 0,
+            list_version=self.book.list_version if own is not None else None,
+            lists_accepted=self._accepted,
+            lists_rejected=dict(self._rejected),
+            admissions_refused=dict(self._refused),
+        )
 
     # ---- plumbing --------------------------------------------------------------------------------
     def _publish_own(self) -> None:

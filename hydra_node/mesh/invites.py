@@ -26,15 +26,35 @@ from typing import Callable
 
 import nacl.signing
 
-from hydra_node.mesh.wire.revocations import (MAX_REVOCATION_ENTRIES, MAX_REVOCATION_VERSION, Revocation,
-                                              RevocationList, RevocationRejected, open_revocations,
-                                              seal_revocations)
-from hydra_node.mesh.wire.token import (InviteToken, TokenIssuerOnly, TokenRevoked, TokenUnknown, TokenUsedUp,
-                                        issue_invite, parse_invite)
+from hydra_node.mesh.wire.revocations import (
+    MAX_REVOCATION_ENTRIES,
+    MAX_REVOCATION_VERSION,
+    Revocation,
+    RevocationList,
+    RevocationRejected,
+    open_revocations,
+    seal_revocations,
+)
+from hydra_node.mesh.wire.token import (
+    InviteToken,
+    TokenIssuerOnly,
+    TokenRevoked,
+    TokenUnknown,
+    TokenUsedUp,
+    issue_invite,
+    parse_invite,
+)
 from hydra_node.mesh.wire.errors import TokenError
 
-__all__ = ["InviteBook", "InviteBookError", "InviteRecord", "MAX_INVITE_RECORDS", "MAX_REVOCATION_ISSUERS",
-           "RevocationTable", "check_invite"]
+__all__ = [
+    "InviteBook",
+    "InviteBookError",
+    "InviteRecord",
+    "MAX_INVITE_RECORDS",
+    "MAX_REVOCATION_ISSUERS",
+    "RevocationTable",
+    "check_invite",
+]
 
 #: Unexpired records an issuer keeps (expired ones are dropped); beyond it, issuing is refused.
 MAX_INVITE_RECORDS = 1024
@@ -81,8 +101,9 @@ class InviteRecord:
 class InviteBook:
     """The issuer's records at ``path`` (loaded lazily, rewritten on every change) and its revocation list."""
 
-    def __init__(self, path: Path, signing_key: nacl.signing.SigningKey, *,
-                 max_records: int = MAX_INVITE_RECORDS) -> None:
+    def __init__(
+        self, path: Path, signing_key: nacl.signing.SigningKey, *, max_records: int = MAX_INVITE_RECORDS
+    ) -> None:
         self.path = path
         self.max_records = max_records
         self._key = signing_key
@@ -107,8 +128,10 @@ class InviteBook:
         records = self._load()
         self._prune(now)
         if len(records) >= self.max_records:
-            raise InviteBookError(f"this node already has {self.max_records} unexpired invites; revoke some "
-                                  "or issue shorter-lived ones", "too_many")
+            raise InviteBookError(
+                f"this node already has {self.max_records} unexpired invites; revoke some or issue shorter-lived ones",
+                "too_many",
+            )
         text = issue_invite(self._key, mesh_id, addrs, ttl_s, now, uses=uses)
         self.record(parse_invite(text, now), now)
         return text
@@ -117,8 +140,9 @@ class InviteBook:
         """Record a token this node signed (``issue`` does; tests and vectors bring fixed nonces)."""
         if token.issuer_public_key != bytes(self._key.verify_key):
             raise InviteBookError(f"token {token.token_id[:12]} was not issued by this node", "not_ours")
-        rec = self._load().setdefault(token.token_id, InviteRecord(token.token_id, token.mesh_id, int(now),
-                                                                   token.expires_at, token.uses))
+        rec = self._load().setdefault(
+            token.token_id, InviteRecord(token.token_id, token.mesh_id, int(now), token.expires_at, token.uses)
+        )
         self._save()
         return rec
 
@@ -132,24 +156,32 @@ class InviteBook:
             except TokenError as exc:
                 raise InviteBookError(f"cannot revoke: {exc}", "bad_token") from None
             if bytes(self._key.verify_key) != tok.issuer_public_key:
-                raise InviteBookError(f"that token was issued by {tok.issuer_id[:16]}, not by this node; "
-                                      "only its issuer can revoke it", "not_ours")
-            rec = records.setdefault(tok.token_id, InviteRecord(tok.token_id, tok.mesh_id, int(now), tok.expires_at,
-                                                                tok.uses))
+                raise InviteBookError(
+                    f"that token was issued by {tok.issuer_id[:16]}, not by this node; only its issuer can revoke it",
+                    "not_ours",
+                )
+            rec = records.setdefault(
+                tok.token_id, InviteRecord(tok.token_id, tok.mesh_id, int(now), tok.expires_at, tok.uses)
+            )
         else:
             key = key.lower()
             found = [r for r in records.values() if r.id.startswith(key) and now < r.expires_at]
             if len(key) < MIN_ID_PREFIX or len(found) != 1:
                 why = "matches several" if len(found) > 1 else "matches no unexpired invite of this node"
-                raise InviteBookError(f"invite id {token_or_id!r} {why} (give at least {MIN_ID_PREFIX} hex "
-                                      "characters of an id from `hydra-node invite list`, or the whole token)",
-                                      "not_found")
+                raise InviteBookError(
+                    f"invite id {token_or_id!r} {why} (give at least {MIN_ID_PREFIX} hex "
+                    "characters of an id from `hydra-node invite list`, or the whole token)",
+                    "not_found",
+                )
             rec = found[0]
         if not rec.revoked:
             live = sum(1 for r in records.values() if r.revoked and now < r.expires_at and r.mesh_id == rec.mesh_id)
             if live >= MAX_REVOCATION_ENTRIES:
-                raise InviteBookError(f"this node already revoked {MAX_REVOCATION_ENTRIES} unexpired invites "
-                                      "(the bound of a revocation list); wait for some to expire", "too_many")
+                raise InviteBookError(
+                    f"this node already revoked {MAX_REVOCATION_ENTRIES} unexpired invites "
+                    "(the bound of a revocation list); wait for some to expire",
+                    "too_many",
+                )
             rec.revoked = True
             self._changed()
         return rec
@@ -162,12 +194,16 @@ class InviteBook:
             raise TokenRevoked(f"invite {token.token_id[:12]} was revoked by its issuer")
         if rec is None:
             if token.uses is not None:
-                raise TokenUnknown(f"invite {token.token_id[:12]} limits its uses but its issuer has no record "
-                                   "of it; ask a member for a new one")
+                raise TokenUnknown(
+                    f"invite {token.token_id[:12]} limits its uses but its issuer has no record "
+                    "of it; ask a member for a new one"
+                )
             return False  # an unlimited token that predates the book: nothing to count
         if rec.used_up:
-            raise TokenUsedUp(f"invite {token.token_id[:12]} was already used ({rec.used} of {rec.uses} uses); "
-                              "ask a member for a new one")
+            raise TokenUsedUp(
+                f"invite {token.token_id[:12]} was already used ({rec.used} of {rec.uses} uses); "
+                "ask a member for a new one"
+            )
         rec.used += 1
         if rec.used_up:
             self._changed()
@@ -180,9 +216,11 @@ class InviteBook:
         """Our signed list for ``mesh_id`` (None while nothing of ours is revoked or used up)."""
         if self._list is not None and self._list[0] == mesh_id:
             return self._list[1]
-        entries = [Revocation(bytes.fromhex(r.id), r.expires_at, "revoked" if r.revoked else "used")
-                   for r in self._load().values()
-                   if r.mesh_id == mesh_id and now < r.expires_at and (r.revoked or r.used_up)]
+        entries = [
+            Revocation(bytes.fromhex(r.id), r.expires_at, "revoked" if r.revoked else "used")
+            for r in self._load().values()
+            if r.mesh_id == mesh_id and now < r.expires_at and (r.revoked or r.used_up)
+        ]
         if not entries:
             return None
         # Revoked entries always fit (revoke() refuses beyond the bound); "used" ones are dropped first,
@@ -212,21 +250,26 @@ class InviteBook:
             except FileNotFoundError:
                 return self._records
             except (OSError, ValueError) as exc:
-                raise InviteBookError(f"{self.path} is unreadable ({exc}); remove it to forget issued invites",
-                                      "unreadable") from None
+                raise InviteBookError(
+                    f"{self.path} is unreadable ({exc}); remove it to forget issued invites", "unreadable"
+                ) from None
             try:
                 self._list_version = int(data.get("list_version", 0))
                 for item in data["invites"]:
                     rec = InviteRecord(**item)
                     self._records[rec.id] = rec
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise InviteBookError(f"{self.path} is corrupt ({exc}); remove it to forget issued invites",
-                                      "unreadable") from None
+                raise InviteBookError(
+                    f"{self.path} is corrupt ({exc}); remove it to forget issued invites", "unreadable"
+                ) from None
         return self._records
 
     def _save(self) -> None:
-        doc = {"format": 1, "list_version": self._list_version,
-               "invites": [asdict(r) for r in sorted(self._load().values(), key=lambda r: r.id)]}
+        doc = {
+            "format": 1,
+            "list_version": self._list_version,
+            "invites": [asdict(r) for r in sorted(self._load().values(), key=lambda r: r.id)],
+        }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -246,7 +289,9 @@ class RevocationTable:
     def lists(self) -> list[RevocationList]:
         return list(self._lists.values())
 
-    def offer(self, raw: bytes, *, is_member: Callable[[str], bool], own_id: str | None = None) -> RevocationList | None:
+    def offer(
+        self, raw: bytes, *, is_member: Callable[[str], bool], own_id: str | None = None
+    ) -> RevocationList | None:
         """Take a list if it is newer than the one held for its issuer: returns it (to be relayed), None
         for the very list we hold (a duplicate) or one of ``own_id`` (ours, relayed back: the
         :class:`InviteBook` keeps those); RevocationRejected otherwise (with its code)."""
@@ -277,8 +322,9 @@ class RevocationTable:
         return held.reason_for(token_id, now) if held is not None else None
 
 
-def check_invite(token: InviteToken, *, own_id: str, book: InviteBook, table: RevocationTable | None,
-                 now: float) -> bool:
+def check_invite(
+    token: InviteToken, *, own_id: str, book: InviteBook, table: RevocationTable | None, now: float
+) -> bool:
     """The admission rule (module docstring). True when our own revocation list changed (publish it)."""
     if token.issuer_id == own_id:
         return book.admit(token, now)
@@ -288,6 +334,8 @@ def check_invite(token: InviteToken, *, own_id: str, book: InviteBook, table: Re
     if reason == "used":
         raise TokenUsedUp(f"invite {token.token_id[:12]} was used up at its issuer {token.issuer_id[:16]}")
     if token.uses is not None:
-        raise TokenIssuerOnly(f"invite {token.token_id[:12]} limits its uses, so only its issuer "
-                              f"{token.issuer_id[:16]} can admit with it; dial one of its addresses")
+        raise TokenIssuerOnly(
+            f"invite {token.token_id[:12]} limits its uses, so only its issuer "
+            f"{token.issuer_id[:16]} can admit with it; dial one of its addresses"
+        )
     return False

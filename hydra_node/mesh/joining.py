@@ -16,10 +16,23 @@ from hydra_node.mesh.wire.token import InviteToken, parse_invite
 __all__ = ["DialCandidate", "JoinFailed", "JoinPlan", "JoinSteps", "PERMANENT_JOIN_ERRORS", "plan_join"]
 
 #: Handshake refusals that retrying cannot fix.
-PERMANENT_JOIN_ERRORS = frozenset({
-    "token_expired", "token_forged", "token_foreign_mesh", "token_malformed", "foreign_mesh",
-    "token_revoked", "token_used_up", "token_issuer_only", "token_unknown",
-    "admission_refused", "rejected_by_peer", "generation_mismatch", "peer_authentication_failed"})
+PERMANENT_JOIN_ERRORS = frozenset(
+    {
+        "token_expired",
+        "token_forged",
+        "token_foreign_mesh",
+        "token_malformed",
+        "foreign_mesh",
+        "token_revoked",
+        "token_used_up",
+        "token_issuer_only",
+        "token_unknown",
+        "admission_refused",
+        "rejected_by_peer",
+        "generation_mismatch",
+        "peer_authentication_failed",
+    }
+)
 
 
 class JoinFailed(Exception):
@@ -76,8 +89,13 @@ def plan_join(plan: JoinPlan, *, current_mesh_id: str | None, held_mesh_id: str 
     first = plan.invites[0] if plan.invites else None
     if current_mesh_id is not None:
         if first is not None and first.mesh_id != current_mesh_id:
-            return JoinSteps(None, current_mesh_id, (), must_reach=False,
-                             conflict=f"this node is already in mesh {current_mesh_id}, not {first.mesh_id}")
+            return JoinSteps(
+                None,
+                current_mesh_id,
+                (),
+                must_reach=False,
+                conflict=f"this node is already in mesh {current_mesh_id}, not {first.mesh_id}",
+            )
         mesh_id: str | None = current_mesh_id
         admit_with = None
     elif first is not None and first.mesh_id != held_mesh_id:

@@ -43,10 +43,19 @@ class LinkTable:
     """``addresses_of(peer_id)`` gives the link URLs to dial a peer by id (from its announcement);
     ``on_up``/``on_down(peer_id)`` report a link adopted / lost with an error."""
 
-    def __init__(self, node_id: str, nursery: trio.Nursery, settings: Callable[[], LinkSettings], *,
-                 addresses_of: Callable[[str], Iterable[str]], on_up: Callable[[str], None],
-                 on_down: Callable[[str], None], connect: Callable[..., Any] = connect_link,
-                 limits: DialLimits | None = None, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        nursery: trio.Nursery,
+        settings: Callable[[], LinkSettings],
+        *,
+        addresses_of: Callable[[str], Iterable[str]],
+        on_up: Callable[[str], None],
+        on_down: Callable[[str], None],
+        connect: Callable[..., Any] = connect_link,
+        limits: DialLimits | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         self.node_id = node_id
         self._nursery = nursery
         self._settings = settings
@@ -70,9 +79,13 @@ class LinkTable:
 
     def counters(self) -> dict[str, int]:
         """Dial counters for the status view's ``mesh.counters``."""
-        return {"dials": self.dials, "predials": self.predials, "dials_skipped": self.dials_skipped,
-                "inbound_awaited": self.inbound_awaited,
-                "dials_in_progress": self.dial_limiter.limits.max_concurrent - self._dial_slots.value}
+        return {
+            "dials": self.dials,
+            "predials": self.predials,
+            "dials_skipped": self.dials_skipped,
+            "inbound_awaited": self.inbound_awaited,
+            "dials_in_progress": self.dial_limiter.limits.max_concurrent - self._dial_slots.value,
+        }
 
     def get(self, peer_id: str) -> PeerLink | None:
         link = self._links.get(peer_id)
@@ -141,8 +154,9 @@ class LinkTable:
         self.dial_failures += 1
         return None
 
-    async def _run_dialled(self, url: str, peer_id: str | None, *,
-                           task_status: trio.TaskStatus[PeerLink] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _run_dialled(
+        self, url: str, peer_id: str | None, *, task_status: trio.TaskStatus[PeerLink] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Run one dialled link. A failure before the link is up goes to the dialler; one after it
         (a transport that breaks with a mesh error) ends that link only, never the whole session."""
         status = _StartedFlag(task_status)
@@ -153,8 +167,9 @@ class LinkTable:
                 raise
             log.warning("event=link_failed url=%s peer=%s error=%r", url, (peer_id or "?")[:16], exc)
 
-    async def dial_candidates(self, candidates: Iterable[DialCandidate], timeout_s: float, *,
-                              skip: Iterable[str] = ()) -> list[str]:
+    async def dial_candidates(
+        self, candidates: Iterable[DialCandidate], timeout_s: float, *, skip: Iterable[str] = ()
+    ) -> list[str]:
         """Link with each candidate (``timeout_s`` each) we have no link to; the peer ids now linked,
         in order, without those in ``skip``."""
         skip = set(skip)

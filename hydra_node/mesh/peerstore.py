@@ -17,8 +17,13 @@ from hydra_node.mesh.joining import DialCandidate
 from hydra_node.mesh.membership import Announcement
 from hydra_node.mesh.wire.token import addr_to_url
 
-__all__ = ["MAX_ADDRESSES_PER_PEER", "MAX_REMEMBERED_PEERS", "PeerStore", "remembered_candidates",
-           "remembered_document"]
+__all__ = [
+    "MAX_ADDRESSES_PER_PEER",
+    "MAX_REMEMBERED_PEERS",
+    "PeerStore",
+    "remembered_candidates",
+    "remembered_document",
+]
 
 #: Peers whose addresses are remembered (the file stays small and a restart dials a bounded number).
 MAX_REMEMBERED_PEERS = 64

@@ -51,8 +51,16 @@ from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.mesh.stream_routes import StreamHandler, StreamRoutes
 from hydra_node.mesh.wire.token import InviteToken, addr_to_url
 
-__all__ = ["AnnouncementContent", "DIAL_TIMEOUT_S", "DialCandidate", "JoinFailed", "JoinPlan", "MeshService",
-           "MeshSettings", "StreamHandler"]
+__all__ = [
+    "AnnouncementContent",
+    "DIAL_TIMEOUT_S",
+    "DialCandidate",
+    "JoinFailed",
+    "JoinPlan",
+    "MeshService",
+    "MeshSettings",
+    "StreamHandler",
+]
 
 log = logging.getLogger("hydra.mesh")
 
@@ -67,22 +75,45 @@ LINK_PORT = ListenPurpose("the mesh's peer links", "--mesh-port")
 class MeshService:
     """Our node in the mesh. ``state_dir`` is ``HOME/mesh`` (mesh.key, peers.json)."""
 
-    def __init__(self, *, signing_key: nacl.signing.SigningKey, state_dir: Path, settings: MeshSettings,
-                 announcement: AnnouncementSource, name: str, version: str = __version__,
-                 on_event: EmitFn | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        signing_key: nacl.signing.SigningKey,
+        state_dir: Path,
+        settings: MeshSettings,
+        announcement: AnnouncementSource,
+        name: str,
+        version: str = __version__,
+        on_event: EmitFn | None = None,
+    ) -> None:
         self._settings = settings
         self._signing_key = signing_key
         self.node_id = node_id_from_public_key(bytes(signing_key.verify_key))
         self._key_path = state_dir / "mesh.key"
         self._peer_store = PeerStore(state_dir / "peers.json")
         #: Reachability, relaying for others and through others (mesh/relay/, docs/relays.md).
-        self.relays = RelayAgent(settings.relay, RelayInputs(
-            node_id=self.node_id, role=settings.role, link_settings=self._link_settings, link_to=self.link_to,
-            open_links=self.open_links, members=self.members, alive=lambda p: self.member_states(0).get(p) == "alive",
-            addresses=lambda: self._addresses, adopt=lambda link: self._links.adopt(link) if self._links else None,
-            link=self.link))
-        self._announcer = Announcer(self.node_id, role=settings.role, name=name, version=version,
-                                    source=lambda: self.relays.extend(announcement()))
+        self.relays = RelayAgent(
+            settings.relay,
+            RelayInputs(
+                node_id=self.node_id,
+                role=settings.role,
+                link_settings=self._link_settings,
+                link_to=self.link_to,
+                open_links=self.open_links,
+                members=self.members,
+                alive=lambda p: self.member_states(0).get(p) == "alive",
+                addresses=lambda: self._addresses,
+                adopt=lambda link: self._links.adopt(link) if self._links else None,
+                link=self.link,
+            ),
+        )
+        self._announcer = Announcer(
+            self.node_id,
+            role=settings.role,
+            name=name,
+            version=version,
+            source=lambda: self.relays.extend(announcement()),
+        )
         self._secret: MeshSecret | None = None
         self._port: int | None = None  # the link listener's, once in a mesh
         self._addresses: list[str] = []  # what we advertise (invites, announcements)
@@ -97,12 +128,20 @@ class MeshService:
         self._session_nursery: trio.Nursery | None = None
         self._token: tuple[str, float, str | None] | None = None  # (text, expires at, mesh id)
         self._incarnation = int(time.time())  # higher than any incarnation of an earlier run
-        self._counters = {"bad_stream_headers": 0, "unknown_messages": 0, "quarantined_streams": 0,
-                          "announce_errors": 0}
+        self._counters = {
+            "bad_stream_headers": 0,
+            "unknown_messages": 0,
+            "quarantined_streams": 0,
+            "announce_errors": 0,
+        }
         self._routes = StreamRoutes()
-        for kind, serve in ((RESERVE_KIND, self.relays.on_reserve), (CONNECT_KIND, self.relays.on_connect),
-                            (INCOMING_KIND, self.relays.on_incoming), (DIALBACK_KIND, self.relays.on_dialback),
-                            (PUNCH_KIND, self.relays.on_punch)):
+        for kind, serve in (
+            (RESERVE_KIND, self.relays.on_reserve),
+            (CONNECT_KIND, self.relays.on_connect),
+            (INCOMING_KIND, self.relays.on_incoming),
+            (DIALBACK_KIND, self.relays.on_dialback),
+            (PUNCH_KIND, self.relays.on_punch),
+        ):
             self._routes.add_kind(kind, serve)
         #: Issued invites (HOME/mesh/invites.json), admission checks, revocation lists (mesh/invite_relay.py).
         self.invites = InviteService(InviteBook(state_dir / "invites.json", signing_key), self.node_id)
@@ -186,8 +225,9 @@ class MeshService:
         self._bound = await bind_tcp(self._settings.listen_host, self._settings.listen_port, LINK_PORT)
         return self._bound[0].socket.getsockname()[1]
 
-    async def run(self, plan: JoinPlan | None = None, *,
-                  task_status: trio.TaskStatus[MeshService] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, plan: JoinPlan | None = None, *, task_status: trio.TaskStatus[MeshService] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Run until cancelled; with ``plan``, ready once it got us into the mesh (JoinFailed if not)."""
         try:
             async with trio.open_nursery() as nursery:
@@ -215,8 +255,10 @@ class MeshService:
             steps = plan_join(plan, current_mesh_id=self.mesh_id, held_mesh_id=held.mesh_id if held else None)
             if steps.conflict is not None:
                 raise JoinFailed(steps.conflict)
-            unreachable = JoinFailed(f"could not reach any address of the invite "
-                                     f"({', '.join(plan.invites[0].addrs) if plan.invites else '-'})")
+            unreachable = JoinFailed(
+                f"could not reach any address of the invite "
+                f"({', '.join(plan.invites[0].addrs) if plan.invites else '-'})"
+            )
             if self._secret is not None:
                 assert self._links is not None  # in a mesh: the session's table is set with the secret
                 seeds = await self._links.dial_candidates(steps.dials, DIAL_TIMEOUT_S)
@@ -265,8 +307,9 @@ class MeshService:
         self._port, self._addresses = None, []
         self.invites.leave()
 
-    async def _enter(self, admit_with: InviteToken | None, held: MeshSecret | None,
-                     dials: tuple[DialCandidate, ...], plan: JoinPlan) -> list[str]:
+    async def _enter(
+        self, admit_with: InviteToken | None, held: MeshSecret | None, dials: tuple[DialCandidate, ...], plan: JoinPlan
+    ) -> list[str]:
         session = self._session_nursery
         assert session is not None  # set by _session, which join() started just before
         timeout_s = plan.admission_timeout_s if plan.admission_timeout_s is not None else self._settings.join_timeout_s
@@ -284,8 +327,15 @@ class MeshService:
             log.info("event=mesh_created mesh_id=%s", secret.mesh_id)
         self._secret = secret
         self.invites.enter(secret.mesh_id, session, self.open_links, self._trusted_issuer)
-        self._links = LinkTable(self.node_id, session, self._link_settings, addresses_of=self._addresses_of,
-                                on_up=self._link_up, on_down=self._link_down, connect=self.relays.connect)
+        self._links = LinkTable(
+            self.node_id,
+            session,
+            self._link_settings,
+            addresses_of=self._addresses_of,
+            on_up=self._link_up,
+            on_down=self._link_down,
+            connect=self.relays.connect,
+        )
         self._listener = LinkListener(self._link_settings(), on_link=self._on_inbound_link)
         # The port bind() bound, else (a later session: the first one's ended with it) bound here.
         listeners, self._bound = self._bound, None
@@ -293,12 +343,20 @@ class MeshService:
             listeners = await bind_tcp(self._settings.listen_host, self._settings.listen_port, LINK_PORT)
         self._port = await session.start(partial(self._listener.serve, self._settings.listen_host, listeners=listeners))
         self._addresses = advertised_addresses(self._settings.listen_host, self._port, self._settings.advertise)
-        self._membership = Membership(self._announcement(), self._settings.membership, now=trio.current_time(),
-                                      verify=VerifiedAnnouncements(verify_announcement),
-                                      sign=partial(sign_announcement, self._signing_key))
-        self._gossip = await session.start(GossipService(
-            self._membership, self._send,
-            send_errors=(MeshError, OSError, trio.BrokenResourceError, trio.ClosedResourceError)).run)
+        self._membership = Membership(
+            self._announcement(),
+            self._settings.membership,
+            now=trio.current_time(),
+            verify=VerifiedAnnouncements(verify_announcement),
+            sign=partial(sign_announcement, self._signing_key),
+        )
+        self._gossip = await session.start(
+            GossipService(
+                self._membership,
+                self._send,
+                send_errors=(MeshError, OSError, trio.BrokenResourceError, trio.ClosedResourceError),
+            ).run
+        )
         await session.start(self.relays.run)
         session.start_soon(self._consume_events)
         session.start_soon(self._announce_loop)
@@ -313,8 +371,9 @@ class MeshService:
         seeds += await links.dial_candidates(dials, timeout_s if patient else DIAL_TIMEOUT_S, skip=seeds)
         if not plan.invites:
             session.start_soon(self._rejoin_known_peers)
-        log.info("event=mesh_ready mesh_id=%s port=%d addresses=%s", secret.mesh_id, self._port,
-                 ",".join(self._addresses))
+        log.info(
+            "event=mesh_ready mesh_id=%s port=%d addresses=%s", secret.mesh_id, self._port, ",".join(self._addresses)
+        )
         return seeds
 
     async def _rejoin_known_peers(self) -> None:
@@ -330,9 +389,15 @@ class MeshService:
 
     # ---- links and messages --------------------------------------------------------------------
     def _link_settings(self, mesh: MeshSecret | None = None) -> LinkSettings:
-        return LinkSettings(identity=self._signing_key, mesh=mesh or self._secret, trusted_issuer=self._trusted_issuer,
-                            check_invite=self.invites.check,
-                            on_stream=self._on_stream, on_message=self._on_message, fault=self._settings.fault)
+        return LinkSettings(
+            identity=self._signing_key,
+            mesh=mesh or self._secret,
+            trusted_issuer=self._trusted_issuer,
+            check_invite=self.invites.check,
+            on_stream=self._on_stream,
+            on_message=self._on_message,
+            fault=self._settings.fault,
+        )
 
     def _trusted_issuer(self, node_id: str) -> bool:
         return node_id == self.node_id or (self._membership is not None and node_id in self._membership.members())
@@ -343,8 +408,9 @@ class MeshService:
         ann = rec.announcement if rec is not None else None
         if ann is None:
             return []
-        return dial_urls(ann.extra, [addr_to_url(a) for a in ann.addresses], lambda p: self.link(p) is not None,
-                         me=self.node_id)
+        return dial_urls(
+            ann.extra, [addr_to_url(a) for a in ann.addresses], lambda p: self.link(p) is not None, me=self.node_id
+        )
 
     def _link_up(self, peer_id: str) -> None:
         if self._gossip is not None:
@@ -423,8 +489,12 @@ class MeshService:
                 self._peer_store.remember(mesh_id, membership.members())
             if isinstance(ev, PeerJoined) and self._links is not None:
                 self._links.member_joined(ev.peer_id)  # the smaller id links ahead of need
-            log.info("event=membership_%s peer=%s incarnation=%s", type(ev).__name__.lower(),
-                     ev.peer_id[:16], getattr(ev, "incarnation", ""))
+            log.info(
+                "event=membership_%s peer=%s incarnation=%s",
+                type(ev).__name__.lower(),
+                ev.peer_id[:16],
+                getattr(ev, "incarnation", ""),
+            )
             if self._on_event is not None:
                 for kind, fields in self._feed.translate(ev):
                     self._on_event(kind, fields)
@@ -455,13 +525,21 @@ class MeshService:
     def status(self) -> MeshStatus:
         links = self._links
         return mesh_section(
-            mesh_id=self.mesh_id, port=self._port, addresses=self._addresses, role=self._settings.role,
+            mesh_id=self.mesh_id,
+            port=self._port,
+            addresses=self._addresses,
+            role=self._settings.role,
             links={pid[:16]: link.statistics() for pid, link in (links.items() if links is not None else [])},
             handshake_failures=self._listener.statistics().handshake_failures if self._listener else {},
             gossip=self.gossip_statistics(),
-            counters={**self._counters, "duplicate_links_closed": links.duplicate_links_closed if links is not None else 0,
-                      "dial_failures": links.dial_failures if links is not None else 0,
-                      "dials_deferred": links.dial_limiter.deferred if links is not None else 0,
-                      **(links.counters() if links is not None else {}),
-                      **(self._gossip.lag_counters() if self._gossip is not None else {})},
-            reachability=self.relays.reachability_view(), relays=self.relays.status())
+            counters={
+                **self._counters,
+                "duplicate_links_closed": links.duplicate_links_closed if links is not None else 0,
+                "dial_failures": links.dial_failures if links is not None else 0,
+                "dials_deferred": links.dial_limiter.deferred if links is not None else 0,
+                **(links.counters() if links is not None else {}),
+                **(self._gossip.lag_counters() if self._gossip is not None else {}),
+            },
+            reachability=self.relays.reachability_view(),
+            relays=self.relays.status(),
+        )

@@ -29,8 +29,9 @@ class VerifiedAnnouncements:
     """``verify(ann) -> bool`` with memory; pass an instance where the verifier is expected.
     Failures are never remembered (a bad signature costs the full check every time)."""
 
-    def __init__(self, verify: Callable[[Announcement], bool], *,
-                 max_entries: int = MAX_REMEMBERED_ANNOUNCEMENTS) -> None:
+    def __init__(
+        self, verify: Callable[[Announcement], bool], *, max_entries: int = MAX_REMEMBERED_ANNOUNCEMENTS
+    ) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self._verify = verify

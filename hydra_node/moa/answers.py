@@ -40,10 +40,18 @@ def moa_info(run: MoaRun, reducer: str, reducer_error: str = "") -> dict:
     """``hydra_moa``: members, groups, the pick and the reducer (``reducer``: "" when none ran)."""
     ran = bool(reducer) and not reducer_error
     return {
-        "members": [{"model": m.model, "status": m.status, "latency_ms": m.latency_ms,
-                     "served_by": m.served_by or None, "group": run.verdict.group_of(m.model),
-                     "usage": m.outcome.usage if m.outcome is not None else None,
-                     "error": m.error[:MAX_ERROR_CHARS] or None} for m in run.members],
+        "members": [
+            {
+                "model": m.model,
+                "status": m.status,
+                "latency_ms": m.latency_ms,
+                "served_by": m.served_by or None,
+                "group": run.verdict.group_of(m.model),
+                "usage": m.outcome.usage if m.outcome is not None else None,
+                "error": m.error[:MAX_ERROR_CHARS] or None,
+            }
+            for m in run.members
+        ],
         "groups": [{"members": list(g.members), "key": g.key[:MAX_ERROR_CHARS]} for g in run.verdict.groups],
         "majority": run.verdict.majority,
         "chosen": run.verdict.chosen,
@@ -55,9 +63,14 @@ def moa_info(run: MoaRun, reducer: str, reducer_error: str = "") -> dict:
 
 def moa_header(info: dict) -> str:
     """The ``x-hydra-moa`` value: compact JSON (ASCII) without the answer keys and error texts."""
-    short = {"members": [{k: m[k] for k in ("model", "status", "latency_ms", "group")} for m in info["members"]],
-             "groups": [g["members"] for g in info["groups"]], "majority": info["majority"],
-             "chosen": info["chosen"], "reducer_ran": info["reducer"]["ran"], "answer_from": info["answer_from"]}
+    short = {
+        "members": [{k: m[k] for k in ("model", "status", "latency_ms", "group")} for m in info["members"]],
+        "groups": [g["members"] for g in info["groups"]],
+        "majority": info["majority"],
+        "chosen": info["chosen"],
+        "reducer_ran": info["reducer"]["ran"],
+        "answer_from": info["answer_from"],
+    }
     return json.dumps(short, separators=(",", ":"))
 
 
@@ -76,8 +89,16 @@ class MoaApi:
         """The ``/v1/models`` entry for ``mesh`` (None when it is not listed)."""
         if not self.moa.listed():
             return None
-        return {"id": MESH_MODEL, "object": "model", "created": now, "owned_by": "hydra", "hosts": [], "states": {},
-                "members": self.moa.members(), "experimental": True}
+        return {
+            "id": MESH_MODEL,
+            "object": "model",
+            "created": now,
+            "owned_by": "hydra",
+            "hosts": [],
+            "states": {},
+            "members": self.moa.members(),
+            "experimental": True,
+        }
 
     async def answer(self, req: GenerationRequest) -> tuple[ChatOutcome, dict, list[tuple[str, str]]]:
         """The whole answer to chat ``req`` for the other APIs (``/v1/messages``, ``/v1/responses``):
@@ -89,7 +110,8 @@ class MoaApi:
         info = moa_info(run, reducer, reducer_error)
         # (an answered member has its outcome)
         usages = [m.outcome.usage for m in run.answered if m.outcome is not None] + (
-            [out.usage] if info["reducer"]["ran"] else [])
+            [out.usage] if info["reducer"]["ran"] else []
+        )
         out = dataclasses.replace(out, usage=sum_usage(usages))
         return out, info, moa_headers(info, out.served_by)
 
@@ -107,8 +129,9 @@ class MoaApi:
         return out, ""
 
 
-async def complete_answer(router: RouterApi, moa: "MoaApi | None",
-                          req: GenerationRequest) -> tuple[ChatOutcome, list[tuple[str, str]]]:
+async def complete_answer(
+    router: RouterApi, moa: "MoaApi | None", req: GenerationRequest
+) -> tuple[ChatOutcome, list[tuple[str, str]]]:
     """``(outcome, headers)`` of one whole chat for /v1/messages and /v1/responses: the mixture of
     agents' answer for ``mesh``, else the router's. A failure is an :class:`ApiError`."""
     try:
@@ -121,9 +144,9 @@ async def complete_answer(router: RouterApi, moa: "MoaApi | None",
     return out, served_by_header(out.served_by)
 
 
-async def open_chat_events(router: RouterApi, moa: "MoaApi | None", req: GenerationRequest,
-                           nursery: trio.Nursery | None
-                           ) -> tuple[EventSource, Callable[[], Awaitable[None]], list[tuple[str, str]]]:
+async def open_chat_events(
+    router: RouterApi, moa: "MoaApi | None", req: GenerationRequest, nursery: trio.Nursery | None
+) -> tuple[EventSource, Callable[[], Awaitable[None]], list[tuple[str, str]]]:
     """``(events, close, headers)`` of one streamed chat for /v1/messages and /v1/responses
     (:func:`hydra_node.api.answer.stream_answer` takes them), opened before the 200 so routing
     errors get a proper status: the router's stream, or for ``mesh`` the mixture of agents'

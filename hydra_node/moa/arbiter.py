@@ -42,8 +42,16 @@ from dataclasses import dataclass
 from decimal import Context, Decimal, InvalidOperation
 from typing import Iterable, Sequence
 
-__all__ = ["MemberAnswer", "AnswerGroup", "Verdict", "answer_key", "normalise_text", "canonical_json",
-           "canonical_number", "arbitrate"]
+__all__ = [
+    "MemberAnswer",
+    "AnswerGroup",
+    "Verdict",
+    "answer_key",
+    "normalise_text",
+    "canonical_json",
+    "canonical_number",
+    "arbitrate",
+]
 
 #: Largest text the arbiter normalises; the rest of a longer answer is compared as is (bounded work).
 MAX_NORMALISED_CHARS = 64 * 1024
@@ -59,16 +67,28 @@ MAX_PLAIN_EXPONENT = 64
 _NUMBER = re.compile(r"(?<![^\W_]|\.)[-+]?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?(?![^\W_])")
 _FENCE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n(.*)\n\s*```$", re.S)
 _APOSTROPHES = frozenset("'\u2019`")
-_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-         "sixteen seventeen eighteen nineteen twenty").split()
-_TENS = {"thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90,
-         "hundred": 100, "thousand": 1000}
+_ONES = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen twenty"
+).split()
+_TENS = {
+    "thirty": 30,
+    "forty": 40,
+    "fifty": 50,
+    "sixty": 60,
+    "seventy": 70,
+    "eighty": 80,
+    "ninety": 90,
+    "hundred": 100,
+    "thousand": 1000,
+}
 _WORDS = {**{w: str(i) for i, w in enumerate(_ONES)}, **{w: str(v) for w, v in _TENS.items()}}
 
 
 @dataclass(frozen=True)
 class MemberAnswer:
     """One member's answer: its text (``""`` when none) and its tool calls as ``(name, arguments)``."""
+
     model: str
     content: str = ""
     tool_calls: tuple[tuple[str, str], ...] = ()
@@ -86,6 +106,7 @@ class MemberAnswer:
 @dataclass(frozen=True)
 class AnswerGroup:
     """Equivalent answers: the normalised key and the members that gave it, best first."""
+
     key: str
     members: tuple[str, ...]
 
@@ -93,6 +114,7 @@ class AnswerGroup:
 @dataclass(frozen=True)
 class Verdict:
     """``groups`` ranked (the winner's first); ``chosen``: the model whose answer is returned."""
+
     groups: tuple[AnswerGroup, ...]
     chosen: str
     majority: bool
@@ -174,7 +196,7 @@ def _split_numbers(s: str) -> list[tuple[bool, str]]:
     pieces: list[tuple[bool, str]] = []
     at = 0
     for m in _NUMBER.finditer(s):
-        pieces += [(False, s[at:m.start()]), (True, m.group())]
+        pieces += [(False, s[at : m.start()]), (True, m.group())]
         at = m.end()
     return pieces + [(False, s[at:])]
 
@@ -209,8 +231,10 @@ def _arguments_key(arguments: str):
 def answer_key(answer: MemberAnswer) -> str:
     """The normalised form two answers share exactly when they count as the same answer."""
     if answer.tool_calls:
-        calls = sorted(json.dumps([name, _arguments_key(args)], sort_keys=True, separators=(",", ":"),
-                                  ensure_ascii=False) for name, args in answer.tool_calls)
+        calls = sorted(
+            json.dumps([name, _arguments_key(args)], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            for name, args in answer.tool_calls
+        )
         return "calls:[" + ",".join(calls) + "]"
     as_json = canonical_json(answer.content)
     if as_json is not None:

@@ -41,19 +41,32 @@ class MoaSettings:
                 raise MoaConfigError(f"[moa].{key}: {msg}")
 
         check(isinstance(self.enabled, bool), "enabled", f"must be true or false, not {self.enabled!r}")
-        check(isinstance(self.members, tuple) and all(isinstance(m, str) and m for m in self.members),
-              "members", "must be an array of model ids")
+        check(
+            isinstance(self.members, tuple) and all(isinstance(m, str) and m for m in self.members),
+            "members",
+            "must be an array of model ids",
+        )
         check(len(set(self.members)) == len(self.members), "members", "lists a model twice")
-        check(MESH_MODEL not in self.members, "members",
-              f"{MESH_MODEL!r} cannot be its own member")
-        check(type(self.max_members) is int and 2 <= self.max_members <= MAX_MOA_MEMBERS, "max_members",
-              f"must be an integer from 2 to {MAX_MOA_MEMBERS}, not {self.max_members!r}")
+        check(MESH_MODEL not in self.members, "members", f"{MESH_MODEL!r} cannot be its own member")
+        check(
+            type(self.max_members) is int and 2 <= self.max_members <= MAX_MOA_MEMBERS,
+            "max_members",
+            f"must be an integer from 2 to {MAX_MOA_MEMBERS}, not {self.max_members!r}",
+        )
         check(len(self.members) <= self.max_members, "members", f"lists more than max_members ({self.max_members})")
-        check(isinstance(self.deadline_s, (int, float)) and not isinstance(self.deadline_s, bool)
-              and math.isfinite(self.deadline_s) and 0 < self.deadline_s <= MAX_DEADLINE_S, "deadline_s",
-              f"must be a number of seconds in (0, {MAX_DEADLINE_S:g}], not {self.deadline_s!r}")
-        check(isinstance(self.reducer, str) and self.reducer != MESH_MODEL, "reducer",
-              f"must be a model id (not {MESH_MODEL!r}) or \"\" for none")
+        check(
+            isinstance(self.deadline_s, (int, float))
+            and not isinstance(self.deadline_s, bool)
+            and math.isfinite(self.deadline_s)
+            and 0 < self.deadline_s <= MAX_DEADLINE_S,
+            "deadline_s",
+            f"must be a number of seconds in (0, {MAX_DEADLINE_S:g}], not {self.deadline_s!r}",
+        )
+        check(
+            isinstance(self.reducer, str) and self.reducer != MESH_MODEL,
+            "reducer",
+            f"must be a model id (not {MESH_MODEL!r}) or \"\" for none",
+        )
 
 
 def parse_moa_section(data: Any, error: type[Exception] = MoaConfigError) -> MoaSettings:

@@ -29,23 +29,32 @@ from hydra_node.api.router_api import RouterApi
 from hydra_node.inference import ChatMessage, GenerationError, GenerationRequest
 from hydra_node.routing.telemetry import LOCAL, Target
 
-__all__ = ["MemberResult", "MoaRun", "MixtureOfAgents", "REDUCER_INSTRUCTION", "MAX_CANDIDATE_CHARS",
-           "scheduler_quality"]
+__all__ = [
+    "MemberResult",
+    "MoaRun",
+    "MixtureOfAgents",
+    "REDUCER_INSTRUCTION",
+    "MAX_CANDIDATE_CHARS",
+    "scheduler_quality",
+]
 
 log = logging.getLogger("hydra.api.moa")
 
 #: Longest candidate answer shown to the reducer (a longer one is cut: the reducer's context is finite).
 MAX_CANDIDATE_CHARS = 8000
 #: What the reducer is asked, after the conversation, with the candidates (one per answer group).
-REDUCER_INSTRUCTION = ("Several assistants answered the conversation above and they disagree. Their answers "
-                       "follow, each inside <candidate> tags. Using them, write the single best answer to the "
-                       "last message. Reply with that answer only; do not mention the candidates.")
+REDUCER_INSTRUCTION = (
+    "Several assistants answered the conversation above and they disagree. Their answers "
+    "follow, each inside <candidate> tags. Using them, write the single best answer to the "
+    "last message. Reply with that answer only; do not mention the candidates."
+)
 
 
 @dataclass(frozen=True)
 class MemberResult:
     """What one member did: ``status`` is ``ok``, ``error`` (it failed), ``deadline`` (cut off) or
     ``cancelled`` (stopped early: more than half of all members had already agreed)."""
+
     model: str
     status: str
     latency_ms: float
@@ -59,6 +68,7 @@ class MemberResult:
 @dataclass(frozen=True)
 class MoaRun:
     """Every member's result and, when some answered, the arbiter's verdict."""
+
     members: tuple[MemberResult, ...]
     verdict: Verdict
     deadline_s: float
@@ -78,8 +88,13 @@ class MoaRun:
 def _answer(m: MemberResult) -> MemberAnswer:
     out = m.outcome
     assert out is not None
-    return MemberAnswer(m.model, out.content or "", tuple((c.name, c.arguments) for c in out.tool_calls),
-                        quality=m.quality, latency_ms=m.latency_ms)
+    return MemberAnswer(
+        m.model,
+        out.content or "",
+        tuple((c.name, c.arguments) for c in out.tool_calls),
+        quality=m.quality,
+        latency_ms=m.latency_ms,
+    )
 
 
 def scheduler_quality(scheduling, node_id: str) -> Callable[[str, str], float | None]:
@@ -98,8 +113,9 @@ def scheduler_quality(scheduling, node_id: str) -> Callable[[str, str], float | 
 class MixtureOfAgents:
     """``model: "mesh"``: members, their answers under the deadline, the verdict, the reducer request."""
 
-    def __init__(self, router: RouterApi, settings: MoaSettings, *,
-                 quality: Callable[[str, str], float | None] | None = None):
+    def __init__(
+        self, router: RouterApi, settings: MoaSettings, *, quality: Callable[[str, str], float | None] | None = None
+    ):
         self.router, self.settings, self.quality = router, settings, quality
 
     # ---- members ---------------------------------------------------------------------------
@@ -120,13 +136,22 @@ class MixtureOfAgents:
     def check(self) -> list[str]:
         """The members of a request now, or a 400 that says why ``mesh`` cannot be asked."""
         if not self.settings.enabled:
-            raise ApiError(400, f"model {MESH_MODEL!r} (mixture of agents) is disabled on this node "
-                                "([moa] enabled = false)", "moa_disabled", "model")
+            raise ApiError(
+                400,
+                f"model {MESH_MODEL!r} (mixture of agents) is disabled on this node ([moa] enabled = false)",
+                "moa_disabled",
+                "model",
+            )
         members = self.members()
         if len(members) < 2:
             wanted = f" of [moa] members {list(self.settings.members)}" if self.settings.members else ""
-            raise ApiError(400, f"model {MESH_MODEL!r} needs at least two distinct ready models{wanted} in the "
-                                f"mesh; ready now: {members or 'none'}", "moa_unavailable", "model")
+            raise ApiError(
+                400,
+                f"model {MESH_MODEL!r} needs at least two distinct ready models{wanted} in the "
+                f"mesh; ready now: {members or 'none'}",
+                "moa_unavailable",
+                "model",
+            )
         return members
 
     # ---- asking ----------------------------------------------------------------------------
@@ -143,21 +168,29 @@ class MixtureOfAgents:
                 try:
                     out = await complete_chat(self.router, member_req)
                 except GenerationError as exc:
-                    results[model] = MemberResult(model, "error", _ms(start), error=exc.message,
-                                                  error_status=exc.status)
-                    log.info("event=moa_member_failed request=%s model=%s status=%s error=%r", req.request_id,
-                             model, exc.status, exc.message)
+                    results[model] = MemberResult(
+                        model, "error", _ms(start), error=exc.message, error_status=exc.status
+                    )
+                    log.info(
+                        "event=moa_member_failed request=%s model=%s status=%s error=%r",
+                        req.request_id,
+                        model,
+                        exc.status,
+                        exc.message,
+                    )
                     return
                 q = self.quality(model, out.served_by) if self.quality is not None else None
-                results[model] = MemberResult(model, "ok", _ms(start), out, served_by=out.served_by,
-                                              quality=1.0 if q is None else float(q))
+                results[model] = MemberResult(
+                    model, "ok", _ms(start), out, served_by=out.served_by, quality=1.0 if q is None else float(q)
+                )
                 key = answer_key(_answer(results[model]))
                 votes[key] = votes.get(key, 0) + 1
                 if 2 * votes[key] > len(members):  # a majority of all members: the rest cannot change it
                     everyone.cancel()
                 return
-            results[model] = MemberResult(model, "deadline", _ms(start),
-                                          error=f"no answer within the deadline of {self.settings.deadline_s:g} s")
+            results[model] = MemberResult(
+                model, "deadline", _ms(start), error=f"no answer within the deadline of {self.settings.deadline_s:g} s"
+            )
             log.info("event=moa_member_deadline request=%s model=%s", req.request_id, model)
 
         async with trio.open_nursery() as nursery:
@@ -165,8 +198,9 @@ class MixtureOfAgents:
                 nursery.start_soon(one, i, model, nursery.cancel_scope)
         for model in members:
             if model not in results:
-                results[model] = MemberResult(model, "cancelled", _ms(start),
-                                              error="not needed: a majority of the members already agreed")
+                results[model] = MemberResult(
+                    model, "cancelled", _ms(start), error="not needed: a majority of the members already agreed"
+                )
         ordered = tuple(results[m] for m in members)
         answered = [m for m in ordered if m.status == "ok"]
         if not answered:
@@ -188,8 +222,12 @@ class MixtureOfAgents:
             if len(text) > MAX_CANDIDATE_CHARS:
                 text = text[:MAX_CANDIDATE_CHARS] + " [...]"
             parts.append(f"<candidate {i}>\n{text}\n</candidate>")
-        return dataclasses.replace(req, model=model, request_id=f"{req.request_id}-reducer",
-                                   messages=req.messages + (ChatMessage("user", "\n\n".join(parts)),))
+        return dataclasses.replace(
+            req,
+            model=model,
+            request_id=f"{req.request_id}-reducer",
+            messages=req.messages + (ChatMessage("user", "\n\n".join(parts)),),
+        )
 
 
 def _candidate_text(out: ChatOutcome | None) -> str:

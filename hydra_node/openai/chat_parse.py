@@ -23,11 +23,18 @@ MAX_MESSAGES = 4096
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: Keys a message may carry, by role (a key with a null value is always accepted).
-_MESSAGE_KEYS = {"system": {"role", "content"}, "developer": {"role", "content"}, "user": {"role", "content"},
-                 "assistant": {"role", "content", "tool_calls", "refusal"},
-                 "tool": {"role", "content", "tool_call_id"}}
-_MESSAGE_REFUSALS = {"name": "participant names are not supported", "audio": "audio is not supported",
-                     "function_call": "the legacy 'function_call' is not supported: use 'tool_calls'"}
+_MESSAGE_KEYS = {
+    "system": {"role", "content"},
+    "developer": {"role", "content"},
+    "user": {"role", "content"},
+    "assistant": {"role", "content", "tool_calls", "refusal"},
+    "tool": {"role", "content", "tool_call_id"},
+}
+_MESSAGE_REFUSALS = {
+    "name": "participant names are not supported",
+    "audio": "audio is not supported",
+    "function_call": "the legacy 'function_call' is not supported: use 'tool_calls'",
+}
 
 
 def _content(m: dict, p: str, nullable: bool) -> str:
@@ -58,9 +65,14 @@ def _tool_calls(m: dict, p: str) -> tuple[ToolCall, ...]:
     for j, c in enumerate(calls):
         q = f"{p}.tool_calls[{j}]"
         fn = c.get("function") if isinstance(c, dict) else None
-        if not (isinstance(c, dict) and c.get("type", "function") == "function" and isinstance(c.get("id"), str)
-                and isinstance(fn, dict) and isinstance(fn.get("name"), str)
-                and isinstance(fn.get("arguments", "{}"), str)):
+        if not (
+            isinstance(c, dict)
+            and c.get("type", "function") == "function"
+            and isinstance(c.get("id"), str)
+            and isinstance(fn, dict)
+            and isinstance(fn.get("name"), str)
+            and isinstance(fn.get("arguments", "{}"), str)
+        ):
             raise bad(f"{q} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}", q)
         out.append(ToolCall(c["id"], fn["name"], fn.get("arguments", "{}")))
     return tuple(out)
@@ -69,8 +81,11 @@ def _tool_calls(m: dict, p: str) -> tuple[ToolCall, ...]:
 def _messages(body: dict) -> tuple[ChatMessage, ...]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
-        raise bad("'messages' must be a non-empty array", "messages",
-                  "missing_required_parameter" if msgs is None else "invalid_type")
+        raise bad(
+            "'messages' must be a non-empty array",
+            "messages",
+            "missing_required_parameter" if msgs is None else "invalid_type",
+        )
     if len(msgs) > MAX_MESSAGES:
         raise bad(f"'messages' has more than {MAX_MESSAGES} entries", "messages")
     out: list[ChatMessage] = []
@@ -84,8 +99,11 @@ def _messages(body: dict) -> tuple[ChatMessage, ...]:
             raise bad(f"{p}.role must be one of {', '.join(_ROLES)}", f"{p}.role")
         for key, v in m.items():
             if key not in _MESSAGE_KEYS[role] and v is not None:
-                raise bad(f"{p}.{key}: " + _MESSAGE_REFUSALS.get(key, f"unknown message field for role {role}"),
-                          f"{p}.{key}", "unsupported_parameter")
+                raise bad(
+                    f"{p}.{key}: " + _MESSAGE_REFUSALS.get(key, f"unknown message field for role {role}"),
+                    f"{p}.{key}",
+                    "unsupported_parameter",
+                )
         if m.get("refusal") is not None:
             raise bad(f"{p}.refusal is not supported", f"{p}.refusal", "unsupported_parameter")
         calls = _tool_calls(m, p) if role == "assistant" else ()
@@ -135,13 +153,17 @@ def _tools(body: dict) -> tuple[ToolSpec, ...]:
         if desc is not None and not isinstance(desc, str):
             raise bad(f"'{p}.function.description' must be a string", f"{p}.function.description", "invalid_type")
         if params is not None and not isinstance(params, dict):
-            raise bad(f"'{p}.function.parameters' must be a JSON Schema object", f"{p}.function.parameters",
-                      "invalid_type")
+            raise bad(
+                f"'{p}.function.parameters' must be a JSON Schema object", f"{p}.function.parameters", "invalid_type"
+            )
         if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
             raise bad(f"'{p}.function.strict' must be a boolean", f"{p}.function.strict", "invalid_type")
         try:
-            out.append(ToolSpec(name, desc or "", json.dumps(params if params is not None else
-                                                             {"type": "object", "properties": {}})))
+            out.append(
+                ToolSpec(
+                    name, desc or "", json.dumps(params if params is not None else {"type": "object", "properties": {}})
+                )
+            )
         except InvalidRequest as exc:
             raise bad(f"{p}: {exc.message}", p) from None
     return tuple(out)
@@ -154,13 +176,19 @@ def _tool_choice(body: dict, tools: tuple[ToolSpec, ...]) -> tuple[str, str]:
     if tc in ("auto", "none", "required"):
         return tc, ""
     fn = tc.get("function") if isinstance(tc, dict) else None
-    if isinstance(tc, dict) and tc.get("type") == "function" and isinstance(fn, dict) and isinstance(
-            fn.get("name"), str):
+    if (
+        isinstance(tc, dict)
+        and tc.get("type") == "function"
+        and isinstance(fn, dict)
+        and isinstance(fn.get("name"), str)
+    ):
         if fn["name"] not in {t.name for t in tools}:
             raise bad(f"'tool_choice' names {fn['name']!r}, which is not in 'tools'", "tool_choice")
         return "function", fn["name"]
-    raise bad("'tool_choice' must be 'auto', 'none', 'required' or "
-              "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+    raise bad(
+        "'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+        "tool_choice",
+    )
 
 
 def _response_format_grammar(body: dict) -> str:
@@ -172,8 +200,9 @@ def _response_format_grammar(body: dict) -> str:
         raise bad("'response_format.type' must be 'text', 'json_object' or 'json_schema'", "response_format.type")
     for key in rf:
         if key not in ("type", "json_schema") or (key == "json_schema" and kind != "json_schema"):
-            raise bad(f"response_format.{key} does not go with type {kind!r}", f"response_format.{key}",
-                      "unknown_parameter")
+            raise bad(
+                f"response_format.{key} does not go with type {kind!r}", f"response_format.{key}", "unknown_parameter"
+            )
     if kind == "text":
         return ""
     if kind == "json_object":
@@ -198,8 +227,9 @@ def _response_format_grammar(body: dict) -> str:
 def chat_fields(body: dict) -> dict:
     """The :class:`GenerationRequest` fields of a chat body. Raises ApiError (400)."""
     if body.get("modalities") not in (None, ["text"]):
-        raise bad("only text output is supported: 'modalities' must be [\"text\"]", "modalities",
-                  "unsupported_parameter")
+        raise bad(
+            "only text output is supported: 'modalities' must be [\"text\"]", "modalities", "unsupported_parameter"
+        )
     tools = _tools(body)
     choice, name = _tool_choice(body, tools)
     parallel = body.get("parallel_tool_calls", True)
@@ -214,13 +244,23 @@ def chat_fields(body: dict) -> dict:
         raise bad(f"'top_logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS_REQUEST}", "top_logprobs")
     if top and not logprobs:
         raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-    fields = dict(messages=_messages(body), tools=tools, tool_choice=choice, tool_name=name,
-                  parallel_tool_calls=parallel, logprobs=bool(logprobs), top_logprobs=top or 0)
+    fields = dict(
+        messages=_messages(body),
+        tools=tools,
+        tool_choice=choice,
+        tool_name=name,
+        parallel_tool_calls=parallel,
+        logprobs=bool(logprobs),
+        top_logprobs=top or 0,
+    )
     try:
         rf_grammar = _response_format_grammar(body)
         if rf_grammar and tools and choice != "none":
-            raise bad("'response_format' with tools is not supported unless 'tool_choice' is 'none'",
-                      "response_format", "unsupported_parameter")
+            raise bad(
+                "'response_format' with tools is not supported unless 'tool_choice' is 'none'",
+                "response_format",
+                "unsupported_parameter",
+            )
         if rf_grammar:
             fields["grammar"] = rf_grammar
         elif tools and choice != "none":

@@ -34,8 +34,14 @@ from hydra_node.http.messages import served_by_header
 from hydra_node.api.errors import ApiError, bad
 from hydra_node.api.body import load_body
 from hydra_node.api.router_api import RouterApi
-from hydra_node.inference import (MAX_EMBEDDING_INPUTS, EmbeddingRequest, EmbeddingResult, GenerationError,
-                                  InvalidRequest, vector_floats)
+from hydra_node.inference import (
+    MAX_EMBEDDING_INPUTS,
+    EmbeddingRequest,
+    EmbeddingResult,
+    GenerationError,
+    InvalidRequest,
+    vector_floats,
+)
 
 __all__ = ["EmbeddingsApi", "parse_embedding_request"]
 
@@ -48,8 +54,11 @@ def _inputs(raw) -> tuple:
     if isinstance(raw, str):
         return (raw,)
     if not isinstance(raw, list) or not raw:
-        raise bad("'input' must be a non-empty string or array", "input",
-                  "missing_required_parameter" if raw is None else "invalid_type")
+        raise bad(
+            "'input' must be a non-empty string or array",
+            "input",
+            "missing_required_parameter" if raw is None else "invalid_type",
+        )
     if all(type(x) is int for x in raw):  # one token array
         return (tuple(raw),)
     if len(raw) > MAX_EMBEDDING_INPUTS:
@@ -58,8 +67,11 @@ def _inputs(raw) -> tuple:
         return tuple(raw)
     if all(isinstance(x, list) and all(type(t) is int for t in x) for x in raw):
         return tuple(tuple(x) for x in raw)
-    raise bad("'input' must be a string, an array of strings, an array of token ids or an array of token "
-              "arrays", "input", "invalid_type")
+    raise bad(
+        "'input' must be a string, an array of strings, an array of token ids or an array of token arrays",
+        "input",
+        "invalid_type",
+    )
 
 
 def parse_embedding_request(raw: bytes) -> tuple[EmbeddingRequest, str]:
@@ -67,8 +79,11 @@ def parse_embedding_request(raw: bytes) -> tuple[EmbeddingRequest, str]:
     body = load_body(raw)
     unknown = sorted(k for k in body if k not in _KEYS)
     if unknown:
-        raise bad(f"unknown parameter {unknown[0]!r}: /v1/embeddings accepts {', '.join(sorted(_KEYS))}",
-                  unknown[0], "unknown_parameter")
+        raise bad(
+            f"unknown parameter {unknown[0]!r}: /v1/embeddings accepts {', '.join(sorted(_KEYS))}",
+            unknown[0],
+            "unknown_parameter",
+        )
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad("'model' is required and must be a string", "model", "missing_required_parameter")
@@ -77,8 +92,9 @@ def parse_embedding_request(raw: bytes) -> tuple[EmbeddingRequest, str]:
     if fmt not in ENCODINGS:
         raise bad("'encoding_format' must be 'float' or 'base64'", "encoding_format")
     if body.get("dimensions") is not None:
-        raise bad("dimensions is not supported: the model's embedding size is fixed", "dimensions",
-                  "unsupported_parameter")
+        raise bad(
+            "dimensions is not supported: the model's embedding size is fixed", "dimensions", "unsupported_parameter"
+        )
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise bad("'user' must be a string", "user", "invalid_type")
     try:
@@ -95,10 +111,12 @@ def response_body(req: EmbeddingRequest, result: EmbeddingResult, fmt: str) -> b
         vectors = [base64.b64encode(v).decode("ascii") for v in result.vectors]
     else:
         vectors = [[float(format(x, ".9g")) for x in vector_floats(v)] for v in result.vectors]
-    body = {"object": "list",
-            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
-            "model": req.model,
-            "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}}
+    body = {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+        "model": req.model,
+        "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
+    }
     return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -127,11 +145,14 @@ class EmbeddingsApi:
             raise ApiError.from_generation(exc) from None
         # formatting a large reply (2048 vectors) takes a while: off the event loop
         body = await trio.to_thread.run_sync(response_body, req, result, fmt)
-        return Response(200, body, "application/json",
-                        served_by_header(result.served_by))
+        return Response(200, body, "application/json", served_by_header(result.served_by))
 
     def _check_model(self, model: str) -> None:
         models = [m.id for m in self.router.models()]
         if model not in models and not self.router.recently_seen(model):
-            raise ApiError(404, f"model {model!r} does not exist (available: {', '.join(models) or 'none'})",
-                           "model_not_found", "model")
+            raise ApiError(
+                404,
+                f"model {model!r} does not exist (available: {', '.join(models) or 'none'})",
+                "model_not_found",
+                "model",
+            )

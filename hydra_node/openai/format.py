@@ -18,8 +18,17 @@ from hydra_node.api.errors import ApiError
 from hydra_node.grammar.toolcalls import ParsedToolCall
 from hydra_node.inference import GenerationError, TokenLogprob
 
-__all__ = ["sse", "DONE", "chat_logprobs", "completion_logprobs", "tool_call_json", "chat_choice",
-           "completion_choice", "ChunkMaker", "ChunkStream"]
+__all__ = [
+    "sse",
+    "DONE",
+    "chat_logprobs",
+    "completion_logprobs",
+    "tool_call_json",
+    "chat_choice",
+    "completion_choice",
+    "ChunkMaker",
+    "ChunkStream",
+]
 
 DONE = b"data: [DONE]\n\n"
 
@@ -33,8 +42,12 @@ def _entry(token: str, logprob: float, raw: bytes) -> dict:
 
 
 def chat_logprobs(entries: Iterable[TokenLogprob]) -> dict:
-    return {"content": [{**_entry(e.token, e.logprob, e.bytes), "top_logprobs": [_entry(*t) for t in e.top]}
-                        for e in entries], "refusal": None}
+    return {
+        "content": [
+            {**_entry(e.token, e.logprob, e.bytes), "top_logprobs": [_entry(*t) for t in e.top]} for e in entries
+        ],
+        "refusal": None,
+    }
 
 
 def completion_logprobs(entries: Iterable[TokenLogprob], top: int, offset: int = 0) -> dict:
@@ -61,37 +74,52 @@ def chat_choice(index: int, out: ChatOutcome, logprobs: bool) -> dict:
     message: dict = {"role": "assistant", "content": out.content, "refusal": None}
     if out.tool_calls:
         message["tool_calls"] = [tool_call_json(c) for c in out.tool_calls]
-    return {"index": index, "message": message, "logprobs": chat_logprobs(out.logprobs) if logprobs else None,
-            "finish_reason": out.finish_reason}
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": chat_logprobs(out.logprobs) if logprobs else None,
+        "finish_reason": out.finish_reason,
+    }
 
 
 def completion_choice(index: int, out: ChatOutcome, echo_text: str | None, top: int | None) -> dict:
     prefix = echo_text or ""
-    return {"index": index, "text": prefix + (out.content or ""),
-            "logprobs": None if top is None else completion_logprobs(out.logprobs, top, len(prefix)),
-            "finish_reason": out.finish_reason}
+    return {
+        "index": index,
+        "text": prefix + (out.content or ""),
+        "logprobs": None if top is None else completion_logprobs(out.logprobs, top, len(prefix)),
+        "finish_reason": out.finish_reason,
+    }
 
 
 class ChunkMaker:
     """Stream chunks of one response (``chat.completion.chunk`` or ``text_completion``)."""
 
-    def __init__(self, request_id: str, model: str, created: int, chat: bool, *, logprobs: bool = False,
-                 completion_top: int | None = None):
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        created: int,
+        chat: bool,
+        *,
+        logprobs: bool = False,
+        completion_top: int | None = None,
+    ):
         self.id, self.model, self.created, self.chat = request_id, model, created, chat
         self.object = "chat.completion.chunk" if chat else "text_completion"
         self.logprobs, self.completion_top = logprobs, completion_top
         self._offsets: dict[int, int] = {}
 
     def _wrap(self, choice: dict, fingerprint: str | None = None) -> bytes:
-        obj = {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
-               "choices": [choice]}
+        obj = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": [choice]}
         if self.chat and fingerprint:  # known once the generation finished: the host that served it
             obj["system_fingerprint"] = fingerprint
         return sse(obj)
 
     def role(self, index: int) -> bytes:
-        return self._wrap({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                           "finish_reason": None})
+        return self._wrap(
+            {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        )
 
     def text(self, index: int, text: str, entries: tuple[TokenLogprob, ...] = ()) -> bytes:
         if self.chat:
@@ -108,8 +136,15 @@ class ChunkMaker:
 
     def tool_call_start(self, index: int, start) -> bytes:
         """A call's first chunk, as OpenAI streams it: index, id, type, name, empty arguments."""
-        return self._call_delta(index, {"index": start.index, "id": start.id, "type": "function",
-                                        "function": {"name": start.name, "arguments": ""}})
+        return self._call_delta(
+            index,
+            {
+                "index": start.index,
+                "id": start.id,
+                "type": "function",
+                "function": {"name": start.name, "arguments": ""},
+            },
+        )
 
     def tool_call_arguments(self, index: int, call_index: int, text: str) -> bytes:
         """A fragment of a call's arguments: ``{"index", "function": {"arguments"}}``."""
@@ -121,13 +156,20 @@ class ChunkMaker:
 
     def finish(self, index: int, reason: str, served_by: str = "") -> bytes:
         if self.chat:
-            return self._wrap({"index": index, "delta": {}, "logprobs": None, "finish_reason": reason},
-                              served_by or None)
+            return self._wrap(
+                {"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}, served_by or None
+            )
         return self._wrap({"index": index, "text": "", "logprobs": None, "finish_reason": reason})
 
     def usage(self, usage: dict) -> bytes:
-        obj = {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
-               "choices": [], "usage": usage}
+        obj = {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage,
+        }
         return sse(obj)
 
 
@@ -137,8 +179,9 @@ class ChunkStream:
     echoed) of each of the ``choices`` first, then, with ``include_usage``, every choice's usage in
     one chunk before ``[DONE]``. A failure or a drain is an error chunk, then ``[DONE]``."""
 
-    def __init__(self, chunks: ChunkMaker, *, choices: int = 1, include_usage: bool = False,
-                 echo: Sequence[str] | None = None):
+    def __init__(
+        self, chunks: ChunkMaker, *, choices: int = 1, include_usage: bool = False, echo: Sequence[str] | None = None
+    ):
         self.chunks, self.choices, self.include_usage, self.echo = chunks, choices, include_usage, echo
         self.usages: list[dict] = []
 

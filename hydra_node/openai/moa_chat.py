@@ -38,8 +38,9 @@ class MoaChat:
         """``nursery``: the request's (``Request.nursery``), where a streamed reducer runs."""
         req = parsed.request
         if req.kind != "chat":
-            raise bad(f"model {MESH_MODEL!r} answers chats only: use /v1/chat/completions", "model",
-                      "unsupported_model")
+            raise bad(
+                f"model {MESH_MODEL!r} answers chats only: use /v1/chat/completions", "model", "unsupported_model"
+            )
         if parsed.n != 1:
             raise bad(f"model {MESH_MODEL!r} answers with one choice: 'n' must be 1", "n", "unsupported_parameter")
         run = await self.moa.ask(req, self.moa.check())
@@ -50,14 +51,23 @@ class MoaChat:
         info = moa_info(run, reducer, reducer_error)
         # (an answered member has its outcome)
         usages = [m.outcome.usage for m in run.answered if m.outcome is not None] + (
-            [out.usage] if info["reducer"]["ran"] else [])
-        body = {"id": req.request_id, "object": "chat.completion", "created": int(time.time()), "model": MESH_MODEL,
-                "choices": [chat_choice(0, out, req.logprobs)], "usage": sum_usage(usages),
-                "system_fingerprint": out.served_by or None, "hydra_moa": info}
+            [out.usage] if info["reducer"]["ran"] else []
+        )
+        body = {
+            "id": req.request_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": MESH_MODEL,
+            "choices": [chat_choice(0, out, req.logprobs)],
+            "usage": sum_usage(usages),
+            "system_fingerprint": out.served_by or None,
+            "hydra_moa": info,
+        }
         return Response.json(200, body, moa_headers(info, out.served_by))
 
-    async def _stream(self, parsed: ParsedBody, run: MoaRun, reducer: str,
-                      nursery: trio.Nursery | None) -> StreamResponse:
+    async def _stream(
+        self, parsed: ParsedBody, run: MoaRun, reducer: str, nursery: trio.Nursery | None
+    ) -> StreamResponse:
         req = parsed.request
         fan, reducer_error = None, ""
         if reducer:
@@ -76,8 +86,9 @@ class MoaChat:
             return stream_answer(fan.events, fmt, close=fan.close, headers=moa_headers(info, fan.served_by[0]))
         out = run.chosen.outcome
         assert out is not None  # (the pick answered)
-        return stream_answer(lambda: replay_events(out), fmt, close=nothing_to_close,
-                             headers=moa_headers(info, run.chosen.served_by))
+        return stream_answer(
+            lambda: replay_events(out), fmt, close=nothing_to_close, headers=moa_headers(info, run.chosen.served_by)
+        )
 
 
 class _MoaChunkStream(ChunkStream):
@@ -85,17 +96,24 @@ class _MoaChunkStream(ChunkStream):
     the finish chunk carries ``hydra_moa`` and the usage of every member (and of the reducer,
     ``reduced``), which follows it at once with ``include_usage``."""
 
-    def __init__(self, chunks: ChunkMaker, info: dict, member_usage: list[dict], *, reduced: bool,
-                 include_usage: bool):
+    def __init__(self, chunks: ChunkMaker, info: dict, member_usage: list[dict], *, reduced: bool, include_usage: bool):
         super().__init__(chunks, include_usage=include_usage)
         self.info, self.member_usage, self.reduced = info, member_usage, reduced
 
     def finish(self, k: int, done: ChatDone) -> Chunks:
         c = self.chunks
         usage = self.member_usage + ([done.usage] if self.reduced else [])
-        out = sse({"id": c.id, "object": "chat.completion.chunk", "created": c.created, "model": MESH_MODEL,
-                   "system_fingerprint": done.served_by or None, "hydra_moa": self.info,
-                   "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": done.finish_reason}]})
+        out = sse(
+            {
+                "id": c.id,
+                "object": "chat.completion.chunk",
+                "created": c.created,
+                "model": MESH_MODEL,
+                "system_fingerprint": done.served_by or None,
+                "hydra_moa": self.info,
+                "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": done.finish_reason}],
+            }
+        )
         return [out + (c.usage(sum_usage(usage)) if self.include_usage else b"")]
 
     def end(self) -> Chunks:

@@ -19,8 +19,17 @@ from hydra_node.api.body import MAX_JSON_DEPTH, load_body, number
 from hydra_node.api.errors import ApiError, bad
 from hydra_node.inference import MAX_TOKENS_LIMIT, GenerationRequest, InvalidRequest
 
-__all__ = ["MAX_JSON_DEPTH", "MAX_N", "MAX_CHOICES", "MAX_COMPLETION_LOGPROBS", "ParsedBody", "load_body",
-           "parse_body", "parse_request", "expand"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "MAX_N",
+    "MAX_CHOICES",
+    "MAX_COMPLETION_LOGPROBS",
+    "ParsedBody",
+    "load_body",
+    "parse_body",
+    "parse_request",
+    "expand",
+]
 
 #: Largest ``n``, and most choices one request may ask for (completions: prompts x n).
 MAX_N = 16
@@ -28,15 +37,42 @@ MAX_CHOICES = 64
 #: Largest completions ``logprobs`` (OpenAI: 5).
 MAX_COMPLETION_LOGPROBS = 5
 
-_COMMON = {"model", "stream", "stream_options", "n", "max_tokens", "temperature", "top_p", "stop", "seed",
-           "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user"}
+_COMMON = {
+    "model",
+    "stream",
+    "stream_options",
+    "n",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "user",
+}
 #: Accepted and deliberately without effect here (docs/api.md says why for each).
 IGNORED = {"metadata", "store", "service_tier", "safety_identifier"}
 #: Routing affinity keys (docs/scheduler.md): honoured by the scheduler, no effect on the output.
 _AFFINITY = ("session_id", "prompt_cache_key", "user")
-_CHAT = _COMMON | IGNORED | {"session_id", "prompt_cache_key", "messages", "max_completion_tokens", "tools",
-                             "tool_choice", "parallel_tool_calls", "response_format", "top_logprobs",
-                             "modalities"}
+_CHAT = (
+    _COMMON
+    | IGNORED
+    | {
+        "session_id",
+        "prompt_cache_key",
+        "messages",
+        "max_completion_tokens",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+        "top_logprobs",
+        "modalities",
+    }
+)
 _COMPLETION = _COMMON | IGNORED | {"session_id", "prompt_cache_key", "prompt", "echo", "best_of", "suffix"}
 #: Known OpenAI parameters we refuse, with the reason given to the client.
 REFUSED = {
@@ -53,6 +89,7 @@ REFUSED = {
 @dataclass(frozen=True)
 class ParsedBody:
     """A parsed request: one :class:`GenerationRequest` per prompt (a chat has one), ``n`` choices each."""
+
     requests: tuple[GenerationRequest, ...]
     n: int = 1
     stream: bool = False
@@ -159,8 +196,12 @@ def _prompts(body: dict) -> list[dict]:
             return [{"prompt_tokens": tuple(p)}]
         if all(isinstance(x, list) and x and all(type(t) is int for t in x) for x in p):
             return [{"prompt_tokens": tuple(x)} for x in p]
-    raise bad("'prompt' must be a string, an array of strings, an array of token ids or an array of "
-              "token-id arrays (none empty)", "prompt", "invalid_type")
+    raise bad(
+        "'prompt' must be a string, an array of strings, an array of token ids or an array of "
+        "token-id arrays (none empty)",
+        "prompt",
+        "invalid_type",
+    )
 
 
 def parse_body(raw: bytes, kind: str) -> ParsedBody:
@@ -176,13 +217,19 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
     seed = body.get("seed")
     if seed is not None and type(seed) is not int:
         raise bad("'seed' must be an integer", "seed", "invalid_type")
-    fields: dict[str, Any] = dict(model=model, kind=kind, max_tokens=_max_tokens(body),
-                  temperature=number(body, "temperature", 0.8, 0.0, 2.0),
-                  top_p=number(body, "top_p", 0.95, 0.0, 1.0), stop=_stop(body), seed=seed,
-                  presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
-                  frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-                  logit_bias=_logit_bias(body),
-                  request_id=("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12))
+    fields: dict[str, Any] = dict(
+        model=model,
+        kind=kind,
+        max_tokens=_max_tokens(body),
+        temperature=number(body, "temperature", 0.8, 0.0, 2.0),
+        top_p=number(body, "top_p", 0.95, 0.0, 1.0),
+        stop=_stop(body),
+        seed=seed,
+        presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        logit_bias=_logit_bias(body),
+        request_id=("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12),
+    )
     for key in _AFFINITY:  # routing affinity key, if the client sent one
         if body.get(key) is not None and not isinstance(body[key], str):
             raise bad(f"'{key}' must be a string", key, "invalid_type")
@@ -213,11 +260,17 @@ def _completion_refusals(body: dict, n: int, echo: bool, lp: int | None, prompts
         raise bad("suffix is not supported", "suffix", "unsupported_parameter")
     best_of = _int(body, "best_of", 1, MAX_N)
     if best_of is not None and best_of not in (1, n):
-        raise bad("best_of other than n is not supported (no server-side ranking of extra samples)", "best_of",
-                  "unsupported_parameter")
+        raise bad(
+            "best_of other than n is not supported (no server-side ranking of extra samples)",
+            "best_of",
+            "unsupported_parameter",
+        )
     if echo and lp is not None:
-        raise bad("echo with logprobs is not supported (prompt token logprobs are not computed)", "echo",
-                  "unsupported_parameter")
+        raise bad(
+            "echo with logprobs is not supported (prompt token logprobs are not computed)",
+            "echo",
+            "unsupported_parameter",
+        )
     if echo and any("prompt_tokens" in p for p in prompts):
         raise bad("echo with a token-id prompt is not supported", "echo", "unsupported_parameter")
 

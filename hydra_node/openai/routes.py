@@ -66,12 +66,21 @@ class OpenAIApi:
     def models_body(self) -> dict:
         now = int(time.time())
         mesh = self.moa.model_obj(now) if self.moa is not None else None
-        return {"object": "list", "data": [self._model_obj(m, now) for m in self.router.models()] + ([mesh] if mesh else [])}
+        return {
+            "object": "list",
+            "data": [self._model_obj(m, now) for m in self.router.models()] + ([mesh] if mesh else []),
+        }
 
     @staticmethod
     def _model_obj(m, now: int) -> dict:
-        return {"id": m.id, "object": "model", "created": now, "owned_by": "hydra", "hosts": m.hosts,
-                "states": m.states}
+        return {
+            "id": m.id,
+            "object": "model",
+            "created": now,
+            "owned_by": "hydra",
+            "hosts": m.hosts,
+            "states": m.states,
+        }
 
     def model_body(self, raw_id: str) -> dict:
         """``GET /v1/models/{id}``: the id is the rest of the path (ids may hold ``/``), raw or %-encoded."""
@@ -95,8 +104,9 @@ class OpenAIApi:
         parsed = parse_body(raw, kind)
         session = request.headers.get("x-session-id", "")
         if session:  # routing affinity (docs/scheduler.md); the header wins over the body's user
-            parsed = dataclasses.replace(parsed, requests=tuple(
-                dataclasses.replace(r, session=session) for r in parsed.requests))
+            parsed = dataclasses.replace(
+                parsed, requests=tuple(dataclasses.replace(r, session=session) for r in parsed.requests)
+            )
         if self.moa is not None and self.moa.handles(parsed.request.model):
             assert self.moa_chat is not None
             return await self.moa_chat.answer(parsed, request.nursery)  # model "mesh" (docs/moa.md)
@@ -118,17 +128,32 @@ class OpenAIApi:
         served_by = outs[0].served_by
         usage = sum_usage(o.usage for o in outs)
         if req.kind == "chat":
-            body = {"id": req.request_id, "object": "chat.completion", "created": created, "model": req.model,
-                    "choices": [chat_choice(i, o, req.logprobs) for i, o in enumerate(outs)],
-                    "usage": usage, "system_fingerprint": served_by or None}
+            body = {
+                "id": req.request_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": req.model,
+                "choices": [chat_choice(i, o, req.logprobs) for i, o in enumerate(outs)],
+                "usage": usage,
+                "system_fingerprint": served_by or None,
+            }
         else:
-            body = {"id": req.request_id, "object": "text_completion", "created": created, "model": req.model,
-                    "choices": [completion_choice(i, o, self._echo_text(parsed, i), parsed.completion_logprobs)
-                                for i, o in enumerate(outs)], "usage": usage}
+            body = {
+                "id": req.request_id,
+                "object": "text_completion",
+                "created": created,
+                "model": req.model,
+                "choices": [
+                    completion_choice(i, o, self._echo_text(parsed, i), parsed.completion_logprobs)
+                    for i, o in enumerate(outs)
+                ],
+                "usage": usage,
+            }
         return Response.json(200, body, served_by_header(served_by))
 
-    async def _stream(self, parsed: ParsedBody, reqs: list[GenerationRequest],
-                      nursery: trio.Nursery | None) -> StreamResponse:
+    async def _stream(
+        self, parsed: ParsedBody, reqs: list[GenerationRequest], nursery: trio.Nursery | None
+    ) -> StreamResponse:
         req, chat = parsed.request, parsed.request.kind == "chat"
         # Open every generation before answering 200, so routing errors get a proper status. The
         # generations run in the request's nursery: a client that leaves cancels them.
@@ -137,8 +162,14 @@ class OpenAIApi:
             await fan.open()
         except GenerationError as exc:
             raise ApiError.from_generation(exc) from None
-        chunks = ChunkMaker(req.request_id, req.model, int(time.time()), chat, logprobs=req.logprobs,
-                            completion_top=parsed.completion_logprobs)
+        chunks = ChunkMaker(
+            req.request_id,
+            req.model,
+            int(time.time()),
+            chat,
+            logprobs=req.logprobs,
+            completion_top=parsed.completion_logprobs,
+        )
         echo = [self._echo_text(parsed, k) or "" for k in range(len(reqs))] if parsed.echo else None
         fmt = ChunkStream(chunks, choices=len(reqs), include_usage=parsed.include_usage, echo=echo)
         hosts = ",".join(dict.fromkeys(h for h in fan.served_by if h))  # each host once, in choice order

@@ -40,8 +40,9 @@ def generation_request(call: ResponsesCall, request_id: str, session: str = "") 
     try:
         fmt_grammar = _format_grammar(call.text_format)
         if may_call:
-            fields["grammar"] = grammar.tool_call_grammar(call.tools, name=call.tool_name or None,
-                                                          parallel=call.parallel_tool_calls)
+            fields["grammar"] = grammar.tool_call_grammar(
+                call.tools, name=call.tool_name or None, parallel=call.parallel_tool_calls
+            )
             if call.tool_choice == "auto" and fmt_grammar:
                 fields["grammar"] = either_grammar(fields["grammar"], fmt_grammar)
             elif call.tool_choice == "auto":
@@ -49,11 +50,22 @@ def generation_request(call: ResponsesCall, request_id: str, session: str = "") 
         elif fmt_grammar:
             fields["grammar"] = fmt_grammar
         return GenerationRequest(
-            model=call.model, kind="chat", messages=call.messages, max_tokens=call.max_output_tokens,
-            temperature=call.temperature, top_p=call.top_p, request_id=request_id, session=session,
-            tools=call.tools, tool_choice=call.tool_choice, tool_name=call.tool_name,
-            parallel_tool_calls=call.parallel_tool_calls, logprobs=call.logprobs, top_logprobs=call.top_logprobs,
-            **fields)
+            model=call.model,
+            kind="chat",
+            messages=call.messages,
+            max_tokens=call.max_output_tokens,
+            temperature=call.temperature,
+            top_p=call.top_p,
+            request_id=request_id,
+            session=session,
+            tools=call.tools,
+            tool_choice=call.tool_choice,
+            tool_name=call.tool_name,
+            parallel_tool_calls=call.parallel_tool_calls,
+            logprobs=call.logprobs,
+            top_logprobs=call.top_logprobs,
+            **fields,
+        )
     except InvalidRequest as exc:
         param = _param(exc.param)
         raise bad(exc.message.replace(exc.param or "\0", param or ""), param) from None

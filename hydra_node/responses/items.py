@@ -25,8 +25,11 @@ _MESSAGE_ROLES = {"user": "user", "system": "system", "developer": "system", "as
 _TEXT_PARTS = ("input_text", "output_text")
 #: Fields an input item may carry that do not change what is generated (ids, statuses, labels);
 #: any other field is refused unless it is null.
-_ITEM_EXTRAS = {"message": {"id", "status", "phase"}, "function_call": {"id", "status", "namespace"},
-                "function_call_output": {"id", "status", "name", "namespace"}}
+_ITEM_EXTRAS = {
+    "message": {"id", "status", "phase"},
+    "function_call": {"id", "status", "namespace"},
+    "function_call_output": {"id", "status", "name", "namespace"},
+}
 _PART_EXTRAS = {"annotations", "logprobs"}
 
 
@@ -42,14 +45,16 @@ def _text_parts(content, param: str, allowed: Sequence[str]) -> str:
             raise bad(f"'{p}' must be an object", p, "invalid_type")
         kind = part.get("type")
         if kind not in allowed:
-            raise bad(f"'{p}.type' {kind!r:.40} is not supported here (supported: {', '.join(allowed)}); "
-                      "images, files and audio are not", f"{p}.type")
+            raise bad(
+                f"'{p}.type' {kind!r:.40} is not supported here (supported: {', '.join(allowed)}); "
+                "images, files and audio are not",
+                f"{p}.type",
+            )
         if not isinstance(part.get("text"), str):
             raise bad(f"'{p}.text' must be a string", f"{p}.text", "invalid_type")
         unknown = {k for k, v in part.items() if v is not None} - {"type", "text"} - _PART_EXTRAS
         if unknown:
-            raise bad(f"'{p}' has unsupported field {min(unknown)!r}", f"{p}.{min(unknown)}",
-                      "unknown_parameter")
+            raise bad(f"'{p}' has unsupported field {min(unknown)!r}", f"{p}.{min(unknown)}", "unknown_parameter")
         texts.append(part["text"])
     return "".join(texts)
 
@@ -59,8 +64,11 @@ def _string(item: dict, key: str, param: str, *, required: bool = True) -> str:
     if v is None and not required:
         return ""
     if not isinstance(v, str) or (required and not v and key != "arguments"):
-        raise bad(f"'{param}.{key}' must be a non-empty string", f"{param}.{key}",
-                  "missing_required_parameter" if v is None else "invalid_type")
+        raise bad(
+            f"'{param}.{key}' must be a non-empty string",
+            f"{param}.{key}",
+            "missing_required_parameter" if v is None else "invalid_type",
+        )
     return v
 
 
@@ -81,8 +89,11 @@ def input_messages(value, history: Sequence[ChatMessage] = ()) -> list[ChatMessa
     if isinstance(value, str):
         return [_message("user", value, "input")]
     if not isinstance(value, list):
-        raise bad("'input' must be a string or an array of input items", "input",
-                  "missing_required_parameter" if value is None else "invalid_type")
+        raise bad(
+            "'input' must be a string or an array of input items",
+            "input",
+            "missing_required_parameter" if value is None else "invalid_type",
+        )
     if len(value) > MAX_INPUT_ITEMS:
         raise bad(f"'input' has more than {MAX_INPUT_ITEMS} items", "input")
     names = _call_names(history)
@@ -101,8 +112,9 @@ def input_messages(value, history: Sequence[ChatMessage] = ()) -> list[ChatMessa
             out.append(_message(_MESSAGE_ROLES[role], text, param))
         elif kind == "function_call":
             _check_fields(item, "function_call", {"call_id", "name", "arguments"}, param)
-            call = ToolCall(_string(item, "call_id", param), _string(item, "name", param),
-                            _string(item, "arguments", param))
+            call = ToolCall(
+                _string(item, "call_id", param), _string(item, "name", param), _string(item, "arguments", param)
+            )
             names[call.id] = call.name
             prev = out[-1] if out else None
             if prev is not None and prev.role == "assistant" and not prev.tool_call_id:
@@ -116,13 +128,17 @@ def input_messages(value, history: Sequence[ChatMessage] = ()) -> list[ChatMessa
             name = _string(item, "name", param, required=False) or names.get(call_id, "")
             out.append(_message("tool", output, param, tool_call_id=call_id, name=name))
         else:
-            raise bad(f"'{param}.type' {kind!r:.40} is not supported: input items are messages, function_call "
-                      "and function_call_output", f"{param}.type")
+            raise bad(
+                f"'{param}.type' {kind!r:.40} is not supported: input items are messages, function_call "
+                "and function_call_output",
+                f"{param}.type",
+            )
     return out
 
 
-def _message(role: str, content: str, param: str, calls: tuple[ToolCall, ...] = (), *, tool_call_id: str = "",
-             name: str = "") -> ChatMessage:
+def _message(
+    role: str, content: str, param: str, calls: tuple[ToolCall, ...] = (), *, tool_call_id: str = "", name: str = ""
+) -> ChatMessage:
     try:
         return ChatMessage(role, content, calls, tool_call_id, name)
     except InvalidRequest as exc:

@@ -32,6 +32,7 @@ __all__ = [
 
 class CallLike(Protocol):
     """A parsed tool call (``hydra_node.api.chat.ParsedToolCall``): what an output item needs (read-only)."""
+
     @property
     def id(self) -> str: ...
     @property
@@ -48,25 +49,39 @@ def usage_body(usage: dict) -> dict:
     """A chat ``usage`` (prompt/completion/total tokens) in the Responses shape."""
     details = usage.get("prompt_tokens_details") or {}
     inp, out = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
-    return {"input_tokens": inp, "output_tokens": out, "total_tokens": inp + out,
-            "input_tokens_details": {"cached_tokens": int(details.get("cached_tokens", 0)), "cache_write_tokens": 0},
-            "output_tokens_details": {"reasoning_tokens": 0}}
+    return {
+        "input_tokens": inp,
+        "output_tokens": out,
+        "total_tokens": inp + out,
+        "input_tokens_details": {"cached_tokens": int(details.get("cached_tokens", 0)), "cache_write_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
 
 
 def text_logprobs(entries: Sequence[TokenLogprob]) -> list[dict]:
     """Token logprobs as an ``output_text`` part carries them (bytes as lists of ints)."""
-    return [{"token": e.token, "bytes": list(e.bytes), "logprob": e.logprob,
-             "top_logprobs": [{"token": t, "bytes": list(b), "logprob": p} for t, p, b in e.top]} for e in entries]
+    return [
+        {
+            "token": e.token,
+            "bytes": list(e.bytes),
+            "logprob": e.logprob,
+            "top_logprobs": [{"token": t, "bytes": list(b), "logprob": p} for t, p, b in e.top],
+        }
+        for e in entries
+    ]
 
 
 def delta_logprobs(entries: Sequence[TokenLogprob]) -> list[dict]:
     """Token logprobs as ``response.output_text.delta``/``.done`` events carry them."""
-    return [{"token": e.token, "logprob": e.logprob,
-             "top_logprobs": [{"token": t, "logprob": p} for t, p, _b in e.top]} for e in entries]
+    return [
+        {"token": e.token, "logprob": e.logprob, "top_logprobs": [{"token": t, "logprob": p} for t, p, _b in e.top]}
+        for e in entries
+    ]
 
 
-def message_item(item_id: str, text: str, status: str = "completed",
-                 logprobs: Sequence[TokenLogprob] | None = None) -> dict:
+def message_item(
+    item_id: str, text: str, status: str = "completed", logprobs: Sequence[TokenLogprob] | None = None
+) -> dict:
     """A message item; its text part has ``logprobs`` when they were asked for (``logprobs`` not None)."""
     part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
     if logprobs is not None:
@@ -75,8 +90,14 @@ def message_item(item_id: str, text: str, status: str = "completed",
 
 
 def call_item(item_id: str, call: CallLike, status: str = "completed") -> dict:
-    return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
-            "arguments": call.arguments, "status": status}
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments,
+        "status": status,
+    }
 
 
 def response_status(finish_reason: str) -> tuple[str, dict | None]:
@@ -86,9 +107,13 @@ def response_status(finish_reason: str) -> tuple[str, dict | None]:
     return "completed", None
 
 
-def output_items(content: str | None, calls: Sequence[CallLike], finish_reason: str,
-                 token: Callable[[int], str] = secrets.token_hex,
-                 logprobs: Sequence[TokenLogprob] | None = None) -> list[dict]:
+def output_items(
+    content: str | None,
+    calls: Sequence[CallLike],
+    finish_reason: str,
+    token: Callable[[int], str] = secrets.token_hex,
+    logprobs: Sequence[TokenLogprob] | None = None,
+) -> list[dict]:
     """The output of a finished generation: a message item when there is text (or nothing else;
     whitespace before calls is not text), then one function_call item per call, in order."""
     status = "incomplete" if finish_reason == "length" else "completed"
@@ -99,12 +124,29 @@ def output_items(content: str | None, calls: Sequence[CallLike], finish_reason: 
     return items
 
 
-def response_body(call: ResponsesCall, resp_id: str, created_at: int, *, status: str, output: list[dict],
-                  usage: dict | None = None, incomplete: dict | None = None, error: dict | None = None) -> dict:
+def response_body(
+    call: ResponsesCall,
+    resp_id: str,
+    created_at: int,
+    *,
+    status: str,
+    output: list[dict],
+    usage: dict | None = None,
+    incomplete: dict | None = None,
+    error: dict | None = None,
+) -> dict:
     """The ``response`` object (also what stream events carry, with status in_progress/failed)."""
-    body = {"id": resp_id, "object": "response", "created_at": created_at, "status": status,
-            "error": error, "incomplete_details": incomplete, "model": call.model, "output": output,
-            "usage": usage}
+    body = {
+        "id": resp_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "error": error,
+        "incomplete_details": incomplete,
+        "model": call.model,
+        "output": output,
+        "usage": usage,
+    }
     body.update(call.response_fields())
     return body
 
@@ -113,6 +155,7 @@ def conversation_after(call: ResponsesCall, output: Sequence[dict]) -> tuple[Cha
     """The conversation a later ``previous_response_id`` continues: this call's history (not its
     instructions, which OpenAI does not carry over) and its output as one assistant message."""
     text = "".join(p["text"] for item in output if item["type"] == "message" for p in item["content"])
-    calls = tuple(ToolCall(item["call_id"], item["name"], item["arguments"]) for item in output
-                  if item["type"] == "function_call")
+    calls = tuple(
+        ToolCall(item["call_id"], item["name"], item["arguments"]) for item in output if item["type"] == "function_call"
+    )
     return call.history + (ChatMessage("assistant", text, calls),)

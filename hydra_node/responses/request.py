@@ -17,8 +17,14 @@ from dataclasses import dataclass, field
 from hydra_node.api.errors import bad
 from hydra_node.api.body import number
 from hydra_node.responses.items import input_messages
-from hydra_node.inference import (MAX_TOKENS_LIMIT, MAX_TOOLS, MAX_TOP_LOGPROBS_REQUEST, ChatMessage, InvalidRequest,
-                                  ToolSpec)
+from hydra_node.inference import (
+    MAX_TOKENS_LIMIT,
+    MAX_TOOLS,
+    MAX_TOP_LOGPROBS_REQUEST,
+    ChatMessage,
+    InvalidRequest,
+    ToolSpec,
+)
 
 __all__ = ["DEFAULT_TEMPERATURE", "DEFAULT_TOP_P", "LOGPROBS_INCLUDE", "ResponsesCall", "parse_responses_body"]
 
@@ -35,9 +41,13 @@ _INCLUDES = {"reasoning.encrypted_content", LOGPROBS_INCLUDE}
 
 
 def _neutral_reasoning(v) -> bool:
-    return v is None or (isinstance(v, dict) and set(v) <= {"effort", "summary", "generate_summary"}
-                         and v.get("effort") in (None, "none") and v.get("summary") is None
-                         and v.get("generate_summary") is None)
+    return v is None or (
+        isinstance(v, dict)
+        and set(v) <= {"effort", "summary", "generate_summary"}
+        and v.get("effort") in (None, "none")
+        and v.get("summary") is None
+        and v.get("generate_summary") is None
+    )
 
 
 #: Fields accepted only with a value that changes nothing; anything else is refused, naming them.
@@ -46,9 +56,17 @@ _NEUTRAL: dict[str, tuple[Callable[[object], bool], str]] = {
     "reasoning": (_neutral_reasoning, "no reasoning effort or summary: the models here do not reason"),
     "service_tier": (lambda v: v in (None, "auto", "default"), "only 'auto' or 'default'"),
     "background": (lambda v: v in (None, False), "background responses are not supported"),
-    "stream_options": (lambda v: v is None or (isinstance(v, dict) and v.get("include_obfuscation") in (None, False)
-                                               and set(v) <= {"include_obfuscation"}),
-                       "only include_obfuscation: false (streams are never padded)"),
+    "stream_options": (
+        lambda v: (
+            v is None
+            or (
+                isinstance(v, dict)
+                and v.get("include_obfuscation") in (None, False)
+                and set(v) <= {"include_obfuscation"}
+            )
+        ),
+        "only include_obfuscation: false (streams are never padded)",
+    ),
     "max_tool_calls": (lambda v: v is None, "not supported"),
     "conversation": (lambda v: v is None, "conversations are not supported; use previous_response_id"),
     "prompt": (lambda v: v is None, "stored prompt templates are not supported"),
@@ -60,14 +78,33 @@ _NEUTRAL: dict[str, tuple[Callable[[object], bool], str]] = {
     "access_programs": (lambda v: v is None, "not supported"),
     "background_options": (lambda v: v is None, "not supported"),
 }
-_HONOURED = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "temperature", "top_p",
-             "max_output_tokens", "text", "previous_response_id", "store", "metadata", "stream", "include",
-             "top_logprobs", "user", "prompt_cache_key", "safety_identifier"}
+_HONOURED = {
+    "model",
+    "input",
+    "instructions",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "temperature",
+    "top_p",
+    "max_output_tokens",
+    "text",
+    "previous_response_id",
+    "store",
+    "metadata",
+    "stream",
+    "include",
+    "top_logprobs",
+    "user",
+    "prompt_cache_key",
+    "safety_identifier",
+}
 
 
 @dataclass(frozen=True)
 class ResponsesCall:
     """What a Responses request asks for, validated."""
+
     model: str
     history: tuple[ChatMessage, ...]  # previous response's conversation + this input (no instructions)
     instructions: str | None = None
@@ -96,17 +133,28 @@ class ResponsesCall:
 
     def response_fields(self) -> dict:
         """The request fields a response object repeats (OpenAI's shapes)."""
-        choice: str | dict = ({"type": "function", "name": self.tool_name} if self.tool_choice == "function"
-                              else self.tool_choice)
-        return {"instructions": self.instructions, "metadata": dict(self.metadata),
-                "parallel_tool_calls": self.parallel_tool_calls, "temperature": self.temperature,
-                "top_p": self.top_p, "max_output_tokens": self.max_output_tokens, "tool_choice": choice,
-                "top_logprobs": self.top_logprobs,
-                "tools": self.echo.get("tools", []), "text": {"format": dict(self.text_format)},
-                "previous_response_id": self.previous_response_id, "store": self.store,
-                "truncation": "disabled", "reasoning": {"effort": None, "summary": None},
-                "service_tier": "default", "background": False,
-                **{k: self.echo[k] for k in ("user", "safety_identifier", "prompt_cache_key") if k in self.echo}}
+        choice: str | dict = (
+            {"type": "function", "name": self.tool_name} if self.tool_choice == "function" else self.tool_choice
+        )
+        return {
+            "instructions": self.instructions,
+            "metadata": dict(self.metadata),
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_output_tokens": self.max_output_tokens,
+            "tool_choice": choice,
+            "top_logprobs": self.top_logprobs,
+            "tools": self.echo.get("tools", []),
+            "text": {"format": dict(self.text_format)},
+            "previous_response_id": self.previous_response_id,
+            "store": self.store,
+            "truncation": "disabled",
+            "reasoning": {"effort": None, "summary": None},
+            "service_tier": "default",
+            "background": False,
+            **{k: self.echo[k] for k in ("user", "safety_identifier", "prompt_cache_key") if k in self.echo},
+        }
 
 
 def _typed(body: dict, key: str, kind: type, what: str):
@@ -123,8 +171,11 @@ def _metadata(v) -> dict:
         raise bad(f"'metadata' must be an object of at most {MAX_METADATA_PAIRS} string pairs", "metadata")
     for k, val in v.items():
         if len(k) > MAX_METADATA_KEY or not isinstance(val, str) or len(val) > MAX_METADATA_VALUE:
-            raise bad(f"'metadata' keys are strings of at most {MAX_METADATA_KEY} characters and values strings "
-                      f"of at most {MAX_METADATA_VALUE}", "metadata")
+            raise bad(
+                f"'metadata' keys are strings of at most {MAX_METADATA_KEY} characters and values strings "
+                f"of at most {MAX_METADATA_VALUE}",
+                "metadata",
+            )
     return dict(v)
 
 
@@ -142,16 +193,18 @@ def _tools(v) -> tuple[tuple[ToolSpec, ...], list[dict]]:
         if not isinstance(t, dict):
             raise bad(f"'{p}' must be an object", p, "invalid_type")
         if t.get("type") != "function":
-            raise bad(f"'{p}.type' {t.get('type')!r:.40} is not supported: only function tools are "
-                      "(no built-in tools such as web_search, file_search or computer use)", f"{p}.type")
+            raise bad(
+                f"'{p}.type' {t.get('type')!r:.40} is not supported: only function tools are "
+                "(no built-in tools such as web_search, file_search or computer use)",
+                f"{p}.type",
+            )
         neutral = {"defer_loading": (None, False), "output_schema": (None,), "allowed_callers": (None, ["direct"])}
         for key, ok in neutral.items():
             if t.get(key) not in ok:
                 raise bad(f"'{p}.{key}' is not supported", f"{p}.{key}", "unsupported_parameter")
         unknown = set(t) - {"type", "name", "description", "parameters", "strict"} - set(neutral)
         if unknown:
-            raise bad(f"'{p}' has unsupported field {min(unknown)!r}", f"{p}.{min(unknown)}",
-                      "unknown_parameter")
+            raise bad(f"'{p}' has unsupported field {min(unknown)!r}", f"{p}.{min(unknown)}", "unknown_parameter")
         name, desc, params, strict = t.get("name"), t.get("description"), t.get("parameters"), t.get("strict")
         if not isinstance(name, str) or not _FORMAT_NAME.fullmatch(name):
             raise bad(f"'{p}.name' must be 1 to 64 letters, digits, '_' or '-'", f"{p}.name")
@@ -168,8 +221,15 @@ def _tools(v) -> tuple[tuple[ToolSpec, ...], list[dict]]:
             specs.append(ToolSpec(name, desc or "", json.dumps(schema)))
         except InvalidRequest as exc:
             raise bad(exc.message, p) from None
-        echo.append({"type": "function", "name": name, "description": desc, "parameters": schema,
-                     "strict": True if strict is None else strict})
+        echo.append(
+            {
+                "type": "function",
+                "name": name,
+                "description": desc,
+                "parameters": schema,
+                "strict": True if strict is None else strict,
+            }
+        )
     return tuple(specs), echo
 
 
@@ -185,8 +245,11 @@ def _tool_choice(v, tools: Sequence[ToolSpec]) -> tuple[str, str]:
         if not isinstance(name, str) or name not in {t.name for t in tools}:
             raise bad(f"'tool_choice' names {name!r:.70}, which is not a function in 'tools'", "tool_choice")
         return "function", name
-    raise bad("'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": ...} "
-              "(allowed_tools and built-in tool choices are not supported)", "tool_choice")
+    raise bad(
+        "'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": ...} "
+        "(allowed_tools and built-in tool choices are not supported)",
+        "tool_choice",
+    )
 
 
 def _logprobs(body: dict) -> tuple[bool, int]:
@@ -194,8 +257,11 @@ def _logprobs(body: dict) -> tuple[bool, int]:
     if include is None:
         include = []
     if not isinstance(include, list) or not all(x in _INCLUDES for x in include):
-        raise bad(f"'include' may hold only {' and '.join(sorted(_INCLUDES))} (no search results, images or "
-                  "code outputs)", "include", "unsupported_parameter")
+        raise bad(
+            f"'include' may hold only {' and '.join(sorted(_INCLUDES))} (no search results, images or code outputs)",
+            "include",
+            "unsupported_parameter",
+        )
     top = body.get("top_logprobs")
     if top is not None and (type(top) is not int or not 0 <= top <= MAX_TOP_LOGPROBS_REQUEST):
         raise bad(f"'top_logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS_REQUEST}", "top_logprobs")
@@ -218,8 +284,10 @@ def _text_format(v) -> dict:
     if kind in ("text", "json_object") and set(fmt) == {"type"}:
         return {"type": kind}
     if kind != "json_schema":
-        raise bad("'text.format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or a json_schema "
-                  "format", "text.format")
+        raise bad(
+            "'text.format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or a json_schema format",
+            "text.format",
+        )
     unknown = set(fmt) - {"type", "name", "schema", "strict", "description"}
     if unknown:
         raise bad(f"'text.format' has unsupported field {min(unknown)!r}", "text.format", "unknown_parameter")
@@ -227,8 +295,11 @@ def _text_format(v) -> dict:
     if not isinstance(name, str) or not _FORMAT_NAME.fullmatch(name):
         raise bad("'text.format.name' must be 1 to 64 letters, digits, '_' or '-'", "text.format.name")
     if not isinstance(schema, dict):
-        raise bad("'text.format.schema' must be a JSON Schema object", "text.format.schema",
-                  "missing_required_parameter" if schema is None else "invalid_type")
+        raise bad(
+            "'text.format.schema' must be a JSON Schema object",
+            "text.format.schema",
+            "missing_required_parameter" if schema is None else "invalid_type",
+        )
     if strict is not None and not isinstance(strict, bool):
         raise bad("'text.format.strict' must be a boolean", "text.format.strict", "invalid_type")
     if desc is not None and not isinstance(desc, str):
@@ -283,16 +354,32 @@ def parse_responses_body(raw: bytes, previous: Callable[[str], Sequence[ChatMess
     if not messages:
         raise bad("'input' must not be empty", "input", "missing_required_parameter")
     return ResponsesCall(
-        model=model, history=messages, instructions=instructions, tools=tools, tool_choice=choice, tool_name=name,
+        model=model,
+        history=messages,
+        instructions=instructions,
+        tools=tools,
+        tool_choice=choice,
+        tool_name=name,
         parallel_tool_calls=True if parallel is None else parallel,
         temperature=number(body, "temperature", DEFAULT_TEMPERATURE, -math.inf, math.inf),
         top_p=number(body, "top_p", DEFAULT_TOP_P, -math.inf, math.inf),
-        max_output_tokens=max_out, text_format=_text_format(body.get("text")), previous_response_id=prev_id,
-        store=True if store is None else store, stream=stream, logprobs=logprobs, top_logprobs=top_logprobs,
+        max_output_tokens=max_out,
+        text_format=_text_format(body.get("text")),
+        previous_response_id=prev_id,
+        store=True if store is None else store,
+        stream=stream,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
         session=session,
-        metadata=_metadata(body.get("metadata")), echo=echo)
+        metadata=_metadata(body.get("metadata")),
+        echo=echo,
+    )
 
 
 def _not_found(prev_id: str):
-    return bad(f"previous response {prev_id!r:.80} not found (never stored, created with store: false, or "
-               "evicted from this node's bounded store)", "previous_response_id", "previous_response_not_found")
+    return bad(
+        f"previous response {prev_id!r:.80} not found (never stored, created with store: false, or "
+        "evicted from this node's bounded store)",
+        "previous_response_id",
+        "previous_response_not_found",
+    )

@@ -21,8 +21,14 @@ from hydra_node.moa.answers import MoaApi, complete_answer, open_chat_events
 from hydra_node.api.errors import ApiError
 from hydra_node.api.router_api import RouterApi
 from hydra_node.responses.constraints import generation_request
-from hydra_node.responses.output import (conversation_after, new_id, output_items, response_body, response_status,
-                                             usage_body)
+from hydra_node.responses.output import (
+    conversation_after,
+    new_id,
+    output_items,
+    response_body,
+    response_status,
+    usage_body,
+)
 from hydra_node.responses.request import ResponsesCall, parse_responses_body
 from hydra_node.responses.store import ResponsesStore
 from hydra_node.responses.stream import ResponseEventStream, ResponseStreamFormatter
@@ -36,8 +42,14 @@ class ResponsesApi:
 
     ``router`` provides ``generate(req)``, ``models()`` and ``recently_seen(model)``."""
 
-    def __init__(self, router: RouterApi, *, store: ResponsesStore | None = None, clock: Callable[[], float] = time.time,
-                 moa: MoaApi | None = None):
+    def __init__(
+        self,
+        router: RouterApi,
+        *,
+        store: ResponsesStore | None = None,
+        clock: Callable[[], float] = time.time,
+        moa: MoaApi | None = None,
+    ):
         self.router = router
         self.moa = moa  # model "mesh" (docs/moa.md); None: no mesh model
         self.store = store if store is not None else ResponsesStore()
@@ -75,8 +87,12 @@ class ResponsesApi:
             raise ApiError(400, f"query parameter '{key}' is not supported", "unsupported_parameter", key)
         found = self.store.lookup(resp_id)
         if found is None:
-            raise ApiError(404, f"response {resp_id!r:.80} not found (never stored, created with store: false, "
-                                "or evicted from this node's bounded store)", "response_not_found")
+            raise ApiError(
+                404,
+                f"response {resp_id!r:.80} not found (never stored, created with store: false, "
+                "or evicted from this node's bounded store)",
+                "response_not_found",
+            )
         if request.method == "DELETE":
             self.store.pop(resp_id)
             return Response.json(200, {"id": resp_id, "object": "response", "deleted": True})
@@ -98,21 +114,25 @@ class ResponsesApi:
 
     async def _complete(self, call: ResponsesCall, req: GenerationRequest, resp_id: str, created: int) -> Response:
         out, headers = await complete_answer(self.router, self.moa, req)  # model "mesh": the mixture's answer
-        output = output_items(out.content, out.tool_calls, out.finish_reason,
-                              logprobs=out.logprobs if call.logprobs else None)
+        output = output_items(
+            out.content, out.tool_calls, out.finish_reason, logprobs=out.logprobs if call.logprobs else None
+        )
         for item, made in zip([o for o in output if o["type"] == "function_call"], out.tool_calls):
             if not made.complete:  # cut by max_output_tokens inside its arguments
                 item["status"] = "incomplete"
         status, incomplete = response_status(out.finish_reason)
-        body = response_body(call, resp_id, created, status=status, output=output, usage=usage_body(out.usage),
-                             incomplete=incomplete)
+        body = response_body(
+            call, resp_id, created, status=status, output=output, usage=usage_body(out.usage), incomplete=incomplete
+        )
         self._remember(call, body)
         return Response.json(200, body, headers)
 
-    async def _stream(self, call: ResponsesCall, req: GenerationRequest, resp_id: str,
-                      created: int, nursery: trio.Nursery | None) -> StreamResponse:
+    async def _stream(
+        self, call: ResponsesCall, req: GenerationRequest, resp_id: str, created: int, nursery: trio.Nursery | None
+    ) -> StreamResponse:
         # Open the generation before answering 200, so routing errors get a proper status.
         events, close, headers = await open_chat_events(self.router, self.moa, req, nursery)
-        fmt = ResponseStreamFormatter(ResponseEventStream(call, resp_id, created),
-                                      lambda final: self._remember(call, final))
+        fmt = ResponseStreamFormatter(
+            ResponseEventStream(call, resp_id, created), lambda final: self._remember(call, final)
+        )
         return stream_answer(events, fmt, close=close, headers=headers)

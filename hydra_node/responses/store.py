@@ -24,8 +24,14 @@ MAX_STORED_CHARS = 64 * 1024 * 1024
 
 
 def _chars(messages: Sequence[ChatMessage]) -> int:
-    return sum(len(m.content) + len(m.tool_call_id) + len(m.name) + 16
-               + sum(len(c.id) + len(c.name) + len(c.arguments) for c in m.tool_calls) for m in messages)
+    return sum(
+        len(m.content)
+        + len(m.tool_call_id)
+        + len(m.name)
+        + 16
+        + sum(len(c.id) + len(c.name) + len(c.arguments) for c in m.tool_calls)
+        for m in messages
+    )
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,16 @@ from typing import NamedTuple
 from hydra_node.api.answer import Chunks
 from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments, ToolCallStart
 from hydra_node.grammar.toolcalls import ParsedToolCall
-from hydra_node.responses.output import (CallLike, call_item, delta_logprobs, message_item, new_id, response_body,
-                                             response_status, usage_body)
+from hydra_node.responses.output import (
+    CallLike,
+    call_item,
+    delta_logprobs,
+    message_item,
+    new_id,
+    response_body,
+    response_status,
+    usage_body,
+)
 from hydra_node.responses.request import ResponsesCall
 from hydra_node.inference import GenerationError, TokenLogprob
 
@@ -50,22 +58,23 @@ FAILED_CODES = {429: "rate_limit_exceeded"}
 
 class _Head(NamedTuple):
     """A call's item before its arguments came."""
+
     id: str
     name: str
     arguments: str = ""
 
 
 def sse(event: dict) -> bytes:
-    return (f"event: {event['type']}\ndata: ".encode() + json.dumps(event, separators=(",", ":")).encode()
-            + b"\n\n")
+    return f"event: {event['type']}\ndata: ".encode() + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
 
 
 class ResponseEventStream:
     """One streamed response's events. After :meth:`finish` or :meth:`fail` it is ``done`` and
     ``final`` holds the response object."""
 
-    def __init__(self, call: ResponsesCall, resp_id: str, created_at: int,
-                 token: Callable[[int], str] = secrets.token_hex):
+    def __init__(
+        self, call: ResponsesCall, resp_id: str, created_at: int, token: Callable[[int], str] = secrets.token_hex
+    ):
         self.call, self.resp_id, self.created_at, self._token = call, resp_id, created_at, token
         self.output: list[dict] = []
         self.final: dict | None = None
@@ -91,17 +100,26 @@ class ResponseEventStream:
         return response_body(self.call, self.resp_id, self.created_at, status=status, output=list(self.output), **kw)
 
     def start(self) -> list[dict]:
-        return [self._event("response.created", response=self._response("in_progress")),
-                self._event("response.in_progress", response=self._response("in_progress"))]
+        return [
+            self._event("response.created", response=self._response("in_progress")),
+            self._event("response.in_progress", response=self._response("in_progress")),
+        ]
 
     def _open_message(self) -> list[dict]:
         self._msg = message_item(new_id("msg", self._token), "", "in_progress")
         self._msg["content"] = []
         self._text, self._lps = [], []
         idx = len(self.output)
-        return [self._event("response.output_item.added", output_index=idx, item=dict(self._msg, content=[])),
-                self._event("response.content_part.added", item_id=self._msg["id"], output_index=idx,
-                            content_index=0, part=message_item("", "", logprobs=self._asked([]))["content"][0])]
+        return [
+            self._event("response.output_item.added", output_index=idx, item=dict(self._msg, content=[])),
+            self._event(
+                "response.content_part.added",
+                item_id=self._msg["id"],
+                output_index=idx,
+                content_index=0,
+                part=message_item("", "", logprobs=self._asked([]))["content"][0],
+            ),
+        ]
 
     def _asked(self, entries: list[TokenLogprob]) -> list[TokenLogprob] | None:
         return entries if self.call.logprobs else None
@@ -115,11 +133,24 @@ class ResponseEventStream:
         item = message_item(item_id, text, status, self._asked(self._lps))
         self._msg = None
         self.output.append(item)
-        return [self._event("response.output_text.done", item_id=item_id, output_index=idx, content_index=0,
-                            text=text, logprobs=delta_logprobs(self._lps)),
-                self._event("response.content_part.done", item_id=item_id, output_index=idx, content_index=0,
-                            part=item["content"][0]),
-                self._event("response.output_item.done", output_index=idx, item=item)]
+        return [
+            self._event(
+                "response.output_text.done",
+                item_id=item_id,
+                output_index=idx,
+                content_index=0,
+                text=text,
+                logprobs=delta_logprobs(self._lps),
+            ),
+            self._event(
+                "response.content_part.done",
+                item_id=item_id,
+                output_index=idx,
+                content_index=0,
+                part=item["content"][0],
+            ),
+            self._event("response.output_item.done", output_index=idx, item=item),
+        ]
 
     def text(self, delta: str, logprobs: Sequence[TokenLogprob] = ()) -> list[dict]:
         """Text (and, when asked for, its tokens' logprobs; they may come with empty text)."""
@@ -138,8 +169,16 @@ class ResponseEventStream:
         sent, self._pending = self._pending, []
         self._lps += sent
         assert self._msg is not None  # open (_open_message above)
-        events.append(self._event("response.output_text.delta", item_id=self._msg["id"], output_index=len(self.output),
-                                  content_index=0, delta=delta, logprobs=delta_logprobs(sent)))
+        events.append(
+            self._event(
+                "response.output_text.delta",
+                item_id=self._msg["id"],
+                output_index=len(self.output),
+                content_index=0,
+                delta=delta,
+                logprobs=delta_logprobs(sent),
+            )
+        )
         return events
 
     def call_start(self, call: CallLike | ToolCallStart) -> list[dict]:
@@ -150,16 +189,23 @@ class ResponseEventStream:
         events = self._close_message("completed")
         self._call = call_item(new_id("fc", self._token), _Head(call.id, call.name), "in_progress")
         self._call_args = []
-        return events + [self._event("response.output_item.added", output_index=len(self.output),
-                                     item=dict(self._call))]
+        return events + [
+            self._event("response.output_item.added", output_index=len(self.output), item=dict(self._call))
+        ]
 
     def call_arguments(self, delta: str) -> list[dict]:
         """A fragment of the streamed call's arguments."""
         if self.done or self._call is None or not delta:
             return []
         self._call_args.append(delta)
-        return [self._event("response.function_call_arguments.delta", item_id=self._call["id"],
-                            output_index=len(self.output), delta=delta)]
+        return [
+            self._event(
+                "response.function_call_arguments.delta",
+                item_id=self._call["id"],
+                output_index=len(self.output),
+                delta=delta,
+            )
+        ]
 
     def tool_call(self, call: CallLike) -> list[dict]:
         """A call parsed whole, or the end of the streamed one (``call.complete`` False: cut)."""
@@ -173,8 +219,9 @@ class ResponseEventStream:
         args = "".join(self._call_args)
         item.update(arguments=args, status="completed" if getattr(call, "complete", True) else "incomplete")
         idx = len(self.output)
-        events.append(self._event("response.function_call_arguments.done", item_id=item["id"], output_index=idx,
-                                  arguments=args))
+        events.append(
+            self._event("response.function_call_arguments.done", item_id=item["id"], output_index=idx, arguments=args)
+        )
         self.output.append(item)
         return events + [self._event("response.output_item.done", output_index=idx, item=item)]
 
@@ -197,8 +244,9 @@ class ResponseEventStream:
         if self.done:
             return []
         self._msg = None
-        self.final = self._response("failed", error={"code": FAILED_CODES.get(status, "server_error"),
-                                                     "message": message})
+        self.final = self._response(
+            "failed", error={"code": FAILED_CODES.get(status, "server_error"), "message": message}
+        )
         return [self._event("response.failed", response=self.final)]
 
 

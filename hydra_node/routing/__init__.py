@@ -19,8 +19,22 @@ from hydra_node.routing.scheduler import (
 from hydra_node.routing.telemetry import InvalidHint, Target, TargetView, TelemetryStore
 
 __all__ = [
-    "Candidate", "Decision", "InvalidHint", "RequestFeatures", "Scheduler", "SchedulerConfig",
-    "SchedulerConfigError", "SchedulerMode", "SchedulerState", "ScoreBreakdown", "Target",
-    "TargetView", "TelemetryStore", "affinity_keys", "cooldown_ms", "decide", "request_features",
+    "Candidate",
+    "Decision",
+    "InvalidHint",
+    "RequestFeatures",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerConfigError",
+    "SchedulerMode",
+    "SchedulerState",
+    "ScoreBreakdown",
+    "Target",
+    "TargetView",
+    "TelemetryStore",
+    "affinity_keys",
+    "cooldown_ms",
+    "decide",
+    "request_features",
     "score",
 ]

@@ -31,13 +31,13 @@ def _text(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # OpenAI content parts
-        return "".join(p["text"] for p in content
-                       if isinstance(p, dict) and isinstance(p.get("text"), str))
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return ""
 
 
-def affinity_keys(body: object, model: str, config: SchedulerConfig,
-                  session_header: str | None = None) -> tuple[str | None, str | None, int]:
+def affinity_keys(
+    body: object, model: str, config: SchedulerConfig, session_header: str | None = None
+) -> tuple[str | None, str | None, int]:
     """``(session_key, prefix_key, prefix_tokens)`` of an OpenAI request body.
 
     Session key: ``session_header`` (e.g. ``x-session-id``), else body ``prompt_cache_key``,
@@ -81,8 +81,9 @@ def affinity_keys(body: object, model: str, config: SchedulerConfig,
     return session_key, _digest("p", model, prefix), len(prefix) // CHARS_PER_TOKEN
 
 
-def request_features(body: object, model: str, prompt_tokens: int, config: SchedulerConfig,
-                     session_header: str | None = None) -> RequestFeatures:
+def request_features(
+    body: object, model: str, prompt_tokens: int, config: SchedulerConfig, session_header: str | None = None
+) -> RequestFeatures:
     """Features of an OpenAI chat/completions body whose prompt has ``prompt_tokens`` tokens."""
     session_key, prefix_key, prefix_tokens = affinity_keys(body, model, config, session_header)
     max_tokens = None
@@ -92,9 +93,14 @@ def request_features(body: object, model: str, prompt_tokens: int, config: Sched
             if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
                 max_tokens = value
                 break
-    return RequestFeatures(model=model, prompt_tokens=max(0, prompt_tokens), max_tokens=max_tokens,
-                           session_key=session_key, prefix_key=prefix_key,
-                           prefix_tokens=min(prefix_tokens, max(0, prompt_tokens)))
+    return RequestFeatures(
+        model=model,
+        prompt_tokens=max(0, prompt_tokens),
+        max_tokens=max_tokens,
+        session_key=session_key,
+        prefix_key=prefix_key,
+        prefix_tokens=min(prefix_tokens, max(0, prompt_tokens)),
+    )
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,4 @@ def _check_entry(index: int, entry: object) -> dict[str, Any]:
 
 def decode_values(entry: dict[str, Any]) -> tuple[tuple[str, float], ...]:
     """View-unit values of a validated entry."""
-    return tuple(
-        (field, entry[key] / divisor) for key, (field, divisor) in HINT_FIELDS.items() if key in entry
-    )
+    return tuple((field, entry[key] / divisor) for key, (field, divisor) in HINT_FIELDS.items() if key in entry)

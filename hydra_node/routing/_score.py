@@ -132,9 +132,17 @@ def _clamp(value: float) -> float:
     return min(MAX_TERM_MS, max(0.0, value))
 
 
-def score(candidate: Candidate, request: RequestFeatures, view: TargetView, config: SchedulerConfig,
-          now: float, *, affinity: bool = False, affinity_tokens: int = 0,
-          retry_ttft_ms: float = 0.0) -> ScoreBreakdown:
+def score(
+    candidate: Candidate,
+    request: RequestFeatures,
+    view: TargetView,
+    config: SchedulerConfig,
+    now: float,
+    *,
+    affinity: bool = False,
+    affinity_tokens: int = 0,
+    retry_ttft_ms: float = 0.0,
+) -> ScoreBreakdown:
     """Predicted cost of sending ``request`` to ``candidate``; lower is better.
 
     ``affinity``: the request's session or prefix was last routed to this candidate, which is
@@ -144,12 +152,14 @@ def score(candidate: Candidate, request: RequestFeatures, view: TargetView, conf
     out = request.output_tokens(config)
     tpot = view.tpot_ms
     if tpot is None:
-        tpot = (1000.0 / candidate.advertised_decode_tps if candidate.advertised_decode_tps
-                else config.default_tpot_ms)
+        tpot = 1000.0 / candidate.advertised_decode_tps if candidate.advertised_decode_tps else config.default_tpot_ms
     per_token = view.prefill_ms_per_token
     if per_token is None:
-        per_token = (1000.0 / candidate.advertised_prefill_tps if candidate.advertised_prefill_tps
-                     else config.default_prefill_ms_per_token)
+        per_token = (
+            1000.0 / candidate.advertised_prefill_tps
+            if candidate.advertised_prefill_tps
+            else config.default_prefill_ms_per_token
+        )
     cached = min(request.prompt_tokens, max(0, affinity_tokens)) if affinity else 0
     prefill = _clamp((request.prompt_tokens - cached) * per_token)
     decode_full = _clamp(out * tpot)
@@ -182,8 +192,7 @@ def score(candidate: Candidate, request: RequestFeatures, view: TargetView, conf
     failure = 0.0
     if view.success_rate is not None:
         p_fail = 1.0 - min(1.0, max(0.0, view.success_rate))
-        failure = _clamp(p_fail * (config.failure_penalty_ms + (view.failure_ms or 0.0)
-                                   + _clamp(retry_ttft_ms)))
+        failure = _clamp(p_fail * (config.failure_penalty_ms + (view.failure_ms or 0.0) + _clamp(retry_ttft_ms)))
     cooldown = 0.0
     until = cooling_until(view, config)
     if until is not None and until > now:
@@ -203,12 +212,23 @@ def score(candidate: Candidate, request: RequestFeatures, view: TargetView, conf
     if affinity:
         reuse = 1.0 if view.cache_hit_ratio is None else min(1.0, max(0.0, view.cache_hit_ratio))
         credit = config.cache_affinity_credit_ms * reuse
-    total = (queue + network + prefill + decode + cold + kv + failure + cooldown + unknown + ttft_pen
-             + tpot_pen - credit)
+    total = queue + network + prefill + decode + cold + kv + failure + cooldown + unknown + ttft_pen + tpot_pen - credit
     return ScoreBreakdown(
-        target=candidate.target, queue_ms=queue, network_ms=network, prefill_ms=prefill,
-        decode_ms=decode, cold_start_ms=cold, kv_transfer_ms=kv, failure_ms=failure,
-        cooldown_ms=cooldown, unknown_ms=unknown, ttft_budget_ms=ttft_pen, tpot_budget_ms=tpot_pen,
-        affinity_credit_ms=credit, predicted_ttft_ms=ttft, predicted_tpot_ms=_clamp(tpot),
-        cached_tokens=cached, total_ms=max(-MAX_TERM_MS, min(10 * MAX_TERM_MS, total)),
+        target=candidate.target,
+        queue_ms=queue,
+        network_ms=network,
+        prefill_ms=prefill,
+        decode_ms=decode,
+        cold_start_ms=cold,
+        kv_transfer_ms=kv,
+        failure_ms=failure,
+        cooldown_ms=cooldown,
+        unknown_ms=unknown,
+        ttft_budget_ms=ttft_pen,
+        tpot_budget_ms=tpot_pen,
+        affinity_credit_ms=credit,
+        predicted_ttft_ms=ttft,
+        predicted_tpot_ms=_clamp(tpot),
+        cached_tokens=cached,
+        total_ms=max(-MAX_TERM_MS, min(10 * MAX_TERM_MS, total)),
     )

@@ -104,9 +104,18 @@ class LiveScheduling:
         self.scheduler = Scheduler(config, self.telemetry)
         self.in_flight: dict[Target, int] = {}  # our outstanding attempts; a key is dropped at 0
         self.listeners: list[Callable[[RequestObservation], None]] = []
-        self.counters = {"attempts": 0, "finished": 0, "failures_blamed": 0, "failures_not_blamed": 0,
-                         "rtt_samples": 0, "hint_summaries_merged": 0, "hint_entries_merged": 0,
-                         "hint_summaries_rejected": 0, "announced_summaries": 0, "observations_dropped": 0}
+        self.counters = {
+            "attempts": 0,
+            "finished": 0,
+            "failures_blamed": 0,
+            "failures_not_blamed": 0,
+            "rtt_samples": 0,
+            "hint_summaries_merged": 0,
+            "hint_entries_merged": 0,
+            "hint_summaries_rejected": 0,
+            "announced_summaries": 0,
+            "observations_dropped": 0,
+        }
         self._last_rtt: dict[str, float] = {}  # peer -> last RTT recorded (pruned to current links)
         self._hint_seen: dict[str, tuple[int, int]] = {}  # peer -> (incarnation, seq) merged
         self._announced: tuple[float, dict] | None = None
@@ -161,14 +170,24 @@ class LiveScheduling:
             load = max(self.in_flight.get(key, 0), announced)
             # a host with free slots is not busy: requests run side by side in its engine
             slots = max(1, rt.slots)
-            candidates.append(Candidate(target=key, context_length=ASSUMED_CONTEXT_TOKENS,
-                                        in_flight=load, queue_depth=max(0, load - slots), slots=slots))
+            candidates.append(
+                Candidate(
+                    target=key,
+                    context_length=ASSUMED_CONTEXT_TOKENS,
+                    in_flight=load,
+                    queue_depth=max(0, load - slots),
+                    slots=slots,
+                )
+            )
         decision = self.scheduler.decide(candidates, self.features(req), trio.current_time(), baseline=keys[0])
         if decision.target is None or decision.target not in by_key:
             return ready, decision
         first = by_key[decision.target]
-        rest = ([by_key[s.target] for s in decision.scores if s.target in by_key]
-                if self.mode is SchedulerMode.ACTIVE else ready)
+        rest = (
+            [by_key[s.target] for s in decision.scores if s.target in by_key]
+            if self.mode is SchedulerMode.ACTIVE
+            else ready
+        )
         return [first] + [t for t in rest if t is not first], decision
 
     @asynccontextmanager
@@ -196,8 +215,9 @@ class LiveScheduling:
                 else:
                     self.in_flight.pop(key, None)
 
-    async def _watch(self, key: Target | None, events: AsyncIterator[GenerationEvent], started: float,
-                     first_at: list[float]) -> AsyncIterator[GenerationEvent]:
+    async def _watch(
+        self, key: Target | None, events: AsyncIterator[GenerationEvent], started: float, first_at: list[float]
+    ) -> AsyncIterator[GenerationEvent]:
         async for ev in events:
             now = trio.current_time()
             if not first_at:
@@ -214,8 +234,16 @@ class LiveScheduling:
         completion = int(_finite(fin.completion_tokens, 0, 1 << 31))
         cached = int(_finite(fin.cached_tokens, 0, prompt))
         queue_ms = _finite(fin.queue_wait_ms, 0.0, ttft_ms)
-        self.telemetry.observe_request(key, now, queue_wait_ms=queue_ms, ttft_ms=ttft_ms, duration_ms=duration_ms,
-                                       prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion)
+        self.telemetry.observe_request(
+            key,
+            now,
+            queue_wait_ms=queue_ms,
+            ttft_ms=ttft_ms,
+            duration_ms=duration_ms,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            completion_tokens=completion,
+        )
         itl = _finite(fin.itl_ms, 0.0, duration_ms)
         if itl == 0.0 and completion > 1:
             itl = (duration_ms - ttft_ms) / (completion - 1)
@@ -288,8 +316,9 @@ class LiveScheduling:
     def announce_extra(self) -> dict:
         """``{"tm": summary}`` for our announcement (``{}`` when we have nothing fresh)."""
         now = trio.current_time()
-        if self._announced is not None and (now - self._announced[0] < ANNOUNCE_REFRESH_S
-                                            or not self._announced[1] and not self.telemetry.targets()):
+        if self._announced is not None and (
+            now - self._announced[0] < ANNOUNCE_REFRESH_S or not self._announced[1] and not self.telemetry.targets()
+        ):
             return self._announced[1]
         summary = self.telemetry.summary(now)
         entries = summary["entries"][:ANNOUNCED_ENTRIES]
@@ -321,8 +350,12 @@ class LiveScheduling:
 
     # ---- status ----------------------------------------------------------------------------
     def statistics(self) -> SchedulingStatistics:
-        return SchedulingStatistics(mode=self.mode, decisions=dict(self.scheduler.state.counters),
-                                    counters=dict(self.counters), tracked_targets=len(self.telemetry))
+        return SchedulingStatistics(
+            mode=self.mode,
+            decisions=dict(self.scheduler.state.counters),
+            counters=dict(self.counters),
+            tracked_targets=len(self.telemetry),
+        )
 
     def network_costs(self) -> dict:
         snap = self.telemetry.snapshot(trio.current_time())

@@ -21,8 +21,17 @@ class LocalRunners:
 
     def targets(self) -> list[RouteTarget]:
         # a restarting runner is listed as loading: it is coming back, the router waits or goes elsewhere
-        return [RouteTarget(model=r.model.id, node_id=self.node_id, local=True, open=r.generate,
-                            embed=r.embeddings.embed, queue_depth=r.queue_depth + r.in_flight, slots=r.slots,
-                            free_slots=r.free_slots,
-                            state=TargetState.LOADING if r.state == RunnerState.RESTARTING else TargetState.of(r.state))
-                for r in self.runners.values()]
+        return [
+            RouteTarget(
+                model=r.model.id,
+                node_id=self.node_id,
+                local=True,
+                open=r.generate,
+                embed=r.embeddings.embed,
+                queue_depth=r.queue_depth + r.in_flight,
+                slots=r.slots,
+                free_slots=r.free_slots,
+                state=TargetState.LOADING if r.state == RunnerState.RESTARTING else TargetState.of(r.state),
+            )
+            for r in self.runners.values()
+        ]

@@ -22,8 +22,17 @@ from typing import Any, Protocol
 
 import trio
 
-from hydra_node.inference import (EmbeddingRequest, EmbeddingResult, EventStreamDecoder, GenerationError,
-                                  GenerationEvent, GenerationRequest, InvalidRequest, ModelUnavailable, event_frame)
+from hydra_node.inference import (
+    EmbeddingRequest,
+    EmbeddingResult,
+    EventStreamDecoder,
+    GenerationError,
+    GenerationEvent,
+    GenerationRequest,
+    InvalidRequest,
+    ModelUnavailable,
+    event_frame,
+)
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError, StreamReset
 from hydra_node.mesh.link.peer_link import PeerLink
 from hydra_node.mesh.membership import Announcement
@@ -64,15 +73,20 @@ class RemoteGenerationStatistics:
 
     def counters(self) -> dict[str, int]:
         """The names ``/api/status`` has always shown under ``mesh.counters``."""
-        return {"remote_generations_served": self.served, "remote_generations_opened": self.opened,
-                "remote_generation_errors": self.errors, "bad_generate_requests": self.bad_requests}
+        return {
+            "remote_generations_served": self.served,
+            "remote_generations_opened": self.opened,
+            "remote_generation_errors": self.errors,
+            "bad_generate_requests": self.bad_requests,
+        }
 
 
 class RemoteGeneration:
     """A router target source for members' models, and the host side of their requests to us."""
 
-    def __init__(self, mesh: MeshMembers, *, node_id: str, local_open: LocalOpen,
-                 embed_remote: EmbedRemote | None = None) -> None:
+    def __init__(
+        self, mesh: MeshMembers, *, node_id: str, local_open: LocalOpen, embed_remote: EmbedRemote | None = None
+    ) -> None:
         """``embed_remote(peer_id, EmbeddingRequest)``: the ``embed`` of our remote targets (remote_embed.py)."""
         self._mesh = mesh
         self.node_id = node_id
@@ -97,10 +111,20 @@ class RemoteGeneration:
                 state = TargetState.of(m.state) if states.get(peer_id) == "alive" else TargetState.SUSPECT
                 # capacity as announced: what it serves (its queue) plus what it could still start
                 slots = max(1, ann.queue_depth + m.free_slots) if m.free_slots is not None else 1
-                out.append(RouteTarget(model=m.id, node_id=peer_id, local=False, open=partial(self.open_remote, peer_id),
-                                  queue_depth=ann.queue_depth, rtt_ms=rtt, state=state, slots=slots,
-                                  free_slots=m.free_slots,
-                                  embed=None if self._embed_remote is None else partial(self._embed_remote, peer_id)))
+                out.append(
+                    RouteTarget(
+                        model=m.id,
+                        node_id=peer_id,
+                        local=False,
+                        open=partial(self.open_remote, peer_id),
+                        queue_depth=ann.queue_depth,
+                        rtt_ms=rtt,
+                        state=state,
+                        slots=slots,
+                        free_slots=m.free_slots,
+                        embed=None if self._embed_remote is None else partial(self._embed_remote, peer_id),
+                    )
+                )
         return out
 
     @asynccontextmanager
@@ -123,11 +147,16 @@ class RemoteGeneration:
                         try:
                             data = await stream.receive()
                         except (StreamReset, LinkClosed) as exc:
-                            raise GenerationError(f"peer {peer_id[:16]} lost: {exc}", code="peer_lost",
-                                                  status=502, retryable=not started) from None
+                            raise GenerationError(
+                                f"peer {peer_id[:16]} lost: {exc}", code="peer_lost", status=502, retryable=not started
+                            ) from None
                         if not data:
-                            raise GenerationError(f"peer {peer_id[:16]} ended the stream early", code="peer_lost",
-                                                  status=502, retryable=not started)
+                            raise GenerationError(
+                                f"peer {peer_id[:16]} ended the stream early",
+                                code="peer_lost",
+                                status=502,
+                                retryable=not started,
+                            )
                         decoder.receive_data(data)
                         while (ev := decoder.next_event()) is not None:  # RemoteError for anything bad
                             started = True
@@ -155,12 +184,14 @@ class RemoteGeneration:
             if finished:
                 return  # the answer is complete; a late close is not the client's problem
             self._errors += 1
-            raise GenerationError(f"peer {peer_id[:16]} lost: {exc}", code="peer_lost", status=502,
-                                  retryable=True) from None
+            raise GenerationError(
+                f"peer {peer_id[:16]} lost: {exc}", code="peer_lost", status=502, retryable=True
+            ) from None
 
     # ---- host -----------------------------------------------------------------------------
     async def serve(self, link: PeerLink, header: Mapping[str, Any], stream: LinkStream) -> None:
         """Answer a peer's ``generate`` stream with a local runner (errors go back as an error event)."""
+
         async def send_error(err: GenerationError) -> None:
             await stream.send(event_frame(err))
             await stream.send_eof()

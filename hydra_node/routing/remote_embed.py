@@ -24,9 +24,18 @@ import trio
 
 from hydra_node.codec.errors import DecodeError, EncodeError
 from hydra_node.codec.framing import MessageDecoder, encode_message
-from hydra_node.inference import (MAX_EMBED_FRAME_BYTES, EmbeddingAssembler, EmbeddingRequest, EmbeddingResult,
-                                  GenerationError, InvalidRequest, MalformedRemoteEvent, ModelUnavailable,
-                                  error_message, reply_messages)
+from hydra_node.inference import (
+    MAX_EMBED_FRAME_BYTES,
+    EmbeddingAssembler,
+    EmbeddingRequest,
+    EmbeddingResult,
+    GenerationError,
+    InvalidRequest,
+    MalformedRemoteEvent,
+    ModelUnavailable,
+    error_message,
+    reply_messages,
+)
 from hydra_node.mesh.link.peer_link import PeerLink
 from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError, StreamReset
@@ -61,8 +70,9 @@ class RemoteEmbeddings:
         try:
             frame = encode_message({"op": "embed", "req": req.to_wire()}, limit=MAX_EMBED_REQUEST_BYTES)
         except EncodeError as exc:
-            raise GenerationError(f"the embedding request is too large to forward: {exc}", code="request_too_large",
-                                  status=413) from None
+            raise GenerationError(
+                f"the embedding request is too large to forward: {exc}", code="request_too_large", status=413
+            ) from None
         try:
             link = await self._mesh.link_to(peer_id)
         except MeshError as exc:
@@ -78,8 +88,12 @@ class RemoteEmbeddings:
                 while True:
                     data = await stream.receive()
                     if not data:
-                        raise GenerationError(f"peer {peer_id[:16]} ended the embed stream early", code="peer_lost",
-                                              status=502, retryable=not started)
+                        raise GenerationError(
+                            f"peer {peer_id[:16]} ended the embed stream early",
+                            code="peer_lost",
+                            status=502,
+                            retryable=not started,
+                        )
                     decoder.receive_data(data)
                     while True:
                         try:
@@ -97,8 +111,9 @@ class RemoteEmbeddings:
             if result is not None:
                 return result  # complete: a late close (the host's reset as it finished) is no failure
             self.errors += 1
-            raise GenerationError(f"peer {peer_id[:16]} lost: {exc}", code="peer_lost", status=502,
-                                  retryable=not started) from None
+            raise GenerationError(
+                f"peer {peer_id[:16]} lost: {exc}", code="peer_lost", status=502, retryable=not started
+            ) from None
         except GenerationError:
             self.errors += 1
             raise
@@ -112,8 +127,9 @@ class RemoteEmbeddings:
             return
         except InvalidRequest as exc:
             self.bad_requests += 1
-            await self._send_error(stream, GenerationError(f"invalid embedding request: {exc.message}",
-                                                           code="invalid_request", status=400))
+            await self._send_error(
+                stream, GenerationError(f"invalid embedding request: {exc.message}", code="invalid_request", status=400)
+            )
             return
         if req is None:
             return

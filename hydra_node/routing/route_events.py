@@ -44,18 +44,32 @@ def decision_fields(model: str, node_id: str, ordered: list, decision: Any | Non
 
 def _decision_fields(model: str, node_id: str, ordered: list, decision: Any | None) -> dict[str, Any]:
     if decision is None:
-        return {"model": model, "target": ordered[0].node_id if ordered else None, "mode": "fixed",
-                "candidates": [{"target": t.node_id, "score": None, "terms": {}}
-                               for t in ordered[:MAX_DECISION_CANDIDATES]]}
+        return {
+            "model": model,
+            "target": ordered[0].node_id if ordered else None,
+            "mode": "fixed",
+            "candidates": [
+                {"target": t.node_id, "score": None, "terms": {}} for t in ordered[:MAX_DECISION_CANDIDATES]
+            ],
+        }
     candidates = []
     for s in decision.scores[:MAX_DECISION_CANDIDATES]:
-        terms = {f.name: round(getattr(s, f.name), 3) for f in dc_fields(s)
-                 if f.name not in _NOT_TERMS and isinstance(getattr(s, f.name), (int, float))}
+        terms = {
+            f.name: round(getattr(s, f.name), 3)
+            for f in dc_fields(s)
+            if f.name not in _NOT_TERMS and isinstance(getattr(s, f.name), (int, float))
+        }
         candidates.append({"target": _node(s.target, node_id), "score": round(s.total_ms, 3), "terms": terms})
-    return {"model": model, "target": ordered[0].node_id if ordered else None, "mode": decision.mode.value,
-            "candidates": candidates, "scheduled": _node(decision.scheduled, node_id),
-            "baseline": _node(decision.baseline, node_id), "disagreement": decision.disagreement,
-            "reason": decision.reason}
+    return {
+        "model": model,
+        "target": ordered[0].node_id if ordered else None,
+        "mode": decision.mode.value,
+        "candidates": candidates,
+        "scheduled": _node(decision.scheduled, node_id),
+        "baseline": _node(decision.baseline, node_id),
+        "disagreement": decision.disagreement,
+        "reason": decision.reason,
+    }
 
 
 class RequestReport:
@@ -95,5 +109,12 @@ class RequestReport:
                 tok_s = round((tokens - 1) / decode_s, 2)
             elif self.finished.itl_ms > 0:
                 tok_s = round(1000.0 / self.finished.itl_ms, 2)
-        return {"model": self.model, "target": self.target, "status": self.status, "ttft_ms": ttft_ms,
-                "tok_s": tok_s, "completion_tokens": tokens, "duration_ms": round(duration_ms, 1)}
+        return {
+            "model": self.model,
+            "target": self.target,
+            "status": self.status,
+            "ttft_ms": ttft_ms,
+            "tok_s": tok_s,
+            "completion_tokens": tokens,
+            "duration_ms": round(duration_ms, 1),
+        }

@@ -20,16 +20,32 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import trio
 
 from hydra_node.eventlog import EmitFn, RateGate
-from hydra_node.inference import (EmbeddingRequest, EmbeddingResult, GenerationError, GenerationEvent,
-                                  GenerationRequest, ModelUnavailable)
+from hydra_node.inference import (
+    EmbeddingRequest,
+    EmbeddingResult,
+    GenerationError,
+    GenerationEvent,
+    GenerationRequest,
+    ModelUnavailable,
+)
 from hydra_node.routing.route_events import DECISION_INTERVAL_S, RequestReport, decision_fields
 from hydra_node.routing.target import EmbedFn, OpenGeneration, RouteTarget, TargetSource, TargetState
 
 if TYPE_CHECKING:
     from hydra_node.routing.live import LiveScheduling
 
-__all__ = ["EmbedFn", "ModelListing", "OpenGeneration", "RouteTarget", "RoutedEvents", "Router", "RouterStatistics",
-           "TargetSource", "TargetState", "UnknownModel"]
+__all__ = [
+    "EmbedFn",
+    "ModelListing",
+    "OpenGeneration",
+    "RouteTarget",
+    "RoutedEvents",
+    "Router",
+    "RouterStatistics",
+    "TargetSource",
+    "TargetState",
+    "UnknownModel",
+]
 
 log = logging.getLogger("hydra.router")
 
@@ -116,8 +132,7 @@ class Router:
         ready = [t for t in ts if t.state == TargetState.READY]
         # the fixed rule: local first, then a host with a free slot before a busy one, then the shortest
         # queue per slot, the nearest, and the node id (deterministic)
-        return sorted(ready, key=lambda t: (not t.local, t.busy, t.queue_depth / max(1, t.slots), t.rtt_ms,
-                                            t.node_id))
+        return sorted(ready, key=lambda t: (not t.local, t.busy, t.queue_depth / max(1, t.slots), t.rtt_ms, t.node_id))
 
     @asynccontextmanager
     async def generate(self, req: GenerationRequest) -> AsyncIterator[RoutedEvents[GenerationEvent]]:
@@ -135,8 +150,9 @@ class Router:
                 self.on_event("request.finished", report.fields(trio.current_time()))
 
     @asynccontextmanager
-    async def _generate(self, req: GenerationRequest,
-                        report: RequestReport) -> AsyncIterator[RoutedEvents[GenerationEvent]]:
+    async def _generate(
+        self, req: GenerationRequest, report: RequestReport
+    ) -> AsyncIterator[RoutedEvents[GenerationEvent]]:
         candidates = self.candidates(req.model)
         if not candidates:
             self.no_target += 1
@@ -147,8 +163,9 @@ class Router:
             candidates, decision = self.scheduling.order(candidates, req)
         if self.on_event is not None and self._decisions.allow(trio.current_time()):
             self.on_event("route.decision", decision_fields(req.model, self.node_id, candidates, decision))
-        open_target: Callable[[RouteTarget, GenerationRequest],
-                              AbstractAsyncContextManager[AsyncIterator[GenerationEvent]]]
+        open_target: Callable[
+            [RouteTarget, GenerationRequest], AbstractAsyncContextManager[AsyncIterator[GenerationEvent]]
+        ]
         open_target = self.scheduling.attempt if self.scheduling is not None else _open
         last_err: GenerationError | None = None
         for attempt, target in enumerate(candidates[:2]):
@@ -166,14 +183,12 @@ class Router:
                     yield RoutedEvents(_chain(first, events, report), target.node_id)
                     return
             except GenerationError as exc:
-                if (exc.retryable and not yielded and not exc.streamed and attempt == 0
-                        and len(candidates) > 1):
+                if exc.retryable and not yielded and not exc.streamed and attempt == 0 and len(candidates) > 1:
                     last_err = exc
                     continue
                 raise
         assert last_err is not None
         raise last_err
-
 
     async def embed(self, req: EmbeddingRequest) -> EmbeddingResult:
         """Embed on the first target of the fixed rule (the scheduler neither orders nor measures
@@ -189,8 +204,9 @@ class Router:
                 if not (exc.retryable and attempt == 0 and len(candidates) > 1):
                     raise
                 self.retries += 1
-                log.info("event=route_retry kind=embed model=%s target=%s after=%r", req.model,
-                         candidates[1][0].key, exc)
+                log.info(
+                    "event=route_retry kind=embed model=%s target=%s after=%r", req.model, candidates[1][0].key, exc
+                )
         raise AssertionError("unreachable: the last attempt returns or raises")
 
 
@@ -227,8 +243,9 @@ def _open(target: RouteTarget, req: GenerationRequest) -> AbstractAsyncContextMa
     return target.open(req)
 
 
-async def _chain(first: GenerationEvent | None, events: AsyncIterator[GenerationEvent],
-                 report: RequestReport) -> AsyncGenerator[GenerationEvent, None]:
+async def _chain(
+    first: GenerationEvent | None, events: AsyncIterator[GenerationEvent], report: RequestReport
+) -> AsyncGenerator[GenerationEvent, None]:
     if first is None:
         return
     yield first

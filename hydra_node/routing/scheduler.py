@@ -31,15 +31,32 @@ from hydra_node.routing._score import (
 from hydra_node.routing.telemetry import Target, TargetView, TelemetryStore
 
 __all__ = [
-    "MAX_AFFINITY_ENTRIES", "MAX_TERM_MS", "AffinityTable", "Candidate", "Decision",
-    "DECISION_LOG_SIZE", "RequestFeatures", "Scheduler", "SchedulerConfig", "SchedulerConfigError",
-    "SchedulerMode", "SchedulerState", "ScoreBreakdown", "affinity_keys", "cooldown_ms",
-    "cooling_until", "decide", "request_features", "score",
+    "MAX_AFFINITY_ENTRIES",
+    "MAX_TERM_MS",
+    "AffinityTable",
+    "Candidate",
+    "Decision",
+    "DECISION_LOG_SIZE",
+    "RequestFeatures",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerConfigError",
+    "SchedulerMode",
+    "SchedulerState",
+    "ScoreBreakdown",
+    "affinity_keys",
+    "cooldown_ms",
+    "cooling_until",
+    "decide",
+    "request_features",
+    "score",
 ]
 
 #: Decisions kept for status; each holds at most ``MAX_LOGGED_SCORES`` breakdowns.
 DECISION_LOG_SIZE = 64
 MAX_LOGGED_SCORES = 8
+
+
 @dataclass(frozen=True)
 class Decision:
     """One routing decision; ``target`` is where the request goes (None: nowhere eligible)."""
@@ -61,10 +78,15 @@ class Decision:
             return None if t is None else t.label()
 
         return {
-            "at": self.at, "mode": self.mode.value, "target": label(self.target),
-            "baseline": label(self.baseline), "scheduled": label(self.scheduled),
-            "affinity_target": label(self.affinity_target), "override": self.override,
-            "disagreement": self.disagreement, "reason": self.reason,
+            "at": self.at,
+            "mode": self.mode.value,
+            "target": label(self.target),
+            "baseline": label(self.baseline),
+            "scheduled": label(self.scheduled),
+            "affinity_target": label(self.affinity_target),
+            "override": self.override,
+            "disagreement": self.disagreement,
+            "reason": self.reason,
             "scores": [s.as_dict() for s in self.scores[:MAX_LOGGED_SCORES]],
             "excluded": [{"target": t.label(), "reason": r} for t, r in self.excluded[:MAX_LOGGED_SCORES]],
         }
@@ -76,14 +98,24 @@ class SchedulerState:
     def __init__(self, *, max_affinity: int = MAX_AFFINITY_ENTRIES, log_size: int = DECISION_LOG_SIZE) -> None:
         self.affinity = AffinityTable(max_affinity)
         self.log: deque[Decision] = deque(maxlen=log_size)
-        self.counters = {"decisions": 0, "no_target": 0, "overrides": 0, "shadow_disagreements": 0,
-                         "affinity_hits": 0, "affinity_overrides": 0, "cooling_candidates": 0}
+        self.counters = {
+            "decisions": 0,
+            "no_target": 0,
+            "overrides": 0,
+            "shadow_disagreements": 0,
+            "affinity_hits": 0,
+            "affinity_overrides": 0,
+            "cooling_candidates": 0,
+        }
 
     def status(self, config: SchedulerConfig, recent: int = 16) -> dict[str, Any]:
         """Plain data for ``/api/status.scheduler``."""
         return {
-            "mode": config.mode.value, "config": config.as_dict(), **self.counters,
-            "affinity_entries": len(self.affinity), "max_affinity_entries": self.affinity.max_entries,
+            "mode": config.mode.value,
+            "config": config.as_dict(),
+            **self.counters,
+            "affinity_entries": len(self.affinity),
+            "max_affinity_entries": self.affinity.max_entries,
             "decision_log_size": self.log.maxlen,
             "recent_decisions": [d.as_dict() for d in list(self.log)[-recent:][::-1]],
         }
@@ -106,9 +138,15 @@ def _baseline_key(c: Candidate, view: TargetView) -> tuple[int, int, float, Targ
     return (c.queue_depth or 0, c.in_flight, rtt, c.target)
 
 
-def decide(candidates: list[Candidate], request: RequestFeatures, telemetry: TelemetryStore,
-           config: SchedulerConfig, now: float, state: SchedulerState,
-           baseline: Target | None = None) -> Decision:
+def decide(
+    candidates: list[Candidate],
+    request: RequestFeatures,
+    telemetry: TelemetryStore,
+    config: SchedulerConfig,
+    now: float,
+    state: SchedulerState,
+    baseline: Target | None = None,
+) -> Decision:
     """Choose a target for ``request`` and record the choice in ``state``.
 
     Order: eligibility (model, health, hosting, context) -> affinity lookup -> score (a cooling
@@ -137,13 +175,13 @@ def decide(candidates: list[Candidate], request: RequestFeatures, telemetry: Tel
         else:
             excluded.append((c.target, why))
     views = {c.target: telemetry.view(c.target, now, config.stale_after_ms) for c in eligible}
-    cooling = sum(1 for c in eligible
-                  if (until := cooling_until(views[c.target], config)) is not None and now < until)
+    cooling = sum(1 for c in eligible if (until := cooling_until(views[c.target], config)) is not None and now < until)
     counters["cooling_candidates"] += cooling
     if not eligible:
         counters["no_target"] += 1
-        decision = Decision(now, config.mode, None, None, None, None, False, False,
-                            "no eligible candidate", (), tuple(excluded))
+        decision = Decision(
+            now, config.mode, None, None, None, None, False, False, "no eligible candidate", (), tuple(excluded)
+        )
         state.log.append(decision)
         return decision
 
@@ -155,9 +193,15 @@ def decide(candidates: list[Candidate], request: RequestFeatures, telemetry: Tel
             aff = entry
             break
     scores = {
-        c.target: score(c, request, views[c.target], config, now,
-                        affinity=aff is not None and aff.target == c.target,
-                        affinity_tokens=aff.tokens if aff else 0)
+        c.target: score(
+            c,
+            request,
+            views[c.target],
+            config,
+            now,
+            affinity=aff is not None and aff.target == c.target,
+            affinity_tokens=aff.tokens if aff else 0,
+        )
         for c in eligible
     }
     if len(scores) > 1:  # a failure is paid again as the best other target's TTFT
@@ -166,10 +210,16 @@ def decide(candidates: list[Candidate], request: RequestFeatures, telemetry: Tel
             view = views[c.target]
             if view.success_rate is not None and view.success_rate < 1.0:
                 alt = by_ttft[1] if by_ttft[0].target == c.target else by_ttft[0]
-                scores[c.target] = score(c, request, view, config, now,
-                                         affinity=aff is not None and aff.target == c.target,
-                                         affinity_tokens=aff.tokens if aff else 0,
-                                         retry_ttft_ms=alt.predicted_ttft_ms)
+                scores[c.target] = score(
+                    c,
+                    request,
+                    view,
+                    config,
+                    now,
+                    affinity=aff is not None and aff.target == c.target,
+                    affinity_tokens=aff.tokens if aff else 0,
+                    retry_ttft_ms=alt.predicted_ttft_ms,
+                )
     ranked = tuple(sorted(scores.values(), key=lambda s: (s.total_ms, s.target)))
     load = {c.target: c.in_flight / c.slots for c in eligible}
     margin = abs(ranked[0].total_ms) * config.balance_margin
@@ -183,8 +233,9 @@ def decide(candidates: list[Candidate], request: RequestFeatures, telemetry: Tel
         scheduled = best.target
         why = "lowest score" if best is ranked[0] else "within balance margin, least loaded"
     if baseline is None or baseline not in targets:
-        baseline = (aff.target if aff is not None
-                    else min(eligible, key=lambda c: _baseline_key(c, views[c.target])).target)
+        baseline = (
+            aff.target if aff is not None else min(eligible, key=lambda c: _baseline_key(c, views[c.target])).target
+        )
 
     mode = config.mode
     routed = scheduled if mode is SchedulerMode.ACTIVE else baseline
@@ -196,15 +247,28 @@ def decide(candidates: list[Candidate], request: RequestFeatures, telemetry: Tel
     if aff is not None:
         counters["affinity_hits"] += routed == aff.target
         counters["affinity_overrides"] += routed != aff.target
-    reason = {SchedulerMode.OFF: "off: baseline (affinity, then lowest queue, then lowest RTT)",
-              SchedulerMode.SHADOW: f"shadow: baseline routed; scheduler: {why}",
-              SchedulerMode.ACTIVE: f"active: {why}"}[mode]
+    reason = {
+        SchedulerMode.OFF: "off: baseline (affinity, then lowest queue, then lowest RTT)",
+        SchedulerMode.SHADOW: f"shadow: baseline routed; scheduler: {why}",
+        SchedulerMode.ACTIVE: f"active: {why}",
+    }[mode]
 
     ttl_s = config.affinity_ttl_ms / 1000.0
     state.affinity.put(request.session_key, routed, request.prompt_tokens, now, ttl_s)
     state.affinity.put(request.prefix_key, routed, request.prefix_tokens, now, ttl_s)
-    decision = Decision(now, mode, routed, baseline, scheduled, aff.target if aff else None,
-                        override, disagreement, reason, ranked, tuple(excluded))
+    decision = Decision(
+        now,
+        mode,
+        routed,
+        baseline,
+        scheduled,
+        aff.target if aff else None,
+        override,
+        disagreement,
+        reason,
+        ranked,
+        tuple(excluded),
+    )
     state.log.append(decision)
     return decision
 
@@ -214,12 +278,14 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig, telemetry: TelemetryStore | None = None) -> None:
         self.config = config
-        self.telemetry = telemetry if telemetry is not None else TelemetryStore(
-            stale_after_secs=config.stale_after_ms / 1000.0)
+        self.telemetry = (
+            telemetry if telemetry is not None else TelemetryStore(stale_after_secs=config.stale_after_ms / 1000.0)
+        )
         self.state = SchedulerState()
 
-    def decide(self, candidates: list[Candidate], request: RequestFeatures, now: float,
-               baseline: Target | None = None) -> Decision:
+    def decide(
+        self, candidates: list[Candidate], request: RequestFeatures, now: float, baseline: Target | None = None
+    ) -> Decision:
         return decide(candidates, request, self.telemetry, self.config, now, self.state, baseline)
 
     def status(self) -> dict[str, Any]:

@@ -20,8 +20,15 @@ class SchedulerMode(str, enum.Enum):
     ACTIVE = "active"  # route by score
 
 
-_MODE_ALIASES = {"off": "off", "disabled": "off", "shadow": "shadow", "dry_run": "shadow",
-                 "dry-run": "shadow", "active": "active", "enabled": "active"}
+_MODE_ALIASES = {
+    "off": "off",
+    "disabled": "off",
+    "shadow": "shadow",
+    "dry_run": "shadow",
+    "dry-run": "shadow",
+    "active": "active",
+    "enabled": "active",
+}
 
 
 @dataclass(frozen=True)
@@ -73,9 +80,18 @@ class SchedulerConfig:
                 raise SchedulerConfigError(f"[scheduler].{f.name}: expected a finite number, got {value!r}")
             if value < 0:
                 raise SchedulerConfigError(f"[scheduler].{f.name}: must be >= 0, got {value!r}")
-        for key in ("ttft_budget_ms", "tpot_budget_ms", "stale_after_ms", "default_tpot_ms",
-                    "default_prefill_ms_per_token", "default_output_tokens", "default_bandwidth_bps",
-                    "affinity_ttl_ms", "prefix_affinity_chars", "cooldown_base_ms"):
+        for key in (
+            "ttft_budget_ms",
+            "tpot_budget_ms",
+            "stale_after_ms",
+            "default_tpot_ms",
+            "default_prefill_ms_per_token",
+            "default_output_tokens",
+            "default_bandwidth_bps",
+            "affinity_ttl_ms",
+            "prefix_affinity_chars",
+            "cooldown_base_ms",
+        ):
             if getattr(self, key) < 1:
                 raise SchedulerConfigError(f"[scheduler].{key}: must be >= 1, got {getattr(self, key)!r}")
         for key in ("hint_discount", "balance_margin"):
@@ -84,8 +100,9 @@ class SchedulerConfig:
         if self.cooldown_max_ms < self.cooldown_base_ms:
             raise SchedulerConfigError("[scheduler].cooldown_max_ms: must be >= cooldown_base_ms")
         if not 100 <= self.history_interval_ms <= 3_600_000:
-            raise SchedulerConfigError(f"[scheduler].history_interval_ms: must be 100..3600000, got "
-                                       f"{self.history_interval_ms!r}")
+            raise SchedulerConfigError(
+                f"[scheduler].history_interval_ms: must be 100..3600000, got {self.history_interval_ms!r}"
+            )
 
     @classmethod
     def from_mapping(cls, data: object) -> SchedulerConfig:

@@ -18,6 +18,7 @@ async def serve_while_requester_stays(stream: LinkStream, work: Callable[[], Awa
     when the requester left before the answer was complete."""
     gone = False
     async with trio.open_nursery() as nursery:
+
         async def watch() -> None:
             nonlocal gone
             try:

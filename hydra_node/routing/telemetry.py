@@ -42,9 +42,23 @@ STALE_AFTER_SECS = 15.0
 HINT_TTL_SECS = 60.0
 
 _METRICS = (
-    "queue_wait_ms", "rtt_ms", "jitter_ms", "bandwidth_bps", "ttft_ms", "tpot_ms", "tokens_per_s",
-    "prefill_ms_per_token", "prefill_ms", "prefill_tokens", "service_ms", "output_tokens",
-    "cache_hit_ratio", "kv_transfer_ms", "artifact_ms", "failure_ms", "success_rate",
+    "queue_wait_ms",
+    "rtt_ms",
+    "jitter_ms",
+    "bandwidth_bps",
+    "ttft_ms",
+    "tpot_ms",
+    "tokens_per_s",
+    "prefill_ms_per_token",
+    "prefill_ms",
+    "prefill_tokens",
+    "service_ms",
+    "output_tokens",
+    "cache_hit_ratio",
+    "kv_transfer_ms",
+    "artifact_ms",
+    "failure_ms",
+    "success_rate",
 )
 
 
@@ -101,8 +115,17 @@ class TargetView:
 
 
 class _TargetStats:
-    __slots__ = ("metrics", "successes", "failures", "consecutive_failures", "last_failure_at",
-                 "last_rtt", "prompt_tokens", "cached_tokens", "updated_at")
+    __slots__ = (
+        "metrics",
+        "successes",
+        "failures",
+        "consecutive_failures",
+        "last_failure_at",
+        "last_rtt",
+        "prompt_tokens",
+        "cached_tokens",
+        "updated_at",
+    )
 
     def __init__(self) -> None:
         self.metrics = {name: Metric() for name in _METRICS}
@@ -116,9 +139,16 @@ class _TargetStats:
 class TelemetryStore:
     """Per-target observations with named caps (see module constants); LRU by last update."""
 
-    def __init__(self, *, max_targets: int = MAX_TARGETS, max_models_per_node: int = MAX_MODELS_PER_NODE,
-                 ttl_secs: float = TTL_SECS, stale_after_secs: float = STALE_AFTER_SECS,
-                 hint_ttl_secs: float = HINT_TTL_SECS, local_node_id: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_targets: int = MAX_TARGETS,
+        max_models_per_node: int = MAX_MODELS_PER_NODE,
+        ttl_secs: float = TTL_SECS,
+        stale_after_secs: float = STALE_AFTER_SECS,
+        hint_ttl_secs: float = HINT_TTL_SECS,
+        local_node_id: str | None = None,
+    ) -> None:
         if max_targets < 1 or max_models_per_node < 1 or ttl_secs <= 0 or stale_after_secs <= 0:
             raise ValueError("TelemetryStore: caps and TTLs must be positive")
         self.max_targets, self.max_models_per_node = max_targets, max_models_per_node
@@ -195,8 +225,13 @@ class TelemetryStore:
     def observe_prefill(self, target: Target, prefill_ms: float, uncached_tokens: int, now: float) -> None:
         """Prefill of ``uncached_tokens`` took ``prefill_ms`` (server timing or TTFT - queue - RTT)."""
         if uncached_tokens > 0 and math.isfinite(prefill_ms) and prefill_ms >= 0:
-            self._add(target, now, prefill_ms_per_token=prefill_ms / uncached_tokens,
-                      prefill_ms=prefill_ms, prefill_tokens=uncached_tokens)
+            self._add(
+                target,
+                now,
+                prefill_ms_per_token=prefill_ms / uncached_tokens,
+                prefill_ms=prefill_ms,
+                prefill_tokens=uncached_tokens,
+            )
 
     def observe_tpot(self, target: Target, tpot_ms: float, now: float) -> None:
         self._add(target, now, tpot_ms=tpot_ms)
@@ -234,9 +269,19 @@ class TelemetryStore:
         stats.consecutive_failures += 1
         stats.last_failure_at = now
 
-    def observe_request(self, target: Target, now: float, *, queue_wait_ms: float, ttft_ms: float,
-                        duration_ms: float, prompt_tokens: int, cached_tokens: int = 0,
-                        completion_tokens: int = 0, network_ms: float | None = None) -> None:
+    def observe_request(
+        self,
+        target: Target,
+        now: float,
+        *,
+        queue_wait_ms: float,
+        ttft_ms: float,
+        duration_ms: float,
+        prompt_tokens: int,
+        cached_tokens: int = 0,
+        completion_tokens: int = 0,
+        network_ms: float | None = None,
+    ) -> None:
         """A finished, successful request, as the router saw it; feeds every derived metric.
 
         ``network_ms`` is the round trip included in ``ttft_ms`` (default: the current RTT EWMA).
@@ -249,8 +294,9 @@ class TelemetryStore:
         self.observe_queue_wait(target, queue_wait_ms, now)
         self.observe_ttft(target, ttft_ms, now)
         self.observe_cache(target, prompt_tokens, cached_tokens, now)
-        self.observe_prefill(target, max(0.0, ttft_ms - queue_wait_ms - (rtt or 0.0)),
-                             prompt_tokens - cached_tokens, now)
+        self.observe_prefill(
+            target, max(0.0, ttft_ms - queue_wait_ms - (rtt or 0.0)), prompt_tokens - cached_tokens, now
+        )
         self._add(target, now, service_ms=max(0.0, duration_ms - queue_wait_ms))
         if completion_tokens > 0:
             stats.metrics["output_tokens"].add(completion_tokens, now)
@@ -284,8 +330,7 @@ class TelemetryStore:
         extra: dict[str, Any] = {}
         if stats is not None:
             own = self._own_fresh(stats, now, stale_s)
-            extra = {"consecutive_failures": stats.consecutive_failures,
-                     "last_failure_at": stats.last_failure_at}
+            extra = {"consecutive_failures": stats.consecutive_failures, "last_failure_at": stats.last_failure_at}
         hinted: dict[str, Any] = {k: v for k, v in self._hint_values(target, now).items() if k not in own}
         return TargetView(**own, **hinted, **extra, measured=bool(own), hinted=bool(hinted))
 
@@ -369,22 +414,32 @@ class TelemetryStore:
             is_stale = ago > self.stale_after_secs
             stale += is_stale
             total = stats.successes + stats.failures
-            targets.append({
-                "node": target.node, "model": target.model,
-                "kind": "local" if target.is_local else "remote",
-                "last_updated_ms_ago": int(ago * 1000), "stale": is_stale,
-                "successes": stats.successes, "failures": stats.failures,
-                "consecutive_failures": stats.consecutive_failures,
-                "success_rate": round(stats.successes / total, 4) if total else None,
-                "cache_hit_rate": (round(stats.cached_tokens / stats.prompt_tokens, 4)
-                                   if stats.prompt_tokens else None),
-                "metrics": {name: m.as_dict(now) for name, m in stats.metrics.items() if m.count},
-            })
+            targets.append(
+                {
+                    "node": target.node,
+                    "model": target.model,
+                    "kind": "local" if target.is_local else "remote",
+                    "last_updated_ms_ago": int(ago * 1000),
+                    "stale": is_stale,
+                    "successes": stats.successes,
+                    "failures": stats.failures,
+                    "consecutive_failures": stats.consecutive_failures,
+                    "success_rate": round(stats.successes / total, 4) if total else None,
+                    "cache_hit_rate": (
+                        round(stats.cached_tokens / stats.prompt_tokens, 4) if stats.prompt_tokens else None
+                    ),
+                    "metrics": {name: m.as_dict(now) for name, m in stats.metrics.items() if m.count},
+                }
+            )
         return {
-            "tracked_targets": len(self._targets), "stale_targets": stale,
-            "max_targets": self.max_targets, "max_models_per_node": self.max_models_per_node,
-            "ttl_secs": self.ttl_secs, "stale_after_secs": self.stale_after_secs,
-            "ewma_alpha": EWMA_ALPHA, "window_samples": WINDOW_SAMPLES,
+            "tracked_targets": len(self._targets),
+            "stale_targets": stale,
+            "max_targets": self.max_targets,
+            "max_models_per_node": self.max_models_per_node,
+            "ttl_secs": self.ttl_secs,
+            "stale_after_secs": self.stale_after_secs,
+            "ewma_alpha": EWMA_ALPHA,
+            "window_samples": WINDOW_SAMPLES,
             "hinted_targets": len(self._hints),
             "advisory_hints": self.summary(now)["entries"],
             "targets": targets,

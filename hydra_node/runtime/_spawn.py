@@ -82,8 +82,13 @@ def _pipe_from_child() -> tuple[trio.lowlevel.FdStream, int]:
     return trio.lowlevel.FdStream(rfd), wfd
 
 
-async def open_child_process(argv: Sequence[str], *, stdout: int | None = subprocess.DEVNULL,
-                             stderr: int | None = subprocess.DEVNULL, pass_fds: Sequence[int] = ()) -> trio.Process:
+async def open_child_process(
+    argv: Sequence[str],
+    *,
+    stdout: int | None = subprocess.DEVNULL,
+    stderr: int | None = subprocess.DEVNULL,
+    pass_fds: Sequence[int] = (),
+) -> trio.Process:
     """Like ``trio.lowlevel.open_process`` (stdin is /dev/null), but the child dies with us.
 
     ``stdout``/``stderr``: ``subprocess.PIPE`` (a trio stream on the process object),
@@ -99,9 +104,15 @@ async def open_child_process(argv: Sequence[str], *, stdout: int | None = subpro
         if stderr == subprocess.PIPE:
             err_stream, stderr = _pipe_from_child()
             child_ends.append(stderr)
-        popen_call = partial(subprocess.Popen, list(argv), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                             pass_fds=tuple(pass_fds),
-                             preexec_fn=_die_with_parent(os.getpid()))
+        popen_call = partial(
+            subprocess.Popen,
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            pass_fds=tuple(pass_fds),
+            preexec_fn=_die_with_parent(os.getpid()),
+        )
         future = _spawner.submit(popen_call)
         with trio.CancelScope(shield=True):  # bounded by fork + exec; the Popen must not be lost
             popen = await trio.to_thread.run_sync(future.result)

@@ -37,8 +37,16 @@ from hydra_node.pidfile import remove_pidfile, write_pidfile
 
 from hydra_node.runtime._spawn import describe_returncode, open_child_process, stop_process
 
-__all__ = ["ChildState", "GiveUp", "ChildNotReady", "ChildExited", "ChildFailed", "ChildOutput", "ChildSpec",
-           "ChildSupervisor"]
+__all__ = [
+    "ChildState",
+    "GiveUp",
+    "ChildNotReady",
+    "ChildExited",
+    "ChildFailed",
+    "ChildOutput",
+    "ChildSpec",
+    "ChildSupervisor",
+]
 
 log = logging.getLogger("hydra.supervise")
 
@@ -51,20 +59,20 @@ _READ_CHUNK = 65536
 
 
 class ChildState(enum.StrEnum):
-    STARTING = "starting"      # before the first readiness
+    STARTING = "starting"  # before the first readiness
     READY = "ready"
     RESTARTING = "restarting"  # exited; waiting out the back-off, then starting again
-    FAILED = "failed"          # given up (see ChildFailed)
-    STOPPED = "stopped"        # run() ended
+    FAILED = "failed"  # given up (see ChildFailed)
+    STOPPED = "stopped"  # run() ended
 
 
 class GiveUp(enum.StrEnum):
     """Why a supervisor stopped restarting its child."""
 
-    SPAWN = "spawn"              # the program could not be started at all
-    REFUSED = "refused"          # the child said retrying cannot help (bad arguments, no support)
+    SPAWN = "spawn"  # the program could not be started at all
+    REFUSED = "refused"  # the child said retrying cannot help (bad arguments, no support)
     FIRST_START = "first_start"  # it never became ready and the supervisor was told not to retry that
-    CRASH_LOOP = "crash_loop"    # too many crashes (see CrashLoop)
+    CRASH_LOOP = "crash_loop"  # too many crashes (see CrashLoop)
 
 
 class ChildNotReady(Exception):
@@ -157,10 +165,18 @@ class ChildSupervisor:
     only failures to become ready, in a row (readiness resets it).
     """
 
-    def __init__(self, name: str, spec: ChildSpec | Callable[[], Awaitable[ChildSpec]], *,
-                 backoff: Backoff = Backoff(), crash_loop: CrashLoop | None = None,
-                 fatal_first_start: bool = False, forgive_when_ready: bool = False,
-                 on_ready: Callable[[Any], Any] | None = None, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        spec: ChildSpec | Callable[[], Awaitable[ChildSpec]],
+        *,
+        backoff: Backoff = Backoff(),
+        crash_loop: CrashLoop | None = None,
+        fatal_first_start: bool = False,
+        forgive_when_ready: bool = False,
+        on_ready: Callable[[Any], Any] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         self.name = name
         self._spec = spec
         self.backoff = backoff.schedule()
@@ -220,8 +236,13 @@ class ChildSupervisor:
                         self._give_up(GiveUp.CRASH_LOOP)
                 delay = self.backoff.next_delay(now, self._rng.random())
                 self._set(ChildState.RESTARTING)
-                log.warning("event=child_restart child=%r in_s=%.2f restarts=%d error=%r",
-                            self.name, delay, self.restarts + 1, error)
+                log.warning(
+                    "event=child_restart child=%r in_s=%.2f restarts=%d error=%r",
+                    self.name,
+                    delay,
+                    self.restarts + 1,
+                    error,
+                )
                 await trio.sleep(delay)
                 self.restarts += 1
         finally:
@@ -231,8 +252,13 @@ class ChildSupervisor:
 
     def _give_up(self, reason: GiveUp) -> None:
         self._set(ChildState.FAILED)
-        log.error("event=child_failed child=%r reason=%s restarts=%d error=%r",
-                  self.name, reason.value, self.restarts, self.last_error)
+        log.error(
+            "event=child_failed child=%r reason=%s restarts=%d error=%r",
+            self.name,
+            reason.value,
+            self.restarts,
+            self.last_error,
+        )
         raise ChildFailed(reason, self.last_error or "", self.failures)
 
     async def _build_spec(self) -> ChildSpec:
@@ -246,9 +272,11 @@ class ChildSupervisor:
             return str(exc), exc.permanent, False
         try:
             proc = await open_child_process(
-                spec.argv, stdout=spec.stdout,
+                spec.argv,
+                stdout=spec.stdout,
                 stderr=subprocess.PIPE if spec.output is not None else subprocess.DEVNULL,
-                pass_fds=tuple(s.fileno() for s in spec.handover))
+                pass_fds=tuple(s.fileno() for s in spec.handover),
+            )
         except OSError as exc:
             self.last_error = f"cannot spawn {self.name}: {exc}"
             if spec.on_exit is not None:

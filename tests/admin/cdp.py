@@ -100,8 +100,10 @@ class Page:
             d = params.get("exceptionDetails", {})
             self.errors.append("exception: " + (d.get("exception", {}).get("description") or d.get("text", "")))
         elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-            self.errors.append("console.error: " + " ".join(str(a.get("value", a.get("description", "")))
-                                                            for a in params.get("args", [])))
+            self.errors.append(
+                "console.error: "
+                + " ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", []))
+            )
         elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
             e = params["entry"]
             self.errors.append(f"log: {e.get('text')} {e.get('url', '')}")
@@ -135,7 +137,9 @@ class Page:
         with trio.move_on_after(timeout):
             while True:  # an element comes back as {} by value: make it true
                 try:
-                    last = await self.evaluate(f"(() => {{ const v = ({expression}); return v instanceof Node ? true : v; }})()")
+                    last = await self.evaluate(
+                        f"(() => {{ const v = ({expression}); return v instanceof Node ? true : v; }})()"
+                    )
                 except CdpError as exc:  # e.g. while a reload replaces the document: try again
                     last = exc
                 else:
@@ -145,8 +149,10 @@ class Page:
         raise TimeoutError(f"page never showed {what or expression} within {timeout:g} s (last: {last!r})")
 
     async def viewport(self, width: int, height: int, mobile: bool = False) -> None:
-        await self.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height,
-                                                               "deviceScaleFactor": 1, "mobile": mobile})
+        await self.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile},
+        )
 
     async def screenshot(self, path: Path) -> None:
         data = (await self.send("Page.captureScreenshot", {"format": "png"}))["data"]
@@ -154,11 +160,18 @@ class Page:
         path.write_bytes(base64.b64decode(data))
 
     async def type_into(self, selector: str, text: str) -> None:
-        await self.evaluate(f"(() => {{ const el = document.querySelector({json.dumps(selector)}); el.focus(); el.value = ''; }})()")
+        await self.evaluate(
+            f"(() => {{ const el = document.querySelector({json.dumps(selector)}); el.focus(); el.value = ''; }})()"
+        )
         await self.send("Input.insertText", {"text": text})
 
     async def press(self, key: str, code: str | None = None, key_code: int | None = None, shift: bool = False) -> None:
-        params = {"key": key, "code": code or key, "windowsVirtualKeyCode": key_code or 0, "modifiers": 8 if shift else 0}
+        params = {
+            "key": key,
+            "code": code or key,
+            "windowsVirtualKeyCode": key_code or 0,
+            "modifiers": 8 if shift else 0,
+        }
         await self.send("Input.dispatchKeyEvent", {"type": "rawKeyDown", **params})
         if key == "Enter":
             await self.send("Input.dispatchKeyEvent", {"type": "char", "text": "\r", **params})
@@ -175,11 +188,26 @@ class Page:
 async def open_browser(executable: str) -> AsyncIterator[Browser]:
     """A headless Chromium with its own profile, connected over CDP; killed and removed at exit."""
     profile = Path(tempfile.mkdtemp(prefix="hydra-chromium-"))
-    proc = subprocess.Popen([executable, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                             "--no-default-browser-check", "--disable-extensions", "--disable-dev-shm-usage",
-                             "--disable-background-networking", "--remote-debugging-port=0",
-                             "--remote-debugging-address=127.0.0.1", f"--user-data-dir={profile}", "about:blank"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            executable,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-extensions",
+            "--disable-dev-shm-usage",
+            "--disable-background-networking",
+            "--remote-debugging-port=0",
+            "--remote-debugging-address=127.0.0.1",
+            f"--user-data-dir={profile}",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         port_file = profile / "DevToolsActivePort"
         with trio.fail_after(START_TIMEOUT_S):

@@ -17,8 +17,13 @@ SCREENSHOTS = ROOT / "build" / "screenshots"
 
 
 def _apt(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["apt-get", *args], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    return subprocess.run(
+        ["apt-get", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    )
 
 
 @pytest.fixture(scope="session")
@@ -28,8 +33,9 @@ def chromium() -> str:
     if path:
         return path
     if not (hasattr(os, "geteuid") and os.geteuid() == 0):
-        pytest.skip("chromium is not installed and these tests are not running as root to install it "
-                    "(apt-get install chromium)")
+        pytest.skip(
+            "chromium is not installed and these tests are not running as root to install it (apt-get install chromium)"
+        )
     try:
         r = _apt("install", "-y", "-q", "chromium")
         if r.returncode != 0:  # an empty or stale package list: refresh it once

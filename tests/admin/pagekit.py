@@ -7,8 +7,17 @@ import json
 
 from cdp import Page
 
-__all__ = ["PAGES", "VIEWPORTS", "contrast_failures", "first_render", "open_console", "overflow", "payload_bytes",
-           "show", "tab_order"]
+__all__ = [
+    "PAGES",
+    "VIEWPORTS",
+    "contrast_failures",
+    "first_render",
+    "open_console",
+    "overflow",
+    "payload_bytes",
+    "show",
+    "tab_order",
+]
 
 PAGES = ("overview", "mesh", "models", "routing", "chat", "events")
 #: (name, width, height, mobile): a laptop and a phone.
@@ -63,22 +72,29 @@ async def tab_order(page: Page, presses: int) -> list[str]:
     seen = []
     for _ in range(presses):
         await page.press("Tab", "Tab", 9)
-        seen.append(await page.evaluate(
-            "(() => { const e = document.activeElement; return e.getAttribute('href') || e.id || e.tagName; })()"))
+        seen.append(
+            await page.evaluate(
+                "(() => { const e = document.activeElement; return e.getAttribute('href') || e.id || e.tagName; })()"
+            )
+        )
     return seen
 
 
 async def payload_bytes(page: Page) -> dict:
     """Uncompressed bytes of the page and its console files, as the browser loaded them."""
-    return json.loads(await page.evaluate("""JSON.stringify(Object.fromEntries(
+    return json.loads(
+        await page.evaluate("""JSON.stringify(Object.fromEntries(
       [performance.getEntriesByType('navigation')[0], ...performance.getEntriesByType('resource')]
         .filter((e) => new URL(e.name).pathname === '/' || new URL(e.name).pathname.startsWith('/console/'))
-        .map((e) => [new URL(e.name).pathname, e.decodedBodySize])))"""))
+        .map((e) => [new URL(e.name).pathname, e.decodedBodySize])))""")
+    )
 
 
 async def first_render(page: Page) -> dict:
     """Milliseconds from navigation start: first contentful paint, and the first render with data."""
-    return json.loads(await page.evaluate("""JSON.stringify({
+    return json.loads(
+        await page.evaluate("""JSON.stringify({
       first_contentful_paint_ms: (performance.getEntriesByName('first-contentful-paint')[0] || {}).startTime,
       first_render_with_status_ms: (performance.getEntriesByName('hydra-first-render')[0] || {}).startTime,
-      dom_content_loaded_ms: performance.getEntriesByType('navigation')[0].domContentLoadedEventEnd})"""))
+      dom_content_loaded_ms: performance.getEntriesByType('navigation')[0].domContentLoadedEventEnd})""")
+    )

@@ -25,8 +25,10 @@ async def test_the_api_key_is_asked_once_kept_for_the_tab_and_sent_as_bearer(tmp
             await page.screenshot(screenshots / "desktop-api-key.png")
             await page.type_into("#key-input", "wrong-key")
             await page.evaluate("document.getElementById('key-form').requestSubmit()")
-            reason = await page.wait_for("document.getElementById('key-dialog').open && document.getElementById('key-reason').textContent",
-                                         what="the prompt again after a wrong key")
+            reason = await page.wait_for(
+                "document.getElementById('key-dialog').open && document.getElementById('key-reason').textContent",
+                what="the prompt again after a wrong key",
+            )
             assert "refused" in reason
             await page.type_into("#key-input", KEY)
             await page.evaluate("document.getElementById('key-form').requestSubmit()")
@@ -42,7 +44,9 @@ async def test_the_api_key_is_asked_once_kept_for_the_tab_and_sent_as_bearer(tmp
             assert not await page.evaluate("document.getElementById('key-dialog').open")
             # "Forget key" drops it from the tab and asks again
             await page.click("#forget-key")
-            await page.wait_for("document.getElementById('key-dialog').open", what="the prompt after forgetting the key")
+            await page.wait_for(
+                "document.getElementById('key-dialog').open", what="the prompt after forgetting the key"
+            )
             assert await page.evaluate("sessionStorage.getItem('hydra.apiKey')") is None
             # the only errors are the refused requests themselves (401s), nothing thrown
             assert [e for e in page.errors if "401" not in e] == []

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from hydra_node.admin.assets import (CONSOLE_PREFIX, MAX_CONSOLE_BYTES, PUBLIC_PATHS, ConsoleAssets, _asset,
-                                          load_assets)
+from hydra_node.admin.assets import CONSOLE_PREFIX, MAX_CONSOLE_BYTES, PUBLIC_PATHS, ConsoleAssets, _asset, load_assets
 from hydra_node.http.guard import GuardSettings, screen
 from hydra_node.http.messages import Request, Response
 from hydra_node.admin.management import ManagementApi
 
-EXPECTED = {"index.html", "app.js", "api.js", "live.js", "dom.js", "chart.js", "style.css",
-            *(f"pages/{p}.js" for p in ("overview", "mesh", "models", "routing", "chat", "events"))}
+EXPECTED = {
+    "index.html",
+    "app.js",
+    "api.js",
+    "live.js",
+    "dom.js",
+    "chart.js",
+    "style.css",
+    *(f"pages/{p}.js" for p in ("overview", "mesh", "models", "routing", "chat", "events")),
+}
 
 
 def test_every_console_file_is_package_data_within_the_size_bound():
@@ -31,9 +38,17 @@ def test_an_oversized_or_untyped_console_is_refused():
         load_assets("hydra_node.admin", "console/pages")
 
 
-@pytest.mark.parametrize("path, kind", [("/", "text/html"), ("/dashboard", "text/html"), ("/dashboard/", "text/html"),
-                                        ("/console/app.js", "text/javascript"), ("/console/pages/mesh.js", "text/javascript"),
-                                        ("/console/style.css", "text/css")])
+@pytest.mark.parametrize(
+    "path, kind",
+    [
+        ("/", "text/html"),
+        ("/dashboard", "text/html"),
+        ("/dashboard/", "text/html"),
+        ("/console/app.js", "text/javascript"),
+        ("/console/pages/mesh.js", "text/javascript"),
+        ("/console/style.css", "text/css"),
+    ],
+)
 def test_files_have_their_content_type_validators_and_policy(path, kind):
     console = ConsoleAssets()
     r = console.respond("GET", path, {})
@@ -63,8 +78,14 @@ def test_the_guard_lets_only_console_gets_through_without_the_key():
     host = {"host": "127.0.0.1:3131"}
     for path in ("/", "/dashboard", CONSOLE_PREFIX + "app.js", CONSOLE_PREFIX + "pages/chat.js"):
         assert screen("GET", path, host, g) is None, path
-    for method, path in (("GET", "/api/status"), ("GET", "/api/events"), ("GET", "/v1/models"), ("GET", "/consolex"),
-                         ("POST", "/"), ("DELETE", "/console/app.js")):
+    for method, path in (
+        ("GET", "/api/status"),
+        ("GET", "/api/events"),
+        ("GET", "/v1/models"),
+        ("GET", "/consolex"),
+        ("POST", "/"),
+        ("DELETE", "/console/app.js"),
+    ):
         v = screen(method, path, {**host, "content-type": "application/json"}, g)
         assert v is not None and v.status == 401, (method, path)
     assert screen("GET", "/api/status", {**host, "authorization": "Bearer k"}, g) is None
@@ -96,7 +117,9 @@ async def test_v1_on_the_management_port_goes_to_the_openai_handler_after_the_ke
         seen.append(request.path)
         return Response.json(200, {"object": "list", "data": []})
 
-    api = ManagementApi(health=lambda: (200, {}), status=lambda: {}, routes={}, headless=False, api_key="k", openai=openai)
+    api = ManagementApi(
+        health=lambda: (200, {}), status=lambda: {}, routes={}, headless=False, api_key="k", openai=openai
+    )
     assert (await api.handle(_request("GET", "/v1/models"))).status == 401 and seen == []
     r = await api.handle(_request("POST", "/v1/chat/completions", {"authorization": "Bearer k"}))
     assert r.status == 200 and seen == ["/v1/chat/completions"]

@@ -33,10 +33,17 @@ def test_ring_keeps_the_newest_capacity_points_oldest_first():
         HistoryRing(0)
 
 
-@pytest.mark.parametrize("values,q,expected", [
-    ([], 50, None), ([7.0], 95, 7.0), ([1.0, 2.0, 3.0, 4.0], 50, 2.0), ([4.0, 3.0, 2.0, 1.0], 95, 4.0),
-    (list(range(1, 101)), 95, 95), (list(range(1, 101)), 50, 50),
-])
+@pytest.mark.parametrize(
+    "values,q,expected",
+    [
+        ([], 50, None),
+        ([7.0], 95, 7.0),
+        ([1.0, 2.0, 3.0, 4.0], 50, 2.0),
+        ([4.0, 3.0, 2.0, 1.0], 95, 4.0),
+        (list(range(1, 101)), 95, 95),
+        (list(range(1, 101)), 50, 50),
+    ],
+)
 def test_percentile_is_nearest_rank(values, q, expected):  # the history uses the routing's percentile
     assert percentile([float(v) for v in values], q / 100) == expected
 

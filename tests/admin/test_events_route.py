@@ -40,15 +40,20 @@ class Load:
 
 
 @asynccontextmanager
-async def management(log: EventLog, *, api_key: str | None = None, heartbeat_s: float = 15.0,
-                     history: HistorySampler | None = None):
+async def management(
+    log: EventLog, *, api_key: str | None = None, heartbeat_s: float = 15.0, history: HistorySampler | None = None
+):
     history = history or HistorySampler(5.0, runners=list, links=list)
-    routes = {("GET", "/api/events"): EventsRoute(log, heartbeat_s=heartbeat_s).handle,
-              ("GET", "/api/history"): history.handle}
-    mgmt = ManagementApi(health=lambda: (200, {"status": "ok"}), status=dict, routes=routes, headless=False,
-                         api_key=api_key)
-    server = HttpServer(mgmt.handle, "127.0.0.1", 0, "console",
-                        guard=GuardSettings(check_host=True, csrf=True, api_key=api_key))
+    routes = {
+        ("GET", "/api/events"): EventsRoute(log, heartbeat_s=heartbeat_s).handle,
+        ("GET", "/api/history"): history.handle,
+    }
+    mgmt = ManagementApi(
+        health=lambda: (200, {"status": "ok"}), status=dict, routes=routes, headless=False, api_key=api_key
+    )
+    server = HttpServer(
+        mgmt.handle, "127.0.0.1", 0, "console", guard=GuardSettings(check_host=True, csrf=True, api_key=api_key)
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run)
         yield server
@@ -75,8 +80,7 @@ async def test_last_event_id_replays_newer_events_then_live_ones_follow():
         assert await in_thread(stream.next) == "ping"  # the stream opens with a heartbeat
         replayed = [await in_thread(stream.next) for _ in range(2)]
         assert [(e["id"], e["event"]) for e in replayed] == [(11, "peer.joined"), (12, "peer.suspect")]
-        assert replayed[0]["data"] == {"node_id": "p", "id": 11, "ts": replayed[0]["data"]["ts"],
-                                       "type": "peer.joined"}
+        assert replayed[0]["data"] == {"node_id": "p", "id": 11, "ts": replayed[0]["data"]["ts"], "type": "peer.joined"}
         log.emit("peer.dead", {"node_id": "p"})
         live = await in_thread(stream.next)
         assert (live["id"], live["event"], live["data"]["node_id"]) == (13, "peer.dead", "p")
@@ -106,14 +110,17 @@ async def test_a_quiet_stream_gets_heartbeats():
         stream.close()
 
 
-@pytest.mark.parametrize("path,headers,param", [
-    ("/api/events", {"Last-Event-ID": "12abc"}, "Last-Event-ID"),
-    ("/api/events?last_event_id=-4", {}, "last_event_id"),
-    ("/api/events?last_event_id=99999999999999999999", {}, "last_event_id"),
-    ("/api/events?types=Peer.*", {}, "types"),
-    ("/api/history?since=yesterday", {}, "since"),
-    ("/api/history?since=nan", {}, "since"),
-])
+@pytest.mark.parametrize(
+    "path,headers,param",
+    [
+        ("/api/events", {"Last-Event-ID": "12abc"}, "Last-Event-ID"),
+        ("/api/events?last_event_id=-4", {}, "last_event_id"),
+        ("/api/events?last_event_id=99999999999999999999", {}, "last_event_id"),
+        ("/api/events?types=Peer.*", {}, "types"),
+        ("/api/history?since=yesterday", {}, "since"),
+        ("/api/history?since=nan", {}, "since"),
+    ],
+)
 async def test_bad_parameters_are_a_400_naming_them(path, headers, param):
     async with management(EventLog(clock=Wall())) as server:
         stream = await in_thread(lambda: SseStream(server.port, path, headers=headers, timeout=10))
@@ -172,8 +179,9 @@ async def test_a_drain_ends_the_stream():
 
 async def test_history_serves_the_ring_oldest_first_and_since_filters():
     wall = Wall()
-    history = HistorySampler(5.0, runners=lambda: [Load(), Load()], links=lambda: [Link("p" * 64, 1.234),
-                                                                                    Link("q" * 64, None)], clock=wall)
+    history = HistorySampler(
+        5.0, runners=lambda: [Load(), Load()], links=lambda: [Link("p" * 64, 1.234), Link("q" * 64, None)], clock=wall
+    )
 
     class Obs:
         def __init__(self, ttft_ms, completion_tokens):
@@ -190,8 +198,16 @@ async def test_history_serves_the_ring_oldest_first_and_since_filters():
         assert (resp.status, body["interval_s"], body["capacity"]) == (200, 5.0, 720)
         assert [p["ts"] for p in body["series"]] == [100.0, 105.0, 110.0]
         point = body["series"][1]
-        assert point == {"ts": 105.0, "tok_s": 20.0, "ttft_p50_ms": 20.0, "ttft_p95_ms": 40.0, "queue_depth": 4,
-                         "in_flight": 2, "requests": 4, "rtt_ms": {"p" * 64: 1.23}}
+        assert point == {
+            "ts": 105.0,
+            "tok_s": 20.0,
+            "ttft_p50_ms": 20.0,
+            "ttft_p95_ms": 40.0,
+            "queue_depth": 4,
+            "in_flight": 2,
+            "requests": 4,
+            "rtt_ms": {"p" * 64: 1.23},
+        }
         assert body["series"][2]["requests"] == 0 and body["series"][2]["ttft_p50_ms"] is None
         newer = await in_thread(lambda: sse(server.port, "/api/history?since=105").body())
         assert [p["ts"] for p in newer["series"]] == [110.0]

@@ -76,12 +76,21 @@ async def test_load_returns_202_at_once_and_the_listing_shows_the_model():
     assert status == 200 and body == {"models": {BUNDLED_MODEL_ID: {"model": BUNDLED_MODEL_ID, "state": "ready"}}}
 
 
-@pytest.mark.parametrize("final,expected,code", [(RunnerState.READY, 200, None),
-                                                 (RunnerState.FAILED, 502, "load_failed"),
-                                                 (RunnerState.PLACING, 504, "load_timeout")])
+@pytest.mark.parametrize(
+    "final,expected,code",
+    [
+        (RunnerState.READY, 200, None),
+        (RunnerState.FAILED, 502, "load_failed"),
+        (RunnerState.PLACING, 504, "load_timeout"),
+    ],
+)
 async def test_load_and_wait(final, expected, code):
-    status, body = await _call(FakeRuntime(final=final), "POST", "/api/runtime/models",
-                               {"model": BUNDLED_MODEL_ID, "wait": True, "timeout_s": 5})
+    status, body = await _call(
+        FakeRuntime(final=final),
+        "POST",
+        "/api/runtime/models",
+        {"model": BUNDLED_MODEL_ID, "wait": True, "timeout_s": 5},
+    )
     assert status == expected
     if code is not None:
         assert body["error"]["code"] == code and body["error"]["type"] == "server_error"
@@ -89,13 +98,20 @@ async def test_load_and_wait(final, expected, code):
         assert "still placing after 5 s (no usable workers)" in body["error"]["message"]
 
 
-@pytest.mark.parametrize("body,code,param", [
-    (b"[1]", "invalid_type", None), ({"model": ""}, "missing_required_parameter", "model"),
-    ({}, "missing_required_parameter", "model"), ({"model": "m", "split": 1}, "invalid_type", "split"),
-    ({"model": "m", "wait": "yes"}, "invalid_type", "wait"), ({"model": "m", "timeout_s": 0}, "invalid_value", "timeout_s"),
-    ({"model": "m", "timeout_s": True}, "invalid_type", "timeout_s"), (b"not json", "invalid_json", None),
-    ({"model": "m", "colour": 1}, "unknown_parameter", "colour"),
-])
+@pytest.mark.parametrize(
+    "body,code,param",
+    [
+        (b"[1]", "invalid_type", None),
+        ({"model": ""}, "missing_required_parameter", "model"),
+        ({}, "missing_required_parameter", "model"),
+        ({"model": "m", "split": 1}, "invalid_type", "split"),
+        ({"model": "m", "wait": "yes"}, "invalid_type", "wait"),
+        ({"model": "m", "timeout_s": 0}, "invalid_value", "timeout_s"),
+        ({"model": "m", "timeout_s": True}, "invalid_type", "timeout_s"),
+        (b"not json", "invalid_json", None),
+        ({"model": "m", "colour": 1}, "unknown_parameter", "colour"),
+    ],
+)
 async def test_bad_load_requests_are_400(body, code, param):
     status, answer = await _call(FakeRuntime(), "POST", "/api/runtime/models", body)
     assert status == 400 and answer["error"]["code"] == code and answer["error"]["param"] == param
@@ -107,12 +123,24 @@ async def test_oversized_body_unknown_model_conflict_and_not_running():
     assert status == 413 and body["error"]["code"] == "body_too_large"
     status, body = await _call(FakeRuntime(), "POST", "/api/runtime/models", {"model": "/no/such/model.gguf"})
     assert status == 404 and body["error"]["code"] == "model_not_found"
-    status, body = await _call(FakeRuntime(load_error=ModelConflict("already hosted")), "POST",
-                               "/api/runtime/models", {"model": BUNDLED_MODEL_ID})
-    assert status == 409 and body["error"] == {"message": "already hosted", "type": "invalid_request_error",
-                                               "param": "model", "code": "model_exists"}
-    status, body = await _call(FakeRuntime(load_error=RuntimeError("not running yet")), "POST",
-                               "/api/runtime/models", {"model": BUNDLED_MODEL_ID})
+    status, body = await _call(
+        FakeRuntime(load_error=ModelConflict("already hosted")),
+        "POST",
+        "/api/runtime/models",
+        {"model": BUNDLED_MODEL_ID},
+    )
+    assert status == 409 and body["error"] == {
+        "message": "already hosted",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_exists",
+    }
+    status, body = await _call(
+        FakeRuntime(load_error=RuntimeError("not running yet")),
+        "POST",
+        "/api/runtime/models",
+        {"model": BUNDLED_MODEL_ID},
+    )
     assert status == 503 and body["error"]["code"] == "not_ready"
 
 
@@ -125,11 +153,17 @@ async def test_unload():
     assert status == 200 and body == {"id": BUNDLED_MODEL_ID, "unloaded": True} and rt.unloaded == [BUNDLED_MODEL_ID]
 
 
-@pytest.mark.parametrize("ref,fragment", [
-    ("bad\x00id=/x.gguf", "non-printable"), ("tab\tid=/x.gguf", "non-printable"),
-    ("x" * 129 + "=/x.gguf", "the most is 128"), (" padded=/x.gguf", "blank at either end"),
-    ("..=/x.gguf", "'..'"), ("\ud800=/x.gguf", "non-printable"),
-])
+@pytest.mark.parametrize(
+    "ref,fragment",
+    [
+        ("bad\x00id=/x.gguf", "non-printable"),
+        ("tab\tid=/x.gguf", "non-printable"),
+        ("x" * 129 + "=/x.gguf", "the most is 128"),
+        (" padded=/x.gguf", "blank at either end"),
+        ("..=/x.gguf", "'..'"),
+        ("\ud800=/x.gguf", "non-printable"),
+    ],
+)
 async def test_bad_model_ids_are_400_and_nothing_is_loaded(ref, fragment):
     """An id the mesh announcement or a file name cannot hold is refused before anything is registered."""
     rt = FakeRuntime()
@@ -141,8 +175,12 @@ async def test_bad_model_ids_are_400_and_nothing_is_loaded(ref, fragment):
 async def test_a_65th_model_is_refused():
     from hydra_node.runtime.hosting.service import TooManyModels
 
-    status, body = await _call(FakeRuntime(load_error=TooManyModels("hosts 64 models already")), "POST",
-                               "/api/runtime/models", {"model": BUNDLED_MODEL_ID})
+    status, body = await _call(
+        FakeRuntime(load_error=TooManyModels("hosts 64 models already")),
+        "POST",
+        "/api/runtime/models",
+        {"model": BUNDLED_MODEL_ID},
+    )
     assert status == 409 and body["error"]["code"] == "too_many_models"
 
 

@@ -8,8 +8,14 @@ import pytest
 from hypothesis import given, strategies as st
 
 from hydra_node.anthropic.routes import generation_request
-from hydra_node.anthropic.format import (MessageEventStream, error_body, error_response, matched_stop,
-                                             message_body, stop_reason)
+from hydra_node.anthropic.format import (
+    MessageEventStream,
+    error_body,
+    error_response,
+    matched_stop,
+    message_body,
+    stop_reason,
+)
 from hydra_node.anthropic.models import largest_model, parameter_count, resolve_model
 from hydra_node.anthropic.request import parse_count_tokens_body, parse_messages_body
 from hydra_node.http.guard import key_matches
@@ -17,8 +23,11 @@ from hydra_node.api.errors import ApiError
 from hydra_node.api.tool_choice_header import TOOL_CHOICE_HEADER, override_tool_choice
 from hydra_node.grammar.toolcalls import ParsedToolCall, ToolCallStart
 
-WEATHER = {"name": "get_weather", "description": "Weather in a city",
-           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 def body(**kw) -> bytes:
@@ -35,29 +44,61 @@ def refused(raw: bytes) -> ApiError:
 
 
 def test_a_tool_conversation_becomes_chat_messages():
-    call = parse_messages_body(body(system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
-                                    tools=[WEATHER], messages=[
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
-                                          {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
-                                           "input": {"city": "Paris"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
-                                     {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
-                                      "content": [{"type": "text", "text": "again"}]},
-                                     {"type": "text", "text": "Thanks"}]}]))
+    call = parse_messages_body(
+        body(
+            system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+            tools=[WEATHER],
+            messages=[
+                {"role": "user", "content": "Weather in Paris?"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "text", "text": "Checking."},
+                        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "toolu_1",
+                            "is_error": True,
+                            "content": [{"type": "text", "text": "again"}],
+                        },
+                        {"type": "text", "text": "Thanks"},
+                    ],
+                },
+            ],
+        )
+    )
     roles = [(m.role, m.content) for m in call.messages]
-    assert roles == [("system", "Be brief."), ("user", "Weather in Paris?"), ("assistant", "Checking."),
-                     ("tool", "sunny"), ("tool", "Error: again"), ("user", "Thanks")]
+    assert roles == [
+        ("system", "Be brief."),
+        ("user", "Weather in Paris?"),
+        ("assistant", "Checking."),
+        ("tool", "sunny"),
+        ("tool", "Error: again"),
+        ("user", "Thanks"),
+    ]
     assert call.messages[2].tool_calls[0].arguments == '{"city":"Paris"}'
     assert call.messages[3].tool_call_id == "toolu_1" and call.messages[3].name == "get_weather"
     assert call.tools[0].name == "get_weather" and json.loads(call.tools[0].parameters)["required"] == ["city"]
 
 
-@pytest.mark.parametrize("choice, expect", [({"type": "auto"}, ("auto", "", True)),
-                                            ({"type": "any"}, ("required", "", True)),
-                                            ({"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
-                                             ("function", "get_weather", False)),
-                                            ({"type": "none"}, ("none", "", True))])
+@pytest.mark.parametrize(
+    "choice, expect",
+    [
+        ({"type": "auto"}, ("auto", "", True)),
+        ({"type": "any"}, ("required", "", True)),
+        (
+            {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+            ("function", "get_weather", False),
+        ),
+        ({"type": "none"}, ("none", "", True)),
+    ],
+)
 def test_tool_choice_maps_to_the_chat_vocabulary(choice, expect):
     call = parse_messages_body(body(tools=[WEATHER], tool_choice=choice))
     assert (call.tool_choice, call.tool_name, call.parallel_tool_calls) == expect
@@ -67,42 +108,50 @@ def test_tool_choice_maps_to_the_chat_vocabulary(choice, expect):
 
 
 def test_sampling_and_stops_reach_the_request():
-    call = parse_messages_body(body(temperature=0, top_p=0.5, stop_sequences=["\n\n", "END"],
-                                    metadata={"user_id": "u1"}, stream=True))
+    call = parse_messages_body(
+        body(temperature=0, top_p=0.5, stop_sequences=["\n\n", "END"], metadata={"user_id": "u1"}, stream=True)
+    )
     req = generation_request(call, "msg_1")
     assert (req.temperature, req.top_p, req.stop, req.max_tokens, req.session) == (0.0, 0.5, ("\n\n", "END"), 16, "u1")
     assert req.logprobs and call.stream  # entries tell which stop ended the answer
 
 
-@pytest.mark.parametrize("raw, param", [
-    (body(max_tokens=...), "max_tokens"),
-    (body(max_tokens=0), "max_tokens"),
-    (body(model=...), "model"),
-    (body(messages=[]), "messages"),
-    (body(top_k=5), "top_k"),
-    (body(temperature=1.5), "temperature"),
-    (body(stop_sequences=["a", "b", "c", "d", "e"]), "stop_sequences"),
-    (body(thinking={"type": "enabled", "budget_tokens": 1024}), "thinking"),
-    (body(foo=1), "foo"),
-    (body(metadata={"other": 1}), "metadata"),
-    (body(messages=[{"role": "tool", "content": "x"}]), "messages[0].role"),
-    (body(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]), "messages[0].content[0].type"),
-    (body(messages=[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]), "messages[1].role"),
-    (body(tools=[{"type": "web_search_20250305", "name": "web_search"}]), "tools[0].type"),
-    (body(tools=[{"name": "x"}]), "tools[0].input_schema"),
-    (body(tools=[WEATHER], tool_choice={"type": "tool", "name": "nope"}), "tool_choice.name"),
-    (body(tool_choice={"type": "any"}), "tool_choice"),
-    (body(system=[{"type": "image"}]), "system[0].type"),
-    (b"[1]", None),
-    (b"{not json", None),
-])
+@pytest.mark.parametrize(
+    "raw, param",
+    [
+        (body(max_tokens=...), "max_tokens"),
+        (body(max_tokens=0), "max_tokens"),
+        (body(model=...), "model"),
+        (body(messages=[]), "messages"),
+        (body(top_k=5), "top_k"),
+        (body(temperature=1.5), "temperature"),
+        (body(stop_sequences=["a", "b", "c", "d", "e"]), "stop_sequences"),
+        (body(thinking={"type": "enabled", "budget_tokens": 1024}), "thinking"),
+        (body(foo=1), "foo"),
+        (body(metadata={"other": 1}), "metadata"),
+        (body(messages=[{"role": "tool", "content": "x"}]), "messages[0].role"),
+        (
+            body(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]),
+            "messages[0].content[0].type",
+        ),
+        (body(messages=[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]), "messages[1].role"),
+        (body(tools=[{"type": "web_search_20250305", "name": "web_search"}]), "tools[0].type"),
+        (body(tools=[{"name": "x"}]), "tools[0].input_schema"),
+        (body(tools=[WEATHER], tool_choice={"type": "tool", "name": "nope"}), "tool_choice.name"),
+        (body(tool_choice={"type": "any"}), "tool_choice"),
+        (body(system=[{"type": "image"}]), "system[0].type"),
+        (b"[1]", None),
+        (b"{not json", None),
+    ],
+)
 def test_refusals_name_the_field(raw, param):
     assert refused(raw).param == param
 
 
 def test_count_tokens_body_needs_no_max_tokens_and_refuses_generation_fields():
-    call = parse_count_tokens_body(json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                                               "system": "s"}).encode())
+    call = parse_count_tokens_body(
+        json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "system": "s"}).encode()
+    )
     assert [m.role for m in call.messages] == ["system", "user"]
     with pytest.raises(ApiError) as info:
         parse_count_tokens_body(body())
@@ -130,8 +179,10 @@ def test_stop_reasons():
 def test_message_body_with_text_and_a_call():
     call = ParsedToolCall(0, "call_abc", "get_weather", '{"city":"Paris"}')
     out = message_body("msg_1", "m", "Sure.", [call], "tool_use", None, {"input_tokens": 3, "output_tokens": 4})
-    assert out["content"] == [{"type": "text", "text": "Sure."},
-                              {"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {"city": "Paris"}}]
+    assert out["content"] == [
+        {"type": "text", "text": "Sure."},
+        {"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {"city": "Paris"}},
+    ]
     assert out["type"] == "message" and out["role"] == "assistant" and out["stop_reason"] == "tool_use"
 
 
@@ -144,11 +195,23 @@ def test_stream_events_open_and_close_blocks_in_order():
     evs += s.tool_call(ParsedToolCall(1, "call_2", "get_weather", '{"city":"Rome"}'))
     evs += s.finish("tool_use", None, {"input_tokens": 5, "output_tokens": 9})
     kinds = [(e["type"], e.get("index")) for e in evs]
-    assert kinds == [("message_start", None), ("ping", None), ("content_block_start", 0), ("content_block_delta", 0),
-                     ("content_block_delta", 0), ("content_block_stop", 0), ("content_block_start", 1),
-                     ("content_block_delta", 1), ("content_block_delta", 1), ("content_block_stop", 1),
-                     ("content_block_start", 2), ("content_block_delta", 2), ("content_block_stop", 2),
-                     ("message_delta", None), ("message_stop", None)]
+    assert kinds == [
+        ("message_start", None),
+        ("ping", None),
+        ("content_block_start", 0),
+        ("content_block_delta", 0),
+        ("content_block_delta", 0),
+        ("content_block_stop", 0),
+        ("content_block_start", 1),
+        ("content_block_delta", 1),
+        ("content_block_delta", 1),
+        ("content_block_stop", 1),
+        ("content_block_start", 2),
+        ("content_block_delta", 2),
+        ("content_block_stop", 2),
+        ("message_delta", None),
+        ("message_stop", None),
+    ]
     assert evs[6]["content_block"] == {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}
     assert "".join(e["delta"]["partial_json"] for e in evs[7:9]) == '{"city":"Paris"}'
     assert evs[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
@@ -178,34 +241,51 @@ def test_largest_model_ignores_order(ids):
 def test_what_claude_code_sends_is_accepted():
     """Claude Code's body: adaptive thinking, clearing thinking, an effort, a system message inside
     the conversation, a deferred tool, metadata.user_id as JSON text."""
-    call = parse_messages_body(body(
-        thinking={"type": "adaptive", "display": "omitted"},
-        context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
-        output_config={"effort": "high"}, metadata={"user_id": '{"session_id": "s1"}'}, max_tokens=32000,
-        tools=[WEATHER, {**WEATHER, "name": "later", "defer_loading": True}], cache_control={"type": "ephemeral"},
-        messages=[{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
-                  {"role": "system", "content": [{"type": "text", "text": "# Environment"}]}]))
+    call = parse_messages_body(
+        body(
+            thinking={"type": "adaptive", "display": "omitted"},
+            context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            output_config={"effort": "high"},
+            metadata={"user_id": '{"session_id": "s1"}'},
+            max_tokens=32000,
+            tools=[WEATHER, {**WEATHER, "name": "later", "defer_loading": True}],
+            cache_control={"type": "ephemeral"},
+            messages=[
+                {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
+                {"role": "system", "content": [{"type": "text", "text": "# Environment"}]},
+            ],
+        )
+    )
     assert [(m.role, m.content) for m in call.messages] == [("user", "hi"), ("system", "# Environment")]
     assert [t.name for t in call.tools] == ["get_weather"]  # the deferred tool is not loaded
     assert call.session == '{"session_id": "s1"}'
 
 
-@pytest.mark.parametrize("field, value", [
-    ("context_management", {"edits": [{"type": "clear_tool_uses_20250919"}]}),
-    ("output_config", {"format": {"type": "json_schema"}}),
-    ("output_config", {"effort": "extreme"}),
-    ("thinking", {"type": "adaptive", "budget_tokens": 5}),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("context_management", {"edits": [{"type": "clear_tool_uses_20250919"}]}),
+        ("output_config", {"format": {"type": "json_schema"}}),
+        ("output_config", {"effort": "extreme"}),
+        ("thinking", {"type": "adaptive", "budget_tokens": 5}),
+    ],
+)
 def test_fields_that_would_change_the_answer_are_refused(field, value):
     assert refused(body(**{field: value})).param == field
 
 
-@pytest.mark.parametrize("header, dialect, expect", [
-    ("any", "messages", {"type": "any"}), ("required", "messages", {"type": "any"}),
-    ("tool:get_weather", "messages", {"type": "tool", "name": "get_weather"}),
-    ("none", "messages", {"type": "none"}), ("required", "chat", "required"), ("any", "chat", "required"),
-    ("tool:get_weather", "chat", {"type": "function", "function": {"name": "get_weather"}}),
-])
+@pytest.mark.parametrize(
+    "header, dialect, expect",
+    [
+        ("any", "messages", {"type": "any"}),
+        ("required", "messages", {"type": "any"}),
+        ("tool:get_weather", "messages", {"type": "tool", "name": "get_weather"}),
+        ("none", "messages", {"type": "none"}),
+        ("required", "chat", "required"),
+        ("any", "chat", "required"),
+        ("tool:get_weather", "chat", {"type": "function", "function": {"name": "get_weather"}}),
+    ],
+)
 def test_the_tool_choice_header_replaces_the_bodys(header, dialect, expect):
     raw = body(tools=[WEATHER], tool_choice={"type": "auto"})
     assert json.loads(override_tool_choice(raw, header, dialect))["tool_choice"] == expect

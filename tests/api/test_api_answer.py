@@ -15,11 +15,17 @@ from hydra_node.inference import GenerationError
 USAGE = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
 STREAMED = ParsedToolCall(0, "call_1", "get_weather", '{"city":"Paris"}', streamed=True)
 WHOLE = ParsedToolCall(0, "call_2", "get_time", "{}")
-EVENTS = [(0, ContentDelta("Hel")), (0, ContentDelta("lo")),
-          (1, ToolCallStart(0, "call_1", "get_weather")), (1, ToolCallArguments(0, '{"city":')),
-          (1, ToolCallArguments(0, '"Paris"}')), (1, ToolCallDelta(STREAMED)),
-          (0, ToolCallDelta(WHOLE)), (0, ChatDone("tool_calls", USAGE, "host-a")),
-          (1, ChatDone("tool_calls", USAGE, "host-b"))]
+EVENTS = [
+    (0, ContentDelta("Hel")),
+    (0, ContentDelta("lo")),
+    (1, ToolCallStart(0, "call_1", "get_weather")),
+    (1, ToolCallArguments(0, '{"city":')),
+    (1, ToolCallArguments(0, '"Paris"}')),
+    (1, ToolCallDelta(STREAMED)),
+    (0, ToolCallDelta(WHOLE)),
+    (0, ChatDone("tool_calls", USAGE, "host-a")),
+    (1, ChatDone("tool_calls", USAGE, "host-b")),
+]
 FAILED = GenerationError("the host went away", code="host_lost", status=502)
 
 
@@ -92,11 +98,17 @@ async def test_every_event_goes_to_its_formatter_method_in_order_then_the_end():
     fmt, src = Recorder(), Source(EVENTS)
     chunks = await collect(stream_body(src.events, fmt, src.close))
     assert fmt.calls == [
-        ("start",), ("text", 0, "Hel"), ("text", 0, "lo"),
-        ("tool_call_start", 1, "call_1", "get_weather"), ("tool_call_arguments", 1, 0, '{"city":'),
+        ("start",),
+        ("text", 0, "Hel"),
+        ("text", 0, "lo"),
+        ("tool_call_start", 1, "call_1", "get_weather"),
+        ("tool_call_arguments", 1, 0, '{"city":'),
         ("tool_call_arguments", 1, 0, '"Paris"}'),  # the streamed call's end wrote nothing: []
-        ("tool_call", 0, "call_2"), ("finish", 0, "tool_calls", "host-a"), ("finish", 1, "tool_calls", "host-b"),
-        ("end",)]
+        ("tool_call", 0, "call_2"),
+        ("finish", 0, "tool_calls", "host-a"),
+        ("finish", 1, "tool_calls", "host-b"),
+        ("end",),
+    ]
     expected = [repr(call).encode() for call in fmt.calls]
     expected.insert(1, b"start, second chunk")
     assert chunks == expected  # each chunk a formatter returned is written on its own, in order
@@ -106,8 +118,13 @@ async def test_every_event_goes_to_its_formatter_method_in_order_then_the_end():
 async def test_a_failure_mid_stream_ends_with_the_error_chunks_and_still_closes():
     fmt, src = Recorder(), Source(EVENTS[:3], fail=FAILED)
     chunks = await collect(stream_body(src.events, fmt, src.close))
-    assert fmt.calls == [("start",), ("text", 0, "Hel"), ("text", 0, "lo"),
-                         ("tool_call_start", 1, "call_1", "get_weather"), ("error", "host_lost", 502)]
+    assert fmt.calls == [
+        ("start",),
+        ("text", 0, "Hel"),
+        ("text", 0, "lo"),
+        ("tool_call_start", 1, "call_1", "get_weather"),
+        ("error", "host_lost", 502),
+    ]
     assert chunks[-1] == repr(("error", "host_lost", 502)).encode()  # no end after the error
     assert (src.left, src.closes) == (1, 1)
 

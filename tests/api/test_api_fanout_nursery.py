@@ -75,13 +75,20 @@ class EndlessRouter:
 
 
 DIALECTS = {
-    "chat_n2": (OpenAIApi, "/v1/chat/completions", 2,
-                {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "n": 2}),
-    "completions_2x2": (OpenAIApi, "/v1/completions", 4,
-                        {"model": "m", "prompt": ["a", "b"], "stream": True, "n": 2}),
+    "chat_n2": (
+        OpenAIApi,
+        "/v1/chat/completions",
+        2,
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "n": 2},
+    ),
+    "completions_2x2": (OpenAIApi, "/v1/completions", 4, {"model": "m", "prompt": ["a", "b"], "stream": True, "n": 2}),
     "responses": (ResponsesApi, "/v1/responses", 1, {"model": "m", "input": "hi", "stream": True}),
-    "messages": (MessagesApi, "/v1/messages", 1,
-                 {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}], "stream": True}),
+    "messages": (
+        MessagesApi,
+        "/v1/messages",
+        1,
+        {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}], "stream": True},
+    ),
 }
 
 
@@ -116,8 +123,11 @@ async def serving(api):
 async def _post(port: int, path: str, body: dict) -> tuple[trio.SocketStream, bytearray]:
     s = await trio.open_tcp_stream("127.0.0.1", port)
     raw = json.dumps(body).encode()
-    await s.send_all(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+    await s.send_all(
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(raw)}\r\n\r\n".encode()
+        + raw
+    )
     return s, bytearray()
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallDelta, chat_events
 from hydra_node.grammar.constraints import tool_call_grammar
-from hydra_node.inference import (Finished, GenerationError, GenerationRequest, TextDelta, TokenLogprob, ToolSpec)
+from hydra_node.inference import Finished, GenerationError, GenerationRequest, TextDelta, TokenLogprob, ToolSpec
 
 TOOLS = (ToolSpec("get_weather", "", json.dumps({"type": "object", "properties": {"city": {"type": "string"}}})),)
 LP = TokenLogprob("x", -0.1, b"x")
@@ -23,6 +23,7 @@ async def run(req: GenerationRequest, events: list) -> list:
     async def source():
         for ev in events:
             yield ev
+
     return [ev async for ev in chat_events(req, source())]
 
 
@@ -31,15 +32,23 @@ FIN = Finished("stop", prompt_tokens=7, completion_tokens=20, served_by="node-a"
 
 async def test_calls_split_across_deltas_become_tool_call_events():
     text = 'Let me check.<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
-    deltas = [TextDelta(text[i:i + 7], (LP,)) for i in range(0, len(text), 7)]
+    deltas = [TextDelta(text[i : i + 7], (LP,)) for i in range(0, len(text), 7)]
     out = await run(request(tools=TOOLS), [*deltas, FIN])
     content = "".join(e.text for e in out if isinstance(e, ContentDelta))
     calls = [e.call for e in out if isinstance(e, ToolCallDelta)]
     assert content == "Let me check."
     assert [(c.index, c.name, json.loads(c.arguments)) for c in calls] == [(0, "get_weather", {"city": "Paris"})]
     assert sum(len(e.logprobs) for e in out if isinstance(e, ContentDelta)) == len(deltas)  # none lost
-    assert out[-1] == ChatDone("tool_calls", {"prompt_tokens": 7, "completion_tokens": 20, "total_tokens": 27,
-                                              "prompt_tokens_details": {"cached_tokens": 3}}, "node-a")
+    assert out[-1] == ChatDone(
+        "tool_calls",
+        {
+            "prompt_tokens": 7,
+            "completion_tokens": 20,
+            "total_tokens": 27,
+            "prompt_tokens_details": {"cached_tokens": 3},
+        },
+        "node-a",
+    )
 
 
 async def test_tool_choice_none_passes_text_through():
@@ -66,8 +75,9 @@ FORCED = dict(tools=TOOLS, tool_choice="required", grammar=tool_call_grammar(TOO
 
 async def test_under_the_tool_grammar_a_call_streams_start_fragments_end():
     from hydra_node.api.chat import ToolCallArguments, ToolCallStart
+
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    deltas = [TextDelta(text[i:i + 9], (LP,)) for i in range(0, len(text), 9)]
+    deltas = [TextDelta(text[i : i + 9], (LP,)) for i in range(0, len(text), 9)]
     out = await run(request(**FORCED), [*deltas, FIN])
     kinds = [type(e).__name__ for e in out if not isinstance(e, ContentDelta)]
     assert kinds[0] == "ToolCallStart" and kinds[-2:] == ["ToolCallDelta", "ChatDone"]
@@ -86,10 +96,10 @@ async def test_under_the_tool_grammar_a_call_streams_start_fragments_end():
 
 async def test_a_streamed_call_cut_by_max_tokens_finishes_with_length():
     from hydra_node.api.chat import ToolCallArguments
+
     text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Par'
     out = await run(request(**FORCED), [TextDelta(text[:30]), TextDelta(text[30:]), Finished("length", 1, 2)])
     assert "".join(e.text for e in out if isinstance(e, ToolCallArguments)) == '{"city": "Par'
     assert not any(e.text for e in out if isinstance(e, ContentDelta))
     assert out[-2].call.arguments == '{"city": "Par' and not out[-2].call.complete
     assert out[-1].finish_reason == "length"
-

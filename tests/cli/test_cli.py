@@ -12,8 +12,9 @@ from hydra_node.cli.main import build_parser, main
 
 
 def run(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "hydra_node.cli", *args], capture_output=True, text=True,
-                          timeout=60, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "hydra_node.cli", *args], capture_output=True, text=True, timeout=60, **kw
+    )
 
 
 def test_version():
@@ -74,8 +75,9 @@ def test_serve_reports_every_failure_of_an_exception_group(monkeypatch, tmp_path
     from hydra_node.mesh.service import JoinFailed
     from hydra_node.models import ModelNotFound
 
-    group = ExceptionGroup("start-up", [ModelNotFound("no such model: a.gguf"),
-                                        ExceptionGroup("mesh", [JoinFailed("invite expired")])])
+    group = ExceptionGroup(
+        "start-up", [ModelNotFound("no such model: a.gguf"), ExceptionGroup("mesh", [JoinFailed("invite expired")])]
+    )
     assert _serve_failing_with(monkeypatch, tmp_path, group) == 1
     err = capsys.readouterr().err
     assert "hydra-node: no such model: a.gguf" in err and "hydra-node: cannot join: invite expired" in err

@@ -26,25 +26,43 @@ threads = 8
 
 
 def test_set_keys_keeps_comments_key_order_and_other_keys():
-    out = set_keys(COMMENTED, {"defaults.model_fit.ctx_size": 4096, "defaults.model_fit.batch": 256,
-                               "defaults.hardware.mmap": False, "defaults.throughput.threads": 0})
+    out = set_keys(
+        COMMENTED,
+        {
+            "defaults.model_fit.ctx_size": 4096,
+            "defaults.model_fit.batch": 256,
+            "defaults.hardware.mmap": False,
+            "defaults.throughput.threads": 0,
+        },
+    )
     assert "ctx_size = 4096 # long chats" in out and 'mode = "shadow"  # watch first' in out
     assert "# flash stays auto" in out and out.startswith("# my node\n")
     data = tomllib.loads(out)
     assert data["defaults"]["model_fit"] == {"ctx_size": 4096, "flash_attention": "auto", "batch": 256}
     assert data["defaults"]["hardware"] == {"mmap": False} and data["defaults"]["throughput"] == {"threads": 0}
     assert list(data) == ["scheduler", "defaults"] and list(data["defaults"]["model_fit"]) == [
-        "ctx_size", "flash_attention", "batch"]  # the file's order, a new key after its table's last
+        "ctx_size",
+        "flash_attention",
+        "batch",
+    ]  # the file's order, a new key after its table's last
     lines = out.splitlines()
-    assert lines[:8] == ["# my node", "[scheduler]", 'mode = "shadow"  # watch first', "",
-                         "[defaults.model_fit]", "ctx_size = 4096 # long chats", "# flash stays auto",
-                         'flash_attention = "auto"']  # every line before the edits, as it was
+    assert lines[:8] == [
+        "# my node",
+        "[scheduler]",
+        'mode = "shadow"  # watch first',
+        "",
+        "[defaults.model_fit]",
+        "ctx_size = 4096 # long chats",
+        "# flash stays auto",
+        'flash_attention = "auto"',
+    ]  # every line before the edits, as it was
     assert out.index("batch = 256") < out.index("[defaults.throughput]")  # added inside its table
 
 
 def test_set_keys_edits_multi_line_values_dotted_keys_and_inline_tables():
-    assert tomllib.loads(set_keys('[defaults.model_fit]\nctx_size = [\n 1,\n]\n', {"defaults.model_fit.ctx_size": 2})) \
-        == {"defaults": {"model_fit": {"ctx_size": 2}}}
+    assert tomllib.loads(
+        set_keys('[defaults.model_fit]\nctx_size = [\n 1,\n]\n', {"defaults.model_fit.ctx_size": 2})
+    ) == {"defaults": {"model_fit": {"ctx_size": 2}}}
     dotted = set_keys('[defaults]\nmodel_fit.ctx_size = 1  # dotted\n', {"defaults.model_fit.batch": 2})
     assert "# dotted" in dotted and tomllib.loads(dotted) == {"defaults": {"model_fit": {"ctx_size": 1, "batch": 2}}}
     inline = set_keys('defaults = {model_fit = {ctx_size = 1}}\n', {"defaults.model_fit.batch": 2})
@@ -61,19 +79,35 @@ def test_apply_profile_edits_the_file_in_place_after_a_backup_and_refuses_a_brok
     backup = apply_profile(path, {"defaults.model_fit.ctx_size": 4096, "defaults.model_fit.batch": 256})
     assert backup == tmp_path / "config.toml.bak" and backup.read_text() == COMMENTED
     assert path.read_text() == COMMENTED.replace("ctx_size = 8192", "ctx_size = 4096").replace(
-        'flash_attention = "auto"\n', 'flash_attention = "auto"\nbatch = 256\n')  # one line changed, one added
+        'flash_attention = "auto"\n', 'flash_attention = "auto"\nbatch = 256\n'
+    )  # one line changed, one added
     fresh = tmp_path / "new" / "config.toml"
     assert apply_profile(fresh, {"defaults.model_fit.batch": 256}) is None
-    assert fresh.read_text().startswith("# hydra-node configuration") and "[defaults.model_fit]\nbatch = 256" in fresh.read_text()
+    assert (
+        fresh.read_text().startswith("# hydra-node configuration")
+        and "[defaults.model_fit]\nbatch = 256" in fresh.read_text()
+    )
     path.write_text("[defaults.model_fit\nctx_size = 1\n")
     with pytest.raises(ConfigError, match="by hand"):
         apply_profile(path, {"defaults.model_fit.ctx_size": 4096})
     assert path.read_text() == "[defaults.model_fit\nctx_size = 1\n"  # nothing written
 
 
-values = st.one_of(st.booleans(), st.integers(-2**31, 2**31), st.text(st.characters(codec="ascii", exclude_categories=("Cc",)), max_size=12))
-keys = st.sampled_from(["scheduler.mode", "defaults.model_fit.ctx_size", "defaults.model_fit.batch",
-                        "defaults.hardware.mmap", "defaults.throughput.threads", "runner.load_timeout_s"])
+values = st.one_of(
+    st.booleans(),
+    st.integers(-(2**31), 2**31),
+    st.text(st.characters(codec="ascii", exclude_categories=("Cc",)), max_size=12),
+)
+keys = st.sampled_from(
+    [
+        "scheduler.mode",
+        "defaults.model_fit.ctx_size",
+        "defaults.model_fit.batch",
+        "defaults.hardware.mmap",
+        "defaults.throughput.threads",
+        "runner.load_timeout_s",
+    ]
+)
 
 
 @settings(max_examples=150, deadline=None)

@@ -11,9 +11,13 @@ from hydra_node.config import load_config_file
 
 
 def setup(*args):
-    return subprocess.run([sys.executable, "-m", "hydra_node.cli", "setup", *args], capture_output=True, text=True,
-                          check=False,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "hydra_node.cli", "setup", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
 
 
 def test_setup_checks_this_machine_and_writes_a_starter_config_once(tmp_path):

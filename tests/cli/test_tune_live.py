@@ -9,16 +9,36 @@ import tomllib
 
 
 def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hydra_node.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hydra_node.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_tune_measures_recommends_and_applies_into_the_default_file(tmp_path):
     cfg = tmp_path / "config.toml"
     cfg.write_text('# my settings\n[scheduler]\nmode = "active"  # keep me\n')
-    r = run_cli("benchmark", "tune", "--home", str(tmp_path), "--ubatch-sizes", "128", "--flash-attention", "auto",
-                "--parallel", "2", "--rounds", "1", "--max-tokens", "2", "--prompt", "Hi", "--budget", "200",
-                "--json", "--apply")
+    r = run_cli(
+        "benchmark",
+        "tune",
+        "--home",
+        str(tmp_path),
+        "--ubatch-sizes",
+        "128",
+        "--flash-attention",
+        "auto",
+        "--parallel",
+        "2",
+        "--rounds",
+        "1",
+        "--max-tokens",
+        "2",
+        "--prompt",
+        "Hi",
+        "--budget",
+        "200",
+        "--json",
+        "--apply",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(r.stdout)
     cands = report["candidates"]
@@ -36,8 +56,10 @@ def test_tune_measures_recommends_and_applies_into_the_default_file(tmp_path):
     text = cfg.read_text()
     assert text.startswith("# my settings\n") and 'mode = "active"  # keep me' in text
     data = tomllib.loads(text)
-    written = {"defaults.model_fit.ubatch": data["defaults"]["model_fit"]["ubatch"],
-               "defaults.throughput.parallel": data["defaults"]["throughput"]["parallel"]}
+    written = {
+        "defaults.model_fit.ubatch": data["defaults"]["model_fit"]["ubatch"],
+        "defaults.throughput.parallel": data["defaults"]["throughput"]["parallel"],
+    }
     assert written == {k: rec["keys"][k] for k in written}
     assert "ctx_size" not in data["defaults"]["model_fit"]  # not varied: left to the config as it was
     assert (tmp_path / "config.toml.bak").read_text() == '# my settings\n[scheduler]\nmode = "active"  # keep me\n'

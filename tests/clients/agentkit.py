@@ -23,11 +23,23 @@ from typing import Callable
 
 import pytest
 
-__all__ = ["AGENT_PACKAGES", "AGENT_TIMEOUT_S", "Run", "agent_env", "install_agents", "launcher", "require", "run_until"]
+__all__ = [
+    "AGENT_PACKAGES",
+    "AGENT_TIMEOUT_S",
+    "Run",
+    "agent_env",
+    "install_agents",
+    "launcher",
+    "require",
+    "run_until",
+]
 
 #: The packages, pinned (the versions these tests were written against).
-AGENT_PACKAGES = {"claude": "@anthropic-ai/claude-code@2.1.328", "opencode": "opencode-ai@1.18.33",
-                  "pi": "@mariozechner/pi-coding-agent@0.73.1"}
+AGENT_PACKAGES = {
+    "claude": "@anthropic-ai/claude-code@2.1.328",
+    "opencode": "opencode-ai@1.18.33",
+    "pi": "@mariozechner/pi-coding-agent@0.73.1",
+}
 #: Bound on one agent run (a few model calls on the bundled model, on a shared CPU).
 AGENT_TIMEOUT_S = 240.0
 #: Bound on installing the packages (cold cache).
@@ -50,14 +62,29 @@ def install_agents() -> tuple[Path, dict[str, str]]:
         return bin_dir, {t: "npm is not installed" for t in missing}
     root.mkdir(parents=True, exist_ok=True)
     try:
-        proc = subprocess.run([npm, "install", "--prefix", str(root), "--no-audit", "--no-fund", "--loglevel=error",
-                               *(AGENT_PACKAGES[t] for t in missing)], capture_output=True, text=True,
-                              timeout=INSTALL_TIMEOUT_S)
+        proc = subprocess.run(
+            [
+                npm,
+                "install",
+                "--prefix",
+                str(root),
+                "--no-audit",
+                "--no-fund",
+                "--loglevel=error",
+                *(AGENT_PACKAGES[t] for t in missing),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=INSTALL_TIMEOUT_S,
+        )
         why = proc.stderr.strip().splitlines()[-1:] if proc.returncode else []
     except subprocess.TimeoutExpired:
         why = [f"npm install took over {INSTALL_TIMEOUT_S:.0f} s"]
-    return bin_dir, {t: f"{AGENT_PACKAGES[t]} could not be installed from the npm registry ({' '.join(why)})"
-                     for t in missing if not _installed(root, t)}
+    return bin_dir, {
+        t: f"{AGENT_PACKAGES[t]} could not be installed from the npm registry ({' '.join(why)})"
+        for t in missing
+        if not _installed(root, t)
+    }
 
 
 def _installed(root: Path, tool: str) -> bool:
@@ -73,10 +100,18 @@ def agent_env(bin_dir: Path, home: Path, **extra: str) -> dict:
     """A scratch HOME (the agents keep their state there, never in the real one) with the agents on PATH."""
     home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENCODE_", "PI_", "GOOSE_"))}
-    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), XDG_DATA_HOME=str(home / ".local/share"),
-               XDG_CACHE_HOME=str(home / ".cache"), XDG_STATE_HOME=str(home / ".local/state"),
-               PATH=os.pathsep.join([str(bin_dir), env.get("PATH", "")]), DO_NOT_TRACK="1",
-               OPENCODE_DISABLE_AUTOUPDATE="1", OPENCODE_DISABLE_MODELS_FETCH="1", **extra)
+    env.update(
+        HOME=str(home),
+        XDG_CONFIG_HOME=str(home / ".config"),
+        XDG_DATA_HOME=str(home / ".local/share"),
+        XDG_CACHE_HOME=str(home / ".cache"),
+        XDG_STATE_HOME=str(home / ".local/state"),
+        PATH=os.pathsep.join([str(bin_dir), env.get("PATH", "")]),
+        DO_NOT_TRACK="1",
+        OPENCODE_DISABLE_AUTOUPDATE="1",
+        OPENCODE_DISABLE_MODELS_FETCH="1",
+        **extra,
+    )
     return env
 
 
@@ -94,17 +129,28 @@ class Run:
         self.returncode: int | None = None
 
     def __repr__(self) -> str:
-        return (f"Run(rc={self.returncode}, events={json.dumps(self.events)[-3000:]}, text={self.text[-20:]}, "
-                f"stderr={self.stderr[-2000:]!r})")
+        return (
+            f"Run(rc={self.returncode}, events={json.dumps(self.events)[-3000:]}, text={self.text[-20:]}, "
+            f"stderr={self.stderr[-2000:]!r})"
+        )
 
 
-def run_until(argv: list[str], env: dict, cwd: Path, done: Callable[[dict], bool],
-              timeout: float = AGENT_TIMEOUT_S) -> tuple[Run, dict | None]:
+def run_until(
+    argv: list[str], env: dict, cwd: Path, done: Callable[[dict], bool], timeout: float = AGENT_TIMEOUT_S
+) -> tuple[Run, dict | None]:
     """Run ``argv`` until it exits or one of its JSON lines satisfies ``done`` (then it is stopped);
     returns what it printed and that line (None if none came within ``timeout``)."""
     env = {**env, "PWD": str(cwd)}  # tools that read PWD (opencode) would otherwise take this repo as the project
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     run, found = Run(), None
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)

@@ -39,9 +39,22 @@ if str(NETGUARD_DIR) not in sys.path:
     sys.path.insert(0, str(NETGUARD_DIR))
 import netguard  # noqa: E402
 
-__all__ = ["CITY_QUESTION", "MODEL", "NO_NETWORK_ENV", "TIME_TOOL", "WEATHER_PARAMETERS", "WEATHER_QUESTION",
-           "WEATHER_TOOL", "City", "WeatherArgs", "guarded_env", "netguard", "refused", "restore_env",
-           "weather_result"]
+__all__ = [
+    "CITY_QUESTION",
+    "MODEL",
+    "NO_NETWORK_ENV",
+    "TIME_TOOL",
+    "WEATHER_PARAMETERS",
+    "WEATHER_QUESTION",
+    "WEATHER_TOOL",
+    "City",
+    "WeatherArgs",
+    "guarded_env",
+    "netguard",
+    "refused",
+    "restore_env",
+    "weather_result",
+]
 
 
 def restore_env() -> None:
@@ -57,8 +70,13 @@ def guarded_env(tmp_path: Path, **extra: str) -> tuple[dict, Path]:
     """The environment for a client subprocess: the no-network variables and the guard loaded at
     start-up (``netguard/sitecustomize.py``), which writes what it refused to the returned file."""
     record = tmp_path / "netguard.json"
-    env = {**os.environ, **NO_NETWORK_ENV, **extra, "HYDRA_NETGUARD_RECORD": str(record),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(NETGUARD_DIR), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        **NO_NETWORK_ENV,
+        **extra,
+        "HYDRA_NETGUARD_RECORD": str(record),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(NETGUARD_DIR), os.environ.get("PYTHONPATH")])),
+    }
     return env, record
 
 
@@ -72,6 +90,7 @@ def refused(record: Path) -> list[str]:
 
 class WeatherArgs(BaseModel):
     """The arguments of the ``get_weather`` tool."""
+
     model_config = ConfigDict(extra="forbid")
     city: str = Field(max_length=40)
     unit: Literal["celsius", "fahrenheit"]
@@ -79,6 +98,7 @@ class WeatherArgs(BaseModel):
 
 class City(BaseModel):
     """A structured answer."""
+
     model_config = ConfigDict(extra="forbid")
     name: str = Field(max_length=40)
     country: str = Field(max_length=40)
@@ -87,19 +107,36 @@ class City(BaseModel):
 
 WEATHER_PARAMETERS = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 40},
-                   "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 40},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
     "required": ["city", "unit"],
     "additionalProperties": False,
 }
 #: ``get_weather`` as a Chat Completions tool.
-WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city.",
-                                                 "parameters": WEATHER_PARAMETERS}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": WEATHER_PARAMETERS,
+    },
+}
 #: A second tool, so that a named choice has something to choose from.
-TIME_TOOL = {"type": "function", "function": {"name": "get_time", "description": "The current time in a time zone.",
-                                              "parameters": {"type": "object",
-                                                             "properties": {"zone": {"type": "string", "maxLength": 40}},
-                                                             "required": ["zone"], "additionalProperties": False}}}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The current time in a time zone.",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "maxLength": 40}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 CITY_QUESTION = [{"role": "user", "content": "Describe the city of Paris as JSON with name, country and population."}]
 

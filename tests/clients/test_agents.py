@@ -40,16 +40,26 @@ def _claude_argv(base_url, work, *options):
     return launcher("claude", base_url.removesuffix("/v1"), work, *options)
 
 
-CLAUDE_ARGS = ("--max-turns", "1", "--system-prompt", "You are a helpful assistant.", "--output-format", "stream-json",
-               "--verbose")
+CLAUDE_ARGS = (
+    "--max-turns",
+    "1",
+    "--system-prompt",
+    "You are a helpful assistant.",
+    "--output-format",
+    "stream-json",
+    "--verbose",
+)
 
 
 def test_claude_code_answers(agents, base_url, work):
     bin_dir, missing = agents
     require(missing, "claude")
-    run, answer = run_until(_claude_argv(base_url, work, "--max-tokens", "48", "--", "-p", "Say hi", "--tools", "",
-                                         *CLAUDE_ARGS),
-                            agent_env(bin_dir, work / "home"), work / "work", lambda ev: _claude_content(ev, "text"))
+    run, answer = run_until(
+        _claude_argv(base_url, work, "--max-tokens", "48", "--", "-p", "Say hi", "--tools", "", *CLAUDE_ARGS),
+        agent_env(bin_dir, work / "home"),
+        work / "work",
+        lambda ev: _claude_content(ev, "text"),
+    )
     assert answer is not None, run
     assert answer["message"]["model"] == MODEL and _claude_content(answer, "text")[0]["text"].strip(), answer
 
@@ -63,11 +73,24 @@ def _claude_content(ev, kind):
 def test_claude_code_gets_a_forced_tool_call(agents, base_url, work):
     bin_dir, missing = agents
     require(missing, "claude")
-    argv = _claude_argv(base_url, work, "--tool-choice", "tool:Read", "--max-tokens", "256", "--", "-p",
-                        "Read the file notes.txt", "--tools", "Read", *CLAUDE_ARGS)
+    argv = _claude_argv(
+        base_url,
+        work,
+        "--tool-choice",
+        "tool:Read",
+        "--max-tokens",
+        "256",
+        "--",
+        "-p",
+        "Read the file notes.txt",
+        "--tools",
+        "Read",
+        *CLAUDE_ARGS,
+    )
 
-    run, found = run_until(argv, agent_env(bin_dir, work / "home"), work / "work",
-                           lambda ev: _claude_content(ev, "tool_use"))
+    run, found = run_until(
+        argv, agent_env(bin_dir, work / "home"), work / "work", lambda ev: _claude_content(ev, "tool_use")
+    )
     assert found is not None, run
     call = _claude_content(found, "tool_use")[0]
     assert call["name"] == "Read", call
@@ -84,18 +107,29 @@ def test_claude_code_gets_a_forced_tool_call(agents, base_url, work):
 
 
 def _opencode_env(bin_dir, work, tools: dict):
-    agent = {"tiny": {"mode": "primary", "prompt": "You are a helpful assistant.", "steps": 1,
-                      "tools": {"*": False, **tools}}}
+    agent = {
+        "tiny": {
+            "mode": "primary",
+            "prompt": "You are a helpful assistant.",
+            "steps": 1,
+            "tools": {"*": False, **tools},
+        }
+    }
     return agent_env(bin_dir, work / "home", OPENCODE_CONFIG_CONTENT=json.dumps({"agent": agent}))
 
 
 def test_opencode_answers(agents, base_url, work):
     bin_dir, missing = agents
     require(missing, "opencode")
-    argv = launcher("opencode", base_url, work, "--max-tokens", "48", "--", "run", "--agent", "tiny", "--format",
-                    "json", "Say hi")
-    run, text = run_until(argv, _opencode_env(bin_dir, work, {}), work / "work",
-                          lambda ev: ev.get("type") == "text" and (ev.get("part") or {}).get("text", "").strip())
+    argv = launcher(
+        "opencode", base_url, work, "--max-tokens", "48", "--", "run", "--agent", "tiny", "--format", "json", "Say hi"
+    )
+    run, text = run_until(
+        argv,
+        _opencode_env(bin_dir, work, {}),
+        work / "work",
+        lambda ev: ev.get("type") == "text" and (ev.get("part") or {}).get("text", "").strip(),
+    )
     assert text is not None, run
     assert not [ev for ev in run.events if ev.get("type") == "error"], run
 
@@ -103,10 +137,25 @@ def test_opencode_answers(agents, base_url, work):
 def test_opencode_gets_a_forced_tool_call(agents, base_url, work):
     bin_dir, missing = agents
     require(missing, "opencode")
-    argv = launcher("opencode", base_url, work, "--tool-choice", "required", "--max-tokens", "256", "--", "run",
-                    "--agent", "tiny", "--format", "json", "Read the file notes.txt")
-    run, call = run_until(argv, _opencode_env(bin_dir, work, {"read": True}), work / "work",
-                          lambda ev: ev.get("type") == "tool_use")
+    argv = launcher(
+        "opencode",
+        base_url,
+        work,
+        "--tool-choice",
+        "required",
+        "--max-tokens",
+        "256",
+        "--",
+        "run",
+        "--agent",
+        "tiny",
+        "--format",
+        "json",
+        "Read the file notes.txt",
+    )
+    run, call = run_until(
+        argv, _opencode_env(bin_dir, work, {"read": True}), work / "work", lambda ev: ev.get("type") == "tool_use"
+    )
     assert call is not None, run
     assert call["part"]["tool"] == "read", call
 
@@ -123,8 +172,9 @@ def test_pi_answers(agents, base_url, work):
     bin_dir, missing = agents
     require(missing, "pi")
     argv = launcher("pi", base_url, work, "--max-tokens", "48", "--", "-p", "Say hi", *PI_ARGS)
-    run, end = run_until(argv, agent_env(bin_dir, work / "home"), work / "work",
-                         lambda ev: ev.get("type") == "agent_end")
+    run, end = run_until(
+        argv, agent_env(bin_dir, work / "home"), work / "work", lambda ev: ev.get("type") == "agent_end"
+    )
     assert end is not None, run
     answer = end["messages"][-1]
     assert answer["role"] == "assistant" and answer["model"] == MODEL and answer["provider"] == "hydra", answer
@@ -134,18 +184,35 @@ def test_pi_answers(agents, base_url, work):
 def test_pi_gets_a_forced_tool_call(agents, base_url, work):
     bin_dir, missing = agents
     require(missing, "pi")
-    argv = launcher("pi", base_url, work, "--tool-choice", "tool:read", "--max-tokens", "256", "--", "-p",
-                    "Read the file notes.txt", *PI_ARGS)
-    run, ev = run_until(argv, agent_env(bin_dir, work / "home"), work / "work",
-                        lambda ev: _pi_message_with(ev, "toolCall") is not None)
+    argv = launcher(
+        "pi",
+        base_url,
+        work,
+        "--tool-choice",
+        "tool:read",
+        "--max-tokens",
+        "256",
+        "--",
+        "-p",
+        "Read the file notes.txt",
+        *PI_ARGS,
+    )
+    run, ev = run_until(
+        argv, agent_env(bin_dir, work / "home"), work / "work", lambda ev: _pi_message_with(ev, "toolCall") is not None
+    )
     assert ev is not None, run
     call = next(c for c in _pi_message_with(ev, "toolCall")["content"] if c["type"] == "toolCall")
     assert call["name"] == "read" and isinstance(call["arguments"].get("path"), str), call
 
 
 def _dry_run(tool, base_url, work, *options) -> dict:
-    out = subprocess.run(launcher(tool, base_url, work, "--dry-run", *options), capture_output=True, text=True,
-                         timeout=60, env={**os.environ, "HOME": str(work / "home")})
+    out = subprocess.run(
+        launcher(tool, base_url, work, "--dry-run", *options),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HOME": str(work / "home")},
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -156,12 +223,29 @@ def test_goose_configuration_reaches_the_node_as_goose_sends_it(base_url, work):
     assert env["GOOSE_PROVIDER"] == "openai" and env["GOOSE_MODEL"] == MODEL and plan["files"] == {}
     # goose's openai provider: POST {OPENAI_HOST}/{OPENAI_BASE_PATH}, Bearer OPENAI_API_KEY, OPENAI_CUSTOM_HEADERS
     headers = dict(h.split("=", 1) for h in env["OPENAI_CUSTOM_HEADERS"].split(","))
-    body = {"model": env["GOOSE_MODEL"], "max_tokens": 64, "messages": [{"role": "user", "content": "Read notes.txt"}],
-            "tools": [{"type": "function", "function": {"name": "read_file", "parameters": {
-                "type": "object", "properties": {"path": {"type": "string", "maxLength": 30}}, "required": ["path"]}}}]}
-    req = urllib.request.Request(f"{env['OPENAI_HOST']}/{env['OPENAI_BASE_PATH']}", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json",
-                                          "Authorization": f"Bearer {env['OPENAI_API_KEY']}", **headers})
+    body = {
+        "model": env["GOOSE_MODEL"],
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "Read notes.txt"}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "read_file",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"path": {"type": "string", "maxLength": 30}},
+                        "required": ["path"],
+                    },
+                },
+            }
+        ],
+    }
+    req = urllib.request.Request(
+        f"{env['OPENAI_HOST']}/{env['OPENAI_BASE_PATH']}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {env['OPENAI_API_KEY']}", **headers},
+    )
     with urllib.request.urlopen(req, timeout=120) as r:
         answer = json.loads(r.read())
     call = answer["choices"][0]["message"]["tool_calls"][0]
@@ -184,8 +268,9 @@ def test_written_configurations_stay_in_the_hydra_home(base_url, work):
 def test_launcher_errors_are_one_line(base_url, work):
     def run(*argv, path=None):
         env = {**os.environ, "HOME": str(work / "home"), "PATH": path or os.environ["PATH"]}
-        return subprocess.run([sys.executable, "-m", "hydra_node.cli", *argv], capture_output=True, text=True,
-                              timeout=60, env=env)
+        return subprocess.run(
+            [sys.executable, "-m", "hydra_node.cli", *argv], capture_output=True, text=True, timeout=60, env=env
+        )
 
     none = run("claude", "--home", str(work / "empty"), "--node", "http://127.0.0.1:9")
     assert none.returncode == 1 and "no node answering" in none.stderr, none.stderr

@@ -8,8 +8,15 @@ from typing import Literal
 
 import openai
 import pytest
-from agents import (Agent, ModelSettings, Runner, function_tool, set_default_openai_api, set_default_openai_client,
-                    set_tracing_disabled)
+from agents import (
+    Agent,
+    ModelSettings,
+    Runner,
+    function_tool,
+    set_default_openai_api,
+    set_default_openai_client,
+    set_tracing_disabled,
+)
 from agents.items import ToolCallItem, ToolCallOutputItem
 
 from clientkit import MODEL, WeatherArgs, weather_result
@@ -21,8 +28,9 @@ pytestmark = pytest.mark.live
 def default_client(base_url):
     set_tracing_disabled(True)
     set_default_openai_api("responses")  # the SDK's default, said out loud
-    set_default_openai_client(openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120),
-                              use_for_tracing=False)
+    set_default_openai_client(
+        openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120), use_for_tracing=False
+    )
 
 
 def make_agent(calls: list, **behaviour) -> Agent:
@@ -32,14 +40,21 @@ def make_agent(calls: list, **behaviour) -> Agent:
         calls.append(WeatherArgs(city=city[:40], unit=unit))
         return weather_result(city, unit)
 
-    return Agent(name="weather", instructions="Answer with the get_weather tool.", model=MODEL, tools=[get_weather],
-                 model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=64), **behaviour)
+    return Agent(
+        name="weather",
+        instructions="Answer with the get_weather tool.",
+        model=MODEL,
+        tools=[get_weather],
+        model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=64),
+        **behaviour,
+    )
 
 
 def test_agent_calls_its_tool_and_stops_on_it():
     calls: list[WeatherArgs] = []
-    result = Runner.run_sync(make_agent(calls, tool_use_behavior="stop_on_first_tool"),
-                             "What is the weather in Paris?", max_turns=3)
+    result = Runner.run_sync(
+        make_agent(calls, tool_use_behavior="stop_on_first_tool"), "What is the weather in Paris?", max_turns=3
+    )
     assert calls and result.final_output == weather_result(calls[0].city, calls[0].unit)
     kinds = [type(i) for i in result.new_items]
     assert kinds == [ToolCallItem] * len(calls) + [ToolCallOutputItem] * len(calls), result.new_items

@@ -22,8 +22,9 @@ def get_weather(city: str, unit: str) -> str:
 
 @pytest.fixture(scope="module")
 def chat(base_url):
-    return ChatOpenAI(model=MODEL, base_url=base_url, api_key="x", temperature=0, max_tokens=96, max_retries=0,
-                      timeout=120)
+    return ChatOpenAI(
+        model=MODEL, base_url=base_url, api_key="x", temperature=0, max_tokens=96, max_retries=0, timeout=120
+    )
 
 
 def check_calls(msg) -> dict:
@@ -47,7 +48,8 @@ def test_bind_tools_with_a_forced_tool_returns_tool_calls(chat):
     assert isinstance(result, ToolMessage) and result.tool_call_id == call["id"]
     results = [result] + [get_weather.invoke(c) for c in msg.tool_calls[1:]]
     reply = chat.bind_tools([get_weather], tool_choice="none").invoke(
-        [HumanMessage("What is the weather in Paris?"), msg, *results])
+        [HumanMessage("What is the weather in Paris?"), msg, *results]
+    )
     assert isinstance(reply.content, str) and reply.content and not reply.tool_calls
 
 
@@ -70,7 +72,15 @@ def test_with_structured_output(chat, method):
 
 
 def test_responses_api_path(base_url):
-    chat = ChatOpenAI(model=MODEL, base_url=base_url, api_key="x", temperature=0, max_tokens=16, max_retries=0,
-                      timeout=120, use_responses_api=True)
+    chat = ChatOpenAI(
+        model=MODEL,
+        base_url=base_url,
+        api_key="x",
+        temperature=0,
+        max_tokens=16,
+        max_retries=0,
+        timeout=120,
+        use_responses_api=True,
+    )
     msg = chat.invoke("Say hello.")
     assert isinstance(msg, AIMessage) and msg.text

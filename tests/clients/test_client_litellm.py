@@ -26,14 +26,20 @@ def test_plain_completion(kw):
 
 
 def test_streaming_completion(kw):
-    chunks = list(litellm.completion(**kw, messages=[{"role": "user", "content": "Say hello."}], max_tokens=12,
-                                     stream=True))
+    chunks = list(
+        litellm.completion(**kw, messages=[{"role": "user", "content": "Say hello."}], max_tokens=12, stream=True)
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
 def test_forced_tool_call(kw):
-    r = litellm.completion(**kw, messages=WEATHER_QUESTION, tools=[WEATHER_TOOL], max_tokens=64,
-                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    r = litellm.completion(
+        **kw,
+        messages=WEATHER_QUESTION,
+        tools=[WEATHER_TOOL],
+        max_tokens=64,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     calls = r.choices[0].message.tool_calls
     assert calls and calls[0].function.name == "get_weather" and r.choices[0].finish_reason == "tool_calls"
     WeatherArgs.model_validate(json.loads(calls[0].function.arguments))

@@ -23,7 +23,8 @@ def llm_env(base_url, tmp_path_factory):
     home = tmp_path_factory.mktemp("llm-user")
     (home / "extra-openai-models.yaml").write_text(
         f"- model_id: hydra-smol\n  model_name: {MODEL}\n  api_base: \"{base_url}\"\n"
-        "  supports_schema: true\n  supports_tools: true\n")
+        "  supports_schema: true\n  supports_tools: true\n"
+    )
     return home
 
 
@@ -36,8 +37,21 @@ def llm(home: Path, tmp_path: Path, *args: str) -> str:
 
 
 def test_schema(llm_env, tmp_path):
-    out = llm(llm_env, tmp_path, "-m", "hydra-smol", "--schema", "name, country, population int",
-              "-o", "temperature", "0", "-o", "max_tokens", "96", "Describe the city of Paris.")
+    out = llm(
+        llm_env,
+        tmp_path,
+        "-m",
+        "hydra-smol",
+        "--schema",
+        "name, country, population int",
+        "-o",
+        "temperature",
+        "0",
+        "-o",
+        "max_tokens",
+        "96",
+        "Describe the city of Paris.",
+    )
     data = json.loads(out)
     assert isinstance(data["name"], str) and isinstance(data["country"], str)
     assert isinstance(data["population"], int)

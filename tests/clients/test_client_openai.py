@@ -10,8 +10,17 @@ import math
 import openai
 import pytest
 
-from clientkit import (CITY_QUESTION, MODEL, TIME_TOOL, WEATHER_PARAMETERS, WEATHER_QUESTION, WEATHER_TOOL, City,
-                       WeatherArgs, weather_result)
+from clientkit import (
+    CITY_QUESTION,
+    MODEL,
+    TIME_TOOL,
+    WEATHER_PARAMETERS,
+    WEATHER_QUESTION,
+    WEATHER_TOOL,
+    City,
+    WeatherArgs,
+    weather_result,
+)
 
 pytestmark = pytest.mark.live
 
@@ -36,10 +45,15 @@ def only_call(message, name: str):
 
 # ---- tools -----------------------------------------------------------------------------------
 
+
 def test_named_tool_choice_forces_that_call(client):
-    r = client.chat.completions.create(**GREEDY, messages=WEATHER_QUESTION, tools=[TIME_TOOL, WEATHER_TOOL],
-                                       tool_choice={"type": "function", "function": {"name": "get_weather"}},
-                                       max_tokens=64)
+    r = client.chat.completions.create(
+        **GREEDY,
+        messages=WEATHER_QUESTION,
+        tools=[TIME_TOOL, WEATHER_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=64,
+    )
     choice = r.choices[0]
     call = only_call(choice.message, "get_weather")
     WeatherArgs.model_validate_json(call.function.arguments)
@@ -47,8 +61,14 @@ def test_named_tool_choice_forces_that_call(client):
 
 
 def test_required_tool_choice_without_parallel_calls_makes_one_valid_call(client):
-    r = client.chat.completions.create(**GREEDY, messages=WEATHER_QUESTION, tools=[TIME_TOOL, WEATHER_TOOL],
-                                       tool_choice="required", parallel_tool_calls=False, max_tokens=64)
+    r = client.chat.completions.create(
+        **GREEDY,
+        messages=WEATHER_QUESTION,
+        tools=[TIME_TOOL, WEATHER_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=64,
+    )
     msg = r.choices[0].message
     assert msg.tool_calls and len(msg.tool_calls) == 1 and r.choices[0].finish_reason == "tool_calls"
     call = msg.tool_calls[0]
@@ -59,8 +79,9 @@ def test_required_tool_choice_without_parallel_calls_makes_one_valid_call(client
 
 
 def test_auto_tool_choice_answers_with_text_or_a_valid_call(client):
-    r = client.chat.completions.create(**GREEDY, messages=WEATHER_QUESTION, tools=[TIME_TOOL, WEATHER_TOOL],
-                                       tool_choice="auto", max_tokens=64)
+    r = client.chat.completions.create(
+        **GREEDY, messages=WEATHER_QUESTION, tools=[TIME_TOOL, WEATHER_TOOL], tool_choice="auto", max_tokens=64
+    )
     msg, finish = r.choices[0].message, r.choices[0].finish_reason
     if msg.tool_calls:
         assert finish == "tool_calls"
@@ -74,12 +95,22 @@ def test_auto_tool_choice_answers_with_text_or_a_valid_call(client):
 def test_tool_result_in_history_then_no_tool(client):
     """An assistant's call and the tool's result are rendered into the prompt; ``none`` answers in text."""
     history = WEATHER_QUESTION + [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": weather_result("Paris", "celsius")}]
-    r = client.chat.completions.create(**GREEDY, messages=history, tools=[WEATHER_TOOL], tool_choice="none",
-                                       max_tokens=24)
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": weather_result("Paris", "celsius")},
+    ]
+    r = client.chat.completions.create(
+        **GREEDY, messages=history, tools=[WEATHER_TOOL], tool_choice="none", max_tokens=24
+    )
     assert not r.choices[0].message.tool_calls
     assert r.choices[0].message.content and r.choices[0].finish_reason in ("stop", "length")
 
@@ -87,8 +118,13 @@ def test_tool_result_in_history_then_no_tool(client):
 def test_streamed_forced_call_accumulates_into_valid_arguments(client):
     """``delta.tool_calls`` fragments as OpenAI streams them: the SDK's stream helper rebuilds and parses them."""
     tool = openai.pydantic_function_tool(WeatherArgs, name="get_weather", description="The current weather.")
-    with client.chat.completions.stream(**GREEDY, messages=WEATHER_QUESTION, tools=[tool], max_tokens=64,
-                                        tool_choice={"type": "function", "function": {"name": "get_weather"}}) as s:
+    with client.chat.completions.stream(
+        **GREEDY,
+        messages=WEATHER_QUESTION,
+        tools=[tool],
+        max_tokens=64,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    ) as s:
         kinds = {event.type for event in s}
         final = s.get_final_completion()
     assert "tool_calls.function.arguments.delta" in kinds and "tool_calls.function.arguments.done" in kinds
@@ -99,6 +135,7 @@ def test_streamed_forced_call_accumulates_into_valid_arguments(client):
 
 # ---- structured output -----------------------------------------------------------------------
 
+
 def test_parse_with_a_pydantic_model(client):
     r = client.chat.completions.parse(**GREEDY, messages=CITY_QUESTION, response_format=City, max_tokens=96)
     msg = r.choices[0].message
@@ -107,6 +144,7 @@ def test_parse_with_a_pydantic_model(client):
 
 
 # ---- logprobs and n --------------------------------------------------------------------------
+
 
 def check_logprobs(entries, text: str, top: int) -> None:
     """OpenAI's shape: the tokens spell the text; each has its top alternatives, best first, and,
@@ -122,15 +160,24 @@ def check_logprobs(entries, text: str, top: int) -> None:
 
 
 def test_logprobs_with_top_logprobs(client):
-    r = client.chat.completions.create(**GREEDY, messages=[{"role": "user", "content": "Count to five."}],
-                                       max_tokens=12, logprobs=True, top_logprobs=2)
+    r = client.chat.completions.create(
+        **GREEDY, messages=[{"role": "user", "content": "Count to five."}], max_tokens=12, logprobs=True, top_logprobs=2
+    )
     check_logprobs(r.choices[0].logprobs.content, r.choices[0].message.content, 2)
     assert len(r.choices[0].logprobs.content) <= r.usage.completion_tokens
 
 
 def test_streamed_logprobs_match_the_streamed_text(client):
-    chunks = list(client.chat.completions.create(**GREEDY, messages=[{"role": "user", "content": "Count to five."}],
-                                                 max_tokens=12, logprobs=True, top_logprobs=2, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            **GREEDY,
+            messages=[{"role": "user", "content": "Count to five."}],
+            max_tokens=12,
+            logprobs=True,
+            top_logprobs=2,
+            stream=True,
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or ()]
     check_logprobs(entries, text, 2)
@@ -156,6 +203,7 @@ def test_n_2_streams_both_choices(client):
 
 
 # ---- embeddings and models -------------------------------------------------------------------
+
 
 def test_embeddings_float_and_base64(client):
     texts = ["The cat sat on the mat.", "Stock prices fell sharply.", "The cat sat on the mat."]
@@ -183,21 +231,28 @@ def test_models_retrieve(client):
 
 # ---- Responses API ---------------------------------------------------------------------------
 
-RESPONSES_TOOL = {"type": "function", "name": "get_weather", "description": "The current weather in a city.",
-                  "parameters": WEATHER_PARAMETERS, "strict": True}
+RESPONSES_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The current weather in a city.",
+    "parameters": WEATHER_PARAMETERS,
+    "strict": True,
+}
 
 
 def test_responses_text(client):
-    r = client.responses.create(model=MODEL, instructions="Answer briefly.", input="Say hello.",
-                                temperature=0, max_output_tokens=16)
+    r = client.responses.create(
+        model=MODEL, instructions="Answer briefly.", input="Say hello.", temperature=0, max_output_tokens=16
+    )
     assert r.status in ("completed", "incomplete") and r.object == "response"
     assert r.output and r.output[0].type == "message" and r.output_text
     assert r.usage.output_tokens > 0
 
 
 def test_responses_stream_events_through_completed(client):
-    events = list(client.responses.create(model=MODEL, input="Say hello.", temperature=0, max_output_tokens=16,
-                                          stream=True))
+    events = list(
+        client.responses.create(model=MODEL, input="Say hello.", temperature=0, max_output_tokens=16, stream=True)
+    )
     kinds = [e.type for e in events]
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
     assert "response.output_text.delta" in kinds and "response.output_text.done" in kinds
@@ -207,14 +262,30 @@ def test_responses_stream_events_through_completed(client):
 
 
 def test_responses_function_call_then_its_output(client):
-    r = client.responses.create(model=MODEL, input="What is the weather in Paris?", tools=[RESPONSES_TOOL],
-                                tool_choice="required", temperature=0, max_output_tokens=64)
+    r = client.responses.create(
+        model=MODEL,
+        input="What is the weather in Paris?",
+        tools=[RESPONSES_TOOL],
+        tool_choice="required",
+        temperature=0,
+        max_output_tokens=64,
+    )
     calls = [item for item in r.output if item.type == "function_call"]
     assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id
     args = WeatherArgs.model_validate_json(calls[0].arguments)
     follow = client.responses.create(
-        model=MODEL, previous_response_id=r.id, tools=[RESPONSES_TOOL], temperature=0, max_output_tokens=24,
-        input=[{"type": "function_call_output", "call_id": calls[0].call_id,
-                "output": weather_result(args.city, args.unit)}], tool_choice="none")
+        model=MODEL,
+        previous_response_id=r.id,
+        tools=[RESPONSES_TOOL],
+        temperature=0,
+        max_output_tokens=24,
+        input=[
+            {
+                "type": "function_call_output",
+                "call_id": calls[0].call_id,
+                "output": weather_result(args.city, args.unit),
+            }
+        ],
+        tool_choice="none",
+    )
     assert follow.output_text and follow.previous_response_id == r.id
-

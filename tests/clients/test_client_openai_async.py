@@ -18,19 +18,25 @@ GREEDY = dict(model=MODEL, temperature=0)
 
 def run(base_url: str, work):
     """``work(client)`` on a fresh asyncio loop with a fresh AsyncOpenAI."""
+
     async def main():
         async with openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120) as client:
             return await work(client)
+
     return asyncio.run(main())
 
 
 def test_async_forced_and_required_tools_concurrently(base_url):
     async def work(client):
         named = {"type": "function", "function": {"name": "get_weather"}}
-        return await asyncio.gather(*(
-            client.chat.completions.create(**GREEDY, messages=WEATHER_QUESTION, tools=[WEATHER_TOOL],
-                                           tool_choice=choice, max_tokens=64)
-            for choice in (named, "required")))
+        return await asyncio.gather(
+            *(
+                client.chat.completions.create(
+                    **GREEDY, messages=WEATHER_QUESTION, tools=[WEATHER_TOOL], tool_choice=choice, max_tokens=64
+                )
+                for choice in (named, "required")
+            )
+        )
 
     named, required = run(base_url, work)
     assert len(named.choices[0].message.tool_calls) == 1  # a named choice is exactly one call
@@ -43,15 +49,24 @@ def test_async_forced_and_required_tools_concurrently(base_url):
 
 
 def test_async_parse(base_url):
-    r = run(base_url, lambda c: c.chat.completions.parse(**GREEDY, messages=CITY_QUESTION, response_format=City,
-                                                         max_tokens=96))
+    r = run(
+        base_url,
+        lambda c: c.chat.completions.parse(**GREEDY, messages=CITY_QUESTION, response_format=City, max_tokens=96),
+    )
     assert isinstance(r.choices[0].message.parsed, City), r.choices[0].message.content
 
 
 def test_async_streamed_logprobs_and_n(base_url):
     async def work(client):
-        stream = await client.chat.completions.create(**GREEDY, messages=[{"role": "user", "content": "Hi!"}],
-                                                      max_tokens=8, logprobs=True, top_logprobs=2, n=2, stream=True)
+        stream = await client.chat.completions.create(
+            **GREEDY,
+            messages=[{"role": "user", "content": "Hi!"}],
+            max_tokens=8,
+            logprobs=True,
+            top_logprobs=2,
+            n=2,
+            stream=True,
+        )
         texts, tokens = {0: "", 1: ""}, {0: "", 1: ""}
         async for chunk in stream:
             for c in chunk.choices:
@@ -67,8 +82,9 @@ def test_async_streamed_logprobs_and_n(base_url):
 
 def test_async_embeddings_and_model(base_url):
     async def work(client):
-        return await asyncio.gather(client.embeddings.create(model=MODEL, input=["one", "two"]),
-                                    client.models.retrieve(MODEL))
+        return await asyncio.gather(
+            client.embeddings.create(model=MODEL, input=["one", "two"]), client.models.retrieve(MODEL)
+        )
 
     emb, model = run(base_url, work)
     assert [d.index for d in emb.data] == [0, 1] and len(emb.data[0].embedding) == len(emb.data[1].embedding) > 0
@@ -77,8 +93,7 @@ def test_async_embeddings_and_model(base_url):
 
 def test_async_responses_stream(base_url):
     async def work(client):
-        async with client.responses.stream(model=MODEL, input="Say hello.", temperature=0,
-                                           max_output_tokens=16) as s:
+        async with client.responses.stream(model=MODEL, input="Say hello.", temperature=0, max_output_tokens=16) as s:
             deltas = [e.delta async for e in s if e.type == "response.output_text.delta"]
             return deltas, await s.get_final_response()
 

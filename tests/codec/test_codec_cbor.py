@@ -11,8 +11,12 @@ from hydra_node.codec import cbor
 from hydra_node.codec.errors import DecodeError, EncodeError
 
 values = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**64), max_value=2**64 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.binary(max_size=20) | st.text(max_size=10),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**64), max_value=2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.binary(max_size=20)
+    | st.text(max_size=10),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
     max_leaves=20,
 )
@@ -42,15 +46,17 @@ def test_round_trip_and_whole_prefix_junk(value: object) -> None:
         assert info.value.code in ("truncated", "non_canonical")
 
 
-@pytest.mark.parametrize("value, what", [
-    (cbor2.CBORTag(35, "^a.*$"), "tag 35 would build a regex object"),
-    (cbor2.CBORTag(258, [1, 2]), "tag 258 would build a set"),
-    (cbor2.CBORTag(1, 1_700_000_000), "tag 1 would build a datetime"),
-    (cbor2.CBORTag(2, b"\x01" + bytes(8)), "tag 2 is a bignum"),
-])
+@pytest.mark.parametrize(
+    "value, what",
+    [
+        (cbor2.CBORTag(35, "^a.*$"), "tag 35 would build a regex object"),
+        (cbor2.CBORTag(258, [1, 2]), "tag 258 would build a set"),
+        (cbor2.CBORTag(1, 1_700_000_000), "tag 1 would build a datetime"),
+        (cbor2.CBORTag(2, b"\x01" + bytes(8)), "tag 2 is a bignum"),
+    ],
+)
 def test_every_tag_is_refused(value: object, what: str) -> None:
-    for data in (cbor2.dumps(value), cbor2.dumps({"op": "x", "v": value}, canonical=True),
-                 cbor2.dumps([[value]])):
+    for data in (cbor2.dumps(value), cbor2.dumps({"op": "x", "v": value}, canonical=True), cbor2.dumps([[value]])):
         with pytest.raises(DecodeError) as info:
             cbor.decode(data)
         assert info.value.code == "tag", what
@@ -62,17 +68,20 @@ def test_a_set_encoded_by_cbor2_is_refused() -> None:
     assert info.value.code == "tag"
 
 
-@pytest.mark.parametrize("data, code", [
-    (b"\x81" * (cbor.MAX_DEPTH + 1) + b"\x00", "too_deep"),
-    (b"\xa2\x61a\x01\x61a\x02", "duplicate_key"),
-    (b"\xa2\x61b\x01\x61a\x02", "unsorted_keys"),
-    (b"\x18\x01", "non_shortest"),
-    (b"\xfb\x3f\xf0\x00\x00\x00\x00\x00\x00", "non_canonical"),
-    (b"\x9f\x01\xff", "indefinite_length"),
-    (b"\xf9\x7e\x00", "non_finite_float"),
-    (b"\xf7", "bad_simple"),
-    (b"\xa1\x01\x02", "non_text_key"),
-])
+@pytest.mark.parametrize(
+    "data, code",
+    [
+        (b"\x81" * (cbor.MAX_DEPTH + 1) + b"\x00", "too_deep"),
+        (b"\xa2\x61a\x01\x61a\x02", "duplicate_key"),
+        (b"\xa2\x61b\x01\x61a\x02", "unsorted_keys"),
+        (b"\x18\x01", "non_shortest"),
+        (b"\xfb\x3f\xf0\x00\x00\x00\x00\x00\x00", "non_canonical"),
+        (b"\x9f\x01\xff", "indefinite_length"),
+        (b"\xf9\x7e\x00", "non_finite_float"),
+        (b"\xf7", "bad_simple"),
+        (b"\xa1\x01\x02", "non_text_key"),
+    ],
+)
 def test_explicit_refusals(data: bytes, code: str) -> None:
     with pytest.raises(DecodeError) as info:
         cbor.decode(data)

@@ -11,24 +11,59 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hydra_node.runtime.child.speculative.sampling import SamplingParams
-from hydra_node.runtime.speculative.wire import (MAX_DRAFT_FRAME_BYTES, BoundedFrameDecoder, DraftHello, DraftReady,
-                                                 WireError, frame, parse_hello, parse_proposal, parse_ready_line,
-                                                 parse_start, start_message)
+from hydra_node.runtime.speculative.wire import (
+    MAX_DRAFT_FRAME_BYTES,
+    BoundedFrameDecoder,
+    DraftHello,
+    DraftReady,
+    WireError,
+    frame,
+    parse_hello,
+    parse_proposal,
+    parse_ready_line,
+    parse_start,
+    start_message,
+)
 
-leaves = (st.none() | st.booleans() | st.integers(-(2**64), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False)
-          | st.text(max_size=6))
+leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**64), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6)
+)
 fields = st.lists(st.integers(-2, 40) | leaves, max_size=5) | leaves
-KEYS = ["tokens", "temperature", "top_p", "top_k", "seed", "dists", "seconds", "catchup", "code", "message", "k",
-        "proto", "model", "n_vocab", "vocab", "n_ctx", "max_k"]
-maps = st.builds(lambda op, rest: {**rest, "op": op}, st.sampled_from(["start", "proposal", "error", "hello", "x"]),
-                 st.dictionaries(st.sampled_from(KEYS), fields, max_size=6))
+KEYS = [
+    "tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "dists",
+    "seconds",
+    "catchup",
+    "code",
+    "message",
+    "k",
+    "proto",
+    "model",
+    "n_vocab",
+    "vocab",
+    "n_ctx",
+    "max_k",
+]
+maps = st.builds(
+    lambda op, rest: {**rest, "op": op},
+    st.sampled_from(["start", "proposal", "error", "hello", "x"]),
+    st.dictionaries(st.sampled_from(KEYS), fields, max_size=6),
+)
 
 
 @settings(max_examples=300)
 @given(st.binary(max_size=200), st.sampled_from([None, 1]))
 def test_draft_frames_from_any_bytes(data: bytes, chunk: int | None) -> None:
     decoder = BoundedFrameDecoder()
-    pieces = [data] if chunk is None else [data[i:i + 1] for i in range(len(data))]
+    pieces = [data] if chunk is None else [data[i : i + 1] for i in range(len(data))]
     try:
         for piece in pieces:
             decoder.receive_data(piece)
@@ -74,7 +109,7 @@ def test_start_survives_any_chunking_and_trailing_junk(tokens: list[int], junk: 
         stream, got = data + junk, []
         try:
             for i in range(0, len(stream), chunk):
-                decoder.receive_data(stream[i:i + chunk])
+                decoder.receive_data(stream[i : i + chunk])
                 while (msg := decoder.next_message()) is not None:
                     got.append(msg)
         except WireError:
@@ -97,8 +132,12 @@ def test_tagged_and_oversized_draft_frames_are_wire_errors() -> None:
 
 
 @settings(max_examples=200)
-@given(st.binary(max_size=120) | st.dictionaries(st.sampled_from(["event", "port", "model", "n_vocab", "vocab"]),
-                                                  leaves, max_size=5).map(lambda d: json.dumps(d).encode()))
+@given(
+    st.binary(max_size=120)
+    | st.dictionaries(st.sampled_from(["event", "port", "model", "n_vocab", "vocab"]), leaves, max_size=5).map(
+        lambda d: json.dumps(d).encode()
+    )
+)
 def test_ready_line_on_any_bytes(line: bytes) -> None:
     try:
         assert isinstance(parse_ready_line(line), DraftReady)

@@ -8,10 +8,22 @@ import math
 import pytest
 
 from hydra_node.codec import cbor
-from hydra_node.inference import (MAX_EMBED_FRAME_BYTES, MAX_EMBEDDING_INPUTS, EmbeddingAssembler,
-                                  EmbeddingRequest, EmbeddingResult, GenerationError, InvalidRequest,
-                                  MalformedRemoteEvent, QueueFull, RemoteError, error_message, reply_messages,
-                                  vector_bytes, vector_floats)
+from hydra_node.inference import (
+    MAX_EMBED_FRAME_BYTES,
+    MAX_EMBEDDING_INPUTS,
+    EmbeddingAssembler,
+    EmbeddingRequest,
+    EmbeddingResult,
+    GenerationError,
+    InvalidRequest,
+    MalformedRemoteEvent,
+    QueueFull,
+    RemoteError,
+    error_message,
+    reply_messages,
+    vector_bytes,
+    vector_floats,
+)
 
 
 def vec(*xs: float) -> bytes:
@@ -26,20 +38,41 @@ def test_a_request_round_trips_and_keeps_text_and_token_inputs_apart():
     assert EmbeddingRequest("m", ["a", [4]]).inputs == ("a", (4,))  # lists are normalised to tuples
 
 
-@pytest.mark.parametrize("inputs", [(), ("",), ((),), ("ok", ""), ((1, -1),), ((2**31,),), ((True,),), (1.5,),
-                                    ("\ud800",), ("x",) * (MAX_EMBEDDING_INPUTS + 1)])
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        (),
+        ("",),
+        ((),),
+        ("ok", ""),
+        ((1, -1),),
+        ((2**31,),),
+        ((True,),),
+        (1.5,),
+        ("\ud800",),
+        ("x",) * (MAX_EMBEDDING_INPUTS + 1),
+    ],
+)
 def test_bad_inputs_are_refused_naming_input(inputs):
     with pytest.raises(InvalidRequest) as info:
         EmbeddingRequest("m", inputs)
     assert info.value.param == "input"
 
 
-@pytest.mark.parametrize("wire", [
-    None, [], {"model": "m", "inputs": ["a"]},  # a key missing
-    {"model": "m", "inputs": ["a"], "request_id": "", "dimensions": 8},  # an unknown key: refused, never ignored
-    {"model": 3, "inputs": ["a"], "request_id": ""}, {"model": "m", "inputs": "a", "request_id": ""},
-    {"model": "m", "inputs": [{"a": 1}], "request_id": ""}, {"model": "m", "inputs": ["a"], "request_id": 7},
-    {"model": "", "inputs": ["a"], "request_id": ""}])
+@pytest.mark.parametrize(
+    "wire",
+    [
+        None,
+        [],
+        {"model": "m", "inputs": ["a"]},  # a key missing
+        {"model": "m", "inputs": ["a"], "request_id": "", "dimensions": 8},  # an unknown key: refused, never ignored
+        {"model": 3, "inputs": ["a"], "request_id": ""},
+        {"model": "m", "inputs": "a", "request_id": ""},
+        {"model": "m", "inputs": [{"a": 1}], "request_id": ""},
+        {"model": "m", "inputs": ["a"], "request_id": 7},
+        {"model": "", "inputs": ["a"], "request_id": ""},
+    ],
+)
 def test_from_wire_is_strict(wire):
     with pytest.raises(InvalidRequest):
         EmbeddingRequest.from_wire(wire)
@@ -69,26 +102,31 @@ def test_served_by_is_ours_for_our_child():
     assert asm.feed({"op": "embedded", "id": 3, "prompt_tokens": 2}).served_by == "me"
 
 
-@pytest.mark.parametrize("msgs", [
-    [{"op": "vectors", "v": []}],
-    [{"op": "vectors", "v": "abcd"}],
-    [{"op": "vectors", "v": [[0.5]]}],  # floats, not bytes
-    [{"op": "vectors", "v": [b"abc"]}],  # not a whole float32
-    [{"op": "vectors", "v": [b""]}],
-    [{"op": "vectors", "v": [b"\x00" * (4 * 65537)]}],  # beyond MAX_EMBEDDING_DIM
-    [{"op": "vectors", "v": [vec(1.0), vec(1.0, 0.0)]}],  # ragged
-    [{"op": "vectors", "v": [vec(math.nan, 1.0)]}],
-    [{"op": "vectors", "v": [vec(math.inf, 1.0)]}],
-    [{"op": "vectors", "v": [vec(1.0)] * 3}],  # more vectors than inputs
-    [{"op": "vectors", "v": [vec(1.0)]}, {"op": "embedded", "prompt_tokens": 1, "served_by": ""}],  # fewer
-    [{"op": "vectors", "v": [vec(1.0)] * 2}, {"op": "embedded", "prompt_tokens": -1, "served_by": ""}],
-    [{"op": "vectors", "v": [vec(1.0)] * 2}, {"op": "embedded", "prompt_tokens": 1.0, "served_by": ""}],
-    [{"op": "vectors", "v": [vec(1.0)] * 2}, {"op": "embedded", "prompt_tokens": 1, "served_by": "x" * 129}],
-    [{"op": "vectors", "v": [vec(1.0)] * 2}, {"op": "embedded", "prompt_tokens": 1, "served_by": 5}],
-    [{"op": "delta", "text": "hi"}], [None], ["vectors"],
-    [{"op": "error", "message": "all good", "code": "ok", "status": 200}],  # an error claiming success
-    [{"op": "error", "message": "x", "status": "500"}],
-])
+@pytest.mark.parametrize(
+    "msgs",
+    [
+        [{"op": "vectors", "v": []}],
+        [{"op": "vectors", "v": "abcd"}],
+        [{"op": "vectors", "v": [[0.5]]}],  # floats, not bytes
+        [{"op": "vectors", "v": [b"abc"]}],  # not a whole float32
+        [{"op": "vectors", "v": [b""]}],
+        [{"op": "vectors", "v": [b"\x00" * (4 * 65537)]}],  # beyond MAX_EMBEDDING_DIM
+        [{"op": "vectors", "v": [vec(1.0), vec(1.0, 0.0)]}],  # ragged
+        [{"op": "vectors", "v": [vec(math.nan, 1.0)]}],
+        [{"op": "vectors", "v": [vec(math.inf, 1.0)]}],
+        [{"op": "vectors", "v": [vec(1.0)] * 3}],  # more vectors than inputs
+        [{"op": "vectors", "v": [vec(1.0)]}, {"op": "embedded", "prompt_tokens": 1, "served_by": ""}],  # fewer
+        [{"op": "vectors", "v": [vec(1.0)] * 2}, {"op": "embedded", "prompt_tokens": -1, "served_by": ""}],
+        [{"op": "vectors", "v": [vec(1.0)] * 2}, {"op": "embedded", "prompt_tokens": 1.0, "served_by": ""}],
+        [{"op": "vectors", "v": [vec(1.0)] * 2}, {"op": "embedded", "prompt_tokens": 1, "served_by": "x" * 129}],
+        [{"op": "vectors", "v": [vec(1.0)] * 2}, {"op": "embedded", "prompt_tokens": 1, "served_by": 5}],
+        [{"op": "delta", "text": "hi"}],
+        [None],
+        ["vectors"],
+        [{"op": "error", "message": "all good", "code": "ok", "status": 200}],  # an error claiming success
+        [{"op": "error", "message": "x", "status": "500"}],
+    ],
+)
 def test_a_malformed_reply_is_a_502(msgs):
     asm = EmbeddingAssembler(2)
     with pytest.raises(MalformedRemoteEvent) as info:

@@ -12,19 +12,60 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hydra_node.inference import (EventStreamDecoder, Finished, GenerationError, GenerationRequest, InvalidRequest,
-                                  QueueFull, RemoteError, MalformedRemoteEvent, TextDelta, event_frame, event_from_wire)
-from hydra_node.runtime.child.channel import (ChannelError, FrameDecoder, RunnerProtocolError, encode_frame,
-                                        runner_event_from_wire)
+from hydra_node.inference import (
+    EventStreamDecoder,
+    Finished,
+    GenerationError,
+    GenerationRequest,
+    InvalidRequest,
+    QueueFull,
+    RemoteError,
+    MalformedRemoteEvent,
+    TextDelta,
+    event_frame,
+    event_from_wire,
+)
+from hydra_node.runtime.child.channel import (
+    ChannelError,
+    FrameDecoder,
+    RunnerProtocolError,
+    encode_frame,
+    runner_event_from_wire,
+)
 
-leaves = (st.none() | st.booleans() | st.integers(-(2**64), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False)
-          | st.binary(max_size=8) | st.text(max_size=8))
-values = st.recursive(leaves, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
-                      max_leaves=10)
-EVENT_KEYS = ["type", "text", "finish_reason", "prompt_tokens", "completion_tokens", "queue_wait_ms", "ttft_ms",
-              "itl_ms", "served_by", "cached_tokens", "message", "code", "status", "retryable", "retry_after"]
-event_like = st.builds(lambda t, rest: {**rest, "type": t}, st.sampled_from(["delta", "finished", "error", "x"]),
-                       st.dictionaries(st.sampled_from(EVENT_KEYS), leaves, max_size=8))
+leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**64), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.binary(max_size=8)
+    | st.text(max_size=8)
+)
+values = st.recursive(
+    leaves, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3), max_leaves=10
+)
+EVENT_KEYS = [
+    "type",
+    "text",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "queue_wait_ms",
+    "ttft_ms",
+    "itl_ms",
+    "served_by",
+    "cached_tokens",
+    "message",
+    "code",
+    "status",
+    "retryable",
+    "retry_after",
+]
+event_like = st.builds(
+    lambda t, rest: {**rest, "type": t},
+    st.sampled_from(["delta", "finished", "error", "x"]),
+    st.dictionaries(st.sampled_from(EVENT_KEYS), leaves, max_size=8),
+)
 
 
 @settings(max_examples=400)
@@ -42,7 +83,7 @@ def test_event_from_wire_gives_an_event_or_a_remote_error(d: Any) -> None:
 @given(st.binary(max_size=200), st.sampled_from([None, 1]))
 def test_event_stream_decoder_on_any_bytes(data: bytes, chunk: int | None) -> None:
     decoder = EventStreamDecoder()
-    pieces = [data] if chunk is None else [data[i:i + 1] for i in range(len(data))]
+    pieces = [data] if chunk is None else [data[i : i + 1] for i in range(len(data))]
     try:
         for piece in pieces:
             decoder.receive_data(piece)
@@ -62,12 +103,12 @@ def test_event_stream_whole_byte_by_byte_and_trailing_junk(texts: list[str], jun
         stream = data + junk
         try:
             for i in range(0, len(stream), chunk):
-                decoder.receive_data(stream[i:i + chunk])
+                decoder.receive_data(stream[i : i + chunk])
                 while (ev := decoder.next_event()) is not None:
                     got.append(ev)
         except RemoteError:
             pass
-        assert got[:len(events)] == events
+        assert got[: len(events)] == events
 
 
 @pytest.mark.parametrize("status", [200, 204, 302, 399])
@@ -82,8 +123,16 @@ def test_a_remote_error_claiming_success_becomes_502(status: int) -> None:
 @pytest.mark.parametrize("remote, ours", [(429, 503), (503, 503), (400, 502), (404, 502), (500, 502), (504, 502)])
 def test_remote_failures_map_to_502_or_503_with_the_remote_message(remote: int, ours: int) -> None:
     with pytest.raises(RemoteError) as info:
-        event_from_wire({"type": "error", "message": "the peer's words", "code": "queue_full", "status": remote,
-                         "retryable": True, "retry_after": 2})
+        event_from_wire(
+            {
+                "type": "error",
+                "message": "the peer's words",
+                "code": "queue_full",
+                "status": remote,
+                "retryable": True,
+                "retry_after": 2,
+            }
+        )
     err = info.value
     assert (err.status, err.remote_status, err.code, err.message) == (ours, remote, "queue_full", "the peer's words")
     assert err.retryable and err.retry_after == 2.0
@@ -97,14 +146,23 @@ def test_a_queue_full_peer_round_trips_as_503_over_the_stream() -> None:
     assert info.value.status == 503 and info.value.code == "queue_full" and info.value.retry_after == 3.0
 
 
-@pytest.mark.parametrize("ev", [
-    {"type": "error", "status": "500"}, {"type": "error", "status": 700}, {"type": "error"}, "error", None, [],
-    {"type": "delta"}, {"type": "delta", "text": b"bytes"},
-    {"type": "finished", "finish_reason": "stop", "prompt_tokens": 1.0, "completion_tokens": 1},
-    {"type": "finished", "finish_reason": "", "prompt_tokens": 1, "completion_tokens": 1},
-    {"type": "finished", "finish_reason": "stop", "prompt_tokens": -1, "completion_tokens": 1},
-    {"type": "finished", "finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1, "ttft_ms": "x"},
-])
+@pytest.mark.parametrize(
+    "ev",
+    [
+        {"type": "error", "status": "500"},
+        {"type": "error", "status": 700},
+        {"type": "error"},
+        "error",
+        None,
+        [],
+        {"type": "delta"},
+        {"type": "delta", "text": b"bytes"},
+        {"type": "finished", "finish_reason": "stop", "prompt_tokens": 1.0, "completion_tokens": 1},
+        {"type": "finished", "finish_reason": "", "prompt_tokens": 1, "completion_tokens": 1},
+        {"type": "finished", "finish_reason": "stop", "prompt_tokens": -1, "completion_tokens": 1},
+        {"type": "finished", "finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1, "ttft_ms": "x"},
+    ],
+)
 def test_malformed_events_are_protocol_errors(ev: Any) -> None:
     with pytest.raises(MalformedRemoteEvent) as info:
         event_from_wire(ev)
@@ -122,8 +180,28 @@ def test_stream_frames_with_tags_or_other_ops_are_protocol_errors() -> None:
 
 
 @settings(max_examples=200)
-@given(st.dictionaries(st.sampled_from(["model", "kind", "messages", "prompt", "max_tokens", "temperature", "top_p",
-                                        "stop", "seed", "request_id", "session"]), values, max_size=8) | values)
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "model",
+                "kind",
+                "messages",
+                "prompt",
+                "max_tokens",
+                "temperature",
+                "top_p",
+                "stop",
+                "seed",
+                "request_id",
+                "session",
+            ]
+        ),
+        values,
+        max_size=8,
+    )
+    | values
+)
 def test_a_peers_generation_request_is_a_request_or_invalid_request(d: Any) -> None:
     try:
         req = GenerationRequest.from_wire(d)
@@ -134,9 +212,15 @@ def test_a_peers_generation_request_is_a_request_or_invalid_request(d: Any) -> N
 
 # ---- runner channel (the node's own child) -----------------------------------------------
 
+
 @settings(max_examples=300)
-@given(st.builds(lambda op, rest: {**rest, "op": op}, st.sampled_from(["delta", "done", "error", "pong"]),
-                 st.dictionaries(st.sampled_from(EVENT_KEYS + ["speculative"]), leaves, max_size=8)))
+@given(
+    st.builds(
+        lambda op, rest: {**rest, "op": op},
+        st.sampled_from(["delta", "done", "error", "pong"]),
+        st.dictionaries(st.sampled_from(EVENT_KEYS + ["speculative"]), leaves, max_size=8),
+    )
+)
 def test_runner_answers_give_an_event_or_a_generation_error(msg: dict) -> None:
     try:
         ev = runner_event_from_wire(msg, queue_wait_ms=1.0, served_by="me")
@@ -148,8 +232,11 @@ def test_runner_answers_give_an_event_or_a_generation_error(msg: dict) -> None:
 
 def test_runner_errors_keep_their_status_and_bad_answers_are_502() -> None:
     with pytest.raises(GenerationError) as info:
-        runner_event_from_wire({"op": "error", "id": 1, "code": "context_length_exceeded", "status": 400,
-                                "message": "too long"}, queue_wait_ms=0, served_by="me")
+        runner_event_from_wire(
+            {"op": "error", "id": 1, "code": "context_length_exceeded", "status": 400, "message": "too long"},
+            queue_wait_ms=0,
+            served_by="me",
+        )
     assert (info.value.status, info.value.code) == (400, "context_length_exceeded")
     with pytest.raises(MalformedRemoteEvent) as info:
         runner_event_from_wire({"op": "error", "id": 1, "status": 200}, queue_wait_ms=0, served_by="me")
@@ -157,8 +244,11 @@ def test_runner_errors_keep_their_status_and_bad_answers_are_502() -> None:
     with pytest.raises(RunnerProtocolError) as info:
         runner_event_from_wire({"op": "done", "id": 1, "finish_reason": "stop"}, queue_wait_ms=0, served_by="me")
     assert info.value.status == 502 and info.value.code == "bad_runner_message"
-    fin = runner_event_from_wire({"op": "done", "id": 1, "finish_reason": "stop", "prompt_tokens": 3,
-                                  "completion_tokens": 2}, queue_wait_ms=4.0, served_by="me")
+    fin = runner_event_from_wire(
+        {"op": "done", "id": 1, "finish_reason": "stop", "prompt_tokens": 3, "completion_tokens": 2},
+        queue_wait_ms=4.0,
+        served_by="me",
+    )
     assert fin == Finished("stop", 3, 2, 4.0, 0.0, 0.0, "me", 0)
 
 

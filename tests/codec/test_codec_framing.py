@@ -17,10 +17,19 @@ from vector_json import from_json
 LIMIT = 4096
 VECTORS = Path(__file__).resolve().parents[2] / "protocol" / "vectors"
 
-leaves = (st.none() | st.booleans() | st.integers(-(2**64), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False)
-          | st.binary(max_size=10) | st.text(max_size=10))
-messages = st.builds(lambda op, rest: {**rest, "op": op}, st.text(min_size=1, max_size=12),
-                     st.dictionaries(st.text(max_size=5), st.lists(leaves, max_size=3) | leaves, max_size=4))
+leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**64), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.binary(max_size=10)
+    | st.text(max_size=10)
+)
+messages = st.builds(
+    lambda op, rest: {**rest, "op": op},
+    st.text(min_size=1, max_size=12),
+    st.dictionaries(st.text(max_size=5), st.lists(leaves, max_size=3) | leaves, max_size=4),
+)
 
 
 def _drain(decoder: MessageDecoder, out: list[dict[str, Any]]) -> None:
@@ -32,7 +41,7 @@ def feed(data: bytes, chunk: int | None) -> tuple[list[dict[str, Any]], DecodeEr
     """Messages decoded from `data` fed in `chunk`-byte pieces (None: whole), and the error if any."""
     decoder = MessageDecoder(LIMIT)
     got: list[dict[str, Any]] = []
-    pieces = [data] if chunk is None else [data[i:i + chunk] for i in range(0, len(data), chunk)]
+    pieces = [data] if chunk is None else [data[i : i + chunk] for i in range(0, len(data), chunk)]
     try:
         for piece in pieces:
             decoder.receive_data(piece)
@@ -54,7 +63,7 @@ def test_trailing_junk_never_corrupts_earlier_messages(msgs: list[dict[str, Any]
     data = b"".join(encode_message(m, limit=LIMIT) for m in msgs)
     for chunk in (None, 1, 7):
         got, err = feed(data + junk, chunk)
-        assert got[:len(msgs)] == msgs
+        assert got[: len(msgs)] == msgs
         assert err is None or isinstance(err, DecodeError)
 
 

@@ -26,18 +26,21 @@ def test_objects_round_trip(d: dict) -> None:
     assert decode_object_line(json.dumps(d).encode() + b"\n", max_bytes=10_000) == d
 
 
-@pytest.mark.parametrize("line, code", [
-    (b'{"a": 1, "a": 2}', "duplicate_key"),
-    (b'{"a": NaN}', "non_finite_float"),
-    (b'{"a": Infinity}', "non_finite_float"),
-    (b"[1]", "not_an_object"),
-    (b"\xff{}", "invalid_utf8"),
-    (b"{}\n{}", "trailing_bytes"),
-    (b"{" + b" " * 100 + b"}", "too_large"),
-    (b'{"a":' + b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1) + b"}", "too_deep"),
-    (b'{"a": "[[[[[[[[[[[[[["}', None),
-    (b"[" * 60, "too_deep"),
-])
+@pytest.mark.parametrize(
+    "line, code",
+    [
+        (b'{"a": 1, "a": 2}', "duplicate_key"),
+        (b'{"a": NaN}', "non_finite_float"),
+        (b'{"a": Infinity}', "non_finite_float"),
+        (b"[1]", "not_an_object"),
+        (b"\xff{}", "invalid_utf8"),
+        (b"{}\n{}", "trailing_bytes"),
+        (b"{" + b" " * 100 + b"}", "too_large"),
+        (b'{"a":' + b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1) + b"}", "too_deep"),
+        (b'{"a": "[[[[[[[[[[[[[["}', None),
+        (b"[" * 60, "too_deep"),
+    ],
+)
 def test_explicit_cases(line: bytes, code: str | None) -> None:
     if code is None:
         assert decode_object_line(line, max_bytes=100) == {"a": "[" * 14}

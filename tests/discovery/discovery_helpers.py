@@ -18,12 +18,29 @@ TEST_GROUP = "224.0.0.251"
 FAST_RELAY = RelayConfig(connect_timeout_s=2.0, disconnect_timeout_s=0.5, backoff_base_s=0.05, backoff_cap_s=0.5)
 
 
-def make_advert(name: str = "a", *, mesh_id: str = "mesh-1", secret: bytes = b"s3cret", port: int = 9337,
-                models: tuple[str, ...] = ("SmolLM2-135M",), origin: str | None = None) -> MdnsAdvert:
+def make_advert(
+    name: str = "a",
+    *,
+    mesh_id: str = "mesh-1",
+    secret: bytes = b"s3cret",
+    port: int = 9337,
+    models: tuple[str, ...] = ("SmolLM2-135M",),
+    origin: str | None = None,
+) -> MdnsAdvert:
     node_id = secrets.token_hex(16)
-    return MdnsAdvert(instance=f"hydra-{node_id[:12]}", port=port, addresses=("127.0.0.1",), node_id=node_id,
-                      mesh_id=mesh_id, token_fingerprint=lan_fingerprint(lab_mesh_key(secret)), name=name,
-                      models=models, node_count=1, version="0.1.0", origin=origin or secrets.token_hex(8))
+    return MdnsAdvert(
+        instance=f"hydra-{node_id[:12]}",
+        port=port,
+        addresses=("127.0.0.1",),
+        node_id=node_id,
+        mesh_id=mesh_id,
+        token_fingerprint=lan_fingerprint(lab_mesh_key(secret)),
+        name=name,
+        models=models,
+        node_count=1,
+        version="0.1.0",
+        origin=origin or secrets.token_hex(8),
+    )
 
 
 def build_local_relay(port: int | None = None):

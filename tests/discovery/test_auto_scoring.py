@@ -22,8 +22,14 @@ NOW = 1_800_000_000
 def listing(pubkey="aa", mesh="m1", *, created=NOW, **content) -> Listing:
     c = ListingContent(mesh_id=mesh, invite_token="tok", **content)
     event_id = hashlib.sha256(f"{pubkey}{created}{c.to_json()}".encode()).hexdigest()
-    return Listing(pubkey=pubkey * 32, d=f"hydra:{mesh}", event_id=event_id,
-                   created_at=created, expires_at=created + 120, content=c)
+    return Listing(
+        pubkey=pubkey * 32,
+        d=f"hydra:{mesh}",
+        event_id=event_id,
+        created_at=created,
+        expires_at=created + 120,
+        content=c,
+    )
 
 
 def terms(s) -> dict:
@@ -74,7 +80,9 @@ def test_rank_order_and_fallbacks():
     b = listing("bb", "m2", node_count=8)
     c = listing("cc", "m3", max_clients=1, client_count=1)
     d = listing("dd", "m4", node_count=1)
-    ctx = AutoContext(now=NOW, last_mesh_id="m1", probes={d.key: ListingProbe(True, 5.0), a.key: ListingProbe(True, 50.0)})
+    ctx = AutoContext(
+        now=NOW, last_mesh_id="m1", probes={d.key: ListingProbe(True, 5.0), a.key: ListingProbe(True, 50.0)}
+    )
     ranked = rank_listings([b, c, d, a], ctx)
     assert [s.listing for s in ranked] == [a, d, b]  # sticky first, then d (fast), then b; c is full
     full = explain([b, c, d, a], ctx)

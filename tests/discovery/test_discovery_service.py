@@ -10,8 +10,13 @@ import nacl.signing
 
 from hydra_node.discovery.adverts import advert_ips, listing_content, mdns_advert
 from hydra_node.cli.discovery import os_errors
-from hydra_node.discovery.node_choice import (CandidateSet, DiscoverySettings, JoinCandidate, lan_fingerprint,
-                                              load_last_mesh)
+from hydra_node.discovery.node_choice import (
+    CandidateSet,
+    DiscoverySettings,
+    JoinCandidate,
+    lan_fingerprint,
+    load_last_mesh,
+)
 from hydra_node.discovery.service import DiscoveryPhase, DiscoveryService, NodeFacts
 from hydra_node.mesh.wire.ids import MeshSecret
 from hydra_node.mesh.joining import JoinFailed, JoinPlan
@@ -21,10 +26,22 @@ from hydra_node.mesh.status_view import PeerRow
 NODE = secrets.token_hex(32)
 
 
-
 def _row(peer_id: str, state: str, role: str) -> PeerRow:
-    return PeerRow(id=peer_id, state=state, role=role, addresses=(), models=(), model_states={}, rtt_ms=None,
-                   last_seen=None, incarnation=1, api_port=None, queue_depth=None, linked=state == "alive")
+    return PeerRow(
+        id=peer_id,
+        state=state,
+        role=role,
+        addresses=(),
+        models=(),
+        model_states={},
+        rtt_ms=None,
+        last_seen=None,
+        incarnation=1,
+        api_port=None,
+        queue_depth=None,
+        linked=state == "alive",
+    )
+
 
 class FakeMesh:
     """The mesh service's public surface, recording the plans it is asked to join."""
@@ -69,18 +86,26 @@ class FakeMesh:
 
 
 def facts() -> NodeFacts:
-    return NodeFacts(node_id=NODE, name="al|pha", configured_models=frozenset({"m"}),
-                     ready_models=lambda: ["m", "a"], serving_models=lambda: ["m", "a", "p"], spare_slots=lambda: 3)
+    return NodeFacts(
+        node_id=NODE,
+        name="al|pha",
+        configured_models=frozenset({"m"}),
+        ready_models=lambda: ["m", "a"],
+        serving_models=lambda: ["m", "a", "p"],
+        spare_slots=lambda: 3,
+    )
 
 
 def token(mesh_id: str | None = None) -> str:
-    return issue_invite(nacl.signing.SigningKey.generate(), mesh_id or MeshSecret.generate().mesh_id,
-                        ["127.0.0.1:1"], 3600, time.time())
+    return issue_invite(
+        nacl.signing.SigningKey.generate(), mesh_id or MeshSecret.generate().mesh_id, ["127.0.0.1:1"], 3600, time.time()
+    )
 
 
 def service(mesh: FakeMesh, tmp_path, lan=(), nostr=(), **settings) -> DiscoveryService:
-    s = DiscoveryService(mesh, facts(), DiscoverySettings(auto=True, mdns=False, mode="nostr", **settings),
-                         home=tmp_path)
+    s = DiscoveryService(
+        mesh, facts(), DiscoverySettings(auto=True, mdns=False, mode="nostr", **settings), home=tmp_path
+    )
 
     async def scan(held, last):
         return CandidateSet(tuple(lan)), CandidateSet(tuple(nostr))
@@ -111,8 +136,10 @@ async def test_auto_creates_a_mesh_when_every_candidate_fails(tmp_path):
 
 async def test_auto_resumes_as_a_member_before_any_token(tmp_path):
     mesh = FakeMesh(unreachable_members=True)
-    members = [JoinCandidate("lan", "a" * 32, urls=("ws://10.0.0.1:1",), peer_id="1" * 64),
-               JoinCandidate("lan", "a" * 32, urls=("ws://10.0.0.2:1",), peer_id="2" * 64)]
+    members = [
+        JoinCandidate("lan", "a" * 32, urls=("ws://10.0.0.1:1",), peer_id="1" * 64),
+        JoinCandidate("lan", "a" * 32, urls=("ws://10.0.0.2:1",), peer_id="2" * 64),
+    ]
     s = service(mesh, tmp_path, lan=members, nostr=[JoinCandidate("nostr", "b" * 32, token=token())])
     assert await s._auto_join() is None
     assert [p.members[0].peer_id for p in mesh.plans] == ["1" * 64, "2" * 64]  # never the token
@@ -133,8 +160,9 @@ async def test_run_joins_the_roots_plan_and_remembers_it(tmp_path, nursery):
 def test_advert_is_built_from_the_mesh_surface():
     mesh = FakeMesh()
     mesh.secret, mesh.port, mesh.addresses = MeshSecret.generate(), 4000, ["10.1.2.3:4000", "127.0.0.1:4000"]
-    ad = mdns_advert(mesh, node_id=NODE, name="al|pha", ready_models=["m", "a"], alive_peers=2,
-                     fallback_ip="0.0.0.0", origin=None)
+    ad = mdns_advert(
+        mesh, node_id=NODE, name="al|pha", ready_models=["m", "a"], alive_peers=2, fallback_ip="0.0.0.0", origin=None
+    )
     assert ad.addresses == ("10.1.2.3",) and ad.port == 4000 and ad.name == "alpha" and ad.models == ("a", "m")
     assert ad.token_fingerprint == lan_fingerprint(mesh.secret) and ad.node_count == 3
     assert advert_ips(["ws://127.0.0.1:1"], "0.0.0.0") == ["127.0.0.1"]
@@ -144,8 +172,13 @@ def test_advert_is_built_from_the_mesh_surface():
 def test_listing_carries_a_fresh_invite_for_our_mesh():
     mesh = FakeMesh()
     mesh.secret, mesh.port, mesh.addresses = MeshSecret.generate(), 4000, ["10.1.2.3:4000"]
-    content = listing_content(mesh, DiscoverySettings(mesh_name="home", max_clients=5), peers=mesh.peers()[:2],
-                              serving=["m", "bad\nname", "m", "x" * 200], spare_slots=3)
+    content = listing_content(
+        mesh,
+        DiscoverySettings(mesh_name="home", max_clients=5),
+        peers=mesh.peers()[:2],
+        serving=["m", "bad\nname", "m", "x" * 200],
+        spare_slots=3,
+    )
     assert content.mesh_id == mesh.mesh_id and parse_invite(content.invite_token, time.time()).mesh_id == mesh.mesh_id
     assert content.serving == ("m",) and content.node_count == 3 and content.client_count == 1
     assert (content.name, content.max_clients, content.spare_slots) == ("home", 5, 3)

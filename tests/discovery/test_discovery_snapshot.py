@@ -22,8 +22,9 @@ async def test_discover_once_sees_lan_and_nostr(nursery, mdns_config, relay_url)
     publisher = NostrPublisher(Keys.generate(), lambda: content, PublisherConfig(relays=(relay_url,), relay=FAST_RELAY))
     await nursery.start(publisher.run)
     with trio.fail_after(10):
-        report = await discover_once(wait_s=5, mdns=mdns_config,
-                                     nostr=DiscovererConfig(relays=(relay_url,), relay=FAST_RELAY))
+        report = await discover_once(
+            wait_s=5, mdns=mdns_config, nostr=DiscovererConfig(relays=(relay_url,), relay=FAST_RELAY)
+        )
     assert report.lan == (advert,)
     (scored,) = report.nostr
     assert scored.listing.content == content and scored.reason == "named_mesh_needs_mesh_name"

@@ -41,13 +41,30 @@ def node_key():
     return key, node_id_from_public_key(bytes(key.verify_key))
 
 
-def advert(mesh: MeshSecret | None = None, *, mesh_id: str | None = None, fp: str | None = None,
-           node_id: str | None = None, nodes: int = 1, port: int = 4000) -> MdnsAdvert:
+def advert(
+    mesh: MeshSecret | None = None,
+    *,
+    mesh_id: str | None = None,
+    fp: str | None = None,
+    node_id: str | None = None,
+    nodes: int = 1,
+    port: int = 4000,
+) -> MdnsAdvert:
     node_id = node_id or secrets.token_hex(32)
     mesh_id = mesh_id or mesh.mesh_id
-    return MdnsAdvert(instance=f"hydra-{node_id[:12]}", port=port, addresses=("127.0.0.1",), node_id=node_id,
-                      mesh_id=mesh_id, token_fingerprint=fp or (lan_fingerprint(mesh) if mesh else "0" * 32),
-                      name="n", models=(), node_count=nodes, version="0.1.0", origin=secrets.token_hex(8))
+    return MdnsAdvert(
+        instance=f"hydra-{node_id[:12]}",
+        port=port,
+        addresses=("127.0.0.1",),
+        node_id=node_id,
+        mesh_id=mesh_id,
+        token_fingerprint=fp or (lan_fingerprint(mesh) if mesh else "0" * 32),
+        name="n",
+        models=(),
+        node_count=nodes,
+        version="0.1.0",
+        origin=secrets.token_hex(8),
+    )
 
 
 def test_fingerprint_is_keyed_by_the_mesh_key():
@@ -101,8 +118,9 @@ def test_lan_order_last_mesh_then_bigger():
 def listing(token: str, mesh_id: str, *, pubkey: str = "ab", nodes: int = 1) -> Listing:
     c = ListingContent(mesh_id=mesh_id, invite_token=token, node_count=nodes)
     eid = hashlib.sha256(f"{pubkey}{token}".encode()).hexdigest()
-    return Listing(pubkey=pubkey * 32, d=c.d_tag, event_id=eid, created_at=int(NOW), expires_at=int(NOW) + 120,
-                   content=c)
+    return Listing(
+        pubkey=pubkey * 32, d=c.d_tag, event_id=eid, created_at=int(NOW), expires_at=int(NOW) + 120, content=c
+    )
 
 
 def test_nostr_candidates_drop_unusable_tokens_and_our_own():
@@ -124,8 +142,10 @@ def test_nostr_candidates_drop_unusable_tokens_and_our_own():
 def test_plan_puts_lan_first_and_is_bounded():
     lan = lan_candidates([advert(m := MeshSecret.generate())], HeldCredentials(mesh=m), node_id=ME)
     key, _ = node_key()
-    ls = [listing(issue_invite(key, x.mesh_id, ["127.0.0.1:9"], 3600, NOW), x.mesh_id, pubkey=f"{i:02x}")
-          for i, x in enumerate(MeshSecret.generate() for _ in range(5))]
+    ls = [
+        listing(issue_invite(key, x.mesh_id, ["127.0.0.1:9"], 3600, NOW), x.mesh_id, pubkey=f"{i:02x}")
+        for i, x in enumerate(MeshSecret.generate() for _ in range(5))
+    ]
     nostr = nostr_candidates(rank_listings(ls, AutoContext(now=int(NOW))), node_id=ME, now=NOW)
     plan = ordered_candidates(lan, nostr, limit=4)
     assert [c.source for c in plan] == ["lan", "nostr", "nostr", "nostr"]
@@ -146,8 +166,13 @@ def test_last_mesh_roundtrip_and_bad_files(tmp_path):
     save_last_mesh(tmp_path, LastMesh(m.mesh_id, 5.0, "tok"))
     assert load_last_mesh(tmp_path) == LastMesh(m.mesh_id, 5.0, "tok")
     assert last_mesh_path(tmp_path).stat().st_mode & 0o077 == 0
-    for junk in (b"{", b"[]", json.dumps({"mesh_id": "not hex"}).encode(), b"x" * 10_000,
-                 json.dumps({"mesh_id": m.mesh_id, "token": 5}).encode()):
+    for junk in (
+        b"{",
+        b"[]",
+        json.dumps({"mesh_id": "not hex"}).encode(),
+        b"x" * 10_000,
+        json.dumps({"mesh_id": m.mesh_id, "token": 5}).encode(),
+    ):
         last_mesh_path(tmp_path).write_bytes(junk)
         assert load_last_mesh(tmp_path) is None
 
@@ -162,19 +187,22 @@ def test_held_credentials_keep_only_usable_tokens():
     assert held_credentials(m, None, NOW).mesh is m
 
 
-@pytest.mark.parametrize("kw,msg", [
-    (dict(mode="lan"), "mesh-discovery-mode"),
-    (dict(mode="mdns", publish=True), "--publish needs Nostr"),
-    (dict(mode="nostr", mdns=True), "--mdns needs"),
-    (dict(mdns_port=0), "--mdns-port"),
-    (dict(mdns_group="10.1.2.3"), "not an IPv4 multicast"),
-    (dict(mdns_interface="eth0"), "--mdns-interface"),
-    (dict(relays=("http://x",)), "--nostr-relay"),
-    (dict(mesh_name=""), "--mesh-name"),
-    (dict(max_clients=-1), "--max-clients"),
-    (dict(auto_wait_s=0), "--auto-wait"),
-    (dict(auto=True, mode="mdns", mdns=False), "no source left"),
-])
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(mode="lan"), "mesh-discovery-mode"),
+        (dict(mode="mdns", publish=True), "--publish needs Nostr"),
+        (dict(mode="nostr", mdns=True), "--mdns needs"),
+        (dict(mdns_port=0), "--mdns-port"),
+        (dict(mdns_group="10.1.2.3"), "not an IPv4 multicast"),
+        (dict(mdns_interface="eth0"), "--mdns-interface"),
+        (dict(relays=("http://x",)), "--nostr-relay"),
+        (dict(mesh_name=""), "--mesh-name"),
+        (dict(max_clients=-1), "--max-clients"),
+        (dict(auto_wait_s=0), "--auto-wait"),
+        (dict(auto=True, mode="mdns", mdns=False), "no source left"),
+    ],
+)
 def test_settings_validation(kw, msg):
     with pytest.raises(DiscoverySettingsError, match=msg):
         DiscoverySettings(**kw).validate()

@@ -26,8 +26,9 @@ VIEW_TIMEOUT_S = 20.0
 
 @pytest.fixture(scope="module")
 def relay_url():
-    proc = subprocess.Popen([sys.executable, str(HERE / "local_relay_process.py")], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "local_relay_process.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         line = _readline(proc, RELAY_START_S)
         assert line.startswith("ws://127.0.0.1:"), line
@@ -43,6 +44,7 @@ def relay_url():
 
 def _readline(proc: subprocess.Popen, timeout: float) -> str:
     import selectors
+
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     if not sel.select(timeout):
@@ -52,26 +54,58 @@ def _readline(proc: subprocess.Popen, timeout: float) -> str:
 
 @pytest.fixture(scope="module")
 def mdns_args():
-    return ["--mdns-group", "224.0.0.251", "--mdns-port", str(random.randrange(20000, 60000)),
-            "--mdns-interface", "127.0.0.1"]
+    return [
+        "--mdns-group",
+        "224.0.0.251",
+        "--mdns-port",
+        str(random.randrange(20000, 60000)),
+        "--mdns-interface",
+        "127.0.0.1",
+    ]
 
 
 @pytest.fixture(scope="module")
 def node_a(tmp_path_factory, relay_url, mdns_args):
-    a = NodeProcess(tmp_path_factory.mktemp("disc") / "a", "--name", "alpha", "--publish", "--mdns",
-                    "--nostr-relay", relay_url, *mdns_args)
+    a = NodeProcess(
+        tmp_path_factory.mktemp("disc") / "a",
+        "--name",
+        "alpha",
+        "--publish",
+        "--mdns",
+        "--nostr-relay",
+        relay_url,
+        *mdns_args,
+    )
     try:
         a.start()
-        a.wait_status(lambda s: (s["discovery"]["nostr"] or {}).get("relays", [{}])[0].get("ok_accepted", 0) >= 1,
-                      timeout=VIEW_TIMEOUT_S, what="listing accepted by the relay")
+        a.wait_status(
+            lambda s: (s["discovery"]["nostr"] or {}).get("relays", [{}])[0].get("ok_accepted", 0) >= 1,
+            timeout=VIEW_TIMEOUT_S,
+            what="listing accepted by the relay",
+        )
         yield a
     finally:
         a.kill_all()
 
 
 def discover(relay_url: str, *extra: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "hydra_node.cli", "discover", "--json", "--nostr-relay", relay_url,
-                          "--wait", "5", *extra], capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hydra_node.cli",
+            "discover",
+            "--json",
+            "--nostr-relay",
+            relay_url,
+            "--wait",
+            "5",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -103,8 +137,9 @@ def publish_decoy(relay_url: str, addr: str) -> str:
     mesh = MeshSecret.generate()
     now = time.time()
     token = issue_invite(nacl.signing.SigningKey.generate(), mesh.mesh_id, [addr], 3600, now)
-    event = build_listing_event(Keys.generate(), ListingContent(mesh_id=mesh.mesh_id, invite_token=token,
-                                                                node_count=10), now=int(now))
+    event = build_listing_event(
+        Keys.generate(), ListingContent(mesh_id=mesh.mesh_id, invite_token=token, node_count=10), now=int(now)
+    )
 
     async def send() -> tuple[bool, str]:
         with trio.fail_after(CLI_TIMEOUT_S):
@@ -117,27 +152,44 @@ def publish_decoy(relay_url: str, addr: str) -> str:
 def test_auto_joins_the_published_mesh_then_rejoins_over_mdns(node_a, relay_url, mdns_args, tmp_path):
     a_st = node_a.status()
     decoy = publish_decoy(relay_url, a_st["mesh"]["addresses"][0])
-    b = NodeProcess(tmp_path / "b", "--no-model", "--name", "beta", "--auto", "--mesh-discovery-mode", "nostr",
-                    "--nostr-relay", relay_url)
+    b = NodeProcess(
+        tmp_path / "b",
+        "--no-model",
+        "--name",
+        "beta",
+        "--auto",
+        "--mesh-discovery-mode",
+        "nostr",
+        "--nostr-relay",
+        relay_url,
+    )
     try:
         b.start()
-        st = b.wait_status(lambda s: BUNDLED_MODEL_ID in s["available_models"], timeout=VIEW_TIMEOUT_S,
-                           what="A's model visible through B")
+        st = b.wait_status(
+            lambda s: BUNDLED_MODEL_ID in s["available_models"],
+            timeout=VIEW_TIMEOUT_S,
+            what="A's model visible through B",
+        )
         auto = st["discovery"]["auto_result"]
         assert auto["outcome"] == "joined" and auto["chosen"]["source"] == "nostr"
         assert [c["mesh_id"] for c in auto["candidates"]][:2] == [decoy, mesh_id(a_st)]
         assert [x["mesh_id"] for x in auto["attempts"]] == [decoy]  # refused: fell back to A's listing
         assert mesh_id(st) == mesh_id(a_st) and a_st["node_id"] in alive(st)
-        code, body = request("POST", b.api_port, "/v1/completions",
-                             {"model": BUNDLED_MODEL_ID, "prompt": "1, 2, 3,", "max_tokens": 4, "temperature": 0})
+        code, body = request(
+            "POST",
+            b.api_port,
+            "/v1/completions",
+            {"model": BUNDLED_MODEL_ID, "prompt": "1, 2, 3,", "max_tokens": 4, "temperature": 0},
+        )
         assert code == 200, body
         assert json.loads(body)["choices"][0]["text"]
         b_id = st["node_id"]
         assert b.stop() == 0
         # B restarts with LAN discovery only: it is a member now (mesh key in its home), sees A's
         # advert with a fingerprint it can check, and dials A as a member.
-        b = NodeProcess(tmp_path / "b", "--no-model", "--name", "beta", "--auto", "--mesh-discovery-mode", "mdns",
-                        *mdns_args)
+        b = NodeProcess(
+            tmp_path / "b", "--no-model", "--name", "beta", "--auto", "--mesh-discovery-mode", "mdns", *mdns_args
+        )
         b.start()
         st = b.wait_status(lambda s: a_st["node_id"] in alive(s), timeout=VIEW_TIMEOUT_S, what="B linked to A")
         auto = st["discovery"]["auto_result"]
@@ -167,13 +219,17 @@ def test_lan_mesh_without_a_credential_is_not_joined(node_a, mdns_args, tmp_path
 
 
 def test_discover_lists_the_listing_and_clean_shutdown_deletes_it(relay_url, tmp_path):
-    d = NodeProcess(tmp_path / "d", "--no-model", "--publish", "--mesh-name", "delta", "--region", "lab",
-                    "--nostr-relay", relay_url)
+    d = NodeProcess(
+        tmp_path / "d", "--no-model", "--publish", "--mesh-name", "delta", "--region", "lab", "--nostr-relay", relay_url
+    )
     try:
         d.start()
         d_mesh = mesh_id(d.status())
-        d.wait_status(lambda s: s["discovery"]["nostr"]["relays"][0]["ok_accepted"] >= 1, timeout=VIEW_TIMEOUT_S,
-                      what="listing accepted")
+        d.wait_status(
+            lambda s: s["discovery"]["nostr"]["relays"][0]["ok_accepted"] >= 1,
+            timeout=VIEW_TIMEOUT_S,
+            what="listing accepted",
+        )
         report = discover(relay_url, "--mesh-discovery-mode", "nostr")
         mine = [x for x in report["nostr"] if x["mesh_id"] == d_mesh]
         assert len(mine) == 1

@@ -11,8 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hydra_node.grammar.toolcalls import (ContentText, ParsedToolCall, ToolCallArguments, ToolCallParser, ToolCallStart,
-                                      default_call_id)
+from hydra_node.grammar.toolcalls import (
+    ContentText,
+    ParsedToolCall,
+    ToolCallArguments,
+    ToolCallParser,
+    ToolCallStart,
+    default_call_id,
+)
 
 NAMES = ("get_weather", "get_time")
 
@@ -39,12 +45,20 @@ def block(obj) -> str:
 
 
 def test_calls_and_content_come_out_in_order() -> None:
-    text = ("Let me check.\n" + block({"name": "get_weather", "arguments": {"city": "Zürich", "n": [1, 2.5]}})
-            + "\n" + block({"name": "get_time", "parameters": {}}) + "\nDone.")
+    text = (
+        "Let me check.\n"
+        + block({"name": "get_weather", "arguments": {"city": "Zürich", "n": [1, 2.5]}})
+        + "\n"
+        + block({"name": "get_time", "parameters": {}})
+        + "\nDone."
+    )
     items, p = run([text])
-    assert items == [ContentText("Let me check.\n"),
-                     ParsedToolCall(0, "call_0", "get_weather", '{"city":"Zürich","n":[1,2.5]}'),
-                     ParsedToolCall(1, "call_1", "get_time", "{}"), ContentText("\nDone.")]
+    assert items == [
+        ContentText("Let me check.\n"),
+        ParsedToolCall(0, "call_0", "get_weather", '{"city":"Zürich","n":[1,2.5]}'),
+        ParsedToolCall(1, "call_1", "get_time", "{}"),
+        ContentText("\nDone."),
+    ]
     assert p.calls == [i for i in items if isinstance(i, ParsedToolCall)]
     p.calls.clear()  # a copy
     assert len(p.calls) == 2
@@ -60,16 +74,19 @@ def test_whitespace_between_and_around_calls_is_dropped_only_when_there_are_call
     assert content(items) == "Hi  there "
 
 
-@pytest.mark.parametrize("body", [
-    '{"name": "get_time", "arguments": {}',  # bad JSON
-    '{"name": "launch", "arguments": {}}',  # unknown function
-    '{"name": "get_time", "arguments": "{}"}',  # arguments not an object
-    '{"name": "get_time"}',  # no arguments
-    '["get_time", {}]',
-    '{"name": "get_time", "arguments": {"x": NaN}}',
-    '{"name": "get_time", "arguments": {"x": "\\ud800"}}',  # a lone surrogate
-    '',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"name": "get_time", "arguments": {}',  # bad JSON
+        '{"name": "launch", "arguments": {}}',  # unknown function
+        '{"name": "get_time", "arguments": "{}"}',  # arguments not an object
+        '{"name": "get_time"}',  # no arguments
+        '["get_time", {}]',
+        '{"name": "get_time", "arguments": {"x": NaN}}',
+        '{"name": "get_time", "arguments": {"x": "\\ud800"}}',  # a lone surrogate
+        '',
+    ],
+)
 def test_a_malformed_block_is_content_verbatim(body: str) -> None:
     text = f" before <tool_call>{body}</tool_call> after"
     items, p = run([text])
@@ -112,16 +129,26 @@ def test_default_call_ids() -> None:
 
 
 # ---- property: any chunking gives the same calls and content ----------------------------------
-_args = st.dictionaries(st.text(max_size=4), st.one_of(st.integers(), st.text(max_size=5), st.booleans(),
-                                                       st.none(), st.lists(st.integers(), max_size=2)), max_size=3)
-_call = st.builds(lambda n, a, key: ("call", n, a, key), st.sampled_from(NAMES), _args,
-                  st.sampled_from(["arguments", "parameters"]))
+_args = st.dictionaries(
+    st.text(max_size=4),
+    st.one_of(st.integers(), st.text(max_size=5), st.booleans(), st.none(), st.lists(st.integers(), max_size=2)),
+    max_size=3,
+)
+_call = st.builds(
+    lambda n, a, key: ("call", n, a, key), st.sampled_from(NAMES), _args, st.sampled_from(["arguments", "parameters"])
+)
 _prose = st.text(alphabet="ab </_\n", min_size=1, max_size=12).filter(lambda t: "<" not in t and not t.isspace())
-_bad = st.sampled_from(['<tool_call>{"name": "nope", "arguments": {}}</tool_call>', "<tool_call>{</tool_call>",
-                        "</tool_call>", "<tool_call", "<tool_"])
+_bad = st.sampled_from(
+    [
+        '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+        "<tool_call>{</tool_call>",
+        "</tool_call>",
+        "<tool_call",
+        "<tool_",
+    ]
+)
 _ws = st.text(alphabet=" \n", max_size=3)
-_parts = st.lists(st.one_of(_call, st.tuples(st.just("prose"), _prose), st.tuples(st.just("bad"), _bad)),
-                  max_size=6)
+_parts = st.lists(st.one_of(_call, st.tuples(st.just("prose"), _prose), st.tuples(st.just("bad"), _bad)), max_size=6)
 
 
 def _render(parts, seps) -> tuple[str, list[tuple[str, str]], str]:
@@ -161,13 +188,29 @@ def test_any_chunking_gives_the_calls_and_content_the_rules_say(parts, seps, cut
     assert [i for i in items if isinstance(i, ParsedToolCall)] == [i for i in whole if isinstance(i, ParsedToolCall)]
 
 
-_PIECES = ["<tool_call>", "</tool_call>", "<tool_c", "{", "}", '"name"', ":", '"get_time"', ",", '"arguments"',
-           "{}", " ", "\n", "x", "<"]
+_PIECES = [
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_c",
+    "{",
+    "}",
+    '"name"',
+    ":",
+    '"get_time"',
+    ",",
+    '"arguments"',
+    "{}",
+    " ",
+    "\n",
+    "x",
+    "<",
+]
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=st.lists(st.sampled_from(_PIECES), max_size=25).map("".join),
-       cuts=st.lists(st.integers(0, 10**6), max_size=12))
+@given(
+    text=st.lists(st.sampled_from(_PIECES), max_size=25).map("".join), cuts=st.lists(st.integers(0, 10**6), max_size=12)
+)
 def test_any_text_any_chunking_loses_nothing(text: str, cuts) -> None:
     items, p = run(_split(text, cuts))
     whole, pw = run([text])
@@ -180,11 +223,19 @@ def test_any_text_any_chunking_loses_nothing(text: str, cuts) -> None:
 # ---- streamed calls (the request carried the tool-call grammar) ---------------------------------
 # the grammar's whitespace between JSON tokens: none, one space, or a newline and up to 8 spaces
 _gws = st.sampled_from(["", " ", "\n", "\n  ", "\n        "])
-_json = st.recursive(st.one_of(st.integers(), st.text(alphabet='ab"\\}{]<>/ é\n', max_size=6), st.booleans(),
-                               st.none(), st.floats(allow_nan=False, allow_infinity=False)),
-                     lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                             st.dictionaries(st.text(alphabet="xy}\"", max_size=3), inner,
-                                                             max_size=3)), max_leaves=8)
+_json = st.recursive(
+    st.one_of(
+        st.integers(),
+        st.text(alphabet='ab"\\}{]<>/ é\n', max_size=6),
+        st.booleans(),
+        st.none(),
+        st.floats(allow_nan=False, allow_infinity=False),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(alphabet="xy}\"", max_size=3), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
 _obj = st.dictionaries(st.text(alphabet="abc{<", max_size=4), _json, max_size=3)
 
 
@@ -193,11 +244,17 @@ def _streamed_block(draw) -> tuple[str, str, str]:
     """A block as the grammar lets the model write it: (text, name, the arguments text as written)."""
     name = draw(st.sampled_from(NAMES))
     indent = draw(st.sampled_from([None, 2]))
-    args = json.dumps(draw(_obj), ensure_ascii=draw(st.booleans()), indent=indent,
-                      separators=draw(st.sampled_from([(",", ":"), (", ", ": ")])))
+    args = json.dumps(
+        draw(_obj),
+        ensure_ascii=draw(st.booleans()),
+        indent=indent,
+        separators=draw(st.sampled_from([(",", ":"), (", ", ": ")])),
+    )
     w = [draw(_gws) for _ in range(10)]
-    text = (f'<tool_call>{w[0]}{{{w[1]}"name"{w[2]}:{w[3]}"{name}"{w[4]},{w[5]}"arguments"{w[6]}:{w[7]}{args}'
-            f'{w[8]}}}{w[9]}</tool_call>')
+    text = (
+        f'<tool_call>{w[0]}{{{w[1]}"name"{w[2]}:{w[3]}"{name}"{w[4]},{w[5]}"arguments"{w[6]}:{w[7]}{args}'
+        f'{w[8]}}}{w[9]}</tool_call>'
+    )
     return text, name, args
 
 
@@ -214,8 +271,11 @@ def fragments(items, index: int) -> str:
 
 
 @settings(max_examples=300, deadline=None)
-@given(blocks=st.lists(_streamed_block(), min_size=1, max_size=3), prose=st.sampled_from(["", "Let me check. "]),
-       cuts=st.lists(st.integers(0, 10**6), max_size=16))
+@given(
+    blocks=st.lists(_streamed_block(), min_size=1, max_size=3),
+    prose=st.sampled_from(["", "Let me check. "]),
+    cuts=st.lists(st.integers(0, 10**6), max_size=16),
+)
 def test_streamed_calls_any_chunking_gives_the_arguments_as_written(blocks, prose, cuts) -> None:
     text = prose + "".join(b[0] for b in blocks)
     items, p = run_streamed(_split(text, cuts), "lazy" if prose else "whole")
@@ -236,7 +296,7 @@ def test_streamed_calls_any_chunking_gives_the_arguments_as_written(blocks, pros
 @given(block=_streamed_block(), cut=st.integers(0, 10**6), cuts=st.lists(st.integers(0, 10**6), max_size=8))
 def test_a_streamed_call_cut_anywhere_loses_nothing_and_duplicates_nothing(block, cut, cuts) -> None:
     text, name, args = block
-    head = text[:cut % (len(text) + 1)]
+    head = text[: cut % (len(text) + 1)]
     items, p = run_streamed(_split(head, cuts))
     starts = [i for i in items if isinstance(i, ToolCallStart)]
     if not starts:  # cut before the name was complete: the text comes back as content
@@ -247,8 +307,9 @@ def test_a_streamed_call_cut_anywhere_loses_nothing_and_duplicates_nothing(block
     sent = fragments(items, 0)
     assert args.startswith(sent) and call.name == name and call.streamed
     assert call.complete == (sent == args)
-    assert call.arguments == (json.dumps(json.loads(args), ensure_ascii=False, separators=(",", ":"))
-                              if call.complete else sent)
+    assert call.arguments == (
+        json.dumps(json.loads(args), ensure_ascii=False, separators=(",", ":")) if call.complete else sent
+    )
 
 
 def test_streamed_fragments_come_as_they_are_fed() -> None:

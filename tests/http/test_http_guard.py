@@ -21,8 +21,20 @@ def test_loopback_names_pass_with_or_without_port(host):
     assert screen("GET", "/v1/models", {"host": host}, LOOP) is None
 
 
-@pytest.mark.parametrize("host", ["evil.example", "evil.example:9337", "127.0.0.1.nip.io", "localhost.evil",
-                                  "0.0.0.0:9337", "", "a b", "[::1", "127.0.0.1:x"])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "evil.example",
+        "evil.example:9337",
+        "127.0.0.1.nip.io",
+        "localhost.evil",
+        "0.0.0.0:9337",
+        "",
+        "a b",
+        "[::1",
+        "127.0.0.1:x",
+    ],
+)
 def test_foreign_hosts_are_403(host):
     v = screen("GET", "/v1/models", {"host": host}, LOOP)
     assert v is not None and (v.status, v.code) == (403, "forbidden_host")
@@ -55,8 +67,11 @@ def test_management_state_changes_need_json_and_a_same_origin():
 
 
 def test_preflight_is_answered_before_the_key_and_only_for_allowed_origins():
-    pre = _h(origin="https://app.example", access_control_request_method="POST",
-             access_control_request_headers="Authorization, Content-Type, X-Stainless-Os")
+    pre = _h(
+        origin="https://app.example",
+        access_control_request_method="POST",
+        access_control_request_headers="Authorization, Content-Type, X-Stainless-Os",
+    )
     v = screen("OPTIONS", "/v1/chat/completions", pre, CORS)
     assert v.status == 204 and not v.refusal
     got = dict(v.headers)
@@ -79,11 +94,22 @@ def test_cors_response_headers_for_allowed_origins_only_and_star():
     assert dict(response_headers(_h(origin="https://any.example"), star))["access-control-allow-origin"] == "*"
 
 
-@pytest.mark.parametrize("auth,ok", [
-    ("Bearer secret-key", True), ("bearer secret-key", True), ("BEARER   secret-key ", True),
-    ("Bearer wrong-key", False), ("Basic secret-key", False), ("secret-key", False), ("", False), (None, False),
-    ("Bearer s\u00e9cret-key", False), ("Bearer \udcff\udcfe", False), ("Bearer \u4e2d\u6587", False),
-])
+@pytest.mark.parametrize(
+    "auth,ok",
+    [
+        ("Bearer secret-key", True),
+        ("bearer secret-key", True),
+        ("BEARER   secret-key ", True),
+        ("Bearer wrong-key", False),
+        ("Basic secret-key", False),
+        ("secret-key", False),
+        ("", False),
+        (None, False),
+        ("Bearer s\u00e9cret-key", False),
+        ("Bearer \udcff\udcfe", False),
+        ("Bearer \u4e2d\u6587", False),
+    ],
+)
 def test_bearer_scheme_is_case_insensitive_and_any_value_is_a_plain_mismatch(auth, ok):
     assert bearer_matches(auth, "secret-key") is ok
     assert bearer_matches(auth, None) is True
@@ -96,10 +122,18 @@ def test_the_key_is_checked_on_the_head_except_for_health():
     assert screen("GET", "/health", _h(), s) is None and screen("GET", "/healthz/", _h(), s) is None
 
 
-@pytest.mark.parametrize("origin,norm", [("https://App.Example", "https://app.example"),
-                                         ("http://a.example:8080/", "http://a.example:8080"),
-                                         ("null", None), ("file://", None), ("http://a.example/path", None),
-                                         ("http://user@a.example", None), ("javascript:alert(1)", None)])
+@pytest.mark.parametrize(
+    "origin,norm",
+    [
+        ("https://App.Example", "https://app.example"),
+        ("http://a.example:8080/", "http://a.example:8080"),
+        ("null", None),
+        ("file://", None),
+        ("http://a.example/path", None),
+        ("http://user@a.example", None),
+        ("javascript:alert(1)", None),
+    ],
+)
 def test_origin_normalization(origin, norm):
     assert normalize_origin(origin) == norm
 

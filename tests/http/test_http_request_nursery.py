@@ -65,8 +65,13 @@ def handler_for(probe: Probe):
                 await trio.sleep(TICK_S)
             yield b"data: end\n\n"
 
-        return StreamResponse(200, body(), finalizer=probe.finalizer,
-                              on_interrupt=lambda reason: f"data: interrupted {reason}\n\n".encode())
+        return StreamResponse(
+            200,
+            body(),
+            finalizer=probe.finalizer,
+            on_interrupt=lambda reason: f"data: interrupted {reason}\n\n".encode(),
+        )
+
     return handler
 
 

@@ -31,15 +31,18 @@ async def _handler(request: Request):
     if path == "/echo":
         return Response.json(200, {"bytes": len(request.body)})
     if path == "/stream":
+
         async def body():
             n = 0
             while True:  # until the client goes or the server drains
                 yield f"data: {n}\n\n".encode()
                 n += 1
                 await trio.sleep(TICK_S)
+
         return StreamResponse(200, body())
-    return Response.json(404, {"error": {"message": "no route", "type": "invalid_request_error", "param": None,
-                                         "code": "not_found"}})
+    return Response.json(
+        404, {"error": {"message": "no route", "type": "invalid_request_error", "param": None, "code": "not_found"}}
+    )
 
 
 @asynccontextmanager
@@ -133,10 +136,11 @@ async def test_expect_100_continue_is_answered_before_the_body_is_sent():
 async def test_expect_100_continue_gets_the_final_refusal_at_once():
     limits = HttpLimits(max_body_bytes=1024)
     async with serving(GuardSettings(check_host=True, api_key=KEY), limits) as server:
-        for headers, status, code in (({"authorization": f"Bearer {KEY}"}, 413, "request_too_large"),
-                                      ({}, 401, "invalid_api_key"),
-                                      ({"authorization": f"Bearer {KEY}", "host": "evil.example"}, 403,
-                                       "forbidden_host")):
+        for headers, status, code in (
+            ({"authorization": f"Bearer {KEY}"}, 413, "request_too_large"),
+            ({}, 401, "invalid_api_key"),
+            ({"authorization": f"Bearer {KEY}", "host": "evil.example"}, 403, "forbidden_host"),
+        ):
             s = await connect(server.port)
             host = headers.pop("host", "127.0.0.1")
             await s.send_all(_req("POST", "/echo", host=host, expect="100-continue", content_length="4096", **headers))
@@ -153,9 +157,14 @@ async def test_curl_sends_a_big_body_without_waiting_for_expect(tmp_path):
     big = tmp_path / "big"
     big.write_bytes(b"y" * (3 << 20))  # > 1 MiB: curl sends Expect: 100-continue
     async with serving() as server:
-        res = await trio.to_thread.run_sync(lambda: subprocess.run(
-            ["curl", "-sv", "--data-binary", f"@{big}", f"http://127.0.0.1:{server.port}/echo"],
-            capture_output=True, text=True, timeout=60))
+        res = await trio.to_thread.run_sync(
+            lambda: subprocess.run(
+                ["curl", "-sv", "--data-binary", f"@{big}", f"http://127.0.0.1:{server.port}/echo"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        )
     assert "Expect: 100-continue" in res.stderr and "HTTP/1.1 100" in res.stderr
     assert "Done waiting for 100-continue" not in res.stderr  # curl's 1 s fallback never ran
     assert json.loads(res.stdout) == {"bytes": 3 << 20}
@@ -273,8 +282,15 @@ async def test_cors_headers_on_streams_errors_and_preflight_before_the_key():
     async with serving(guard) as server:
         s = await connect(server.port)
         r = Reader(s)
-        await s.send_all(_req("OPTIONS", "/stream", origin="https://app.example",
-                              access_control_request_method="GET", access_control_request_headers="authorization"))
+        await s.send_all(
+            _req(
+                "OPTIONS",
+                "/stream",
+                origin="https://app.example",
+                access_control_request_method="GET",
+                access_control_request_headers="authorization",
+            )
+        )
         status, headers, _ = await r.response()
         assert status == 204 and headers["access-control-allow-origin"] == "https://app.example"
         assert headers["access-control-allow-headers"] == "authorization"

@@ -23,7 +23,9 @@ def _member_settings(mesh: MeshSecret | None, **overrides: Any) -> LinkSettings:
     return LinkSettings(identity=SigningKey.generate(), mesh=mesh, **overrides)
 
 
-async def _start_listener(nursery: trio.Nursery, settings: LinkSettings, on_link: Any = None) -> tuple[LinkListener, str]:
+async def _start_listener(
+    nursery: trio.Nursery, settings: LinkSettings, on_link: Any = None
+) -> tuple[LinkListener, str]:
     listener = LinkListener(settings, on_link)
     port = await nursery.start(listener.serve, "127.0.0.1", 0)
     return listener, f"ws://127.0.0.1:{port}"

@@ -9,13 +9,26 @@ NODE = "ab" * 32
 
 
 def test_build_stamps_identity_role_addresses_and_name():
-    content = AnnouncementContent(models=(ModelEntry("m", "ready"),), hardware=Hardware(cores=4), queue_depth=2,
-                                  throughput_milli=(("m", 1500),), api_port=1, console_port=2,
-                                  rpc=RpcCapacity(10, "CPU"), extra={"draft": "d", "name": "ignored"})
+    content = AnnouncementContent(
+        models=(ModelEntry("m", "ready"),),
+        hardware=Hardware(cores=4),
+        queue_depth=2,
+        throughput_milli=(("m", 1500),),
+        api_port=1,
+        console_port=2,
+        rpc=RpcCapacity(10, "CPU"),
+        extra={"draft": "d", "name": "ignored"},
+    )
     ann = Announcer(NODE, role="worker", name="alpha", version="9.9", source=lambda: content).build(
-        incarnation=7, addresses=("10.0.0.1:9338",))
+        incarnation=7, addresses=("10.0.0.1:9338",)
+    )
     assert (ann.node_id, ann.role, ann.version, ann.incarnation, ann.addresses) == (
-        NODE, "worker", "9.9", 7, ("10.0.0.1:9338",))
+        NODE,
+        "worker",
+        "9.9",
+        7,
+        ("10.0.0.1:9338",),
+    )
     assert ann.models == content.models and ann.hardware == content.hardware and ann.rpc == content.rpc
     assert (ann.queue_depth, ann.throughput_milli, ann.api_port, ann.console_port) == (2, (("m", 1500),), 1, 2)
     assert ann.extra == {"draft": "d", "name": "alpha"}  # our name wins

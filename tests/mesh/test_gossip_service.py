@@ -11,8 +11,14 @@ import trio
 
 from hydra_node.mesh.gossip import GossipService
 from hydra_node.mesh.membership import (
-    Announcement, LocalMembershipError, Membership, MembershipConfig, PeerDied, PeerJoined,
-    PeerLeft, PeerUpdated,
+    Announcement,
+    LocalMembershipError,
+    Membership,
+    MembershipConfig,
+    PeerDied,
+    PeerJoined,
+    PeerLeft,
+    PeerUpdated,
 )
 
 IDS = ("n0", "n1", "n2")
@@ -38,11 +44,15 @@ class MemoryMesh:
             if me in self.killed or to in self.killed:
                 return
             await self.services[to].deliver(me, cbor2.loads(data))
+
         return send
 
     async def start(self, nursery: trio.Nursery, node: str) -> GossipService:
-        core = Membership(Announcement(node_id=node, addresses=(f"{node}.lan:7946",)),
-                          rng=random.Random(node), now=trio.current_time())
+        core = Membership(
+            Announcement(node_id=node, addresses=(f"{node}.lan:7946",)),
+            rng=random.Random(node),
+            now=trio.current_time(),
+        )
         service = GossipService(core, self.sender(node))
         self.services[node] = service
         scope = self.scopes[node] = trio.CancelScope()

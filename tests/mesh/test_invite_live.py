@@ -20,8 +20,12 @@ from hydra_node.mesh.wire.token import parse_invite
 
 
 def invite_cli(node: NodeProcess, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hydra_node.cli", "invite", *args, "--home", str(node.home)],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "hydra_node.cli", "invite", *args, "--home", str(node.home)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def present(mesh_port: int, token: str) -> str:
@@ -31,8 +35,11 @@ def present(mesh_port: int, token: str) -> str:
         codes = []
         with trio.fail_after(20):
             try:
-                async with open_link(f"ws://127.0.0.1:{mesh_port}", LinkSettings(identity=SigningKey.generate()),
-                                     invite=parse_invite(token, time.time())):
+                async with open_link(
+                    f"ws://127.0.0.1:{mesh_port}",
+                    LinkSettings(identity=SigningKey.generate()),
+                    invite=parse_invite(token, time.time()),
+                ):
                     codes.append("admitted")
             except* RejectedByPeer as group:
                 codes += [exc.code for exc in group.exceptions]
@@ -43,8 +50,9 @@ def present(mesh_port: int, token: str) -> str:
 
 
 def test_invite_cli_help_names_uses_list_and_revoke():
-    out = subprocess.run([sys.executable, "-m", "hydra_node.cli", "invite", "--help"], capture_output=True,
-                         text=True, timeout=60).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "hydra_node.cli", "invite", "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
     assert "--uses N" in out and "list" in out and "revoke" in out and "TOKEN_OR_ID" in out
 
 

@@ -26,9 +26,13 @@ JOIN_S = 20.0
 
 
 def make_service(home: Path, name: str) -> MeshService:
-    return MeshService(signing_key=SigningKey.generate(), state_dir=home / "mesh",
-                       settings=MeshSettings(listen_host="127.0.0.1", listen_port=0),
-                       announcement=lambda: AnnouncementContent(), name=name)
+    return MeshService(
+        signing_key=SigningKey.generate(),
+        state_dir=home / "mesh",
+        settings=MeshSettings(listen_host="127.0.0.1", listen_port=0),
+        announcement=lambda: AnnouncementContent(),
+        name=name,
+    )
 
 
 def plan(token: str, timeout_s: float | None = None) -> JoinPlan:
@@ -88,8 +92,12 @@ async def test_revocations_reach_other_members_and_bad_lists_are_counted(nursery
     link = a.link(b.node_id)
     forged = v1[:-1] + bytes([v1[-1] ^ 1])
     stranger = seal_revocations(SigningKey.generate(), a.mesh_id, 1, [])
-    for body in ({"t": "revocations", "l": forged}, {"t": "revocations", "l": v1},
-                 {"t": "revocations", "l": stranger}, {"t": "revocations", "l": "text"}):
+    for body in (
+        {"t": "revocations", "l": forged},
+        {"t": "revocations", "l": v1},
+        {"t": "revocations", "l": stranger},
+        {"t": "revocations", "l": "text"},
+    ):
         await link.send_message(body)
     with trio.fail_after(JOIN_S):
         await wait_until(lambda: sum(b.invites.statistics().lists_rejected.values()) == 4)

@@ -9,14 +9,26 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from nacl.signing import SigningKey
 
-from hydra_node.mesh.invites import (MAX_INVITE_RECORDS, InviteBook, InviteBookError, RevocationTable,
-                                     check_invite)
+from hydra_node.mesh.invites import MAX_INVITE_RECORDS, InviteBook, InviteBookError, RevocationTable, check_invite
 from hydra_node.mesh.wire.errors import LocalProtocolError, TokenMalformed
 from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key
-from hydra_node.mesh.wire.revocations import (MAX_REVOCATION_ENTRIES, MAX_REVOCATION_LIST_BYTES, Revocation,
-                                              RevocationRejected, open_revocations, seal_revocations)
-from hydra_node.mesh.wire.token import (MAX_INVITE_USES, TokenIssuerOnly, TokenRevoked, TokenUnknown,
-                                        TokenUsedUp, issue_invite, parse_invite)
+from hydra_node.mesh.wire.revocations import (
+    MAX_REVOCATION_ENTRIES,
+    MAX_REVOCATION_LIST_BYTES,
+    Revocation,
+    RevocationRejected,
+    open_revocations,
+    seal_revocations,
+)
+from hydra_node.mesh.wire.token import (
+    MAX_INVITE_USES,
+    TokenIssuerOnly,
+    TokenRevoked,
+    TokenUnknown,
+    TokenUsedUp,
+    issue_invite,
+    parse_invite,
+)
 
 NOW = 1_790_000_000
 MESH = MeshSecret(bytes([7]) * 32).mesh_id
@@ -80,7 +92,7 @@ def test_untrusted_bytes_give_a_list_or_a_typed_rejection(data):
 def test_flipping_any_byte_of_a_list_never_verifies_as_another_list():
     raw = seal_revocations(SigningKey.generate(), MESH, 3, _entries(2))
     for i in range(len(raw)):
-        bad = raw[:i] + bytes([raw[i] ^ 0x01]) + raw[i + 1:]
+        bad = raw[:i] + bytes([raw[i] ^ 0x01]) + raw[i + 1 :]
         with pytest.raises(RevocationRejected):
             open_revocations(bad, expected_mesh_id=MESH)
 
@@ -93,8 +105,11 @@ def test_the_table_keeps_the_newest_list_and_refuses_replays_equivocation_and_st
     v1, v2 = seal_revocations(issuer, MESH, 1, _entries(1)), seal_revocations(issuer, MESH, 2, _entries(2))
     assert table.offer(v1, is_member=member) is not None and table.offer(v2, is_member=member) is not None
     assert table.offer(v2, is_member=member) is None  # a duplicate: nothing to relay
-    for raw, code in [(v1, "stale"), (seal_revocations(issuer, MESH, 2, []), "equivocation"),
-                      (seal_revocations(stranger, MESH, 9, []), "not_member")]:
+    for raw, code in [
+        (v1, "stale"),
+        (seal_revocations(issuer, MESH, 2, []), "equivocation"),
+        (seal_revocations(stranger, MESH, 9, []), "not_member"),
+    ]:
         with pytest.raises(RevocationRejected) as info:
             table.offer(raw, is_member=member)
         assert info.value.code == code
@@ -147,9 +162,12 @@ def test_revoking_by_id_prefix_or_whole_token_and_refusals(tmp_path):
     assert book.revoke(b_text, NOW).state(NOW) == "revoked"
     old = issue_invite(key, MESH, ADDRS, 600, NOW)  # issued before the book existed: revocable whole
     assert book.revoke(old, NOW).revoked
-    for target, code in [("0123", "not_found"), ("ffffffffffffffff", "not_found"),
-                         (issue_invite(SigningKey.generate(), MESH, ADDRS, 600, NOW), "not_ours"),
-                         ("x" * 40, "bad_token")]:
+    for target, code in [
+        ("0123", "not_found"),
+        ("ffffffffffffffff", "not_found"),
+        (issue_invite(SigningKey.generate(), MESH, ADDRS, 600, NOW), "not_ours"),
+        ("x" * 40, "bad_token"),
+    ]:
         with pytest.raises(InviteBookError) as info:
             book.revoke(target, NOW)
         assert info.value.code == code
@@ -161,10 +179,19 @@ def test_a_limited_token_the_issuer_has_no_record_of_is_refused_an_unlimited_one
     key = SigningKey.generate()
     book = InviteBook(tmp_path / "invites.json", key)
     with pytest.raises(TokenUnknown):
-        check_invite(parse_invite(issue_invite(key, MESH, ADDRS, 600, NOW, uses=1), NOW), own_id=_id(key),
-                     book=book, table=None, now=NOW)
-    assert check_invite(parse_invite(issue_invite(key, MESH, ADDRS, 600, NOW), NOW), own_id=_id(key), book=book,
-                        table=None, now=NOW) is False
+        check_invite(
+            parse_invite(issue_invite(key, MESH, ADDRS, 600, NOW, uses=1), NOW),
+            own_id=_id(key),
+            book=book,
+            table=None,
+            now=NOW,
+        )
+    assert (
+        check_invite(
+            parse_invite(issue_invite(key, MESH, ADDRS, 600, NOW), NOW), own_id=_id(key), book=book, table=None, now=NOW
+        )
+        is False
+    )
 
 
 def test_a_member_refuses_another_issuers_limited_token_and_listed_tokens(tmp_path):
@@ -175,8 +202,10 @@ def test_a_member_refuses_another_issuers_limited_token_and_listed_tokens(tmp_pa
         check_invite(limited, own_id=_id(member), book=None, table=None, now=NOW)
     table = RevocationTable(MESH)
     assert check_invite(plain, own_id=_id(member), book=None, table=table, now=NOW) is False
-    table.offer(seal_revocations(issuer, MESH, 1, [Revocation(plain.nonce, plain.expires_at, "revoked")]),
-                is_member=lambda _pid: True)
+    table.offer(
+        seal_revocations(issuer, MESH, 1, [Revocation(plain.nonce, plain.expires_at, "revoked")]),
+        is_member=lambda _pid: True,
+    )
     with pytest.raises(TokenRevoked):
         check_invite(plain, own_id=_id(member), book=None, table=table, now=NOW)
 
@@ -209,15 +238,14 @@ def test_token_malformed_is_still_what_a_bad_uses_gets_on_parse():
         parse_invite(text[:-4], NOW)
 
 
-_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-(2**64), 2**64 - 1), st.text(max_size=20),
-                                 st.binary(max_size=20)),
-                       lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                               st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                       max_leaves=12)
+_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**64), 2**64 - 1), st.text(max_size=20), st.binary(max_size=20)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12,
+)
 
 
-@given(field=st.sampled_from(["mesh", "revoked", "ver", "extra", "entry.exp", "entry.id", "entry.why"]),
-       value=_values)
+@given(field=st.sampled_from(["mesh", "revoked", "ver", "extra", "entry.exp", "entry.id", "entry.why"]), value=_values)
 @settings(max_examples=300, deadline=None)
 def test_a_member_signing_any_body_gets_a_list_or_a_typed_rejection(field, value):
     """The signature is valid (a member signed it), so the fuzz reaches every check behind it."""

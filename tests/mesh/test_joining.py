@@ -55,8 +55,9 @@ def test_duplicate_issuers_and_members_are_dialled_once():
     a, b = invite(MESH_A, key=key), invite(MESH_A, "10.0.0.9:1", key=key)
     member = DialCandidate(("ws://10.0.0.3:9338",), node_id_from_public_key(bytes(key.verify_key)))
     anonymous = DialCandidate(("ws://10.0.0.4:9338",))
-    steps = plan_join(JoinPlan(invites=(a, b), members=(member, anonymous, anonymous)),
-                      current_mesh_id=MESH_A, held_mesh_id=MESH_A)
+    steps = plan_join(
+        JoinPlan(invites=(a, b), members=(member, anonymous, anonymous)), current_mesh_id=MESH_A, held_mesh_id=MESH_A
+    )
     assert steps.dials == (DialCandidate(a.urls, a.issuer_id), anonymous, anonymous)
 
 

@@ -26,7 +26,9 @@ def test_nodes_spawned_at_once_converge_with_one_link_per_pair(tmp_path):
         def full_view(n: NodeProcess) -> dict:
             return n.wait_status(
                 lambda s: sum(p["state"] == "alive" and p["linked"] for p in s["peers"]) == JOINERS,
-                timeout=60, what="every peer alive and linked")
+                timeout=60,
+                what="every peer alive and linked",
+            )
 
         with ThreadPoolExecutor(3) as pool:
             views = list(pool.map(full_view, nodes))

@@ -44,8 +44,9 @@ def mesh(tmp_path_factory):
         nodes["ids"] = ids
         for n in "abc":
             others = {ids[m] for m in "abc" if m != n}
-            nodes[n].wait_status(lambda st, others=others: alive_peers(st) >= others, timeout=20,
-                                 what=f"{n} sees everyone")
+            nodes[n].wait_status(
+                lambda st, others=others: alive_peers(st) >= others, timeout=20, what=f"{n} sees everyone"
+            )
         yield nodes
     finally:
         for n in "abc":
@@ -53,8 +54,12 @@ def mesh(tmp_path_factory):
 
 
 def complete(port, prompt="def fib(n):", max_tokens=24, **kw):
-    code, body = request("POST", port, "/v1/completions", {"model": MODEL, "prompt": prompt,
-                                                           "max_tokens": max_tokens, "temperature": 0, **kw})
+    code, body = request(
+        "POST",
+        port,
+        "/v1/completions",
+        {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **kw},
+    )
     assert code == 200, body
     return json.loads(body)
 
@@ -80,9 +85,18 @@ def test_request_via_non_host_matches_host_greedy_output(mesh):
 
 
 def test_chat_and_streaming_pass_through_token_by_token(mesh):
-    code, body = request("POST", mesh["c"].api_port, "/v1/chat/completions",
-                         {"model": MODEL, "messages": [{"role": "user", "content": "Count to five."}],
-                          "max_tokens": 12, "temperature": 0, "stream": True})
+    code, body = request(
+        "POST",
+        mesh["c"].api_port,
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Count to five."}],
+            "max_tokens": 12,
+            "temperature": 0,
+            "stream": True,
+        },
+    )
     assert code == 200
     events = [e for e in body.split("\n\n") if e]
     assert events[-1] == "data: [DONE]"
@@ -92,15 +106,21 @@ def test_chat_and_streaming_pass_through_token_by_token(mesh):
 
 def test_client_disconnect_cancels_the_remote_generation(mesh):
     before = {n: mesh[n].status()["models"][0]["requests"]["cancelled"] for n in "ab"}
-    payload = json.dumps({"model": MODEL, "prompt": "1, 2, 3, 4, 5,", "max_tokens": 3000, "temperature": 0,
-                          "stream": True}).encode()
+    payload = json.dumps(
+        {"model": MODEL, "prompt": "1, 2, 3, 4, 5,", "max_tokens": 3000, "temperature": 0, "stream": True}
+    ).encode()
     s = socket.create_connection(("127.0.0.1", mesh["c"].api_port), timeout=30)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + str(len(payload)).encode()
-              + b"\r\n\r\n" + payload)
+    s.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
+        + str(len(payload)).encode()
+        + b"\r\n\r\n"
+        + payload
+    )
     data = b""
     while data.count(b"data: ") < 3:
         data += s.recv(65536)
     s.close()
+
     def cancelled(st):
         return st["inflight_requests"] == 0
 
@@ -121,8 +141,12 @@ def test_api_only_client_uses_the_mesh_and_hosts_nothing(mesh, tmp_path):
         assert st["role"] == "client" and st["models"] == [] and st["is_client"]
         d.wait_status(lambda s: len(alive_peers(s)) == 3, timeout=20, what="client sees the mesh")
         assert complete(d.api_port)["choices"][0]["text"]
-        roles = {p["id"]: p["role"] for p in mesh["c"].wait_status(
-            lambda s: st["node_id"] in alive_peers(s), timeout=20, what="mesh sees the client")["peers"]}
+        roles = {
+            p["id"]: p["role"]
+            for p in mesh["c"].wait_status(
+                lambda s: st["node_id"] in alive_peers(s), timeout=20, what="mesh sees the client"
+            )["peers"]
+        }
         assert roles[st["node_id"]] == "client"
         code, body = request("GET", mesh["c"].api_port, "/v1/models")
         assert st["node_id"] not in json.loads(body)["data"][0]["hosts"]
@@ -134,20 +158,49 @@ def test_api_only_client_uses_the_mesh_and_hosts_nothing(mesh, tmp_path):
 def test_invite_errors_are_clear(mesh, tmp_path):
     from hydra_node.mesh.wire.token import issue_invite
     import nacl.signing
+
     st = mesh["a"].status()
     mesh_id = st["mesh"]["mesh_id"]
     addrs = st["mesh"]["addresses"]
     cases = {
-        "expired": (issue_invite(nacl.signing.SigningKey.generate(), mesh_id, addrs, 60, time.time() - 3600), "expired"),
+        "expired": (
+            issue_invite(nacl.signing.SigningKey.generate(), mesh_id, addrs, 60, time.time() - 3600),
+            "expired",
+        ),
         "forged": (mesh["token"][:-6] + ("AAAAAA" if not mesh["token"].endswith("AAAAAA") else "BBBBBB"), ""),
-        "stranger": (issue_invite(nacl.signing.SigningKey.generate(), mesh_id, addrs, 600, time.time()), "expected peer"),
+        "stranger": (
+            issue_invite(nacl.signing.SigningKey.generate(), mesh_id, addrs, 600, time.time()),
+            "expected peer",
+        ),
         "garbage": ("not-a-token", ""),
     }
     for name, (tok, word) in cases.items():
-        r = subprocess.run([sys.executable, "-m", "hydra_node.cli", "serve", "--no-model", "--home",
-                            str(tmp_path / name), "--port", "0", "--console", "0", "--mesh-host", "127.0.0.1",
-                            "--mesh-port", "0", "--join", tok, "--join-timeout", "3"],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hydra_node.cli",
+                "serve",
+                "--no-model",
+                "--home",
+                str(tmp_path / name),
+                "--port",
+                "0",
+                "--console",
+                "0",
+                "--mesh-host",
+                "127.0.0.1",
+                "--mesh-port",
+                "0",
+                "--join",
+                tok,
+                "--join-timeout",
+                "3",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 1, (name, r.stderr[-2000:])
         assert "cannot join" in r.stderr and word in r.stderr, (name, r.stderr[-2000:])
         assert "Traceback" not in r.stderr
@@ -162,8 +215,7 @@ def test_kill_9_of_a_host_is_noticed_and_requests_fail_over(mesh):
     os.killpg(a.proc.pid, signal.SIGKILL)
     a.proc.wait()
     for n in (b, c):
-        n.wait_status(lambda st: ids["a"] not in alive_peers(st), timeout=DETECTION_BOUND_S + 5,
-                      what="kill -9 noticed")
+        n.wait_status(lambda st: ids["a"] not in alive_peers(st), timeout=DETECTION_BOUND_S + 5, what="kill -9 noticed")
     elapsed = time.monotonic() - t0
     assert elapsed < DETECTION_BOUND_S + 2  # generous: the machine is shared; the bench measures it properly
     st = c.status()
@@ -188,7 +240,10 @@ def test_no_host_left_gives_503_in_openai_shape(mesh):
     assert code == 503
     err = json.loads(body)["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["code"] == "model_unavailable"
-    st = c.wait_status(lambda st: {p["id"]: p["state"] for p in st["peers"]}.get(ids["b"]) in ("left", "dead"),
-                       timeout=20, what="B gone")
+    st = c.wait_status(
+        lambda st: {p["id"]: p["state"] for p in st["peers"]}.get(ids["b"]) in ("left", "dead"),
+        timeout=20,
+        what="B gone",
+    )
     left = {p["id"]: p["state"] for p in st["peers"]}
     assert left[ids["b"]] == "left"  # a clean shutdown announces leaving (not a crash to detect)

@@ -43,8 +43,9 @@ def test_three_hosts_partition_and_heal(tmp_path):
             ids[i] = wait_for(lambda i=i: node_status(lab, i, homes[i]), 90, f"host {i} up")["node_id"]
         for i in (1, 2, 3):
             want = {ids[j] for j in (1, 2, 3) if j != i}
-            wait_for(lambda i=i, want=want: alive(node_status(lab, i, homes[i])) >= want, 30,
-                     f"host {i} sees the others")
+            wait_for(
+                lambda i=i, want=want: alive(node_status(lab, i, homes[i])) >= want, 30, f"host {i} sees the others"
+            )
         # a request on host 3 runs on host 1, across the bridge
         body = json.dumps({"model": BUNDLED_MODEL_ID, "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0})
         r = lab.run(3, ["curl", "-s", "-m", "60", "localhost:9337/v1/completions", "-d", body], timeout=70)

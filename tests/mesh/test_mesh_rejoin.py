@@ -22,8 +22,11 @@ def test_restart_without_join_rejoins_known_peers(tmp_path):
         assert b.stop() == 0
         b2 = NodeProcess(b.home, "--no-model").start()
         b = b2
-        st = b2.wait_status(lambda s: any(p["id"] == a_id and p["state"] == "alive" for p in s["peers"]),
-                            timeout=20, what="rejoined without a token")
+        st = b2.wait_status(
+            lambda s: any(p["id"] == a_id and p["state"] == "alive" for p in s["peers"]),
+            timeout=20,
+            what="rejoined without a token",
+        )
         assert st["mesh"]["mesh_id"] == a.status()["mesh"]["mesh_id"]
     finally:
         a.kill_all()

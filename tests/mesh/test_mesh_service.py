@@ -30,9 +30,13 @@ JOIN_S = 20.0  # bound on getting into a mesh and seeing each other (loaded 2-co
 
 
 def make_service(home: Path, name: str, content: AnnouncementContent | None = None, **settings) -> MeshService:
-    return MeshService(signing_key=SigningKey.generate(), state_dir=home / "mesh",
-                       settings=MeshSettings(listen_host="127.0.0.1", listen_port=0, **settings),
-                       announcement=lambda: content or AnnouncementContent(), name=name)
+    return MeshService(
+        signing_key=SigningKey.generate(),
+        state_dir=home / "mesh",
+        settings=MeshSettings(listen_host="127.0.0.1", listen_port=0, **settings),
+        announcement=lambda: content or AnnouncementContent(),
+        name=name,
+    )
 
 
 def plan_from(inviter: MeshService) -> JoinPlan:
@@ -87,7 +91,8 @@ async def test_plans_once_in_a_mesh(nursery, tmp_path, autojump_clock):
     # A member candidate of our own mesh is just a dial; an unreachable one seeds nothing.
     with trio.fail_after(JOIN_S):
         assert await b.join(JoinPlan(members=(DialCandidate((f"ws://127.0.0.1:{a.port}",), a.node_id),))) == (
-            a.node_id,)
+            a.node_id,
+        )
         assert await b.join(JoinPlan(members=(DialCandidate(("ws://127.0.0.1:1",)),))) == ()
 
 
@@ -142,9 +147,13 @@ async def test_join_needs_a_running_service(tmp_path, autojump_clock):
 
 async def test_after_leaving_announcement_changes_are_not_published(nursery, tmp_path, autojump_clock):
     content = {"now": AnnouncementContent(queue_depth=0)}
-    service = MeshService(signing_key=SigningKey.generate(), state_dir=tmp_path / "mesh",
-                          settings=MeshSettings(listen_host="127.0.0.1", listen_port=0),
-                          announcement=lambda: content["now"], name="leaver")
+    service = MeshService(
+        signing_key=SigningKey.generate(),
+        state_dir=tmp_path / "mesh",
+        settings=MeshSettings(listen_host="127.0.0.1", listen_port=0),
+        announcement=lambda: content["now"],
+        name="leaver",
+    )
     await nursery.start(service.run, JoinPlan())
     await service.leave()
     content["now"] = AnnouncementContent(queue_depth=5)  # e.g. the telemetry summary moving at shutdown
@@ -152,15 +161,23 @@ async def test_after_leaving_announcement_changes_are_not_published(nursery, tmp
     assert service.joined and service.gossip_statistics().membership.left
 
 
-async def test_content_the_announcement_cannot_hold_is_counted_and_the_node_carries_on(nursery, tmp_path,
-                                                                                       autojump_clock):
+async def test_content_the_announcement_cannot_hold_is_counted_and_the_node_carries_on(
+    nursery, tmp_path, autojump_clock
+):
     """The announce loop never ends the node over the root's data: it keeps the last good announcement."""
     good = AnnouncementContent(models=(ModelEntry("m1", "ready"),))
     too_many = AnnouncementContent(models=tuple(ModelEntry(f"m{i}", "ready") for i in range(65)))
     content = {"now": good}
-    a = await nursery.start(MeshService(signing_key=SigningKey.generate(), state_dir=tmp_path / "a" / "mesh",
-                                        settings=MeshSettings(listen_host="127.0.0.1", listen_port=0),
-                                        announcement=lambda: content["now"], name="alpha").run, JoinPlan())
+    a = await nursery.start(
+        MeshService(
+            signing_key=SigningKey.generate(),
+            state_dir=tmp_path / "a" / "mesh",
+            settings=MeshSettings(listen_host="127.0.0.1", listen_port=0),
+            announcement=lambda: content["now"],
+            name="alpha",
+        ).run,
+        JoinPlan(),
+    )
     b = await nursery.start(make_service(tmp_path / "b", "beta").run, plan_from(a))
     with trio.fail_after(JOIN_S):
         await wait_until(lambda: a.node_id in b.members())

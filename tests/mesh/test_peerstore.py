@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 
 from hydra_node.mesh.membership import Announcement
-from hydra_node.mesh.peerstore import (MAX_ADDRESSES_PER_PEER, MAX_REMEMBERED_PEERS, PeerStore,
-                                       remembered_candidates, remembered_document)
+from hydra_node.mesh.peerstore import (
+    MAX_ADDRESSES_PER_PEER,
+    MAX_REMEMBERED_PEERS,
+    PeerStore,
+    remembered_candidates,
+    remembered_document,
+)
 
 MESH = "0123456789abcdef0123456789abcdef"
 
@@ -30,8 +35,15 @@ def test_document_keeps_members_with_addresses_sorted_and_bounded():
 
 
 def test_candidates_only_for_our_mesh_and_skip_malformed_entries():
-    data = {"mesh_id": MESH, "peers": {node(1): ["10.0.0.1:9338", "ws://h:1"], node(2): "not a list",
-                                       node(3): [], node(4): [f"10.0.0.{i}:1" for i in range(20)]}}
+    data = {
+        "mesh_id": MESH,
+        "peers": {
+            node(1): ["10.0.0.1:9338", "ws://h:1"],
+            node(2): "not a list",
+            node(3): [],
+            node(4): [f"10.0.0.{i}:1" for i in range(20)],
+        },
+    }
     cands = remembered_candidates(data, MESH)
     assert [c.peer_id for c in cands] == [node(1), node(4)]
     assert cands[0].urls == ("ws://10.0.0.1:9338", "ws://h:1")
@@ -46,8 +58,9 @@ def test_store_writes_only_when_addresses_change_and_reads_back(tmp_path):
     assert store.candidates(MESH) == []  # no file yet
     members = {node(1): ann(node(1), "10.0.0.1:9338")}
     assert store.remember(MESH, members)
-    assert not store.remember(MESH, {node(1): Announcement(node_id=node(1), addresses=("10.0.0.1:9338",),
-                                                           queue_depth=3)})  # same addresses: no write
+    assert not store.remember(
+        MESH, {node(1): Announcement(node_id=node(1), addresses=("10.0.0.1:9338",), queue_depth=3)}
+    )  # same addresses: no write
     assert json.loads(store.path.read_text())["peers"] == {node(1): ["10.0.0.1:9338"]}
     assert store.remember(MESH, {**members, node(2): ann(node(2), "10.0.0.2:9338")})
     assert [c.peer_id for c in PeerStore(store.path).candidates(MESH)] == [node(1), node(2)]

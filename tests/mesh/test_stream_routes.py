@@ -17,8 +17,16 @@ def test_headers_find_their_handler_and_nothing_else():
     routes.add_tunnel("rpc", rpc)
     assert routes.handler_for({"kind": "generate", "req": {}}) is generate
     assert routes.handler_for({"kind": "tunnel", "service": "rpc"}) is rpc
-    for header in ({}, {"kind": "tunnel"}, {"kind": "tunnel", "service": "draft"}, {"kind": "tunnel", "service": ["rpc"]},
-                   {"kind": 7}, {"kind": "rpc"}, {"kind": ["generate"]}, {"service": "rpc"}):
+    for header in (
+        {},
+        {"kind": "tunnel"},
+        {"kind": "tunnel", "service": "draft"},
+        {"kind": "tunnel", "service": ["rpc"]},
+        {"kind": 7},
+        {"kind": "rpc"},
+        {"kind": ["generate"]},
+        {"service": "rpc"},
+    ):
         assert routes.handler_for(header) is None, header
 
 

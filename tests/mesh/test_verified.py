@@ -15,8 +15,13 @@ from hydra_node.mesh.wire.ids import node_id_from_public_key
 
 def signed(seq: int = 1, **extra) -> Announcement:
     key = nacl.signing.SigningKey(b"\x01" * 32)
-    ann = Announcement(node_id=node_id_from_public_key(bytes(key.verify_key)), addresses=("127.0.0.1:9338",),
-                       incarnation=7, seq=seq, extra=extra)
+    ann = Announcement(
+        node_id=node_id_from_public_key(bytes(key.verify_key)),
+        addresses=("127.0.0.1:9338",),
+        incarnation=7,
+        seq=seq,
+        extra=extra,
+    )
     return sign_announcement(key, ann)
 
 

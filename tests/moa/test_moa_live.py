@@ -36,14 +36,25 @@ JOIN_TIMEOUT_S = 60.0
 #: first request is much slower than the next ones on a loaded machine).
 DEADLINE_S = 10
 SMALL = "[defaults.model_fit]\nctx_size = 1024\n[defaults.throughput]\nthreads = 1\nparallel = 2\n"
-AGREE = dict(messages=[{"role": "user", "content": "What is 2+2? Answer with just the number."}], temperature=0,
-             max_tokens=8)
-CONFLICT = dict(messages=[{"role": "user", "content": "Write a short story about a dragon."}], temperature=1.5,
-                max_tokens=16)
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-                   "additionalProperties": False}}}
+AGREE = dict(
+    messages=[{"role": "user", "content": "What is 2+2? Answer with just the number."}], temperature=0, max_tokens=8
+)
+CONFLICT = dict(
+    messages=[{"role": "user", "content": "Write a short story about a dragon."}], temperature=1.5, max_tokens=16
+)
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 def _node(root, name: str, f16, config: str, *models: str) -> NodeProcess:
@@ -67,7 +78,14 @@ def f16(model_path):
 
 @pytest.fixture(scope="module")
 def both_node(tmp_path_factory, f16):
-    node = _node(tmp_path_factory.mktemp("moa-both"), "both", f16, f'[api]\nclaude_model = "mesh"\n[moa]\nreducer = "{Q4}"\n', Q4, F16)
+    node = _node(
+        tmp_path_factory.mktemp("moa-both"),
+        "both",
+        f16,
+        f'[api]\nclaude_model = "mesh"\n[moa]\nreducer = "{Q4}"\n',
+        Q4,
+        F16,
+    )
     try:
         yield node.start()
     finally:
@@ -83,14 +101,16 @@ def both(both_node):
 def remote(tmp_path_factory, f16):
     root = tmp_path_factory.mktemp("moa-remote")
     a = _node(root, "a", f16, f"[moa]\ndeadline_s = {DEADLINE_S}\n", Q4, F16)
-    b = _node(root, "b", f16, f'[runner]\ninject_token_delay_ms = 4000\n[moa]\nmembers = ["{SLOW}", "absent"]\n',
-              SLOW)
+    b = _node(root, "b", f16, f'[runner]\ninject_token_delay_ms = 4000\n[moa]\nmembers = ["{SLOW}", "absent"]\n', SLOW)
     try:
         a.start()
         b.args += ["--join", a.invite()]
         b.start()
-        a.wait_status(lambda st: any(SLOW in p["models"] and p["state"] == "alive" for p in st["peers"]),
-                      timeout=JOIN_TIMEOUT_S, what="A sees B's model")
+        a.wait_status(
+            lambda st: any(SLOW in p["models"] and p["state"] == "alive" for p in st["peers"]),
+            timeout=JOIN_TIMEOUT_S,
+            what="A sees B's model",
+        )
         yield a, _client(a), _client(b)
     finally:
         b.kill_all()
@@ -116,6 +136,7 @@ def assert_usage_adds_up(r, info: dict, reducer_usage: int = 0) -> None:
 
 # ---- one node, two models, a reducer ----------------------------------------------------------
 
+
 def test_mesh_is_listed_and_agreeing_members_answer_without_the_reducer(both):
     listing = {m.id: m for m in both.models.list().data}
     assert {Q4, F16, "mesh"} <= set(listing)
@@ -125,15 +146,18 @@ def test_mesh_is_listed_and_agreeing_members_answer_without_the_reducer(both):
     r, info, header = ask(both, **AGREE)
     assert r.model == "mesh" and r.choices[0].message.content.strip()
     assert info["majority"] and not info["reducer"]["ran"] and len(info["groups"]) == 1
-    assert {m["status"] for m in info["members"]} == {"ok"} and sorted(info["groups"][0]["members"]) == sorted([F16, Q4])
+    assert {m["status"] for m in info["members"]} == {"ok"} and sorted(info["groups"][0]["members"]) == sorted(
+        [F16, Q4]
+    )
     assert info["answer_from"] == info["chosen"] and header["groups"] == [g["members"] for g in info["groups"]]
     assert header["reducer_ran"] is False
     assert_usage_adds_up(r, info)
     alone = both.chat.completions.create(model=info["chosen"], **AGREE)  # the pick's own answer, verbatim
     assert r.choices[0].message.content == alone.choices[0].message.content
 
-    chunks = list(both.chat.completions.create(model="mesh", stream=True, stream_options={"include_usage": True},
-                                               **AGREE))
+    chunks = list(
+        both.chat.completions.create(model="mesh", stream=True, stream_options={"include_usage": True}, **AGREE)
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == r.choices[0].message.content
     (fin,) = [c for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -141,8 +165,9 @@ def test_mesh_is_listed_and_agreeing_members_answer_without_the_reducer(both):
 
 
 def test_conflict_goes_to_the_reducer_and_it_streams(both):
-    raw = both.chat.completions.with_raw_response.create(model="mesh", stream=True,
-                                                          stream_options={"include_usage": True}, **CONFLICT)
+    raw = both.chat.completions.with_raw_response.create(
+        model="mesh", stream=True, stream_options={"include_usage": True}, **CONFLICT
+    )
     assert json.loads(raw.headers["x-hydra-moa"])["reducer_ran"] is True
     chunks = list(raw.parse())
     pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
@@ -156,8 +181,14 @@ def test_conflict_goes_to_the_reducer_and_it_streams(both):
 
 
 def test_agreeing_tool_calls_come_back_as_a_tool_call(both):
-    r, info, _ = ask(both, messages=[{"role": "user", "content": "What is the weather in Paris?"}], tools=[WEATHER],
-                     tool_choice="required", temperature=0, max_tokens=40)
+    r, info, _ = ask(
+        both,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=40,
+    )
     assert info["majority"] and info["groups"][0]["key"].startswith("calls:")
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
@@ -170,8 +201,9 @@ def test_mesh_answers_on_messages_and_responses_too(both_node, both):
 
     r, info, _ = ask(both, **AGREE)
     want = r.choices[0].message.content
-    claude = anthropic.Anthropic(base_url=both_node.base_url.removesuffix("/v1"), api_key="unused", max_retries=0,
-                                 timeout=180)
+    claude = anthropic.Anthropic(
+        base_url=both_node.base_url.removesuffix("/v1"), api_key="unused", max_retries=0, timeout=180
+    )
     kw = dict(model="mesh", max_tokens=8, extra_body={"temperature": 0}, messages=AGREE["messages"])
     raw = claude.messages.with_raw_response.create(**kw)
     msg, header = raw.parse(), json.loads(raw.headers["x-hydra-moa"])
@@ -215,9 +247,12 @@ def test_a_member_killed_mid_request_leaves_the_others_answer(both_node, both):
     asker = threading.Thread(target=run)
     asker.start()
     try:
-        pid = poll_until(lambda: next((m["pid"] for m in node.status()["models"]
-                                       if m["id"] == F16 and m["in_flight"] > 0), None),
-                         timeout_s=60, what="the F16 member generating", interval_s=0.02)
+        pid = poll_until(
+            lambda: next((m["pid"] for m in node.status()["models"] if m["id"] == F16 and m["in_flight"] > 0), None),
+            timeout_s=60,
+            what="the F16 member generating",
+            interval_s=0.02,
+        )
         os.kill(pid, signal.SIGKILL)
     finally:
         asker.join(180)
@@ -227,11 +262,15 @@ def test_a_member_killed_mid_request_leaves_the_others_answer(both_node, both):
     assert member(info, Q4)["status"] == "ok" and info["answer_from"] == Q4 and info["majority"]
     assert not info["reducer"]["ran"]  # one answer is a majority of the answers: nothing to reduce
     assert r.choices[0].message.content and r.usage.completion_tokens == member(info, Q4)["usage"]["completion_tokens"]
-    node.wait_status(lambda st: st["models"][f16_index]["state"] == "ready" and st["models"][f16_index]["pid"] != pid,
-                     timeout=90, what="the F16 runner restarted")
+    node.wait_status(
+        lambda st: st["models"][f16_index]["state"] == "ready" and st["models"][f16_index]["pid"] != pid,
+        timeout=90,
+        what="the F16 runner restarted",
+    )
 
 
 # ---- three members, one remote and slower than the deadline ------------------------------------
+
 
 def three_members_ready(node: NodeProcess) -> openai.OpenAI:
     """A's client once the mesh lists all three members as ready (a runner whose generation was

@@ -8,7 +8,14 @@ import json
 import pytest
 
 from hydra_node.api.chat import ChatOutcome
-from hydra_node.moa.mixture import MAX_CANDIDATE_CHARS, REDUCER_INSTRUCTION, MemberResult, MixtureOfAgents, MoaRun, _all_failed
+from hydra_node.moa.mixture import (
+    MAX_CANDIDATE_CHARS,
+    REDUCER_INSTRUCTION,
+    MemberResult,
+    MixtureOfAgents,
+    MoaRun,
+    _all_failed,
+)
 from hydra_node.moa.answers import moa_header, moa_info
 from hydra_node.moa.arbiter import MemberAnswer, arbitrate
 from hydra_node.moa.config import MoaSettings
@@ -35,8 +42,14 @@ def moa(*entries, **settings) -> MixtureOfAgents:
 
 
 def test_members_are_the_ready_models_sorted_and_capped():
-    m = moa(("b", "self", "ready"), ("a", "peer", "ready"), ("a", "self", "loading"), ("c", "peer", "loading"),
-            ("d", "peer", "ready"), max_members=2)
+    m = moa(
+        ("b", "self", "ready"),
+        ("a", "peer", "ready"),
+        ("a", "self", "loading"),
+        ("c", "peer", "loading"),
+        ("d", "peer", "ready"),
+        max_members=2,
+    )
     assert m.members() == ["a", "b"] and m.listed()
     assert moa(("b", "self", "ready"), ("a", "p", "ready"), members=("b", "zz", "a")).members() == ["b", "a"]
 
@@ -59,10 +72,16 @@ def test_a_hosted_model_called_mesh_keeps_its_name():
 
 
 def _run(*answers: tuple[str, str | None, float], failed: tuple[MemberResult, ...] = ()) -> MoaRun:
-    results = tuple(MemberResult(model, "ok", latency, ChatOutcome(content=text, usage={"completion_tokens": 3}))
-                    for model, text, latency in answers) + failed
-    verdict = arbitrate(MemberAnswer(r.model, r.outcome.content or "", latency_ms=r.latency_ms)
-                        for r in results if r.status == "ok")
+    results = (
+        tuple(
+            MemberResult(model, "ok", latency, ChatOutcome(content=text, usage={"completion_tokens": 3}))
+            for model, text, latency in answers
+        )
+        + failed
+    )
+    verdict = arbitrate(
+        MemberAnswer(r.model, r.outcome.content or "", latency_ms=r.latency_ms) for r in results if r.status == "ok"
+    )
     return MoaRun(results, verdict, 9.0)
 
 
@@ -75,8 +94,11 @@ def test_the_reducer_gets_one_candidate_per_group_in_ranking_order():
     assert red.model == "a" and red.request_id == "r1-reducer" and red.messages[:-1] == req.messages
     last = red.messages[-1]
     assert last.role == "user" and last.content.startswith(REDUCER_INSTRUCTION)
-    assert last.content.index("<candidate 1>\nLyon") < last.content.index("<candidate 2>\nxxx") \
+    assert (
+        last.content.index("<candidate 1>\nLyon")
+        < last.content.index("<candidate 2>\nxxx")
         < last.content.index("<candidate 3>\nParis")
+    )
     assert "x" * (MAX_CANDIDATE_CHARS + 1) not in last.content and " [...]" in last.content
 
 
@@ -88,10 +110,19 @@ def test_no_reducer_with_a_majority_or_without_one_configured():
 
 def test_tool_calls_are_shown_to_the_reducer_as_calls():
     call = ParsedToolCall(index=0, id="call_1", name="get_weather", arguments='{"city":"Paris"}')
-    run = MoaRun((MemberResult("a", "ok", 1.0, ChatOutcome(content=None, tool_calls=[call])),
-                  MemberResult("b", "ok", 2.0, ChatOutcome(content="no"))),
-                 arbitrate([MemberAnswer("a", "", (("get_weather", '{"city":"Paris"}'),), latency_ms=1.0),
-                            MemberAnswer("b", "no", latency_ms=2.0)]), 9.0)
+    run = MoaRun(
+        (
+            MemberResult("a", "ok", 1.0, ChatOutcome(content=None, tool_calls=[call])),
+            MemberResult("b", "ok", 2.0, ChatOutcome(content="no")),
+        ),
+        arbitrate(
+            [
+                MemberAnswer("a", "", (("get_weather", '{"city":"Paris"}'),), latency_ms=1.0),
+                MemberAnswer("b", "no", latency_ms=2.0),
+            ]
+        ),
+        9.0,
+    )
     req = GenerationRequest(model="mesh", kind="chat", messages=(("user", "Weather?"),))
     assert 'call get_weather({"city":"Paris"})' in moa(reducer="a").reducer_request(req, run, "a").messages[-1].content
 
@@ -100,20 +131,30 @@ def test_all_failed_is_a_503_naming_every_member_unless_all_refused_the_request(
     gone = MemberResult("a", "error", 5.0, error="host left", error_status=503)
     late = MemberResult("b", "deadline", 9000.0, error="no answer within the deadline of 9 s")
     exc = _all_failed((gone, late))
-    assert exc.status == 503 and exc.code == "moa_no_answer" and "a: host left" in exc.message \
+    assert (
+        exc.status == 503
+        and exc.code == "moa_no_answer"
+        and "a: host left" in exc.message
         and "b: no answer" in exc.message
+    )
     refused = tuple(MemberResult(m, "error", 1.0, error="prompt too long", error_status=400) for m in "ab")
     assert _all_failed(refused).status == 400
     assert _all_failed((refused[0], late)).status == 503
 
 
 def test_info_and_header_say_who_answered_and_how():
-    run = _run(("a", "4", 1.0), ("b", "four", 2.0),
-               failed=(MemberResult("c", "deadline", 9000.0, error="no answer within the deadline of 9 s"),))
+    run = _run(
+        ("a", "4", 1.0),
+        ("b", "four", 2.0),
+        failed=(MemberResult("c", "deadline", 9000.0, error="no answer within the deadline of 9 s"),),
+    )
     info = moa_info(run, "")
     assert info["majority"] and info["chosen"] == info["answer_from"] == "a" and info["deadline_s"] == 9.0
-    assert [(m["model"], m["status"], m["group"]) for m in info["members"]] == [("a", "ok", 0), ("b", "ok", 0),
-                                                                                ("c", "deadline", None)]
+    assert [(m["model"], m["status"], m["group"]) for m in info["members"]] == [
+        ("a", "ok", 0),
+        ("b", "ok", 0),
+        ("c", "deadline", None),
+    ]
     assert info["members"][2]["usage"] is None and info["reducer"] == {"model": None, "ran": False, "error": None}
     header = json.loads(moa_header(info))
     assert header["groups"] == [["a", "b"]] and header["reducer_ran"] is False and moa_header(info).isascii()

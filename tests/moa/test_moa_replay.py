@@ -29,21 +29,33 @@ async def replayed(out: ChatOutcome, fmt) -> list[dict]:
 
 
 async def test_a_replay_gives_calls_whole_and_keeps_logprobs_without_text():
-    out = ChatOutcome(content=None, tool_calls=[CALL], finish_reason="tool_calls", usage=USAGE, served_by="h",
-                      logprobs=[END])
+    out = ChatOutcome(
+        content=None, tool_calls=[CALL], finish_reason="tool_calls", usage=USAGE, served_by="h", logprobs=[END]
+    )
     assert [ev async for _, ev in replay_events(out)] == [
-        ContentDelta("", (END,)), ToolCallDelta(ParsedToolCall(0, "call_1", "get_weather", '{"city":"Paris"}')),
-        ChatDone("tool_calls", USAGE, "h")]
+        ContentDelta("", (END,)),
+        ToolCallDelta(ParsedToolCall(0, "call_1", "get_weather", '{"city":"Paris"}')),
+        ChatDone("tool_calls", USAGE, "h"),
+    ]
 
 
 async def test_a_streamed_call_replayed_shows_in_every_dialect():
     out = ChatOutcome(content=None, tool_calls=[CALL], finish_reason="tool_calls", usage=USAGE, served_by="h")
     chat = await replayed(out, ChunkStream(ChunkMaker("chatcmpl-1", "mesh", 0, True)))
     assert [c["choices"][0]["delta"]["tool_calls"][0]["function"] for c in chat[1:3]] == [
-        {"name": "get_weather", "arguments": ""}, {"arguments": '{"city":"Paris"}'}]
+        {"name": "get_weather", "arguments": ""},
+        {"arguments": '{"city":"Paris"}'},
+    ]
     messages = await replayed(out, MessageStreamFormatter(MessageEventStream("msg_1", "mesh"), ()))
-    assert [e["type"] for e in messages] == ["message_start", "ping", "content_block_start", "content_block_delta",
-                                             "content_block_stop", "message_delta", "message_stop"]
+    assert [e["type"] for e in messages] == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
     assert messages[2]["content_block"]["name"] == "get_weather"
     assert messages[3]["delta"]["partial_json"] == '{"city":"Paris"}'
     call = parse_responses_body(b'{"model": "mesh", "input": "hi"}', lambda _id: None)
@@ -51,7 +63,8 @@ async def test_a_streamed_call_replayed_shows_in_every_dialect():
     responses = await replayed(out, ResponseStreamFormatter(ResponseEventStream(call, "resp_1", 0), final.append))
     assert responses[-1]["type"] == "response.completed" and final == [responses[-1]["response"]]
     assert [(o["type"], o["name"], o["arguments"]) for o in final[0]["output"]] == [
-        ("function_call", "get_weather", '{"city":"Paris"}')]
+        ("function_call", "get_weather", '{"city":"Paris"}')
+    ]
 
 
 async def test_a_stop_sequence_with_no_text_before_it_is_named_in_a_replay():

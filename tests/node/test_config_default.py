@@ -29,23 +29,41 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 # ---- the seed README's compact starting profile ----------------------------------------------
 
+
 def test_the_seed_starting_profile_parses_and_every_key_acts_or_is_reserved():
     data = tomllib.loads(SEED_PROFILE.read_text())
     cfg = load_config_file(SEED_PROFILE)
-    leaves = {f"{t}.{k}" for t, table in (("defaults." + s, v) for s, v in data["defaults"].items())
-              for k, val in table.items() if not isinstance(val, dict)}
+    leaves = {
+        f"{t}.{k}"
+        for t, table in (("defaults." + s, v) for s, v in data["defaults"].items())
+        for k, val in table.items()
+        if not isinstance(val, dict)
+    }
     leaves |= {f"defaults.model_fit.prefix_cache.{k}" for k in data["defaults"]["model_fit"]["prefix_cache"]}
     reserved = set(cfg.reserved_keys)
-    assert reserved == {"defaults.hardware.device", "defaults.model_fit.kv_cache_policy",
-                        "defaults.model_fit.prefix_cache.payload_mode", "defaults.throughput.tuning_profile",
-                        "defaults.skippy.activation_wire_dtype", "defaults.skippy.binary_stage_transport",
-                        "defaults.skippy.prefill_chunking", "defaults.skippy.prefill_chunk_size"}
+    assert reserved == {
+        "defaults.hardware.device",
+        "defaults.model_fit.kv_cache_policy",
+        "defaults.model_fit.prefix_cache.payload_mode",
+        "defaults.throughput.tuning_profile",
+        "defaults.skippy.activation_wire_dtype",
+        "defaults.skippy.binary_stage_transport",
+        "defaults.skippy.prefill_chunking",
+        "defaults.skippy.prefill_chunk_size",
+    }
     assert reserved <= leaves and all(any(k == r or k.startswith(r + ".") for r in RESERVED_KEYS) for k in reserved)
     # every other key takes effect: it reaches the runner's settings or the node's budget
     rs = runner_settings_from(cfg)
     assert (rs.n_ctx, rs.n_batch, rs.n_ubatch, rs.flash_attention) == (8192, 1024, 256, "auto")
     assert (rs.share_prefixes, rs.max_cached_prefixes, rs.min_shared_tokens) == (True, 64, 64)
-    assert (rs.mmap, rs.mlock, rs.n_gpu_layers, rs.parallel, rs.threads, rs.threads_batch) == ("auto", False, None, 1, 8, 4)
+    assert (rs.mmap, rs.mlock, rs.n_gpu_layers, rs.parallel, rs.threads, rs.threads_batch) == (
+        "auto",
+        False,
+        None,
+        1,
+        8,
+        4,
+    )
     assert cfg.defaults.hardware.safety_margin_gb == 2.0 and cfg.defaults.hardware.model_runtime == "auto"
     acting = leaves - reserved
     assert len(acting) == 15, sorted(acting)
@@ -58,13 +76,16 @@ def test_the_seed_profile_as_the_default_file_is_what_serve_runs_with(tmp_path):
     assert cfg.file.defaults.model_fit.ctx_size == 8192 and "defaults.skippy.prefill_chunking" in cfg.file.reserved_keys
 
 
-@pytest.mark.parametrize("text, key, value", [
-    ("[defaults.hardware]\nmmap = true\n", "mmap", "on"),
-    ("[defaults.hardware]\nmmap = false\n", "mmap", "off"),
-    ("[defaults.hardware]\nmmap = \"auto\"\n", "mmap", "auto"),
-    ("[defaults.model_fit]\nflash_attention = false\n", "flash_attention", "off"),
-    ("[defaults.throughput]\nparallel = 4\n", "parallel", 4),
-])
+@pytest.mark.parametrize(
+    "text, key, value",
+    [
+        ("[defaults.hardware]\nmmap = true\n", "mmap", "on"),
+        ("[defaults.hardware]\nmmap = false\n", "mmap", "off"),
+        ("[defaults.hardware]\nmmap = \"auto\"\n", "mmap", "auto"),
+        ("[defaults.model_fit]\nflash_attention = false\n", "flash_attention", "off"),
+        ("[defaults.throughput]\nparallel = 4\n", "parallel", 4),
+    ],
+)
 def test_upstream_value_types_are_accepted(tmp_path, text, key, value):
     (tmp_path / "config.toml").write_text(text)
     d = cfg_of(tmp_path).file.defaults
@@ -74,14 +95,16 @@ def test_upstream_value_types_are_accepted(tmp_path, text, key, value):
 
 # ---- layering ---------------------------------------------------------------------------------
 
+
 def test_no_default_file_means_defaults(tmp_path):
     cfg = cfg_of(tmp_path)
     assert cfg.config_files == () and cfg.file.defaults.model_fit.ctx_size == 4096
 
 
 def test_config_layers_over_the_default_file_and_flags_over_both(tmp_path):
-    (tmp_path / "config.toml").write_text("[defaults.model_fit]\nctx_size = 8192\nbatch = 256\n"
-                                          "[defaults.speculative]\ndraft_max_tokens = 4\n")
+    (tmp_path / "config.toml").write_text(
+        "[defaults.model_fit]\nctx_size = 8192\nbatch = 256\n[defaults.speculative]\ndraft_max_tokens = 4\n"
+    )
     extra = tmp_path / "extra.toml"
     extra.write_text("[defaults.model_fit]\nctx_size = 2048\n")
     cfg = cfg_of(tmp_path, "--config", str(extra), "--draft", "/x/draft.gguf")
@@ -109,16 +132,30 @@ def test_a_broken_default_file_names_itself(tmp_path):
 
 
 def test_merge_tables_replaces_leaves_and_merges_tables():
-    assert merge_tables({"a": {"x": 1, "y": [1]}, "b": 2}, {"a": {"y": [2]}, "c": 3}) == \
-        {"a": {"x": 1, "y": [2]}, "b": 2, "c": 3}
+    assert merge_tables({"a": {"x": 1, "y": [1]}, "b": 2}, {"a": {"y": [2]}, "c": 3}) == {
+        "a": {"x": 1, "y": [2]},
+        "b": 2,
+        "c": 3,
+    }
 
 
 def test_config_show_names_every_source(tmp_path):
     (tmp_path / "config.toml").write_text("[defaults.model_fit]\nctx_size = 8192\n")
     extra = tmp_path / "extra.toml"
     extra.write_text("[scheduler]\nmode = \"active\"\n")
-    r = run_cli("config", "show", "--json", "--home", str(tmp_path), "--config", str(extra), "--port", "9500",
-                "--cors-origin", "http://a.example")
+    r = run_cli(
+        "config",
+        "show",
+        "--json",
+        "--home",
+        str(tmp_path),
+        "--config",
+        str(extra),
+        "--port",
+        "9500",
+        "--cors-origin",
+        "http://a.example",
+    )
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     v = d["values"]

@@ -30,7 +30,9 @@ def test_start_banner_text():
     text = start_banner("http://127.0.0.1:9337/v1", "http://127.0.0.1:3131", False, "TOKEN", "host")
     assert "OpenAI API   http://127.0.0.1:9337/v1" in text and "console      http://127.0.0.1:3131" in text
     assert "invite       TOKEN" in text
-    assert "management   http://127.0.0.1:3131 (headless" in start_banner("a", "http://127.0.0.1:3131", True, None, "host")
+    assert "management   http://127.0.0.1:3131 (headless" in start_banner(
+        "a", "http://127.0.0.1:3131", True, None, "host"
+    )
     assert "invite" not in start_banner("a", "b", False, None, "client")
 
 
@@ -90,8 +92,12 @@ def test_client_takes_auto_instead_of_an_invite(tmp_path):
 
 @pytest.fixture
 def relay_url():
-    proc = subprocess.Popen([sys.executable, str(DISCOVERY / "local_relay_process.py")], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(DISCOVERY / "local_relay_process.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("ws://127.0.0.1:"), line
@@ -106,17 +112,25 @@ def relay_url():
 
 
 def test_client_auto_joins_the_published_mesh(tmp_path, relay_url):
-    host = NodeProcess(tmp_path / "host", "--no-model", "--publish", "--mesh-discovery-mode", "nostr",
-                       "--nostr-relay", relay_url)
-    client = NodeProcess(tmp_path / "client", "--auto", "--mesh-discovery-mode", "nostr", "--nostr-relay", relay_url,
-                         command="client")
+    host = NodeProcess(
+        tmp_path / "host", "--no-model", "--publish", "--mesh-discovery-mode", "nostr", "--nostr-relay", relay_url
+    )
+    client = NodeProcess(
+        tmp_path / "client", "--auto", "--mesh-discovery-mode", "nostr", "--nostr-relay", relay_url, command="client"
+    )
     try:
         host.start()
-        h = host.wait_status(lambda s: (s["discovery"]["nostr"] or {}).get("relays", [{}])[0].get("ok_accepted", 0) >= 1,
-                             timeout=20, what="listing accepted by the relay")
+        h = host.wait_status(
+            lambda s: (s["discovery"]["nostr"] or {}).get("relays", [{}])[0].get("ok_accepted", 0) >= 1,
+            timeout=20,
+            what="listing accepted by the relay",
+        )
         client.start()
-        st = client.wait_status(lambda s: h["node_id"] in {p["id"] for p in s["peers"] if p["state"] == "alive"},
-                                timeout=20, what="client linked to the host")
+        st = client.wait_status(
+            lambda s: h["node_id"] in {p["id"] for p in s["peers"] if p["state"] == "alive"},
+            timeout=20,
+            what="client linked to the host",
+        )
         assert st["role"] == "client" and st["mesh"]["mesh_id"] == h["mesh"]["mesh_id"]
         assert st["discovery"]["auto_result"]["outcome"] == "joined"
     finally:

@@ -26,8 +26,17 @@ GIB = 1 << 30
 
 
 def _node(tmp_path, text: str = "", **kw) -> Node:
-    return Node(NodeConfig(home=tmp_path, no_model=True, api_port=0, console_port=0, rpc_worker=False,
-                           file=parse_config_text(text), **kw))
+    return Node(
+        NodeConfig(
+            home=tmp_path,
+            no_model=True,
+            api_port=0,
+            console_port=0,
+            rpc_worker=False,
+            file=parse_config_text(text),
+            **kw,
+        )
+    )
 
 
 def _argv(settings: RunnerSettings, home) -> list[str]:
@@ -46,6 +55,7 @@ def _flag(argv: list[str], name: str) -> str:
 
 # ---- parsing and validation -------------------------------------------------------------
 
+
 def test_defaults_are_llama_cpps():
     cfg = parse_config_text("")
     mf, hw = cfg.defaults.model_fit, cfg.defaults.hardware
@@ -54,49 +64,61 @@ def test_defaults_are_llama_cpps():
     assert cfg.reserved_keys == ()
 
 
-@pytest.mark.parametrize("text,attr,expected", [
-    ("[defaults.model_fit]\nflash_attention = true", ("model_fit", "flash_attention"), "on"),
-    ("[defaults.model_fit]\nflash_attention = false", ("model_fit", "flash_attention"), "off"),
-    ("[defaults.model_fit]\nflash_attention = 'auto'", ("model_fit", "flash_attention"), "auto"),
-    ("[defaults.model_fit]\nubatch = 64", ("model_fit", "ubatch"), 64),
-    ("[defaults.model_fit]\nkv_dtype = 'q8_0'", ("model_fit", "cache_type_k"), "q8_0"),
-    ("[defaults.model_fit]\nkv_dtype = 'q8_0'", ("model_fit", "cache_type_v"), "q8_0"),
-    ("[defaults.model_fit]\nkv_dtype = 'q8_0'\ntype_k = 'f32'", ("model_fit", "cache_type_k"), "f32"),
-    ("[defaults.model_fit]\ntype_v = 'q4_0'", ("model_fit", "cache_type_v"), "q4_0"),
-    ("[defaults.hardware]\nmmap = false", ("hardware", "mmap"), "off"),
-    ("[defaults.hardware]\nmmap = true", ("hardware", "mmap"), "on"),
-    ("[defaults.hardware]\ngpu_layers = 12", ("hardware", "n_gpu_layers"), 12),
-    ("[defaults.hardware]\ngpu_layers = -1", ("hardware", "n_gpu_layers"), -1),
-    ("[defaults.hardware]\ngpu_layers = 'auto'", ("hardware", "n_gpu_layers"), None),
-    ("[defaults.hardware]\nmlock = true", ("hardware", "mlock"), True),
-    ("[defaults.hardware]\nsafety_margin_gb = 2.5", ("hardware", "safety_margin_gb"), 2.5),
-    ("[defaults.throughput]\nthreads = 3", ("throughput", "threads"), 3),
-    ("[defaults.throughput]\nthreads_batch = 5", ("throughput", "threads_batch"), 5),
-])
+@pytest.mark.parametrize(
+    "text,attr,expected",
+    [
+        ("[defaults.model_fit]\nflash_attention = true", ("model_fit", "flash_attention"), "on"),
+        ("[defaults.model_fit]\nflash_attention = false", ("model_fit", "flash_attention"), "off"),
+        ("[defaults.model_fit]\nflash_attention = 'auto'", ("model_fit", "flash_attention"), "auto"),
+        ("[defaults.model_fit]\nubatch = 64", ("model_fit", "ubatch"), 64),
+        ("[defaults.model_fit]\nkv_dtype = 'q8_0'", ("model_fit", "cache_type_k"), "q8_0"),
+        ("[defaults.model_fit]\nkv_dtype = 'q8_0'", ("model_fit", "cache_type_v"), "q8_0"),
+        ("[defaults.model_fit]\nkv_dtype = 'q8_0'\ntype_k = 'f32'", ("model_fit", "cache_type_k"), "f32"),
+        ("[defaults.model_fit]\ntype_v = 'q4_0'", ("model_fit", "cache_type_v"), "q4_0"),
+        ("[defaults.hardware]\nmmap = false", ("hardware", "mmap"), "off"),
+        ("[defaults.hardware]\nmmap = true", ("hardware", "mmap"), "on"),
+        ("[defaults.hardware]\ngpu_layers = 12", ("hardware", "n_gpu_layers"), 12),
+        ("[defaults.hardware]\ngpu_layers = -1", ("hardware", "n_gpu_layers"), -1),
+        ("[defaults.hardware]\ngpu_layers = 'auto'", ("hardware", "n_gpu_layers"), None),
+        ("[defaults.hardware]\nmlock = true", ("hardware", "mlock"), True),
+        ("[defaults.hardware]\nsafety_margin_gb = 2.5", ("hardware", "safety_margin_gb"), 2.5),
+        ("[defaults.throughput]\nthreads = 3", ("throughput", "threads"), 3),
+        ("[defaults.throughput]\nthreads_batch = 5", ("throughput", "threads_batch"), 5),
+    ],
+)
 def test_each_knob_parses(text, attr, expected):
     section, name = attr
     assert getattr(getattr(parse_config_text(text).defaults, section), name) == expected
 
 
-@pytest.mark.parametrize("text,key,words", [
-    ("[defaults.model_fit]\nubatch = 0", "[defaults.model_fit].ubatch", "> 0"),
-    ("[defaults.model_fit]\nflash_attention = 'maybe'", "[defaults.model_fit].flash_attention", "auto, on, off"),
-    ("[defaults.model_fit]\nflash_attention = 1", "[defaults.model_fit].flash_attention", "true, false"),
-    ("[defaults.model_fit]\nkv_dtype = 'q3_k'", "[defaults.model_fit].kv_dtype", "q8_0"),
-    ("[defaults.model_fit]\ntype_k = 'q7'", "[defaults.model_fit].type_k", "q8_0"),
-    ("[defaults.model_fit]\ntype_v = 'f8'", "[defaults.model_fit].type_v", "q8_0"),
-    ("[defaults.model_fit]\ntype_v = 'q8_0'\nflash_attention = false", "[defaults.model_fit].type_v",
-     "needs flash attention"),
-    ("[defaults.model_fit]\nkv_dtype = 'q4_0'\nflash_attention = 'off'", "[defaults.model_fit].kv_dtype",
-     "needs flash attention"),
-    ("[defaults.hardware]\nmmap = 'sometimes'", "[defaults.hardware].mmap", "auto, on, off"),
-    ("[defaults.hardware]\ngpu_layers = -2", "[defaults.hardware].gpu_layers", "-1"),
-    ("[defaults.hardware]\ngpu_layers = 'all'", "[defaults.hardware].gpu_layers", "auto"),
-    ("[defaults.hardware]\nsafety_margin_gb = -1", "[defaults.hardware].safety_margin_gb", ">= 0"),
-    ("[defaults.throughput]\nthreads = -1", "[defaults.throughput].threads", ">= 0"),
-    ("[defaults.throughput]\nthreads_batch = 1.5", "[defaults.throughput].threads_batch", "integer"),
-    ("[defaults.model_fit]\nflashattention = true", "[defaults.model_fit].flashattention", "unknown key"),
-])
+@pytest.mark.parametrize(
+    "text,key,words",
+    [
+        ("[defaults.model_fit]\nubatch = 0", "[defaults.model_fit].ubatch", "> 0"),
+        ("[defaults.model_fit]\nflash_attention = 'maybe'", "[defaults.model_fit].flash_attention", "auto, on, off"),
+        ("[defaults.model_fit]\nflash_attention = 1", "[defaults.model_fit].flash_attention", "true, false"),
+        ("[defaults.model_fit]\nkv_dtype = 'q3_k'", "[defaults.model_fit].kv_dtype", "q8_0"),
+        ("[defaults.model_fit]\ntype_k = 'q7'", "[defaults.model_fit].type_k", "q8_0"),
+        ("[defaults.model_fit]\ntype_v = 'f8'", "[defaults.model_fit].type_v", "q8_0"),
+        (
+            "[defaults.model_fit]\ntype_v = 'q8_0'\nflash_attention = false",
+            "[defaults.model_fit].type_v",
+            "needs flash attention",
+        ),
+        (
+            "[defaults.model_fit]\nkv_dtype = 'q4_0'\nflash_attention = 'off'",
+            "[defaults.model_fit].kv_dtype",
+            "needs flash attention",
+        ),
+        ("[defaults.hardware]\nmmap = 'sometimes'", "[defaults.hardware].mmap", "auto, on, off"),
+        ("[defaults.hardware]\ngpu_layers = -2", "[defaults.hardware].gpu_layers", "-1"),
+        ("[defaults.hardware]\ngpu_layers = 'all'", "[defaults.hardware].gpu_layers", "auto"),
+        ("[defaults.hardware]\nsafety_margin_gb = -1", "[defaults.hardware].safety_margin_gb", ">= 0"),
+        ("[defaults.throughput]\nthreads = -1", "[defaults.throughput].threads", ">= 0"),
+        ("[defaults.throughput]\nthreads_batch = 1.5", "[defaults.throughput].threads_batch", "integer"),
+        ("[defaults.model_fit]\nflashattention = true", "[defaults.model_fit].flashattention", "unknown key"),
+    ],
+)
 def test_bad_values_are_refused_naming_the_key(text, key, words):
     with pytest.raises(ConfigError) as err:
         parse_config_text(text)
@@ -110,6 +132,7 @@ def test_quantized_k_needs_no_flash_attention_and_quantized_v_takes_auto():
 
 
 # ---- reserved keys --------------------------------------------------------------------------
+
 
 def test_reserved_keys_set_in_the_file_are_listed():
     cfg = parse_config_text("""
@@ -127,13 +150,29 @@ prefill_chunk_size = 256
 [placement]
 s3_bucket = "models"
 """)  # [placement] acts (docs/placement.md): not reserved
-    assert cfg.reserved_keys == ("defaults.hardware.device", "defaults.model_fit.kv_cache_policy",
-                                 "defaults.model_fit.prefix_cache.payload_mode", "defaults.skippy.prefill_chunk_size")
+    assert cfg.reserved_keys == (
+        "defaults.hardware.device",
+        "defaults.model_fit.kv_cache_policy",
+        "defaults.model_fit.prefix_cache.payload_mode",
+        "defaults.skippy.prefill_chunk_size",
+    )
 
 
 def test_implemented_keys_are_not_reserved():
-    implemented = ("ubatch", "flash_attention", "kv_dtype", "type_k", "type_v", "mmap", "mlock", "gpu_layers",
-                   "threads", "threads_batch", "safety_margin_gb", "model_runtime")
+    implemented = (
+        "ubatch",
+        "flash_attention",
+        "kv_dtype",
+        "type_k",
+        "type_v",
+        "mmap",
+        "mlock",
+        "gpu_layers",
+        "threads",
+        "threads_batch",
+        "safety_margin_gb",
+        "model_runtime",
+    )
     assert not [k for k in RESERVED_KEYS if k.rsplit(".", 1)[-1] in implemented]
 
 
@@ -155,10 +194,12 @@ async def test_status_shows_no_reserved_keys_without_any(tmp_path):
 
 # ---- the memory budget: safety_margin_gb -----------------------------------------------------
 
+
 def test_safety_margin_comes_off_the_available_memory_before_the_cap():
     assert HostMemory.budget(32 * GIB, 10 * GIB, safety_margin_bytes=GIB).usable_bytes == 9 * GIB
-    assert HostMemory.budget(32 * GIB, 10 * GIB, safety_margin_bytes=GIB,
-                             max_memory_bytes=4 * GIB).usable_bytes == 4 * GIB
+    assert (
+        HostMemory.budget(32 * GIB, 10 * GIB, safety_margin_bytes=GIB, max_memory_bytes=4 * GIB).usable_bytes == 4 * GIB
+    )
     assert HostMemory.budget(32 * GIB, 10 * GIB, safety_margin_bytes=20 * GIB).usable_bytes == 0
     assert HostMemory.budget(0, 0, safety_margin_bytes=GIB, max_memory_bytes=GIB).usable_bytes == GIB
     with pytest.raises(ValueError):
@@ -194,10 +235,30 @@ threads_batch = 5
 def test_every_knob_reaches_the_runner_argv(tmp_path):
     settings = _node(tmp_path, KNOBS).runner_settings()
     argv = _argv(settings, tmp_path)
-    assert {f: _flag(argv, f) for f in ("--n-batch", "--n-ubatch", "--flash-attn", "--type-k", "--type-v", "--mmap",
-                                        "--n-gpu-layers", "--threads", "--threads-batch")} == {
-        "--n-batch": "256", "--n-ubatch": "64", "--flash-attn": "on", "--type-k": "q8_0", "--type-v": "q4_0",
-        "--mmap": "off", "--n-gpu-layers": "7", "--threads": "3", "--threads-batch": "5"}
+    assert {
+        f: _flag(argv, f)
+        for f in (
+            "--n-batch",
+            "--n-ubatch",
+            "--flash-attn",
+            "--type-k",
+            "--type-v",
+            "--mmap",
+            "--n-gpu-layers",
+            "--threads",
+            "--threads-batch",
+        )
+    } == {
+        "--n-batch": "256",
+        "--n-ubatch": "64",
+        "--flash-attn": "on",
+        "--type-k": "q8_0",
+        "--type-v": "q4_0",
+        "--mmap": "off",
+        "--n-gpu-layers": "7",
+        "--threads": "3",
+        "--threads-batch": "5",
+    }
     assert "--mlock" in argv
 
 
@@ -208,13 +269,41 @@ def test_defaults_reach_the_runner_argv_as_auto(tmp_path):
 
 
 def test_llama_kwargs_map_every_knob_to_llama_cpp():
-    kw = llama_params.llama_kwargs(llama_cpp, n_ubatch=64, flash_attention="on", type_k="q8_0", type_v="q4_0",
-                                   mmap="off", mlock=True, threads=3, threads_batch=0, n_gpu_layers=7, gpu_devices=0)
-    assert kw == {"n_ubatch": 64, "flash_attn": True, "type_k": llama_cpp.GGML_TYPE_Q8_0,
-                  "type_v": llama_cpp.GGML_TYPE_Q4_0, "use_mmap": False, "use_mlock": True, "n_threads": 3,
-                  "n_threads_batch": None, "n_gpu_layers": 7}
-    auto = {"n_ubatch": 512, "flash_attention": "auto", "type_k": "f16", "type_v": "f16", "mmap": "auto",
-            "mlock": False, "threads": 0, "threads_batch": 0, "n_gpu_layers": None}
+    kw = llama_params.llama_kwargs(
+        llama_cpp,
+        n_ubatch=64,
+        flash_attention="on",
+        type_k="q8_0",
+        type_v="q4_0",
+        mmap="off",
+        mlock=True,
+        threads=3,
+        threads_batch=0,
+        n_gpu_layers=7,
+        gpu_devices=0,
+    )
+    assert kw == {
+        "n_ubatch": 64,
+        "flash_attn": True,
+        "type_k": llama_cpp.GGML_TYPE_Q8_0,
+        "type_v": llama_cpp.GGML_TYPE_Q4_0,
+        "use_mmap": False,
+        "use_mlock": True,
+        "n_threads": 3,
+        "n_threads_batch": None,
+        "n_gpu_layers": 7,
+    }
+    auto = {
+        "n_ubatch": 512,
+        "flash_attention": "auto",
+        "type_k": "f16",
+        "type_v": "f16",
+        "mmap": "auto",
+        "mlock": False,
+        "threads": 0,
+        "threads_batch": 0,
+        "n_gpu_layers": None,
+    }
     assert llama_params.llama_kwargs(llama_cpp, **auto, gpu_devices=0)["n_gpu_layers"] == 0
     assert llama_params.llama_kwargs(llama_cpp, **auto, gpu_devices=1)["n_gpu_layers"] == -1
     assert llama_params.llama_kwargs(llama_cpp, **auto, gpu_devices=0)["flash_attn"] is True
@@ -259,13 +348,16 @@ async def test_a_runner_loads_with_the_knobs_and_generates(tmp_path, model_path,
     from hydra_node.runtime.runner.supervisor import RunnerSupervisor
 
     model_fit, expected = LIVE_CASES[case]
-    text = (f"[defaults.model_fit]\nctx_size = 512\n{model_fit}\n"
-            "[defaults.hardware]\nwarmup = false\ngpu_layers = 3\nmmap = false\n"
-            "[defaults.throughput]\nthreads = 1\nthreads_batch = 2\n")
+    text = (
+        f"[defaults.model_fit]\nctx_size = 512\n{model_fit}\n"
+        "[defaults.hardware]\nwarmup = false\ngpu_layers = 3\nmmap = false\n"
+        "[defaults.throughput]\nthreads = 1\nthreads_batch = 2\n"
+    )
     settings = _node(tmp_path / "node", text).runner_settings()
     sup = RunnerSupervisor(resolve_model(None), tmp_path, settings, node_id="n")
-    req = GenerationRequest.from_wire({"model": sup.model.id, "kind": "completion", "prompt": "Once upon a time",
-                                       "max_tokens": 8, "temperature": 0.0})
+    req = GenerationRequest.from_wire(
+        {"model": sup.model.id, "kind": "completion", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0.0}
+    )
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
             await nursery.start(sup.run)
@@ -292,5 +384,6 @@ def test_prefix_cache_keys_reach_the_runner_and_its_engine(tmp_path):
     assert "--no-prefix-sharing" in argv
     assert "--no-prefix-sharing" not in _argv(_node(tmp_path / "d").runner_settings(), tmp_path)
     with pytest.raises(ConfigError, match=r"prefix_cache\]\.min_tokens"):
-        NodeConfig(home=tmp_path, no_model=True,
-                   file=parse_config_text("[defaults.model_fit.prefix_cache]\nmin_tokens = 0\n")).validate()
+        NodeConfig(
+            home=tmp_path, no_model=True, file=parse_config_text("[defaults.model_fit.prefix_cache]\nmin_tokens = 0\n")
+        ).validate()

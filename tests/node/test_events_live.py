@@ -38,8 +38,12 @@ def mesh(tmp_path_factory):
 
 
 def chat(port: int) -> dict:
-    code, body = request("POST", port, "/v1/chat/completions", {
-        "model": MODEL, "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8, "temperature": 0})
+    code, body = request(
+        "POST",
+        port,
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8, "temperature": 0},
+    )
     assert code == 200, body
     return json.loads(body)
 
@@ -96,8 +100,7 @@ def test_peers_see_each_other_join_and_a_killed_peer_die(mesh):
     joined = [e["data"] for e in seen if e["event"] == "peer.joined"]
     assert joined and joined[0]["node_id"] == ids["a"] and joined[0]["name"] == "a" and joined[0]["addrs"]
     assert seen[-1]["data"] == {**seen[-1]["data"], "model": MODEL, "node_id": ids["a"]}
-    with SseStream(a.console_port, "/api/events?last_event_id=0&types=peer.",
-                   timeout=DETECTION_BOUND_S + 5) as stream:
+    with SseStream(a.console_port, "/api/events?last_event_id=0&types=peer.", timeout=DETECTION_BOUND_S + 5) as stream:
         first = stream.events_until(lambda e: e["event"] == "peer.joined", "B joined")[-1]
         assert first["data"]["node_id"] == ids["b"]
         b.kill_all()  # kill -9: no Leave

@@ -130,8 +130,12 @@ def test_a_reader_that_falls_behind_gets_one_dropped_event_and_continues():
     evs = [log.emit("request.finished", {"n": i}) for i in range(10)]
     got = sub.take()
     assert got[:4] == evs[:4]
-    assert got[4].type == DROPPED and json.loads(got[4].data) == {"dropped": 6, "id": evs[-1].id, "ts": got[4].ts,
-                                                                    "type": DROPPED}
+    assert got[4].type == DROPPED and json.loads(got[4].data) == {
+        "dropped": 6,
+        "id": evs[-1].id,
+        "ts": got[4].ts,
+        "type": DROPPED,
+    }
     assert not sub.closed
     later = log.emit("peer.joined", {})
     assert sub.take() == [later]
@@ -171,9 +175,15 @@ def test_subscribers_are_bounded_and_closing_frees_a_place():
     assert a.take() == []  # closed: no longer fed
 
 
-@pytest.mark.parametrize("text,expected", [
-    (None, ()), ("", ()), ("peer.,model.", ("peer.", "model.")), (" peer. , ,runner", ("peer.", "runner")),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        (None, ()),
+        ("", ()),
+        ("peer.,model.", ("peer.", "model.")),
+        (" peer. , ,runner", ("peer.", "runner")),
+    ],
+)
 def test_parse_prefixes(text, expected):
     assert parse_prefixes(text) == expected
 

@@ -34,24 +34,36 @@ PEER = "c" * 64
 
 
 def ann(*models: str, seq: int = 1) -> Announcement:
-    return Announcement(node_id=PEER, incarnation=1, seq=seq, addresses=("ws://127.0.0.1:9",),
-                        models=tuple(ModelEntry(m, "ready") for m in models), extra={"name": "bee"})
+    return Announcement(
+        node_id=PEER,
+        incarnation=1,
+        seq=seq,
+        addresses=("ws://127.0.0.1:9",),
+        models=tuple(ModelEntry(m, "ready") for m in models),
+        extra={"name": "bee"},
+    )
 
 
 # ---- membership ---------------------------------------------------------------------------------
 
+
 def test_membership_events_become_peer_events_with_models_announced_and_withdrawn():
     feed = MembershipFeed()
     joined = feed.translate(PeerJoined(PEER, 1, ann("a", "b")))
-    assert joined == [("peer.joined", {"node_id": PEER, "name": "bee", "addrs": ["ws://127.0.0.1:9"]}),
-                      ("model.announced", {"model": "a", "node_id": PEER}),
-                      ("model.announced", {"model": "b", "node_id": PEER})]
+    assert joined == [
+        ("peer.joined", {"node_id": PEER, "name": "bee", "addrs": ["ws://127.0.0.1:9"]}),
+        ("model.announced", {"model": "a", "node_id": PEER}),
+        ("model.announced", {"model": "b", "node_id": PEER}),
+    ]
     assert feed.translate(PeerUpdated(PEER, 1, ann("b", "c", seq=2))) == [
-        ("model.announced", {"model": "c", "node_id": PEER}), ("model.withdrawn", {"model": "a", "node_id": PEER})]
+        ("model.announced", {"model": "c", "node_id": PEER}),
+        ("model.withdrawn", {"model": "a", "node_id": PEER}),
+    ]
     assert feed.translate(PeerUpdated(PEER, 1, ann("b", "c", seq=3))) == []  # nothing changed
     assert feed.translate(PeerSuspected(PEER, 1))[0][0] == "peer.suspect"
     assert feed.translate(PeerRecovered(PEER, 2)) == [
-        ("peer.alive", {"node_id": PEER, "name": "bee", "addrs": ["ws://127.0.0.1:9"]})]
+        ("peer.alive", {"node_id": PEER, "name": "bee", "addrs": ["ws://127.0.0.1:9"]})
+    ]
     dead = feed.translate(PeerDied(PEER, 2))
     assert [k for k, _ in dead] == ["peer.dead", "model.withdrawn", "model.withdrawn"]
     assert dead[0][1]["name"] == "bee"
@@ -60,18 +72,22 @@ def test_membership_events_become_peer_events_with_models_announced_and_withdraw
 
 # ---- hosted models ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("old,new,expected", [
-    (S.LOADING, S.READY, "model.loaded"),
-    (S.LOADING, S.FAILED, "model.failed"),
-    (S.STOPPED, S.FAILED, "model.failed"),
-    (S.RESTARTING, S.LOADING, "runner.restarted"),
-    (S.FAILED, S.LOADING, "runner.restarted"),
-    (S.RESTARTING, S.PLACING, "runner.restarted"),
-    (S.STARTING, S.LOADING, None),
-    (S.READY, S.RESTARTING, None),
-    (S.PLACING, S.LOADING, None),
-    (S.READY, S.STOPPED, None),
-])
+
+@pytest.mark.parametrize(
+    "old,new,expected",
+    [
+        (S.LOADING, S.READY, "model.loaded"),
+        (S.LOADING, S.FAILED, "model.failed"),
+        (S.STOPPED, S.FAILED, "model.failed"),
+        (S.RESTARTING, S.LOADING, "runner.restarted"),
+        (S.FAILED, S.LOADING, "runner.restarted"),
+        (S.RESTARTING, S.PLACING, "runner.restarted"),
+        (S.STARTING, S.LOADING, None),
+        (S.READY, S.RESTARTING, None),
+        (S.PLACING, S.LOADING, None),
+        (S.READY, S.STOPPED, None),
+    ],
+)
 def test_runner_state_changes(old, new, expected):
     got = runner_state_events("m", "n", old, new, restarts=3, last_error="exit code -9")
     assert [k for k, _ in got] == ([expected] if expected else [])
@@ -99,12 +115,15 @@ def test_runner_events_emit_through_the_callable_and_say_when_a_model_leaves():
     events = RunnerEvents("node-1", log.emit)
     events.on_state(Runner(Ref("m"), S.READY), S.LOADING)
     events.unloaded("m")
-    assert [(e.type, json.loads(e.data)["model"]) for e in log.recent()] == [("model.loaded", "m"),
-                                                                             ("model.unloaded", "m")]
+    assert [(e.type, json.loads(e.data)["model"]) for e in log.recent()] == [
+        ("model.loaded", "m"),
+        ("model.unloaded", "m"),
+    ]
     RunnerEvents("node-1", None).on_state(Runner(Ref("m"), S.READY), S.LOADING)  # no emitter: nothing, no error
 
 
 # ---- the router ---------------------------------------------------------------------------------
+
 
 @dataclass
 class Host:

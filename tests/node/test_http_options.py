@@ -20,20 +20,31 @@ def test_api_section_parses_and_validates():
     api = parse_config_text('[api]\ncors_origins = ["https://app.example", "*"]\nallow_hosts = ["proxy.lan:8080"]').api
     assert api.cors_origins == ("https://app.example", "*") and api.allow_hosts == ("proxy.lan:8080",)
     assert parse_config_text("").api.cors_origins == ()  # none by default
-    for text, key in (('[api]\ncors_origins = ["https://app.example/path"]', "[api].cors_origins"),
-                      ('[api]\ncors_origins = ["HTTPS://APP.example"]', "[api].cors_origins"),
-                      ('[api]\ncors_origins = "https://app.example"', "[api].cors_origins"),
-                      ('[api]\nallow_hosts = ["bad host"]', "[api].allow_hosts"),
-                      ('[api]\nallow_hosts = [3]', "[api].allow_hosts"),
-                      ('[api]\nwhatever = 1', "[api].whatever")):
+    for text, key in (
+        ('[api]\ncors_origins = ["https://app.example/path"]', "[api].cors_origins"),
+        ('[api]\ncors_origins = ["HTTPS://APP.example"]', "[api].cors_origins"),
+        ('[api]\ncors_origins = "https://app.example"', "[api].cors_origins"),
+        ('[api]\nallow_hosts = ["bad host"]', "[api].allow_hosts"),
+        ('[api]\nallow_hosts = [3]', "[api].allow_hosts"),
+        ('[api]\nwhatever = 1', "[api].whatever"),
+    ):
         with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
             parse_config_text(text)
 
 
 def test_flags_add_to_the_file_and_are_normalized(tmp_path):
     (tmp_path / "c.toml").write_text('[api]\ncors_origins = ["https://a.example"]\nallow_hosts = ["p.lan"]\n')
-    cfg = _cfg(tmp_path, "--config", str(tmp_path / "c.toml"), "--cors-origin", "HTTPS://B.example/",
-               "--cors-origin", "*", "--allow-host", "q.lan:8443")
+    cfg = _cfg(
+        tmp_path,
+        "--config",
+        str(tmp_path / "c.toml"),
+        "--cors-origin",
+        "HTTPS://B.example/",
+        "--cors-origin",
+        "*",
+        "--allow-host",
+        "q.lan:8443",
+    )
     assert cfg.file.api.cors_origins == ("https://a.example", "https://b.example", "*")
     assert cfg.file.api.allow_hosts == ("p.lan", "q.lan:8443")
     with pytest.raises(ConfigError, match="--cors-origin"):
@@ -85,8 +96,14 @@ def test_auto_refuses_a_token_from_any_source(tmp_path, monkeypatch):
 async def test_the_root_guards_both_listeners(tmp_path):
     import trio
 
-    cfg = NodeConfig(home=tmp_path, no_model=True, api_port=0, console_port=0, rpc_worker=False,
-                     file=parse_config_text('[api]\ncors_origins = ["https://app.example"]\nallow_hosts = ["p.lan"]'))
+    cfg = NodeConfig(
+        home=tmp_path,
+        no_model=True,
+        api_port=0,
+        console_port=0,
+        rpc_worker=False,
+        file=parse_config_text('[api]\ncors_origins = ["https://app.example"]\nallow_hosts = ["p.lan"]'),
+    )
     node = Node(cfg)
     async with trio.open_nursery() as nursery:
         with trio.fail_after(30):

@@ -10,16 +10,18 @@ import pytest
 
 
 def _loaded(module: str, names: tuple[str, ...]) -> list[str]:
-    code = (f"import sys, {module}\n"
-            f"print(' '.join(n for n in {names!r} if n in sys.modules))")
+    code = f"import sys, {module}\nprint(' '.join(n for n in {names!r} if n in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     return out.stdout.split()
 
 
-@pytest.mark.parametrize("module, heavy", [
-    # the node never evaluates a model; nostr-sdk (about 19 MB) loads only when Nostr is used
-    ("hydra_node.node", ("numpy", "llama_cpp", "jinja2", "nostr_sdk")),
-    ("hydra_node.runtime.rpc.worker", ("trio", "numpy", "llama_cpp")),  # a ggml RPC server and a pipe
-])
+@pytest.mark.parametrize(
+    "module, heavy",
+    [
+        # the node never evaluates a model; nostr-sdk (about 19 MB) loads only when Nostr is used
+        ("hydra_node.node", ("numpy", "llama_cpp", "jinja2", "nostr_sdk")),
+        ("hydra_node.runtime.rpc.worker", ("trio", "numpy", "llama_cpp")),  # a ggml RPC server and a pipe
+    ],
+)
 def test_a_process_does_not_import_what_it_never_uses(module, heavy):
     assert _loaded(module, heavy) == []

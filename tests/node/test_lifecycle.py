@@ -26,8 +26,10 @@ def open_stream(port: int, body: dict) -> tuple[socket.socket, bytes]:
     """Start a streaming request on a raw socket; return it once the first SSE event arrived."""
     payload = json.dumps(body).encode()
     s = socket.create_connection(("127.0.0.1", port), timeout=60)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-              b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+    s.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
+    )
     data = b""
     while b"data: " not in data:
         chunk = s.recv(65536)
@@ -60,11 +62,13 @@ def test_runner_kill_9_mid_stream_gives_clean_error_and_restarts(node):
     s.close()
     assert '"error"' in data and "runner" in data  # a final SSE error event, not a hang or a reset
     assert data.rstrip().endswith("0")  # the chunked body was terminated properly
-    st = node.wait_status(lambda st: st["models"][0]["state"] == "ready" and st["models"][0]["pid"] != pid,
-                          what="runner restarted")
+    st = node.wait_status(
+        lambda st: st["models"][0]["state"] == "ready" and st["models"][0]["pid"] != pid, what="runner restarted"
+    )
     assert st["runner_restarts"] >= 1
-    code, body = request("POST", node.api_port, "/v1/completions",
-                         {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0})
+    code, body = request(
+        "POST", node.api_port, "/v1/completions", {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+    )
     assert code == 200, body
     assert node.proc.poll() is None
 
@@ -72,19 +76,24 @@ def test_runner_kill_9_mid_stream_gives_clean_error_and_restarts(node):
 def test_client_disconnect_cancels_generation_promptly(node):
     s, _ = open_stream(node.api_port, LONG)
     s.close()
-    st = node.wait_status(lambda st: st["inflight_requests"] == 0 and st["queue_depth"] == 0, timeout=5,
-                          what="generation cancelled after disconnect")
+    st = node.wait_status(
+        lambda st: st["inflight_requests"] == 0 and st["queue_depth"] == 0,
+        timeout=5,
+        what="generation cancelled after disconnect",
+    )
     assert st["models"][0]["requests"]["cancelled"] == 1  # the runner acknowledged the cancellation
     t = time.monotonic()
-    code, _ = request("POST", node.api_port, "/v1/completions",
-                      {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0})
+    code, _ = request(
+        "POST", node.api_port, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0}
+    )
     assert code == 200 and time.monotonic() - t < 30
 
 
 def test_sigterm_ends_streams_with_error_and_leaves_nothing_behind(node):
     runner = node.runner_pid()
-    worker = node.wait_status(lambda st: st["rpc_worker"]["state"] == "ready", timeout=30,
-                              what="RPC worker ready")["rpc_worker"]["pid"]
+    worker = node.wait_status(lambda st: st["rpc_worker"]["state"] == "ready", timeout=30, what="RPC worker ready")[
+        "rpc_worker"
+    ]["pid"]
     s, data = open_stream(node.api_port, LONG)
     assert sorted(pids_with_parent(node.proc.pid)) == sorted([runner, worker])
     node.proc.send_signal(signal.SIGTERM)
@@ -116,8 +125,12 @@ def test_two_nodes_with_different_homes_do_not_interfere(tmp_path):
         assert b.status()["node_state"] == "serving"
         assert (b.home / "run" / "node.pid").exists() and not (a.home / "run" / "node.pid").exists()
         # a second node on a home that is in use is refused
-        dup = subprocess.run([sys.executable, "-m", "hydra_node.cli", "serve", "--home", str(b.home), "--port", "0",
-                              "--console", "0"], capture_output=True, text=True, timeout=60)
+        dup = subprocess.run(
+            [sys.executable, "-m", "hydra_node.cli", "serve", "--home", str(b.home), "--port", "0", "--console", "0"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert dup.returncode == 1 and "already running" in dup.stderr
     finally:
         a.kill_all()
@@ -134,8 +147,10 @@ def test_queue_overflow_is_429_with_retry_after(tmp_path):
         results = []
 
         def queued():
-            results.append(request("POST", n.api_port, "/v1/completions",
-                                   {"model": MODEL, "prompt": "x", "max_tokens": 1}))
+            results.append(
+                request("POST", n.api_port, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1})
+            )
+
         t = threading.Thread(target=queued, daemon=True)
         t.start()
         n.wait_status(lambda st: st["queue_depth"] == 1, timeout=10, what="one request queued")
@@ -155,8 +170,13 @@ def test_queue_overflow_is_429_with_retry_after(tmp_path):
 
 
 def test_listen_all_requires_api_key(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "hydra_node.cli", "serve", "--home", str(tmp_path), "--listen-all"],
-                       capture_output=True, text=True, timeout=60, env={**os.environ, "HYDRA_API_KEY": ""})
+    r = subprocess.run(
+        [sys.executable, "-m", "hydra_node.cli", "serve", "--home", str(tmp_path), "--listen-all"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HYDRA_API_KEY": ""},
+    )
     assert r.returncode == 2 and "API key" in r.stderr
 
 
@@ -176,8 +196,10 @@ def test_api_key_is_enforced_and_headless_hides_console(tmp_path):
 
 def test_crash_loop_is_reported_as_failed(tmp_path):
     cfg = tmp_path / "hydra.toml"
-    cfg.write_text("[runner]\ncrash_loop_restarts = 2\ncrash_loop_window_s = 60.0\n"
-                   "restart_backoff_initial_s = 0.1\nfailed_retry_s = 4\n")
+    cfg.write_text(
+        "[runner]\ncrash_loop_restarts = 2\ncrash_loop_window_s = 60.0\n"
+        "restart_backoff_initial_s = 0.1\nfailed_retry_s = 4\n"
+    )
     n = NodeProcess(tmp_path / "home", "--config", str(cfg)).start()
     try:
         for _ in range(2):
@@ -202,16 +224,47 @@ def test_crash_loop_is_reported_as_failed(tmp_path):
 def test_unloadable_model_fails_start_with_clear_error(tmp_path):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + os.urandom(4096))
-    r = subprocess.run([sys.executable, "-m", "hydra_node.cli", "serve", "--home", str(tmp_path / "h"), "--port", "0",
-                        "--console", "0", "--model", str(bad)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hydra_node.cli",
+            "serve",
+            "--home",
+            str(tmp_path / "h"),
+            "--port",
+            "0",
+            "--console",
+            "0",
+            "--model",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1 and "failed to load" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "hydra_node.cli", "serve", "--home", str(tmp_path / "h"),
-                        "--model", str(tmp_path / "missing.gguf")], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hydra_node.cli",
+            "serve",
+            "--home",
+            str(tmp_path / "h"),
+            "--model",
+            str(tmp_path / "missing.gguf"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and "neither the bundled id" in r.stderr
 
 
 def test_stale_pid_files_and_orphans_are_cleaned_on_start(tmp_path):
     from hydra_node.pidfile import write_pidfile
+
     home = tmp_path / "home"
     orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     gone = subprocess.Popen([sys.executable, "-c", "pass"])

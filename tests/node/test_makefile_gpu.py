@@ -16,8 +16,12 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 def _dry_run(*args: str, home: Path) -> subprocess.CompletedProcess:
     # -B: print every step as if nothing were built yet (this checkout's .venv may be up to date)
-    return subprocess.run(["make", "-n", "-B", "-C", str(ROOT), "install", *args, f"HOME={home}"],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["make", "-n", "-B", "-C", str(ROOT), "install", *args, f"HOME={home}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize("gpu,flag", [("cuda", "-DGGML_CUDA=on"), ("vulkan", "-DGGML_VULKAN=on")])

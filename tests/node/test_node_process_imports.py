@@ -24,4 +24,3 @@ def test_importing_and_starting_checks_do_not_load_llama_cpp():
     out = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "none", out.stdout
-

@@ -33,8 +33,9 @@ def test_models_lists_bundled_model(client, node):
 
 
 def test_chat_completion(client):
-    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}],
-                                       max_tokens=12, temperature=0)
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=12, temperature=0
+    )
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content
     assert r.choices[0].finish_reason in ("stop", "length")
@@ -53,8 +54,9 @@ def test_completion_greedy_is_deterministic_and_respects_stop(client):
 
 
 def test_streaming_chat_matches_non_streaming(client):
-    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Name three colours."}], max_tokens=16,
-              temperature=0, seed=7)
+    kw = dict(
+        model=MODEL, messages=[{"role": "user", "content": "Name three colours."}], max_tokens=16, temperature=0, seed=7
+    )
     full = client.chat.completions.create(**kw).choices[0].message.content
     chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -65,8 +67,12 @@ def test_streaming_chat_matches_non_streaming(client):
 
 
 def test_streaming_completion_ends_with_done(node):
-    code, body = request("POST", node.api_port, "/v1/completions",
-                         {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 5, "temperature": 0, "stream": True})
+    code, body = request(
+        "POST",
+        node.api_port,
+        "/v1/completions",
+        {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 5, "temperature": 0, "stream": True},
+    )
     assert code == 200
     events = [e for e in body.split("\n\n") if e]
     assert events[-1] == "data: [DONE]"
@@ -82,6 +88,7 @@ def test_sampling_with_seed_is_reproducible(client):
 
 # ---- errors ----------------------------------------------------------------------------
 
+
 def _error(code_body):
     code, body = code_body
     err = json.loads(body)["error"]
@@ -94,24 +101,29 @@ def test_malformed_json_is_400(node):
     assert code == 400 and err["code"] == "invalid_json"
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"messages": [{"role": "user", "content": "x"}]}, "model"),
-    ({"model": MODEL}, "messages"),
-    ({"model": MODEL, "messages": []}, "messages"),
-    ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}, "max_tokens"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 1.0}, "n"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": True}, "n"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
-     "max_completion_tokens"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "audio": {"voice": "x"}}, "audio"),
-    ({"model": MODEL, "prompt": "x", "suffix": "y"}, "suffix"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+        ({"model": MODEL}, "messages"),
+        ({"model": MODEL, "messages": []}, "messages"),
+        ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}, "max_tokens"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 1.0}, "n"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": True}, "n"),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
+            "max_completion_tokens",
+        ),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "audio": {"voice": "x"}}, "audio"),
+        ({"model": MODEL, "prompt": "x", "suffix": "y"}, "suffix"),
+    ],
+)
 def test_bad_fields_are_400_naming_the_param(node, body, param):
     path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
     code, err = _error(request("POST", node.api_port, path, body))
@@ -124,8 +136,14 @@ def test_json_that_is_not_an_object_is_400(node):
 
 
 def test_unknown_model_is_404(node):
-    code, err = _error(request("POST", node.api_port, "/v1/chat/completions",
-                               {"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}))
+    code, err = _error(
+        request(
+            "POST",
+            node.api_port,
+            "/v1/chat/completions",
+            {"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]},
+        )
+    )
     assert code == 404 and err["code"] == "model_not_found" and MODEL in err["message"]
 
 
@@ -172,8 +190,17 @@ def test_garbage_request_line_gets_400_and_node_survives(node):
 
 def test_management_api(node):
     st = node.status()
-    for key in ("node_id", "version", "node_state", "models", "peers", "inflight_requests", "queue_depth",
-                "runner_restarts", "uptime_s"):
+    for key in (
+        "node_id",
+        "version",
+        "node_state",
+        "models",
+        "peers",
+        "inflight_requests",
+        "queue_depth",
+        "runner_restarts",
+        "uptime_s",
+    ):
         assert key in st
     assert st["node_state"] == "serving" and st["peers"] == []
     assert st["models"][0]["state"] == "ready"

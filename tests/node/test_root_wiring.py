@@ -15,15 +15,41 @@ from hydra_node.mesh.settings import MeshSettings
 from hydra_node.node import Node
 from hydra_node.runtime.hosting.service import RpcWorkerOff
 
-SECTIONS = {"speculation", "network_costs", "scheduler", "splits", "rpc_worker", "config", "invites", "events",
-            "model_share", "placement", "kv_cache"}
-ROUTES = {("POST", "/api/invite"), ("GET", "/api/invites"), ("POST", "/api/invite/revoke"), ("GET", "/metrics"), ("GET", "/api/runtime/models"),
-          ("POST", "/api/runtime/models"), ("DELETE", "/api/runtime/models/*"), ("GET", "/api/events"),
-          ("GET", "/api/history"), ("POST", "/api/models/fetch"),
-          ("POST", "/api/placement/prefetch"), ("POST", "/api/placement/fetch"), ("GET", "/api/placement/status"),
-          ("GET", "/api/placement/status/*"), ("POST", "/api/placement/retry"), ("GET", "/api/placement/cache"),
-          ("POST", "/api/placement/pin"), ("POST", "/api/placement/evict"),
-          ("POST", "/api/kv/export"), ("POST", "/api/kv/import")}
+SECTIONS = {
+    "speculation",
+    "network_costs",
+    "scheduler",
+    "splits",
+    "rpc_worker",
+    "config",
+    "invites",
+    "events",
+    "model_share",
+    "placement",
+    "kv_cache",
+}
+ROUTES = {
+    ("POST", "/api/invite"),
+    ("GET", "/api/invites"),
+    ("POST", "/api/invite/revoke"),
+    ("GET", "/metrics"),
+    ("GET", "/api/runtime/models"),
+    ("POST", "/api/runtime/models"),
+    ("DELETE", "/api/runtime/models/*"),
+    ("GET", "/api/events"),
+    ("GET", "/api/history"),
+    ("POST", "/api/models/fetch"),
+    ("POST", "/api/placement/prefetch"),
+    ("POST", "/api/placement/fetch"),
+    ("GET", "/api/placement/status"),
+    ("GET", "/api/placement/status/*"),
+    ("POST", "/api/placement/retry"),
+    ("GET", "/api/placement/cache"),
+    ("POST", "/api/placement/pin"),
+    ("POST", "/api/placement/evict"),
+    ("POST", "/api/kv/export"),
+    ("POST", "/api/kv/import"),
+}
 
 
 def _config(tmp_path, **kw) -> NodeConfig:
@@ -63,7 +89,8 @@ async def test_status_without_a_mesh_and_its_management_routes(tmp_path):
         listing = await node.management_routes[("GET", "/api/runtime/models")](_get("/api/runtime/models"))
         assert listing.status == 200 and json.loads(listing.body) == {"models": {}}
         gone = await node.management_routes[("DELETE", "/api/runtime/models/*")](
-            _get("/api/runtime/models/nope", method="DELETE"))
+            _get("/api/runtime/models/nope", method="DELETE")
+        )
         assert gone.status == 404 and json.loads(gone.body)["error"]["code"] == "model_not_found"
         node.request_stop()
 
@@ -84,8 +111,12 @@ class _Outer:
 
 def test_to_json_walks_dataclasses_keeps_field_order_and_omits_only_marked_nones():
     value = _Outer("x", (_Inner("p"), _Inner("q", "m")), plan={"devices": [_Inner("d")]})
-    assert to_json(value) == {"name": "x", "inner": [{"peer": "p"}, {"peer": "q", "maybe": "m"}],
-                              "plan": {"devices": [{"peer": "d"}]}, "kept_none": None}
+    assert to_json(value) == {
+        "name": "x",
+        "inner": [{"peer": "p"}, {"peer": "q", "maybe": "m"}],
+        "plan": {"devices": [{"peer": "d"}]},
+        "kept_none": None,
+    }
     assert list(to_json(value)) == [f.name for f in dataclasses.fields(_Outer)]
     assert "plan" not in to_json(_Outer("x", ()))
     assert to_json(RpcWorkerOff()) == {"enabled": False}
@@ -100,11 +131,13 @@ async def test_a_meshed_node_issues_invites_and_exports_mesh_statistics(tmp_path
         assert st["mesh"]["mesh_id"] and "token" not in st  # invites only through POST /api/invite
         assert "remote_generations_opened" in st["mesh"]["counters"]  # remote generation's, merged by the root
         invite = await node.management_routes[("POST", "/api/invite")](
-            _get("/api/invite", json.dumps({"ttl_s": 120}).encode(), "POST"))
+            _get("/api/invite", json.dumps({"ttl_s": 120}).encode(), "POST")
+        )
         body = json.loads(invite.body)
         assert invite.status == 200 and body["mesh_id"] == st["mesh"]["mesh_id"] and body["token"]
         bad = await node.management_routes[("POST", "/api/invite")](
-            _get("/api/invite", json.dumps({"ttl_s": 1}).encode(), "POST"))
+            _get("/api/invite", json.dumps({"ttl_s": 1}).encode(), "POST")
+        )
         assert bad.status == 400 and json.loads(bad.body)["error"]["param"] == "ttl_s"
         metrics = await node.management_routes[("GET", "/metrics")](_get("/metrics"))
         assert b"hydra_gossip_messages" in metrics.body and b"hydra_links 0.0" in metrics.body

@@ -18,6 +18,7 @@ from hydra_node.runtime.child.textstream import TextAssembler
 
 # ---- config ---------------------------------------------------------------------------
 
+
 def test_seed_readme_config_parses():
     cfg = parse_config_text("""
 [scheduler]
@@ -57,20 +58,23 @@ tuning_profile = "balanced"
     assert cfg.defaults.hardware.safety_margin_gb == 2.0 and cfg.defaults.throughput.threads == 8
 
 
-@pytest.mark.parametrize("text,key", [
-    ("[scheduler]\nmode = 'fast'\n", "[scheduler].mode"),
-    ("[scheduler]\nttft_budget = 3\n", "[scheduler].ttft_budget"),
-    ("[schedular]\n", "[schedular]"),
-    ("[defaults.model_fit]\nctx_size = 'big'\n", "[defaults.model_fit].ctx_size"),
-    ("[defaults.model_fit]\nctx_size = 12\n", "[defaults.model_fit].ctx_size"),
-    ("[defaults.throughput]\nparallel = 65\n", "[defaults.throughput].parallel"),
-    ("[defaults.throughput]\nparallel = 0\n", "[defaults.throughput].parallel"),
-    ("[defaults.throughput]\nparallel = 2\ncontinuous_batching = false\n", "[defaults.throughput].parallel"),
-    ("[defaults.hardware]\nmlock = 1\n", "[defaults.hardware].mlock"),
-    ("[defaults.model_fit.prefix_cache]\nnope = 1\n", "[defaults.model_fit.prefix_cache].nope"),
-    ("[runner]\nload_timeout_s = -1\n", "[runner].load_timeout_s"),
-    ("this is not toml", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text,key",
+    [
+        ("[scheduler]\nmode = 'fast'\n", "[scheduler].mode"),
+        ("[scheduler]\nttft_budget = 3\n", "[scheduler].ttft_budget"),
+        ("[schedular]\n", "[schedular]"),
+        ("[defaults.model_fit]\nctx_size = 'big'\n", "[defaults.model_fit].ctx_size"),
+        ("[defaults.model_fit]\nctx_size = 12\n", "[defaults.model_fit].ctx_size"),
+        ("[defaults.throughput]\nparallel = 65\n", "[defaults.throughput].parallel"),
+        ("[defaults.throughput]\nparallel = 0\n", "[defaults.throughput].parallel"),
+        ("[defaults.throughput]\nparallel = 2\ncontinuous_batching = false\n", "[defaults.throughput].parallel"),
+        ("[defaults.hardware]\nmlock = 1\n", "[defaults.hardware].mlock"),
+        ("[defaults.model_fit.prefix_cache]\nnope = 1\n", "[defaults.model_fit.prefix_cache].nope"),
+        ("[runner]\nload_timeout_s = -1\n", "[runner].load_timeout_s"),
+        ("this is not toml", "not valid TOML"),
+    ],
+)
 def test_bad_config_names_the_key(text, key):
     with pytest.raises(ConfigError) as e:
         parse_config_text(text)
@@ -84,6 +88,7 @@ def test_listen_all_without_key_is_refused(tmp_path):
 
 
 # ---- text assembly ----------------------------------------------------------------------
+
 
 def test_utf8_split_across_tokens_is_never_emitted_half():
     a = TextAssembler()
@@ -112,7 +117,7 @@ def test_assembler_output_is_prefix_before_first_stop(text, cuts, stop):
     a = TextAssembler((stop,) if stop else ())
     out, i = "", 0
     for c in cuts + [len(data)]:
-        out += a.feed(data[i:i + c])
+        out += a.feed(data[i : i + c])
         i += c
     out += a.feed(data[i:]) + a.flush()
     expected = text.split(stop)[0] if stop else text
@@ -121,16 +126,25 @@ def test_assembler_output_is_prefix_before_first_stop(text, cuts, stop):
 
 # ---- runner channel ---------------------------------------------------------------------
 
-@given(st.lists(st.dictionaries(st.text(max_size=5).filter(lambda k: k not in ("op", "id")),
-                                st.integers(-(2**64), 2**64 - 1) | st.text(max_size=10), max_size=4), max_size=5),
-       st.integers(1, 17))
+
+@given(
+    st.lists(
+        st.dictionaries(
+            st.text(max_size=5).filter(lambda k: k not in ("op", "id")),
+            st.integers(-(2**64), 2**64 - 1) | st.text(max_size=10),
+            max_size=4,
+        ),
+        max_size=5,
+    ),
+    st.integers(1, 17),
+)
 def test_frames_survive_any_chunking(msgs, chunk):
     msgs = [{"op": "x", **m} for m in msgs]
     data = b"".join(encode_frame(m) for m in msgs)
     d = FrameDecoder()
     got = []
     for i in range(0, len(data), chunk):
-        d.receive_data(data[i:i + chunk])
+        d.receive_data(data[i : i + chunk])
         while (m := d.next_message()) is not None:
             got.append(m)
     assert got == msgs
@@ -156,6 +170,7 @@ def test_oversized_frame_is_refused():
 
 # ---- request parsing --------------------------------------------------------------------
 
+
 @given(st.binary(max_size=300))
 def test_parse_request_never_crashes(raw):
     for kind in ("chat", "completion"):
@@ -168,11 +183,20 @@ def test_parse_request_never_crashes(raw):
 def test_parse_chat_accepts_text_parts_and_stream_options():
     req, stream, usage = parse_request(
         b'{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],'
-        b'"stream":true,"stream_options":{"include_usage":true},"stop":"x","max_completion_tokens":5}', "chat")
-    assert [(m.role, m.content) for m in req.messages] == [("user", "ab")] and stream and usage and req.stop == ("x",) and req.max_tokens == 5
+        b'"stream":true,"stream_options":{"include_usage":true},"stop":"x","max_completion_tokens":5}',
+        "chat",
+    )
+    assert (
+        [(m.role, m.content) for m in req.messages] == [("user", "ab")]
+        and stream
+        and usage
+        and req.stop == ("x",)
+        and req.max_tokens == 5
+    )
 
 
 # ---- identity ---------------------------------------------------------------------------
+
 
 def test_identity_is_created_0600_and_stable(tmp_path):
     a = load_or_create_identity(tmp_path)

@@ -76,8 +76,9 @@ def test_token_input_is_used_as_given_and_text_gets_bos(model_path, mesh):
     vocab = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
     ids = vocab.tokenize(CAT.encode(), add_bos=True, special=False)
     c = client_for(mesh["a"])
-    text, tokens, both = (c.embeddings.create(model=MODEL, input=x, encoding_format="float")
-                          for x in (CAT, ids, [ids, ids[1:]]))
+    text, tokens, both = (
+        c.embeddings.create(model=MODEL, input=x, encoding_format="float") for x in (CAT, ids, [ids, ids[1:]])
+    )
     assert tokens.usage.prompt_tokens == len(ids) == text.usage.prompt_tokens
     assert cos(text.data[0].embedding, tokens.data[0].embedding) > 0.9999
     assert both.usage.prompt_tokens == 2 * len(ids) - 1 and len(both.data) == 2
@@ -93,11 +94,14 @@ def test_refusals_are_openai_errors(mesh):
     with pytest.raises(openai.NotFoundError) as info:
         c.embeddings.create(model="no-such-model", input=[CAT])
     assert info.value.body["code"] == "model_not_found"
-    for body, param in (({"model": MODEL, "input": ""}, "input"), ({"model": MODEL, "input": []}, "input"),
-                        ({"model": MODEL, "input": [CAT, ""]}, "input"),
-                        ({"model": MODEL, "input": ["x"] * 2049}, "input"),
-                        ({"model": MODEL, "input": [CAT], "encoding_format": "int8"}, "encoding_format"),
-                        ({"model": MODEL, "input": [CAT], "truncate": True}, "truncate")):
+    for body, param in (
+        ({"model": MODEL, "input": ""}, "input"),
+        ({"model": MODEL, "input": []}, "input"),
+        ({"model": MODEL, "input": [CAT, ""]}, "input"),
+        ({"model": MODEL, "input": ["x"] * 2049}, "input"),
+        ({"model": MODEL, "input": [CAT], "encoding_format": "int8"}, "encoding_format"),
+        ({"model": MODEL, "input": [CAT], "truncate": True}, "truncate"),
+    ):
         code, err = post(mesh["a"], body)
         assert code == 400 and err["error"]["param"] == param, (body, err)
     code, err = post(mesh["a"], {"model": MODEL, "input": [CAT], "user": "u-1"})
@@ -110,8 +114,9 @@ def test_refusals_are_openai_errors(mesh):
 
 def test_a_node_without_the_model_answers_through_the_mesh(mesh):
     direct = client_for(mesh["a"]).embeddings.create(model=MODEL, input=[CAT, MONEY], encoding_format="float")
-    raw = client_for(mesh["c"]).embeddings.with_raw_response.create(model=MODEL, input=[CAT, MONEY],
-                                                                    encoding_format="float")
+    raw = client_for(mesh["c"]).embeddings.with_raw_response.create(
+        model=MODEL, input=[CAT, MONEY], encoding_format="float"
+    )
     assert raw.headers["x-hydra-served-by"] == mesh["a_id"]
     via_c = raw.parse()
     assert [d.index for d in via_c.data] == [0, 1] and via_c.usage == direct.usage
@@ -132,8 +137,13 @@ def test_generation_keeps_flowing_while_embedding(mesh):
         out["embed"] = c.embeddings.create(model=MODEL, input=[f"{CAT} {i}" for i in range(64)])
 
     t = threading.Thread(target=embed)
-    stream = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to twenty."}],
-                                       max_tokens=48, temperature=0, stream=True)
+    stream = c.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Count to twenty."}],
+        max_tokens=48,
+        temperature=0,
+        stream=True,
+    )
     t.start()
     text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
     t.join(120)

@@ -27,23 +27,26 @@ def test_every_input_shape():
     assert parse(model="m", input="hi")[1] == "float"
 
 
-@pytest.mark.parametrize("body, param, code", [
-    ({"input": "x"}, "model", "missing_required_parameter"),
-    ({"model": "m"}, "input", "missing_required_parameter"),
-    ({"model": "m", "input": ""}, "input", "invalid_value"),
-    ({"model": "m", "input": []}, "input", "invalid_type"),
-    ({"model": "m", "input": ["a", ""]}, "input", "invalid_value"),
-    ({"model": "m", "input": [[]]}, "input", "invalid_value"),
-    ({"model": "m", "input": ["a", 1]}, "input", "invalid_type"),
-    ({"model": "m", "input": [[1], "a"]}, "input", "invalid_type"),
-    ({"model": "m", "input": [1.5]}, "input", "invalid_type"),
-    ({"model": "m", "input": [[-1]]}, "input", "invalid_value"),
-    ({"model": "m", "input": ["a"] * 2049}, "input", "invalid_value"),
-    ({"model": "m", "input": "a", "encoding_format": "int8"}, "encoding_format", "invalid_value"),
-    ({"model": "m", "input": "a", "dimensions": 256}, "dimensions", "unsupported_parameter"),
-    ({"model": "m", "input": "a", "user": 5}, "user", "invalid_type"),
-    ({"model": "m", "input": "a", "input_type": "query"}, "input_type", "unknown_parameter"),
-])
+@pytest.mark.parametrize(
+    "body, param, code",
+    [
+        ({"input": "x"}, "model", "missing_required_parameter"),
+        ({"model": "m"}, "input", "missing_required_parameter"),
+        ({"model": "m", "input": ""}, "input", "invalid_value"),
+        ({"model": "m", "input": []}, "input", "invalid_type"),
+        ({"model": "m", "input": ["a", ""]}, "input", "invalid_value"),
+        ({"model": "m", "input": [[]]}, "input", "invalid_value"),
+        ({"model": "m", "input": ["a", 1]}, "input", "invalid_type"),
+        ({"model": "m", "input": [[1], "a"]}, "input", "invalid_type"),
+        ({"model": "m", "input": [1.5]}, "input", "invalid_type"),
+        ({"model": "m", "input": [[-1]]}, "input", "invalid_value"),
+        ({"model": "m", "input": ["a"] * 2049}, "input", "invalid_value"),
+        ({"model": "m", "input": "a", "encoding_format": "int8"}, "encoding_format", "invalid_value"),
+        ({"model": "m", "input": "a", "dimensions": 256}, "dimensions", "unsupported_parameter"),
+        ({"model": "m", "input": "a", "user": 5}, "user", "invalid_type"),
+        ({"model": "m", "input": "a", "input_type": "query"}, "input_type", "unknown_parameter"),
+    ],
+)
 def test_refusals_name_the_parameter(body, param, code):
     with pytest.raises(ApiError) as info:
         parse_embedding_request(json.dumps(body).encode())

@@ -15,14 +15,31 @@ from hydra_node.models import BUNDLED_MODEL_ID
 from waiting import poll_until
 
 MODEL = BUNDLED_MODEL_ID
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-                   "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "Get the current time in a time zone",
-    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
-                   "required": ["zone"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Get the current time in a time zone",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+        },
+    },
+}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -55,6 +72,7 @@ def sse_events(text: str) -> list[dict]:
 
 # ---- tools -----------------------------------------------------------------------------
 
+
 def _check_weather_call(call) -> None:
     assert call.type == "function" and call.id.startswith("call_") and call.function.name == "get_weather"
     args = json.loads(call.function.arguments)
@@ -62,26 +80,52 @@ def _check_weather_call(call) -> None:
 
 
 def test_tool_choice_required_gives_a_valid_call(client):
-    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
-                                       parallel_tool_calls=False, temperature=0, max_tokens=60)
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=60,
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
     _check_weather_call(choice.message.tool_calls[0])
 
 
 def test_named_tool_choice_calls_that_function(client):
-    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, TIME],
-                                       tool_choice={"type": "function", "function": {"name": "get_time"}},
-                                       parallel_tool_calls=False, temperature=0, max_tokens=60)
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=60,
+    )
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name == "get_time" and json.loads(call.function.arguments)["zone"] in ("UTC", "CET")
 
 
 def stream_call(node, **kw) -> tuple[list[dict], list[dict]]:
     """A streamed forced get_weather call: (the choice deltas, the tool_calls entries in order)."""
-    code, text = request("POST", node.api_port, "/v1/chat/completions", {
-        "model": MODEL, "messages": ASK, "tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False,
-        "temperature": 0, "stream": True, **kw}, timeout=120)
+    code, text = request(
+        "POST",
+        node.api_port,
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": ASK,
+            "tools": [WEATHER],
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+            "temperature": 0,
+            "stream": True,
+            **kw,
+        },
+        timeout=120,
+    )
     assert code == 200
     deltas = [c["choices"][0] for c in sse_events(text)]
     return deltas, [tc for d in deltas for tc in d["delta"].get("tool_calls", [])]
@@ -103,17 +147,34 @@ def test_forced_tool_call_streams_like_openai(node):
     assert not any(d["delta"].get("content") for d in deltas)
     assert deltas[-1]["finish_reason"] == "tool_calls"
     # the whole answer has the same call (its arguments re-serialised compactly)
-    code, whole = post(node, "/v1/chat/completions", {
-        "model": MODEL, "messages": ASK, "tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False,
-        "temperature": 0, "max_tokens": 60})
+    code, whole = post(
+        node,
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": ASK,
+            "tools": [WEATHER],
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+            "temperature": 0,
+            "max_tokens": 60,
+        },
+    )
     assert code == 200
     (call,) = whole["choices"][0]["message"]["tool_calls"]
     assert json.loads(call["function"]["arguments"]) == json.loads(args)
 
 
 def test_a_streamed_call_cut_by_max_tokens_ends_with_length(client, node):
-    n = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
-                                       parallel_tool_calls=False, temperature=0, max_tokens=60).usage.completion_tokens
+    n = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=60,
+    ).usage.completion_tokens
     cut_inside = 0
     # Four cut points (each a grammar-constrained generation). The call's text ends in about 8 closing
     # tokens after the arguments: n - 11 and n - 9 cut inside them, n - 5 and n - 2 in the closing
@@ -151,35 +212,60 @@ def test_tool_choice_auto_answers_text_or_valid_calls(client):
 
 def test_tool_results_in_the_history_reach_the_model(client):
     history = ASK + [
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
-            "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 31 degrees Celsius."}]
-    r = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], tool_choice="none",
-                                       temperature=0, max_tokens=30)
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 31 degrees Celsius."},
+    ]
+    r = client.chat.completions.create(
+        model=MODEL, messages=history, tools=[WEATHER], tool_choice="none", temperature=0, max_tokens=30
+    )
     assert r.choices[0].message.content and not r.choices[0].message.tool_calls
-    plain = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="none",
-                                           temperature=0, max_tokens=30)
+    plain = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="none", temperature=0, max_tokens=30
+    )
     assert r.usage.prompt_tokens > plain.usage.prompt_tokens  # the call and its result were rendered
 
 
 # ---- structured output -------------------------------------------------------------------
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
 
 
 def test_json_schema_response_parses_and_validates(client):
     r = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Invent a person."}], temperature=0, max_tokens=60,
-        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}})
+        model=MODEL,
+        messages=[{"role": "user", "content": "Invent a person."}],
+        temperature=0,
+        max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
+    )
     person = json.loads(r.choices[0].message.content)
     assert set(person) == {"name", "age"} and isinstance(person["name"], str) and len(person["name"]) <= 20
     assert type(person["age"]) is int
 
 
 def test_json_object_response_parses(client):
-    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Describe a cat in JSON."}],
-                                       temperature=0, max_tokens=48, response_format={"type": "json_object"})
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Describe a cat in JSON."}],
+        temperature=0,
+        max_tokens=48,
+        response_format={"type": "json_object"},
+    )
     if r.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(r.choices[0].message.content), dict)
     else:
@@ -188,9 +274,16 @@ def test_json_object_response_parses(client):
 
 # ---- logprobs ------------------------------------------------------------------------------
 
+
 def test_chat_logprobs_shape(client):
-    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}],
-                                       temperature=0, max_tokens=6, logprobs=True, top_logprobs=3)
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say hello."}],
+        temperature=0,
+        max_tokens=6,
+        logprobs=True,
+        top_logprobs=3,
+    )
     entries = r.choices[0].logprobs.content
     assert len(entries) == r.usage.completion_tokens
     assert "".join(e.token for e in entries) == r.choices[0].message.content
@@ -198,14 +291,26 @@ def test_chat_logprobs_shape(client):
         assert e.logprob <= 0 and bytes(e.bytes) == e.token.encode() and len(e.top_logprobs) == 3
         assert e.top_logprobs[0].logprob >= e.top_logprobs[-1].logprob
         assert max(t.logprob for t in e.top_logprobs) == pytest.approx(e.logprob)  # greedy: the top one
-    assert client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
-                                          max_tokens=2).choices[0].logprobs is None
+    assert (
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        .choices[0]
+        .logprobs
+        is None
+    )
 
 
 def test_streamed_chat_logprobs_come_with_each_chunk(client):
-    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}],
-                                                 temperature=0, max_tokens=6, logprobs=True, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Say hello."}],
+            temperature=0,
+            max_tokens=6,
+            logprobs=True,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert len(entries) == chunks[-1].usage.completion_tokens
     assert "".join(e.token for e in entries) == "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -216,15 +321,24 @@ def test_completion_logprobs_legacy_shape(client):
     lp = r.choices[0].logprobs
     assert "".join(lp.tokens) == r.choices[0].text and len(lp.token_logprobs) == len(lp.tokens) == 5
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
-    assert all(len(alts) == 2 and max(alts.values()) == pytest.approx(tl)
-               for alts, tl in zip(lp.top_logprobs, lp.token_logprobs))
+    assert all(
+        len(alts) == 2 and max(alts.values()) == pytest.approx(tl)
+        for alts, tl in zip(lp.top_logprobs, lp.token_logprobs)
+    )
 
 
 # ---- n, prompts, echo ------------------------------------------------------------------------
 
+
 def test_n_choices_with_distinct_seeds(client):
-    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=8,
-              temperature=1.5, seed=11, n=3)
+    kw = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell me a story."}],
+        max_tokens=8,
+        temperature=1.5,
+        seed=11,
+        n=3,
+    )
     r = client.chat.completions.create(**kw)
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert 3 <= r.usage.completion_tokens <= 3 * 8  # summed over the choices
@@ -234,9 +348,17 @@ def test_n_choices_with_distinct_seeds(client):
 
 
 def test_streamed_n_interleaves_choices_by_index(client):
-    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count."}],
-                                                 max_tokens=6, temperature=0, n=2, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Count."}],
+            max_tokens=6,
+            temperature=0,
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = {0: "", 1: ""}
     finished = set()
     for c in chunks:
@@ -261,12 +383,17 @@ def test_completion_prompt_lists_token_prompts_and_echo(client, vocab):
 
 
 def test_streamed_completion_echo_comes_first(node):
-    code, text = request("POST", node.api_port, "/v1/completions", {
-        "model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 3, "temperature": 0, "echo": True, "stream": True})
+    code, text = request(
+        "POST",
+        node.api_port,
+        "/v1/completions",
+        {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 3, "temperature": 0, "echo": True, "stream": True},
+    )
     assert code == 200 and sse_events(text)[0]["choices"][0]["text"] == "1, 2, 3,"
 
 
 # ---- penalties and logit bias --------------------------------------------------------------
+
 
 def test_logit_bias_bans_and_forces_tokens(client, vocab):
     kw = dict(model=MODEL, prompt="1, 2, 3,", max_tokens=3, temperature=0)
@@ -286,14 +413,16 @@ def test_frequency_and_presence_penalties_change_repetition(client):
     penalised = client.completions.create(**kw, frequency_penalty=2.0).choices[0].text
     assert penalised.count("1") < plain.count("1"), (plain, penalised)
     # a flat presence penalty does not beat a near-certain token: shown where the model hesitates
-    kw = dict(model=MODEL, prompt="The cat sat on the mat. The dog sat on the mat. The bird", max_tokens=16,
-              temperature=0)
+    kw = dict(
+        model=MODEL, prompt="The cat sat on the mat. The dog sat on the mat. The bird", max_tokens=16, temperature=0
+    )
     plain = client.completions.create(**kw).choices[0].text
     penalised = client.completions.create(**kw, presence_penalty=2.0).choices[0].text
     assert penalised != plain and client.completions.create(**kw, presence_penalty=-2.0).choices[0].text != penalised
 
 
 # ---- models, errors, clean-up ----------------------------------------------------------------
+
 
 def test_models_retrieve(client, node):
     m = client.models.retrieve(MODEL)
@@ -317,11 +446,20 @@ def test_a_refused_parameter_reaches_the_client_as_400(client):
 
 
 def test_abandoned_n_stream_frees_every_generation(node):
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}],
-                       "max_tokens": 400, "n": 3, "stream": True}).encode()
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Write a long story."}],
+            "max_tokens": 400,
+            "n": 3,
+            "stream": True,
+        }
+    ).encode()
     with socket.create_connection(("127.0.0.1", node.api_port), timeout=60) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
         data = b""
         while data.count(b'"content":"') < 6:  # every choice is generating
             data += s.recv(65536)

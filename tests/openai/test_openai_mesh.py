@@ -18,22 +18,54 @@ from grammar_oracle import validate
 from hydra_node.models import BUNDLED_MODEL_ID
 
 MODEL = BUNDLED_MODEL_ID
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-                   "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "Get the current time in a time zone",
-    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
-                   "required": ["zone"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Get the current time in a time zone",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-FORCED = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], temperature=0, max_tokens=40,
-              tool_choice={"type": "function", "function": {"name": "get_weather"}})
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
-STRUCTURED = dict(model=MODEL, messages=[{"role": "user", "content": "Invent a person."}], temperature=0,
-                  max_tokens=40, response_format={"type": "json_schema", "json_schema": {
-                      "name": "person", "schema": PERSON, "strict": True}})
+FORCED = dict(
+    model=MODEL,
+    messages=ASK,
+    tools=[WEATHER, TIME],
+    temperature=0,
+    max_tokens=40,
+    tool_choice={"type": "function", "function": {"name": "get_weather"}},
+)
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+STRUCTURED = dict(
+    model=MODEL,
+    messages=[{"role": "user", "content": "Invent a person."}],
+    temperature=0,
+    max_tokens=40,
+    response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +73,13 @@ def mesh(shared_mesh):
     """The session's shared mesh (tests/conftest.py): A is its host, C its front."""
     a, c = shared_mesh.host, shared_mesh.front
     assert not c.status()["models"]  # C hosts nothing: every answer below comes through the mesh
-    return {"a": a, "c": c, "a_id": shared_mesh.host_id,
-            "via_c": openai.OpenAI(base_url=c.base_url, api_key="unused", max_retries=0, timeout=120),
-            "at_a": openai.OpenAI(base_url=a.base_url, api_key="unused", max_retries=0, timeout=120)}
+    return {
+        "a": a,
+        "c": c,
+        "a_id": shared_mesh.host_id,
+        "via_c": openai.OpenAI(base_url=c.base_url, api_key="unused", max_retries=0, timeout=120),
+        "at_a": openai.OpenAI(base_url=a.base_url, api_key="unused", max_retries=0, timeout=120),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +115,7 @@ def call_of(message) -> tuple[str, dict]:
 
 
 # ---- grammar-constrained: tools and json_schema ---------------------------------------------------
+
 
 def test_forced_tool_call_through_c_equals_the_host(mesh):
     r = served_by_a(mesh, mesh["via_c"].chat.completions, **FORCED)
@@ -119,8 +156,14 @@ def test_json_schema_through_c_parses_validates_and_equals_the_host(mesh):
 
 # ---- logprobs --------------------------------------------------------------------------------------
 
-LOGPROBS = dict(model=MODEL, messages=[{"role": "user", "content": "Say hello."}], temperature=0, max_tokens=6,
-                logprobs=True, top_logprobs=2)
+LOGPROBS = dict(
+    model=MODEL,
+    messages=[{"role": "user", "content": "Say hello."}],
+    temperature=0,
+    max_tokens=6,
+    logprobs=True,
+    top_logprobs=2,
+)
 
 
 def check_entry(e) -> None:
@@ -141,27 +184,31 @@ def test_logprobs_through_c_have_openai_shapes(mesh):
     assert [e.token for e in direct] == [e.token for e in entries]
     assert [e.logprob for e in direct] == pytest.approx([e.logprob for e in entries], abs=1e-3)
 
-    chunks = served_by_a(mesh, mesh["via_c"].chat.completions, **LOGPROBS, stream=True,
-                         stream_options={"include_usage": True})
+    chunks = served_by_a(
+        mesh, mesh["via_c"].chat.completions, **LOGPROBS, stream=True, stream_options={"include_usage": True}
+    )
     streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert len(streamed) == chunks[-1].usage.completion_tokens == len(entries)
-    assert "".join(e.token for e in streamed) == "".join(c.choices[0].delta.content or "" for c in chunks
-                                                          if c.choices)
+    assert "".join(e.token for e in streamed) == "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     for e in streamed:
         check_entry(e)
 
 
 def test_completion_logprobs_through_c(mesh):
-    r = served_by_a(mesh, mesh["via_c"].completions, model=MODEL, prompt="1, 2, 3,", temperature=0, max_tokens=4,
-                    logprobs=2)
+    r = served_by_a(
+        mesh, mesh["via_c"].completions, model=MODEL, prompt="1, 2, 3,", temperature=0, max_tokens=4, logprobs=2
+    )
     lp = r.choices[0].logprobs
     assert "".join(lp.tokens) == r.choices[0].text and len(lp.token_logprobs) == len(lp.tokens)
     assert len(lp.tokens) == r.usage.completion_tokens
-    assert all(len(alts) == 2 and max(alts.values()) == pytest.approx(tl)
-               for alts, tl in zip(lp.top_logprobs, lp.token_logprobs))
+    assert all(
+        len(alts) == 2 and max(alts.values()) == pytest.approx(tl)
+        for alts, tl in zip(lp.top_logprobs, lp.token_logprobs)
+    )
 
 
 # ---- logit_bias, n, token prompts, echo ---------------------------------------------------------
+
 
 def test_logit_bias_through_c_bans_the_greedy_first_token(mesh, vocab):
     kw = dict(model=MODEL, prompt="1, 2, 3,", max_tokens=3, temperature=0)
@@ -172,8 +219,15 @@ def test_logit_bias_through_c_bans_the_greedy_first_token(mesh, vocab):
 
 
 def test_n_through_c_gives_two_choices(mesh):
-    r = served_by_a(mesh, mesh["via_c"].chat.completions, model=MODEL, messages=[{"role": "user", "content": "Count."}],
-                    max_tokens=5, temperature=0, n=2)
+    r = served_by_a(
+        mesh,
+        mesh["via_c"].chat.completions,
+        model=MODEL,
+        messages=[{"role": "user", "content": "Count."}],
+        max_tokens=5,
+        temperature=0,
+        n=2,
+    )
     assert [c.index for c in r.choices] == [0, 1]
     assert r.choices[0].message.content and r.choices[0].message.content == r.choices[1].message.content  # greedy
     r = served_by_a(mesh, mesh["via_c"].chat.completions, **STRUCTURED, n=2)
@@ -190,8 +244,10 @@ def test_token_prompt_and_echo_through_c(mesh, vocab):
     echoed = served_by_a(mesh, mesh["via_c"].completions, **kw, prompt="1, 2, 3,", echo=True)
     assert echoed.choices[0].text == "1, 2, 3," + by_text
     chunks = served_by_a(mesh, mesh["via_c"].completions, **kw, prompt="1, 2, 3,", echo=True, stream=True)
-    assert chunks[0].choices[0].text == "1, 2, 3," and "".join(c.choices[0].text for c in chunks if c.choices) \
-        == "1, 2, 3," + by_text
+    assert (
+        chunks[0].choices[0].text == "1, 2, 3,"
+        and "".join(c.choices[0].text for c in chunks if c.choices) == "1, 2, 3," + by_text
+    )
     # echo of a token-id prompt is refused (docs/api.md), by C as by A: a 400 naming it, not a silent drop
     for client in (mesh["via_c"], mesh["at_a"]):
         with pytest.raises(openai.BadRequestError) as e:
@@ -200,6 +256,7 @@ def test_token_prompt_and_echo_through_c(mesh, vocab):
 
 
 # ---- the scheduler ----------------------------------------------------------------------------------
+
 
 def test_the_scheduler_decides_constrained_requests_like_any_other(mesh):
     c, target = mesh["c"], f"{mesh['a_id']}/{MODEL}"
@@ -233,10 +290,12 @@ def test_the_scheduler_decides_constrained_requests_like_any_other(mesh):
 def test_a_stream_names_its_host_in_a_header(mesh):
     """The router knows the host before the first event is read, so streams name it in a header too."""
     raw = mesh["via_c"].chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0, stream=True)
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0, stream=True
+    )
     list(raw.parse())
     assert raw.headers.get("x-hydra-served-by") == mesh["a_id"]
-    raw = mesh["via_c"].responses.with_raw_response.create(model=MODEL, input="Hi", max_output_tokens=2,
-                                                           temperature=0, stream=True)
+    raw = mesh["via_c"].responses.with_raw_response.create(
+        model=MODEL, input="Hi", max_output_tokens=2, temperature=0, stream=True
+    )
     list(raw.parse())
     assert raw.headers.get("x-hydra-served-by") == mesh["a_id"]

@@ -13,8 +13,13 @@ from hydra_node.responses.constraints import generation_request
 from hydra_node.responses.request import parse_responses_body
 from hydra_node.inference import ChatMessage, GenerationRequest
 
-TOOL = {"type": "function", "name": "add", "description": "Add", "strict": True,
-        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}
+TOOL = {
+    "type": "function",
+    "name": "add",
+    "description": "Add",
+    "strict": True,
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+}
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 
 
@@ -95,6 +100,10 @@ def test_the_merged_grammar_in_llama_cpp(oracle):
     assert oracle.parses(g)
     assert oracle.accepts(g, '<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>')
     assert oracle.accepts(g, '{"n": 3, "add": "x"}') and oracle.accepts(g, '{"n": 3}')
-    for text in ('Sure! {"n": 3}', '{"a": 2}', '<tool_call>{"name": "add", "arguments": {"n": 2}}</tool_call>',
-                 '{"n": "3"}'):
+    for text in (
+        'Sure! {"n": 3}',
+        '{"a": 2}',
+        '<tool_call>{"name": "add", "arguments": {"n": 2}}</tool_call>',
+        '{"n": "3"}',
+    ):
         assert not oracle.accepts(g, text), text

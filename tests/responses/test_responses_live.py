@@ -14,9 +14,18 @@ from pydantic import TypeAdapter
 from hydra_node.models import BUNDLED_MODEL_ID
 
 MODEL = BUNDLED_MODEL_ID
-WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city.",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-                          "additionalProperties": False}, "strict": True}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +40,13 @@ def client(node):
 
 
 def test_text_response_and_its_stream_agree(client):
-    kw = dict(model=MODEL, instructions="Answer in one short sentence.", input="Name a colour.",
-              max_output_tokens=16, temperature=0)
+    kw = dict(
+        model=MODEL,
+        instructions="Answer in one short sentence.",
+        input="Name a colour.",
+        max_output_tokens=16,
+        temperature=0,
+    )
     whole = client.responses.create(**kw)
     assert whole.object == "response" and whole.id.startswith("resp_")
     assert whole.status in ("completed", "incomplete") and whole.output_text
@@ -46,25 +60,30 @@ def test_text_response_and_its_stream_agree(client):
         adapter.validate_python(ev.model_dump())
         assert ev.sequence_number == i
     types = [e.type for e in events]
-    assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"]
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
     assert types[-1] == "response.completed" and events[-1].response.status == whole.status
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == whole.output_text == events[-1].response.output_text
 
 
 def test_max_output_tokens_makes_it_incomplete(client):
-    r = client.responses.create(model=MODEL, input="Count from one to one hundred in words.",
-                                max_output_tokens=3, temperature=0)
+    r = client.responses.create(
+        model=MODEL, input="Count from one to one hundred in words.", max_output_tokens=3, temperature=0
+    )
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.usage.output_tokens == 3
 
 
 def test_previous_response_id_continues_the_conversation(client):
-    first = client.responses.create(model=MODEL, input="My name is Ada. Say hi.", max_output_tokens=8,
-                                    temperature=0)
-    second = client.responses.create(model=MODEL, input="What is my name?", previous_response_id=first.id,
-                                     max_output_tokens=8, temperature=0)
+    first = client.responses.create(model=MODEL, input="My name is Ada. Say hi.", max_output_tokens=8, temperature=0)
+    second = client.responses.create(
+        model=MODEL, input="What is my name?", previous_response_id=first.id, max_output_tokens=8, temperature=0
+    )
     assert second.previous_response_id == first.id
     # the second prompt holds the first exchange: its input, its answer, and the new question
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
@@ -82,37 +101,70 @@ def test_previous_response_id_continues_the_conversation(client):
 
 
 def test_function_call_output_round_trip(client):
-    r = client.responses.create(model=MODEL, tools=[WEATHER], tool_choice="none", temperature=0,
-                                max_output_tokens=24, input=[
-        {"role": "user", "content": "What is the weather in Paris?"},
-        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
-        {"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 24 degrees Celsius."}])
+    r = client.responses.create(
+        model=MODEL,
+        tools=[WEATHER],
+        tool_choice="none",
+        temperature=0,
+        max_output_tokens=24,
+        input=[
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
+            {"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 24 degrees Celsius."},
+        ],
+    )
     assert r.status in ("completed", "incomplete") and r.output_text
     assert all(o.type == "message" for o in r.output)
     # the call and its output are part of the prompt
-    bare = client.responses.create(model=MODEL, tools=[WEATHER], tool_choice="none", temperature=0,
-                                   max_output_tokens=24, input="What is the weather in Paris?")
+    bare = client.responses.create(
+        model=MODEL,
+        tools=[WEATHER],
+        tool_choice="none",
+        temperature=0,
+        max_output_tokens=24,
+        input="What is the weather in Paris?",
+    )
     assert r.usage.input_tokens > bare.usage.input_tokens
 
 
 def test_forced_function_call(client):
-    r = client.responses.create(model=MODEL, input="What is the weather in Paris?", tools=[WEATHER],
-                                tool_choice={"type": "function", "name": "get_weather"}, temperature=0,
-                                parallel_tool_calls=False, max_output_tokens=80)
+    r = client.responses.create(
+        model=MODEL,
+        input="What is the weather in Paris?",
+        tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+        temperature=0,
+        parallel_tool_calls=False,
+        max_output_tokens=80,
+    )
     assert [o.type for o in r.output] == ["function_call"]  # a forced call: no prose around it
     calls = r.output
     assert calls[0].name == "get_weather" and calls[0].call_id and calls[0].id.startswith("fc_")
     assert isinstance(json.loads(calls[0].arguments)["city"], str)
     # answering the call continues from the stored response
-    follow = client.responses.create(model=MODEL, previous_response_id=r.id, tools=[WEATHER], tool_choice="none",
-                                     max_output_tokens=16, temperature=0, input=[
-        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny."}])
+    follow = client.responses.create(
+        model=MODEL,
+        previous_response_id=r.id,
+        tools=[WEATHER],
+        tool_choice="none",
+        max_output_tokens=16,
+        temperature=0,
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny."}],
+    )
     assert follow.output_text
 
-    stream = list(client.responses.create(model=MODEL, input="Weather in Rome?", tools=[WEATHER],
-                                          tool_choice="required", parallel_tool_calls=False, temperature=0,
-                                          max_output_tokens=80,
-                                          stream=True))
+    stream = list(
+        client.responses.create(
+            model=MODEL,
+            input="Weather in Rome?",
+            tools=[WEATHER],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            temperature=0,
+            max_output_tokens=80,
+            stream=True,
+        )
+    )
     done = [e for e in stream if e.type == "response.function_call_arguments.done"]
     assert len(done) == 1 and "city" in json.loads(done[0].arguments)
     final = stream[-1]
@@ -120,40 +172,69 @@ def test_forced_function_call(client):
 
 
 def test_json_schema_text_format(client):
-    schema = {"type": "object", "properties": {"colour": {"type": "string"}}, "required": ["colour"],
-              "additionalProperties": False}
-    r = client.responses.create(model=MODEL, input="Pick a colour.", temperature=0, max_output_tokens=40,
-                                text={"format": {"type": "json_schema", "name": "pick", "schema": schema,
-                                                 "strict": True}})
+    schema = {
+        "type": "object",
+        "properties": {"colour": {"type": "string"}},
+        "required": ["colour"],
+        "additionalProperties": False,
+    }
+    r = client.responses.create(
+        model=MODEL,
+        input="Pick a colour.",
+        temperature=0,
+        max_output_tokens=40,
+        text={"format": {"type": "json_schema", "name": "pick", "schema": schema, "strict": True}},
+    )
     assert isinstance(json.loads(r.output_text)["colour"], str)
 
 
 def test_logprobs(client):
-    r = client.responses.create(model=MODEL, input="Say hello.", max_output_tokens=5, temperature=0,
-                                include=["message.output_text.logprobs"], top_logprobs=2)
+    r = client.responses.create(
+        model=MODEL,
+        input="Say hello.",
+        max_output_tokens=5,
+        temperature=0,
+        include=["message.output_text.logprobs"],
+        top_logprobs=2,
+    )
     lps = r.output[0].content[0].logprobs
     assert lps and len(lps) <= r.usage.output_tokens and r.top_logprobs == 2
     assert all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in lps)
     assert "".join(e.token for e in lps).startswith(r.output_text[:1])
-    events = list(client.responses.create(model=MODEL, input="Say hello.", max_output_tokens=5, temperature=0,
-                                          include=["message.output_text.logprobs"], top_logprobs=2, stream=True))
+    events = list(
+        client.responses.create(
+            model=MODEL,
+            input="Say hello.",
+            max_output_tokens=5,
+            temperature=0,
+            include=["message.output_text.logprobs"],
+            top_logprobs=2,
+            stream=True,
+        )
+    )
     streamed = [lp.token for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
-    assert streamed == [e.token for e in lps][:len(streamed)] and streamed
+    assert streamed == [e.token for e in lps][: len(streamed)] and streamed
 
 
 def test_refusals_over_http(node):
-    code, body = request("POST", node.api_port, "/v1/responses",
-                         {"model": MODEL, "input": "x", "reasoning": {"effort": "high"}})
+    code, body = request(
+        "POST", node.api_port, "/v1/responses", {"model": MODEL, "input": "x", "reasoning": {"effort": "high"}}
+    )
     assert code == 400 and json.loads(body)["error"]["param"] == "reasoning"
-    code, body = request("POST", node.api_port, "/v1/responses",
-                         {"model": MODEL, "input": "x", "tools": [{"type": "web_search"}]})
+    code, body = request(
+        "POST", node.api_port, "/v1/responses", {"model": MODEL, "input": "x", "tools": [{"type": "web_search"}]}
+    )
     assert code == 400 and json.loads(body)["error"]["param"] == "tools[0].type"
     code, body = request("POST", node.api_port, "/v1/responses", {"model": "nope", "input": "x"})
     assert code == 404 and json.loads(body)["error"]["code"] == "model_not_found"
     code, _ = request("GET", node.api_port, "/v1/responses")
     assert code == 405
-    code, body = request("POST", node.api_port, "/v1/responses",
-                         {"model": MODEL, "input": "Count to ten.", "stream": True, "max_output_tokens": 1})
+    code, body = request(
+        "POST",
+        node.api_port,
+        "/v1/responses",
+        {"model": MODEL, "input": "Count to ten.", "stream": True, "max_output_tokens": 1},
+    )
     assert code == 200
     frames = [f for f in body.split("\n\n") if f]
     assert frames[0].startswith("event: response.created\ndata: ")
@@ -175,10 +256,16 @@ def test_an_agent_calls_a_tool(node):
         return "Sunny, 24 degrees Celsius."
 
     model = OpenAIResponsesModel(MODEL, openai.AsyncOpenAI(base_url=node.base_url, api_key="unused", max_retries=0))
-    agent = Agent(name="weather", instructions="Use the tool to answer.", tools=[get_weather], model=model,
-                  model_settings=ModelSettings(tool_choice="get_weather", temperature=0, max_tokens=48))
-    result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=4,
-                             run_config=RunConfig(tracing_disabled=True))
+    agent = Agent(
+        name="weather",
+        instructions="Use the tool to answer.",
+        tools=[get_weather],
+        model=model,
+        model_settings=ModelSettings(tool_choice="get_weather", temperature=0, max_tokens=48),
+    )
+    result = Runner.run_sync(
+        agent, "What is the weather in Paris?", max_turns=4, run_config=RunConfig(tracing_disabled=True)
+    )
     kinds = [type(i).__name__ for i in result.new_items]
     assert calls and isinstance(result.final_output, str)
     assert kinds.index("ToolCallItem") < kinds.index("ToolCallOutputItem") < len(kinds) - 1
@@ -197,12 +284,20 @@ def test_a_streamed_agent_with_an_output_type(node):
         summary: str
 
     async def run():
-        model = OpenAIResponsesModel(MODEL, openai.AsyncOpenAI(base_url=node.base_url, api_key="unused",
-                                                                max_retries=0))
-        agent = Agent(name="weather", instructions="Report the weather.", model=model, output_type=Weather,
-                      model_settings=ModelSettings(temperature=0, max_tokens=64))
-        result = Runner.run_streamed(agent, "It is sunny in Paris. What is the weather?", max_turns=2,
-                                     run_config=RunConfig(tracing_disabled=True))
+        model = OpenAIResponsesModel(MODEL, openai.AsyncOpenAI(base_url=node.base_url, api_key="unused", max_retries=0))
+        agent = Agent(
+            name="weather",
+            instructions="Report the weather.",
+            model=model,
+            output_type=Weather,
+            model_settings=ModelSettings(temperature=0, max_tokens=64),
+        )
+        result = Runner.run_streamed(
+            agent,
+            "It is sunny in Paris. What is the weather?",
+            max_turns=2,
+            run_config=RunConfig(tracing_disabled=True),
+        )
         raw = [ev.data.type async for ev in result.stream_events() if ev.type == "raw_response_event"]
         return result, raw
 
@@ -213,8 +308,15 @@ def test_a_streamed_agent_with_an_output_type(node):
 
 
 def test_a_forced_call_streams_its_arguments_and_the_sdk_rebuilds_it(client):
-    kw = dict(model=MODEL, input="What is the weather in Rome?", tools=[WEATHER], tool_choice="required",
-              parallel_tool_calls=False, temperature=0, max_output_tokens=80)
+    kw = dict(
+        model=MODEL,
+        input="What is the weather in Rome?",
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_output_tokens=80,
+    )
     events = list(client.responses.create(**kw, stream=True))
     deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
     (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
@@ -233,8 +335,14 @@ def test_a_forced_call_streams_its_arguments_and_the_sdk_rebuilds_it(client):
 
 
 def test_a_call_cut_by_max_output_tokens_is_incomplete_streamed_or_not(client):
-    kw = dict(model=MODEL, input="What is the weather in Rome?", tools=[WEATHER], tool_choice="required",
-              parallel_tool_calls=False, temperature=0)
+    kw = dict(
+        model=MODEL,
+        input="What is the weather in Rome?",
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+    )
     n = client.responses.create(**kw, max_output_tokens=80).usage.output_tokens
     cut_inside = 0
     # Four cut points (each a whole and a streamed grammar-constrained call). The call's text ends in

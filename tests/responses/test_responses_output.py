@@ -19,8 +19,13 @@ from hydra_node.grammar.toolcalls import ParsedToolCall
 from hydra_node.inference import ChatMessage, TokenLogprob, ToolCall
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
-TOOL = {"type": "function", "name": "add", "description": "Add", "strict": True,
-        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}
+TOOL = {
+    "type": "function",
+    "name": "add",
+    "description": "Add",
+    "strict": True,
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+}
 USAGE = {"prompt_tokens": 30, "completion_tokens": 7, "total_tokens": 37, "prompt_tokens_details": {"cached_tokens": 4}}
 
 
@@ -50,18 +55,28 @@ def test_calls_become_function_call_items_after_any_text():
     calls = [ParsedToolCall(0, "call_a", "add", '{"a":1}'), ParsedToolCall(1, "call_b", "add", '{"a":2}')]
     output = output_items(None, calls, "tool_calls", counter())
     assert [o["type"] for o in output] == ["function_call", "function_call"]
-    r = Response.model_validate(response_body(call_of(tools=[TOOL]), "resp_1", 1, status="completed",
-                                              output=output, usage=usage_body(USAGE)))
+    r = Response.model_validate(
+        response_body(call_of(tools=[TOOL]), "resp_1", 1, status="completed", output=output, usage=usage_body(USAGE))
+    )
     assert [(o.id, o.call_id, o.name, o.arguments) for o in r.output] == [
-        ("fc_0000", "call_a", "add", '{"a":1}'), ("fc_0001", "call_b", "add", '{"a":2}')]
+        ("fc_0000", "call_a", "add", '{"a":1}'),
+        ("fc_0001", "call_b", "add", '{"a":2}'),
+    ]
     with_text = output_items("Let me add.", calls[:1], "tool_calls", counter())
     assert [o["type"] for o in with_text] == ["message", "function_call"]
 
 
 def test_length_makes_an_incomplete_response():
     output = output_items("partial", [], "length", counter())
-    body = response_body(call_of(max_output_tokens=5), "resp_1", 1, status="incomplete", output=output,
-                         usage=usage_body(USAGE), incomplete={"reason": "max_output_tokens"})
+    body = response_body(
+        call_of(max_output_tokens=5),
+        "resp_1",
+        1,
+        status="incomplete",
+        output=output,
+        usage=usage_body(USAGE),
+        incomplete={"reason": "max_output_tokens"},
+    )
     r = Response.model_validate(body)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.output[0].status == "incomplete" and r.max_output_tokens == 5
@@ -71,7 +86,9 @@ def test_conversation_after_keeps_history_and_output_but_not_instructions():
     call = call_of(instructions="sys", tools=[TOOL])
     output = output_items("ok", [ParsedToolCall(0, "call_a", "add", '{"a":1}')], "tool_calls", counter())
     assert conversation_after(call, output) == (
-        ChatMessage("user", "hi"), ChatMessage("assistant", "ok", (ToolCall("call_a", "add", '{"a":1}'),)))
+        ChatMessage("user", "hi"),
+        ChatMessage("assistant", "ok", (ToolCall("call_a", "add", '{"a":1}'),)),
+    )
 
 
 def _validated(events: list[dict]) -> list[str]:
@@ -90,13 +107,21 @@ def test_stream_of_text_then_a_call():
     events += s.tool_call(ParsedToolCall(0, "call_a", "add", '{"a":1}'))
     events += s.finish("tool_calls", USAGE)
     assert _validated(events) == [
-        "response.created", "response.in_progress",
-        "response.output_item.added", "response.content_part.added",
-        "response.output_text.delta", "response.output_text.delta",
-        "response.output_text.done", "response.content_part.done", "response.output_item.done",
-        "response.output_item.added", "response.function_call_arguments.delta",
-        "response.function_call_arguments.done", "response.output_item.done",
-        "response.completed"]
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert events[0]["response"]["status"] == "in_progress" and events[0]["response"]["output"] == []
     assert events[6]["text"] == "Hello" and events[4]["item_id"] == events[8]["item"]["id"] == "msg_0000"
     assert events[10]["delta"] == '{"a":1}' and events[10]["output_index"] == 1
@@ -108,8 +133,14 @@ def test_stream_of_text_then_a_call():
 def test_stream_with_nothing_generated_still_has_one_message():
     s = ResponseEventStream(call_of(), "resp_1", 1, counter())
     types = _validated(s.start() + s.finish("stop", USAGE))
-    assert types[2:] == ["response.output_item.added", "response.content_part.added", "response.output_text.done",
-                         "response.content_part.done", "response.output_item.done", "response.completed"]
+    assert types[2:] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
 
 
 def test_stream_cut_by_max_output_tokens_is_incomplete():
@@ -166,19 +197,24 @@ def test_whitespace_before_a_call_is_not_a_message():
     assert Response.model_validate(events[-1]["response"]).output_text == "\nHi"
     s = ResponseEventStream(call_of(), "resp_3", 1, counter())
     events = s.start() + s.text("\n") + s.finish("stop", USAGE)
-    assert _validated(events)[-1] == "response.completed" and events[-1]["response"]["output"][0]["content"][0][
-        "text"] == "\n"
+    assert (
+        _validated(events)[-1] == "response.completed"
+        and events[-1]["response"]["output"][0]["content"][0]["text"] == "\n"
+    )
 
 
-LP = [TokenLogprob("Hel", -0.5, b"Hel", (("Hel", -0.5, b"Hel"), ("Hi", -1.5, b"Hi"))),
-      TokenLogprob("lo", -0.25, b"lo", (("lo", -0.25, b"lo"), ("p", -2.0, b"p")))]
+LP = [
+    TokenLogprob("Hel", -0.5, b"Hel", (("Hel", -0.5, b"Hel"), ("Hi", -1.5, b"Hi"))),
+    TokenLogprob("lo", -0.25, b"lo", (("lo", -0.25, b"lo"), ("p", -2.0, b"p"))),
+]
 LOGPROBS = {"include": ["message.output_text.logprobs"], "top_logprobs": 2}
 
 
 def test_logprobs_in_the_message_when_asked_for():
     output = output_items("Hello", [], "stop", counter(), logprobs=LP)
-    r = Response.model_validate(response_body(call_of(**LOGPROBS), "resp_1", 1, status="completed", output=output,
-                                              usage=usage_body(USAGE)))
+    r = Response.model_validate(
+        response_body(call_of(**LOGPROBS), "resp_1", 1, status="completed", output=output, usage=usage_body(USAGE))
+    )
     lps = r.output[0].content[0].logprobs
     assert [(e.token, e.logprob, e.bytes) for e in lps] == [("Hel", -0.5, list(b"Hel")), ("lo", -0.25, list(b"lo"))]
     assert [(t.token, t.logprob) for t in lps[0].top_logprobs] == [("Hel", -0.5), ("Hi", -1.5)]
@@ -199,21 +235,30 @@ def test_logprobs_in_the_stream():
     # not asked for: none anywhere
     s = ResponseEventStream(call_of(), "resp_2", 1, counter())
     events = s.start() + s.text("Hello", LP) + s.finish("stop", USAGE)
-    assert all(not e.get("logprobs") for e in events) and "logprobs" not in events[-1]["response"]["output"][0][
-        "content"][0]
+    assert (
+        all(not e.get("logprobs") for e in events)
+        and "logprobs" not in events[-1]["response"]["output"][0]["content"][0]
+    )
 
 
 def test_stream_of_a_streamed_call_sends_each_fragment():
     from hydra_node.grammar.toolcalls import ToolCallStart
+
     s = ResponseEventStream(call_of(tools=[TOOL]), "resp_1", 1, counter())
     events = s.start() + s.text("\n") + s.call_start(ToolCallStart(0, "call_a", "add"))
     events += s.call_arguments('{"a"') + s.call_arguments("") + s.call_arguments(": 1}")
     events += s.tool_call(ParsedToolCall(0, "call_a", "add", '{"a":1}', streamed=True))
     events += s.finish("tool_calls", USAGE)
     assert _validated(events) == [
-        "response.created", "response.in_progress", "response.output_item.added",
-        "response.function_call_arguments.delta", "response.function_call_arguments.delta",
-        "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert events[2]["item"]["arguments"] == "" and events[2]["item"]["status"] == "in_progress"
     assert [e["delta"] for e in events[3:5]] == ['{"a"', ": 1}"] and events[5]["arguments"] == '{"a": 1}'
     assert events[6]["item"]["arguments"] == '{"a": 1}' and events[6]["item"]["status"] == "completed"
@@ -223,6 +268,7 @@ def test_stream_of_a_streamed_call_sends_each_fragment():
 
 def test_stream_of_a_call_cut_by_max_output_tokens():
     from hydra_node.grammar.toolcalls import ToolCallStart
+
     s = ResponseEventStream(call_of(tools=[TOOL], max_output_tokens=9), "resp_1", 1, counter())
     events = s.start() + s.text("Sure.") + s.call_start(ToolCallStart(0, "call_a", "add")) + s.call_arguments('{"a')
     events += s.tool_call(ParsedToolCall(0, "call_a", "add", '{"a', streamed=True, complete=False))

@@ -28,8 +28,13 @@ GOSSIP_WAIT_S = 20.0
 
 
 def _chat(port: int, text: str, max_tokens: int = MAX_TOKENS, **extra) -> dict:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-            "temperature": 0, **extra}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        **extra,
+    }
     code, raw = request("POST", port, "/v1/chat/completions", body, timeout=60)
     assert code == 200, raw
     return json.loads(raw)
@@ -38,8 +43,9 @@ def _chat(port: int, text: str, max_tokens: int = MAX_TOKENS, **extra) -> dict:
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory):
     base = tmp_path_factory.mktemp("live-scheduler")
-    (base / "slow.toml").write_text(f'[runner]\ninject_token_delay_ms = {SLOW_TOKEN_DELAY_MS}\n'
-                                    '[scheduler]\nmode = "shadow"\n')
+    (base / "slow.toml").write_text(
+        f'[runner]\ninject_token_delay_ms = {SLOW_TOKEN_DELAY_MS}\n[scheduler]\nmode = "shadow"\n'
+    )
     (base / "active.toml").write_text('[scheduler]\nmode = "active"\n')
     nodes: list[NodeProcess] = []
     try:
@@ -48,16 +54,20 @@ def mesh(tmp_path_factory):
         fast.start()
         token = fast.invite()
         slow = NodeProcess(base / "slow", "--name", "slow", "--config", str(base / "slow.toml"), "--join", token)
-        active = NodeProcess(base / "active", "--no-model", "--name", "active", "--config",
-                             str(base / "active.toml"), "--join", token)
+        active = NodeProcess(
+            base / "active", "--no-model", "--name", "active", "--config", str(base / "active.toml"), "--join", token
+        )
         for n in (slow, active):
             nodes.append(n)
             n.start(wait=False)
         for n in (slow, active):
             n.wait_ready()
         ids = {"fast": fast.status()["node_id"], "slow": slow.status()["node_id"]}
-        active.wait_status(lambda st: sum(1 for p in st["peers"] if p["state"] == "alive" and MODEL in p["models"])
-                           == 2, GOSSIP_WAIT_S, "both hosts alive")
+        active.wait_status(
+            lambda st: sum(1 for p in st["peers"] if p["state"] == "alive" and MODEL in p["models"]) == 2,
+            GOSSIP_WAIT_S,
+            "both hosts alive",
+        )
         # Warm-up straight at each host: each measures itself and gossips a telemetry summary,
         # which the other nodes merge as hints before they route anything.
         _chat(fast.api_port, "Warm up, please.")
@@ -114,9 +124,18 @@ def test_metrics_are_prometheus_text(mesh):
         assert code == 200
         families[name] = {f.name: f for f in text_string_to_metric_families(text)}
     entry, host = families["active"], families["fast"]
-    for name in ("hydra_http_requests", "hydra_request_ttft_seconds", "hydra_request_itl_seconds",
-                 "hydra_request_duration_seconds", "hydra_generated_tokens", "hydra_gossip_messages",
-                 "hydra_peers", "hydra_link_frames_rejected", "hydra_scheduler_events", "hydra_scheduler_mode"):
+    for name in (
+        "hydra_http_requests",
+        "hydra_request_ttft_seconds",
+        "hydra_request_itl_seconds",
+        "hydra_request_duration_seconds",
+        "hydra_generated_tokens",
+        "hydra_gossip_messages",
+        "hydra_peers",
+        "hydra_link_frames_rejected",
+        "hydra_scheduler_events",
+        "hydra_scheduler_mode",
+    ):
         assert name in entry, name
     for name in ("hydra_queue_depth", "hydra_runner_tokens_per_second", "hydra_runner_restarts"):
         assert name in host, name

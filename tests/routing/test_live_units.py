@@ -147,14 +147,30 @@ async def test_announced_summary_is_bounded_and_valid(autojump_clock):
     live = LiveScheduling(SchedulerConfig(), "me")
     now = trio.current_time()
     for i in range(40):
-        live.telemetry.observe_request(Target(f"{i:064x}", MODEL), now, queue_wait_ms=1, ttft_ms=20, duration_ms=80,
-                                       prompt_tokens=10, completion_tokens=4)
+        live.telemetry.observe_request(
+            Target(f"{i:064x}", MODEL),
+            now,
+            queue_wait_ms=1,
+            ttft_ms=20,
+            duration_ms=80,
+            prompt_tokens=10,
+            completion_tokens=4,
+        )
     extra = live.announce_extra()
     assert len(extra[ANNOUNCE_KEY]["entries"]) == ANNOUNCED_ENTRIES
     assert live.announce_extra() is extra  # unchanged until ANNOUNCE_REFRESH_S: no new announcement
-    ann = Announcement(node_id="c" * 64, incarnation=1, seq=1, version="x", role="host", addresses=(),
-                       models=(ModelEntry(MODEL, "ready"),), hardware=Hardware(1, 1, 0, 1), queue_depth=0,
-                       extra={"name": "n", **extra})  # validates extra's item and depth bounds
+    ann = Announcement(
+        node_id="c" * 64,
+        incarnation=1,
+        seq=1,
+        version="x",
+        role="host",
+        addresses=(),
+        models=(ModelEntry(MODEL, "ready"),),
+        hardware=Hardware(1, 1, 0, 1),
+        queue_depth=0,
+        extra={"name": "n", **extra},
+    )  # validates extra's item and depth bounds
     for v in ann.extra[ANNOUNCE_KEY]["entries"][0].values():
         assert isinstance(v, (int, str)) and not isinstance(v, float)
 
@@ -180,11 +196,21 @@ class FakeMesh:
 async def test_sample_records_rtt_and_merges_peer_hints(autojump_clock):
     peer = LiveScheduling(SchedulerConfig(), FAST)
     now = trio.current_time()
-    peer.telemetry.observe_request(Target("local", MODEL), now, queue_wait_ms=1, ttft_ms=20, duration_ms=80,
-                                   prompt_tokens=10, completion_tokens=4)
-    ann = Announcement(node_id=FAST, incarnation=1, seq=3, version="x", role="host", addresses=(),
-                       models=(ModelEntry(MODEL, "ready"),), hardware=Hardware(1, 1, 0, 1), queue_depth=0,
-                       extra={"name": "a", **peer.announce_extra()})
+    peer.telemetry.observe_request(
+        Target("local", MODEL), now, queue_wait_ms=1, ttft_ms=20, duration_ms=80, prompt_tokens=10, completion_tokens=4
+    )
+    ann = Announcement(
+        node_id=FAST,
+        incarnation=1,
+        seq=3,
+        version="x",
+        role="host",
+        addresses=(),
+        models=(ModelEntry(MODEL, "ready"),),
+        hardware=Hardware(1, 1, 0, 1),
+        queue_depth=0,
+        extra={"name": "a", **peer.announce_extra()},
+    )
     live = LiveScheduling(SchedulerConfig(), "me")
     mesh = FakeMesh({FAST: FakeLink(3.0)}, {FAST: ann})
     live.sample(mesh, now)
@@ -192,28 +218,42 @@ async def test_sample_records_rtt_and_merges_peer_hints(autojump_clock):
     view = live.telemetry.view(Target(FAST, MODEL), now + 0.5)
     assert view.rtt_ms == 3.0 and view.hinted and view.tpot_ms == pytest.approx(20.0)
     assert live.counters["rtt_samples"] == 1 and live.counters["hint_summaries_merged"] == 1
-    bad = Announcement(node_id=FAST, incarnation=1, seq=4, version="x", role="host", addresses=(),
-                       models=(), hardware=Hardware(1, 1, 0, 1), queue_depth=0,
-                       extra={ANNOUNCE_KEY: {"v": 1, "entries": [{"node": "local"}]}})
+    bad = Announcement(
+        node_id=FAST,
+        incarnation=1,
+        seq=4,
+        version="x",
+        role="host",
+        addresses=(),
+        models=(),
+        hardware=Hardware(1, 1, 0, 1),
+        queue_depth=0,
+        extra={ANNOUNCE_KEY: {"v": 1, "entries": [{"node": "local"}]}},
+    )
     live.sample(FakeMesh({}, {FAST: bad}), now + 1)
     assert live.counters["hint_summaries_rejected"] == 1
 
 
 def test_node_config_scheduler_section_is_the_routing_config():
-    cfg = parse_config_text('[scheduler]\nmode = "active"\ndecode_weight = 0.25\nttft_budget_ms = 300\n'
-                            '[runner]\ninject_token_delay_ms = 5\n')
+    cfg = parse_config_text(
+        '[scheduler]\nmode = "active"\ndecode_weight = 0.25\nttft_budget_ms = 300\n'
+        '[runner]\ninject_token_delay_ms = 5\n'
+    )
     assert cfg.scheduler.mode is SchedulerMode.ACTIVE and cfg.scheduler.decode_weight == 0.25
     assert cfg.runner.inject_token_delay_ms == 5.0
     assert parse_config_text("").runner.inject_token_delay_ms == 0.0
 
 
-@pytest.mark.parametrize("text, key", [
-    ("[scheduler]\nmode = 'fast'\n", "[scheduler].mode"),
-    ("[scheduler]\nbalance_margin = 2\n", "[scheduler].balance_margin"),
-    ("[scheduler]\nnope = 1\n", "[scheduler].nope"),
-    ("[runner]\ninject_token_delay_ms = -1\n", "[runner].inject_token_delay_ms"),
-    ("[runner]\ninject_token_delay_ms = 1e9\n", "[runner].inject_token_delay_ms"),
-])
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("[scheduler]\nmode = 'fast'\n", "[scheduler].mode"),
+        ("[scheduler]\nbalance_margin = 2\n", "[scheduler].balance_margin"),
+        ("[scheduler]\nnope = 1\n", "[scheduler].nope"),
+        ("[runner]\ninject_token_delay_ms = -1\n", "[runner].inject_token_delay_ms"),
+        ("[runner]\ninject_token_delay_ms = 1e9\n", "[runner].inject_token_delay_ms"),
+    ],
+)
 def test_node_config_errors_name_the_key(text, key):
     with pytest.raises(ConfigError) as e:
         parse_config_text(text)
@@ -229,11 +269,14 @@ def test_session_comes_from_the_body_and_is_bounded():
     assert GenerationRequest.from_wire(req.to_wire()).session == req.session
 
 
-@pytest.mark.parametrize("wire", [
-    {"type": "finished"},
-    {"type": "finished", "finish_reason": "stop", "prompt_tokens": float("inf"), "completion_tokens": 1},
-    {"type": "finished", "finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1, "cached_tokens": "x"},
-])
+@pytest.mark.parametrize(
+    "wire",
+    [
+        {"type": "finished"},
+        {"type": "finished", "finish_reason": "stop", "prompt_tokens": float("inf"), "completion_tokens": 1},
+        {"type": "finished", "finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1, "cached_tokens": "x"},
+    ],
+)
 def test_a_peers_malformed_finished_event_is_a_typed_error(wire):
     with pytest.raises(GenerationError) as e:
         event_from_wire(wire)
@@ -277,8 +320,13 @@ def test_prompt_size_counts_token_prompts_and_tool_definitions():
     from hydra_node.inference import ToolSpec
 
     plain = GenerationRequest(model=MODEL, kind="chat", messages=(("user", "hi"),), max_tokens=4)
-    tooled = GenerationRequest(model=MODEL, kind="chat", messages=(("user", "hi"),), max_tokens=4,
-                               tools=(ToolSpec("f", "x" * 400, '{"type": "object", "properties": {}}'),))
+    tooled = GenerationRequest(
+        model=MODEL,
+        kind="chat",
+        messages=(("user", "hi"),),
+        max_tokens=4,
+        tools=(ToolSpec("f", "x" * 400, '{"type": "object", "properties": {}}'),),
+    )
     assert live.features(tooled).prompt_tokens > live.features(plain).prompt_tokens + 90
 
 

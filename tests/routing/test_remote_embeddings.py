@@ -13,8 +13,16 @@ from nacl.signing import SigningKey
 from waiting import wait_until
 
 from hydra_node.codec.framing import encode_message
-from hydra_node.inference import (EmbeddingRequest, EmbeddingResult, GenerationError, MalformedRemoteEvent,
-                                  ModelUnavailable, QueueFull, RemoteError, vector_bytes)
+from hydra_node.inference import (
+    EmbeddingRequest,
+    EmbeddingResult,
+    GenerationError,
+    MalformedRemoteEvent,
+    ModelUnavailable,
+    QueueFull,
+    RemoteError,
+    vector_bytes,
+)
 from hydra_node.mesh.announcer import AnnouncementContent
 from hydra_node.mesh.joining import JoinPlan
 from hydra_node.mesh.membership import ModelEntry
@@ -37,18 +45,24 @@ async def host_model(req: EmbeddingRequest) -> EmbeddingResult:
         raise QueueFull("busy")
     if req.model == "bad":
         raise GenerationError("input too long", code="context_length_exceeded", status=400)
-    return EmbeddingResult(tuple(unit(i) for i in range(len(req.inputs))), prompt_tokens=7 * len(req.inputs),
-                           served_by="host-id")
+    return EmbeddingResult(
+        tuple(unit(i) for i in range(len(req.inputs))), prompt_tokens=7 * len(req.inputs), served_by="host-id"
+    )
 
 
 def mesh_node(home: Path, name: str, models: tuple[str, ...], local_embed):
     content = AnnouncementContent(models=tuple(ModelEntry(m, "ready") for m in models))
-    mesh = MeshService(signing_key=SigningKey.generate(), state_dir=home / "mesh",
-                       settings=MeshSettings(listen_host="127.0.0.1", listen_port=0),
-                       announcement=lambda: content, name=name)
+    mesh = MeshService(
+        signing_key=SigningKey.generate(),
+        state_dir=home / "mesh",
+        settings=MeshSettings(listen_host="127.0.0.1", listen_port=0),
+        announcement=lambda: content,
+        name=name,
+    )
     embeddings = RemoteEmbeddings(mesh, node_id=mesh.node_id, local_embed=local_embed)
-    remote = RemoteGeneration(mesh, node_id=mesh.node_id, local_open=lambda m: None,
-                              embed_remote=embeddings.embed_remote)
+    remote = RemoteGeneration(
+        mesh, node_id=mesh.node_id, local_open=lambda m: None, embed_remote=embeddings.embed_remote
+    )
     mesh.handle_stream("embed", embeddings.serve)  # as the root does
     return mesh, embeddings, remote
 
@@ -66,7 +80,8 @@ async def joined(nursery, tmp_path, host_embed, models=("m1", "bad", "busy", "ev
 
 async def test_vectors_and_errors_cross_an_embed_stream(nursery, tmp_path, autojump_clock):
     host, host_emb, _, user_emb, user_remote = await joined(
-        nursery, tmp_path, lambda m: host_model if m in ("m1", "bad", "busy") else None)
+        nursery, tmp_path, lambda m: host_model if m in ("m1", "bad", "busy") else None
+    )
     targets = {t.model: t for t in user_remote.targets()}
     assert targets["m1"].embed is not None and targets["m1"].node_id == host.node_id
     with trio.fail_after(JOIN_S):
@@ -102,7 +117,7 @@ async def test_a_malformed_reply_is_a_502_never_a_result(nursery, tmp_path, auto
         data = b""
         while not data:
             data = await stream.receive()
-        model = data[data.index(b"emodel") + 6:]  # crude: the model name follows its key
+        model = data[data.index(b"emodel") + 6 :]  # crude: the model name follows its key
         name = next(k for k in replies if model.startswith(bytes([0x60 + len(k)]) + k.encode()))
         for msg in replies[name]:
             await stream.send(encode_message(msg, limit=1 << 20))

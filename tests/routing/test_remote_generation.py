@@ -30,6 +30,7 @@ async def fake_model(req: GenerationRequest):
         yield TextDelta("he")
         yield TextDelta("llo")
         yield Finished("stop", 1, 2, served_by="host")
+
     yield events()
 
 
@@ -41,9 +42,13 @@ async def failing_model(req: GenerationRequest):
 
 def node(home: Path, name: str, models: tuple[str, ...], local_open) -> tuple[MeshService, RemoteGeneration]:
     content = AnnouncementContent(models=tuple(ModelEntry(m, "ready") for m in models))
-    mesh = MeshService(signing_key=SigningKey.generate(), state_dir=home / "mesh",
-                       settings=MeshSettings(listen_host="127.0.0.1", listen_port=0),
-                       announcement=lambda: content, name=name)
+    mesh = MeshService(
+        signing_key=SigningKey.generate(),
+        state_dir=home / "mesh",
+        settings=MeshSettings(listen_host="127.0.0.1", listen_port=0),
+        announcement=lambda: content,
+        name=name,
+    )
     remote = RemoteGeneration(mesh, node_id=mesh.node_id, local_open=local_open)
     mesh.handle_stream("generate", remote.serve)  # as the root does
     return mesh, remote
@@ -55,8 +60,9 @@ async def collect(remote: RemoteGeneration, peer_id: str, req: GenerationRequest
 
 
 async def test_members_models_become_targets_and_generate_across_the_link(nursery, tmp_path, autojump_clock):
-    host, host_remote = node(tmp_path / "h", "host", ("m1", "bad"),
-                             lambda m: {"m1": fake_model, "bad": failing_model}.get(m))
+    host, host_remote = node(
+        tmp_path / "h", "host", ("m1", "bad"), lambda m: {"m1": fake_model, "bad": failing_model}.get(m)
+    )
     user, user_remote = node(tmp_path / "u", "user", (), lambda m: None)
     await nursery.start(host.run, JoinPlan())
     await nursery.start(user.run, JoinPlan.from_tokens([host.invite(600)], time.time()))
@@ -64,7 +70,9 @@ async def test_members_models_become_targets_and_generate_across_the_link(nurser
         targets = await wait_until(lambda: user_remote.targets())
         await wait_until(lambda: user.node_id in host.members())  # the host serves members only
     assert {(t.model, t.node_id, t.local, t.state) for t in targets} == {
-        ("m1", host.node_id, False, "ready"), ("bad", host.node_id, False, "ready")}
+        ("m1", host.node_id, False, "ready"),
+        ("bad", host.node_id, False, "ready"),
+    }
     with trio.fail_after(JOIN_S):
         events = await collect(user_remote, host.node_id, REQ)
         assert [e.text for e in events[:2]] == ["he", "llo"] and isinstance(events[2], Finished)

@@ -71,7 +71,9 @@ async def run(router: Router, req: GenerationRequest = REQ) -> list:
 async def test_a_failure_after_the_first_event_is_streamed_not_retried(autojump_clock):
     err = QueueFull(MODEL)  # retryable, a subclass: both must survive the router
     a, b = Host(fail=err, fail_after=1), Host()
-    router = router_of(RouteTarget(MODEL, A, False, a.open, rtt_ms=1.0), RouteTarget(MODEL, B, False, b.open, rtt_ms=2.0))
+    router = router_of(
+        RouteTarget(MODEL, A, False, a.open, rtt_ms=1.0), RouteTarget(MODEL, B, False, b.open, rtt_ms=2.0)
+    )
     with pytest.raises(QueueFull) as info:
         await run(router)
     assert info.value is err and info.value.streamed and info.value.retryable
@@ -79,15 +81,21 @@ async def test_a_failure_after_the_first_event_is_streamed_not_retried(autojump_
     # the API answers it exactly as it would have before the stream (code, status, message, retry-after)
     api = ApiError.from_generation(info.value)
     fresh = ApiError.from_generation(QueueFull(MODEL))
-    assert (api.status, api.code, api.message, api.retry_after) == (fresh.status, fresh.code, fresh.message,
-                                                                     fresh.retry_after)
+    assert (api.status, api.code, api.message, api.retry_after) == (
+        fresh.status,
+        fresh.code,
+        fresh.message,
+        fresh.retry_after,
+    )
     assert api.response().body == fresh.response().body
 
 
 async def test_a_failure_before_the_first_event_is_retried_unmarked(autojump_clock):
     err = GenerationError("lost", code="peer_lost", status=502, retryable=True)
     a, b = Host(fail=err), Host()
-    router = router_of(RouteTarget(MODEL, A, False, a.open, rtt_ms=1.0), RouteTarget(MODEL, B, False, b.open, rtt_ms=2.0))
+    router = router_of(
+        RouteTarget(MODEL, A, False, a.open, rtt_ms=1.0), RouteTarget(MODEL, B, False, b.open, rtt_ms=2.0)
+    )
     events = await run(router)
     assert isinstance(events[-1], Finished) and (a.opened, b.opened, router.retries) == (1, 1, 1)
     assert not err.streamed and not GenerationError("fresh").streamed
@@ -124,8 +132,9 @@ class Mesh:
 
 async def test_remote_targets_map_announced_states(autojump_clock):
     c = "c" * 64
-    mesh = Mesh({A: _member("ready"), B: _member("draining"), c: _member("ready")},
-                {A: "alive", B: "alive", c: "suspect"})
+    mesh = Mesh(
+        {A: _member("ready"), B: _member("draining"), c: _member("ready")}, {A: "alive", B: "alive", c: "suspect"}
+    )
     remote = RemoteGeneration(mesh, node_id="me", local_open=lambda m: None)
     states = {t.node_id: t.state for t in remote.targets()}
     assert states == {A: TargetState.READY, B: TargetState.UNKNOWN, c: TargetState.SUSPECT}
@@ -143,13 +152,30 @@ async def test_remote_targets_map_announced_states(autojump_clock):
 
 def test_local_targets_list_a_restarting_runner_as_loading():
     def runner(model: str, state):
-        return SimpleNamespace(model=SimpleNamespace(id=model), generate=None, embeddings=SimpleNamespace(embed=None),
-                               queue_depth=0, in_flight=0, slots=1, free_slots=1, state=state)
+        return SimpleNamespace(
+            model=SimpleNamespace(id=model),
+            generate=None,
+            embeddings=SimpleNamespace(embed=None),
+            queue_depth=0,
+            in_flight=0,
+            slots=1,
+            free_slots=1,
+            state=state,
+        )
 
-    local = LocalRunners("me", {"r": runner("r", RunnerState.RESTARTING), "ok": runner("ok", RunnerState.READY),
-                                "p": runner("p", RunnerState.PLACING)})
-    assert {t.model: t.state for t in local.targets()} == {"r": TargetState.LOADING, "ok": TargetState.READY,
-                                                           "p": TargetState.PLACING}
+    local = LocalRunners(
+        "me",
+        {
+            "r": runner("r", RunnerState.RESTARTING),
+            "ok": runner("ok", RunnerState.READY),
+            "p": runner("p", RunnerState.PLACING),
+        },
+    )
+    assert {t.model: t.state for t in local.targets()} == {
+        "r": TargetState.LOADING,
+        "ok": TargetState.READY,
+        "p": TargetState.PLACING,
+    }
     assert all(type(t.state) is TargetState for t in local.targets())
 
 

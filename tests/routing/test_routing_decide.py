@@ -31,20 +31,38 @@ ACTIVE = SchedulerConfig(mode=SchedulerMode.ACTIVE)
 def _measured(store: TelemetryStore, target: Target, now: float, *, rtt: float, tpot: float) -> None:
     """One finished request (prefill 0.02 ms/token, ``tpot`` ms/token) and one RTT probe."""
     store.observe_probe(target, rtt, now)
-    store.observe_request(target, now, queue_wait_ms=0, ttft_ms=20 + rtt, duration_ms=20 + rtt + 100 * tpot,
-                          prompt_tokens=1000, completion_tokens=101, network_ms=rtt)
+    store.observe_request(
+        target,
+        now,
+        queue_wait_ms=0,
+        ttft_ms=20 + rtt,
+        duration_ms=20 + rtt + 100 * tpot,
+        prompt_tokens=1000,
+        completion_tokens=101,
+        network_ms=rtt,
+    )
 
 
 def test_eligibility_reasons_and_no_target() -> None:
     state = SchedulerState()
     req = RequestFeatures("m", prompt_tokens=3000, max_tokens=1000)
-    cands = [Candidate(Target("a", "other"), 8192), Candidate(Target("b", "m"), 8192, healthy=False),
-             Candidate(Target("c", "m"), 8192, hosts_model=False), Candidate(Target("d", "m"), 2048)]
+    cands = [
+        Candidate(Target("a", "other"), 8192),
+        Candidate(Target("b", "m"), 8192, healthy=False),
+        Candidate(Target("c", "m"), 8192, hosts_model=False),
+        Candidate(Target("d", "m"), 2048),
+    ]
     d = decide(cands, req, TelemetryStore(), ACTIVE, 0.0, state)
     assert d.target is None and state.counters["no_target"] == 1
     assert [r for _, r in d.excluded] == ["other model", "unhealthy", "model not hosted", "context 2048 < 4000"]
-    d = decide([*cands, Candidate(Target("e", "m"), 8192), Candidate(Target("e", "m"), 8192)], req,
-               TelemetryStore(), ACTIVE, 0.0, state)
+    d = decide(
+        [*cands, Candidate(Target("e", "m"), 8192), Candidate(Target("e", "m"), 8192)],
+        req,
+        TelemetryStore(),
+        ACTIVE,
+        0.0,
+        state,
+    )
     assert d.target == Target("e", "m") and d.excluded[-1][1] == "duplicate candidate"
 
 
@@ -133,22 +151,42 @@ def test_expected_output_comes_from_telemetry() -> None:
 
 # ---- properties ---------------------------------------------------------------------------
 _targets = st.sampled_from([Target(n, mdl) for n in ("local", "a", "b", "c") for mdl in ("m", "q")])
-_candidates = st.lists(st.builds(
-    Candidate, target=_targets, context_length=st.integers(0, 8192), healthy=st.booleans(),
-    hosts_model=st.booleans(), in_flight=st.integers(0, 8), queue_depth=st.none() | st.integers(0, 8),
-    slots=st.integers(1, 4)), max_size=8)
-_observations = st.lists(st.tuples(_targets, st.sampled_from(["ok", "fail", "probe"]),
-                                   st.floats(0, 500), st.integers(1, 200)), max_size=12)
-_requests = st.lists(st.tuples(st.integers(0, 6000), st.sampled_from([None, "s1", "s2"]),
-                               st.sampled_from([None, "p1"])), min_size=1, max_size=6)
+_candidates = st.lists(
+    st.builds(
+        Candidate,
+        target=_targets,
+        context_length=st.integers(0, 8192),
+        healthy=st.booleans(),
+        hosts_model=st.booleans(),
+        in_flight=st.integers(0, 8),
+        queue_depth=st.none() | st.integers(0, 8),
+        slots=st.integers(1, 4),
+    ),
+    max_size=8,
+)
+_observations = st.lists(
+    st.tuples(_targets, st.sampled_from(["ok", "fail", "probe"]), st.floats(0, 500), st.integers(1, 200)), max_size=12
+)
+_requests = st.lists(
+    st.tuples(st.integers(0, 6000), st.sampled_from([None, "s1", "s2"]), st.sampled_from([None, "p1"])),
+    min_size=1,
+    max_size=6,
+)
 
 
 def _feed(store: TelemetryStore, observations) -> None:
     for i, (target, kind, ms, tokens) in enumerate(observations):
         now = i * 0.1
         if kind == "ok":
-            store.observe_request(target, now, queue_wait_ms=ms / 10, ttft_ms=ms, duration_ms=ms * 3,
-                                  prompt_tokens=tokens * 5, completion_tokens=tokens)
+            store.observe_request(
+                target,
+                now,
+                queue_wait_ms=ms / 10,
+                ttft_ms=ms,
+                duration_ms=ms * 3,
+                prompt_tokens=tokens * 5,
+                completion_tokens=tokens,
+            )
         elif kind == "fail":
             store.observe_failure(target, now, ms)
         else:
@@ -193,26 +231,57 @@ def test_shadow_never_changes_the_routed_choice(cands, observations, requests) -
 def test_affinity_keys_from_openai_bodies() -> None:
     cfg = SchedulerConfig()
     turn1 = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}
-    turn2 = {"messages": [*turn1["messages"], {"role": "assistant", "content": "hello"},
-                          {"role": "user", "content": "more"}], "user": "alice", "max_tokens": 64}
+    turn2 = {
+        "messages": [
+            *turn1["messages"],
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "more"},
+        ],
+        "user": "alice",
+        "max_tokens": 64,
+    }
     s1, p1, n1 = affinity_keys(turn1, "m", cfg)
     s2, p2, _ = affinity_keys(turn2, "m", cfg)
     assert s1 is None and s2 is not None and p1 == p2 and n1 == len("be brief\nhi") // 4
     assert affinity_keys(turn2, "other", cfg)[0] != s2  # keys are per model
-    assert affinity_keys(turn1, "m", cfg, session_header="abc")[0] == affinity_keys(
-        {"prompt_cache_key": "abc", **turn1}, "m", cfg)[0]
+    assert (
+        affinity_keys(turn1, "m", cfg, session_header="abc")[0]
+        == affinity_keys({"prompt_cache_key": "abc", **turn1}, "m", cfg)[0]
+    )
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
-    assert affinity_keys(parts, "m", cfg)[1] == affinity_keys(
-        {"messages": [{"role": "user", "content": "hi"}]}, "m", cfg)[1]
+    assert (
+        affinity_keys(parts, "m", cfg)[1]
+        == affinity_keys({"messages": [{"role": "user", "content": "hi"}]}, "m", cfg)[1]
+    )
     feats = request_features(turn2, "m", 40, cfg)
     assert feats.max_tokens == 64 and feats.session_key == s2 and feats.prefix_tokens == 2
 
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-        st.sampled_from(["messages", "role", "content", "user", "tools", "prompt", "max_tokens", "text",
-                         "type", "session_id", "prompt_cache_key"]) | st.text(max_size=4), inner, max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "messages",
+                    "role",
+                    "content",
+                    "user",
+                    "tools",
+                    "prompt",
+                    "max_tokens",
+                    "text",
+                    "type",
+                    "session_id",
+                    "prompt_cache_key",
+                ]
+            )
+            | st.text(max_size=4),
+            inner,
+            max_size=5,
+        )
+    ),
     max_leaves=25,
 )
 

@@ -16,9 +16,18 @@ PEER = Target("peer", "m")
 LOCAL = Target("local", "m")
 CONFIG = SchedulerConfig()
 REQ = RequestFeatures("m", prompt_tokens=1000, max_tokens=200, expected_output_tokens=100)
-VIEW = TargetView(rtt_ms=20, jitter_ms=5, tpot_ms=30, prefill_ms_per_token=0.5, service_ms=2000,
-                  success_rate=0.8, failure_ms=1000, queue_wait_ms=100, cache_hit_ratio=0.5,
-                  measured=True)
+VIEW = TargetView(
+    rtt_ms=20,
+    jitter_ms=5,
+    tpot_ms=30,
+    prefill_ms_per_token=0.5,
+    service_ms=2000,
+    success_rate=0.8,
+    failure_ms=1000,
+    queue_wait_ms=100,
+    cache_hit_ratio=0.5,
+    measured=True,
+)
 
 
 def test_every_term_of_a_measured_remote_target() -> None:
@@ -89,8 +98,17 @@ def test_cooldown_budget_and_retry_terms() -> None:
 
 # ---- properties ---------------------------------------------------------------------------
 _ms = st.floats(0, 1e5, allow_nan=False)
-_OPTIONAL = ("rtt_ms", "jitter_ms", "tpot_ms", "prefill_ms_per_token", "service_ms",
-             "queue_wait_ms", "failure_ms", "artifact_ms", "kv_transfer_ms")
+_OPTIONAL = (
+    "rtt_ms",
+    "jitter_ms",
+    "tpot_ms",
+    "prefill_ms_per_token",
+    "service_ms",
+    "queue_wait_ms",
+    "failure_ms",
+    "artifact_ms",
+    "kv_transfer_ms",
+)
 
 
 @st.composite
@@ -104,28 +122,48 @@ def dominated_pair(draw):
     hit = draw(st.floats(0, 1))
     fails = draw(st.integers(0, 5))
     at = draw(st.floats(0, 100))
-    better = TargetView(**good, success_rate=ok, bandwidth_bps=bw, cache_hit_ratio=hit,
-                        consecutive_failures=fails, last_failure_at=at if fails else None, measured=True)
-    worse = TargetView(**bad, success_rate=ok * draw(st.floats(0, 1)),
-                       bandwidth_bps=bw / draw(st.floats(1, 10)),
-                       cache_hit_ratio=hit * draw(st.floats(0, 1)),
-                       consecutive_failures=fails + draw(st.integers(0, 3)),
-                       last_failure_at=at if fails else 50.0, measured=True)
+    better = TargetView(
+        **good,
+        success_rate=ok,
+        bandwidth_bps=bw,
+        cache_hit_ratio=hit,
+        consecutive_failures=fails,
+        last_failure_at=at if fails else None,
+        measured=True,
+    )
+    worse = TargetView(
+        **bad,
+        success_rate=ok * draw(st.floats(0, 1)),
+        bandwidth_bps=bw / draw(st.floats(1, 10)),
+        cache_hit_ratio=hit * draw(st.floats(0, 1)),
+        consecutive_failures=fails + draw(st.integers(0, 3)),
+        last_failure_at=at if fails else 50.0,
+        measured=True,
+    )
     remote = draw(st.booleans())
     target = PEER if remote else LOCAL
     in_flight = draw(st.integers(0, 20))
     depth = draw(st.none() | st.integers(0, 20))
     slots = draw(st.integers(1, 8))
     c_good = Candidate(target, 32768, in_flight=in_flight, queue_depth=depth, slots=slots + draw(st.integers(0, 4)))
-    c_bad = Candidate(target, 32768, in_flight=in_flight + draw(st.integers(0, 5)),
-                      queue_depth=None if depth is None else depth + draw(st.integers(0, 5)), slots=slots)
+    c_bad = Candidate(
+        target,
+        32768,
+        in_flight=in_flight + draw(st.integers(0, 5)),
+        queue_depth=None if depth is None else depth + draw(st.integers(0, 5)),
+        slots=slots,
+    )
     return better, worse, c_good, c_bad
 
 
-_requests = st.builds(RequestFeatures, model=st.just("m"), prompt_tokens=st.integers(0, 20000),
-                      max_tokens=st.none() | st.integers(1, 4096),
-                      expected_output_tokens=st.none() | st.integers(1, 4096),
-                      kv_transfer_bytes=st.integers(0, 10**9))
+_requests = st.builds(
+    RequestFeatures,
+    model=st.just("m"),
+    prompt_tokens=st.integers(0, 20000),
+    max_tokens=st.none() | st.integers(1, 4096),
+    expected_output_tokens=st.none() | st.integers(1, 4096),
+    kv_transfer_bytes=st.integers(0, 10**9),
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -133,8 +171,10 @@ _requests = st.builds(RequestFeatures, model=st.just("m"), prompt_tokens=st.inte
 def test_dominating_target_never_scores_worse(pair, request, affinity, cached, now) -> None:
     better, worse, c_good, c_bad = pair
     kw = dict(affinity=affinity, affinity_tokens=cached)
-    assert score(c_good, request, better, CONFIG, now, **kw).total_ms <= \
-        score(c_bad, request, worse, CONFIG, now, **kw).total_ms + 1e-6
+    assert (
+        score(c_good, request, better, CONFIG, now, **kw).total_ms
+        <= score(c_bad, request, worse, CONFIG, now, **kw).total_ms + 1e-6
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -156,18 +196,38 @@ _any_ms = st.floats(0, 1e308, allow_nan=False, allow_infinity=False)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.builds(TargetView, rtt_ms=_any_ms, jitter_ms=_any_ms, tpot_ms=st.none() | _any_ms,
-                 prefill_ms_per_token=st.none() | _any_ms, service_ms=st.none() | _any_ms,
-                 queue_wait_ms=st.none() | _any_ms, failure_ms=st.none() | _any_ms,
-                 success_rate=st.none() | st.floats(0, 1), bandwidth_bps=st.none() | _any_ms,
-                 artifact_ms=st.none() | _any_ms, consecutive_failures=st.integers(0, 10**6),
-                 last_failure_at=st.none() | st.floats(-1e300, 1e300), measured=st.booleans()),
-       st.builds(Candidate, target=st.sampled_from((PEER, LOCAL)), context_length=st.integers(0, 10**9),
-                 in_flight=st.integers(0, 10**9), queue_depth=st.none() | st.integers(0, 10**9),
-                 slots=st.integers(1, 10**6), model_loaded=st.booleans(),
-                 advertised_decode_tps=st.none() | st.floats(1e-300, 1e300),
-                 advertised_prefill_tps=st.none() | st.floats(1e-300, 1e300)),
-       _requests, st.floats(-1e300, 1e300), _any_ms)
+@given(
+    st.builds(
+        TargetView,
+        rtt_ms=_any_ms,
+        jitter_ms=_any_ms,
+        tpot_ms=st.none() | _any_ms,
+        prefill_ms_per_token=st.none() | _any_ms,
+        service_ms=st.none() | _any_ms,
+        queue_wait_ms=st.none() | _any_ms,
+        failure_ms=st.none() | _any_ms,
+        success_rate=st.none() | st.floats(0, 1),
+        bandwidth_bps=st.none() | _any_ms,
+        artifact_ms=st.none() | _any_ms,
+        consecutive_failures=st.integers(0, 10**6),
+        last_failure_at=st.none() | st.floats(-1e300, 1e300),
+        measured=st.booleans(),
+    ),
+    st.builds(
+        Candidate,
+        target=st.sampled_from((PEER, LOCAL)),
+        context_length=st.integers(0, 10**9),
+        in_flight=st.integers(0, 10**9),
+        queue_depth=st.none() | st.integers(0, 10**9),
+        slots=st.integers(1, 10**6),
+        model_loaded=st.booleans(),
+        advertised_decode_tps=st.none() | st.floats(1e-300, 1e300),
+        advertised_prefill_tps=st.none() | st.floats(1e-300, 1e300),
+    ),
+    _requests,
+    st.floats(-1e300, 1e300),
+    _any_ms,
+)
 def test_scores_are_always_finite(view, candidate, request, now, retry) -> None:
     s = score(candidate, request, view, CONFIG, now, affinity=True, affinity_tokens=10, retry_ttft_ms=retry)
     for value in dataclasses.asdict(s).values():

@@ -52,8 +52,16 @@ def test_probe_rtt_and_jitter() -> None:
 def test_observe_request_derives_every_metric() -> None:
     store = TelemetryStore()
     store.observe_probe(PEER, 10.0, 0.0)
-    store.observe_request(PEER, 1.0, queue_wait_ms=40.0, ttft_ms=250.0, duration_ms=2250.0,
-                          prompt_tokens=500, cached_tokens=300, completion_tokens=101)
+    store.observe_request(
+        PEER,
+        1.0,
+        queue_wait_ms=40.0,
+        ttft_ms=250.0,
+        duration_ms=2250.0,
+        prompt_tokens=500,
+        cached_tokens=300,
+        completion_tokens=101,
+    )
     v = store.view(PEER, 1.0)
     assert v.queue_wait_ms == 40.0 and v.ttft_ms == 250.0
     assert v.prefill_ms_per_token == pytest.approx((250 - 40 - 10) / 200)
@@ -117,12 +125,12 @@ def test_ttl_prunes_old_targets() -> None:
 
 def test_snapshot_shape() -> None:
     store = TelemetryStore()
-    store.observe_request(LOCAL, 1.0, queue_wait_ms=1, ttft_ms=50, duration_ms=500,
-                          prompt_tokens=100, completion_tokens=10)
+    store.observe_request(
+        LOCAL, 1.0, queue_wait_ms=1, ttft_ms=50, duration_ms=500, prompt_tokens=100, completion_tokens=10
+    )
     store.observe_probe(PEER, 5.0, 1.0)
     snap = store.snapshot(30.0)
-    assert {"tracked_targets", "stale_targets", "max_targets", "ttl_secs", "advisory_hints",
-            "targets"} <= snap.keys()
+    assert {"tracked_targets", "stale_targets", "max_targets", "ttl_secs", "advisory_hints", "targets"} <= snap.keys()
     assert snap["tracked_targets"] == 2 and snap["stale_targets"] == 2
     local = next(t for t in snap["targets"] if t["node"] == "local")
     assert local["kind"] == "local" and local["successes"] == 1
@@ -132,10 +140,26 @@ def test_snapshot_shape() -> None:
 
 def _peer_with_data(now: float) -> TelemetryStore:
     store = TelemetryStore(local_node_id="me")
-    store.observe_request(LOCAL, now, queue_wait_ms=10, ttft_ms=110, duration_ms=2110,
-                          prompt_tokens=1000, cached_tokens=0, completion_tokens=101)
-    store.observe_request(Target("me", "m"), now, queue_wait_ms=0, ttft_ms=50, duration_ms=500,
-                          prompt_tokens=100, completion_tokens=10, network_ms=0)
+    store.observe_request(
+        LOCAL,
+        now,
+        queue_wait_ms=10,
+        ttft_ms=110,
+        duration_ms=2110,
+        prompt_tokens=1000,
+        cached_tokens=0,
+        completion_tokens=101,
+    )
+    store.observe_request(
+        Target("me", "m"),
+        now,
+        queue_wait_ms=0,
+        ttft_ms=50,
+        duration_ms=500,
+        prompt_tokens=100,
+        completion_tokens=10,
+        network_ms=0,
+    )
     store.observe_probe(Target("other", "m"), 30.0, now)  # RTT only: not exported
     return store
 
@@ -179,32 +203,39 @@ def test_hint_bounds() -> None:
     assert len(mine._hints[Target("x", "m")]) == MAX_HINT_SOURCES
 
 
-@pytest.mark.parametrize("summary, fault", [
-    ([], "summary"),
-    ({"v": 2, "entries": []}, "summary.v"),
-    ({"v": 1}, "summary.entries"),
-    ({"v": 1, "entries": [1]}, "entries[0]"),
-    ({"v": 1, "entries": [{"node": "a", "model": "m", "age_ms": 0}]}, "entries[0].n"),
-    ({"v": 1, "entries": [{"node": "", "model": "m", "age_ms": 0, "n": 0}]}, "entries[0].node"),
-    ({"v": 1, "entries": [{"node": "a", "model": "m", "age_ms": -1, "n": 0}]}, "age_ms"),
-    ({"v": 1, "entries": [{"node": "a", "model": "m", "age_ms": 0, "n": 0, "ttft_ms": 1.5}]}, "ttft_ms"),
-    ({"v": 1, "entries": [{"node": "a", "model": "m", "age_ms": 0, "n": 0, "ok_pm": 1001}]}, "ok_pm"),
-    ({"v": 1, "entries": [{"node": "a", "model": "m", "age_ms": 0, "n": True}]}, "entries[0].n"),
-    ({"v": 1, "entries": [{"node": "a", "model": "m", "age_ms": 0, "n": 0}] * 33}, "33 entries"),
-])
+@pytest.mark.parametrize(
+    "summary, fault",
+    [
+        ([], "summary"),
+        ({"v": 2, "entries": []}, "summary.v"),
+        ({"v": 1}, "summary.entries"),
+        ({"v": 1, "entries": [1]}, "entries[0]"),
+        ({"v": 1, "entries": [{"node": "a", "model": "m", "age_ms": 0}]}, "entries[0].n"),
+        ({"v": 1, "entries": [{"node": "", "model": "m", "age_ms": 0, "n": 0}]}, "entries[0].node"),
+        ({"v": 1, "entries": [{"node": "a", "model": "m", "age_ms": -1, "n": 0}]}, "age_ms"),
+        ({"v": 1, "entries": [{"node": "a", "model": "m", "age_ms": 0, "n": 0, "ttft_ms": 1.5}]}, "ttft_ms"),
+        ({"v": 1, "entries": [{"node": "a", "model": "m", "age_ms": 0, "n": 0, "ok_pm": 1001}]}, "ok_pm"),
+        ({"v": 1, "entries": [{"node": "a", "model": "m", "age_ms": 0, "n": True}]}, "entries[0].n"),
+        ({"v": 1, "entries": [{"node": "a", "model": "m", "age_ms": 0, "n": 0}] * 33}, "33 entries"),
+    ],
+)
 def test_invalid_hints_are_typed_errors(summary: object, fault: str) -> None:
     with pytest.raises(InvalidHint, match=fault.replace("[", r"\[").replace("]", r"\]")):
         TelemetryStore().merge_hint("peer", summary, 0.0)
 
 
 _json = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=6),
     max_leaves=30,
 )
 _entry = st.fixed_dictionaries(
-    {"node": st.text(max_size=3), "model": st.text(max_size=3), "age_ms": st.integers(-5, 10**10),
-     "n": st.integers(-5, 10**10)},
+    {
+        "node": st.text(max_size=3),
+        "model": st.text(max_size=3),
+        "age_ms": st.integers(-5, 10**10),
+        "n": st.integers(-5, 10**10),
+    },
     optional={"ok_pm": _json, "ttft_ms": st.integers(-5, 10**10), "tpot_us": _json, "zz": _json},
 )
 

@@ -39,8 +39,13 @@ async def read_ready(proc: trio.Process) -> int:
 
 
 async def main(run_dir: Path) -> None:
-    spec = ChildSpec([sys.executable, "-c", CHILD], ready=read_ready, kind="sleeper", stdout=subprocess.PIPE,
-                     pidfile=run_dir / "sleeper.pid")
+    spec = ChildSpec(
+        [sys.executable, "-c", CHILD],
+        ready=read_ready,
+        kind="sleeper",
+        stdout=subprocess.PIPE,
+        pidfile=run_dir / "sleeper.pid",
+    )
     sup = ChildSupervisor("sleeper", spec)
     async with trio.open_nursery() as nursery:
         pid = await nursery.start(sup.run)
@@ -53,8 +58,10 @@ async def main(run_dir: Path) -> None:
 def trio_threads_gone() -> bool:
     """No trio worker thread left, in Python's view and in the kernel's (every OS thread is one
     Python knows, so none is still exiting)."""
-    return (not any(t.name.startswith(TRIO_THREAD) for t in threading.enumerate())
-            and len(os.listdir("/proc/self/task")) == threading.active_count())
+    return (
+        not any(t.name.startswith(TRIO_THREAD) for t in threading.enumerate())
+        and len(os.listdir("/proc/self/task")) == threading.active_count()
+    )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,17 @@ def test_schedule_reset():
     assert s.next_delay(2.0, 0.0) == 1.0
 
 
-@pytest.mark.parametrize("kwargs", [dict(max_s=-1.0), dict(factor=0.5), dict(jitter=1.0),
-                                    dict(jitter=-0.1), dict(initial_s=-1.0), dict(reset_after_s=-1.0)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(max_s=-1.0),
+        dict(factor=0.5),
+        dict(jitter=1.0),
+        dict(jitter=-0.1),
+        dict(initial_s=-1.0),
+        dict(reset_after_s=-1.0),
+    ],
+)
 def test_backoff_rejects_nonsense(kwargs):
     with pytest.raises(ValueError):
         Backoff(**kwargs)

@@ -19,18 +19,22 @@ def test_stop_never_signals_a_pid_whose_file_has_no_start_time(tmp_path):
     try:
         run = tmp_path / "run"
         run.mkdir()
-        (run / "node.pid").write_text(json.dumps({"pid": victim.pid, "argv": [], "owner_pid": victim.pid,
-                                                  "kind": "node"}))  # no start_time: proves nothing
+        (run / "node.pid").write_text(
+            json.dumps({"pid": victim.pid, "argv": [], "owner_pid": victim.pid, "kind": "node"})
+        )  # no start_time: proves nothing
         rec = read_pidfile(run / "node.pid")
-        out = subprocess.run([sys.executable, "-m", "hydra_node.cli", "stop", "--home", str(tmp_path),
-                              "--timeout", "1"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "hydra_node.cli", "stop", "--home", str(tmp_path), "--timeout", "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode != 0 and "no node is running" in out.stderr
         assert victim.poll() is None  # still running: never signalled
         assert not signal_recorded(rec, 15) and victim.poll() is None
         assert not (run / "node.pid").exists()  # stop cleaned the stale file up (issue 18 item 5)
         # a runner-kind file without a start time is only removed at the next start, never acted on
-        (run / "runner-x.pid").write_text(json.dumps({"pid": victim.pid, "argv": [], "owner_pid": 1,
-                                                      "kind": "runner"}))
+        (run / "runner-x.pid").write_text(json.dumps({"pid": victim.pid, "argv": [], "owner_pid": 1, "kind": "runner"}))
         reap_stale(run)
         assert victim.poll() is None and not (run / "runner-x.pid").exists()
     finally:
@@ -57,8 +61,25 @@ def test_an_unusable_home_is_one_clear_line(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     for bad in (blocker, blocker / "sub"):
-        out = subprocess.run([sys.executable, "-m", "hydra_node.cli", "serve", "--home", str(bad), "--port", "0",
-                              "--console", "0", "--mesh-port", "0"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hydra_node.cli",
+                "serve",
+                "--home",
+                str(bad),
+                "--port",
+                "0",
+                "--console",
+                "0",
+                "--mesh-port",
+                "0",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 2 and "Traceback" not in out.stderr
         assert out.stderr.count("\n") == 1 and "is not usable" in out.stderr and "--home" in out.stderr
 

@@ -15,8 +15,16 @@ import trio
 
 from hydra_node.pidfile import read_pidfile, reap_stale
 from hydra_node.backoff import Backoff, CrashLoop
-from hydra_node.runtime.supervise import (ChildExited, ChildFailed, ChildNotReady, ChildOutput, ChildSpec, ChildState,
-                                          ChildSupervisor, GiveUp)
+from hydra_node.runtime.supervise import (
+    ChildExited,
+    ChildFailed,
+    ChildNotReady,
+    ChildOutput,
+    ChildSpec,
+    ChildState,
+    ChildSupervisor,
+    GiveUp,
+)
 
 PY = sys.executable
 #: Bound on any one test: python start-up on a busy 2-core machine.
@@ -58,8 +66,9 @@ async def test_ready_child_is_reported_killed_restarted_and_stopped(tmp_path):
     pidfile = tmp_path / "run" / "test.pid"
     output = ChildOutput(tmp_path / "child.log")
     script = "import sys; print('boo', file=sys.stderr, flush=True); " + READY_THEN_SLEEP
-    sup = ChildSupervisor("tester", spec(script, pidfile=pidfile, output=output), backoff=QUICK,
-                          on_ready=lambda line: f"got {line}")
+    sup = ChildSupervisor(
+        "tester", spec(script, pidfile=pidfile, output=output), backoff=QUICK, on_ready=lambda line: f"got {line}"
+    )
     assert sup.state is ChildState.STARTING and sup.pid is None
     with trio.fail_after(LIMIT_S):
         async with trio.open_nursery() as nursery:
@@ -89,8 +98,9 @@ async def test_child_that_never_gets_ready_backs_off_then_gives_up(autojump_cloc
         spawned.append(trio.current_time())
         return spec("import sys; sys.exit(3)", grace_s=0.001)
 
-    sup = ChildSupervisor("crasher", build, backoff=Backoff(initial_s=1.0, factor=2.0, max_s=30.0, jitter=0.0),
-                          crash_loop=CrashLoop(3))
+    sup = ChildSupervisor(
+        "crasher", build, backoff=Backoff(initial_s=1.0, factor=2.0, max_s=30.0, jitter=0.0), crash_loop=CrashLoop(3)
+    )
     with pytest.raises(ChildFailed) as info:
         await sup.run()
     assert info.value.reason is GiveUp.CRASH_LOOP and info.value.failures == 3

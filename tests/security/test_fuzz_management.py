@@ -17,25 +17,32 @@ from hydra_node.models import BUNDLED_MODEL_ID
 pytestmark = pytest.mark.live
 
 json_values = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
-              st.text(max_size=30)),
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False), st.text(max_size=30)),
     lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)),
-    max_leaves=20)
+    max_leaves=20,
+)
 #: never a reference that names a loadable model (the fuzz must not load one)
 model_refs = st.text(max_size=40).filter(lambda s: s not in ("default", "bundled", BUNDLED_MODEL_ID))
 bodies = st.one_of(
     json_values,
-    st.fixed_dictionaries({"model": model_refs}, optional={"split": json_values, "wait": json_values,
-                                                          "timeout_s": json_values}),
+    st.fixed_dictionaries(
+        {"model": model_refs}, optional={"split": json_values, "wait": json_values, "timeout_s": json_values}
+    ),
     st.fixed_dictionaries({"ttl_s": json_values}),
     st.fixed_dictionaries({"ttl_s": st.just(600), "uses": json_values}),
     st.fixed_dictionaries({"token": json_values}),
     st.binary(max_size=60),  # not JSON at all (and not UTF-8)
     st.integers(1, 3000).map(lambda n: b"[" * n + b"]" * n),  # nesting past every bound
 )
-ROUTES = [("POST", "/api/runtime/models"), ("POST", "/api/invite"), ("DELETE", "/api/runtime/models/{}"),
-          ("GET", "/api/runtime/models"), ("GET", "/api/status"), ("POST", "/api/invite/revoke"),
-          ("GET", "/api/invites")]
+ROUTES = [
+    ("POST", "/api/runtime/models"),
+    ("POST", "/api/invite"),
+    ("DELETE", "/api/runtime/models/{}"),
+    ("GET", "/api/runtime/models"),
+    ("GET", "/api/status"),
+    ("POST", "/api/invite/revoke"),
+    ("GET", "/api/invites"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +57,9 @@ def _rss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                   HealthCheck.too_slow])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(route=st.sampled_from(ROUTES), body=bodies, suffix=st.text(max_size=20))
 def test_management_bodies_get_typed_answers_and_the_node_stays_up(node, route, body, suffix):
     method, path = route

@@ -63,8 +63,9 @@ def _rss_kb(pid: int) -> int:
 
 def test_foreign_host_is_refused_on_both_ports(node):
     for port in (node.api_port, node.console_port):
-        status, body = _status_and_body(_raw(port, b"GET /api/status HTTP/1.1\r\nHost: rebind.evil.example:3131\r\n"
-                                                   b"Connection: close\r\n\r\n"))
+        status, body = _status_and_body(
+            _raw(port, b"GET /api/status HTTP/1.1\r\nHost: rebind.evil.example:3131\r\nConnection: close\r\n\r\n")
+        )
         assert status == 403 and body["error"]["code"] == "forbidden_host"
         ok = _raw(port, f"GET /health HTTP/1.1\r\nHost: localhost:{port}\r\nConnection: close\r\n\r\n".encode())
         assert ok.startswith(b"HTTP/1.1 200")
@@ -74,28 +75,53 @@ def test_management_state_changes_need_json_and_a_same_origin_and_status_has_no_
     st = node.status()
     assert "token" not in st and node.proc.poll() is None
     model = {"model": f"x={BUNDLED_MODEL_ID}"}
-    form = request("POST", node.console_port, "/api/runtime/models", "model=x",
-                   headers={"Content-Type": "application/x-www-form-urlencoded"})
+    form = request(
+        "POST",
+        node.console_port,
+        "/api/runtime/models",
+        "model=x",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
     assert form[0] == 415 and json.loads(form[1])["error"]["code"] == "unsupported_media_type"
-    foreign = request("POST", node.console_port, "/api/invite", {"ttl_s": 120},
-                      headers={"Content-Type": "application/json", "Origin": "https://evil.example"})
+    foreign = request(
+        "POST",
+        node.console_port,
+        "/api/invite",
+        {"ttl_s": 120},
+        headers={"Content-Type": "application/json", "Origin": "https://evil.example"},
+    )
     assert foreign[0] == 403 and json.loads(foreign[1])["error"]["code"] == "forbidden_origin"
-    assert request("POST", node.console_port, "/api/runtime/models", json.dumps(model),
-                   headers={"Content-Type": "text/plain"})[0] == 415
+    assert (
+        request(
+            "POST", node.console_port, "/api/runtime/models", json.dumps(model), headers={"Content-Type": "text/plain"}
+        )[0]
+        == 415
+    )
     assert [m["id"] for m in node.status()["models"]] == [BUNDLED_MODEL_ID]  # nothing was loaded
     own = f"http://127.0.0.1:{node.console_port}"
-    code, body = request("POST", node.console_port, "/api/invite", {"ttl_s": 120},
-                         headers={"Content-Type": "application/json", "Origin": own})
+    code, body = request(
+        "POST",
+        node.console_port,
+        "/api/invite",
+        {"ttl_s": 120},
+        headers={"Content-Type": "application/json", "Origin": own},
+    )
     assert code == 200 and json.loads(body)["token"]
-    cli = subprocess.run([sys.executable, "-m", "hydra_node.cli", "invite", "--home", str(node.home)],
-                         capture_output=True, text=True, timeout=60)
+    cli = subprocess.run(
+        [sys.executable, "-m", "hydra_node.cli", "invite", "--home", str(node.home)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert cli.returncode == 0 and cli.stdout.strip(), cli.stderr
 
 
 def test_authorization_values_any_bytes_and_any_scheme_case(node):
     for value in ("Bearer \u00e9\u00e8".encode("latin-1"), "Bearer \u4e2d\u6587".encode(), b"Bearer \xff\xfe\x80"):
-        raw = _raw(node.api_port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                                  b"Authorization: " + value + b"\r\n\r\n")
+        raw = _raw(
+            node.api_port,
+            b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nAuthorization: " + value + b"\r\n\r\n",
+        )
         status, body = _status_and_body(raw)
         assert status == 401 and body["error"]["code"] == "invalid_api_key"
     for scheme in ("bearer", "BEARER", "Bearer"):
@@ -107,30 +133,59 @@ def test_authorization_values_any_bytes_and_any_scheme_case(node):
 def test_curl_big_body_gets_100_continue_and_an_answer(node, tmp_path):
     body = tmp_path / "body.json"
     body.write_text(json.dumps({"model": "no-such-model", "prompt": "p" * (2 << 20)}))
-    res = subprocess.run(["curl", "-sv", "-H", f"Authorization: Bearer {KEY}", "-H", "Content-Type: application/json",
-                          "--data-binary", f"@{body}", f"http://127.0.0.1:{node.api_port}/v1/completions"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            "curl",
+            "-sv",
+            "-H",
+            f"Authorization: Bearer {KEY}",
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            f"@{body}",
+            f"http://127.0.0.1:{node.api_port}/v1/completions",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "HTTP/1.1 100" in res.stderr and "Done waiting for 100-continue" not in res.stderr
     assert json.loads(res.stdout)["error"]["code"] == "model_not_found"
-    unauth = subprocess.run(["curl", "-sv", "--data-binary", f"@{body}",
-                             f"http://127.0.0.1:{node.api_port}/v1/completions"],
-                            capture_output=True, text=True, timeout=120)
+    unauth = subprocess.run(
+        ["curl", "-sv", "--data-binary", f"@{body}", f"http://127.0.0.1:{node.api_port}/v1/completions"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "HTTP/1.1 100" not in unauth.stderr and "HTTP/1.1 401" in unauth.stderr  # refused before the body
 
 
 def test_cors_preflight_and_a_streamed_completion_from_an_allowed_origin(node):
-    pre = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-           "Access-Control-Request-Headers": "authorization, content-type"}
+    pre = {
+        "Origin": ORIGIN,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
     conn_code, _ = request("OPTIONS", node.api_port, "/v1/chat/completions", headers=pre)
     assert conn_code == 204
     evil = request("OPTIONS", node.api_port, "/v1/chat/completions", headers={**pre, "Origin": "https://evil.example"})
     assert evil[0] == 403 and json.loads(evil[1])["error"]["code"] == "cors_origin_not_allowed"
-    payload = json.dumps({"model": BUNDLED_MODEL_ID, "messages": [{"role": "user", "content": "hi"}],
-                          "max_tokens": 2, "stream": True}).encode()
-    raw = _raw(node.api_port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                              b"Origin: " + ORIGIN.encode() + b"\r\nAuthorization: Bearer " + KEY.encode() +
-               b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(payload)).encode() +
-               b"\r\n\r\n" + payload, timeout=120)
+    payload = json.dumps(
+        {"model": BUNDLED_MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}
+    ).encode()
+    raw = _raw(
+        node.api_port,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        b"Origin: "
+        + ORIGIN.encode()
+        + b"\r\nAuthorization: Bearer "
+        + KEY.encode()
+        + b"\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(payload)).encode()
+        + b"\r\n\r\n"
+        + payload,
+        timeout=120,
+    )
     head = raw.split(b"\r\n\r\n", 1)[0].decode().lower()
     assert head.startswith("http/1.1 200") and f"access-control-allow-origin: {ORIGIN}" in head
     assert "text/event-stream" in head and b"data: [DONE]" in raw
@@ -148,8 +203,11 @@ def test_idle_connections_from_one_address_do_not_lock_out_health(node):
             except OSError:
                 pass  # over the address's caps: answered and closed, or closed at once
         for source in ("127.0.0.1", "127.0.0.2"):
-            raw = _raw(node.console_port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
-                       source=source)
+            raw = _raw(
+                node.console_port,
+                b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+                source=source,
+            )
             assert raw.startswith(b"HTTP/1.1 200"), source
         assert request("GET", node.console_port, "/api/status")[0] == 200
     finally:
@@ -178,13 +236,20 @@ def test_a_slowloris_head_gets_408_and_is_closed(node):
 
 
 def test_pipelined_junk_behind_a_stream_does_not_grow_the_node(node):
-    payload = json.dumps({"model": BUNDLED_MODEL_ID, "prompt": "1, 2, 3, 4, 5, 6,", "max_tokens": 3000,
-                          "temperature": 0, "stream": True}).encode()
+    payload = json.dumps(
+        {"model": BUNDLED_MODEL_ID, "prompt": "1, 2, 3, 4, 5, 6,", "max_tokens": 3000, "temperature": 0, "stream": True}
+    ).encode()
     before = _rss_kb(node.proc.pid)
     with socket.create_connection(("127.0.0.1", node.api_port), timeout=60) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                  b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " + str(len(payload)).encode() +
-                  b"\r\n\r\n" + payload)
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer "
+            + KEY.encode()
+            + b"\r\nContent-Length: "
+            + str(len(payload)).encode()
+            + b"\r\n\r\n"
+            + payload
+        )
         data = b""
         while b"data: " not in data:
             chunk = s.recv(65536)

@@ -76,8 +76,7 @@ async def _websocket_junk(url: str, size: int) -> None:
                 with trio.move_on_after(5):
                     while True:
                         await ws.get_message()
-        except (trio_websocket.ConnectionClosed, trio_websocket.HandshakeError, trio.BrokenResourceError,
-                OSError):
+        except (trio_websocket.ConnectionClosed, trio_websocket.HandshakeError, trio.BrokenResourceError, OSError):
             pass
 
 
@@ -99,6 +98,7 @@ async def _round(port: int, mesh) -> None:
 
 def _quiet(node: NodeProcess) -> dict:
     """The node's status once every link from the round is gone."""
+
     def closed() -> dict | None:
         st = node.status()
         return st if not st["mesh"]["links"] else None

@@ -17,11 +17,17 @@ def sampling_for(req: GenerationRequest) -> SamplingParams:
     return SamplingParams(temperature=req.temperature, top_p=req.top_p)
 
 
-def generate_events(decoder: SpeculativeDecoder, req: GenerationRequest, prompt_tokens: Sequence[int],
-                    served_by: str = "") -> Iterator[TextDelta | Finished]:
+def generate_events(
+    decoder: SpeculativeDecoder, req: GenerationRequest, prompt_tokens: Sequence[int], served_by: str = ""
+) -> Iterator[TextDelta | Finished]:
     """Run ``req`` (already rendered to ``prompt_tokens``) and yield the contract's events."""
-    for ev in decoder.generate(prompt_tokens, max_tokens=req.max_tokens or DEFAULT_MAX_TOKENS,
-                               sampling=sampling_for(req), stop=req.stop, seed=req.seed):
+    for ev in decoder.generate(
+        prompt_tokens,
+        max_tokens=req.max_tokens or DEFAULT_MAX_TOKENS,
+        sampling=sampling_for(req),
+        stop=req.stop,
+        seed=req.seed,
+    ):
         if isinstance(ev, Emitted):
             if ev.text:
                 yield TextDelta(ev.text)

@@ -60,9 +60,13 @@ SpeculativeEvent = Emitted | Completion
 
 
 class SpeculativeDecoder:
-    def __init__(self, target: LlamaEngine, draft: Drafter | None,
-                 controller: SpeculationController | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        target: LlamaEngine,
+        draft: Drafter | None,
+        controller: SpeculationController | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.target_engine = target
         self.draft = draft
         self.controller = controller or SpeculationController()
@@ -71,9 +75,15 @@ class SpeculativeDecoder:
     def statistics(self) -> SpeculationStats:
         return self.controller.statistics()
 
-    def generate(self, prompt_tokens: Sequence[int], *, max_tokens: int,
-                 sampling: SamplingParams = SamplingParams(), stop: Sequence[str] = (),
-                 seed: int | None = None) -> Iterator[SpeculativeEvent]:
+    def generate(
+        self,
+        prompt_tokens: Sequence[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingParams = SamplingParams(),
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+    ) -> Iterator[SpeculativeEvent]:
         """Yield :class:`Emitted` per token, then one :class:`Completion`."""
         if max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
@@ -84,8 +94,14 @@ class SpeculativeDecoder:
 class _Run:
     """The state of one generation."""
 
-    def __init__(self, dec: SpeculativeDecoder, prompt: Sequence[int], sampling: SamplingParams,
-                 stop: Sequence[str], seed: int | None) -> None:
+    def __init__(
+        self,
+        dec: SpeculativeDecoder,
+        prompt: Sequence[int],
+        sampling: SamplingParams,
+        stop: Sequence[str],
+        seed: int | None,
+    ) -> None:
         self.dec = dec
         self.engine = dec.target_engine
         self.sampling = sampling
@@ -133,8 +149,18 @@ class _Run:
                     break
             if done:
                 break
-        yield Completion(reason, self.n_prompt, emitted, self.text.flush(), self.rounds, self.drafted,
-                         self.accepted, self.rejections, self.steps, self.failure)
+        yield Completion(
+            reason,
+            self.n_prompt,
+            emitted,
+            self.text.flush(),
+            self.rounds,
+            self.drafted,
+            self.accepted,
+            self.rejections,
+            self.steps,
+            self.failure,
+        )
 
     def _round(self, remaining: int) -> list[int]:
         ctl = self.dec.controller
@@ -152,8 +178,14 @@ class _Run:
                 else:
                     n = len(prop.tokens)  # k <= room, so the target verified all of them
                     draft_s = min(prop.seconds, t1 - t0)
-                    ctl.record_round(n, verdict.accepted, draft_s, clock() - t1, (t1 - t0) - draft_s,
-                                     draft_cost_representative=prop.catchup_tokens <= CATCHUP_NORMAL)
+                    ctl.record_round(
+                        n,
+                        verdict.accepted,
+                        draft_s,
+                        clock() - t1,
+                        (t1 - t0) - draft_s,
+                        draft_cost_representative=prop.catchup_tokens <= CATCHUP_NORMAL,
+                    )
                     self.rounds += 1
                     self.drafted += n
                     self.accepted += verdict.accepted

@@ -42,8 +42,12 @@ class TargetSession:
         """How many draft tokens the next round can verify within the context window."""
         return self.engine.n_ctx - self.engine.n_past - 1
 
-    def verify(self, draft_tokens: Sequence[int], draft_dists: Sequence[SparseDist] | None = None,
-               sampling: SamplingParams = SamplingParams()) -> Verdict:
+    def verify(
+        self,
+        draft_tokens: Sequence[int],
+        draft_dists: Sequence[SparseDist] | None = None,
+        sampling: SamplingParams = SamplingParams(),
+    ) -> Verdict:
         """Verify ``draft_tokens`` in one batched pass and commit the outcome.
 
         ``draft_dists`` (the draft's distribution at each position) is needed when
@@ -57,8 +61,9 @@ class TargetSession:
         if not sampling.greedy and drafts:
             if draft_dists is None or len(draft_dists) != len(drafts):
                 raise DraftProtocolError("sampled verification needs one draft distribution per token")
-            dists = [d if isinstance(d, SparseDist) else SparseDist.checked(*d, self.engine.n_vocab)
-                     for d in draft_dists]
+            dists = [
+                d if isinstance(d, SparseDist) else SparseDist.checked(*d, self.engine.n_vocab) for d in draft_dists
+            ]
         if self.room < 0:
             raise ContextFull("the context window is full")
         drafts = drafts[: self.room]

@@ -71,7 +71,9 @@ async def probe(args: argparse.Namespace) -> int:
             result = 0
         elapsed = trio.current_time() - start
         seen = [{"name": a.name, "addresses": list(a.addresses), "instance": a.instance} for a in service.adverts()]
-        print(json.dumps({"name": args.name, "ok": result == 0, "elapsed_s": round(elapsed, 4), "seen": seen}), flush=True)
+        print(
+            json.dumps({"name": args.name, "ok": result == 0, "elapsed_s": round(elapsed, 4), "seen": seen}), flush=True
+        )
         if result == 0:
             await trio.sleep(args.linger)
         nursery.cancel_scope.cancel()

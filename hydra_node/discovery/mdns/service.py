@@ -101,8 +101,17 @@ class MdnsService:
         self._last_multicast = -math.inf
         self._announced = False
         self._stats = dict.fromkeys(
-            ("announcements_sent", "queries_sent", "queries_answered", "packets_received",
-             "malformed", "rejected_adverts", "own_dropped_queries"), 0)
+            (
+                "announcements_sent",
+                "queries_sent",
+                "queries_answered",
+                "packets_received",
+                "malformed",
+                "rejected_adverts",
+                "own_dropped_queries",
+            ),
+            0,
+        )
 
     # ------------------------------------------------------------ public surface
 
@@ -183,8 +192,13 @@ class MdnsService:
                 nursery.start_soon(self._receiver, query_sock)
                 nursery.start_soon(self._sender, sock, query_sock)
                 nursery.start_soon(self._expirer)
-                log.info("event=mdns_started group=%s port=%d interface=%s origin=%s",
-                         self.config.group, self.config.port, self.config.interface, self.origin)
+                log.info(
+                    "event=mdns_started group=%s port=%d interface=%s origin=%s",
+                    self.config.group,
+                    self.config.port,
+                    self.config.interface,
+                    self.origin,
+                )
                 task_status.started()
         finally:
             if self._advert is not None and self._announced:

@@ -225,9 +225,7 @@ def decode_packet(data: bytes) -> MdnsEvent:
 
 
 def _decode_query(msg: DNSRecord) -> MdnsQuery:
-    asks = any(
-        _norm(q.qname) == SERVICE and q.qtype in (QTYPE.PTR, QTYPE.ANY) for q in msg.questions
-    )
+    asks = any(_norm(q.qname) == SERVICE and q.qtype in (QTYPE.PTR, QTYPE.ANY) for q in msg.questions)
     known: set[str] = set()
     for rr in msg.rr:
         if rr.rtype == QTYPE.PTR and _norm(rr.rname) == SERVICE and rr.ttl > DEFAULT_TTL // 2:

@@ -61,8 +61,13 @@ def install() -> None:
     """Make nostr-sdk's async API awaitable from trio (idempotent; process-wide)."""
     global _installed
     if not _installed:
-        for name in ("_uniffi_rust_call_async", "_uniffi_continuation_callback", "_UniffiContinuationHandleMap",
-                     "_UNIFFI_RUST_FUTURE_POLL_READY", "_uniffi_rust_call_with_error"):
+        for name in (
+            "_uniffi_rust_call_async",
+            "_uniffi_continuation_callback",
+            "_UniffiContinuationHandleMap",
+            "_UNIFFI_RUST_FUTURE_POLL_READY",
+            "_uniffi_rust_call_with_error",
+        ):
             if not hasattr(_m, name):
                 raise RuntimeError(f"nostr-sdk internals changed ({name} missing); pin nostr-sdk==0.45.1")
         _m._uniffi_rust_call_async = _call_async_trio

@@ -39,12 +39,18 @@ async def open_relay_websocket(
             with trio.fail_after(connect_timeout_s):
                 if secure:
                     stream = await trio.open_ssl_over_tcp_stream(
-                        parts.hostname, port, ssl_context=ssl.create_default_context(), https_compatible=True)
+                        parts.hostname, port, ssl_context=ssl.create_default_context(), https_compatible=True
+                    )
                 else:
                     stream = await trio.open_tcp_stream(parts.hostname, port)
-                ws = await wrap_client_stream(nursery, stream, host_header, resource,
-                                              message_queue_size=WS_MESSAGE_QUEUE,
-                                              max_message_size=MAX_RELAY_MESSAGE)
+                ws = await wrap_client_stream(
+                    nursery,
+                    stream,
+                    host_header,
+                    resource,
+                    message_queue_size=WS_MESSAGE_QUEUE,
+                    max_message_size=MAX_RELAY_MESSAGE,
+                )
             yield ws
         finally:
             try:

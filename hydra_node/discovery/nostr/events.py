@@ -84,8 +84,13 @@ class ListingContent:
 
     def __post_init__(self) -> None:
         _need(isinstance(self.mesh_id, str) and bool(_MESH_ID.match(self.mesh_id)), "mesh_id")
-        _need(isinstance(self.invite_token, str) and 0 < len(self.invite_token) <= MAX_TOKEN
-              and self.invite_token.isascii() and self.invite_token.isprintable(), "invite_token")
+        _need(
+            isinstance(self.invite_token, str)
+            and 0 < len(self.invite_token) <= MAX_TOKEN
+            and self.invite_token.isascii()
+            and self.invite_token.isprintable(),
+            "invite_token",
+        )
         for field_name in ("serving", "wanted"):
             models = getattr(self, field_name)
             _need(isinstance(models, tuple) and len(models) <= MAX_MODELS, field_name)
@@ -268,7 +273,9 @@ def parse_event(raw: Any, *, now: int) -> Listing | Deletion:
     content = ListingContent.from_json(obj["content"])
     if d != content.d_tag:
         raise ListingRejected(RejectReason.D_MISMATCH, d[:80])
-    return Listing(pubkey=obj["pubkey"], d=d, event_id=obj["id"], created_at=created, expires_at=expires, content=content)
+    return Listing(
+        pubkey=obj["pubkey"], d=d, event_id=obj["id"], created_at=created, expires_at=expires, content=content
+    )
 
 
 def _parse_deletion(obj: dict, tags: list) -> Deletion:
@@ -286,4 +293,6 @@ def _parse_deletion(obj: dict, tags: list) -> Deletion:
             ids.append(t[1])
     if not coords and not ids:
         raise ListingRejected(RejectReason.MISSING_TAG, "deletion names no hydra listing")
-    return Deletion(pubkey=pubkey, created_at=int(obj["created_at"]), coordinates=tuple(coords[:16]), event_ids=tuple(ids[:16]))
+    return Deletion(
+        pubkey=pubkey, created_at=int(obj["created_at"]), coordinates=tuple(coords[:16]), event_ids=tuple(ids[:16])
+    )

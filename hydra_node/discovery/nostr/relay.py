@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import trio
+
 if TYPE_CHECKING:  # nostr-sdk loads on first use (about 19 MB): a node without Nostr never pays
     from nostr_sdk import Event
 
@@ -82,7 +83,9 @@ def validate_relay_url(url: str) -> str:
 
 def backoff_delay(failures: int, rng: random.Random, config: RelayConfig) -> float:
     """The node's exponential back-off with 'equal jitter': a delay in [d/2, d], d = min(cap, base * 2**n)."""
-    d = Backoff(initial_s=config.backoff_base_s, factor=2.0, max_s=config.backoff_cap_s, jitter=0.0).delay(failures, 0.0)
+    d = Backoff(initial_s=config.backoff_base_s, factor=2.0, max_s=config.backoff_cap_s, jitter=0.0).delay(
+        failures, 0.0
+    )
     return d / 2 + rng.uniform(0, d / 2)
 
 
@@ -121,8 +124,19 @@ class RelayConnection:
         self.synced: set[str] = set()  # subscriptions whose stored events all arrived (EOSE) this session
         self._failures = 0
         self._n = dict.fromkeys(
-            ("connects", "failures", "events_sent", "ok_accepted", "ok_rejected", "events_received",
-             "notices", "protocol_errors", "outbox_dropped"), 0)
+            (
+                "connects",
+                "failures",
+                "events_sent",
+                "ok_accepted",
+                "ok_rejected",
+                "events_received",
+                "notices",
+                "protocol_errors",
+                "outbox_dropped",
+            ),
+            0,
+        )
         self._last_error = ""
 
     # ------------------------------------------------------------ state changes (never block)

@@ -97,11 +97,15 @@ def decode_relay_message(message: str | bytes) -> RelayMessage:
     if verb == "EVENT" and len(args) == 2 and isinstance(args[1], dict):
         return RelayEvent(_text(args[0], "subscription id"), args[1])
     if verb == "OK" and len(args) >= 2 and isinstance(args[1], bool):
-        return RelayOk(_text(args[0], "event id"), args[1], args[2] if len(args) > 2 and isinstance(args[2], str) else "")
+        return RelayOk(
+            _text(args[0], "event id"), args[1], args[2] if len(args) > 2 and isinstance(args[2], str) else ""
+        )
     if verb == "EOSE" and len(args) == 1:
         return RelayEose(_text(args[0], "subscription id"))
     if verb == "CLOSED" and len(args) >= 1:
-        return RelayClosed(_text(args[0], "subscription id"), args[1] if len(args) > 1 and isinstance(args[1], str) else "")
+        return RelayClosed(
+            _text(args[0], "subscription id"), args[1] if len(args) > 1 and isinstance(args[1], str) else ""
+        )
     if verb == "NOTICE" and len(args) >= 1:
         return RelayNotice(_text(args[0], "notice"))
     if verb == "AUTH" and len(args) >= 1:

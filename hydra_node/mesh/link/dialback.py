@@ -20,8 +20,15 @@ from hydra_node.codec.errors import DecodeError
 from hydra_node.mesh.link.websocket import close_websocket
 from hydra_node.mesh.wire.ids import is_node_id
 
-__all__ = ["DIALBACK_PATH", "MAX_PROOF_BYTES", "check_dialback_proof", "dial_back", "dialback_proof",
-           "answer_dialback", "nonce_from_path"]
+__all__ = [
+    "DIALBACK_PATH",
+    "MAX_PROOF_BYTES",
+    "check_dialback_proof",
+    "dial_back",
+    "dialback_proof",
+    "answer_dialback",
+    "nonce_from_path",
+]
 
 DIALBACK_PATH = "/hydra/dialback/"
 MAX_PROOF_BYTES = 256
@@ -59,7 +66,7 @@ def nonce_from_path(path: str) -> bytes | None:
     if not path.startswith(DIALBACK_PATH):
         return None
     try:
-        nonce = bytes.fromhex(path[len(DIALBACK_PATH):])
+        nonce = bytes.fromhex(path[len(DIALBACK_PATH) :])
     except ValueError:
         return None
     return nonce if len(nonce) == 16 else None
@@ -82,10 +89,19 @@ async def dial_back(url: str, node_id: str, nonce: bytes, timeout_s: float) -> b
     """The checker's side: True when ``url`` answers with ``node_id``'s proof within ``timeout_s``."""
     with trio.move_on_after(timeout_s):
         try:
-            async with open_websocket_url(url.rstrip("/") + DIALBACK_PATH + nonce.hex(), max_message_size=MAX_PROOF_BYTES,
-                                          connect_timeout=timeout_s, disconnect_timeout=1.0) as ws:
+            async with open_websocket_url(
+                url.rstrip("/") + DIALBACK_PATH + nonce.hex(),
+                max_message_size=MAX_PROOF_BYTES,
+                connect_timeout=timeout_s,
+                disconnect_timeout=1.0,
+            ) as ws:
                 return check_dialback_proof(await ws.get_message(), node_id, nonce)
-        except (OSError, trio_websocket.HandshakeError, ConnectionClosed, trio.BrokenResourceError,
-                trio.ClosedResourceError):
+        except (
+            OSError,
+            trio_websocket.HandshakeError,
+            ConnectionClosed,
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+        ):
             return False
     return False

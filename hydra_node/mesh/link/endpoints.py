@@ -39,8 +39,9 @@ HANDSHAKE_WS_MESSAGE_BYTES = MAX_HANDSHAKE_MESSAGE_BYTES + 1024
 LinkHandler = Callable[[PeerLink], Awaitable[None]]
 
 
-async def _run_handshake(ws: WebSocketConnection | MessageTransport, handshake: Handshake,
-                         timeout_s: float) -> HandshakeResult:
+async def _run_handshake(
+    ws: WebSocketConnection | MessageTransport, handshake: Handshake, timeout_s: float
+) -> HandshakeResult:
     """Run ``handshake`` over ``ws``: messages are limited to handshake size until it completes."""
     set_message_limit(ws, HANDSHAKE_WS_MESSAGE_BYTES)
     result = await _exchange(ws, handshake, timeout_s)
@@ -52,8 +53,9 @@ async def _run_handshake(ws: WebSocketConnection | MessageTransport, handshake: 
 run_handshake = _run_handshake
 
 
-async def _exchange(ws: WebSocketConnection | MessageTransport, handshake: Handshake,
-                    timeout_s: float) -> HandshakeResult:
+async def _exchange(
+    ws: WebSocketConnection | MessageTransport, handshake: Handshake, timeout_s: float
+) -> HandshakeResult:
     try:
         with trio.fail_after(timeout_s):
             if handshake.role == "initiator":
@@ -127,7 +129,9 @@ async def open_link(
 ) -> AsyncIterator[PeerLink]:
     """``async with open_link(url, settings) as link:`` for short-lived links (tests, CLI)."""
     async with trio.open_nursery() as nursery:
-        link = await nursery.start(partial(connect_link, url, settings, invite=invite, expected_peer_id=expected_peer_id))
+        link = await nursery.start(
+            partial(connect_link, url, settings, invite=invite, expected_peer_id=expected_peer_id)
+        )
         try:
             yield link
         finally:
@@ -163,20 +167,32 @@ class LinkListener:
 
     def statistics(self) -> ListenerStatistics:
         return ListenerStatistics(
-            port=self.port, connections=self._connections, links_opened=self._links_opened,
-            links_open=len(self.links), handshake_failures=dict(self._failures),
+            port=self.port,
+            connections=self._connections,
+            links_opened=self._links_opened,
+            links_open=len(self.links),
+            handshake_failures=dict(self._failures),
         )
 
-    async def serve(self, host: str = "127.0.0.1", port: int = 0, *, listeners: list[trio.SocketListener] | None = None,
-                    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        listeners: list[trio.SocketListener] | None = None,
+        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Listen until cancelled; `started(bound_port)` once accepting.  ``listeners``: already bound
         (on ``host``), served (and closed when done) instead of binding ``host:port`` here."""
         if listeners is None:
             listeners = await trio.open_tcp_listeners(port, host=host)
         server = WebSocketServer(
-            self._handle, listeners,
-            max_message_size=MAX_LINK_FRAME_BYTES, message_queue_size=WS_MESSAGE_QUEUE,
-            receive_buffer_size=WS_RECEIVE_BUFFER, connect_timeout=self._settings.handshake_timeout_s,
+            self._handle,
+            listeners,
+            max_message_size=MAX_LINK_FRAME_BYTES,
+            message_queue_size=WS_MESSAGE_QUEUE,
+            receive_buffer_size=WS_RECEIVE_BUFFER,
+            connect_timeout=self._settings.handshake_timeout_s,
             disconnect_timeout=CLOSE_TIMEOUT_S,
         )
         async with trio.open_nursery() as nursery:
@@ -200,7 +216,10 @@ class LinkListener:
                 await answer_dialback(request, self._settings.identity, nonce)
             return
         source = _source_address(request)
-        if self._handshaking >= MAX_CONCURRENT_HANDSHAKES or self._handshaking_from[source] >= MAX_HANDSHAKES_PER_ADDRESS:
+        if (
+            self._handshaking >= MAX_CONCURRENT_HANDSHAKES
+            or self._handshaking_from[source] >= MAX_HANDSHAKES_PER_ADDRESS
+        ):
             self._failures["busy"] += 1
             await self._refuse_busy(request)
             return
@@ -234,7 +253,9 @@ class LinkListener:
             return
         with trio.move_on_after(CLOSE_TIMEOUT_S):
             try:
-                await ws.send_message(Reject(code="busy", message="too many handshakes in progress; retry later").encode())
+                await ws.send_message(
+                    Reject(code="busy", message="too many handshakes in progress; retry later").encode()
+                )
             except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
         await close_websocket(ws)
@@ -248,8 +269,12 @@ class LinkListener:
             return None
         settings = self._settings
         handshake = Handshake(
-            "responder", settings.identity, settings.mesh,  # type: ignore[arg-type]
-            now=settings.wall_clock(), trusted_issuer=settings.trusted_issuer, check_invite=settings.check_invite,
+            "responder",
+            settings.identity,
+            settings.mesh,  # type: ignore[arg-type]
+            now=settings.wall_clock(),
+            trusted_issuer=settings.trusted_issuer,
+            check_invite=settings.check_invite,
         )
         try:
             result = await _run_handshake(ws, handshake, min(settings.handshake_timeout_s, ACCEPT_HANDSHAKE_TIMEOUT_S))

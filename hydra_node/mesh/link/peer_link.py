@@ -27,8 +27,17 @@ from hydra_node.mesh.wire.handshake import HandshakeResult
 from hydra_node.mesh.wire.ids import MeshSecret
 from hydra_node.mesh.link.pings import PingTracker
 from hydra_node.mesh.link.port import LinkPort
-from hydra_node.mesh.link.settings import (CLOSE_TIMEOUT_S, HANDSHAKE_TIMEOUT_S, IDLE_TIMEOUT_S, MESSAGE_QUEUE_SIZE,
-                            PING_INTERVAL_S, LinkSettings, LinkStatistics, MessageHandler, StreamHandler)
+from hydra_node.mesh.link.settings import (
+    CLOSE_TIMEOUT_S,
+    HANDSHAKE_TIMEOUT_S,
+    IDLE_TIMEOUT_S,
+    MESSAGE_QUEUE_SIZE,
+    PING_INTERVAL_S,
+    LinkSettings,
+    LinkStatistics,
+    MessageHandler,
+    StreamHandler,
+)
 from hydra_node.mesh.wire.mux import (
     DataReceived,
     GoAwayReceived,
@@ -45,15 +54,32 @@ from hydra_node.mesh.link.stream import LinkStream, Signal, StreamPort
 from hydra_node.mesh.link.transport import MessageTransport
 from hydra_node.mesh.link.websocket import close_websocket, log_event
 
-__all__ = ["CLOSE_TIMEOUT_S", "HANDSHAKE_TIMEOUT_S", "IDLE_TIMEOUT_S", "PING_INTERVAL_S", "LinkSettings",
-           "LinkStatistics", "MessageHandler", "PeerLink", "StreamHandler", "close_websocket", "log_event"]
+__all__ = [
+    "CLOSE_TIMEOUT_S",
+    "HANDSHAKE_TIMEOUT_S",
+    "IDLE_TIMEOUT_S",
+    "PING_INTERVAL_S",
+    "LinkSettings",
+    "LinkStatistics",
+    "MessageHandler",
+    "PeerLink",
+    "StreamHandler",
+    "close_websocket",
+    "log_event",
+]
 
 
 class PeerLink:
     """An authenticated, encrypted link to one peer. Run it with `await nursery.start(link.run)`."""
 
-    def __init__(self, ws: WebSocketConnection | MessageTransport, result: HandshakeResult,
-                 settings: LinkSettings, *, punched: bool = False) -> None:
+    def __init__(
+        self,
+        ws: WebSocketConnection | MessageTransport,
+        result: HandshakeResult,
+        settings: LinkSettings,
+        *,
+        punched: bool = False,
+    ) -> None:
         self._ws = ws
         self._punched = punched  # a direct connection made by hole punching (mesh/relay/simopen.py)
         self._result = result
@@ -75,8 +101,9 @@ class PeerLink:
         self._delay_send, self._delay_receive = trio.open_memory_channel[tuple[float, bytes]](FAULT_DELAY_QUEUE_FRAMES)
         self._last_due = 0.0
         self._in_flight = 0  # frames taken from the multiplexer but not yet on the wire
-        self._port: StreamPort = LinkPort(self, self._mux, self._progress, wake_writer=self._wake_writer,
-                                          forget_stream=self._forget_stream)
+        self._port: StreamPort = LinkPort(
+            self, self._mux, self._progress, wake_writer=self._wake_writer, forget_stream=self._forget_stream
+        )
 
     # -- identity --
 
@@ -134,10 +161,17 @@ class PeerLink:
 
     def statistics(self) -> LinkStatistics:
         return LinkStatistics(
-            peer_id=self.peer_id, bytes_in=self._bytes_in, bytes_out=self._bytes_out,
-            frames_in=self._frames_in, frames_out=self._frames_out, messages_in=self._messages_in,
-            messages_out=self._messages_out, messages_dropped=self._messages_dropped,
-            streams_open=len(self._streams), rtt_ms=self._pings.rtt_ms, rejected=dict(self._rejected),
+            peer_id=self.peer_id,
+            bytes_in=self._bytes_in,
+            bytes_out=self._bytes_out,
+            frames_in=self._frames_in,
+            frames_out=self._frames_out,
+            messages_in=self._messages_in,
+            messages_out=self._messages_out,
+            messages_dropped=self._messages_dropped,
+            streams_open=len(self._streams),
+            rtt_ms=self._pings.rtt_ms,
+            rejected=dict(self._rejected),
             closed=self.close_error.code if self.close_error else None,
         )
 
@@ -155,7 +189,13 @@ class PeerLink:
                     nursery.start_soon(self._dispatch_messages)
                 if self._fault is not None and self._fault.delays:
                     nursery.start_soon(self._delay_line)
-                log_event(logging.INFO, "link_up", peer=self.peer_id, initiator=self.is_initiator, admitted_by=self.admitted_by)
+                log_event(
+                    logging.INFO,
+                    "link_up",
+                    peer=self.peer_id,
+                    initiator=self.is_initiator,
+                    admitted_by=self.admitted_by,
+                )
                 task_status.started(self)
         finally:
             self._mark_closed("finished", "link task ended")
@@ -355,7 +395,9 @@ class PeerLink:
         elif isinstance(event, StreamWasReset):
             stream = self._streams.pop(event.stream_id, None)
             if stream is not None:
-                stream._was_reset(StreamReset(f"stream reset by peer: {event.code} {event.message}".strip(), code=event.code))
+                stream._was_reset(
+                    StreamReset(f"stream reset by peer: {event.code} {event.message}".strip(), code=event.code)
+                )
         elif isinstance(event, GoAwayReceived):
             self._close("peer_goaway", f"{event.code} {event.message}".strip())
 
@@ -375,7 +417,9 @@ class PeerLink:
             stream._reset_now("error", "handler ended by reset")
             return
         except Exception as exc:  # a handler bug must not take the link down
-            log_event(logging.ERROR, "stream_handler_failed", peer=self.peer_id, stream=stream.stream_id, error=repr(exc))
+            log_event(
+                logging.ERROR, "stream_handler_failed", peer=self.peer_id, stream=stream.stream_id, error=repr(exc)
+            )
             stream._reset_now("error", type(exc).__name__)
             return
         try:

@@ -31,8 +31,15 @@ class LinkPort:
 
     __slots__ = ("_link", "mux", "progress", "_wake_writer", "_forget_stream")
 
-    def __init__(self, link: _LinkIdentity, mux: Multiplexer, progress: Signal, *,
-                 wake_writer: Callable[[], None], forget_stream: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        link: _LinkIdentity,
+        mux: Multiplexer,
+        progress: Signal,
+        *,
+        wake_writer: Callable[[], None],
+        forget_stream: Callable[[int], None],
+    ) -> None:
         self._link = link
         self.mux = mux
         self.progress = progress

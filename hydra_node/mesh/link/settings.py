@@ -12,8 +12,18 @@ from hydra_node.mesh.link.faults import FaultInjection
 from hydra_node.mesh.wire.ids import MeshSecret
 from hydra_node.mesh.link.stream import LinkStream
 
-__all__ = ["CLOSE_TIMEOUT_S", "HANDSHAKE_TIMEOUT_S", "IDLE_TIMEOUT_S", "MAX_OUTSTANDING_PINGS", "MESSAGE_QUEUE_SIZE",
-           "PING_INTERVAL_S", "LinkSettings", "LinkStatistics", "MessageHandler", "StreamHandler"]
+__all__ = [
+    "CLOSE_TIMEOUT_S",
+    "HANDSHAKE_TIMEOUT_S",
+    "IDLE_TIMEOUT_S",
+    "MAX_OUTSTANDING_PINGS",
+    "MESSAGE_QUEUE_SIZE",
+    "PING_INTERVAL_S",
+    "LinkSettings",
+    "LinkStatistics",
+    "MessageHandler",
+    "StreamHandler",
+]
 
 HANDSHAKE_TIMEOUT_S = 10.0
 PING_INTERVAL_S = 5.0

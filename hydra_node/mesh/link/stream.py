@@ -185,7 +185,6 @@ class LinkStream:
             self._link.forget_stream(self.stream_id)
             return
         with trio.move_on_after(FINISH_FLUSH_S):
-            while (self._link.mux.buffered(self.stream_id) and self._reset is None
-                   and self._link.close_error is None):
+            while self._link.mux.buffered(self.stream_id) and self._reset is None and self._link.close_error is None:
                 await self._link.progress.wait()
         self._reset_now("cancel", "stream closed before the peer finished sending")

@@ -71,8 +71,10 @@ def uint(value: Any, name: str, maximum: int = MAX_UINT) -> int:
 
 #: An address peers may dial: ``host:port`` or ``ws[s]://host:port[/path]``; host a DNS name, an
 #: IPv4 address or a bracketed IPv6 address; port 1-65535.
-_ADDRESS = re.compile(r"(?:wss?://)?(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\])"
-                      r":(?P<port>[0-9]{1,5})(?:/[!-~]{0,100})?")
+_ADDRESS = re.compile(
+    r"(?:wss?://)?(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\])"
+    r":(?P<port>[0-9]{1,5})(?:/[!-~]{0,100})?"
+)
 MAX_ADDRESS_CHARS = 300
 
 
@@ -96,7 +98,9 @@ def seq_of(value: Any, name: str, max_items: int) -> list[Any]:
     return list(value)
 
 
-def exact_map(value: Any, name: str, required: frozenset[str], optional: frozenset[str] = frozenset()) -> Mapping[Any, Any]:
+def exact_map(
+    value: Any, name: str, required: frozenset[str], optional: frozenset[str] = frozenset()
+) -> Mapping[Any, Any]:
     if not isinstance(value, Mapping):
         raise InvalidMessage(f"{name} must be a map")
     keys = set(value)
@@ -184,8 +188,12 @@ class Hardware:
             uint(getattr(self, name), name)
 
     def to_wire(self) -> dict[str, Any]:
-        return {"cores": self.cores, "ram_bytes": self.ram_bytes, "vram_bytes": self.vram_bytes,
-                "usable_bytes": self.usable_bytes}
+        return {
+            "cores": self.cores,
+            "ram_bytes": self.ram_bytes,
+            "vram_bytes": self.vram_bytes,
+            "usable_bytes": self.usable_bytes,
+        }
 
     @classmethod
     def from_wire(cls, wire: Any) -> Hardware:
@@ -213,10 +221,24 @@ class RpcCapacity:
         return cls(m["free_bytes"], m["device"])
 
 
-_ANN_KEYS = frozenset({
-    "node_id", "incarnation", "seq", "version", "role", "addresses", "api_port", "console_port",
-    "models", "hardware", "queue_depth", "throughput_milli", "rpc", "extra",
-})
+_ANN_KEYS = frozenset(
+    {
+        "node_id",
+        "incarnation",
+        "seq",
+        "version",
+        "role",
+        "addresses",
+        "api_port",
+        "console_port",
+        "models",
+        "hardware",
+        "queue_depth",
+        "throughput_milli",
+        "rpc",
+        "extra",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -291,12 +313,20 @@ class Announcement:
 
     def to_wire(self) -> dict[str, Any]:
         return {
-            "node_id": self.node_id, "incarnation": self.incarnation, "seq": self.seq,
-            "version": self.version, "role": self.role, "addresses": list(self.addresses),
-            "api_port": self.api_port, "console_port": self.console_port,
-            "models": [m.to_wire() for m in self.models], "hardware": self.hardware.to_wire(),
-            "queue_depth": self.queue_depth, "throughput_milli": dict(self.throughput_milli),
-            "rpc": None if self.rpc is None else self.rpc.to_wire(), "extra": _thaw(self.extra),
+            "node_id": self.node_id,
+            "incarnation": self.incarnation,
+            "seq": self.seq,
+            "version": self.version,
+            "role": self.role,
+            "addresses": list(self.addresses),
+            "api_port": self.api_port,
+            "console_port": self.console_port,
+            "models": [m.to_wire() for m in self.models],
+            "hardware": self.hardware.to_wire(),
+            "queue_depth": self.queue_depth,
+            "throughput_milli": dict(self.throughput_milli),
+            "rpc": None if self.rpc is None else self.rpc.to_wire(),
+            "extra": _thaw(self.extra),
         }
 
     @classmethod
@@ -308,11 +338,18 @@ class Announcement:
         if len(hints) > MAX_THROUGHPUT_HINTS:
             raise InvalidMessage(f"more than {MAX_THROUGHPUT_HINTS} throughput hints")
         return cls(
-            node_id=m["node_id"], incarnation=m["incarnation"], seq=m["seq"], version=m["version"],
-            role=m["role"], addresses=tuple(seq_of(m["addresses"], "addresses", MAX_ADDRESSES)),
-            api_port=m["api_port"], console_port=m["console_port"],
+            node_id=m["node_id"],
+            incarnation=m["incarnation"],
+            seq=m["seq"],
+            version=m["version"],
+            role=m["role"],
+            addresses=tuple(seq_of(m["addresses"], "addresses", MAX_ADDRESSES)),
+            api_port=m["api_port"],
+            console_port=m["console_port"],
             models=tuple(ModelEntry.from_wire(x) for x in seq_of(m["models"], "models", MAX_MODELS)),
-            hardware=Hardware.from_wire(m["hardware"]), queue_depth=m["queue_depth"],
-            throughput_milli=tuple(hints.items()), rpc=None if m["rpc"] is None else RpcCapacity.from_wire(m["rpc"]),
+            hardware=Hardware.from_wire(m["hardware"]),
+            queue_depth=m["queue_depth"],
+            throughput_milli=tuple(hints.items()),
+            rpc=None if m["rpc"] is None else RpcCapacity.from_wire(m["rpc"]),
             extra=m["extra"],
         )

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING
 from hydra_node.mesh.membership.announcement import Announcement
 from hydra_node.mesh.membership.broadcast import BroadcastQueue
 from hydra_node.mesh.membership.config import (
-    Action, MembershipConfig, PeerDied, PeerJoined, PeerLeft, PeerRecovered, PeerSuspected,
+    Action,
+    MembershipConfig,
+    PeerDied,
+    PeerJoined,
+    PeerLeft,
+    PeerRecovered,
+    PeerSuspected,
     PeerUpdated,
 )
 from hydra_node.mesh.membership.health import LocalHealth
@@ -71,6 +77,7 @@ class PeerChanges:
     _out: list[Action]
 
     if TYPE_CHECKING:  # provided by `Membership` and the sibling mixins
+
         @property
         def incarnation(self) -> int: ...
         def _members_sorted(self) -> list[str]: ...
@@ -84,8 +91,7 @@ class PeerChanges:
         if rec.node_id == self.node_id:
             self._about_me(rec.incarnation, rec.state)
             return
-        if (self._verify is not None and rec.announcement is not None
-                and not self._verify(rec.announcement)):
+        if self._verify is not None and rec.announcement is not None and not self._verify(rec.announcement):
             self.rejected["bad_announcement_signature"] += 1
             return
         peer = self._peers.get(rec.node_id)
@@ -113,7 +119,8 @@ class PeerChanges:
                 peer.record = PeerRecord(rec.node_id, rec.incarnation, new_state, cur.announcement)
                 self._enqueue(rec.node_id)
             elif (rec.state is PeerState.LEFT and sender == rec.node_id) or (
-                    cur.state is PeerState.SUSPECT and peer.own_probe_failed):
+                cur.state is PeerState.SUSPECT and peer.own_probe_failed
+            ):
                 self._tombstone(rec.node_id, rec.incarnation, rec.state, now)
             else:  # an unverified death claim: suspect, and let our own probe decide
                 peer.death_claim = rec
@@ -126,8 +133,7 @@ class PeerChanges:
     def _beyond_announced(rec: PeerRecord, peer: PeerEntry | None) -> bool:
         """True if a third party's claim names an incarnation far above the highest the subject
         itself has signed (in the record, or in what we hold); unknown subjects are only capped."""
-        said = [a.incarnation for a in (rec.announcement, peer.record.announcement if peer else None)
-                if a is not None]
+        said = [a.incarnation for a in (rec.announcement, peer.record.announcement if peer else None) if a is not None]
         return bool(said) and rec.incarnation > max(said) + MAX_INCARNATION_LEAD
 
     def _learn(self, rec: PeerRecord, sender: str, now: float) -> None:
@@ -135,8 +141,9 @@ class PeerChanges:
             self.rejected["over_max_peers"] += 1
             return
         if rec.state.is_member:
-            alive = PeerRecord(rec.node_id, rec.incarnation, transition(PeerState.UNKNOWN, Trigger.ALIVE),
-                               rec.announcement)
+            alive = PeerRecord(
+                rec.node_id, rec.incarnation, transition(PeerState.UNKNOWN, Trigger.ALIVE), rec.announcement
+            )
             peer = self._peers[rec.node_id] = PeerEntry(alive, last_seen=now if sender == rec.node_id else None)
             self._ring = self._member_ids = None
             assert rec.announcement is not None  # a member's record carries it (PeerRecord.__post_init__)
@@ -179,8 +186,7 @@ class PeerChanges:
     def _suspect(self, peer: PeerEntry, now: float, *, origin: str) -> None:
         """Suspect a member; `origin` is whom we heard it from (ourselves after our own probe)."""
         rec = peer.record
-        peer.record = PeerRecord(rec.node_id, rec.incarnation, transition(rec.state, Trigger.SUSPECT),
-                                 rec.announcement)
+        peer.record = PeerRecord(rec.node_id, rec.incarnation, transition(rec.state, Trigger.SUSPECT), rec.announcement)
         if rec.node_id not in self._suspicions:
             n = len(self._members_sorted()) + 1
             low, high = self.config.suspicion_bounds(n)

@@ -9,8 +9,16 @@ from typing import Any
 from hydra_node.mesh.membership.announcement import Announcement, LocalMembershipError
 
 __all__ = [
-    "MembershipConfig", "Send", "PeerJoined", "PeerUpdated", "PeerSuspected", "PeerRecovered",
-    "PeerDied", "PeerLeft", "MembershipEvent", "Action",
+    "MembershipConfig",
+    "Send",
+    "PeerJoined",
+    "PeerUpdated",
+    "PeerSuspected",
+    "PeerRecovered",
+    "PeerDied",
+    "PeerLeft",
+    "MembershipEvent",
+    "Action",
 ]
 
 
@@ -52,17 +60,36 @@ class MembershipConfig:
     max_forwarded_probes: int = 256  # PingReqs served for others at once
 
     def __post_init__(self) -> None:
-        for name in ("probe_interval", "probe_timeout", "indirect_timeout", "suspicion_mult",
-                     "lag_threshold", "gossip_interval", "sync_interval", "reconnect_interval", "tombstone_ttl"):
+        for name in (
+            "probe_interval",
+            "probe_timeout",
+            "indirect_timeout",
+            "suspicion_mult",
+            "lag_threshold",
+            "gossip_interval",
+            "sync_interval",
+            "reconnect_interval",
+            "tombstone_ttl",
+        ):
             if not getattr(self, name) > 0:
                 raise LocalMembershipError(f"{name} must be > 0")
         if self.probe_timeout + self.indirect_timeout > self.probe_interval:
             raise LocalMembershipError("probe_timeout + indirect_timeout must fit in probe_interval")
         if not self.suspicion_max_mult >= 1:
             raise LocalMembershipError("suspicion_max_mult must be >= 1")
-        for name in ("indirect_probes", "ring_monitors", "gossip_fanout", "retransmit_mult",
-                     "suspicion_confirmations", "awareness_max_multiplier", "sync_bucket_entries",
-                     "max_peers", "max_piggyback", "max_records_per_message", "max_forwarded_probes"):
+        for name in (
+            "indirect_probes",
+            "ring_monitors",
+            "gossip_fanout",
+            "retransmit_mult",
+            "suspicion_confirmations",
+            "awareness_max_multiplier",
+            "sync_bucket_entries",
+            "max_peers",
+            "max_piggyback",
+            "max_records_per_message",
+            "max_forwarded_probes",
+        ):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise LocalMembershipError(f"{name} must be a non-negative int")
         if self.awareness_max_multiplier < 1 or self.sync_bucket_entries < 1:

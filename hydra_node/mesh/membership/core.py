@@ -28,7 +28,15 @@ from hydra_node.mesh.membership.handlers import MessageHandlers
 from hydra_node.mesh.membership.health import LocalHealth
 from hydra_node.mesh.membership.lifeguard import Lifeguard
 from hydra_node.mesh.membership.messages import (
-    DigestSync, Gossip, Leave, Message, PeerRecord, Ping, PingReq, Sync, decode_message,
+    DigestSync,
+    Gossip,
+    Leave,
+    Message,
+    PeerRecord,
+    Ping,
+    PingReq,
+    Sync,
+    decode_message,
 )
 from hydra_node.mesh.membership.probes import Probe, ProbeTable
 from hydra_node.mesh.membership.state import PeerState
@@ -49,10 +57,16 @@ class Membership(MessageHandlers, PeerChanges, Dissemination, Lifeguard, AntiEnt
     `antientropy` mixins, which share the state set up here.
     """
 
-    def __init__(self, announcement: Announcement, config: MembershipConfig | None = None,
-                 rng: random.Random | None = None, *, now: float = 0.0,
-                 verify: Callable[[Announcement], bool] | None = None,
-                 sign: Callable[[Announcement], Announcement] | None = None) -> None:
+    def __init__(
+        self,
+        announcement: Announcement,
+        config: MembershipConfig | None = None,
+        rng: random.Random | None = None,
+        *,
+        now: float = 0.0,
+        verify: Callable[[Announcement], bool] | None = None,
+        sign: Callable[[Announcement], Announcement] | None = None,
+    ) -> None:
         if not isinstance(announcement, Announcement):
             raise LocalMembershipError("announcement must be an Announcement")
         self.config = config or MembershipConfig()
@@ -65,8 +79,9 @@ class Membership(MessageHandlers, PeerChanges, Dissemination, Lifeguard, AntiEnt
         self._peers: dict[str, PeerEntry] = {}
         self._suspicions: dict[str, Suspicion] = {}
         self._hash_cache: dict[str, tuple[tuple[int, str, int], int, int]] = {}
-        self.health = LocalHealth(self.config.awareness_max_multiplier, self.config.lag_threshold,
-                                  self.config.probe_interval)
+        self.health = LocalHealth(
+            self.config.awareness_max_multiplier, self.config.lag_threshold, self.config.probe_interval
+        )
         self._tomb_deadlines: dict[str, float] = {}
         self._probes = ProbeTable(self.config.max_forwarded_probes)
         self._broadcasts = BroadcastQueue()
@@ -115,8 +130,11 @@ class Membership(MessageHandlers, PeerChanges, Dissemination, Lifeguard, AntiEnt
     def members(self) -> dict[str, Announcement]:
         """Alive and suspect peers (not us) and their announcements."""
         # (a member's record always carries its announcement: PeerRecord.__post_init__)
-        return {i: ann for i, p in self._peers.items()
-                if p.record.state.is_member and (ann := p.record.announcement) is not None}
+        return {
+            i: ann
+            for i, p in self._peers.items()
+            if p.record.state.is_member and (ann := p.record.announcement) is not None
+        }
 
     def _members_sorted(self) -> list[str]:
         """Member ids, sorted; cached until the member set changes (reset with `_ring`)."""
@@ -132,11 +150,20 @@ class Membership(MessageHandlers, PeerChanges, Dissemination, Lifeguard, AntiEnt
     def statistics(self, now: float) -> MembershipStatistics:
         peers = tuple(
             PeerStatus.of(i, p.record, None if p.last_seen is None else max(0.0, now - p.last_seen))
-            for i, p in sorted(self._peers.items()))
+            for i, p in sorted(self._peers.items())
+        )
         return MembershipStatistics(
-            node_id=self.node_id, incarnation=self.incarnation, left=self._left, peers=peers,
-            sent=dict(self.sent), received=dict(self.received), rejected=dict(self.rejected),
-            ignored=dict(self.ignored), refutations=self.refutations, local_health=self.health.score)
+            node_id=self.node_id,
+            incarnation=self.incarnation,
+            left=self._left,
+            peers=peers,
+            sent=dict(self.sent),
+            received=dict(self.received),
+            rejected=dict(self.rejected),
+            ignored=dict(self.ignored),
+            refutations=self.refutations,
+            local_health=self.health.score,
+        )
 
     def next_deadline(self) -> float:
         """When `tick` must next be called (math.inf after leaving)."""
@@ -351,4 +378,3 @@ class Membership(MessageHandlers, PeerChanges, Dissemination, Lifeguard, AntiEnt
 def _advance(at: float, interval: float, now: float) -> float:
     at += interval
     return at if at > now else now + interval
-

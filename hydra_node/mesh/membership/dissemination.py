@@ -34,6 +34,7 @@ class Dissemination:
     _out: list[Action]
 
     if TYPE_CHECKING:  # provided by `Membership`
+
         def self_record(self) -> PeerRecord: ...
         def record(self, peer_id: str) -> PeerRecord | None: ...
         def _members_sorted(self) -> list[str]: ...
@@ -63,7 +64,7 @@ class Dissemination:
     def _send_records(self, to: str, records: list[PeerRecord]) -> None:
         size = max(1, self.config.max_records_per_message)
         for i in range(0, len(records), size):
-            self._send(to, Gossip(tuple(records[i:i + size])), piggyback=False)
+            self._send(to, Gossip(tuple(records[i : i + size])), piggyback=False)
 
     def _sync_message(self) -> Sync:
         return Sync(tuple(r.digest() for r in self._all_records()), (self.self_record(),))

@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING
 from hydra_node.mesh.membership.changes import PeerEntry
 from hydra_node.mesh.membership.config import MembershipConfig
 from hydra_node.mesh.membership.messages import (
-    Ack, DigestEntry, Gossip, Leave, Message, PeerRecord, Ping, PingReq, Pull, Sync,
+    Ack,
+    DigestEntry,
+    Gossip,
+    Leave,
+    Message,
+    PeerRecord,
+    Ping,
+    PingReq,
+    Pull,
+    Sync,
 )
 from hydra_node.mesh.membership.health import LocalHealth
 from hydra_node.mesh.membership.probes import NACK_FRACTION, ProbeTable
@@ -34,6 +43,7 @@ class MessageHandlers:
     health: LocalHealth
 
     if TYPE_CHECKING:  # provided by `Membership` and the sibling mixins
+
         def self_record(self) -> PeerRecord: ...
         def record(self, peer_id: str) -> PeerRecord | None: ...
         def _all_records(self) -> list[PeerRecord]: ...
@@ -56,8 +66,7 @@ class MessageHandlers:
 
     def _on_ack(self, sender: str, msg: Ack, now: float) -> None:
         probe = self._probes.get(msg.probe_id)
-        if probe is not None and msg.subject == probe.target and (
-                sender == probe.target or sender in probe.helpers):
+        if probe is not None and msg.subject == probe.target and (sender == probe.target or sender in probe.helpers):
             self._probes.end(probe)
             peer = self._peers.get(probe.target)
             if peer is not None:
@@ -78,15 +87,26 @@ class MessageHandlers:
         if msg.target == self.node_id:
             self._send(sender, Ack(msg.probe_id, self.node_id))
             return
-        pid = None if msg.target == sender else self._probes.add_forward(
-            sender, msg.probe_id, msg.target, now + self.config.indirect_timeout,
-            now + NACK_FRACTION * self.config.indirect_timeout)
+        pid = (
+            None
+            if msg.target == sender
+            else self._probes.add_forward(
+                sender,
+                msg.probe_id,
+                msg.target,
+                now + self.config.indirect_timeout,
+                now + NACK_FRACTION * self.config.indirect_timeout,
+            )
+        )
         if pid is None:
             self.ignored["ping_req_refused"] += 1
             return
         rec = self.record(msg.target)
-        view = msg.view if msg.view is not None and msg.view.node_id == msg.target else (
-            None if rec is None else rec.digest())
+        view = (
+            msg.view
+            if msg.view is not None and msg.view.node_id == msg.target
+            else (None if rec is None else rec.digest())
+        )
         self._send(msg.target, Ping(pid, view))
 
     def _on_gossip(self, sender: str, msg: Gossip, now: float) -> None:
@@ -99,8 +119,11 @@ class MessageHandlers:
         """Anti-entropy with ``sender``: push our records in ``mine`` that are newer than its digest
         entries ``theirs`` (or missing there), pull those of ``theirs`` newer than ours."""
         push = [rec for rec in mine if (d := theirs.get(rec.node_id)) is None or rec.digest().key > d.key]
-        pull = [d.node_id for d in theirs.values() if d.node_id != self.node_id
-                and ((rec := self.record(d.node_id)) is None or d.key > rec.digest().key)]
+        pull = [
+            d.node_id
+            for d in theirs.values()
+            if d.node_id != self.node_id and ((rec := self.record(d.node_id)) is None or d.key > rec.digest().key)
+        ]
         self._send_records(sender, push)
         if pull:
             self._send(sender, Pull(tuple(pull)))

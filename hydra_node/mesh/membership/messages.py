@@ -12,14 +12,34 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hydra_node.mesh.membership.announcement import (
-    Announcement, InvalidMessage, exact_map, node_id, seq_of, uint,
+    Announcement,
+    InvalidMessage,
+    exact_map,
+    node_id,
+    seq_of,
+    uint,
 )
 from hydra_node.mesh.membership.state import PeerState, status_key
 
 __all__ = [
-    "Ack", "DigestEntry", "DigestSync", "Gossip", "Leave", "Message", "Nack", "PeerRecord", "Ping",
-    "PingReq", "Pull", "Suspect", "Sync", "decode_message", "merge_records", "MAX_WIRE_RECORDS",
-    "MAX_WIRE_DIGEST", "MAX_WIRE_BUCKETS",
+    "Ack",
+    "DigestEntry",
+    "DigestSync",
+    "Gossip",
+    "Leave",
+    "Message",
+    "Nack",
+    "PeerRecord",
+    "Ping",
+    "PingReq",
+    "Pull",
+    "Suspect",
+    "Sync",
+    "decode_message",
+    "merge_records",
+    "MAX_WIRE_RECORDS",
+    "MAX_WIRE_DIGEST",
+    "MAX_WIRE_BUCKETS",
 ]
 
 MAX_WIRE_RECORDS = 64  # records in one message, whatever a sender's config says
@@ -183,9 +203,12 @@ class Ping:
         object.__setattr__(self, "records", _check_records(self.records))
 
     def to_wire(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "probe": self.probe_id,
-                "view": None if self.view is None else self.view.to_wire(),
-                "records": [r.to_wire() for r in self.records]}
+        return {
+            "type": self.TYPE,
+            "probe": self.probe_id,
+            "view": None if self.view is None else self.view.to_wire(),
+            "records": [r.to_wire() for r in self.records],
+        }
 
     @classmethod
     def from_wire(cls, wire: Any) -> Ping:
@@ -208,8 +231,12 @@ class Ack:
         object.__setattr__(self, "records", _check_records(self.records))
 
     def to_wire(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "probe": self.probe_id, "subject": self.subject,
-                "records": [r.to_wire() for r in self.records]}
+        return {
+            "type": self.TYPE,
+            "probe": self.probe_id,
+            "subject": self.subject,
+            "records": [r.to_wire() for r in self.records],
+        }
 
     @classmethod
     def from_wire(cls, wire: Any) -> Ack:
@@ -233,9 +260,13 @@ class PingReq:
         object.__setattr__(self, "records", _check_records(self.records))
 
     def to_wire(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "probe": self.probe_id, "target": self.target,
-                "view": None if self.view is None else self.view.to_wire(),
-                "records": [r.to_wire() for r in self.records]}
+        return {
+            "type": self.TYPE,
+            "probe": self.probe_id,
+            "target": self.target,
+            "view": None if self.view is None else self.view.to_wire(),
+            "records": [r.to_wire() for r in self.records],
+        }
 
     @classmethod
     def from_wire(cls, wire: Any) -> PingReq:
@@ -278,8 +309,11 @@ class Sync:
         object.__setattr__(self, "records", _check_records(self.records))
 
     def to_wire(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "digest": [d.to_wire() for d in self.digest],
-                "records": [r.to_wire() for r in self.records]}
+        return {
+            "type": self.TYPE,
+            "digest": [d.to_wire() for d in self.digest],
+            "records": [r.to_wire() for r in self.records],
+        }
 
     @classmethod
     def from_wire(cls, wire: Any) -> Sync:
@@ -401,21 +435,32 @@ class DigestSync:
         object.__setattr__(self, "records", _check_records(self.records))
 
     def to_wire(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "buckets": self.buckets, "hashes": list(self.hashes),
-                "parts": list(self.parts), "digest": [d.to_wire() for d in self.digest],
-                "records": [r.to_wire() for r in self.records]}
+        return {
+            "type": self.TYPE,
+            "buckets": self.buckets,
+            "hashes": list(self.hashes),
+            "parts": list(self.parts),
+            "digest": [d.to_wire() for d in self.digest],
+            "records": [r.to_wire() for r in self.records],
+        }
 
     @classmethod
     def from_wire(cls, wire: Any) -> DigestSync:
         m = exact_map(wire, "dsync", frozenset({"type", "buckets", "hashes", "parts", "digest", "records"}))
         digest = tuple(DigestEntry.from_wire(d) for d in seq_of(m["digest"], "digest", MAX_WIRE_DIGEST))
-        return cls(m["buckets"], tuple(seq_of(m["hashes"], "hashes", MAX_WIRE_BUCKETS)),
-                   tuple(seq_of(m["parts"], "parts", MAX_WIRE_BUCKETS)), digest, _records(m["records"]))
+        return cls(
+            m["buckets"],
+            tuple(seq_of(m["hashes"], "hashes", MAX_WIRE_BUCKETS)),
+            tuple(seq_of(m["parts"], "parts", MAX_WIRE_BUCKETS)),
+            digest,
+            _records(m["records"]),
+        )
 
 
 Message = Ping | Ack | PingReq | Gossip | Sync | Pull | Leave | Nack | Suspect | DigestSync
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    c.TYPE: c for c in (Ping, Ack, PingReq, Gossip, Sync, Pull, Leave, Nack, Suspect, DigestSync)}
+    c.TYPE: c for c in (Ping, Ack, PingReq, Gossip, Sync, Pull, Leave, Nack, Suspect, DigestSync)
+}
 
 
 def decode_message(wire: Any) -> Message:

@@ -81,8 +81,9 @@ class ProbeTable:
     def due(self, now: float) -> list[Probe]:
         return [p for p in self._probes.values() if p.deadline <= now]
 
-    def add_forward(self, requester: str, their_probe_id: int, target: str, deadline: float,
-                    nack_at: float | None = None) -> int | None:
+    def add_forward(
+        self, requester: str, their_probe_id: int, target: str, deadline: float, nack_at: float | None = None
+    ) -> int | None:
         """Our probe id for the forwarded ping, or None when `max_forwards` are in flight."""
         if len(self._forwards) >= self.max_forwards:
             return None

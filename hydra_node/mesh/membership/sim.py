@@ -38,9 +38,17 @@ CALM = HostProfile()
 class SimNetwork:
     """N membership cores wired through a simulated network."""
 
-    def __init__(self, *, seed: int = 0, config: MembershipConfig | None = None,
-                 delay: LanDelay = LanDelay(), loss: float = 0.0, wan: WanDelay = WanDelay(),
-                 measure_bytes: bool = False, decode: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        config: MembershipConfig | None = None,
+        delay: LanDelay = LanDelay(),
+        loss: float = 0.0,
+        wan: WanDelay = WanDelay(),
+        measure_bytes: bool = False,
+        decode: bool = True,
+    ) -> None:
         """`decode=False` hands receivers the (immutable) message objects instead of their wire
         dicts: the same behaviour, several times faster, for the 1,000-node bench."""
         self.rng = random.Random(seed)
@@ -69,10 +77,18 @@ class SimNetwork:
         self._tick_at: dict[str, float] = {}
 
     # ------------------------------------------------------------- topology
-    def add_node(self, node_id: str, *, seeds: Iterable[str] = (), incarnation: int = 0,
-                 announcement: Announcement | None = None, profile: HostProfile | None = None) -> Membership:
-        ann = announcement or Announcement(node_id=node_id, incarnation=incarnation,
-                                           addresses=(f"10.0.0.{len(self.nodes) % 250 + 1}:7946",))
+    def add_node(
+        self,
+        node_id: str,
+        *,
+        seeds: Iterable[str] = (),
+        incarnation: int = 0,
+        announcement: Announcement | None = None,
+        profile: HostProfile | None = None,
+    ) -> Membership:
+        ann = announcement or Announcement(
+            node_id=node_id, incarnation=incarnation, addresses=(f"10.0.0.{len(self.nodes) % 250 + 1}:7946",)
+        )
         core = Membership(ann, self.config, random.Random(self.rng.random()), now=self.now)
         self.nodes[node_id] = core
         if profile is not None or node_id not in self.profiles:
@@ -144,8 +160,9 @@ class SimNetwork:
         return [e for e in self.log if isinstance(e[2], kind) and (peer is None or e[2].peer_id == peer)]
 
     # ------------------------------------------------------------- running
-    def run_for(self, seconds: float, *, until: Callable[[], bool] | None = None,
-                check_every: float = 0.05) -> float | None:
+    def run_for(
+        self, seconds: float, *, until: Callable[[], bool] | None = None, check_every: float = 0.05
+    ) -> float | None:
         """Advance virtual time by `seconds`.
 
         With `until`, stop at the first check (every `check_every` virtual seconds) where it
@@ -191,7 +208,9 @@ class SimNetwork:
             self.nodes[node].note_local_lag(self.now - payload, self.now)  # type: ignore[operator]
             self._tick(node)
         else:  # "msg" (arrived) or "handle" (a loaded loop gets to it now)
-            sender, wire = cast("tuple[str, Message | dict[str, Any]]", payload)  # in flight: only the receiver and partitions matter
+            sender, wire = cast(
+                "tuple[str, Message | dict[str, Any]]", payload
+            )  # in flight: only the receiver and partitions matter
             if self._partitioned(sender, node):
                 return
             if kind == "msg" and prof.loaded:

@@ -25,11 +25,14 @@ class PeerStatus:
     def of(cls, peer_id: str, record: PeerRecord, last_seen_s: float | None) -> PeerStatus:
         ann = record.announcement
         return cls(
-            peer_id=peer_id, state=record.state.value, incarnation=record.incarnation,
+            peer_id=peer_id,
+            state=record.state.value,
+            incarnation=record.incarnation,
             role=None if ann is None else ann.role,
             addresses=() if ann is None else ann.addresses,
             models=() if ann is None else tuple((m.id, m.state) for m in ann.models),
-            last_seen_s=last_seen_s)
+            last_seen_s=last_seen_s,
+        )
 
 
 @dataclass(frozen=True)

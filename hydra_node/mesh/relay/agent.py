@@ -27,8 +27,15 @@ from hydra_node.mesh.link.endpoints import connect_link
 from hydra_node.mesh.link.peer_link import LinkSettings, PeerLink
 from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.mesh.relay.client import accept_relayed, connect_via_relay, hold_reservation
-from hydra_node.mesh.relay.messages import (DIALBACK_KIND, NONCE_BYTES, RELAY_VERSION, RelayProtocolError,
-                                            encode_reply, parse_dialback, parse_incoming)
+from hydra_node.mesh.relay.messages import (
+    DIALBACK_KIND,
+    NONCE_BYTES,
+    RELAY_VERSION,
+    RelayProtocolError,
+    encode_reply,
+    parse_dialback,
+    parse_incoming,
+)
 from hydra_node.mesh.relay.reachability import Reachability, ReachabilityView
 from hydra_node.mesh.relay.selection import announce_extra, choose_relays, parse_relay_url
 from hydra_node.mesh.relay.server import RelayServer, RelayServerStatistics, read_reply
@@ -86,8 +93,9 @@ class RelayStatus:
 
 
 class RelayAgent:
-    def __init__(self, settings: RelaySettings, inputs: RelayInputs, *,
-                 tamper: Callable[[bytes], bytes] | None = None) -> None:
+    def __init__(
+        self, settings: RelaySettings, inputs: RelayInputs, *, tamper: Callable[[bytes], bytes] | None = None
+    ) -> None:
         self.settings = settings
         self._in = inputs
         self.reachability = Reachability()
@@ -99,9 +107,14 @@ class RelayAgent:
         self.counters: Counter[str] = Counter()
         self._rng = random.Random()
         #: Moves relayed links to a direct path: a direct dial or hole punching (upgrade.py).
-        self.upgrader = LinkUpgrader(settings.hole_punch, UpgradeInputs(
-            link_settings=inputs.link_settings, members=inputs.members, current=inputs.link, adopt=inputs.adopt),
-            self.counters, rng=self._rng)
+        self.upgrader = LinkUpgrader(
+            settings.hole_punch,
+            UpgradeInputs(
+                link_settings=inputs.link_settings, members=inputs.members, current=inputs.link, adopt=inputs.adopt
+            ),
+            self.counters,
+            rng=self._rng,
+        )
 
     # ---- what others read -----------------------------------------------------------------------
     def _peers_available(self) -> int:
@@ -112,8 +125,9 @@ class RelayAgent:
         """A peer dialled us directly (a link we accepted, not a relayed one): we can be dialled. This
         needs no dial-back, and a loaded host's slow dial-backs cannot outvote it. A punched link proves
         nothing: both ends dialled it."""
-        return any(not link.is_initiator and link.path == "direct" and not link.closed
-                   for link in self._in.open_links())
+        return any(
+            not link.is_initiator and link.path == "direct" and not link.closed for link in self._in.open_links()
+        )
 
     def reachable(self) -> bool | str:
         if self._dialled_directly():
@@ -129,8 +143,12 @@ class RelayAgent:
 
     def extend(self, content: AnnouncementContent) -> AnnouncementContent:
         """The root's announcement content plus our ``reach``/``relay``/``relays`` entries."""
-        extra = announce_extra(reach=self.reachable(), offering=self.offering,
-                               bytes_per_s=self.settings.limits.bytes_per_s, relays=self._reserved)
+        extra = announce_extra(
+            reach=self.reachable(),
+            offering=self.offering,
+            bytes_per_s=self.settings.limits.bytes_per_s,
+            relays=self._reserved,
+        )
         return dataclasses.replace(content, extra={**content.extra, **extra})
 
     def reachability_view(self) -> ReachabilityView:
@@ -138,11 +156,16 @@ class RelayAgent:
         return dataclasses.replace(view, reachable=True, method="inbound_link") if self._dialled_directly() else view
 
     def status(self) -> RelayStatus:
-        return RelayStatus(mode=self.settings.mode, offering=self.offering, reserved_at=tuple(sorted(self._reserved)),
-                           relayed_links=sum(1 for link in self._in.open_links() if link.relay is not None),
-                           server=self.server.statistics() if self.server is not None else None,
-                           counters=dict(self.counters), hole_punch=self.upgrader.enabled,
-                           punched_links=sum(1 for link in self._in.open_links() if link.path == "punched"))
+        return RelayStatus(
+            mode=self.settings.mode,
+            offering=self.offering,
+            reserved_at=tuple(sorted(self._reserved)),
+            relayed_links=sum(1 for link in self._in.open_links() if link.relay is not None),
+            server=self.server.statistics() if self.server is not None else None,
+            counters=dict(self.counters),
+            hole_punch=self.upgrader.enabled,
+            punched_links=sum(1 for link in self._in.open_links() if link.path == "punched"),
+        )
 
     # ---- stream handlers (declared by the mesh service) ------------------------------------------
     async def on_reserve(self, link: PeerLink, header: dict, stream: LinkStream) -> None:
@@ -158,8 +181,9 @@ class RelayAgent:
         await self.server.serve_connect(link, header, stream)
 
     async def on_incoming(self, link: PeerLink, header: dict, stream: LinkStream) -> None:
-        inner = await accept_relayed(link, header, stream, self._in.link_settings(),
-                                     allowed=link.peer_id in self._reserved)
+        inner = await accept_relayed(
+            link, header, stream, self._in.link_settings(), allowed=link.peer_id in self._reserved
+        )
         if inner is None:
             self.counters["relayed_accept_failed"] += 1
             return
@@ -197,8 +221,10 @@ class RelayAgent:
         self._dialbacks += 1
         results: dict[str, bool] = {}
         try:
+
             async def one(addr: str) -> None:
                 results[addr] = await dial_back(addr_to_url(addr), link.peer_id, request.nonce, DIALBACK_TIMEOUT_S)
+
             async with trio.open_nursery() as nursery:
                 for addr in dict.fromkeys(request.addrs):
                     nursery.start_soon(one, addr)
@@ -208,8 +234,15 @@ class RelayAgent:
         await stream.send(encode_reply("dialback", results=results))
 
     # ---- dialling (the link table's connect) ------------------------------------------------------
-    async def connect(self, url: str, settings: LinkSettings, *, expected_peer_id: str | None = None,
-                      invite=None, task_status: trio.TaskStatus[PeerLink] = trio.TASK_STATUS_IGNORED) -> None:
+    async def connect(
+        self,
+        url: str,
+        settings: LinkSettings,
+        *,
+        expected_peer_id: str | None = None,
+        invite=None,
+        task_status: trio.TaskStatus[PeerLink] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
         """``connect_link`` for ``ws://`` URLs; through the relay for ``relay:<id>`` ones."""
         relay = parse_relay_url(url)
         if relay is None:
@@ -222,8 +255,9 @@ class RelayAgent:
         inner = None
         try:
             async with trio.open_nursery() as nursery:
-                inner = await nursery.start(partial(connect_via_relay, relay_link, expected_peer_id, settings,
-                                                    on_observed=observed.append))
+                inner = await nursery.start(
+                    partial(connect_via_relay, relay_link, expected_peer_id, settings, on_observed=observed.append)
+                )
                 self.counters["relayed_links_dialled"] += 1
                 self.upgrader.relayed_link_up(inner, observed[0] if observed else None, drive=False)
                 task_status.started(inner)

@@ -16,8 +16,14 @@ import trio
 from hydra_node.mesh.link.endpoints import run_handshake
 from hydra_node.mesh.link.peer_link import LinkSettings, PeerLink
 from hydra_node.mesh.link.stream import LinkStream
-from hydra_node.mesh.relay.messages import (CONNECT_KIND, RELAY_VERSION, RESERVE_KIND, RelayProtocolError,
-                                            encode_reply, parse_incoming)
+from hydra_node.mesh.relay.messages import (
+    CONNECT_KIND,
+    RELAY_VERSION,
+    RESERVE_KIND,
+    RelayProtocolError,
+    encode_reply,
+    parse_incoming,
+)
 from hydra_node.mesh.relay.server import RELAY_REPLY_TIMEOUT_S, read_reply
 from hydra_node.mesh.relay.transport import StreamTransport
 from hydra_node.mesh.wire.errors import HandshakeError, LinkClosed, StreamReset
@@ -36,8 +42,9 @@ class Reservation:
     circuits: int
 
 
-async def hold_reservation(relay_link: PeerLink, *,
-                           task_status: trio.TaskStatus[Reservation] = trio.TASK_STATUS_IGNORED) -> None:
+async def hold_reservation(
+    relay_link: PeerLink, *, task_status: trio.TaskStatus[Reservation] = trio.TASK_STATUS_IGNORED
+) -> None:
     """Reserve at ``relay_link``'s node; ``started(Reservation)``; return when the reservation ends
     (TTL, relay or link gone: never raises after ``started``). Before ``started``: LinkClosed (code
     relay_refused if the relay refuses)."""
@@ -46,10 +53,12 @@ async def hold_reservation(relay_link: PeerLink, *,
             with trio.fail_after(RELAY_REPLY_TIMEOUT_S):
                 reply, _ = await read_reply(stream, "reserved")
             if reply["op"] == "refused":
-                raise LinkClosed(f"relay {relay_link.peer_id[:12]} refused: {reply['code']} {reply['message']}",
-                                 code="relay_refused")
-            task_status.started(Reservation(relay_link.peer_id, reply["ttl_s"], reply["bytes_per_s"],
-                                            reply["circuits"]))
+                raise LinkClosed(
+                    f"relay {relay_link.peer_id[:12]} refused: {reply['code']} {reply['message']}", code="relay_refused"
+                )
+            task_status.started(
+                Reservation(relay_link.peer_id, reply["ttl_s"], reply["bytes_per_s"], reply["circuits"])
+            )
             try:
                 while await stream.receive():
                     pass
@@ -61,9 +70,14 @@ async def hold_reservation(relay_link: PeerLink, *,
         return
 
 
-async def connect_via_relay(relay_link: PeerLink, target: str, settings: LinkSettings, *,
-                            on_observed: Callable[[str | None], None] | None = None,
-                            task_status: trio.TaskStatus[PeerLink] = trio.TASK_STATUS_IGNORED) -> None:
+async def connect_via_relay(
+    relay_link: PeerLink,
+    target: str,
+    settings: LinkSettings,
+    *,
+    on_observed: Callable[[str | None], None] | None = None,
+    task_status: trio.TaskStatus[PeerLink] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Dial ``target`` through ``relay_link``'s node and run the link until it closes; ``started(link)``.
     Before that: LinkClosed (relay_refused, connect_failed) or a HandshakeError. ``on_observed``
     receives our public IP as the relay saw it (``connected.observed``; None if not given)."""
@@ -74,13 +88,15 @@ async def connect_via_relay(relay_link: PeerLink, target: str, settings: LinkSet
             with trio.fail_after(RELAY_REPLY_TIMEOUT_S * 2):
                 reply, rest = await read_reply(stream, "connected")
             if reply["op"] == "refused":
-                raise LinkClosed(f"relay {relay_link.peer_id[:12]} refused: {reply['code']} {reply['message']}",
-                                 code="relay_refused")
+                raise LinkClosed(
+                    f"relay {relay_link.peer_id[:12]} refused: {reply['code']} {reply['message']}", code="relay_refused"
+                )
             if on_observed is not None:
                 on_observed(reply.get("observed"))
             transport = StreamTransport(stream, relay=relay_link.peer_id, initial=rest)
-            handshake = Handshake("initiator", settings.identity, settings.mesh, now=settings.wall_clock(),
-                                  expected_peer_id=target)
+            handshake = Handshake(
+                "initiator", settings.identity, settings.mesh, now=settings.wall_clock(), expected_peer_id=target
+            )
             try:
                 result = await run_handshake(transport, handshake, settings.handshake_timeout_s)
             except BaseException:
@@ -91,8 +107,9 @@ async def connect_via_relay(relay_link: PeerLink, target: str, settings: LinkSet
         raise LinkClosed(f"no relayed link to {target[:12]}: {exc}", code="connect_failed") from None
 
 
-async def accept_relayed(relay_link: PeerLink, header: Mapping[str, Any], stream: LinkStream,
-                         settings: LinkSettings, *, allowed: bool) -> PeerLink | None:
+async def accept_relayed(
+    relay_link: PeerLink, header: Mapping[str, Any], stream: LinkStream, settings: LinkSettings, *, allowed: bool
+) -> PeerLink | None:
     """Answer a ``relay_incoming`` stream: the authenticated link (not yet running), or None when
     refused or the handshake failed (logged). ``allowed``: we hold a reservation at this relay."""
     try:
@@ -105,13 +122,20 @@ async def accept_relayed(relay_link: PeerLink, header: Mapping[str, Any], stream
         return None
     await stream.send(encode_reply("accepted"))
     transport = StreamTransport(stream, relay=relay_link.peer_id)
-    handshake = Handshake("responder", settings.identity, settings.mesh, now=settings.wall_clock(),
-                          trusted_issuer=settings.trusted_issuer, check_invite=settings.check_invite)
+    handshake = Handshake(
+        "responder",
+        settings.identity,
+        settings.mesh,
+        now=settings.wall_clock(),
+        trusted_issuer=settings.trusted_issuer,
+        check_invite=settings.check_invite,
+    )
     try:
         result = await run_handshake(transport, handshake, settings.handshake_timeout_s)
     except HandshakeError as exc:
-        log.warning("event=relayed_handshake_failed relay=%s reason=%s detail=%r", relay_link.peer_id[:16],
-                    exc.code, str(exc))
+        log.warning(
+            "event=relayed_handshake_failed relay=%s reason=%s detail=%r", relay_link.peer_id[:16], exc.code, str(exc)
+        )
         await transport.aclose()
         return None
     if result.peer_id != source:

@@ -31,11 +31,30 @@ from hydra_node.mesh.wire.constants import MAX_LINK_FRAME_BYTES
 from hydra_node.mesh.wire.errors import RemoteProtocolError
 from hydra_node.mesh.wire.ids import is_node_id
 
-__all__ = ["CONNECT_KIND", "DIALBACK_KIND", "INCOMING_KIND", "MAX_DIALBACK_ADDRS", "MAX_REPLY_BYTES",
-           "MAX_RELAYED_FRAME_BYTES", "NONCE_BYTES", "RELAY_VERSION", "RESERVE_KIND", "ConnectRequest",
-           "DialbackRequest", "IncomingRequest", "RelayProtocolError", "ReplyDecoder", "encode_relayed_frame",
-           "encode_reply", "is_ip_text", "parse_connect", "parse_dialback", "parse_incoming", "parse_reply",
-           "relayed_frame_decoder"]
+__all__ = [
+    "CONNECT_KIND",
+    "DIALBACK_KIND",
+    "INCOMING_KIND",
+    "MAX_DIALBACK_ADDRS",
+    "MAX_REPLY_BYTES",
+    "MAX_RELAYED_FRAME_BYTES",
+    "NONCE_BYTES",
+    "RELAY_VERSION",
+    "RESERVE_KIND",
+    "ConnectRequest",
+    "DialbackRequest",
+    "IncomingRequest",
+    "RelayProtocolError",
+    "ReplyDecoder",
+    "encode_relayed_frame",
+    "encode_reply",
+    "is_ip_text",
+    "parse_connect",
+    "parse_dialback",
+    "parse_incoming",
+    "parse_reply",
+    "relayed_frame_decoder",
+]
 
 RELAY_VERSION = 1
 RESERVE_KIND = "relay_reserve"
@@ -122,8 +141,11 @@ def parse_dialback(header: Mapping[str, Any]) -> DialbackRequest:
     addrs, nonce = header.get("addrs"), header.get("nonce")
     if not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES:
         raise RelayProtocolError(f"dial-back nonce must be {NONCE_BYTES} bytes", code="bad_relay_header")
-    if (not isinstance(addrs, list) or not 1 <= len(addrs) <= MAX_DIALBACK_ADDRS
-            or not all(isinstance(a, str) and 0 < len(a) <= MAX_ADDR_CHARS for a in addrs)):
+    if (
+        not isinstance(addrs, list)
+        or not 1 <= len(addrs) <= MAX_DIALBACK_ADDRS
+        or not all(isinstance(a, str) and 0 < len(a) <= MAX_ADDR_CHARS for a in addrs)
+    ):
         raise RelayProtocolError(f"dial-back addrs must be 1..{MAX_DIALBACK_ADDRS} texts", code="bad_relay_header")
     return DialbackRequest(tuple(addrs), nonce)
 
@@ -152,8 +174,11 @@ def parse_reply(msg: Mapping[str, Any], expected: str) -> dict[str, Any]:
         raise RelayProtocolError("connected.observed must be an IP address", code="bad_reply")
     if op == "dialback":
         results = msg.get("results")
-        if (not isinstance(results, dict) or len(results) > MAX_DIALBACK_ADDRS
-                or not all(isinstance(k, str) and isinstance(v, bool) for k, v in results.items())):
+        if (
+            not isinstance(results, dict)
+            or len(results) > MAX_DIALBACK_ADDRS
+            or not all(isinstance(k, str) and isinstance(v, bool) for k, v in results.items())
+        ):
             raise RelayProtocolError("dialback.results must map addresses to booleans", code="bad_reply")
     return dict(msg)
 

@@ -29,9 +29,21 @@ from hydra_node.codec.errors import DecodeError
 from hydra_node.codec.framing import MessageDecoder, encode_message
 from hydra_node.mesh.relay.messages import RELAY_VERSION, RelayProtocolError
 
-__all__ = ["MAX_PUNCH_FRAME_BYTES", "MAX_SYNC_DELAY_S", "PUNCH_KIND", "PunchAddress", "PunchDecoder",
-           "PunchProtocolError", "encode_punch", "format_addr", "parse_addr", "parse_punch_header",
-           "punch_header", "sync_delay_s", "websocket_client"]
+__all__ = [
+    "MAX_PUNCH_FRAME_BYTES",
+    "MAX_SYNC_DELAY_S",
+    "PUNCH_KIND",
+    "PunchAddress",
+    "PunchDecoder",
+    "PunchProtocolError",
+    "encode_punch",
+    "format_addr",
+    "parse_addr",
+    "parse_punch_header",
+    "punch_header",
+    "sync_delay_s",
+    "websocket_client",
+]
 
 PUNCH_KIND = "hole_punch"
 MAX_PUNCH_FRAME_BYTES = 1024
@@ -85,8 +97,9 @@ def parse_addr(text: Any) -> PunchAddress:
     if not sep or not port.isdigit() or len(port) > 5 or not _is_ip(host):
         raise PunchProtocolError(f"bad punch address {text!r}: expected IP:PORT", code="bad_punch")
     if (ipaddress.ip_address(host).version == 6) != bracketed:
-        raise PunchProtocolError(f"bad punch address {text!r}: brackets go around an IPv6 address only",
-                                 code="bad_punch")
+        raise PunchProtocolError(
+            f"bad punch address {text!r}: brackets go around an IPv6 address only", code="bad_punch"
+        )
     try:
         return PunchAddress(host, int(port))
     except ValueError as exc:
@@ -133,8 +146,12 @@ def encode_punch(op: str, **fields: Any) -> bytes:
 def _check(msg: Mapping[str, Any], expected: str) -> dict[str, Any]:
     op = msg.get("op")
     if op == "refused" and expected == "punch":
-        if not isinstance(msg.get("code"), str) or not isinstance(msg.get("message"), str) \
-                or len(msg["code"]) > MAX_TEXT_CHARS or len(msg["message"]) > MAX_TEXT_CHARS:
+        if (
+            not isinstance(msg.get("code"), str)
+            or not isinstance(msg.get("message"), str)
+            or len(msg["code"]) > MAX_TEXT_CHARS
+            or len(msg["message"]) > MAX_TEXT_CHARS
+        ):
             raise PunchProtocolError("a refusal carries a text code and message", code="bad_punch")
         return dict(msg)
     if op != expected:

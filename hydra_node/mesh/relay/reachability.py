@@ -18,8 +18,16 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Mapping
 
-__all__ = ["MAX_REPORTS", "RECHECK_S", "REPORT_TTL_S", "REQUIRED_REPORTS", "RETRY_S", "UNREACHABLE_RECHECK_S",
-           "Reachability", "ReachabilityView"]
+__all__ = [
+    "MAX_REPORTS",
+    "RECHECK_S",
+    "REPORT_TTL_S",
+    "REQUIRED_REPORTS",
+    "RETRY_S",
+    "UNREACHABLE_RECHECK_S",
+    "Reachability",
+    "ReachabilityView",
+]
 
 MAX_REPORTS = 8
 """Latest report kept per checker, for this many checkers (oldest forgotten first)."""
@@ -98,6 +106,10 @@ class Reachability:
             for a, ok in r.items():
                 merged[a] = merged.get(a, False) or ok
         return ReachabilityView(
-            reachable=self.verdict(now, peers_available), method="dialback", checked_by=len(live),
-            reached_by=sum(1 for _, r in live if any(r.values())), addresses=merged,
-            age_s=round(now - max(t for t, _ in live), 1) if live else None)
+            reachable=self.verdict(now, peers_available),
+            method="dialback",
+            checked_by=len(live),
+            reached_by=sum(1 for _, r in live if any(r.values())),
+            addresses=merged,
+            age_s=round(now - max(t for t, _ in live), 1) if live else None,
+        )

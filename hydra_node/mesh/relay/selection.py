@@ -16,8 +16,17 @@ from typing import Any, Callable, Iterable, Mapping
 
 from hydra_node.mesh.wire.ids import is_node_id
 
-__all__ = ["MAX_RELAYS", "RELAY_URL_PREFIX", "announce_extra", "choose_relays", "dial_urls", "offers_relay",
-           "parse_relay_url", "relay_url", "relays_of"]
+__all__ = [
+    "MAX_RELAYS",
+    "RELAY_URL_PREFIX",
+    "announce_extra",
+    "choose_relays",
+    "dial_urls",
+    "offers_relay",
+    "parse_relay_url",
+    "relay_url",
+    "relays_of",
+]
 
 RELAY_URL_PREFIX = "relay:"
 MAX_RELAYS = 2
@@ -33,7 +42,7 @@ def relay_url(relay_id: str) -> str:
 def parse_relay_url(url: str) -> str | None:
     if not url.startswith(RELAY_URL_PREFIX):
         return None
-    relay = url[len(RELAY_URL_PREFIX):]
+    relay = url[len(RELAY_URL_PREFIX) :]
     return relay if is_node_id(relay) else None
 
 
@@ -60,17 +69,27 @@ def relays_of(extra: Mapping[str, Any]) -> list[str]:
     return [r for r in relays if is_node_id(r)][:MAX_ANNOUNCED_RELAYS]
 
 
-def choose_relays(offers: Mapping[str, Mapping[str, Any]], alive: Callable[[str], bool], held: Iterable[str],
-                  failed: Mapping[str, float], now: float, *, wanted: int = MAX_RELAYS,
-                  rtt_ms: Callable[[str], float | None] = lambda _: None) -> list[str]:
+def choose_relays(
+    offers: Mapping[str, Mapping[str, Any]],
+    alive: Callable[[str], bool],
+    held: Iterable[str],
+    failed: Mapping[str, float],
+    now: float,
+    *,
+    wanted: int = MAX_RELAYS,
+    rtt_ms: Callable[[str], float | None] = lambda _: None,
+) -> list[str]:
     """New relays to reserve at: alive peers offering relaying, not held, not failed recently (``failed``:
     peer → retry-after time), nearest first (unknown RTT last, then by id for determinism)."""
     held = set(held)
     need = wanted - len(held)
     if need <= 0:
         return []
-    pool = [p for p, extra in offers.items()
-            if p not in held and offers_relay(extra) and alive(p) and failed.get(p, 0.0) <= now]
+    pool = [
+        p
+        for p, extra in offers.items()
+        if p not in held and offers_relay(extra) and alive(p) and failed.get(p, 0.0) <= now
+    ]
     pool.sort(key=lambda p: (rtt_ms(p) is None, rtt_ms(p) or 0.0, p))
     return pool[:need]
 

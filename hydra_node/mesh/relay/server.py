@@ -17,8 +17,14 @@ import trio
 
 from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.mesh.relay.limits import RelayBook, RelayLimits, RelayRefused, TokenBucket
-from hydra_node.mesh.relay.messages import (INCOMING_KIND, RELAY_VERSION, RelayProtocolError, ReplyDecoder,
-                                            encode_reply, parse_connect)
+from hydra_node.mesh.relay.messages import (
+    INCOMING_KIND,
+    RELAY_VERSION,
+    RelayProtocolError,
+    ReplyDecoder,
+    encode_reply,
+    parse_connect,
+)
 from hydra_node.mesh.wire.errors import LinkClosed, StreamReset
 
 __all__ = ["RELAY_REPLY_TIMEOUT_S", "RelayServer", "RelayServerStatistics"]
@@ -71,11 +77,18 @@ class RelayServer:
     def statistics(self) -> RelayServerStatistics:
         lim = self.book.limits
         return RelayServerStatistics(
-            reservations=self.book.reservations, circuits=self.book.circuits,
-            circuits_opened=self.book.circuits_opened, bytes_relayed=self.bytes_relayed,
+            reservations=self.book.reservations,
+            circuits=self.book.circuits,
+            circuits_opened=self.book.circuits_opened,
+            bytes_relayed=self.bytes_relayed,
             refused=dict(self.book.refused),
-            limits={"max_reservations": lim.max_reservations, "max_circuits": lim.max_circuits,
-                    "bytes_per_s": lim.bytes_per_s, "reservation_ttl_s": int(lim.reservation_ttl_s)})
+            limits={
+                "max_reservations": lim.max_reservations,
+                "max_circuits": lim.max_circuits,
+                "bytes_per_s": lim.bytes_per_s,
+                "reservation_ttl_s": int(lim.reservation_ttl_s),
+            },
+        )
 
     async def serve_reserve(self, link: Any, header: Mapping[str, Any], stream: LinkStream) -> None:
         if header.get("v") != RELAY_VERSION:
@@ -91,8 +104,11 @@ class RelayServer:
         lim = self.book.limits
         log.info("event=relay_reserved peer=%s ttl_s=%d", link.peer_id[:16], lim.reservation_ttl_s)
         try:
-            await stream.send(encode_reply("reserved", ttl_s=int(lim.reservation_ttl_s), bytes_per_s=lim.bytes_per_s,
-                                           circuits=lim.max_circuits))
+            await stream.send(
+                encode_reply(
+                    "reserved", ttl_s=int(lim.reservation_ttl_s), bytes_per_s=lim.bytes_per_s, circuits=lim.max_circuits
+                )
+            )
             with trio.move_on_at(expires):
                 while await stream.receive():  # the client sends nothing; its EOF ends the reservation
                     pass

@@ -25,8 +25,14 @@ from hydra_node.mesh.wire.errors import HandshakeError, LinkClosed
 from hydra_node.mesh.wire.handshake import Handshake
 from hydra_node.mesh.wire.ids import node_id_from_public_key
 
-__all__ = ["CONNECT_TIMEOUT_S", "PUNCH_RESOURCE", "PunchFailed", "bind_punch_socket", "run_punched_link",
-           "simultaneous_open"]
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "PUNCH_RESOURCE",
+    "PunchFailed",
+    "bind_punch_socket",
+    "run_punched_link",
+    "simultaneous_open",
+]
 
 CONNECT_TIMEOUT_S = 3.5
 """Bound on one simultaneous open: the first SYN and Linux's retransmissions at 1 s and 3 s."""
@@ -62,8 +68,9 @@ async def _bind(v6: bool, port: int) -> trio.socket.SocketType:
     return sock
 
 
-async def simultaneous_open(sock: trio.socket.SocketType, addr: PunchAddress,
-                            timeout_s: float = CONNECT_TIMEOUT_S) -> trio.SocketStream:
+async def simultaneous_open(
+    sock: trio.socket.SocketType, addr: PunchAddress, timeout_s: float = CONNECT_TIMEOUT_S
+) -> trio.SocketStream:
     """Connect ``sock`` to ``addr`` within ``timeout_s``; PunchFailed otherwise (the socket is closed).
 
     A SYN that reaches the other NAT before the other end's own SYN has left may be answered with a
@@ -88,8 +95,9 @@ async def simultaneous_open(sock: trio.socket.SocketType, addr: PunchAddress,
     except trio.TooSlowError:
         sock.close()
         reason = "refused" if refusals else "timeout"
-        raise PunchFailed(reason, f"no connection with {addr.host}:{addr.port} within {timeout_s} s "
-                                  f"({refusals} resets)") from None
+        raise PunchFailed(
+            reason, f"no connection with {addr.host}:{addr.port} within {timeout_s} s ({refusals} resets)"
+        ) from None
     except OSError as exc:
         sock.close()
         raise PunchFailed("unreachable", f"connect to {addr.host}:{addr.port}: {exc}") from None
@@ -98,8 +106,13 @@ async def simultaneous_open(sock: trio.socket.SocketType, addr: PunchAddress,
         raise
 
 
-async def run_punched_link(stream: trio.SocketStream, peer_id: str, settings: LinkSettings, *,
-                           task_status: trio.TaskStatus[PeerLink] = trio.TASK_STATUS_IGNORED) -> None:
+async def run_punched_link(
+    stream: trio.SocketStream,
+    peer_id: str,
+    settings: LinkSettings,
+    *,
+    task_status: trio.TaskStatus[PeerLink] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Authenticate ``peer_id`` on the punched connection and run the link until it closes;
     ``started(link)``. Before that: PunchFailed (the connection is closed)."""
     failure: PunchFailed | None = None
@@ -128,20 +141,35 @@ async def _authenticate(nursery: trio.Nursery, stream: trio.SocketStream, peer_i
     try:
         with trio.fail_after(settings.handshake_timeout_s):
             if client:
-                ws = await wrap_client_stream(nursery, stream, "hydra-punch", PUNCH_RESOURCE,
-                                              message_queue_size=WS_MESSAGE_QUEUE,
-                                              max_message_size=MAX_LINK_FRAME_BYTES,
-                                              receive_buffer_size=WS_RECEIVE_BUFFER)
+                ws = await wrap_client_stream(
+                    nursery,
+                    stream,
+                    "hydra-punch",
+                    PUNCH_RESOURCE,
+                    message_queue_size=WS_MESSAGE_QUEUE,
+                    max_message_size=MAX_LINK_FRAME_BYTES,
+                    receive_buffer_size=WS_RECEIVE_BUFFER,
+                )
             else:
-                request = await wrap_server_stream(nursery, stream, message_queue_size=WS_MESSAGE_QUEUE,
-                                                   max_message_size=MAX_LINK_FRAME_BYTES,
-                                                   receive_buffer_size=WS_RECEIVE_BUFFER)
+                request = await wrap_server_stream(
+                    nursery,
+                    stream,
+                    message_queue_size=WS_MESSAGE_QUEUE,
+                    max_message_size=MAX_LINK_FRAME_BYTES,
+                    receive_buffer_size=WS_RECEIVE_BUFFER,
+                )
                 if request.path != PUNCH_RESOURCE:
                     await request.reject(404)
                     raise PunchFailed("websocket", f"unexpected websocket path {request.path!r}")
                 ws = await request.accept()
-    except (trio.TooSlowError, trio_websocket.HandshakeError, ConnectionClosed, trio.BrokenResourceError,
-            trio.ClosedResourceError, PunchFailed) as exc:
+    except (
+        trio.TooSlowError,
+        trio_websocket.HandshakeError,
+        ConnectionClosed,
+        trio.BrokenResourceError,
+        trio.ClosedResourceError,
+        PunchFailed,
+    ) as exc:
         with trio.move_on_after(CLOSE_TIMEOUT_S) as scope:
             scope.shield = True
             await stream.aclose()
@@ -149,11 +177,18 @@ async def _authenticate(nursery: trio.Nursery, stream: trio.SocketStream, peer_i
             raise
         raise PunchFailed("websocket", f"no websocket on the punched connection: {exc!r}") from None
     if client:
-        handshake = Handshake("initiator", settings.identity, settings.mesh, now=settings.wall_clock(),
-                              expected_peer_id=peer_id)
+        handshake = Handshake(
+            "initiator", settings.identity, settings.mesh, now=settings.wall_clock(), expected_peer_id=peer_id
+        )
     else:
-        handshake = Handshake("responder", settings.identity, settings.mesh, now=settings.wall_clock(),
-                              trusted_issuer=settings.trusted_issuer, check_invite=settings.check_invite)
+        handshake = Handshake(
+            "responder",
+            settings.identity,
+            settings.mesh,
+            now=settings.wall_clock(),
+            trusted_issuer=settings.trusted_issuer,
+            check_invite=settings.check_invite,
+        )
     try:
         result = await run_handshake(ws, handshake, settings.handshake_timeout_s)
     except HandshakeError as exc:

@@ -24,8 +24,17 @@ import trio
 from hydra_node.mesh.link.endpoints import connect_link
 from hydra_node.mesh.link.peer_link import LinkSettings, PeerLink
 from hydra_node.mesh.link.stream import LinkStream
-from hydra_node.mesh.relay.punch import (MAX_PUNCH_FRAME_BYTES, PunchDecoder, PunchProtocolError, encode_punch,
-                                         format_addr, parse_addr, parse_punch_header, punch_header, sync_delay_s)
+from hydra_node.mesh.relay.punch import (
+    MAX_PUNCH_FRAME_BYTES,
+    PunchDecoder,
+    PunchProtocolError,
+    encode_punch,
+    format_addr,
+    parse_addr,
+    parse_punch_header,
+    punch_header,
+    sync_delay_s,
+)
 from hydra_node.mesh.relay.simopen import PunchFailed, bind_punch_socket, run_punched_link, simultaneous_open
 from hydra_node.mesh.relay.upgrade_plan import GAVE_UP, UpgradePlan
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError
@@ -61,8 +70,9 @@ class UpgradeInputs:
 
 
 class LinkUpgrader:
-    def __init__(self, enabled: bool, inputs: UpgradeInputs, counters: Counter, *,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self, enabled: bool, inputs: UpgradeInputs, counters: Counter, *, rng: random.Random | None = None
+    ) -> None:
         self.enabled = enabled
         self._in = inputs
         self.counters = counters
@@ -115,8 +125,12 @@ class LinkUpgrader:
                 self._up(direct, method, "initiator", plan.attempts_made)
         if plan.state == GAVE_UP:
             self.counters["upgrades_given_up"] += 1
-            log.info("event=hole_punch_gave_up peer=%s attempts=%d reason=%s (the link stays relayed)",
-                     peer[:16], plan.attempts_made, plan.last_reason)
+            log.info(
+                "event=hole_punch_gave_up peer=%s attempts=%d reason=%s (the link stays relayed)",
+                peer[:16],
+                plan.attempts_made,
+                plan.last_reason,
+            )
 
     def _attempt_failed(self, peer: str, method: str, plan: UpgradePlan, exc: BaseException) -> None:
         if isinstance(exc, _Refused):
@@ -129,15 +143,25 @@ class LinkUpgrader:
 
     def _failed(self, peer: str, method: str, plan: UpgradePlan, reason: str, detail: str) -> None:
         self.counters["hole_punch_failed" if method == "punch" else "direct_dial_failed"] += 1
-        log.info("event=%s peer=%s reason=%s attempt=%d detail=%r next_in_s=%s",
-                 "hole_punch_failed" if method == "punch" else "direct_dial_failed", peer[:16], reason,
-                 plan.attempts_made, detail[:200],
-                 "never" if plan.finished else f"{max(0.0, plan.next_at - trio.current_time()):.1f}")
+        log.info(
+            "event=%s peer=%s reason=%s attempt=%d detail=%r next_in_s=%s",
+            "hole_punch_failed" if method == "punch" else "direct_dial_failed",
+            peer[:16],
+            reason,
+            plan.attempts_made,
+            detail[:200],
+            "never" if plan.finished else f"{max(0.0, plan.next_at - trio.current_time()):.1f}",
+        )
 
     def _up(self, direct: PeerLink, method: str, role: str, attempts: int) -> None:
         self.counters["hole_punch_ok" if method == "punch" else "direct_dial_ok"] += 1
-        log.info("event=%s peer=%s role=%s attempts=%d", "hole_punch_ok" if method == "punch" else "direct_dial_ok",
-                 direct.peer_id[:16], role, attempts)
+        log.info(
+            "event=%s peer=%s role=%s attempts=%d",
+            "hole_punch_ok" if method == "punch" else "direct_dial_ok",
+            direct.peer_id[:16],
+            role,
+            attempts,
+        )
         self._in.adopt(direct)
 
     def _direct_urls(self, peer: str) -> list[str]:
@@ -151,8 +175,9 @@ class LinkUpgrader:
         with trio.move_on_after(DIRECT_DIAL_TIMEOUT_S):
             for url in self._direct_urls(peer):
                 try:
-                    return await self._start_link(partial(connect_link, url, self._in.link_settings(),
-                                                          expected_peer_id=peer))
+                    return await self._start_link(
+                        partial(connect_link, url, self._in.link_settings(), expected_peer_id=peer)
+                    )
                 except (MeshError, OSError) as exc:
                     errors.append(f"{url}: {exc}")
         raise LinkClosed(f"no direct link to {peer[:12]}: {'; '.join(errors) or 'timeout'}", code="unreachable")
@@ -203,8 +228,9 @@ class LinkUpgrader:
             handed_over = True
         except (trio.TooSlowError, PunchProtocolError) as exc:
             self.counters["hole_punch_failed"] += 1
-            log.info("event=hole_punch_failed peer=%s role=responder reason=no_sync detail=%r", link.peer_id[:16],
-                     str(exc))
+            log.info(
+                "event=hole_punch_failed peer=%s role=responder reason=no_sync detail=%r", link.peer_id[:16], str(exc)
+            )
         finally:
             if not handed_over:
                 sock.close()
@@ -231,8 +257,12 @@ class LinkUpgrader:
             direct = await self._start_link(partial(run_punched_link, tcp, peer, self._in.link_settings()))
         except (MeshError, OSError) as exc:
             self.counters["hole_punch_failed"] += 1
-            log.info("event=hole_punch_failed peer=%s role=responder reason=%s detail=%r", peer[:16],
-                     getattr(exc, "reason", None) or getattr(exc, "code", type(exc).__name__), str(exc)[:200])
+            log.info(
+                "event=hole_punch_failed peer=%s role=responder reason=%s detail=%r",
+                peer[:16],
+                getattr(exc, "reason", None) or getattr(exc, "code", type(exc).__name__),
+                str(exc)[:200],
+            )
         else:
             self._up(direct, "punch", "responder", 1)
         finally:
@@ -243,8 +273,9 @@ class LinkUpgrader:
         return await self._nursery.start(self._run_link, factory)  # type: ignore[union-attr]
 
     @staticmethod
-    async def _run_link(factory: Callable[..., Any], *,
-                        task_status: trio.TaskStatus[PeerLink] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _run_link(
+        factory: Callable[..., Any], *, task_status: trio.TaskStatus[PeerLink] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Run one upgraded link: a failure before it is up goes to the caller, one after it ends
         that link only (never the upgrader)."""
         status = _StartedFlag(task_status)

@@ -16,8 +16,18 @@ from dataclasses import dataclass
 from hydra_node.backoff import Backoff
 from hydra_node.statemachine import InvalidTransition, StateTable
 
-__all__ = ["ATTEMPTS_PER_ROUND", "ATTEMPT_GAP_S", "FINAL_REFUSALS", "MAX_ROUNDS", "ROUND_BACKOFF", "TRANSITIONS",
-           "UPGRADE_MACHINE", "UpgradePlan", "UpgradeStateError", "UpgradeStatus"]
+__all__ = [
+    "ATTEMPTS_PER_ROUND",
+    "ATTEMPT_GAP_S",
+    "FINAL_REFUSALS",
+    "MAX_ROUNDS",
+    "ROUND_BACKOFF",
+    "TRANSITIONS",
+    "UPGRADE_MACHINE",
+    "UpgradePlan",
+    "UpgradeStateError",
+    "UpgradeStatus",
+]
 
 ATTEMPTS_PER_ROUND = 3
 """Attempts in one round (DCUtR's number): a SYN lost to timing is retried at once."""
@@ -37,8 +47,7 @@ WAITING, ATTEMPTING, DIRECT, GAVE_UP = "waiting", "attempting", "direct", "gave_
 #: ``exhausted`` when it was the last one; DIRECT and GAVE_UP take nothing.
 TRANSITIONS: dict[str, dict[str, str]] = {
     WAITING: {"begin": ATTEMPTING, "abandon": GAVE_UP},
-    ATTEMPTING: {"failed": WAITING, "exhausted": GAVE_UP, "refused": GAVE_UP, "succeeded": DIRECT,
-                 "abandon": GAVE_UP},
+    ATTEMPTING: {"failed": WAITING, "exhausted": GAVE_UP, "refused": GAVE_UP, "succeeded": DIRECT, "abandon": GAVE_UP},
 }
 UPGRADE_MACHINE = StateTable("upgrade plan", TRANSITIONS)
 
@@ -61,8 +70,14 @@ class UpgradePlan:
     """Where one link's upgrade stands. ``begin``/``failed``/``refused``/``succeeded``/``abandon``
     move it; ``due(now)`` says whether an attempt should start now."""
 
-    def __init__(self, now: float, *, attempts_per_round: int = ATTEMPTS_PER_ROUND, max_rounds: int = MAX_ROUNDS,
-                 backoff: Backoff = ROUND_BACKOFF) -> None:
+    def __init__(
+        self,
+        now: float,
+        *,
+        attempts_per_round: int = ATTEMPTS_PER_ROUND,
+        max_rounds: int = MAX_ROUNDS,
+        backoff: Backoff = ROUND_BACKOFF,
+    ) -> None:
         if attempts_per_round < 1 or max_rounds < 1:
             raise ValueError("an upgrade plan needs at least one attempt and one round")
         self.state = WAITING
@@ -125,6 +140,11 @@ class UpgradePlan:
         self._move("abandon")
 
     def status(self) -> UpgradeStatus:
-        return UpgradeStatus(state=self.state, round=self.round, attempt=self.attempt,
-                             attempts_made=self.attempts_made, last_reason=self.last_reason,
-                             next_at=self.next_at if self.state == WAITING else None)
+        return UpgradeStatus(
+            state=self.state,
+            round=self.round,
+            attempt=self.attempt,
+            attempts_made=self.attempts_made,
+            last_reason=self.last_reason,
+            next_at=self.next_at if self.state == WAITING else None,
+        )

@@ -73,8 +73,7 @@ class GenerationMismatch(HandshakeError):
 
     def __init__(self, local: int, remote: object, *, reply: bytes | None = None) -> None:
         super().__init__(
-            f"protocol generation mismatch: this node speaks generation {local}, "
-            f"the peer speaks generation {remote!r}",
+            f"protocol generation mismatch: this node speaks generation {local}, the peer speaks generation {remote!r}",
             reply=reply,
         )
         self.local = local

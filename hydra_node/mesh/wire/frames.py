@@ -95,7 +95,11 @@ class Window:
 
     def __post_init__(self) -> None:
         _check_stream(self.stream_id, False)
-        if isinstance(self.increment, bool) or not isinstance(self.increment, int) or not 0 < self.increment <= MAX_WINDOW:
+        if (
+            isinstance(self.increment, bool)
+            or not isinstance(self.increment, int)
+            or not 0 < self.increment <= MAX_WINDOW
+        ):
             raise LocalProtocolError(f"window increment must be 1..{MAX_WINDOW}")
 
 

@@ -44,15 +44,38 @@ from hydra_node.mesh.wire.errors import (
     RejectedByPeer,
     TokenError,
 )
-from hydra_node.mesh.wire.handshake_messages import (Accept, Auth, HandshakeMessage, Hello, Reject, Welcome, handshake_failure,
-                                 parse_handshake_message)
+from hydra_node.mesh.wire.handshake_messages import (
+    Accept,
+    Auth,
+    HandshakeMessage,
+    Hello,
+    Reject,
+    Welcome,
+    handshake_failure,
+    parse_handshake_message,
+)
 from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key
 from hydra_node.mesh.wire.token import InviteToken, parse_invite
 from hydra_node.statemachine import InvalidTransition, StateTable
 
-__all__ = ["Accept", "Auth", "Handshake", "HandshakeMessage", "HandshakeResult", "HandshakeState", "Hello",
-           "MESH_PROOF_INITIATOR", "MESH_PROOF_RESPONDER", "Reject", "TRANSCRIPT_LABEL", "TRANSITIONS", "Welcome",
-           "aead_nonce", "derive_key", "parse_handshake_message"]
+__all__ = [
+    "Accept",
+    "Auth",
+    "Handshake",
+    "HandshakeMessage",
+    "HandshakeResult",
+    "HandshakeState",
+    "Hello",
+    "MESH_PROOF_INITIATOR",
+    "MESH_PROOF_RESPONDER",
+    "Reject",
+    "TRANSCRIPT_LABEL",
+    "TRANSITIONS",
+    "Welcome",
+    "aead_nonce",
+    "derive_key",
+    "parse_handshake_message",
+]
 
 TRANSCRIPT_LABEL = b"hydra/handshake\x00"
 MESH_PROOF_RESPONDER = b"hydra/1/mesh-proof-responder"
@@ -114,8 +137,12 @@ class HandshakeState(enum.Enum):
 _H = HandshakeState
 # role -> state -> {received message type: next state}; anything else is a protocol error.
 TRANSITIONS: dict[str, dict[HandshakeState, dict[type, HandshakeState]]] = {
-    "initiator": {_H.START: {}, _H.WAIT_WELCOME: {Welcome: _H.WAIT_ACCEPT}, _H.WAIT_ACCEPT: {Accept: _H.DONE},
-                  _H.DONE: {}},
+    "initiator": {
+        _H.START: {},
+        _H.WAIT_WELCOME: {Welcome: _H.WAIT_ACCEPT},
+        _H.WAIT_ACCEPT: {Accept: _H.DONE},
+        _H.DONE: {},
+    },
     "responder": {_H.WAIT_HELLO: {Hello: _H.WAIT_AUTH}, _H.WAIT_AUTH: {Auth: _H.DONE}, _H.DONE: {}},
 }
 HANDSHAKE_MACHINES = {role: StateTable(f"{role} handshake", moves) for role, moves in TRANSITIONS.items()}
@@ -200,7 +227,11 @@ class Handshake:
             try:
                 next_state = HANDSHAKE_MACHINES[self.role].next(self.state, type(msg))
             except InvalidTransition as exc:
-                raise handshake_failure(HandshakeError, "bad_handshake", f"unexpected {type(msg).__name__.lower()} in state {self.role}/{self.state.value}") from exc
+                raise handshake_failure(
+                    HandshakeError,
+                    "bad_handshake",
+                    f"unexpected {type(msg).__name__.lower()} in state {self.role}/{self.state.value}",
+                ) from exc
             reply: bytes | None = getattr(self, f"_on_{type(msg).__name__.lower()}")(msg, data)
             self.state = next_state
             return reply
@@ -212,7 +243,9 @@ class Handshake:
 
     def _on_hello(self, msg: Hello, raw: bytes) -> bytes:
         if msg.mesh != self._mesh_id:
-            raise handshake_failure(AdmissionRefused, "foreign_mesh", "this node belongs to another mesh")  # never name ours to a stranger
+            raise handshake_failure(
+                AdmissionRefused, "foreign_mesh", "this node belongs to another mesh"
+            )  # never name ours to a stranger
         self._h = _h(TRANSCRIPT_LABEL + raw)
         self._agree(msg.eph, responder_eph=self._eph_public)
         mesh: MeshSecret = self._credential  # type: ignore[assignment]
@@ -230,12 +263,16 @@ class Handshake:
         mesh: MeshSecret = self._credential  # type: ignore[assignment]
         key_sig = _key_sig(payload)
         if set(payload) not in ({"key", "sig", "mac"}, {"key", "sig", "token"}) or key_sig is None:
-            raise handshake_failure(HandshakeError, "bad_handshake", "auth payload must be {key, sig, mac} or {key, sig, token}")
+            raise handshake_failure(
+                HandshakeError, "bad_handshake", "auth payload must be {key, sig, mac} or {key, sig, token}"
+            )
         key, sig = key_sig
         self._verify(key, signing_input("handshake-initiator", self._h), sig)
         invite_nonce = None
         if "mac" in payload:
-            if not isinstance(payload["mac"], bytes) or not mesh.check_mac(MESH_PROOF_INITIATOR, self._h + key, payload["mac"]):
+            if not isinstance(payload["mac"], bytes) or not mesh.check_mac(
+                MESH_PROOF_INITIATOR, self._h + key, payload["mac"]
+            ):
                 raise handshake_failure(AdmissionRefused, "bad_mesh_proof", "the peer does not know this mesh's key")
             admitted_by = "mac"
         else:
@@ -245,7 +282,9 @@ class Handshake:
                 raise handshake_failure(AdmissionRefused, exc.code, str(exc)) from None
             issuer = token.issuer_id
             if token.issuer_public_key != self._public and not (self._trusted_issuer and self._trusted_issuer(issuer)):
-                raise handshake_failure(AdmissionRefused, "untrusted_issuer", f"invite issued by {issuer}, which is not a known member")
+                raise handshake_failure(
+                    AdmissionRefused, "untrusted_issuer", f"invite issued by {issuer}, which is not a known member"
+                )
             if self._check_invite is not None:
                 try:
                     self._check_invite(token)
@@ -272,14 +311,21 @@ class Handshake:
         key, sig = key_sig
         self._verify(key, signing_input("handshake-responder", self._h), sig)
         if self._expected_peer_id is not None and node_id_from_public_key(key) != self._expected_peer_id:
-            raise handshake_failure(PeerAuthenticationFailed, "unexpected_peer", f"expected peer {self._expected_peer_id}, got {node_id_from_public_key(key)}")
+            raise handshake_failure(
+                PeerAuthenticationFailed,
+                "unexpected_peer",
+                f"expected peer {self._expected_peer_id}, got {node_id_from_public_key(key)}",
+            )
         if isinstance(self._credential, MeshSecret):
             if not self._credential.check_mac(MESH_PROOF_RESPONDER, self._h + key, mac):
                 raise handshake_failure(AdmissionRefused, "bad_mesh_proof", "the peer does not know this mesh's key")
         self._peer_key, self._peer_mac = key, mac
         h_welcome = self._h
         self._h = _h(self._h + cbor.encode(payload))
-        auth: dict[str, Any] = {"key": self._public, "sig": self._identity.sign(signing_input("handshake-initiator", self._h)).signature}
+        auth: dict[str, Any] = {
+            "key": self._public,
+            "sig": self._identity.sign(signing_input("handshake-initiator", self._h)).signature,
+        }
         if isinstance(self._credential, MeshSecret):
             auth["mac"] = self._credential.mac(MESH_PROOF_INITIATOR, self._h + self._public)
         else:
@@ -293,17 +339,34 @@ class Handshake:
         payload = self._open(self._k_r2i, 1, msg.box, "accept")
         if isinstance(self._credential, MeshSecret):
             if payload != {"admitted": "mac"}:
-                raise handshake_failure(HandshakeError, "bad_handshake", "a member's accept must be exactly {admitted: mac}")
+                raise handshake_failure(
+                    HandshakeError, "bad_handshake", "a member's accept must be exactly {admitted: mac}"
+                )
             mesh = self._credential
         else:
             mesh_key = payload.get("mesh_key")
-            if set(payload) != {"admitted", "mesh_key"} or payload["admitted"] != "token" or not isinstance(mesh_key, bytes) or len(mesh_key) != 32:
-                raise handshake_failure(HandshakeError, "bad_handshake", "a joiner's accept must be {admitted: token, mesh_key}")
+            if (
+                set(payload) != {"admitted", "mesh_key"}
+                or payload["admitted"] != "token"
+                or not isinstance(mesh_key, bytes)
+                or len(mesh_key) != 32
+            ):
+                raise handshake_failure(
+                    HandshakeError, "bad_handshake", "a joiner's accept must be {admitted: token, mesh_key}"
+                )
             mesh = MeshSecret(mesh_key)
             if mesh.mesh_id != self._credential.mesh_id:
-                raise handshake_failure(PeerAuthenticationFailed, "bad_mesh_key", "the mesh key received does not match the invite's mesh id")
+                raise handshake_failure(
+                    PeerAuthenticationFailed,
+                    "bad_mesh_key",
+                    "the mesh key received does not match the invite's mesh id",
+                )
             if not mesh.check_mac(MESH_PROOF_RESPONDER, self._h_welcome + self._peer_key, self._peer_mac):
-                raise handshake_failure(PeerAuthenticationFailed, "bad_mesh_proof", "the responder's mesh proof does not match the mesh key it sent")
+                raise handshake_failure(
+                    PeerAuthenticationFailed,
+                    "bad_mesh_proof",
+                    "the responder's mesh proof does not match the mesh key it sent",
+                )
         self._h = _h(self._h + cbor.encode(payload))
         self._finish(self._peer_key, mesh, payload["admitted"], None)
         return None
@@ -313,10 +376,19 @@ class Handshake:
     def _agree(self, peer_eph: bytes, *, responder_eph: bytes) -> None:
         try:
             self._shared = sodium.crypto_scalarmult(self._eph_secret, peer_eph)
-        except (nacl.exceptions.CryptoError, nacl.exceptions.RuntimeError, nacl.exceptions.TypeError, nacl.exceptions.ValueError):
-            raise handshake_failure(PeerAuthenticationFailed, "bad_ephemeral", "the peer's ephemeral key is a low-order point") from None
+        except (
+            nacl.exceptions.CryptoError,
+            nacl.exceptions.RuntimeError,
+            nacl.exceptions.TypeError,
+            nacl.exceptions.ValueError,
+        ):
+            raise handshake_failure(
+                PeerAuthenticationFailed, "bad_ephemeral", "the peer's ephemeral key is a low-order point"
+            ) from None
         if self._shared == bytes(32):
-            raise handshake_failure(PeerAuthenticationFailed, "bad_ephemeral", "the peer's ephemeral key is a low-order point")
+            raise handshake_failure(
+                PeerAuthenticationFailed, "bad_ephemeral", "the peer's ephemeral key is a low-order point"
+            )
         self._h = _h(self._h + responder_eph)
         self._k_r2i = derive_key(self._shared, self._h, b"hs r2i")
         self._k_i2r = derive_key(self._shared, self._h, b"hs i2r")
@@ -325,11 +397,15 @@ class Handshake:
         try:
             plain = sodium.crypto_aead_xchacha20poly1305_ietf_decrypt(box, self._h, aead_nonce(counter), key)
         except nacl.exceptions.CryptoError:
-            raise handshake_failure(HandshakeError, "bad_handshake", f"{what} box does not decrypt (tampered or wrong keys)") from None
+            raise handshake_failure(
+                HandshakeError, "bad_handshake", f"{what} box does not decrypt (tampered or wrong keys)"
+            ) from None
         try:
             payload = cbor.decode(plain, max_size=MAX_HANDSHAKE_MESSAGE_BYTES)
         except CborError as exc:
-            raise handshake_failure(HandshakeError, "bad_handshake", f"{what} payload is not canonical CBOR: {exc}") from None
+            raise handshake_failure(
+                HandshakeError, "bad_handshake", f"{what} payload is not canonical CBOR: {exc}"
+            ) from None
         if not isinstance(payload, dict):
             raise handshake_failure(HandshakeError, "bad_handshake", f"{what} payload must be a map")
         return payload
@@ -338,9 +414,13 @@ class Handshake:
         try:
             nacl.signing.VerifyKey(key).verify(message, sig)
         except (nacl.exceptions.BadSignatureError, nacl.exceptions.ValueError, nacl.exceptions.TypeError):
-            raise handshake_failure(PeerAuthenticationFailed, "bad_signature", "the peer's node key signature does not verify") from None
+            raise handshake_failure(
+                PeerAuthenticationFailed, "bad_signature", "the peer's node key signature does not verify"
+            ) from None
         if key == self._public:
-            raise handshake_failure(PeerAuthenticationFailed, "self_connection", "the peer has this node's own identity")
+            raise handshake_failure(
+                PeerAuthenticationFailed, "self_connection", "the peer has this node's own identity"
+            )
 
     def _finish(self, peer_key: bytes, mesh: MeshSecret, admitted_by: str, invite_nonce: bytes | None) -> None:
         k_i2r = derive_key(self._shared, self._h, b"app i2r")

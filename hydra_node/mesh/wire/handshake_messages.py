@@ -14,14 +14,21 @@ from hydra_node.mesh.wire.constants import MAX_HANDSHAKE_MESSAGE_BYTES, PROTOCOL
 from hydra_node.mesh.wire.errors import CborError, GenerationMismatch, HandshakeError, LocalProtocolError
 from hydra_node.mesh.wire.ids import is_mesh_id
 
-__all__ = ["Accept", "Auth", "HandshakeMessage", "Hello", "Reject", "Welcome", "handshake_failure",
-           "parse_handshake_message"]
+__all__ = [
+    "Accept",
+    "Auth",
+    "HandshakeMessage",
+    "Hello",
+    "Reject",
+    "Welcome",
+    "handshake_failure",
+    "parse_handshake_message",
+]
 
 
 def handshake_failure(cls: type[HandshakeError], code: str, message: str) -> HandshakeError:
     """A handshake error of ``cls`` whose reply is the matching reject message."""
     return cls(message, code=code, reply=Reject(code=code, message=message).encode())
-
 
 
 # --- messages --------------------------------------------------------------------------
@@ -96,7 +103,9 @@ def parse_handshake_message(data: bytes) -> HandshakeMessage:
     try:
         msg = cbor.decode(data, max_size=MAX_HANDSHAKE_MESSAGE_BYTES)
     except CborError as exc:
-        raise handshake_failure(HandshakeError, "bad_handshake", f"handshake message is not canonical CBOR ({exc.code}): {exc}") from None
+        raise handshake_failure(
+            HandshakeError, "bad_handshake", f"handshake message is not canonical CBOR ({exc.code}): {exc}"
+        ) from None
     kind = msg.get("type") if isinstance(msg, dict) else None
     if kind not in _FIELDS:
         raise handshake_failure(HandshakeError, "bad_handshake", f"unknown handshake message type {kind!r}")
@@ -106,11 +115,16 @@ def parse_handshake_message(data: bytes) -> HandshakeMessage:
         if kind == "reject" and isinstance(msg.get("code"), str) and isinstance(msg.get("message"), str):
             return Reject(code=msg["code"], message=msg["message"][:1024], gen=msg.get("gen"))
         raise GenerationMismatch(
-            PROTOCOL_GENERATION, msg.get("gen"),
-            reply=Reject(code="generation_mismatch", message=f"this node speaks protocol generation {PROTOCOL_GENERATION}").encode(),
+            PROTOCOL_GENERATION,
+            msg.get("gen"),
+            reply=Reject(
+                code="generation_mismatch", message=f"this node speaks protocol generation {PROTOCOL_GENERATION}"
+            ).encode(),
         )
     if set(msg) != _FIELDS[kind]:
-        raise handshake_failure(HandshakeError, "bad_handshake", f"{kind} must have exactly the fields {sorted(_FIELDS[kind])}")
+        raise handshake_failure(
+            HandshakeError, "bad_handshake", f"{kind} must have exactly the fields {sorted(_FIELDS[kind])}"
+        )
     try:
         if kind == "hello":
             return Hello(eph=msg["eph"], mesh=msg["mesh"])

@@ -76,8 +76,13 @@ class StreamEvent(enum.Enum):
 
 _S, _E = StreamState, StreamEvent
 STREAM_TRANSITIONS: dict[StreamState, dict[StreamEvent, StreamState]] = {
-    _S.OPEN: {_E.SEND_EOF: _S.LOCAL_CLOSED, _E.RECV_EOF: _S.REMOTE_CLOSED, _E.SEND_DATA: _S.OPEN,
-              _E.RECV_DATA: _S.OPEN, _E.RESET: _S.CLOSED},
+    _S.OPEN: {
+        _E.SEND_EOF: _S.LOCAL_CLOSED,
+        _E.RECV_EOF: _S.REMOTE_CLOSED,
+        _E.SEND_DATA: _S.OPEN,
+        _E.RECV_DATA: _S.OPEN,
+        _E.RESET: _S.CLOSED,
+    },
     _S.LOCAL_CLOSED: {_E.RECV_EOF: _S.CLOSED, _E.RECV_DATA: _S.LOCAL_CLOSED, _E.RESET: _S.CLOSED},
     _S.REMOTE_CLOSED: {_E.SEND_EOF: _S.CLOSED, _E.SEND_DATA: _S.REMOTE_CLOSED, _E.RESET: _S.CLOSED},
 }
@@ -135,7 +140,16 @@ class GoAwayReceived:
     message: str
 
 
-MuxEvent = StreamOpened | DataReceived | StreamEnded | StreamWasReset | WindowOpened | MessageReceived | PongReceived | GoAwayReceived
+MuxEvent = (
+    StreamOpened
+    | DataReceived
+    | StreamEnded
+    | StreamWasReset
+    | WindowOpened
+    | MessageReceived
+    | PongReceived
+    | GoAwayReceived
+)
 
 
 @dataclass
@@ -290,7 +304,10 @@ class Multiplexer:
             if self._was_used(frame.stream_id):
                 self.late_frames += 1  # raced with a reset or close; harmless
                 return []
-            raise FlowControlError(f"{type(frame).__name__.upper()} for stream {frame.stream_id}, which was never opened", code="stream_state")
+            raise FlowControlError(
+                f"{type(frame).__name__.upper()} for stream {frame.stream_id}, which was never opened",
+                code="stream_state",
+            )
         if isinstance(frame, Data):
             self._remote_move(stream, StreamEvent.RECV_DATA)
             if len(frame.data) > stream.receive_allowance:
@@ -310,7 +327,9 @@ class Multiplexer:
             return [StreamWasReset(stream.stream_id, frame.code, frame.message)]
         if isinstance(frame, Window):
             if stream.send_credit + frame.increment > MAX_WINDOW:
-                raise FlowControlError(f"window of stream {stream.stream_id} would exceed {MAX_WINDOW}", code="flow_control")
+                raise FlowControlError(
+                    f"window of stream {stream.stream_id} would exceed {MAX_WINDOW}", code="flow_control"
+                )
             stream.send_credit += frame.increment
             return [WindowOpened(stream.stream_id)]
         raise FlowControlError(f"unexpected frame {frame!r}", code="stream_state")  # pragma: no cover
@@ -318,11 +337,15 @@ class Multiplexer:
     def _peer_open(self, frame: Open) -> list[MuxEvent]:
         stream_id = frame.stream_id
         if stream_id % 2 != self._peer_parity or stream_id <= self._last_peer_id:
-            raise FlowControlError(f"peer may not open stream {stream_id} (last was {self._last_peer_id})", code="stream_state")
+            raise FlowControlError(
+                f"peer may not open stream {stream_id} (last was {self._last_peer_id})", code="stream_state"
+            )
         self._last_peer_id = stream_id
         peer_streams = sum(1 for s in self._streams if s % 2 == self._peer_parity)
         if peer_streams >= MAX_STREAMS_PER_LINK:
-            self._control.append(encode_frame(Reset(stream_id, "refused", f"more than {MAX_STREAMS_PER_LINK} open streams")))
+            self._control.append(
+                encode_frame(Reset(stream_id, "refused", f"more than {MAX_STREAMS_PER_LINK} open streams"))
+            )
             return []
         self._streams[stream_id] = _Stream(stream_id)
         self._rotation.append(stream_id)
@@ -342,15 +365,19 @@ class Multiplexer:
         try:
             stream.state = STREAM_MACHINE.next(stream.state, event)
         except InvalidTransition as exc:
-            raise LocalProtocolError(f"{event.value} not allowed on stream {stream_id} in state {stream.state.value}") from exc
+            raise LocalProtocolError(
+                f"{event.value} not allowed on stream {stream_id} in state {stream.state.value}"
+            ) from exc
         return stream
 
     def _remote_move(self, stream: _Stream, event: StreamEvent) -> None:
         try:
             stream.state = STREAM_MACHINE.next(stream.state, event)
         except InvalidTransition as exc:
-            raise FlowControlError(f"peer sent {event.value} on stream {stream.stream_id} in state {stream.state.value}",
-                                   code="stream_state") from exc
+            raise FlowControlError(
+                f"peer sent {event.value} on stream {stream.stream_id} in state {stream.state.value}",
+                code="stream_state",
+            ) from exc
 
     def _forget(self, stream_id: int) -> None:
         self._streams.pop(stream_id, None)

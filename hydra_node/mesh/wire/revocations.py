@@ -23,9 +23,18 @@ from hydra_node.mesh.wire.errors import EnvelopeError, LocalProtocolError, Remot
 from hydra_node.mesh.wire.ids import is_mesh_id, node_id_from_public_key
 from hydra_node.mesh.wire.token import NONCE_BYTES
 
-__all__ = ["MAX_REVOCATION_ENTRIES", "MAX_REVOCATION_LIST_BYTES", "MAX_REVOCATION_VERSION", "REASONS",
-           "REVOCATIONS_CONTEXT", "Revocation", "RevocationList", "RevocationRejected", "open_revocations",
-           "seal_revocations"]
+__all__ = [
+    "MAX_REVOCATION_ENTRIES",
+    "MAX_REVOCATION_LIST_BYTES",
+    "MAX_REVOCATION_VERSION",
+    "REASONS",
+    "REVOCATIONS_CONTEXT",
+    "Revocation",
+    "RevocationList",
+    "RevocationRejected",
+    "open_revocations",
+    "seal_revocations",
+]
 
 REVOCATIONS_CONTEXT = "invite-revocations"
 #: Entries in one list: a token lives at most 30 days, so this is plenty of live revocations per issuer.
@@ -55,7 +64,11 @@ class Revocation:
     def __post_init__(self) -> None:
         if not isinstance(self.token_id, bytes) or len(self.token_id) != NONCE_BYTES:
             raise ValueError(f"a revoked token id is {NONCE_BYTES} bytes")
-        if isinstance(self.expires_at, bool) or not isinstance(self.expires_at, int) or not 0 <= self.expires_at < 2**63:
+        if (
+            isinstance(self.expires_at, bool)
+            or not isinstance(self.expires_at, int)
+            or not 0 <= self.expires_at < 2**63
+        ):
             raise ValueError("a revocation's exp is unix seconds")
         if self.reason not in REASONS:
             raise ValueError(f"a revocation's why is one of {', '.join(REASONS)}")
@@ -94,8 +107,9 @@ def _check_entries(entries: tuple[Revocation, ...]) -> None:
         raise ValueError("revocations are sorted by id, each id once")
 
 
-def seal_revocations(signing_key: nacl.signing.SigningKey, mesh_id: str, version: int,
-                     entries: list[Revocation] | tuple[Revocation, ...]) -> bytes:
+def seal_revocations(
+    signing_key: nacl.signing.SigningKey, mesh_id: str, version: int, entries: list[Revocation] | tuple[Revocation, ...]
+) -> bytes:
     """The signed list (entries are sorted here); LocalProtocolError for what the spec forbids."""
     entries = tuple(sorted(entries, key=lambda e: e.token_id))
     if not is_mesh_id(mesh_id):
@@ -106,8 +120,9 @@ def seal_revocations(signing_key: nacl.signing.SigningKey, mesh_id: str, version
         _check_entries(entries)
     except ValueError as exc:
         raise LocalProtocolError(str(exc)) from None
-    raw = seal(signing_key, REVOCATIONS_CONTEXT, {"mesh": mesh_id, "revoked": [e.to_wire() for e in entries],
-                                                  "ver": version})
+    raw = seal(
+        signing_key, REVOCATIONS_CONTEXT, {"mesh": mesh_id, "revoked": [e.to_wire() for e in entries], "ver": version}
+    )
     if len(raw) > MAX_REVOCATION_LIST_BYTES:
         raise LocalProtocolError(f"revocation list would exceed {MAX_REVOCATION_LIST_BYTES} bytes")
     return raw

@@ -53,21 +53,31 @@ class SecureChannel:
         counter = self._send_counter
         self._send_counter += 1
         header = counter.to_bytes(8, "big")
-        return header + sodium.crypto_aead_xchacha20poly1305_ietf_encrypt(plaintext, None, aead_nonce(counter), self._send_key)
+        return header + sodium.crypto_aead_xchacha20poly1305_ietf_encrypt(
+            plaintext, None, aead_nonce(counter), self._send_key
+        )
 
     def open(self, frame: bytes) -> bytes:
         if len(frame) > self._max_frame:
-            raise FrameRejected(f"frame of {len(frame)} bytes exceeds the {self._max_frame}-byte limit", code="oversize")
+            raise FrameRejected(
+                f"frame of {len(frame)} bytes exceeds the {self._max_frame}-byte limit", code="oversize"
+            )
         if len(frame) < FRAME_OVERHEAD_BYTES:
             raise FrameRejected(f"frame of {len(frame)} bytes is shorter than its header and tag", code="bad_frame")
         counter = int.from_bytes(frame[:8], "big")
         if counter < self._receive_counter:
-            raise FrameRejected(f"frame counter {counter} was already used (expected {self._receive_counter})", code="replay")
+            raise FrameRejected(
+                f"frame counter {counter} was already used (expected {self._receive_counter})", code="replay"
+            )
         if counter > self._receive_counter:
             raise FrameRejected(f"frame counter {counter} skips ahead of {self._receive_counter}", code="reorder")
         try:
-            plaintext = sodium.crypto_aead_xchacha20poly1305_ietf_decrypt(bytes(frame[8:]), None, aead_nonce(counter), self._receive_key)
+            plaintext = sodium.crypto_aead_xchacha20poly1305_ietf_decrypt(
+                bytes(frame[8:]), None, aead_nonce(counter), self._receive_key
+            )
         except nacl.exceptions.CryptoError:
-            raise FrameRejected(f"frame {counter} fails authentication (tampered or wrong key)", code="tamper") from None
+            raise FrameRejected(
+                f"frame {counter} fails authentication (tampered or wrong key)", code="tamper"
+            ) from None
         self._receive_counter += 1
         return plaintext

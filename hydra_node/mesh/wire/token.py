@@ -26,12 +26,30 @@ import nacl.signing
 
 from hydra_node.mesh.wire.constants import MAX_ADDR_CHARS, MAX_INVITE_ADDRS, MAX_TOKEN_CHARS
 from hydra_node.mesh.wire.envelope import open_envelope, seal
-from hydra_node.mesh.wire.errors import (EnvelopeError, LocalProtocolError, TokenError, TokenExpired, TokenForeignMesh,
-                                         TokenForged, TokenMalformed)
+from hydra_node.mesh.wire.errors import (
+    EnvelopeError,
+    LocalProtocolError,
+    TokenError,
+    TokenExpired,
+    TokenForeignMesh,
+    TokenForged,
+    TokenMalformed,
+)
 from hydra_node.mesh.wire.ids import is_mesh_id, node_id_from_public_key
 
-__all__ = ["INVITE_CONTEXT", "MAX_INVITE_USES", "NONCE_BYTES", "InviteToken", "TokenIssuerOnly", "TokenRevoked",
-           "TokenUnknown", "TokenUsedUp", "addr_to_url", "issue_invite", "parse_invite"]
+__all__ = [
+    "INVITE_CONTEXT",
+    "MAX_INVITE_USES",
+    "NONCE_BYTES",
+    "InviteToken",
+    "TokenIssuerOnly",
+    "TokenRevoked",
+    "TokenUnknown",
+    "TokenUsedUp",
+    "addr_to_url",
+    "issue_invite",
+    "parse_invite",
+]
 
 INVITE_CONTEXT = "invite"
 NONCE_BYTES = 16
@@ -182,7 +200,9 @@ def parse_invite(text: str, now: float, expected_mesh_id: str | None = None) -> 
         envelope = open_envelope(raw, context=INVITE_CONTEXT, max_size=MAX_TOKEN_CHARS)
     except EnvelopeError as exc:
         if exc.code == "bad_signature":
-            raise TokenForged("invite token signature does not verify: it was altered or not issued by its key") from None
+            raise TokenForged(
+                "invite token signature does not verify: it was altered or not issued by its key"
+            ) from None
         raise TokenMalformed(f"invite token is malformed: {exc}") from None
     body = envelope.body
     if set(body) - {"uses"} != {"addrs", "exp", "mesh", "nonce"} or not isinstance(body["addrs"], list):
@@ -197,8 +217,12 @@ def parse_invite(text: str, now: float, expected_mesh_id: str | None = None) -> 
         uses=body.get("uses"),
     )
     if now >= token.expires_at:
-        when = datetime.datetime.fromtimestamp(token.expires_at, datetime.timezone.utc).isoformat()  # exp < now: in range
-        raise TokenExpired(f"invite token expired at {when} ({int(now - token.expires_at)} s ago); ask a member for a new one")
+        when = datetime.datetime.fromtimestamp(
+            token.expires_at, datetime.timezone.utc
+        ).isoformat()  # exp < now: in range
+        raise TokenExpired(
+            f"invite token expired at {when} ({int(now - token.expires_at)} s ago); ask a member for a new one"
+        )
     if expected_mesh_id is not None and token.mesh_id != expected_mesh_id:
         raise TokenForeignMesh(f"invite token is for mesh {token.mesh_id}, not this node's mesh {expected_mesh_id}")
     return token

@@ -38,7 +38,25 @@ from hydra_node.runtime.artifacts.store import (
     crash_point,
 )
 
-__all__ = ["KINDS", "ArtifactError", "ArtifactFile", "ArtifactNotFound", "ArtifactStore", "ChecksumMismatch",
-           "IdentityMismatch", "InvalidRequest", "Manifest", "ManifestInvalid", "PosixStore", "SignatureInvalid",
-           "SourceInvalid", "StagedDirectory", "StoreUnavailable", "TransferFailed", "crash_point", "hash_file",
-           "signer", "validate_name"]
+__all__ = [
+    "KINDS",
+    "ArtifactError",
+    "ArtifactFile",
+    "ArtifactNotFound",
+    "ArtifactStore",
+    "ChecksumMismatch",
+    "IdentityMismatch",
+    "InvalidRequest",
+    "Manifest",
+    "ManifestInvalid",
+    "PosixStore",
+    "SignatureInvalid",
+    "SourceInvalid",
+    "StagedDirectory",
+    "StoreUnavailable",
+    "TransferFailed",
+    "crash_point",
+    "hash_file",
+    "signer",
+    "validate_name",
+]

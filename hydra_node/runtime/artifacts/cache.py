@@ -160,17 +160,23 @@ class CacheIndex:
 
     # ---- persistence (leases are live state: never persisted) --------------------------------
     def to_json(self) -> dict:
-        return {"version": INDEX_VERSION, "entries": [asdict(e) | {"manifest": dict(e.manifest)}
-                                                       for e in self.entries.values()],
-                "pins": sorted([[k, n] for k, n in self.pins], key=lambda p: (p[1], p[0] or ""))}
+        return {
+            "version": INDEX_VERSION,
+            "entries": [asdict(e) | {"manifest": dict(e.manifest)} for e in self.entries.values()],
+            "pins": sorted([[k, n] for k, n in self.pins], key=lambda p: (p[1], p[0] or "")),
+        }
 
     def load_json(self, data: Any) -> None:
         """Replace entries and pins with ``data`` (from :meth:`to_json`); :class:`IndexCorrupt` otherwise."""
         if not isinstance(data, dict) or data.get("version") != INDEX_VERSION:
             raise IndexCorrupt("not a version-1 placement cache index")
         entries, pins = data.get("entries"), data.get("pins")
-        if not isinstance(entries, list) or not isinstance(pins, list) or len(entries) > MAX_ENTRIES \
-                or len(pins) > MAX_PINS:
+        if (
+            not isinstance(entries, list)
+            or not isinstance(pins, list)
+            or len(entries) > MAX_ENTRIES
+            or len(pins) > MAX_PINS
+        ):
             raise IndexCorrupt("entries and pins must be bounded lists")
         loaded: dict[CacheKey, CacheEntry] = {}
         for raw in entries:
@@ -178,16 +184,27 @@ class CacheIndex:
                 e = CacheEntry(**raw)
             except TypeError as exc:
                 raise IndexCorrupt(f"bad entry: {exc}") from None
-            ok = (isinstance(e.kind, str) and isinstance(e.name, str) and isinstance(e.size, int) and e.size >= 0
-                  and isinstance(e.manifest, dict) and isinstance(e.manifest_id, str) and isinstance(e.source, str)
-                  and all(isinstance(t, (int, float)) for t in (e.materialised_at, e.last_used)))
+            ok = (
+                isinstance(e.kind, str)
+                and isinstance(e.name, str)
+                and isinstance(e.size, int)
+                and e.size >= 0
+                and isinstance(e.manifest, dict)
+                and isinstance(e.manifest_id, str)
+                and isinstance(e.source, str)
+                and all(isinstance(t, (int, float)) for t in (e.materialised_at, e.last_used))
+            )
             if not ok:
                 raise IndexCorrupt(f"bad entry for {raw.get('kind')!r}/{raw.get('name')!r}")
             loaded[e.key] = e
         parsed: set[tuple[str | None, str]] = set()
         for p in pins:
-            if not (isinstance(p, list) and len(p) == 2 and (p[0] is None or isinstance(p[0], str))
-                    and isinstance(p[1], str)):
+            if not (
+                isinstance(p, list)
+                and len(p) == 2
+                and (p[0] is None or isinstance(p[0], str))
+                and isinstance(p[1], str)
+            ):
                 raise IndexCorrupt(f"bad pin {p!r}")
             parsed.add((p[0], p[1]))
         self.entries, self.pins = loaded, parsed

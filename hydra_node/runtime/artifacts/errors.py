@@ -8,8 +8,18 @@ what it runs; :class:`ArtifactNotFound` and :class:`StoreUnavailable` describe t
 
 from __future__ import annotations
 
-__all__ = ["ArtifactError", "ArtifactNotFound", "ChecksumMismatch", "IdentityMismatch", "InvalidRequest", "ManifestInvalid",
-           "SignatureInvalid", "SourceInvalid", "StoreUnavailable", "TransferFailed"]
+__all__ = [
+    "ArtifactError",
+    "ArtifactNotFound",
+    "ChecksumMismatch",
+    "IdentityMismatch",
+    "InvalidRequest",
+    "ManifestInvalid",
+    "SignatureInvalid",
+    "SourceInvalid",
+    "StoreUnavailable",
+    "TransferFailed",
+]
 
 
 class ArtifactError(Exception):

@@ -78,7 +78,7 @@ class _ReadBackHasher:
             return
         try:
             mapped.madvise(mmap.MADV_SEQUENTIAL)
-            with memoryview(mapped) as view, view[offset - start:] as chunk:  # released before close
+            with memoryview(mapped) as view, view[offset - start :] as chunk:  # released before close
                 self.digest.update(chunk)
         finally:
             mapped.close()
@@ -88,7 +88,7 @@ class _ReadBackHasher:
             self.buf = bytearray(COPY_CHUNK_BYTES)
         view = memoryview(self.buf)
         while length > 0:
-            n = os.preadv(self.fd, [view[:min(length, len(view))]], offset)
+            n = os.preadv(self.fd, [view[: min(length, len(view))]], offset)
             if n <= 0:
                 raise OSError(errno.EIO, "the copy is shorter than the bytes written to it")
             self.digest.update(view[:n])
@@ -116,8 +116,15 @@ class _ReadBackHasher:
             self.pool.shutdown(wait=True)
 
 
-def copy_hashed(src: Path | str, dst: Path | str, *, limit: int | None = None,
-                progress: Callable[[int], None] | None = None, base: int = 0, fsync: bool = True) -> tuple[int, str]:
+def copy_hashed(
+    src: Path | str,
+    dst: Path | str,
+    *,
+    limit: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    base: int = 0,
+    fsync: bool = True,
+) -> tuple[int, str]:
     """Copy ``src`` into the new file ``dst`` (it must not exist) and return (size, sha256 hex of the
     copy). With ``limit`` at most ``limit + 1`` bytes are copied, so a longer source shows as longer
     without copying all of it. ``progress(base + copied)`` after each chunk; ``fsync`` the copy."""
@@ -184,7 +191,11 @@ def verify_file(path: Path | str, expected: ArtifactFile) -> None:
 
 def check_copy(expected: ArtifactFile, size: int, digest: str) -> None:
     if size != expected.size:
-        raise ChecksumMismatch(f"{expected.path}: {size if size <= expected.size else 'more than ' + str(expected.size)} "
-                               f"bytes where the manifest says {expected.size}")
+        raise ChecksumMismatch(
+            f"{expected.path}: {size if size <= expected.size else 'more than ' + str(expected.size)} "
+            f"bytes where the manifest says {expected.size}"
+        )
     if digest != expected.sha256:
-        raise ChecksumMismatch(f"{expected.path}: sha256 {digest[:16]}… where the manifest says {expected.sha256[:16]}…")
+        raise ChecksumMismatch(
+            f"{expected.path}: sha256 {digest[:16]}… where the manifest says {expected.sha256[:16]}…"
+        )

@@ -72,23 +72,23 @@ def prefix_sha256(tokens: Sequence[int]) -> str:
 class KvIdentity:
     """Everything two contexts must share for one's KV cells to be valid in the other (module doc)."""
 
-    model_sha256: str        # sha256 of the GGUF file the weights came from
-    build: str               # llama-cpp-python version, llama and ggml versions, ggml commit
-    architecture: str        # general.architecture
-    tokenizer_sha256: str    # vocabulary type and every token's text and attributes
-    n_ctx_seq: int           # context one sequence may use (the runner's ctx_per_slot)
-    rope_type: int           # llama_model_rope_type
-    rope_freq_base: float    # the context's effective RoPE base
-    rope_freq_scale: float   # the context's effective RoPE scale
-    type_k: str              # K cache ggml type (f16, q8_0, ...)
-    type_v: str              # V cache ggml type
-    flash_attention: bool    # changes the V layout (transposed without it)
+    model_sha256: str  # sha256 of the GGUF file the weights came from
+    build: str  # llama-cpp-python version, llama and ggml versions, ggml commit
+    architecture: str  # general.architecture
+    tokenizer_sha256: str  # vocabulary type and every token's text and attributes
+    n_ctx_seq: int  # context one sequence may use (the runner's ctx_per_slot)
+    rope_type: int  # llama_model_rope_type
+    rope_freq_base: float  # the context's effective RoPE base
+    rope_freq_scale: float  # the context's effective RoPE scale
+    type_k: str  # K cache ggml type (f16, q8_0, ...)
+    type_v: str  # V cache ggml type
+    flash_attention: bool  # changes the V layout (transposed without it)
     n_embd: int
     n_layer: int
     n_head: int
     n_head_kv: int
-    n_tokens: int            # prefix length
-    prefix_sha256: str       # prefix_sha256() of the prefix token ids
+    n_tokens: int  # prefix length
+    prefix_sha256: str  # prefix_sha256() of the prefix token ids
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -133,8 +133,11 @@ class KvIdentity:
 
     def mismatches(self, other: KvIdentity) -> list[str]:
         """The fields that differ (empty: the state may be imported); in field order."""
-        return [n for n in self.field_names() if getattr(self, n) != getattr(other, n)
-                or type(getattr(self, n)) is not type(getattr(other, n))]
+        return [
+            n
+            for n in self.field_names()
+            if getattr(self, n) != getattr(other, n) or type(getattr(self, n)) is not type(getattr(other, n))
+        ]
 
 
 class FileDigests:
@@ -183,8 +186,17 @@ def _load_table(store: Path) -> dict[str, list]:
         return {}
     if not isinstance(raw, dict):
         return {}
-    return {k: v for k, v in raw.items() if isinstance(k, str) and isinstance(v, list) and len(v) == 3
-            and type(v[0]) is int and type(v[1]) is int and isinstance(v[2], str) and _HEX64.fullmatch(v[2])}
+    return {
+        k: v
+        for k, v in raw.items()
+        if isinstance(k, str)
+        and isinstance(v, list)
+        and len(v) == 3
+        and type(v[0]) is int
+        and type(v[1]) is int
+        and isinstance(v[2], str)
+        and _HEX64.fullmatch(v[2])
+    }
 
 
 def _save_table(store: Path, table: dict[str, list]) -> None:

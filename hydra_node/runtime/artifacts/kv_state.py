@@ -37,9 +37,22 @@ from hydra_node.runtime.artifacts.kv_identity import (
     unpack_tokens,
 )
 
-__all__ = ["KV_STATE_FILE", "MAGIC", "MAX_HEADER_BYTES", "MAX_PREFIX_TOKENS", "MAX_STATE_BYTES", "KvStateHeader",
-           "KvStateCorrupt", "KvStateInvalid", "KvStateReader", "decode_header", "encode_header", "header_length", "open_kv_state",
-           "write_kv_state"]
+__all__ = [
+    "KV_STATE_FILE",
+    "MAGIC",
+    "MAX_HEADER_BYTES",
+    "MAX_PREFIX_TOKENS",
+    "MAX_STATE_BYTES",
+    "KvStateHeader",
+    "KvStateCorrupt",
+    "KvStateInvalid",
+    "KvStateReader",
+    "decode_header",
+    "encode_header",
+    "header_length",
+    "open_kv_state",
+    "write_kv_state",
+]
 
 MAGIC = b"HYKV\x01"
 #: The file name of a kv_state artifact's one file.
@@ -86,8 +99,14 @@ class KvStateHeader:
 
 
 def _header_cbor(h: KvStateHeader) -> bytes:
-    return cbor.encode({"identity": h.identity.to_mapping(), "tokens": pack_tokens(h.tokens),
-                        "state_bytes": h.state_bytes, "state_sha256": h.state_sha256})
+    return cbor.encode(
+        {
+            "identity": h.identity.to_mapping(),
+            "tokens": pack_tokens(h.tokens),
+            "state_bytes": h.state_bytes,
+            "state_sha256": h.state_sha256,
+        }
+    )
 
 
 def encode_header(header: KvStateHeader) -> bytes:
@@ -114,7 +133,7 @@ def header_length(prefix: bytes) -> int:
         raise KvStateInvalid("not a kv_state file (no HYKV magic)")
     if prefix[len(MAGIC) - 1] != MAGIC[-1]:
         raise KvStateInvalid(f"kv_state format version {prefix[len(MAGIC) - 1]} is not supported (1 is)")
-    (n,) = struct.unpack(">I", prefix[len(MAGIC):_PREFIX])
+    (n,) = struct.unpack(">I", prefix[len(MAGIC) : _PREFIX])
     if not 0 < n <= MAX_HEADER_BYTES:
         raise KvStateInvalid(f"kv_state header length {n} is outside 1..{MAX_HEADER_BYTES}")
     return n
@@ -128,8 +147,11 @@ def decode_header(body: bytes) -> KvStateHeader:
         raise KvStateInvalid(f"kv_state header: {exc}") from None
     if not isinstance(m, dict) or set(m) != {"identity", "tokens", "state_bytes", "state_sha256"}:
         raise KvStateInvalid("kv_state header must be a map of identity, tokens, state_bytes, state_sha256")
-    if not isinstance(m["tokens"], bytes) or type(m["state_bytes"]) is not int \
-            or not isinstance(m["state_sha256"], bytes):
+    if (
+        not isinstance(m["tokens"], bytes)
+        or type(m["state_bytes"]) is not int
+        or not isinstance(m["state_sha256"], bytes)
+    ):
         raise KvStateInvalid("kv_state header: tokens and state_sha256 must be bytes, state_bytes an integer")
     try:
         identity = KvIdentity.from_mapping(m["identity"])
@@ -182,10 +204,10 @@ class KvStateReader:
             raise ValueError(f"buffer of {len(view)} bytes for a state of {n}")
         h, done = hashlib.sha256(), 0
         while done < n:
-            got = self._f.readinto(view[done: min(n, done + _CHUNK)])
+            got = self._f.readinto(view[done : min(n, done + _CHUNK)])
             if not got:
                 raise KvStateInvalid(f"kv_state file ends after {done} of {n} state bytes")
-            h.update(view[done: done + got])
+            h.update(view[done : done + got])
             done += got
         if self._f.read(1):
             raise KvStateInvalid("kv_state file has bytes after its state")

@@ -56,6 +56,7 @@ def _locked(method):
     def locked(self, *args, **kwargs):
         with self.lock:
             return method(self, *args, **kwargs)
+
     return locked
 
 
@@ -67,8 +68,9 @@ class ArtifactHeld(ArtifactError):
 
 
 class LocalCache:
-    def __init__(self, root: Path, *, capacity_bytes: int = 0, ttl_s: float = 0.0,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, root: Path, *, capacity_bytes: int = 0, ttl_s: float = 0.0, wall: Callable[[], float] = time.time
+    ) -> None:
         self.root = root
         self.index = CacheIndex(capacity_bytes=capacity_bytes, ttl_s=ttl_s)
         self._wall = wall
@@ -164,9 +166,11 @@ class LocalCache:
         plan = self.index.plan_room(needed, replacing=replacing)
         if plan is None:
             cap = self.index.capacity_bytes
-            raise CacheFull(f"{needed} bytes do not fit in the cache ({cap} bytes, "
-                            f"{self.index.used_bytes()} used, the rest pinned or in use); raise "
-                            "[placement] cache_capacity_gb, unpin or evict something")
+            raise CacheFull(
+                f"{needed} bytes do not fit in the cache ({cap} bytes, "
+                f"{self.index.used_bytes()} used, the rest pinned or in use); raise "
+                "[placement] cache_capacity_gb, unpin or evict something"
+            )
         for key in plan:
             self._delete(key)
             log.info("event=artifact_evicted kind=%s name=%s reason=capacity", *key)
@@ -178,9 +182,16 @@ class LocalCache:
     def add(self, manifest: Manifest, source: str) -> CacheEntry:
         """Record the artifact just materialised in :meth:`folder`."""
         now = self._wall()
-        entry = CacheEntry(kind=manifest.kind, name=manifest.name, size=manifest.size,
-                           manifest=json.loads(manifest.to_json()), manifest_id=manifest.manifest_id,
-                           source=source, materialised_at=now, last_used=now)
+        entry = CacheEntry(
+            kind=manifest.kind,
+            name=manifest.name,
+            size=manifest.size,
+            manifest=json.loads(manifest.to_json()),
+            manifest_id=manifest.manifest_id,
+            source=source,
+            materialised_at=now,
+            last_used=now,
+        )
         self.index.add(entry)
         self.save()
         return entry
@@ -215,7 +226,6 @@ class LocalCache:
             return
         shutil.rmtree(trash, ignore_errors=True)
 
-
     # ---- what the API shows -------------------------------------------------------------------
     @_locked
     def pin(self, name: str, kind: str | None, on: bool) -> list[dict]:
@@ -230,16 +240,31 @@ class LocalCache:
     def listing(self) -> dict:
         idx = self.index
         entries = sorted(idx.entries.values(), key=lambda e: -e.last_used)
-        return {"root": str(self.root), "capacity_bytes": idx.capacity_bytes, "used_bytes": idx.used_bytes(),
-                "ttl_s": idx.ttl_s, "artifacts": [self.entry_json(e) for e in entries],
-                "pins": [{"kind": k, "name": n} for k, n in sorted(idx.pins, key=lambda p: (p[1], p[0] or ""))]}
+        return {
+            "root": str(self.root),
+            "capacity_bytes": idx.capacity_bytes,
+            "used_bytes": idx.used_bytes(),
+            "ttl_s": idx.ttl_s,
+            "artifacts": [self.entry_json(e) for e in entries],
+            "pins": [{"kind": k, "name": n} for k, n in sorted(idx.pins, key=lambda p: (p[1], p[0] or ""))],
+        }
 
     def entry_json(self, e: CacheEntry) -> dict:
         idx = self.index
-        return {"kind": e.kind, "name": e.name, "size": e.size, "manifest_id": e.manifest_id, "source": e.source,
-                "publisher": e.manifest.get("node"), "materialised_at": e.materialised_at, "last_used": e.last_used,
-                "expires_at": idx.expires_at(e), "pinned": idx.pinned(e.key), "in_use": idx.in_use(e.key),
-                "path": str(self.folder(e.kind, e.name))}
+        return {
+            "kind": e.kind,
+            "name": e.name,
+            "size": e.size,
+            "manifest_id": e.manifest_id,
+            "source": e.source,
+            "publisher": e.manifest.get("node"),
+            "materialised_at": e.materialised_at,
+            "last_used": e.last_used,
+            "expires_at": idx.expires_at(e),
+            "pinned": idx.pinned(e.key),
+            "in_use": idx.in_use(e.key),
+            "path": str(self.folder(e.kind, e.name)),
+        }
 
 
 def manifest_of(entry: CacheEntry) -> Manifest:

@@ -34,10 +34,27 @@ from hydra_node.mesh.wire.envelope import signing_input
 from hydra_node.mesh.wire.ids import is_node_id, node_id_from_public_key
 from hydra_node.runtime.artifacts.errors import ManifestInvalid, SignatureInvalid
 
-__all__ = ["HASH_BUFFER_BYTES", "KINDS", "MANIFEST_CONTEXT", "MAX_FILES", "MAX_FILE_BYTES", "MAX_IDENTITY_BYTES",
-           "MAX_IDENTITY_KEYS", "MAX_LOCATION_CHARS", "MAX_MANIFEST_BYTES", "MAX_NAME_CHARS", "MAX_PATH_CHARS",
-           "SCHEMA_VERSION", "ArtifactFile", "Manifest", "hash_file", "signer", "validate_kind", "validate_name",
-           "validate_path"]
+__all__ = [
+    "HASH_BUFFER_BYTES",
+    "KINDS",
+    "MANIFEST_CONTEXT",
+    "MAX_FILES",
+    "MAX_FILE_BYTES",
+    "MAX_IDENTITY_BYTES",
+    "MAX_IDENTITY_KEYS",
+    "MAX_LOCATION_CHARS",
+    "MAX_MANIFEST_BYTES",
+    "MAX_NAME_CHARS",
+    "MAX_PATH_CHARS",
+    "SCHEMA_VERSION",
+    "ArtifactFile",
+    "Manifest",
+    "hash_file",
+    "signer",
+    "validate_kind",
+    "validate_name",
+    "validate_path",
+]
 
 KINDS = ("model_weights", "layer_package", "kv_state", "recurrent_state", "activation_frames")
 SCHEMA_VERSION = 1
@@ -82,8 +99,10 @@ def validate_kind(kind: Any) -> str:
 def validate_name(name: Any) -> str:
     """An artifact name: 1–128 of ``A-Z a-z 0-9 . _ @ + : -``, starting with a letter or digit."""
     if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS or not _NAME.fullmatch(name):
-        raise ManifestInvalid(f"artifact name {name!r:.140} must be 1–{MAX_NAME_CHARS} characters of "
-                              "A-Z a-z 0-9 . _ @ + : - starting with a letter or digit")
+        raise ManifestInvalid(
+            f"artifact name {name!r:.140} must be 1–{MAX_NAME_CHARS} characters of "
+            "A-Z a-z 0-9 . _ @ + : - starting with a letter or digit"
+        )
     return name
 
 
@@ -95,8 +114,10 @@ def validate_path(path: Any) -> str:
         raise ManifestInvalid(f"file path {path!r:.80} holds a control character or a backslash")
     for segment in path.split("/"):
         if segment in ("", ".", "..") or len(segment.encode()) > MAX_SEGMENT_BYTES:
-            raise ManifestInvalid(f"file path {path!r:.80} must be relative, '/'-separated, without empty, "
-                                  f"'.' or '..' segments, each at most {MAX_SEGMENT_BYTES} bytes")
+            raise ManifestInvalid(
+                f"file path {path!r:.80} must be relative, '/'-separated, without empty, "
+                f"'.' or '..' segments, each at most {MAX_SEGMENT_BYTES} bytes"
+            )
     return path
 
 
@@ -130,7 +151,9 @@ def _validate_identity(identity: Any) -> dict[str, Any]:
     except EncodeError as exc:
         raise ManifestInvalid(f"the compatibility identity is not canonical-CBOR data: {exc}") from None
     if len(encoded) > MAX_IDENTITY_BYTES:
-        raise ManifestInvalid(f"the compatibility identity encodes to {len(encoded)} bytes; at most {MAX_IDENTITY_BYTES}")
+        raise ManifestInvalid(
+            f"the compatibility identity encodes to {len(encoded)} bytes; at most {MAX_IDENTITY_BYTES}"
+        )
     _check_identity_value(identity)
     return cbor.decode(encoded, max_size=MAX_IDENTITY_BYTES + 16)["identity"]  # tuples become lists, as on the wire
 
@@ -208,9 +231,16 @@ class Manifest:
 
     def body(self) -> dict[str, Any]:
         """The signed map: every field but the signature."""
-        return {"created_at": self.created_at, "files": [f.to_wire() for f in self.files],
-                "identity": dict(self.identity), "kind": self.kind, "location": self.location,
-                "name": self.name, "node": self.node_id, "v": SCHEMA_VERSION}
+        return {
+            "created_at": self.created_at,
+            "files": [f.to_wire() for f in self.files],
+            "identity": dict(self.identity),
+            "kind": self.kind,
+            "location": self.location,
+            "name": self.name,
+            "node": self.node_id,
+            "v": SCHEMA_VERSION,
+        }
 
     def body_bytes(self) -> bytes:
         return cbor.encode(self.body())
@@ -237,10 +267,10 @@ class Manifest:
         try:
             key = nacl.signing.VerifyKey(bytes.fromhex(self.node_id))
             key.verify(signing_input(MANIFEST_CONTEXT, self.body_bytes()), self.signature)
-        except (nacl.exceptions.BadSignatureError, nacl.exceptions.ValueError, nacl.exceptions.TypeError,
-                ValueError):
-            raise SignatureInvalid(f"the signature of {self.kind}/{self.name} does not verify against its node "
-                                   f"{self.node_id[:16]}") from None
+        except (nacl.exceptions.BadSignatureError, nacl.exceptions.ValueError, nacl.exceptions.TypeError, ValueError):
+            raise SignatureInvalid(
+                f"the signature of {self.kind}/{self.name} does not verify against its node {self.node_id[:16]}"
+            ) from None
 
     # ---- wire and JSON forms ----------------------------------------------------------------
     def to_wire(self) -> dict[str, Any]:
@@ -257,7 +287,9 @@ class Manifest:
         if not isinstance(wire, dict) or set(wire) != _WIRE_KEYS:
             raise ManifestInvalid("a manifest is a map of exactly " + ", ".join(sorted(_WIRE_KEYS)))
         if wire["v"] != SCHEMA_VERSION or isinstance(wire["v"], bool):
-            raise ManifestInvalid(f"manifest schema version {wire['v']!r:.20}; this node reads version {SCHEMA_VERSION}")
+            raise ManifestInvalid(
+                f"manifest schema version {wire['v']!r:.20}; this node reads version {SCHEMA_VERSION}"
+            )
         files = wire["files"]
         if not isinstance(files, list) or len(files) > MAX_FILES:
             raise ManifestInvalid(f"manifest files is a list of at most {MAX_FILES} entries")
@@ -270,8 +302,16 @@ class Manifest:
             raise ManifestInvalid("a manifest's sig is 64 bytes")
         if not isinstance(wire["node"], str) or not is_node_id(wire["node"]):
             raise ManifestInvalid("a manifest's node is a node id (64 lower-case hex digits)")
-        return cls(wire["kind"], wire["name"], tuple(ArtifactFile(f["path"], f["size"], f["sha256"]) for f in files),
-                   wire["identity"], wire["location"], wire["created_at"], wire["node"], wire["sig"])
+        return cls(
+            wire["kind"],
+            wire["name"],
+            tuple(ArtifactFile(f["path"], f["size"], f["sha256"]) for f in files),
+            wire["identity"],
+            wire["location"],
+            wire["created_at"],
+            wire["node"],
+            wire["sig"],
+        )
 
     @classmethod
     def from_cbor(cls, data: bytes) -> Manifest:

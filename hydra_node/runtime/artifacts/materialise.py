@@ -45,9 +45,18 @@ PeerFetch = Callable[..., Awaitable[Manifest]]  # peer.fetch_from_peer with the 
 
 
 class Materialiser:
-    def __init__(self, cache: LocalCache, namespaces: list[Namespace], store: Callable[[Namespace], Any], *,
-                 node_id: str, mesh: PeerView | None, peer_fetch: PeerFetch | None,
-                 on_materialised: Callable[[str, str, str, int, float], None] | None, counters: dict[str, int]) -> None:
+    def __init__(
+        self,
+        cache: LocalCache,
+        namespaces: list[Namespace],
+        store: Callable[[Namespace], Any],
+        *,
+        node_id: str,
+        mesh: PeerView | None,
+        peer_fetch: PeerFetch | None,
+        on_materialised: Callable[[str, str, str, int, float], None] | None,
+        counters: dict[str, int],
+    ) -> None:
         self.cache = cache
         self.namespaces = namespaces
         self.store = store
@@ -73,22 +82,38 @@ class Materialiser:
                     if found is None:
                         tried.append(f"{ns.location}: absent")
                         continue
-                    return await self._fill(kind, name, found.size, ns.location, lambda dest, store=store: trio.to_thread.run_sync(
-                        lambda: store.fetch(kind, name, dest, progress=progress)))
+                    return await self._fill(
+                        kind,
+                        name,
+                        found.size,
+                        ns.location,
+                        lambda dest, store=store: trio.to_thread.run_sync(
+                            lambda: store.fetch(kind, name, dest, progress=progress)
+                        ),
+                    )
                 except StoreUnavailable as exc:
                     tried.append(f"{ns.location}: {exc.message}")
             peer_fetch = self.peer_fetch
             for peer_id in self.holders(kind, name):
                 assert peer_fetch is not None  # holders() finds none without it
                 try:
-                    return await self._fill(kind, name, 0, f"peer:{peer_id}", lambda dest, peer_id=peer_id: peer_fetch(
-                        peer_id, kind, name, dest, trust=self._trusted, progress=progress))
+                    return await self._fill(
+                        kind,
+                        name,
+                        0,
+                        f"peer:{peer_id}",
+                        lambda dest, peer_id=peer_id: peer_fetch(
+                            peer_id, kind, name, dest, trust=self._trusted, progress=progress
+                        ),
+                    )
                 except ArtifactError as exc:
                     if exc.code in CORRUPT_CODES:
                         self.counters["refused_corrupt"] += 1
                     tried.append(f"peer {peer_id[:12]}: {exc.code}: {exc.message}")
-            raise ArtifactNotFound(f"{kind}/{name} is not in the local cache" + (
-                "; " + "; ".join(tried) if tried else ", no namespace is configured and no peer announces it"))
+            raise ArtifactNotFound(
+                f"{kind}/{name} is not in the local cache"
+                + ("; " + "; ".join(tried) if tried else ", no namespace is configured and no peer announces it")
+            )
 
     async def _fill(self, kind: str, name: str, size: int, source: str, fetch) -> tuple[Manifest, Path, str]:
         await trio.to_thread.run_sync(self.cache.make_room, size, (kind, name))
@@ -112,8 +137,14 @@ class Materialiser:
                 raise
             self.cache.release((kind, name))
         self.counters["fetched"] += 1
-        log.info("event=artifact_materialised kind=%s name=%s source=%s bytes=%d seconds=%.3f", kind, name, source,
-                 manifest.size, elapsed)
+        log.info(
+            "event=artifact_materialised kind=%s name=%s source=%s bytes=%d seconds=%.3f",
+            kind,
+            name,
+            source,
+            manifest.size,
+            elapsed,
+        )
         if self.on_materialised is not None:
             self.on_materialised(manifest.kind, manifest.name, source, manifest.size, elapsed)
         return manifest, folder, source
@@ -133,4 +164,3 @@ class Materialiser:
                 rtt = link_rtt_ms(self.mesh, peer_id)
                 found.append((float("inf") if rtt is None else rtt, peer_id))
         return [pid for _, pid in sorted(found)]
-

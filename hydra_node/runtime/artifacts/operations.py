@@ -31,9 +31,22 @@ from typing import Any
 from hydra_node.runtime.artifacts.errors import ArtifactError
 from hydra_node.statemachine import InvalidTransition, StateTable
 
-__all__ = ["ACTIONS", "MAX_OPERATIONS", "STATES", "TERMINAL", "TRANSITIONS", "BadTransition", "NotRetryable",
-           "OpStore", "Operation", "PlacementBusy", "UnknownOperation",
-           "interrupted", "prune_plan", "retry_hint"]
+__all__ = [
+    "ACTIONS",
+    "MAX_OPERATIONS",
+    "STATES",
+    "TERMINAL",
+    "TRANSITIONS",
+    "BadTransition",
+    "NotRetryable",
+    "OpStore",
+    "Operation",
+    "PlacementBusy",
+    "UnknownOperation",
+    "interrupted",
+    "prune_plan",
+    "retry_hint",
+]
 
 ACTIONS = ("publish", "fetch")
 STATES = ("queued", "staging", "committed", "triggered", "failed")
@@ -139,8 +152,14 @@ class Operation:
             op = cls(**{**data, "history": tuple(tuple(h) for h in data.get("history", ()))})
         except TypeError as exc:
             raise ValueError(f"bad operation: {exc}") from None
-        if not (isinstance(op.id, str) and _OP_ID.fullmatch(op.id) and op.action in ACTIONS and op.state in STATES
-                and isinstance(op.kind, str) and isinstance(op.name, str)):
+        if not (
+            isinstance(op.id, str)
+            and _OP_ID.fullmatch(op.id)
+            and op.action in ACTIONS
+            and op.state in STATES
+            and isinstance(op.kind, str)
+            and isinstance(op.name, str)
+        ):
             raise ValueError(f"bad operation {data.get('id')!r}")
         return op
 
@@ -149,21 +168,22 @@ def retry_hint(op: Operation) -> str:
     """What ``placement status`` tells the operator to do about a failed ``op``."""
     if op.manifest is not None and op.action == "publish":
         where = (op.namespace or {}).get("location", "the namespace")
-        return (f"the artifact is committed at {where} (manifest {op.manifest.get('manifest_id', '?')}); "
-                f"`hydra placement retry {op.id}` re-sends the VAST trigger with the same idempotency key")
-    verb = "publishes again (atomic: readers never see a half artifact)" if op.action == "publish" \
-        else "fetches again"
+        return (
+            f"the artifact is committed at {where} (manifest {op.manifest.get('manifest_id', '?')}); "
+            f"`hydra placement retry {op.id}` re-sends the VAST trigger with the same idempotency key"
+        )
+    verb = "publishes again (atomic: readers never see a half artifact)" if op.action == "publish" else "fetches again"
     return f"fix the cause above, then `hydra placement retry {op.id}` {verb}"
 
 
 def interrupted(op: Operation, now: float) -> Operation | None:
     """``op`` as found at start: the failed form of an operation a stop interrupted, or None."""
     if op.state in ("queued", "staging"):
-        return op.fail("interrupted", f"the node stopped while this operation was {op.state}; nothing "
-                       "half-written is visible", now)
+        return op.fail(
+            "interrupted", f"the node stopped while this operation was {op.state}; nothing half-written is visible", now
+        )
     if op.state == "committed" and op.trigger_due:
-        return op.fail("interrupted", "the node stopped after the commit, before the VAST trigger was delivered",
-                       now)
+        return op.fail("interrupted", "the node stopped after the commit, before the VAST trigger was delivered", now)
     return None
 
 

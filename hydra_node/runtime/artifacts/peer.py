@@ -53,8 +53,15 @@ from hydra_node.runtime.fetch.peer import DISK_IO_BYTES, MAX_UPLOADS
 from hydra_node.runtime.fetch.peer_wire import DATA_FRAME_BYTES
 from hydra_node.runtime.peers import PeerView
 
-__all__ = ["ARTIFACT_FETCH_KIND", "MAX_UPLOADS", "STALL_TIMEOUT_S", "ArtifactShare", "ArtifactShareStatistics",
-           "LocalArtifacts", "fetch_from_peer"]
+__all__ = [
+    "ARTIFACT_FETCH_KIND",
+    "MAX_UPLOADS",
+    "STALL_TIMEOUT_S",
+    "ArtifactShare",
+    "ArtifactShareStatistics",
+    "LocalArtifacts",
+    "fetch_from_peer",
+]
 
 log = logging.getLogger("hydra.placement.peer")
 
@@ -113,7 +120,9 @@ class ArtifactShare:
         self._uploading.add(peer)
         try:
             await self._send(stream, manifest, folder)
-            log.info("event=artifact_sent peer=%s kind=%s name=%s bytes=%d", peer[:16], req.kind, req.name, manifest.size)
+            log.info(
+                "event=artifact_sent peer=%s kind=%s name=%s bytes=%d", peer[:16], req.kind, req.name, manifest.size
+            )
         except (StreamReset, LinkClosed):
             log.info("event=artifact_send_aborted peer=%s kind=%s name=%s", peer[:16], req.kind, req.name)
         finally:
@@ -131,7 +140,7 @@ class ArtifactShare:
                 sent = 0
                 while sent < file.size and (chunk := await f.read(min(DISK_IO_BYTES, file.size - sent))):
                     for at in range(0, len(chunk), DATA_FRAME_BYTES):
-                        block = chunk[at:at + DATA_FRAME_BYTES]
+                        block = chunk[at : at + DATA_FRAME_BYTES]
                         await stream.send(encode_message({"op": "data", "b": block}, limit=MAX_ARTIFACT_FRAME_BYTES))
                     sent += len(chunk)
                     self.sent_bytes += len(chunk)
@@ -145,8 +154,9 @@ class ArtifactShare:
     async def _refuse(self, stream: Any, code: str, message: str) -> None:
         self.refused += 1
         try:
-            await stream.send(encode_message({"op": "error", "code": code, "message": message},
-                                             limit=MAX_ARTIFACT_FRAME_BYTES))
+            await stream.send(
+                encode_message({"op": "error", "code": code, "message": message}, limit=MAX_ARTIFACT_FRAME_BYTES)
+            )
             await stream.send_eof()
         except (StreamReset, LinkClosed):
             pass
@@ -227,14 +237,26 @@ class _StagedFiles:
             self.writer.handle.close()
 
 
-_REFUSALS: dict[str, type[ArtifactError]] = {"not_held": ArtifactNotFound, "busy": StoreUnavailable,
-                                             "read_failed": StoreUnavailable, "bad_request": TransferFailed}
+_REFUSALS: dict[str, type[ArtifactError]] = {
+    "not_held": ArtifactNotFound,
+    "busy": StoreUnavailable,
+    "read_failed": StoreUnavailable,
+    "bad_request": TransferFailed,
+}
 
 
-async def fetch_from_peer(mesh: PeerView, peer_id: str, kind: str, name: str, dest: Path, *,
-                          trust: Trust | None, progress: Progress | None = None,
-                          stall_timeout_s: float = STALL_TIMEOUT_S,
-                          clock: Callable[[], float] = time.time) -> Manifest:
+async def fetch_from_peer(
+    mesh: PeerView,
+    peer_id: str,
+    kind: str,
+    name: str,
+    dest: Path,
+    *,
+    trust: Trust | None,
+    progress: Progress | None = None,
+    stall_timeout_s: float = STALL_TIMEOUT_S,
+    clock: Callable[[], float] = time.time,
+) -> Manifest:
     """``kind``/``name`` from ``peer_id``'s store, materialised and verified into ``dest``.
 
     Raises :class:`ArtifactNotFound` (the peer does not share it), :class:`SignatureInvalid`,
@@ -264,8 +286,14 @@ async def fetch_from_peer(mesh: PeerView, peer_id: str, kind: str, name: str, de
     return manifest
 
 
-async def _receive(stream: Any, request: ArtifactRequest, trust: Trust | None, progress: Progress | None,
-                   stall_timeout_s: float, staged: StagedDirectory) -> Manifest:
+async def _receive(
+    stream: Any,
+    request: ArtifactRequest,
+    trust: Trust | None,
+    progress: Progress | None,
+    stall_timeout_s: float,
+    staged: StagedDirectory,
+) -> Manifest:
     checker = ArtifactReplyChecker()
     decoder = MessageDecoder(MAX_ARTIFACT_FRAME_BYTES)
     files: _StagedFiles | None = None

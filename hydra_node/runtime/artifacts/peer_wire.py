@@ -28,8 +28,17 @@ from hydra_node.runtime.artifacts.manifest import (
 )
 from hydra_node.runtime.fetch.peer_wire import DATA_FRAME_BYTES, ERROR_CODES, WireError
 
-__all__ = ["ARTIFACT_FETCH_KIND", "HELD_ARTIFACTS_KEY", "MAX_ANNOUNCED_ARTIFACTS", "MAX_ARTIFACT_FRAME_BYTES",
-           "ArtifactReplyChecker", "ArtifactRequest", "WireError", "held_artifacts_extra", "held_artifacts_from_extra"]
+__all__ = [
+    "ARTIFACT_FETCH_KIND",
+    "HELD_ARTIFACTS_KEY",
+    "MAX_ANNOUNCED_ARTIFACTS",
+    "MAX_ARTIFACT_FRAME_BYTES",
+    "ArtifactReplyChecker",
+    "ArtifactRequest",
+    "WireError",
+    "held_artifacts_extra",
+    "held_artifacts_from_extra",
+]
 
 ARTIFACT_FETCH_KIND = "artifact_fetch"
 #: Largest frame on the stream: the manifest frame (a data frame is 64 KiB plus its envelope).
@@ -138,8 +147,12 @@ def held_artifacts_from_extra(extra: Mapping[str, Any]) -> dict[tuple[str, str],
     out: dict[tuple[str, str], str] = {}
     if isinstance(raw, list):
         for item in raw[:MAX_ANNOUNCED_ARTIFACTS]:
-            if not (isinstance(item, list) and len(item) == 3 and all(isinstance(x, str) for x in item)
-                    and _HEX64.fullmatch(item[2])):
+            if not (
+                isinstance(item, list)
+                and len(item) == 3
+                and all(isinstance(x, str) for x in item)
+                and _HEX64.fullmatch(item[2])
+            ):
                 continue
             try:
                 ArtifactRequest(item[0], item[1])

@@ -22,7 +22,7 @@ KIND = "model_weights"
 
 def placed_name(ref: str | None) -> str | None:
     """NAME of a ``placement:NAME`` reference, else None."""
-    return ref[len(PREFIX):] if isinstance(ref, str) and ref.startswith(PREFIX) else None
+    return ref[len(PREFIX) :] if isinstance(ref, str) and ref.startswith(PREFIX) else None
 
 
 async def placed_model(service, name: str) -> ModelRef:
@@ -35,7 +35,8 @@ async def placed_model(service, name: str) -> ModelRef:
         raise ModelNotFound(f"--model {PREFIX}{name}: {getattr(exc, 'message', exc)}") from None
     ggufs = [f.path for f in manifest.files if f.path.endswith(".gguf")]
     if len(ggufs) != 1:
-        raise ModelNotFound(f"--model {PREFIX}{name}: the artifact holds {len(ggufs)} .gguf files; exactly one "
-                            "is needed")
+        raise ModelNotFound(
+            f"--model {PREFIX}{name}: the artifact holds {len(ggufs)} .gguf files; exactly one is needed"
+        )
     service.cache.acquire((KIND, name))  # held while the process lives: never evicted while served
     return ModelRef(name, folder / ggufs[0])

@@ -67,8 +67,14 @@ __all__ = ["FETCH_ATTEMPTS", "PUBLISH_STAGES", "PosixStore"]
 
 log = logging.getLogger("hydra.placement.posix")
 
-PUBLISH_STAGES = ("staging_created", "file_copied", "files_staged", "manifest_written", "version_moved",
-                  "pointer_switched")
+PUBLISH_STAGES = (
+    "staging_created",
+    "file_copied",
+    "files_staged",
+    "manifest_written",
+    "version_moved",
+    "pointer_switched",
+)
 #: Reads of ``current`` a fetch makes when a concurrent publish removes the version it was copying.
 FETCH_ATTEMPTS = 3
 MANIFEST_FILE = "manifest.cbor"
@@ -81,8 +87,9 @@ _VID = re.compile(r"v[0-9]{15}-[0-9a-f]{8}")
 class PosixStore:
     """An :class:`~hydra_node.runtime.artifacts.store.ArtifactStore` on the folder ``root`` (which must exist)."""
 
-    def __init__(self, root: Path, *, stale_after_s: float = STALE_STAGING_S,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, root: Path, *, stale_after_s: float = STALE_STAGING_S, clock: Callable[[], float] = time.time
+    ) -> None:
         self.root = Path(os.path.abspath(root))
         self.location = f"posix:{self.root}"
         self.stale_after_s = stale_after_s
@@ -92,15 +99,29 @@ class PosixStore:
         return f"PosixStore({str(self.root)!r})"
 
     # ---- publishing ------------------------------------------------------------------------
-    def publish(self, kind: str, name: str, files: Mapping[str, Path], *, identity: Mapping[str, Any],
-                sign: Signer, progress: Progress | None = None) -> Manifest:
+    def publish(
+        self,
+        kind: str,
+        name: str,
+        files: Mapping[str, Path],
+        *,
+        identity: Mapping[str, Any],
+        sign: Signer,
+        progress: Progress | None = None,
+    ) -> Manifest:
         """Copy ``files`` (artifact path → source file) in as a new version of ``kind``/``name``, signed by ``sign``."""
         check_request(kind, name)
         now = int(self._clock())
         try:  # every bound (file count, paths, identity) is checked before a byte is copied
             sources = self._check_sources(files)
-            Manifest(kind, name, tuple(ArtifactFile(p, os.stat(src).st_size, "0" * 64) for p, src in sources.items()),
-                     identity, self.location, now)
+            Manifest(
+                kind,
+                name,
+                tuple(ArtifactFile(p, os.stat(src).st_size, "0" * 64) for p, src in sources.items()),
+                identity,
+                self.location,
+                now,
+            )
         except ManifestInvalid as exc:
             raise InvalidRequest(exc.message) from None
         except OSError as exc:
@@ -113,8 +134,9 @@ class PosixStore:
 
         return self._install(kind, name, sources, finish, progress)
 
-    def adopt(self, manifest: Manifest, source_dir: Path, *, progress: Progress | None = None,
-              trust: Trust | None = None) -> Manifest:
+    def adopt(
+        self, manifest: Manifest, source_dir: Path, *, progress: Progress | None = None, trust: Trust | None = None
+    ) -> Manifest:
         """Install an artifact published elsewhere, unchanged (its manifest keeps its publisher's
         signature): the files under ``source_dir`` must match it exactly."""
         check_manifest(manifest, manifest.kind, manifest.name, trust)
@@ -143,8 +165,14 @@ class PosixStore:
             out[path] = Path(src)
         return out
 
-    def _install(self, kind: str, name: str, sources: dict[str, Path],
-                 finish: Callable[[list[ArtifactFile]], Manifest], progress: Progress | None) -> Manifest:
+    def _install(
+        self,
+        kind: str,
+        name: str,
+        sources: dict[str, Path],
+        finish: Callable[[list[ArtifactFile]], Manifest],
+        progress: Progress | None,
+    ) -> Manifest:
         self._check_root()
         vid = f"v{int(self._clock() * 1000):015d}-{secrets.token_hex(4)}"
         staging_root = self.root / ".staging"
@@ -177,12 +205,23 @@ class PosixStore:
                 raise wrap_os_error(f"cannot publish {kind}/{name} under {self.root}", exc) from None
             raise
         self._remove_old_versions(name_dir, vid, previous)
-        log.info("event=artifact_published kind=%s name=%s version=%s bytes=%d files=%d",
-                 kind, name, vid, manifest.size, len(manifest.files))
+        log.info(
+            "event=artifact_published kind=%s name=%s version=%s bytes=%d files=%d",
+            kind,
+            name,
+            vid,
+            manifest.size,
+            len(manifest.files),
+        )
         return manifest
 
-    def _stage(self, staging: Path, sources: dict[str, Path], finish: Callable[[list[ArtifactFile]], Manifest],
-               progress: Progress | None) -> Manifest:
+    def _stage(
+        self,
+        staging: Path,
+        sources: dict[str, Path],
+        finish: Callable[[list[ArtifactFile]], Manifest],
+        progress: Progress | None,
+    ) -> Manifest:
         staged: list[ArtifactFile] = []
         done = 0
         for path, src in sorted(sources.items()):
@@ -312,14 +351,17 @@ class PosixStore:
                 try:
                     manifest = self.manifest(k, n)
                 except ArtifactError as exc:
-                    log.warning("event=artifact_unreadable kind=%s name=%s code=%s error=%r", k, n, exc.code, exc.message)
+                    log.warning(
+                        "event=artifact_unreadable kind=%s name=%s code=%s error=%r", k, n, exc.code, exc.message
+                    )
                     continue
                 if manifest is not None:
                     found.append(manifest)
         return found
 
-    def fetch(self, kind: str, name: str, dest: Path, *, progress: Progress | None = None,
-              trust: Trust | None = None) -> Manifest:
+    def fetch(
+        self, kind: str, name: str, dest: Path, *, progress: Progress | None = None, trust: Trust | None = None
+    ) -> Manifest:
         """Materialise the committed ``kind``/``name`` into the folder ``dest``, every file verified."""
         last = None
         for _ in range(FETCH_ATTEMPTS):
@@ -343,8 +385,9 @@ class PosixStore:
                 for f in manifest.files:
                     out = staging / f.path
                     out.parent.mkdir(parents=True, exist_ok=True)
-                    size, digest = copy_hashed(vdir / FILES_DIR / f.path, out, limit=f.size, progress=progress,
-                                               base=done)
+                    size, digest = copy_hashed(
+                        vdir / FILES_DIR / f.path, out, limit=f.size, progress=progress, base=done
+                    )
                     check_copy(f, size, digest)
                     done += size
         except (FileNotFoundError, ArtifactError):

@@ -92,11 +92,21 @@ log = logging.getLogger("hydra.placement")
 class S3Store:
     """An :class:`~hydra_node.runtime.artifacts.store.ArtifactStore` on an S3-compatible bucket."""
 
-    def __init__(self, bucket: str, *, endpoint: str | None = None, region: str | None = None, prefix: str = "",
-                 multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD, part_size: int = DEFAULT_PART_SIZE,
-                 max_concurrency: int = DEFAULT_CONCURRENCY, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-                 connect_timeout_s: float = 10.0, read_timeout_s: float = 60.0,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        bucket: str,
+        *,
+        endpoint: str | None = None,
+        region: str | None = None,
+        prefix: str = "",
+        multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
+        part_size: int = DEFAULT_PART_SIZE,
+        max_concurrency: int = DEFAULT_CONCURRENCY,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        connect_timeout_s: float = 10.0,
+        read_timeout_s: float = 60.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         import boto3.session
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
@@ -115,23 +125,39 @@ class S3Store:
         self.location = f"s3://{bucket}/{prefix}".rstrip("/")
         self._clock = clock
         self._unconditional = False  # set once the store answered 501 to a conditional PUT
-        config = Config(s3={"addressing_style": "path"} if self.endpoint else {},
-                        connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,
-                        retries={"max_attempts": max_attempts, "mode": "standard"},
-                        max_pool_connections=max_concurrency + 2)
+        config = Config(
+            s3={"addressing_style": "path"} if self.endpoint else {},
+            connect_timeout=connect_timeout_s,
+            read_timeout=read_timeout_s,
+            retries={"max_attempts": max_attempts, "mode": "standard"},
+            max_pool_connections=max_concurrency + 2,
+        )
         try:
-            self._client = boto3.session.Session().client("s3", endpoint_url=self.endpoint,
-                                                          region_name=self.region, config=config)
+            self._client = boto3.session.Session().client(
+                "s3", endpoint_url=self.endpoint, region_name=self.region, config=config
+            )
         except (*S3_ERRORS, ValueError) as exc:  # a malformed endpoint URL, an unknown profile ...
             raise store_error(exc, what="open the S3 client", bucket=bucket, endpoint=self._where()) from None
-        self._transfer = TransferConfig(multipart_threshold=multipart_threshold, multipart_chunksize=part_size,
-                                        max_concurrency=max_concurrency, use_threads=True)
+        self._transfer = TransferConfig(
+            multipart_threshold=multipart_threshold,
+            multipart_chunksize=part_size,
+            max_concurrency=max_concurrency,
+            use_threads=True,
+        )
         self._transfer.max_in_memory_upload_chunks = MAX_IN_MEMORY_PARTS
         self._transfer.max_in_memory_download_chunks = MAX_IN_MEMORY_PARTS
 
     # ---- publish -------------------------------------------------------------------------------------
-    def publish(self, kind: str, name: str, files: Mapping[str, Path], *, identity: Mapping[str, Any],
-                sign: Callable[[Manifest], Manifest], progress: Progress | None = None) -> Manifest:
+    def publish(
+        self,
+        kind: str,
+        name: str,
+        files: Mapping[str, Path],
+        *,
+        identity: Mapping[str, Any],
+        sign: Callable[[Manifest], Manifest],
+        progress: Progress | None = None,
+    ) -> Manifest:
         """Upload ``files`` (relative path → local file) as the new version of ``kind/name``, commit it
         by writing its signed manifest to the pointer, delete older versions; the signed manifest."""
         validate_kind(kind)
@@ -174,19 +200,22 @@ class S3Store:
         try:
             with open(src, "rb") as f:
                 reader = HashingReader(f)
-                self._client.upload_fileobj(reader, self.bucket, vprefix + path, Config=self._transfer,
-                                            Callback=counter.add)
+                self._client.upload_fileobj(
+                    reader, self.bucket, vprefix + path, Config=self._transfer, Callback=counter.add
+                )
                 size_now = os.fstat(f.fileno()).st_size
         except S3_ERRORS as exc:
             raise store_error(exc, what=what, bucket=self.bucket, endpoint=self._where()) from None
         if size_now != reader.size:
-            raise ChecksumMismatch(f"{src} changed while it was uploaded ({reader.size} bytes read, "
-                                   f"{size_now} now); publish it again")
+            raise ChecksumMismatch(
+                f"{src} changed while it was uploaded ({reader.size} bytes read, {size_now} now); publish it again"
+            )
         return ArtifactFile(path, reader.size, reader.hexdigest())
 
     # ---- fetch ---------------------------------------------------------------------------------------
-    def fetch(self, kind: str, name: str, dest: Path, *, progress: Progress | None = None,
-              trust: Trust | None = None) -> Manifest:
+    def fetch(
+        self, kind: str, name: str, dest: Path, *, progress: Progress | None = None, trust: Trust | None = None
+    ) -> Manifest:
         """Materialise the committed ``kind/name`` as directory ``dest`` after checking its signature,
         its signer (``trust``) and every file's size and sha256; nothing is left at ``dest`` otherwise."""
         manifest = self._read_manifest(kind, name)
@@ -200,28 +229,34 @@ class S3Store:
                 self._download(manifest, entry, vprefix, staging, counter)
         return manifest
 
-    def _download(self, manifest: Manifest, entry: ArtifactFile, vprefix: str, staging: Path,
-                  counter: _Counter) -> None:
+    def _download(
+        self, manifest: Manifest, entry: ArtifactFile, vprefix: str, staging: Path, counter: _Counter
+    ) -> None:
         target = staging.joinpath(*entry.path.split("/"))
         target.parent.mkdir(parents=True, exist_ok=True)
         what = f"download s3://{self.bucket}/{vprefix}{entry.path}"
         try:
             with open(target, "wb") as f:
                 writer = HashingWriter(f, limit=entry.size)
-                self._client.download_fileobj(self.bucket, vprefix + entry.path, writer, Config=self._transfer,
-                                              Callback=counter.add)
+                self._client.download_fileobj(
+                    self.bucket, vprefix + entry.path, writer, Config=self._transfer, Callback=counter.add
+                )
                 f.flush()
                 os.fsync(f.fileno())
         except S3_ERRORS as exc:
             err = store_error(exc, what=what, bucket=self.bucket, endpoint=self._where())
             if isinstance(err, ArtifactNotFound):
-                err = ArtifactNotFound(f"{manifest.kind}/{manifest.name}: the file {entry.path} of its committed "
-                                       f"manifest is missing from {self.location}")
+                err = ArtifactNotFound(
+                    f"{manifest.kind}/{manifest.name}: the file {entry.path} of its committed "
+                    f"manifest is missing from {self.location}"
+                )
             raise err from None
         if writer.size != entry.size or writer.hexdigest() != entry.sha256:
-            raise ChecksumMismatch(f"{manifest.kind}/{manifest.name}: {entry.path} holds {writer.size} bytes with "
-                                   f"sha256 {writer.hexdigest()}; its manifest says {entry.size} bytes, "
-                                   f"{entry.sha256}; refused")
+            raise ChecksumMismatch(
+                f"{manifest.kind}/{manifest.name}: {entry.path} holds {writer.size} bytes with "
+                f"sha256 {writer.hexdigest()}; its manifest says {entry.size} bytes, "
+                f"{entry.sha256}; refused"
+            )
 
     # ---- reading the pointers -----------------------------------------------------------------------
     def manifest(self, kind: str, name: str) -> Manifest | None:
@@ -241,10 +276,11 @@ class S3Store:
         if kind is not None:
             validate_kind(kind)
         pages = self._client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=self.prefix + (f"{kind}/" if kind else ""))
+            Bucket=self.bucket, Prefix=self.prefix + (f"{kind}/" if kind else "")
+        )
         out = []
         for key in self._keys(pages, "list the artifacts"):
-            parts = key[len(self.prefix):].split("/")
+            parts = key[len(self.prefix) :].split("/")
             if len(parts) != 3 or parts[2] != POINTER:
                 continue
             try:
@@ -277,11 +313,13 @@ class S3Store:
     def _version_prefix(self, manifest: Manifest) -> str:
         """The object prefix of a committed manifest's files, checked to lie in this store."""
         head = f"s3://{self.bucket}/{self._base(manifest.kind, manifest.name)}v/"
-        version = manifest.location[len(head):]
+        version = manifest.location[len(head) :]
         if not manifest.location.startswith(head) or not _VERSION.fullmatch(version):
-            raise ManifestInvalid(f"{manifest.kind}/{manifest.name}: its location {manifest.location!r:.120} is "
-                                  f"not a version of it in {self.location}")
-        return manifest.location[len(f"s3://{self.bucket}/"):] + "/"
+            raise ManifestInvalid(
+                f"{manifest.kind}/{manifest.name}: its location {manifest.location!r:.120} is "
+                f"not a version of it in {self.location}"
+            )
+        return manifest.location[len(f"s3://{self.bucket}/") :] + "/"
 
     def _commit_pointer(self, kind: str, name: str, version: str, signed: Manifest, etag: str | None) -> None:
         """Write the pointer only if it is still the one read before (``If-Match`` its ETag, or
@@ -295,14 +333,18 @@ class S3Store:
             try:
                 # Once sent, the version may be committed even if the answer is lost: from here it is
                 # never deleted on failure (the next publish collects it if it is not the committed one).
-                self._client.put_object(Bucket=self.bucket, Key=key, Body=signed.to_cbor(),
-                                        ContentType="application/cbor", **condition)
+                self._client.put_object(
+                    Bucket=self.bucket, Key=key, Body=signed.to_cbor(), ContentType="application/cbor", **condition
+                )
                 return
             except S3_ERRORS as exc:
                 code = error_code(exc)
                 if condition and code in ("NotImplemented", "501"):
-                    log.warning("event=s3_no_conditional_writes bucket=%s endpoint=%s action=plain_put",
-                                self.bucket, self._where())
+                    log.warning(
+                        "event=s3_no_conditional_writes bucket=%s endpoint=%s action=plain_put",
+                        self.bucket,
+                        self._where(),
+                    )
                     self._unconditional = True
                     continue
                 if code not in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
@@ -319,8 +361,9 @@ class S3Store:
 
     def _committed_state(self, kind: str, name: str) -> tuple[str | None, str | None]:
         """(the committed version or None, the pointer's ETag or None when there is no pointer)."""
-        data, etag = self._get_pointer(self._base(kind, name) + POINTER, f"read the manifest of {kind}/{name}",
-                                       with_etag=True)
+        data, etag = self._get_pointer(
+            self._base(kind, name) + POINTER, f"read the manifest of {kind}/{name}", with_etag=True
+        )
         if data is None:
             return None, None
         try:
@@ -334,8 +377,9 @@ class S3Store:
             response = self._client.get_object(Bucket=self.bucket, Key=key)
             with response["Body"] as body:
                 if response.get("ContentLength", 0) > MAX_MANIFEST_BYTES:
-                    raise ManifestInvalid(f"{key}: a manifest of {response['ContentLength']} bytes; at most "
-                                          f"{MAX_MANIFEST_BYTES}")
+                    raise ManifestInvalid(
+                        f"{key}: a manifest of {response['ContentLength']} bytes; at most {MAX_MANIFEST_BYTES}"
+                    )
                 data = body.read(MAX_MANIFEST_BYTES + 1)
                 return (data, response.get("ETag")) if with_etag else data
         except ArtifactError:
@@ -348,8 +392,11 @@ class S3Store:
     def _collect(self, base: str, *, older_than: str) -> None:
         """Delete the versions of ``base`` that sort before ``older_than`` (the committed one)."""
         pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + "v/")
-        stale = [key for key in self._keys(pages, f"collect old versions of {base}")
-                 if key[len(base) + 2:].split("/", 1)[0] < older_than]
+        stale = [
+            key
+            for key in self._keys(pages, f"collect old versions of {base}")
+            if key[len(base) + 2 :].split("/", 1)[0] < older_than
+        ]
         self._delete_keys(stale, f"collect old versions of {base}")
 
     def _delete_prefix(self, prefix: str, *, quiet: bool = False) -> None:
@@ -362,13 +409,15 @@ class S3Store:
 
     def _delete_keys(self, keys: builtins.list[str], what: str) -> None:  # (``list`` here: the method above)
         for i in range(0, len(keys), DELETE_BATCH):
-            batch = [{"Key": k} for k in keys[i:i + DELETE_BATCH]]
-            response = self._call(what, self._client.delete_objects, Bucket=self.bucket,
-                                  Delete={"Objects": batch, "Quiet": True})
+            batch = [{"Key": k} for k in keys[i : i + DELETE_BATCH]]
+            response = self._call(
+                what, self._client.delete_objects, Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}
+            )
             if response.get("Errors"):
                 first = response["Errors"][0]
-                raise StoreUnavailable(f"{what}: {len(response['Errors'])} objects not deleted "
-                                       f"({first.get('Key')}: {first.get('Code')})")
+                raise StoreUnavailable(
+                    f"{what}: {len(response['Errors'])} objects not deleted ({first.get('Key')}: {first.get('Code')})"
+                )
 
     def _keys(self, pages, what: str):
         try:
@@ -387,8 +436,10 @@ class S3Store:
 
 def _check_not_newer(kind: str, name: str, current: str | None, version: str) -> None:
     if current is not None and current > version:
-        raise StoreUnavailable(f"{kind}/{name}: a newer version ({current}) was committed while this one "
-                               "uploaded; it is kept and this publish is dropped")
+        raise StoreUnavailable(
+            f"{kind}/{name}: a newer version ({current}) was committed while this one "
+            "uploaded; it is kept and this publish is dropped"
+        )
 
 
 class _Counter:

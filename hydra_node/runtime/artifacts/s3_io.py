@@ -30,12 +30,26 @@ MAX_REASON_CHARS = 300
 
 #: What a boto3 call, an upload or a download raises for a failure of the store, the network or the
 #: local disk (:func:`store_error` maps each); anything else is a bug and propagates.
-S3_ERRORS = (bce.BotoCoreError, bce.ClientError, boto3.exceptions.Boto3Error, s3transfer.exceptions.RetriesExceededError,
-             OSError)
+S3_ERRORS = (
+    bce.BotoCoreError,
+    bce.ClientError,
+    boto3.exceptions.Boto3Error,
+    s3transfer.exceptions.RetriesExceededError,
+    OSError,
+)
 
 #: S3 error codes that mean the credentials are missing, wrong or not allowed.
-_ACCESS_CODES = frozenset({"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
-                           "InvalidToken", "403", "AllAccessDisabled"})
+_ACCESS_CODES = frozenset(
+    {
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "403",
+        "AllAccessDisabled",
+    }
+)
 
 
 class HashingReader:
@@ -103,10 +117,20 @@ def store_error(exc: Exception, *, what: str, bucket: str, endpoint: str) -> Art
     if isinstance(exc, ArtifactError):
         return exc
     if isinstance(exc, (bce.NoCredentialsError, bce.PartialCredentialsError, bce.ProfileNotFound)):
-        return StoreUnavailable(f"{what}: no usable S3 credentials ({exc}); set AWS_ACCESS_KEY_ID and "
-                                "AWS_SECRET_ACCESS_KEY, AWS_PROFILE or another source boto3 reads")
-    if isinstance(exc, (bce.EndpointConnectionError, bce.ConnectTimeoutError, bce.ConnectionClosedError,
-                        bce.ReadTimeoutError, bce.HTTPClientError)):
+        return StoreUnavailable(
+            f"{what}: no usable S3 credentials ({exc}); set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, AWS_PROFILE or another source boto3 reads"
+        )
+    if isinstance(
+        exc,
+        (
+            bce.EndpointConnectionError,
+            bce.ConnectTimeoutError,
+            bce.ConnectionClosedError,
+            bce.ReadTimeoutError,
+            bce.HTTPClientError,
+        ),
+    ):
         return StoreUnavailable(f"{what}: cannot reach the S3 endpoint {endpoint} ({_short(exc)})")
     if isinstance(exc, bce.ClientError):
         code = error_code(exc)
@@ -131,4 +155,3 @@ def store_error(exc: Exception, *, what: str, bucket: str, endpoint: str) -> Art
 
 def _short(exc: BaseException) -> str:
     return str(exc)[:MAX_REASON_CHARS]
-

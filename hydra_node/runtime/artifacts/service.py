@@ -89,11 +89,21 @@ class PlacementStatus:
 
 
 class PlacementService:
-    def __init__(self, settings: Any, *, home: Path, node_id: str, sign: Callable[[Manifest], Manifest],
-                 mesh: PeerView | None = None, peer_fetch: PeerFetch | None = None, trigger: TriggerFn = send_trigger,
-                 on_materialised: Callable[[str, str, str, int, float], None] | None = None,
-                 store_factory: Callable[[Namespace], Any] | None = None, wall: Callable[[], float] = time.time,
-                 new_id: Callable[[float], str] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Any,
+        *,
+        home: Path,
+        node_id: str,
+        sign: Callable[[Manifest], Manifest],
+        mesh: PeerView | None = None,
+        peer_fetch: PeerFetch | None = None,
+        trigger: TriggerFn = send_trigger,
+        on_materialised: Callable[[str, str, str, int, float], None] | None = None,
+        store_factory: Callable[[Namespace], Any] | None = None,
+        wall: Callable[[], float] = time.time,
+        new_id: Callable[[float], str] | None = None,
+    ) -> None:
         self.settings = settings
         self.node_id = node_id
         self.sign = sign
@@ -104,8 +114,12 @@ class PlacementService:
         self._wall = wall
         self._new_id = new_id or (lambda now: f"op-{int(now * 1000):x}-{secrets.token_hex(4)}")
         self.namespaces = namespaces_of(settings)
-        self.cache = LocalCache(home / "placement" / "cache", capacity_bytes=int(settings.cache_capacity_gb * 1e9),
-                                ttl_s=float(settings.cache_ttl_secs), wall=wall)
+        self.cache = LocalCache(
+            home / "placement" / "cache",
+            capacity_bytes=int(settings.cache_capacity_gb * 1e9),
+            ttl_s=float(settings.cache_ttl_secs),
+            wall=wall,
+        )
         self.ops_store = OpStore(home / "placement" / "ops")
         self.ops: dict[str, Operation] = {}
         self._done: dict[str, trio.Event] = {}
@@ -113,19 +127,48 @@ class PlacementService:
         self._send, self._receive = trio.open_memory_channel[str](MAX_QUEUED)
         self._queued = 0  # operations saved or being saved, not yet taken by a worker (<= MAX_QUEUED)
         self._held: tuple[int, dict] | None = None
-        self.counters = {"published": 0, "fetched": 0, "cache_hits": 0, "failed": 0, "triggered": 0,
-                         "refused_corrupt": 0}
+        self.counters = {
+            "published": 0,
+            "fetched": 0,
+            "cache_hits": 0,
+            "failed": 0,
+            "triggered": 0,
+            "refused_corrupt": 0,
+        }
         self.ready = False
-        self.materialiser = Materialiser(self.cache, self.namespaces, self._store, node_id=node_id, mesh=mesh,
-                                         peer_fetch=peer_fetch, on_materialised=on_materialised, counters=self.counters)
+        self.materialiser = Materialiser(
+            self.cache,
+            self.namespaces,
+            self._store,
+            node_id=node_id,
+            mesh=mesh,
+            peer_fetch=peer_fetch,
+            on_materialised=on_materialised,
+            counters=self.counters,
+        )
 
     @classmethod
-    def for_node(cls, settings: Any, *, home: Path, signing_key: Any, node_id: str, mesh: Any,
-                 on_materialised: Callable[[str, str, str, int, float], None] | None = None) -> PlacementService:
+    def for_node(
+        cls,
+        settings: Any,
+        *,
+        home: Path,
+        signing_key: Any,
+        node_id: str,
+        mesh: Any,
+        on_materialised: Callable[[str, str, str, int, float], None] | None = None,
+    ) -> PlacementService:
         """The service of a node: its key signs, peers are asked through ``mesh`` (when there is one)."""
         peer_fetch = functools.partial(fetch_from_peer, mesh) if mesh is not None else None
-        return cls(settings, home=home, node_id=node_id, sign=signer(signing_key), mesh=mesh, peer_fetch=peer_fetch,
-                   on_materialised=on_materialised)
+        return cls(
+            settings,
+            home=home,
+            node_id=node_id,
+            sign=signer(signing_key),
+            mesh=mesh,
+            peer_fetch=peer_fetch,
+            on_materialised=on_materialised,
+        )
 
     # ---- life -----------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -210,13 +253,22 @@ class PlacementService:
         if namespace is not None:
             return namespace
         if not self.namespaces:
-            raise SourceInvalid("no namespace: give posix_root or s3_bucket, or set [placement] posix_root "
-                                "or s3_bucket")
+            raise SourceInvalid(
+                "no namespace: give posix_root or s3_bucket, or set [placement] posix_root or s3_bucket"
+            )
         return self.namespaces[0]
 
-    async def submit_publish(self, kind: str, name: str, source: str, *, namespace: Namespace | None = None,
-                             identity: Mapping[str, Any] | None = None, trigger: bool = True,
-                             vast: Mapping[str, Any] | None = None) -> Operation:
+    async def submit_publish(
+        self,
+        kind: str,
+        name: str,
+        source: str,
+        *,
+        namespace: Namespace | None = None,
+        identity: Mapping[str, Any] | None = None,
+        trigger: bool = True,
+        vast: Mapping[str, Any] | None = None,
+    ) -> Operation:
         """Queue publishing the file or folder ``source`` as ``kind``/``name``; the queued operation."""
         check_request(kind, name)
         if not source.startswith("/"):
@@ -224,19 +276,39 @@ class PlacementService:
         _check_identity(kind, name, identity or {})
         ns = self._namespace(namespace)
         vast = self.vast_settings(vast) if trigger else None
-        return await self._submit(Operation(id="", action="publish", kind=kind, name=name, state="queued",
-                                            created_at=0, updated_at=0, source=source, namespace=ns.to_json(),
-                                            identity=dict(identity or {}), vast=vast))
+        return await self._submit(
+            Operation(
+                id="",
+                action="publish",
+                kind=kind,
+                name=name,
+                state="queued",
+                created_at=0,
+                updated_at=0,
+                source=source,
+                namespace=ns.to_json(),
+                identity=dict(identity or {}),
+                vast=vast,
+            )
+        )
 
     async def submit_fetch(self, kind: str, name: str) -> Operation:
         check_request(kind, name)
-        return await self._submit(Operation(id="", action="fetch", kind=kind, name=name, state="queued",
-                                            created_at=0, updated_at=0))
+        return await self._submit(
+            Operation(id="", action="fetch", kind=kind, name=name, state="queued", created_at=0, updated_at=0)
+        )
 
     async def _submit(self, draft: Operation) -> Operation:
         now = self._wall()
-        op = Operation(**{**draft.__dict__, "id": self._new_id(now), "created_at": now, "updated_at": now,
-                          "history": (("queued", now),)})
+        op = Operation(
+            **{
+                **draft.__dict__,
+                "id": self._new_id(now),
+                "created_at": now,
+                "updated_at": now,
+                "history": (("queued", now),),
+            }
+        )
         return await self._enqueue(op)
 
     async def _enqueue(self, op: Operation) -> Operation:
@@ -259,8 +331,9 @@ class PlacementService:
         if op.state != "failed":
             raise NotRetryable(f"operation {op_id} is {op.state}; only a failed operation is retried")
         now = self._wall()
-        return await self._enqueue(op.move("committed" if op.manifest is not None and op.action == "publish"
-                                           else "queued", now))
+        return await self._enqueue(
+            op.move("committed" if op.manifest is not None and op.action == "publish" else "queued", now)
+        )
 
     async def _run_publish(self, op: Operation) -> None:
         if op.state == "committed":  # a retry of the trigger: the artifact is there
@@ -271,14 +344,28 @@ class PlacementService:
         total = sum(p.stat().st_size for p in files.values())
         op = await trio.to_thread.run_sync(self._save, _with(op, bytes_total=total))
         store = self._store(Namespace.from_json(op.namespace or {}))
-        manifest = await trio.to_thread.run_sync(lambda: store.publish(
-            op.kind, op.name, files, identity=op.identity, sign=self.sign,
-            progress=lambda n: self._progress.__setitem__(op.id, n)))
+        manifest = await trio.to_thread.run_sync(
+            lambda: store.publish(
+                op.kind,
+                op.name,
+                files,
+                identity=op.identity,
+                sign=self.sign,
+                progress=lambda n: self._progress.__setitem__(op.id, n),
+            )
+        )
         self.counters["published"] += 1
-        op = await trio.to_thread.run_sync(self._save, op.move("committed", self._wall(), manifest=_loads(manifest),
-                                                               bytes_done=manifest.size))
-        log.info("event=artifact_published op=%s kind=%s name=%s bytes=%d location=%s", op.id, op.kind, op.name,
-                 manifest.size, manifest.location)
+        op = await trio.to_thread.run_sync(
+            self._save, op.move("committed", self._wall(), manifest=_loads(manifest), bytes_done=manifest.size)
+        )
+        log.info(
+            "event=artifact_published op=%s kind=%s name=%s bytes=%d location=%s",
+            op.id,
+            op.kind,
+            op.name,
+            manifest.size,
+            manifest.location,
+        )
         if op.vast is not None:
             await self._send_trigger(op, manifest)
 
@@ -291,16 +378,30 @@ class PlacementService:
             await trio.to_thread.run_sync(self._save, op.move("triggered", self._wall(), trigger=outcome))
             return
         await trio.to_thread.run_sync(self._save, _with(op, trigger=outcome))
-        await self._fail(op.id, "trigger_failed", "artifact published but the VAST trigger failed after "
-                   f"{outcome.get('attempts', '?')} attempts: {outcome.get('last_error') or 'no reason given'}")
+        await self._fail(
+            op.id,
+            "trigger_failed",
+            "artifact published but the VAST trigger failed after "
+            f"{outcome.get('attempts', '?')} attempts: {outcome.get('last_error') or 'no reason given'}",
+        )
 
     async def _run_fetch(self, op: Operation) -> None:
         op = await trio.to_thread.run_sync(self._save, op.move("staging", self._wall()))
         manifest, folder, source = await self.materialiser.get(
-            op.kind, op.name, progress=lambda n: self._progress.__setitem__(op.id, n))
-        await trio.to_thread.run_sync(self._save, op.move(
-            "committed", self._wall(), manifest=_loads(manifest), path=str(folder), bytes_done=manifest.size,
-            bytes_total=manifest.size, namespace={"location": source}))
+            op.kind, op.name, progress=lambda n: self._progress.__setitem__(op.id, n)
+        )
+        await trio.to_thread.run_sync(
+            self._save,
+            op.move(
+                "committed",
+                self._wall(),
+                manifest=_loads(manifest),
+                path=str(folder),
+                bytes_done=manifest.size,
+                bytes_total=manifest.size,
+                namespace={"location": source},
+            ),
+        )
 
     def get(self, op_id: str) -> Operation:
         op = self.ops.get(op_id)
@@ -317,8 +418,15 @@ class PlacementService:
             await event.wait()
         return self.get(op_id)
 
-    async def publish(self, kind: str, name: str, source: str, *, identity: Mapping[str, Any] | None = None,
-                      namespace: Namespace | None = None) -> Operation:
+    async def publish(
+        self,
+        kind: str,
+        name: str,
+        source: str,
+        *,
+        identity: Mapping[str, Any] | None = None,
+        namespace: Namespace | None = None,
+    ) -> Operation:
         """Publish and wait (for callers such as KV export): the finished operation."""
         op = await self.submit_publish(kind, name, source, identity=identity, namespace=namespace)
         return await self.wait(op.id)
@@ -354,8 +462,11 @@ class PlacementService:
         keys = [e.key for e in self.cache.index.matching(name, kind)]
         for key in keys:
             if self.cache.index.in_use(key) or self.cache.index.pinned(key):
-                why = "in use (a hosted model or an import)" if self.cache.index.in_use(key) else \
-                    f"pinned: `hydra placement pin {name} --off` first"
+                why = (
+                    "in use (a hosted model or an import)"
+                    if self.cache.index.in_use(key)
+                    else f"pinned: `hydra placement pin {name} --off` first"
+                )
                 raise ArtifactHeld(f"{key[0]}/{name} is {why}")
         for key in keys:
             await trio.to_thread.run_sync(self.cache.evict, key)
@@ -365,10 +476,20 @@ class PlacementService:
                 raise SourceInvalid("evicting from a namespace needs the kind")
             store = self._store(namespace)
             removed = await trio.to_thread.run_sync(store.remove, kind, name)
-        log.info("event=artifact_evict name=%s local=%d namespace=%s removed=%s", name, len(keys),
-                 namespace.location if namespace else "-", removed)
-        return {"name": name, "kind": kind, "evicted": [{"kind": k, "name": n} for k, n in keys],
-                "namespace": namespace.location if namespace else None, "removed_from_namespace": removed}
+        log.info(
+            "event=artifact_evict name=%s local=%d namespace=%s removed=%s",
+            name,
+            len(keys),
+            namespace.location if namespace else "-",
+            removed,
+        )
+        return {
+            "name": name,
+            "kind": kind,
+            "evicted": [{"kind": k, "name": n} for k, n in keys],
+            "namespace": namespace.location if namespace else None,
+            "removed_from_namespace": removed,
+        }
 
     def vast_settings(self, override: Mapping[str, Any] | None = None) -> dict | None:
         """The trigger settings a publish uses: ``override`` (a request's own), else ``[placement]``'s."""
@@ -396,14 +517,28 @@ class PlacementService:
         return PlacementStatus(
             namespaces=[ns.to_json() for ns in self.namespaces],
             vast_trigger=self.settings.vast_trigger_endpoint or None,
-            cache={"artifacts": len(idx.entries), "used_bytes": idx.used_bytes(), "capacity_bytes": idx.capacity_bytes,
-                   "ttl_s": idx.ttl_s, "pins": len(idx.pins)},
-            operations=[_summary(self.get(o.id)) for o in ops], counters=dict(self.counters))
+            cache={
+                "artifacts": len(idx.entries),
+                "used_bytes": idx.used_bytes(),
+                "capacity_bytes": idx.capacity_bytes,
+                "ttl_s": idx.ttl_s,
+                "pins": len(idx.pins),
+            },
+            operations=[_summary(self.get(o.id)) for o in ops],
+            counters=dict(self.counters),
+        )
 
 
 def _summary(op: Operation) -> dict:
-    return {"id": op.id, "action": op.action, "kind": op.kind, "name": op.name, "state": op.state,
-            "updated_at": op.updated_at, "error": op.error}
+    return {
+        "id": op.id,
+        "action": op.action,
+        "kind": op.kind,
+        "name": op.name,
+        "state": op.state,
+        "updated_at": op.updated_at,
+        "error": op.error,
+    }
 
 
 def _check_identity(kind: str, name: str, identity: Mapping[str, Any]) -> None:

@@ -20,8 +20,7 @@ MAX_CACHE_TTL_SECS = 365 * 86400
 #: (but the last) up to 5 GiB, and one PUT of at most 5 GiB.
 S3_PART_MIB = (5, 5120)
 #: The ``[placement]`` keys that only mean something with ``vast_trigger_endpoint``.
-VAST_KEYS = ("vast_tenant", "vast_dataspace", "vast_source_namespace", "vast_destination_namespace",
-             "vast_target_site")
+VAST_KEYS = ("vast_tenant", "vast_dataspace", "vast_source_namespace", "vast_destination_namespace", "vast_target_site")
 
 
 @dataclass(frozen=True)
@@ -47,16 +46,22 @@ class Namespace:
         if self.kind == "posix":
             out["root"] = self.root
         else:
-            out.update(bucket=self.bucket, endpoint=self.endpoint or None, region=self.region or None,
-                       prefix=self.prefix)
+            out.update(
+                bucket=self.bucket, endpoint=self.endpoint or None, region=self.region or None, prefix=self.prefix
+            )
         return out
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Namespace:
         """The namespace :meth:`to_json` described (an operation file's ``namespace``)."""
-        return cls(str(doc.get("type", "posix")), root=str(doc.get("root") or ""), bucket=str(doc.get("bucket") or ""),
-                   endpoint=str(doc.get("endpoint") or ""), region=str(doc.get("region") or ""),
-                   prefix=str(doc.get("prefix") or ""))
+        return cls(
+            str(doc.get("type", "posix")),
+            root=str(doc.get("root") or ""),
+            bucket=str(doc.get("bucket") or ""),
+            endpoint=str(doc.get("endpoint") or ""),
+            region=str(doc.get("region") or ""),
+            prefix=str(doc.get("prefix") or ""),
+        )
 
 
 def _http_url(value: str) -> bool:
@@ -65,6 +70,7 @@ def _http_url(value: str) -> bool:
 
 def check_placement(s: Any, prefix: str, error: Callable[[str], Exception]) -> None:
     """Raise ``error(message)`` for a ``[placement]`` value that cannot take effect as written."""
+
     def bad(key: str, msg: str) -> None:
         raise error(f"[{prefix}].{key}: {msg}")
 
@@ -85,8 +91,11 @@ def check_placement(s: Any, prefix: str, error: Callable[[str], Exception]) -> N
     if not s.cache_capacity_gb >= 0:
         bad("cache_capacity_gb", f"must be >= 0 (0: no limit), not {s.cache_capacity_gb!r}")
     if s.prefetch_threshold != 0:
-        bad("prefetch_threshold", "is not supported: artifacts are materialised when needed "
-            "(serve --model placement:NAME, POST /api/placement/fetch); leave it at 0")
+        bad(
+            "prefetch_threshold",
+            "is not supported: artifacts are materialised when needed "
+            "(serve --model placement:NAME, POST /api/placement/fetch); leave it at 0",
+        )
     if s.vast_trigger_endpoint and not _http_url(s.vast_trigger_endpoint):
         bad("vast_trigger_endpoint", f"must be an http:// or https:// URL, not {s.vast_trigger_endpoint!r}")
     for key in VAST_KEYS:
@@ -100,6 +109,5 @@ def namespaces_of(s: Any) -> list[Namespace]:
     if s.posix_root:
         out.append(Namespace("posix", root=s.posix_root))
     if s.s3_bucket:
-        out.append(Namespace("s3", bucket=s.s3_bucket, endpoint=s.s3_endpoint, region=s.s3_region,
-                             prefix=s.s3_prefix))
+        out.append(Namespace("s3", bucket=s.s3_bucket, endpoint=s.s3_endpoint, region=s.s3_region, prefix=s.s3_prefix))
     return out

@@ -42,8 +42,9 @@ def collect_files(source: Path) -> dict[str, Path]:
             full = Path(folder) / name
             rel = full.relative_to(source).as_posix()
             if full.is_symlink() or not full.is_file():
-                raise SourceInvalid(f"{full} is a symbolic link or a special file; a published folder holds "
-                                    "regular files only")
+                raise SourceInvalid(
+                    f"{full} is a symbolic link or a special file; a published folder holds regular files only"
+                )
             out[rel] = full
             if len(out) > MAX_FILES:
                 raise SourceInvalid(f"the source {source} holds more than {MAX_FILES} files")
@@ -57,15 +58,21 @@ def open_store(ns: Namespace, settings: Any = None) -> Any:
     its multipart sizes from ``settings`` (``[placement]``) when given."""
     if ns.kind == "posix":
         from hydra_node.runtime.artifacts.posix import PosixStore
+
         return PosixStore(Path(ns.root))
     if ns.kind == "s3":
         from hydra_node.runtime.artifacts.s3 import S3Store
+
         try:
-            sizes: dict[str, Any] = {} if settings is None else {
-                "multipart_threshold": int(settings.s3_multipart_threshold_mb * MIB),
-                "part_size": int(settings.s3_part_size_mb * MIB)}
-            return S3Store(ns.bucket, endpoint=ns.endpoint or None, region=ns.region or None, prefix=ns.prefix,
-                           **sizes)
+            sizes: dict[str, Any] = (
+                {}
+                if settings is None
+                else {
+                    "multipart_threshold": int(settings.s3_multipart_threshold_mb * MIB),
+                    "part_size": int(settings.s3_part_size_mb * MIB),
+                }
+            )
+            return S3Store(ns.bucket, endpoint=ns.endpoint or None, region=ns.region or None, prefix=ns.prefix, **sizes)
         except ValueError as exc:
             raise StoreUnavailable(f"S3 bucket {ns.bucket}: {exc}") from None
     raise StoreUnavailable(f"unknown namespace type {ns.kind!r}")

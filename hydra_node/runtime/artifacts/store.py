@@ -32,8 +32,21 @@ from hydra_node.runtime.artifacts.errors import (
 )
 from hydra_node.runtime.artifacts.manifest import Manifest, validate_kind, validate_name
 
-__all__ = ["CRASH_ENV", "STALE_STAGING_S", "ArtifactStore", "Progress", "Signer", "StagedDirectory", "Trust",
-           "check_manifest", "check_request", "crash_point", "fsync_dir", "sweep_stale", "wrap_os_error"]
+__all__ = [
+    "CRASH_ENV",
+    "STALE_STAGING_S",
+    "ArtifactStore",
+    "Progress",
+    "Signer",
+    "StagedDirectory",
+    "Trust",
+    "check_manifest",
+    "check_request",
+    "crash_point",
+    "fsync_dir",
+    "sweep_stale",
+    "wrap_os_error",
+]
 
 Progress = Callable[[int], None]
 Signer = Callable[[Manifest], Manifest]
@@ -52,11 +65,20 @@ class ArtifactStore(Protocol):
 
     location: str
 
-    def publish(self, kind: str, name: str, files: Mapping[str, Path], *, identity: Mapping[str, Any],
-                sign: Signer, progress: Progress | None = None) -> Manifest: ...
+    def publish(
+        self,
+        kind: str,
+        name: str,
+        files: Mapping[str, Path],
+        *,
+        identity: Mapping[str, Any],
+        sign: Signer,
+        progress: Progress | None = None,
+    ) -> Manifest: ...
 
-    def fetch(self, kind: str, name: str, dest: Path, *, progress: Progress | None = None,
-              trust: Trust | None = None) -> Manifest: ...
+    def fetch(
+        self, kind: str, name: str, dest: Path, *, progress: Progress | None = None, trust: Trust | None = None
+    ) -> Manifest: ...
 
     def manifest(self, kind: str, name: str) -> Manifest | None: ...
 

@@ -91,9 +91,17 @@ def _retry_after(headers: Any) -> float | None:
 
 def post_json(url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> PostReply:
     """One blocking POST of ``body`` (JSON); never raises for a network or HTTP failure."""
-    req = urllib.request.Request(url, data=body, method="POST", headers={
-        "Content-Type": "application/json", "Accept": "application/json",
-        "User-Agent": f"hydra-node/{__version__}", **headers})
+    req = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "User-Agent": f"hydra-node/{__version__}",
+            **headers,
+        },
+    )
     try:
         with _OPENER.open(req, timeout=timeout_s) as resp:
             text = resp.read(MAX_REPLY_CHARS).decode("utf-8", "replace")
@@ -109,8 +117,9 @@ def post_json(url: str, body: bytes, headers: Mapping[str, str], timeout_s: floa
         return PostReply(None, error=f"{url}: the request failed ({type(exc).__name__}: {exc})")
 
 
-async def send_trigger(settings: VastSettings, payload: Mapping[str, Any], *,
-                       rng: Callable[[], float] = random.random) -> TriggerResult:
+async def send_trigger(
+    settings: VastSettings, payload: Mapping[str, Any], *, rng: Callable[[], float] = random.random
+) -> TriggerResult:
     """POST ``payload`` (from ``build_payload``) to ``settings.endpoint`` until it is delivered, refused
     or ``max_attempts`` tries have failed."""
     key = payload["idempotency_key"]
@@ -120,20 +129,36 @@ async def send_trigger(settings: VastSettings, payload: Mapping[str, Any], *,
     reply = PostReply(None, error="not sent")
     for attempt in range(settings.max_attempts):
         reply = await trio.to_thread.run_sync(
-            partial(post_json, settings.endpoint, body, headers, settings.request_timeout_s),
-            abandon_on_cancel=True)
+            partial(post_json, settings.endpoint, body, headers, settings.request_timeout_s), abandon_on_cancel=True
+        )
         outcome = verdict(reply.status)
         if outcome == "delivered":
-            log.info("event=vast_trigger_delivered op=%s key=%s attempts=%d status=%s", payload.get("op_id"),
-                     key[:16], attempt + 1, reply.status)
+            log.info(
+                "event=vast_trigger_delivered op=%s key=%s attempts=%d status=%s",
+                payload.get("op_id"),
+                key[:16],
+                attempt + 1,
+                reply.status,
+            )
             return TriggerResult(True, attempt + 1, reply.status, None, key, settings.endpoint)
         reason = reply.describe(settings.endpoint)
-        log.warning("event=vast_trigger_failed op=%s key=%s attempt=%d outcome=%s reason=%r", payload.get("op_id"),
-                    key[:16], attempt + 1, outcome, reason)
+        log.warning(
+            "event=vast_trigger_failed op=%s key=%s attempt=%d outcome=%s reason=%r",
+            payload.get("op_id"),
+            key[:16],
+            attempt + 1,
+            outcome,
+            reason,
+        )
         if outcome == "refused":
             return TriggerResult(False, attempt + 1, reply.status, f"refused: {reason}", key, settings.endpoint)
         if attempt + 1 < settings.max_attempts:
             await trio.sleep(retry_delay(policy, attempt, rng(), reply.retry_after_s))
-    return TriggerResult(False, settings.max_attempts, reply.status,
-                         f"gave up after {settings.max_attempts} tries: {reply.describe(settings.endpoint)}", key,
-                         settings.endpoint)
+    return TriggerResult(
+        False,
+        settings.max_attempts,
+        reply.status,
+        f"gave up after {settings.max_attempts} tries: {reply.describe(settings.endpoint)}",
+        key,
+        settings.endpoint,
+    )

@@ -21,8 +21,18 @@ from typing import Any
 from hydra_node.backoff import Backoff
 from hydra_node.runtime.artifacts.manifest import Manifest
 
-__all__ = ["EVENT_TYPE", "IDEMPOTENCY_HEADER", "MAX_OP_ID_CHARS", "PAYLOAD_VERSION", "VastSettings", "build_payload",
-           "encode_payload", "idempotency_key", "retry_delay", "verdict"]
+__all__ = [
+    "EVENT_TYPE",
+    "IDEMPOTENCY_HEADER",
+    "MAX_OP_ID_CHARS",
+    "PAYLOAD_VERSION",
+    "VastSettings",
+    "build_payload",
+    "encode_payload",
+    "idempotency_key",
+    "retry_delay",
+    "verdict",
+]
 
 #: ``type`` of the document, and its schema version (a receiver checks both).
 EVENT_TYPE = "hydra.placement.committed"
@@ -52,8 +62,12 @@ class VastSettings:
     request_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.endpoint, str) or not self.endpoint.startswith(("http://", "https://")) \
-                or len(self.endpoint) <= len("https://") or any(c.isspace() for c in self.endpoint):
+        if (
+            not isinstance(self.endpoint, str)
+            or not self.endpoint.startswith(("http://", "https://"))
+            or len(self.endpoint) <= len("https://")
+            or any(c.isspace() for c in self.endpoint)
+        ):
             raise ValueError(f"the VAST trigger endpoint must be an http:// or https:// URL, not {self.endpoint!r}")
         for name in ("tenant", "dataspace", "source_namespace", "destination_namespace", "target_site"):
             if not isinstance(getattr(self, name), str):
@@ -70,8 +84,14 @@ class VastSettings:
         """The settings a ``[placement]`` section names (None without ``vast_trigger_endpoint``)."""
         if not section.vast_trigger_endpoint:
             return None
-        return cls(section.vast_trigger_endpoint, section.vast_tenant, section.vast_dataspace,
-                   section.vast_source_namespace, section.vast_destination_namespace, section.vast_target_site)
+        return cls(
+            section.vast_trigger_endpoint,
+            section.vast_tenant,
+            section.vast_dataspace,
+            section.vast_source_namespace,
+            section.vast_destination_namespace,
+            section.vast_target_site,
+        )
 
     def to_mapping(self) -> dict[str, Any]:
         """The JSON form an operation record keeps (so a retry sends where the first try did)."""
@@ -87,8 +107,13 @@ class VastSettings:
 
     def target(self) -> dict[str, str]:
         """The target hints of the payload."""
-        return {"tenant": self.tenant, "dataspace": self.dataspace, "source_namespace": self.source_namespace,
-                "destination_namespace": self.destination_namespace, "target_site": self.target_site}
+        return {
+            "tenant": self.tenant,
+            "dataspace": self.dataspace,
+            "source_namespace": self.source_namespace,
+            "destination_namespace": self.destination_namespace,
+            "target_site": self.target_site,
+        }
 
     def backoff(self) -> Backoff:
         return Backoff(initial_s=self.backoff_initial_s, factor=2.0, max_s=self.backoff_max_s, jitter=0.25)

@@ -19,14 +19,29 @@ from typing import Any
 
 from hydra_node.codec.errors import DecodeError, FrameError
 from hydra_node.codec.framing import MessageDecoder, encode_message
-from hydra_node.inference import (MAX_EVENT_MILLIS, MAX_FINISH_REASON_CHARS, MAX_TOKEN_COUNT, Finished,
-                                  MalformedRemoteEvent, TextDelta, TokenLogprob, remote_error_from_wire)
+from hydra_node.inference import (
+    MAX_EVENT_MILLIS,
+    MAX_FINISH_REASON_CHARS,
+    MAX_TOKEN_COUNT,
+    Finished,
+    MalformedRemoteEvent,
+    TextDelta,
+    TokenLogprob,
+    remote_error_from_wire,
+)
 from hydra_node.inference.events import MAX_DELTA_LOGPROBS
 from hydra_node.runtime.child.engine.slots import MAX_SLOTS
 from hydra_node.runtime.child.stats import EngineStatistics
 
-__all__ = ["MAX_CHANNEL_FRAME_BYTES", "ChannelError", "FrameDecoder", "RunnerProtocolError",
-           "encode_frame", "engine_stats_from_wire", "runner_event_from_wire"]
+__all__ = [
+    "MAX_CHANNEL_FRAME_BYTES",
+    "ChannelError",
+    "FrameDecoder",
+    "RunnerProtocolError",
+    "encode_frame",
+    "engine_stats_from_wire",
+    "runner_event_from_wire",
+]
 
 #: Largest runner-channel frame: one request or one text delta; prompts are capped at the API's 8 MiB body.
 MAX_CHANNEL_FRAME_BYTES = 16 * 1024 * 1024
@@ -104,8 +119,16 @@ def runner_event_from_wire(msg: dict, *, queue_wait_ms: float, served_by: str) -
         reason = msg.get("finish_reason")
         if not isinstance(reason, str) or not reason or len(reason) > MAX_FINISH_REASON_CHARS:
             raise RunnerProtocolError(f"runner done: bad finish_reason {reason!r:.40}")
-        return Finished(reason, _count(msg, "prompt_tokens"), _count(msg, "completion_tokens"), queue_wait_ms,
-                        _millis(msg, "ttft_ms"), _millis(msg, "itl_ms"), served_by, _count(msg, "cached_tokens", 0))
+        return Finished(
+            reason,
+            _count(msg, "prompt_tokens"),
+            _count(msg, "completion_tokens"),
+            queue_wait_ms,
+            _millis(msg, "ttft_ms"),
+            _millis(msg, "itl_ms"),
+            served_by,
+            _count(msg, "cached_tokens", 0),
+        )
     if op == "error":
         raise remote_error_from_wire(msg, relay_status=True)
     raise RunnerProtocolError(f"runner sent {op!r:.40} where a delta, done or error was expected")
@@ -147,10 +170,17 @@ def engine_stats_from_wire(msg: dict) -> EngineStatistics:
     if not 1 <= n_slots <= MAX_SLOTS:
         raise RunnerProtocolError(f"runner stats: 'n_slots' must be 1..{MAX_SLOTS}, not {n_slots}")
     values: dict[str, Any] = {
-        k: _rate(msg, k, n_slots if k == "batch_mean" else MAX_TOKENS_PER_S) if k in _STATS_RATES
-        else _total(msg, k) if k in _STATS_TOTALS else _count(msg, k) for k in _STATS_FIELDS}
+        k: _rate(msg, k, n_slots if k == "batch_mean" else MAX_TOKENS_PER_S)
+        if k in _STATS_RATES
+        else _total(msg, k)
+        if k in _STATS_TOTALS
+        else _count(msg, k)
+        for k in _STATS_FIELDS
+    }
     st = EngineStatistics(**values)
     if st.active + st.free_slots != n_slots or st.batch_last > n_slots or st.kv_used > st.kv_budget:
-        raise RunnerProtocolError(f"runner stats contradict themselves: {n_slots} slots, {st.active} active, "
-                                  f"{st.free_slots} free, batch {st.batch_last}, kv {st.kv_used}/{st.kv_budget}")
+        raise RunnerProtocolError(
+            f"runner stats contradict themselves: {n_slots} slots, {st.active} active, "
+            f"{st.free_slots} free, batch {st.batch_last}, kv {st.kv_used}/{st.kv_budget}"
+        )
     return st

@@ -36,6 +36,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from hydra_node.inference.errors import InvalidRequest
 from hydra_node.inference.request import ChatMessage, ToolSpec
 from hydra_node.runtime.child import tool_format
+
 __all__ = ["InvalidPrompt", "RenderedPrompt", "ChatTemplate", "render_chat", "completion_token_ids"]
 
 _PROBE_TOOL = "hydra_probe_tool"
@@ -46,6 +47,7 @@ _PROBE_SYSTEM = "hydra_probe_system_text"
 class InvalidPrompt(InvalidRequest):
     """The request cannot become a prompt (a token id outside the vocabulary, a history the
     template refuses, a tool whose parameters are not a JSON object): 400 ``invalid_prompt``."""
+
     code = "invalid_prompt"
     status = 400
 
@@ -59,6 +61,7 @@ class RenderedPrompt:
 
 class _IgnoreGenerationTags(jinja2.ext.Extension):
     """Pass-through for HuggingFace's ``{% generation %}`` tag (as llama-cpp-python does)."""
+
     tags = {"generation"}
 
     def parse(self, parser):
@@ -66,8 +69,13 @@ class _IgnoreGenerationTags(jinja2.ext.Extension):
         return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     """Transformers' ``tojson`` (non-ASCII kept, keys in order)."""
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -94,8 +102,12 @@ class ChatTemplate:
         self.native_format = False  # its tools prompt asks for <tool_call> blocks itself
         if self.source is None:
             return
-        env = ImmutableSandboxedEnvironment(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[_IgnoreGenerationTags, jinja2.ext.loopcontrols])
+        env = ImmutableSandboxedEnvironment(
+            loader=jinja2.BaseLoader(),
+            trim_blocks=True,
+            lstrip_blocks=True,
+            extensions=[_IgnoreGenerationTags, jinja2.ext.loopcontrols],
+        )
         env.filters["tojson"] = _tojson
         self._template = env.from_string(self.source)
         self._probe(env)
@@ -107,16 +119,24 @@ class ChatTemplate:
         self.supports_system = out is not None and _PROBE_SYSTEM in out
         uses_tools = "tools" in meta.find_undeclared_variables(env.parse(self.source))
         if uses_tools:
-            out = self._try_render([user], tools=[tool_format.openai_tool(
-                ToolSpec(_PROBE_TOOL, "probe", '{"type": "object", "properties": {}}'))])
+            out = self._try_render(
+                [user],
+                tools=[tool_format.openai_tool(ToolSpec(_PROBE_TOOL, "probe", '{"type": "object", "properties": {}}'))],
+            )
             self.supports_tools = out is not None and _PROBE_TOOL in out
             self.native_format = out is not None and self.supports_tools and "<tool_call>" in out
         if self.supports_tools:
+
             def with_arguments(arguments: Any) -> str | None:
-                call = {"id": "call_0", "type": "function",
-                        "function": {"name": _PROBE_TOOL, "arguments": arguments}}
-                return self._try_render([user, {"role": "assistant", "content": "", "tool_calls": [call]},
-                                         {"role": "tool", "tool_call_id": "call_0", "content": "1"}])
+                call = {"id": "call_0", "type": "function", "function": {"name": _PROBE_TOOL, "arguments": arguments}}
+                return self._try_render(
+                    [
+                        user,
+                        {"role": "assistant", "content": "", "tool_calls": [call]},
+                        {"role": "tool", "tool_call_id": "call_0", "content": "1"},
+                    ]
+                )
+
             needle = f'"{_PROBE_KEY}":'
             as_text = with_arguments(json.dumps({_PROBE_KEY: 1}))
             as_dict = with_arguments({_PROBE_KEY: 1})
@@ -133,9 +153,17 @@ class ChatTemplate:
     def _render(self, messages: list[dict], tools: list[dict] | None, tool_choice: Any) -> str:
         assert self._template is not None  # only a source with a template renders
         return self._template.render(
-            messages=messages, eos_token=self.eos_token, bos_token=self.bos_token,
-            raise_exception=_raise_exception, add_generation_prompt=True, functions=None, function_call=None,
-            tools=tools, tool_choice=tool_choice, strftime_now=_strftime_now)
+            messages=messages,
+            eos_token=self.eos_token,
+            bos_token=self.bos_token,
+            raise_exception=_raise_exception,
+            add_generation_prompt=True,
+            functions=None,
+            function_call=None,
+            tools=tools,
+            tool_choice=tool_choice,
+            strftime_now=_strftime_now,
+        )
 
     # ---- rendering ----------------------------------------------------------------------
     def render(self, req: dict) -> RenderedPrompt:
@@ -155,8 +183,11 @@ class ChatTemplate:
             raise InvalidPrompt("a chat needs at least one message", "messages")
         choice = req.get("tool_choice", "auto")
         offered = tools if choice != "none" else []
-        note = tool_format.choice_note(choice, str(req.get("tool_name", "")),
-                                       bool(req.get("parallel_tool_calls", True))) if offered else ""
+        note = (
+            tool_format.choice_note(choice, str(req.get("tool_name", "")), bool(req.get("parallel_tool_calls", True)))
+            if offered
+            else ""
+        )
         if self._template is None:
             shaped = tool_format.generic_messages(messages, offered, note)
             return RenderedPrompt(_chatml(shaped), added_special=False)
@@ -189,8 +220,9 @@ def completion_token_ids(ids: Iterable[Any], n_vocab: int) -> list[int]:
     out = list(ids)
     for i, t in enumerate(out):
         if type(t) is not int or not 0 <= t < n_vocab:
-            raise InvalidPrompt(f"prompt token {i} is {t!r:.20}, outside this model's vocabulary "
-                                f"(0 to {n_vocab - 1})", "prompt")
+            raise InvalidPrompt(
+                f"prompt token {i} is {t!r:.20}, outside this model's vocabulary (0 to {n_vocab - 1})", "prompt"
+            )
     if not out:
         raise InvalidPrompt("the prompt has no tokens", "prompt")
     return out

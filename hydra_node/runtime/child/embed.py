@@ -60,8 +60,9 @@ class EmbeddingContext:
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model)))
         arch = llm.metadata.get("general.architecture", "")
         declared = llm.metadata.get(f"{arch}.pooling_type", "")
-        self.pooling = int(declared) if declared.isdigit() and int(declared) in _POOLED else \
-            llama_cpp.LLAMA_POOLING_TYPE_MEAN
+        self.pooling = (
+            int(declared) if declared.isdigit() and int(declared) in _POOLED else llama_cpp.LLAMA_POOLING_TYPE_MEAN
+        )
         p = llama_cpp.llama_context_default_params()
         p.n_ctx = p.n_batch = p.n_ubatch = self.n_ctx
         p.n_seq_max = EMBED_SEQ_MAX
@@ -117,8 +118,12 @@ class Embedder:
     ``make_context()`` builds the :class:`EmbeddingContext` (on the first request); ``send`` is the
     channel's (an ``OSError`` from it propagates: the channel is gone)."""
 
-    def __init__(self, tokenize: Callable[[str], list[int]], make_context: Callable[[], EmbeddingContext],
-                 send: Callable[[dict], None]) -> None:
+    def __init__(
+        self,
+        tokenize: Callable[[str], list[int]],
+        make_context: Callable[[], EmbeddingContext],
+        send: Callable[[dict], None],
+    ) -> None:
         self._tokenize = tokenize
         self._make_context = make_context
         self._send = send
@@ -127,8 +132,11 @@ class Embedder:
 
     @classmethod
     def for_llama(cls, llm, send: Callable[[dict], None]) -> Embedder:
-        return cls(lambda text: llm.tokenize(text.encode("utf-8"), add_bos=True, special=False),
-                   lambda: EmbeddingContext(llm), send)
+        return cls(
+            lambda text: llm.tokenize(text.encode("utf-8"), add_bos=True, special=False),
+            lambda: EmbeddingContext(llm),
+            send,
+        )
 
     @property
     def busy(self) -> bool:
@@ -156,17 +164,26 @@ class Embedder:
         except InvalidRequest as exc:
             return self._error(rid, 400, "invalid_request", exc.message)
         except Exception as exc:  # llama.cpp could not make the context (memory): this request fails
-            return self._error(rid, 503, "embeddings_unavailable",
-                               f"cannot create the embedding context: {type(exc).__name__}: {exc}")
+            return self._error(
+                rid, 503, "embeddings_unavailable", f"cannot create the embedding context: {type(exc).__name__}: {exc}"
+            )
         seqs = []
         for i, x in enumerate(req.inputs):
             toks = self._tokenize(x) if isinstance(x, str) else list(x)
             if isinstance(x, tuple) and max(x) >= self._ctx.n_vocab:
-                return self._error(rid, 400, "invalid_request", f"input[{i}]: token id {max(x)} is not in the "
-                                   f"model's vocabulary of {self._ctx.n_vocab} tokens")
+                return self._error(
+                    rid,
+                    400,
+                    "invalid_request",
+                    f"input[{i}]: token id {max(x)} is not in the model's vocabulary of {self._ctx.n_vocab} tokens",
+                )
             if len(toks) > self._ctx.n_ctx:
-                return self._error(rid, 400, "context_length_exceeded", f"input[{i}] is {len(toks)} tokens; "
-                                   f"this model embeds at most {self._ctx.n_ctx} tokens per input")
+                return self._error(
+                    rid,
+                    400,
+                    "context_length_exceeded",
+                    f"input[{i}] is {len(toks)} tokens; this model embeds at most {self._ctx.n_ctx} tokens per input",
+                )
             if not toks:
                 return self._error(rid, 400, "invalid_request", f"input[{i}] has no tokens")
             seqs.append(toks)
@@ -179,8 +196,11 @@ class Embedder:
         job = self._jobs[0]
         batch = [job.seqs[job.done]]
         size = len(batch[0])
-        while (len(batch) < EMBED_SEQ_MAX and job.done + len(batch) < len(job.seqs)
-               and size + len(job.seqs[job.done + len(batch)]) <= STEP_TOKENS):
+        while (
+            len(batch) < EMBED_SEQ_MAX
+            and job.done + len(batch) < len(job.seqs)
+            and size + len(job.seqs[job.done + len(batch)]) <= STEP_TOKENS
+        ):
             size += len(job.seqs[job.done + len(batch)])
             batch.append(job.seqs[job.done + len(batch)])
         assert self._ctx is not None  # made when the first job was taken

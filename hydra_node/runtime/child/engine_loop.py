@@ -29,9 +29,17 @@ def work_queue_bound(parallel: int) -> int:
     return 2 * parallel + WORK_QUEUE_SLACK
 
 
-def run_engine_loop(engine, work: "queue.Queue", prompt_tokens: Callable[[dict], list[int]],
-                    send: Callable[[dict], None], *, cadence=None,
-                    now: Callable[[], float] = time.monotonic, embed=None, kv=None) -> int:
+def run_engine_loop(
+    engine,
+    work: "queue.Queue",
+    prompt_tokens: Callable[[dict], list[int]],
+    send: Callable[[dict], None],
+    *,
+    cadence=None,
+    now: Callable[[], float] = time.monotonic,
+    embed=None,
+    kv=None,
+) -> int:
     """Run until the channel closes (returns 0); an ``OSError`` from ``send`` propagates.
     ``cadence``: when to send a stats frame (None: never); ``now`` is its clock; ``embed``: the
     runner's :class:`~hydra_node.runtime.child.embed.Embedder` (None: no embeddings); ``kv``: its
@@ -82,7 +90,14 @@ def _submit(engine, msg: dict, prompt_tokens: Callable[[dict], list[int]], send:
         send({"op": "error", "id": rid, "code": exc.code, "status": exc.status, "message": str(exc)})
         return
     except Exception as exc:
-        send({"op": "error", "id": rid, "code": "runner_error", "status": 500,
-              "message": f"cannot tokenise the prompt: {type(exc).__name__}: {exc}"})
+        send(
+            {
+                "op": "error",
+                "id": rid,
+                "code": "runner_error",
+                "status": 500,
+                "message": f"cannot tokenise the prompt: {type(exc).__name__}: {exc}",
+            }
+        )
         return
     engine.submit(rid, msg["req"], tokens, clock)

@@ -63,8 +63,13 @@ class KvJobs:
     for an empty prefix (``runner/kv_probe.py``); ``send``: the channel's (an ``OSError`` from it
     propagates: the channel is gone)."""
 
-    def __init__(self, engine, prompt_tokens: Callable[[dict], list[int]], send: Callable[[dict], None],
-                 identity: Callable[[str], KvIdentity]) -> None:
+    def __init__(
+        self,
+        engine,
+        prompt_tokens: Callable[[dict], list[int]],
+        send: Callable[[dict], None],
+        identity: Callable[[str], KvIdentity],
+    ) -> None:
         self.engine = engine
         self._prompt_tokens = prompt_tokens
         self._send = send
@@ -142,8 +147,12 @@ class KvJobs:
         except Exception as exc:
             return self._error(rid, 500, "runner_error", f"cannot tokenise the prompt: {type(exc).__name__}: {exc}")
         if not 0 < len(tokens) < self.engine.n_ctx:
-            return self._error(rid, 400, "context_length_exceeded",
-                               f"the prefix is {len(tokens)} tokens; this runner's context is {self.engine.n_ctx}")
+            return self._error(
+                rid,
+                400,
+                "context_length_exceeded",
+                f"the prefix is {len(tokens)} tokens; this runner's context is {self.engine.n_ctx}",
+            )
         if self.engine.sched.holding(tokens) >= 0:
             return self._save(rid, tokens, path, sha)
         self._exports[rid] = (tokens, path, sha)  # prefill it: a one-token greedy generation
@@ -152,8 +161,13 @@ class KvJobs:
     def _save(self, rid: int, tokens: tuple[int, ...], path: str, sha: str) -> None:
         slot = self.engine.sched.holding(tokens)
         if slot < 0:
-            return self._error(rid, 503, "kv_prefix_lost", "the prefix's cells were dropped before they could be "
-                               "saved (the context is full, or the runner keeps no cached prefixes)")
+            return self._error(
+                rid,
+                503,
+                "kv_prefix_lost",
+                "the prefix's cells were dropped before they could be "
+                "saved (the context is full, or the runner keeps no cached prefixes)",
+            )
         try:
             buf, size = save_cells(self.engine, slot, len(tokens))
             identity = self.own(sha).with_prefix(tokens)
@@ -165,8 +179,15 @@ class KvJobs:
             return self._error(rid, 500, "kv_write_failed", f"cannot write {path}: {exc}")
         except Exception as exc:  # our bug or llama.cpp's: this export fails, the runner goes on
             return self._error(rid, 500, "runner_error", f"cannot export: {type(exc).__name__}: {exc}")
-        self._send({"op": "kv_exported", "id": rid, "tokens": len(tokens), "bytes": header.file_bytes,
-                    "identity": identity.to_mapping()})
+        self._send(
+            {
+                "op": "kv_exported",
+                "id": rid,
+                "tokens": len(tokens),
+                "bytes": header.file_bytes,
+                "identity": identity.to_mapping(),
+            }
+        )
 
     # ---- import ------------------------------------------------------------------------
     def _import_request(self, rid: int, msg: dict) -> None:
@@ -178,9 +199,17 @@ class KvJobs:
                 h = reader.header
                 fields = self.own(sha).with_prefix(h.tokens).mismatches(h.identity)
                 if fields:
-                    return self._send({"op": "error", "id": rid, "code": "identity_mismatch", "status": 422,
-                                       "fields": fields, "message": "the KV state was computed by an "
-                                       "incompatible context; it differs in: " + ", ".join(fields)})
+                    return self._send(
+                        {
+                            "op": "error",
+                            "id": rid,
+                            "code": "identity_mismatch",
+                            "status": 422,
+                            "fields": fields,
+                            "message": "the KV state was computed by an "
+                            "incompatible context; it differs in: " + ", ".join(fields),
+                        }
+                    )
                 buf = (ctypes.c_uint8 * h.state_bytes)()
                 reader.read_state_into(buf)
         except FileNotFoundError:
@@ -214,8 +243,9 @@ class KvJobs:
             self.engine.sched.forget(slot)
             self._error(job.rid, 500, "runner_error", f"cannot load the state: {type(exc).__name__}: {exc}")
             return True
-        self._send({"op": "kv_imported", "id": job.rid, "tokens": len(job.tokens), "bytes": job.file_bytes,
-                    "slot": slot})
+        self._send(
+            {"op": "kv_imported", "id": job.rid, "tokens": len(job.tokens), "bytes": job.file_bytes, "slot": slot}
+        )
         return True
 
     def _error(self, rid: int, status: int, code: str, message: str) -> None:

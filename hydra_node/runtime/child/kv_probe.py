@@ -62,10 +62,21 @@ def runner_identity(llm, *, n_ctx_seq: int, type_k: str, type_v: str, model_sha2
     scale = float(cp.rope_freq_scale) or float(llama_cpp.llama_model_rope_freq_scale_train(model))
     vocab = llama_cpp.llama_model_get_vocab(model)
     return KvIdentity(
-        model_sha256=model_sha256, build=build_identity(llama_cpp), architecture=arch,
-        tokenizer_sha256=tokenizer_sha256(llama_cpp, vocab), n_ctx_seq=int(n_ctx_seq),
-        rope_type=int(llama_cpp.llama_model_rope_type(model)), rope_freq_base=base, rope_freq_scale=scale,
-        type_k=type_k, type_v=type_v, flash_attention=int(cp.flash_attn_type) == 1,
-        n_embd=int(llama_cpp.llama_model_n_embd(model)), n_layer=int(llama_cpp.llama_model_n_layer(model)),
-        n_head=int(llama_cpp.llama_model_n_head(model)), n_head_kv=int(llama_cpp.llama_model_n_head_kv(model)),
-        n_tokens=0, prefix_sha256=hashlib.sha256(b"").hexdigest())
+        model_sha256=model_sha256,
+        build=build_identity(llama_cpp),
+        architecture=arch,
+        tokenizer_sha256=tokenizer_sha256(llama_cpp, vocab),
+        n_ctx_seq=int(n_ctx_seq),
+        rope_type=int(llama_cpp.llama_model_rope_type(model)),
+        rope_freq_base=base,
+        rope_freq_scale=scale,
+        type_k=type_k,
+        type_v=type_v,
+        flash_attention=int(cp.flash_attn_type) == 1,
+        n_embd=int(llama_cpp.llama_model_n_embd(model)),
+        n_layer=int(llama_cpp.llama_model_n_layer(model)),
+        n_head=int(llama_cpp.llama_model_n_head(model)),
+        n_head_kv=int(llama_cpp.llama_model_n_head_kv(model)),
+        n_tokens=0,
+        prefix_sha256=hashlib.sha256(b"").hexdigest(),
+    )

@@ -88,17 +88,29 @@ class Runner:
 
     def load(self):
         if not llama_cpp.llama_supports_rpc():
-            raise RuntimeError("llama-cpp-python was built without RPC support; run `make install` "
-                               "(it builds llama-cpp-python with -DGGML_RPC=on)")
+            raise RuntimeError(
+                "llama-cpp-python was built without RPC support; run `make install` "
+                "(it builds llama-cpp-python with -DGGML_RPC=on)"
+            )
         from hydra_node.runtime.rpc.ggml import load as load_ggml
         from hydra_node.runtime.child.rpc_coordinator import output_projection_on_host
         from hydra_node.runtime.runner import llama_params
+
         gpu_devices = llama_params.count_gpu_devices(load_ggml())  # before any RPC device joins the registry
         a = self.args  # the speed knobs ([defaults.model_fit], [defaults.hardware], [defaults.throughput])
         kwargs = llama_params.llama_kwargs(
-            llama_cpp, n_ubatch=a.n_ubatch, flash_attention=a.flash_attn, type_k=a.type_k, type_v=a.type_v,
-            mmap=a.mmap, mlock=a.mlock, threads=a.threads, threads_batch=a.threads_batch,
-            n_gpu_layers=a.n_gpu_layers, gpu_devices=gpu_devices)
+            llama_cpp,
+            n_ubatch=a.n_ubatch,
+            flash_attention=a.flash_attn,
+            type_k=a.type_k,
+            type_v=a.type_v,
+            mmap=a.mmap,
+            mlock=a.mlock,
+            threads=a.threads,
+            threads_batch=a.threads_batch,
+            n_gpu_layers=a.n_gpu_layers,
+            gpu_devices=gpu_devices,
+        )
         if self.args.rpc:
             from hydra_node.runtime.child.rpc_coordinator import register_rpc_servers
 
@@ -110,18 +122,29 @@ class Runner:
         t0 = time.monotonic()
         with output_projection_on_host(self.args.output_on_host):
             self.llm = llama_cpp.Llama(
-                model_path=self.args.model, n_ctx=self.args.n_ctx, n_batch=self.args.n_batch,
-                verbose=self.args.verbose, **kwargs)
+                model_path=self.args.model,
+                n_ctx=self.args.n_ctx,
+                n_batch=self.args.n_batch,
+                verbose=self.args.verbose,
+                **kwargs,
+            )
         ctx = self.llm._ctx.ctx
         fa = "on" if kwargs["flash_attn"] else "off"
         self.llama_report = {  # what llama.cpp runs with, read back where it can be (the ready message)
-            "n_batch": int(llama_cpp.llama_n_batch(ctx)), "n_ubatch": int(llama_cpp.llama_n_ubatch(ctx)),
-            "flash_attn": fa if a.flash_attn != "auto" else f"auto: {fa}", "type_k": a.type_k, "type_v": a.type_v,
+            "n_batch": int(llama_cpp.llama_n_batch(ctx)),
+            "n_ubatch": int(llama_cpp.llama_n_ubatch(ctx)),
+            "flash_attn": fa if a.flash_attn != "auto" else f"auto: {fa}",
+            "type_k": a.type_k,
+            "type_v": a.type_v,
             "use_mmap": bool(kwargs["use_mmap"] and llama_cpp.llama_supports_mmap()),
-            "use_mlock": a.mlock, "threads": int(llama_cpp.llama_n_threads(ctx)),
+            "use_mlock": a.mlock,
+            "threads": int(llama_cpp.llama_n_threads(ctx)),
             "threads_batch": int(llama_cpp.llama_n_threads_batch(ctx)),
-            "gpu_layers": {**llama_params.gpu_report(a.n_gpu_layers, gpu_devices, len(a.rpc)),
-                           "n_gpu_layers": int(kwargs["n_gpu_layers"])}}
+            "gpu_layers": {
+                **llama_params.gpu_report(a.n_gpu_layers, gpu_devices, len(a.rpc)),
+                "n_gpu_layers": int(kwargs["n_gpu_layers"]),
+            },
+        }
         self.load_s = time.monotonic() - t0
         self.n_ctx = self.llm.n_ctx()
         self.formatter = _chat_formatter(self.llm)
@@ -135,13 +158,17 @@ class Runner:
         from hydra_node.runtime.child.engine.batch import BatchEngine
 
         # always the batch engine (a draft speculates inside it: engine/speculation.py)
-        self.engine = BatchEngine(self.llm, n_slots=self.args.parallel if self.args.continuous_batching else 1,
-                                  prompt_cache=self.args.prompt_cache, send=lambda m: None,
-                                  share_prefixes=self.args.prefix_sharing,
-                                  min_shared_tokens=self.args.prefix_min_tokens,
-                                  max_cached=self.args.prefix_max_entries,
-                                  token_delay_s=self.args.inject_token_delay_ms / 1000.0,
-                                  speculation=self.speculation)
+        self.engine = BatchEngine(
+            self.llm,
+            n_slots=self.args.parallel if self.args.continuous_batching else 1,
+            prompt_cache=self.args.prompt_cache,
+            send=lambda m: None,
+            share_prefixes=self.args.prefix_sharing,
+            min_shared_tokens=self.args.prefix_min_tokens,
+            max_cached=self.args.prefix_max_entries,
+            token_delay_s=self.args.inject_token_delay_ms / 1000.0,
+            speculation=self.speculation,
+        )
         if self.args.warmup:
             self.engine.warmup(self.llm.tokenize(WARMUP_TEXT))
         self.n_ctx = self.engine.ctx_per_slot  # what one request may use
@@ -149,20 +176,31 @@ class Runner:
 
     def engine_report(self) -> dict:
         """How this runner generates (the ready message; shown in /api/status)."""
-        report = {"mode": "continuous_batching", "parallel": self.engine.n_slots,
-                  "ctx_per_slot": self.engine.ctx_per_slot, "n_ctx_total": self.engine.n_ctx}
+        report = {
+            "mode": "continuous_batching",
+            "parallel": self.engine.n_slots,
+            "ctx_per_slot": self.engine.ctx_per_slot,
+            "n_ctx_total": self.engine.n_ctx,
+        }
         if not self.args.continuous_batching:
             report.update(mode="sequential", reason="continuous_batching = false (the batch engine, one slot)")
         if self.speculation is not None or self.speculation_disabled:
-            report["speculation"] = self.speculation.kind if self.speculation else f"disabled: {self.speculation_disabled}"
+            report["speculation"] = (
+                self.speculation.kind if self.speculation else f"disabled: {self.speculation_disabled}"
+            )
         return report
 
     def kv_identity(self, model_sha256: str):
         """This runner's KV compatibility identity, empty prefix (runner/kv_probe.py)."""
         from hydra_node.runtime.child.kv_probe import runner_identity
 
-        return runner_identity(self.llm, n_ctx_seq=self.engine.ctx_per_slot, type_k=self.args.type_k,
-                               type_v=self.args.type_v, model_sha256=model_sha256)
+        return runner_identity(
+            self.llm,
+            n_ctx_seq=self.engine.ctx_per_slot,
+            type_k=self.args.type_k,
+            type_v=self.args.type_v,
+            model_sha256=model_sha256,
+        )
 
     def prompt_tokens(self, req: dict) -> list[int]:
         """The request's prompt as tokens (chat_prompt.py); :class:`InvalidPrompt` (400) when it cannot be one."""
@@ -172,6 +210,7 @@ class Runner:
         if req.get("prompt_tokens"):  # token ids are used as they are: no BOS
             return completion_token_ids(req["prompt_tokens"], self.llm.n_vocab())
         return self.llm.tokenize(req.get("prompt", "").encode("utf-8"), add_bos=True, special=False)
+
 
 def _reader(ch: Channel, runner: Runner, work: "queue.Queue") -> None:
     try:
@@ -214,28 +253,60 @@ def main(argv=None) -> int:
     p.add_argument("--mmap", default="auto", choices=("auto", "on", "off"))
     p.add_argument("--rpc", action="append", default=[])
     p.add_argument("--tensor-split", default="")
-    p.add_argument("--n-gpu-layers", type=int, default=None,
-                   help="layers offloaded to RPC/GPU devices (a split plan's n_gpu_layers)")
-    p.add_argument("--output-on-host", action="store_true",
-                   help="keep the output projection in host memory (a split plan's output_on_host)")
-    p.add_argument("--no-prefix-sharing", dest="prefix_sharing", action="store_false",
-                   help="never copy a prefix held by another slot ([defaults.model_fit.prefix_cache] enabled = false)")
-    p.add_argument("--prefix-min-tokens", type=int, default=64,
-                   help="shortest prefix copied from another slot ([defaults.model_fit.prefix_cache] min_tokens)")
-    p.add_argument("--prefix-max-entries", type=int, default=64,
-                   help="free slots that keep their cached prefix ([defaults.model_fit.prefix_cache] max_entries)")
-    p.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
-                   help="re-evaluate every prompt from scratch instead of reusing the cached prefix")
+    p.add_argument(
+        "--n-gpu-layers",
+        type=int,
+        default=None,
+        help="layers offloaded to RPC/GPU devices (a split plan's n_gpu_layers)",
+    )
+    p.add_argument(
+        "--output-on-host",
+        action="store_true",
+        help="keep the output projection in host memory (a split plan's output_on_host)",
+    )
+    p.add_argument(
+        "--no-prefix-sharing",
+        dest="prefix_sharing",
+        action="store_false",
+        help="never copy a prefix held by another slot ([defaults.model_fit.prefix_cache] enabled = false)",
+    )
+    p.add_argument(
+        "--prefix-min-tokens",
+        type=int,
+        default=64,
+        help="shortest prefix copied from another slot ([defaults.model_fit.prefix_cache] min_tokens)",
+    )
+    p.add_argument(
+        "--prefix-max-entries",
+        type=int,
+        default=64,
+        help="free slots that keep their cached prefix ([defaults.model_fit.prefix_cache] max_entries)",
+    )
+    p.add_argument(
+        "--no-prompt-cache",
+        dest="prompt_cache",
+        action="store_false",
+        help="re-evaluate every prompt from scratch instead of reusing the cached prefix",
+    )
     p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up decode")
-    p.add_argument("--inject-token-delay-ms", type=float, default=0.0,
-                   help="sleep this long after every generated token (test/bench knob; [runner] config)")
+    p.add_argument(
+        "--inject-token-delay-ms",
+        type=float,
+        default=0.0,
+        help="sleep this long after every generated token (test/bench knob; [runner] config)",
+    )
     p.add_argument("--verbose", action="store_true")
     from hydra_node.runtime.child.speculative.assemble import add_runner_args
 
-    p.add_argument("--parallel", type=int, default=1, help="sequences decoded together ([defaults.throughput].parallel)")
-    p.add_argument("--no-continuous-batching", dest="continuous_batching", action="store_false",
-                   help="the batch engine with one slot, whatever --parallel says "
-                        "([defaults.throughput].continuous_batching)")
+    p.add_argument(
+        "--parallel", type=int, default=1, help="sequences decoded together ([defaults.throughput].parallel)"
+    )
+    p.add_argument(
+        "--no-continuous-batching",
+        dest="continuous_batching",
+        action="store_false",
+        help="the batch engine with one slot, whatever --parallel says ([defaults.throughput].continuous_batching)",
+    )
     add_runner_args(p)  # --draft-endpoint / --draft-model (docs/speculative.md)
     args = p.parse_args(argv)
     die_with_parent()
@@ -251,9 +322,19 @@ def main(argv=None) -> int:
         except OSError:
             pass
         return 2
-    ch.send({"op": "ready", "pid": os.getpid(), "n_ctx": runner.n_ctx, "load_s": runner.load_s,
-             "n_params": runner.llm._model.n_params(), "size_bytes": runner.llm._model.size(),
-             "n_layers": runner.n_layers, "llama": runner.llama_report, "engine": runner.engine_report()})
+    ch.send(
+        {
+            "op": "ready",
+            "pid": os.getpid(),
+            "n_ctx": runner.n_ctx,
+            "load_s": runner.load_s,
+            "n_params": runner.llm._model.n_params(),
+            "size_bytes": runner.llm._model.size(),
+            "n_layers": runner.n_layers,
+            "llama": runner.llama_report,
+            "engine": runner.engine_report(),
+        }
+    )
     from hydra_node.runtime.child.stats import StatsCadence
     from hydra_node.runtime.child.engine_loop import run_engine_loop, work_queue_bound
     from hydra_node.runtime.child.kv_jobs import KvJobs
@@ -263,10 +344,18 @@ def main(argv=None) -> int:
     work: "queue.Queue" = queue.Queue(work_queue_bound(runner.engine.n_slots))
     threading.Thread(target=_reader, args=(ch, runner, work), daemon=True).start()
     try:
-        return run_engine_loop(runner.engine, work, runner.prompt_tokens, ch.send, cadence=StatsCadence(),
-                               embed=Embedder.for_llama(runner.llm, ch.send), kv=kv)
+        return run_engine_loop(
+            runner.engine,
+            work,
+            runner.prompt_tokens,
+            ch.send,
+            cadence=StatsCadence(),
+            embed=Embedder.for_llama(runner.llm, ch.send),
+            kv=kv,
+        )
     except OSError:
         return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -46,8 +46,8 @@ class PlacementMismatch(Exception):
 
 @dataclass(frozen=True)
 class RpcDevice:
-    name: str       # "RPC0": what llama.cpp's log and device list call it
-    endpoint: str   # "127.0.0.1:50052"
+    name: str  # "RPC0": what llama.cpp's log and device list call it
+    endpoint: str  # "127.0.0.1:50052"
 
 
 def rpc_devices() -> list[RpcDevice]:
@@ -178,8 +178,8 @@ def output_projection_on_host(enabled: bool = True):
     import llama_cpp.llama_cpp as lc
 
     overrides = (_TensorBuftOverride * 2)(
-        _TensorBuftOverride(OUTPUT_TENSOR_PATTERN, _ggml.load().cpu_buffer_type()),
-        _TensorBuftOverride(None, None))  # NULL-terminated
+        _TensorBuftOverride(OUTPUT_TENSOR_PATTERN, _ggml.load().cpu_buffer_type()), _TensorBuftOverride(None, None)
+    )  # NULL-terminated
     default_params = lc.llama_model_default_params
 
     def with_overrides():
@@ -239,11 +239,11 @@ def verify_placement(plan: SplitPlan, lines, registered: list[RpcDevice] | None 
         for block in range(dev.first_block, dev.stop_block):
             expected[block] = name
     got = layer_devices(lines)
-    wrong = {b: (expected[b], got.get(b)) for b in expected
-             if expected[b] is not None and got.get(b) != expected[b]}
+    wrong = {b: (expected[b], got.get(b)) for b in expected if expected[b] is not None and got.get(b) != expected[b]}
     if wrong:
         raise PlacementMismatch(f"layers not where planned (block: planned, actual): {dict(list(wrong.items())[:8])}")
     if plan.output_on_host and not overridden_to_cpu(lines) & {"output.weight", "token_embd.weight"}:
-        raise PlacementMismatch("the output projection was planned on the host CPU but llama.cpp "
-                                "did not apply the tensor override")
+        raise PlacementMismatch(
+            "the output projection was planned on the host CPU but llama.cpp did not apply the tensor override"
+        )
     return got

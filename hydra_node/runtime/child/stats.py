@@ -20,8 +20,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import asdict, dataclass
 
-__all__ = ["STATS_EVERY_S", "STATS_EVERY_STEPS", "STATS_WINDOW_STEPS", "EngineStatistics", "StatsCadence",
-           "StepCounters"]
+__all__ = [
+    "STATS_EVERY_S",
+    "STATS_EVERY_STEPS",
+    "STATS_WINDOW_STEPS",
+    "EngineStatistics",
+    "StatsCadence",
+    "StepCounters",
+]
 
 #: Steps the rates and the mean batch size are computed over: a few seconds of decoding, enough to
 #: smooth one slow step out, short enough to follow a change of load.
@@ -38,18 +44,18 @@ class EngineStatistics:
 
     n_slots: int
     ctx_per_slot: int
-    steps: int            # engine steps (one llama_decode each) since the runner started
-    batch_last: int       # sequences in the latest step
-    batch_mean: float     # mean sequences per step over the last STATS_WINDOW_STEPS steps
-    active: int           # sequences holding a slot
-    waiting: int          # sequences queued in the child for a free slot
+    steps: int  # engine steps (one llama_decode each) since the runner started
+    batch_last: int  # sequences in the latest step
+    batch_mean: float  # mean sequences per step over the last STATS_WINDOW_STEPS steps
+    active: int  # sequences holding a slot
+    waiting: int  # sequences queued in the child for a free slot
     free_slots: int
-    kv_used: int          # KV cells the active sequences occupy
-    kv_budget: int        # KV cells the slots may use together
+    kv_used: int  # KV cells the active sequences occupy
+    kv_budget: int  # KV cells the slots may use together
     prefill_tokens_per_s: float  # prompt tokens evaluated per second of busy time (window)
-    decode_tokens_per_s: float   # tokens decoded per second of busy time (window)
-    prefix_hits: int      # admissions that reused a cached prefix
-    prefix_misses: int    # admissions that reused nothing
+    decode_tokens_per_s: float  # tokens decoded per second of busy time (window)
+    prefix_hits: int  # admissions that reused a cached prefix
+    prefix_misses: int  # admissions that reused nothing
     prefix_reused_tokens: int  # prompt tokens not evaluated thanks to the prefix cache
     prefix_shared: int = 0  # hits copied from a slot still generating ([defaults.model_fit.prefix_cache])
 
@@ -91,8 +97,10 @@ class StepCounters:
     def rates(self) -> tuple[float, float]:
         """(prefill, decode) tokens per second over the window: each kind's tokens over the time of
         the steps that had any of that kind (a mixed step counts for both); 0 without such steps."""
-        return (_rate([(s.prefill, s.seconds) for s in self._window if s.prefill]),
-                _rate([(s.decode, s.seconds) for s in self._window if s.decode]))
+        return (
+            _rate([(s.prefill, s.seconds) for s in self._window if s.prefill]),
+            _rate([(s.decode, s.seconds) for s in self._window if s.decode]),
+        )
 
 
 def _rate(steps: list[tuple[int, float]]) -> float:
@@ -118,8 +126,9 @@ class StatsCadence:
             return False  # nothing new to say
         if idle:
             return True
-        return (steps - self._last_steps >= self.every_steps
-                and (self._last_at is None or now - self._last_at >= self.every_s))
+        return steps - self._last_steps >= self.every_steps and (
+            self._last_at is None or now - self._last_at >= self.every_s
+        )
 
     def sent(self, steps: int, now: float) -> None:
         self._last_steps = steps

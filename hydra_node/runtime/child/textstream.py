@@ -45,7 +45,7 @@ class TextAssembler:
                     hold = max(hold, k)
                     break
         out = self._pending[: len(self._pending) - hold]
-        self._pending = self._pending[len(self._pending) - hold:]
+        self._pending = self._pending[len(self._pending) - hold :]
         return out
 
     def flush(self) -> str:
@@ -62,6 +62,7 @@ class Trigger:
     """Where a lazy grammar starts: the text from the trigger word on is ``lead`` (the tail of
     the token the word starts inside; empty when it starts on a token boundary) followed by
     the pieces of ``tokens`` (the rest of the tokens, the one just sampled last)."""
+
     word: str
     lead: bytes
     tokens: tuple[int, ...]
@@ -93,7 +94,7 @@ class TriggerWatch:
             if at < off + len(p):
                 if at == off:
                     return Trigger(word, b"", tuple(x for x, _ in seq[k:]))
-                return Trigger(word, p[at - off:], tuple(x for x, _ in seq[k + 1:]))
+                return Trigger(word, p[at - off :], tuple(x for x, _ in seq[k + 1 :]))
             off += len(p)
         raise AssertionError("unreachable: the word lies inside the text")
 

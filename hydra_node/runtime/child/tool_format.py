@@ -23,16 +23,29 @@ from typing import Any
 from hydra_node.inference.errors import InvalidRequest
 from hydra_node.inference.request import ChatMessage, ToolCall, ToolSpec
 
-__all__ = ["ANSWER_FORMAT", "openai_tool", "openai_tool_choice", "openai_message", "choice_note",
-           "tools_instruction", "call_block", "generic_messages", "add_instruction"]
+__all__ = [
+    "ANSWER_FORMAT",
+    "openai_tool",
+    "openai_tool_choice",
+    "openai_message",
+    "choice_note",
+    "tools_instruction",
+    "call_block",
+    "generic_messages",
+    "add_instruction",
+]
 
-_INSTRUCTION_HEAD = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-                     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+_INSTRUCTION_HEAD = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
 #: The answer format, in the words of Qwen2.5's template (also what templates with another
 #: native format are told, after their own tools prompt).
-ANSWER_FORMAT = ("For each function call, return a json object with function name and arguments "
-                 "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-                 '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+ANSWER_FORMAT = (
+    "For each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
 _INSTRUCTION_TAIL = "</tools>\n\n" + ANSWER_FORMAT
 
 
@@ -47,8 +60,10 @@ def _parameters(spec: ToolSpec) -> dict:
 
 
 def openai_tool(spec: ToolSpec) -> dict:
-    return {"type": "function",
-            "function": {"name": spec.name, "description": spec.description, "parameters": _parameters(spec)}}
+    return {
+        "type": "function",
+        "function": {"name": spec.name, "description": spec.description, "parameters": _parameters(spec)},
+    }
 
 
 def openai_tool_choice(choice: str, name: str) -> Any:
@@ -69,9 +84,13 @@ def openai_message(m: ChatMessage, object_arguments: bool) -> dict:
     d: dict = {"role": m.role, "content": m.content}
     if m.tool_calls:
         d["tool_calls"] = [
-            {"id": c.id, "type": "function",
-             "function": {"name": c.name, "arguments": _arguments(c) if object_arguments else c.arguments}}
-            for c in m.tool_calls]
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": _arguments(c) if object_arguments else c.arguments},
+            }
+            for c in m.tool_calls
+        ]
     if m.tool_call_id:
         d["tool_call_id"] = m.tool_call_id
     if m.name:
@@ -104,8 +123,9 @@ def call_block(call: ToolCall) -> str:
     return f"<tool_call>\n{body}\n</tool_call>"
 
 
-def generic_messages(messages: list[ChatMessage], tools: list[ToolSpec], note: str, *,
-                     system_role: bool = True) -> list[dict]:
+def generic_messages(
+    messages: list[ChatMessage], tools: list[ToolSpec], note: str, *, system_role: bool = True
+) -> list[dict]:
     """The history as plain ``{"role", "content"}`` messages (calls and results as blocks), with
     the tools instruction added when ``tools`` are offered."""
     out: list[dict] = []
@@ -141,5 +161,5 @@ def add_instruction(messages: list[dict], text: str, system_role: bool) -> list[
                 merged["content"] = f"{m['content']}\n\n{text}" if m["content"] else text
             else:
                 merged["content"] = f"{text}\n\n{m['content']}" if m["content"] else text
-            return [*messages[:i], merged, *messages[i + 1:]]
+            return [*messages[:i], merged, *messages[i + 1 :]]
     return [{"role": role, "content": text}, *messages]

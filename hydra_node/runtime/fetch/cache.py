@@ -67,8 +67,9 @@ class PartialMeta:
     total: int | None
 
 
-def plan_eviction(records: Iterable[CachedModel], limit_bytes: int, needed_bytes: int,
-                  in_use: frozenset[str]) -> list[str] | None:
+def plan_eviction(
+    records: Iterable[CachedModel], limit_bytes: int, needed_bytes: int, in_use: frozenset[str]
+) -> list[str] | None:
     """Model ids to delete, least recently used first, so that ``needed_bytes`` more fit under
     ``limit_bytes``; None when even deleting every evictable model is not enough."""
     records = list(records)
@@ -125,8 +126,9 @@ class ModelCache:
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / "index.json"
         tmp = path.with_suffix(".tmp")
-        body = json.dumps({"version": INDEX_VERSION, "models": {k: asdict(v) for k, v in sorted(records.items())}},
-                          indent=1)
+        body = json.dumps(
+            {"version": INDEX_VERSION, "models": {k: asdict(v) for k, v in sorted(records.items())}}, indent=1
+        )
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(body)
             f.flush()
@@ -168,8 +170,11 @@ class ModelCache:
     def partial_meta(self, model_id: str) -> PartialMeta | None:
         try:
             d = json.loads((self.partial_dir / f"{cache_key(model_id)}.json").read_text(encoding="utf-8"))
-            return PartialMeta(url=str(d["url"]), resumable=bool(d["resumable"]),
-                               total=d["total"] if isinstance(d.get("total"), int) else None)
+            return PartialMeta(
+                url=str(d["url"]),
+                resumable=bool(d["resumable"]),
+                total=d["total"] if isinstance(d.get("total"), int) else None,
+            )
         except (OSError, ValueError, TypeError, KeyError):
             return None
 
@@ -187,8 +192,9 @@ class ModelCache:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise TransferInProgress(f"{model_id} is being fetched by another process; try again when it "
-                                         f"ends") from None
+                raise TransferInProgress(
+                    f"{model_id} is being fetched by another process; try again when it ends"
+                ) from None
             yield
         finally:
             os.close(fd)
@@ -204,8 +210,9 @@ class ModelCache:
             return 0
 
     # ---- commit, remove, make room -----------------------------------------------------
-    def commit(self, model_id: str, file: str, sha256: str, size: int, source: str, origin: str,
-               now: float) -> CachedModel:
+    def commit(
+        self, model_id: str, file: str, sha256: str, size: int, source: str, origin: str, now: float
+    ) -> CachedModel:
         """Move the verified partial file into place (fsync, rename, fsync the folder), then record it."""
         part = self.partial_path(model_id)
         dest_dir = self.root / cache_key(model_id)
@@ -219,8 +226,16 @@ class ModelCache:
             raise DiskError(f"cannot store {model_id} in {dest_dir}: {exc.strerror or exc}") from None
         self.drop_partial(model_id)
         old = self.lookup(model_id)
-        rec = CachedModel(model_id=model_id, file=file, sha256=sha256, size_bytes=size, source=source,
-                          sha256_origin=origin, last_used=now, keep=old.keep if old else False)
+        rec = CachedModel(
+            model_id=model_id,
+            file=file,
+            sha256=sha256,
+            size_bytes=size,
+            source=source,
+            sha256_origin=origin,
+            last_used=now,
+            keep=old.keep if old else False,
+        )
         recs = self.records()
         recs[model_id] = rec
         self._write_index(recs)
@@ -243,9 +258,11 @@ class ModelCache:
         if limit_bytes is not None:
             plan = plan_eviction(self.records().values(), limit_bytes, needed_bytes, in_use)
             if plan is None:
-                raise DiskError(f"the model needs {needed_bytes / 1e9:.2f} GB but the cache limit is "
-                                f"{limit_bytes / 1e9:.2f} GB and the models in it are kept or in use; raise "
-                                f"[models].cache_limit_gb or remove models with `hydra models rm`")
+                raise DiskError(
+                    f"the model needs {needed_bytes / 1e9:.2f} GB but the cache limit is "
+                    f"{limit_bytes / 1e9:.2f} GB and the models in it are kept or in use; raise "
+                    f"[models].cache_limit_gb or remove models with `hydra models rm`"
+                )
             for model_id in plan:
                 self.remove(model_id)
                 evicted.append(model_id)

@@ -105,8 +105,17 @@ class RemoteModel:
 
 
 _FIELDS: dict[str, type | tuple[type, ...]] = {
-    "sources": list, "file": str, "size_bytes": int, "approx_gb": (int, float), "sha256": str,
-    "licence": str, "quant": str, "context": int, "bundled": bool, "note": str}
+    "sources": list,
+    "file": str,
+    "size_bytes": int,
+    "approx_gb": (int, float),
+    "sha256": str,
+    "licence": str,
+    "quant": str,
+    "context": int,
+    "bundled": bool,
+    "note": str,
+}
 
 
 def parse_catalogue(text: str) -> dict[str, CatalogueEntry]:
@@ -151,7 +160,7 @@ def is_remote_ref(ref: str) -> bool:
 def hf_url(ref: str, hub: str = DEFAULT_HUB) -> tuple[str, str]:
     """``hf://OWNER/REPO[@REV]/FILE`` → (download URL, file name); :class:`BadModelSource` otherwise.
     FILE may sit in folders of the repository (``dir/x.gguf``)."""
-    rest = ref[len("hf://"):]
+    rest = ref[len("hf://") :]
     parts = rest.split("/")
     if len(parts) < 3:
         raise BadModelSource(f"{ref!r}: expected hf://OWNER/REPO[@REV]/FILE")
@@ -190,8 +199,14 @@ def resolve_remote(ref: str, catalogue: Mapping[str, CatalogueEntry], hub: str =
     entry = catalogue.get(ref)
     if entry is not None:
         urls = tuple(_check_url(hf_url(s, hub)[0] if s.startswith("hf://") else s) for s in entry.sources)
-        return RemoteModel(entry.name, urls, entry.file, entry.size_bytes, entry.sha256,
-                           hub=any(s.startswith("hf://") for s in entry.sources))
+        return RemoteModel(
+            entry.name,
+            urls,
+            entry.file,
+            entry.size_bytes,
+            entry.sha256,
+            hub=any(s.startswith("hf://") for s in entry.sources),
+        )
     model_id = None
     if "=" in ref.split("://", 1)[0]:
         model_id, ref = ref.split("=", 1)
@@ -202,8 +217,10 @@ def resolve_remote(ref: str, catalogue: Mapping[str, CatalogueEntry], hub: str =
         url, file, hub_source = _check_url(ref), _file_from_url(ref), False
     else:
         names = ", ".join(sorted(catalogue)) or "none"
-        raise BadModelSource(f"model {ref!r:.80} is not in the catalogue ({names}), a .gguf file, "
-                             f"hf://OWNER/REPO[@REV]/FILE or an https:// URL")
+        raise BadModelSource(
+            f"model {ref!r:.80} is not in the catalogue ({names}), a .gguf file, "
+            f"hf://OWNER/REPO[@REV]/FILE or an https:// URL"
+        )
     try:
         served = check_model_id(model_id if model_id is not None else file[: -len(".gguf")])
     except InvalidModelId as exc:

@@ -3,8 +3,19 @@ what went wrong and whose side it is on (our network, the server, the file)."""
 
 from __future__ import annotations
 
-__all__ = ["ChecksumMismatch", "DiskError", "DownloadError", "NoNetwork", "NotFound", "NotInMesh", "PeerFetchError",
-           "RemoteStatusError", "SizeMismatch", "TransferTimeout", "Unauthorized"]
+__all__ = [
+    "ChecksumMismatch",
+    "DiskError",
+    "DownloadError",
+    "NoNetwork",
+    "NotFound",
+    "NotInMesh",
+    "PeerFetchError",
+    "RemoteStatusError",
+    "SizeMismatch",
+    "TransferTimeout",
+    "Unauthorized",
+]
 
 
 class DownloadError(Exception):

@@ -58,8 +58,14 @@ def remote_for(ref: str, settings: FetchSettings, catalogue: dict[str, Catalogue
     return resolve_remote(ref, load_catalogue() if catalogue is None else catalogue, settings.hub)
 
 
-def ensure_local(ref: str, settings: FetchSettings, *, in_use: frozenset[str] = frozenset(),
-                 progress: Progress | None = None, force: bool = False) -> LocalModel:
+def ensure_local(
+    ref: str,
+    settings: FetchSettings,
+    *,
+    in_use: frozenset[str] = frozenset(),
+    progress: Progress | None = None,
+    force: bool = False,
+) -> LocalModel:
     """The verified local file for ``ref``: the bundled file for the bundled name, the cached copy
     (its size re-checked), or a fresh download (``force``: even when cached). Typed errors:
     ``BadModelSource``, ``DownloadError`` and its subclasses, ``ModelNotFound``."""
@@ -79,6 +85,13 @@ def ensure_local(ref: str, settings: FetchSettings, *, in_use: frozenset[str] = 
             cache.touch(remote.model_id, time.time())
             return LocalModel(remote.model_id, path, "cache")
         # changed on disk since it was verified: fetch it again (checked against the same pinned digest)
-    rec = download_http(remote, cache, token=settings.token, read_timeout_s=settings.models.read_timeout_s,
-                        limit_bytes=settings.models.cache_limit_bytes, in_use=in_use, progress=progress)
+    rec = download_http(
+        remote,
+        cache,
+        token=settings.token,
+        read_timeout_s=settings.models.read_timeout_s,
+        limit_bytes=settings.models.cache_limit_bytes,
+        in_use=in_use,
+        progress=progress,
+    )
     return LocalModel(rec.model_id, rec.path(cache.root), rec.source)

@@ -77,10 +77,18 @@ def hash_file(path, limit: int | None = None) -> hashlib._Hash:
     return h
 
 
-def download_http(remote: RemoteModel, cache: ModelCache, *, token: str | None, read_timeout_s: float,
-                  limit_bytes: int | None = None, in_use: frozenset[str] = frozenset(),
-                  progress: Progress | None = None, clock: Callable[[], float] = time.monotonic,
-                  wall: Callable[[], float] = time.time) -> CachedModel:
+def download_http(
+    remote: RemoteModel,
+    cache: ModelCache,
+    *,
+    token: str | None,
+    read_timeout_s: float,
+    limit_bytes: int | None = None,
+    in_use: frozenset[str] = frozenset(),
+    progress: Progress | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    wall: Callable[[], float] = time.time,
+) -> CachedModel:
     """Fetch ``remote`` into ``cache`` from its URLs in order (the next URL only when one is missing or
     unreachable) and return the verified record; a typed :class:`DownloadError` otherwise. Room is made
     under ``limit_bytes`` by evicting unkept models not ``in_use`` (``ModelCache.make_room``)."""
@@ -88,17 +96,35 @@ def download_http(remote: RemoteModel, cache: ModelCache, *, token: str | None, 
     for url in remote.urls:
         try:
             with cache.partial_lock(remote.model_id):
-                return _download_one(remote, url, cache, token=token if remote.hub else None,
-                                     read_timeout_s=read_timeout_s, room=(limit_bytes, in_use), progress=progress,
-                                     clock=clock, wall=wall)
+                return _download_one(
+                    remote,
+                    url,
+                    cache,
+                    token=token if remote.hub else None,
+                    read_timeout_s=read_timeout_s,
+                    room=(limit_bytes, in_use),
+                    progress=progress,
+                    clock=clock,
+                    wall=wall,
+                )
         except (NotFound, NoNetwork) as exc:
             last = exc
     assert last is not None
     raise last
 
 
-def _download_one(remote: RemoteModel, url: str, cache: ModelCache, *, token: str | None, read_timeout_s: float,
-                  room: tuple[int | None, frozenset[str]], progress: Progress | None, clock, wall) -> CachedModel:
+def _download_one(
+    remote: RemoteModel,
+    url: str,
+    cache: ModelCache,
+    *,
+    token: str | None,
+    read_timeout_s: float,
+    room: tuple[int | None, frozenset[str]],
+    progress: Progress | None,
+    clock,
+    wall,
+) -> CachedModel:
     mid = remote.model_id
     meta = cache.partial_meta(mid)
     have = cache.partial_bytes(mid)
@@ -133,24 +159,32 @@ def _download_one(remote: RemoteModel, url: str, cache: ModelCache, *, token: st
         exc.partial_kept = _keep_or_drop(cache, mid, resumable)
         raise
     except TimeoutError as exc:
-        raise TransferTimeout(f"{url}: no data for {read_timeout_s:g} s ({exc or 'read timed out'})",
-                              partial_kept=_keep_or_drop(cache, mid, resumable)) from None
+        raise TransferTimeout(
+            f"{url}: no data for {read_timeout_s:g} s ({exc or 'read timed out'})",
+            partial_kept=_keep_or_drop(cache, mid, resumable),
+        ) from None
     except urllib.error.URLError as exc:
         reason = exc.reason
         if isinstance(reason, (TimeoutError, socket.timeout)):
-            raise TransferTimeout(f"{url}: the server did not answer within {read_timeout_s:g} s",
-                                  partial_kept=_keep_or_drop(cache, mid, resumable)) from None
-        raise NoNetwork(f"{url}: cannot reach the server ({getattr(reason, 'strerror', None) or reason})",
-                        partial_kept=_keep_or_drop(cache, mid, resumable)) from None
+            raise TransferTimeout(
+                f"{url}: the server did not answer within {read_timeout_s:g} s",
+                partial_kept=_keep_or_drop(cache, mid, resumable),
+            ) from None
+        raise NoNetwork(
+            f"{url}: cannot reach the server ({getattr(reason, 'strerror', None) or reason})",
+            partial_kept=_keep_or_drop(cache, mid, resumable),
+        ) from None
     except http.client.HTTPException as exc:  # IncompleteRead, a malformed status line ...
-        raise NoNetwork(f"{url}: the connection broke ({type(exc).__name__})",
-                        partial_kept=_keep_or_drop(cache, mid, resumable)) from None
+        raise NoNetwork(
+            f"{url}: the connection broke ({type(exc).__name__})", partial_kept=_keep_or_drop(cache, mid, resumable)
+        ) from None
     except (ConnectionError, OSError) as exc:
         if isinstance(exc, OSError) and exc.errno in (28, 122):  # ENOSPC, EDQUOT
             cache.drop_partial(mid)
             raise DiskError(f"disk full while writing {cache.partial_path(mid)}") from None
-        raise NoNetwork(f"{url}: the connection failed ({exc.strerror or exc})",
-                        partial_kept=_keep_or_drop(cache, mid, resumable)) from None
+        raise NoNetwork(
+            f"{url}: the connection failed ({exc.strerror or exc})", partial_kept=_keep_or_drop(cache, mid, resumable)
+        ) from None
     return verify_and_commit(remote, cache, source=url, now=wall())
 
 
@@ -195,7 +229,8 @@ def verify_and_commit(remote: RemoteModel, cache: ModelCache, *, source: str, no
     expected = remote.sha256 or cache.pinned_sha256(remote.model_id)
     if expected is not None and digest != expected:
         cache.drop_partial(remote.model_id)
-        raise ChecksumMismatch(f"{remote.model_id}: sha256 {digest} does not match the expected {expected}; "
-                               f"the download was deleted")
+        raise ChecksumMismatch(
+            f"{remote.model_id}: sha256 {digest} does not match the expected {expected}; the download was deleted"
+        )
     origin = "catalogue" if remote.sha256 else "pinned"
     return cache.commit(remote.model_id, remote.file, digest, size, source, origin, now)

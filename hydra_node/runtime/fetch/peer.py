@@ -66,8 +66,15 @@ class ShareStatistics:
 
 
 class ModelShare:
-    def __init__(self, cache: ModelCache, mesh: PeerView | None, *, share: bool, stall_timeout_s: float,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        cache: ModelCache,
+        mesh: PeerView | None,
+        *,
+        share: bool,
+        stall_timeout_s: float,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.cache = cache
         self.mesh = mesh
         self.share = share
@@ -100,8 +107,15 @@ class ModelShare:
         return {HELD_KEY: self._held[1]} if self._held[1] else {}
 
     def status(self) -> ShareStatistics:
-        return ShareStatistics(self.share, len(self._uploading), self.sent_files, self.sent_bytes, self.refused,
-                               self.fetched_files, self.fetched_bytes)
+        return ShareStatistics(
+            self.share,
+            len(self._uploading),
+            self.sent_files,
+            self.sent_bytes,
+            self.refused,
+            self.fetched_files,
+            self.fetched_bytes,
+        )
 
     # ---- holder ------------------------------------------------------------------------
     async def serve(self, link: Any, header: Mapping[str, Any], stream: Any) -> None:
@@ -138,14 +152,17 @@ class ModelShare:
         async with f:
             size = os.fstat(f.fileno()).st_size
             if size != rec.size_bytes or offset > size:
-                await self._refuse(stream, "read_failed" if size != rec.size_bytes else "bad_request",
-                                   "the file changed on disk" if size != rec.size_bytes else "offset past the end")
+                await self._refuse(
+                    stream,
+                    "read_failed" if size != rec.size_bytes else "bad_request",
+                    "the file changed on disk" if size != rec.size_bytes else "offset past the end",
+                )
                 return
             await stream.send(encode_message({"op": "file", "size": size}, limit=MAX_FETCH_FRAME_BYTES))
             await f.seek(offset)
             while chunk := await f.read(DISK_IO_BYTES):
                 for at in range(0, len(chunk), DATA_FRAME_BYTES):
-                    block = chunk[at:at + DATA_FRAME_BYTES]
+                    block = chunk[at : at + DATA_FRAME_BYTES]
                     await stream.send(encode_message({"op": "data", "b": block}, limit=MAX_FETCH_FRAME_BYTES))
                     self.sent_bytes += len(block)
             await stream.send(encode_message({"op": "end"}, limit=MAX_FETCH_FRAME_BYTES))
@@ -154,8 +171,9 @@ class ModelShare:
     async def _refuse(self, stream: Any, code: str, message: str) -> None:
         self.refused += 1
         try:
-            await stream.send(encode_message({"op": "error", "code": code, "message": message},
-                                             limit=MAX_FETCH_FRAME_BYTES))
+            await stream.send(
+                encode_message({"op": "error", "code": code, "message": message}, limit=MAX_FETCH_FRAME_BYTES)
+            )
             await stream.send_eof()
         except (StreamReset, LinkClosed):
             pass
@@ -224,7 +242,8 @@ class ModelShare:
             raise PeerFetchError(f"transfer broke ({reason})", partial_kept=self.cache.partial_bytes(mid) > 0) from None
         pinned = RemoteModel(mid, remote.urls, remote.file, remote.size_bytes, digest, remote.hub)
         rec = await trio.to_thread.run_sync(
-            lambda: verify_and_commit(pinned, self.cache, source=f"peer:{peer_id}", now=self._wall()))
+            lambda: verify_and_commit(pinned, self.cache, source=f"peer:{peer_id}", now=self._wall())
+        )
         self.fetched_files += 1
         log.info("event=model_fetched peer=%s model=%s bytes=%d", peer_id[:16], mid, rec.size_bytes)
         return rec

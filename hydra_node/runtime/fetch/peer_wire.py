@@ -55,7 +55,11 @@ class FetchRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.sha256, str) or not _HEX64.fullmatch(self.sha256):
             raise WireError("sha256 must be 64 lower-case hex digits")
-        if isinstance(self.offset, bool) or not isinstance(self.offset, int) or not 0 <= self.offset <= MAX_SHARED_FILE_BYTES:
+        if (
+            isinstance(self.offset, bool)
+            or not isinstance(self.offset, int)
+            or not 0 <= self.offset <= MAX_SHARED_FILE_BYTES
+        ):
             raise WireError(f"offset must be an integer 0 … {MAX_SHARED_FILE_BYTES}")
 
     def header(self) -> dict[str, Any]:
@@ -123,7 +127,12 @@ def held_from_extra(extra: Mapping[str, Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     if isinstance(raw, list):
         for item in raw[:MAX_ANNOUNCED_MODELS]:
-            if (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
-                    and isinstance(item[1], str) and _HEX64.fullmatch(item[1])):
+            if (
+                isinstance(item, list)
+                and len(item) == 2
+                and isinstance(item[0], str)
+                and isinstance(item[1], str)
+                and _HEX64.fullmatch(item[1])
+            ):
                 out[item[0]] = item[1]
     return out

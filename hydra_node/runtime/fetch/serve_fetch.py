@@ -45,8 +45,9 @@ async def wait_for_holders(held: Callable[[], bool], mesh, now: Callable[[], flo
         await trio.sleep(0.2)
 
 
-async def fetch_for_serve(share: ModelShare, ref: str, settings: FetchSettings, *,
-                          wait_s: float = PEER_WAIT_S, progress=None) -> tuple[ModelRef, str]:
+async def fetch_for_serve(
+    share: ModelShare, ref: str, settings: FetchSettings, *, wait_s: float = PEER_WAIT_S, progress=None
+) -> tuple[ModelRef, str]:
     """The model ``ref`` (catalogue name or URL) as a local file and where it came from
     (``cache``, ``peer:<id>`` or its URL). Typed errors of :func:`ensure_local` when the download
     fails too."""

@@ -52,7 +52,9 @@ def parse_models_section(data: Any, error: Callable[[str], Exception]) -> Models
     if not s.cache_limit_gb >= 0:
         raise error(f"[models].cache_limit_gb: must be >= 0 (0: no limit), not {s.cache_limit_gb!r}")
     if not 0 < s.read_timeout_s <= MAX_READ_TIMEOUT_S:
-        raise error(f"[models].read_timeout_s: must be > 0 and at most {MAX_READ_TIMEOUT_S:g}, not {s.read_timeout_s!r}")
+        raise error(
+            f"[models].read_timeout_s: must be > 0 and at most {MAX_READ_TIMEOUT_S:g}, not {s.read_timeout_s!r}"
+        )
     return s
 
 

@@ -52,8 +52,9 @@ def plan_response(have: int, status: int, headers: Mapping[str, str], url: str =
     if status == 206:
         m = _CONTENT_RANGE.fullmatch(h.get("content-range", "").strip())
         if m is None or int(m.group(1)) != have:
-            raise RemoteStatusError(f"{url}: the server answered the range request with a bad Content-Range "
-                                    f"{h.get('content-range')!r}")
+            raise RemoteStatusError(
+                f"{url}: the server answered the range request with a bad Content-Range {h.get('content-range')!r}"
+            )
         total = None if m.group(3) == "*" else int(m.group(3))
         return ResponsePlan(offset=have, total=total, resumable=True)
     if status == 200:
@@ -62,13 +63,17 @@ def plan_response(have: int, status: int, headers: Mapping[str, str], url: str =
         m = re.fullmatch(r"bytes \*/(\d+)", h.get("content-range", "").strip())
         if m is not None and int(m.group(1)) == have:
             return ResponsePlan(offset=have, total=have, resumable=True, complete=True)
-        raise RemoteStatusError(f"{url}: the server refused to resume at byte {have}; delete the partial "
-                                f"file with `hydra models rm` and try again")
+        raise RemoteStatusError(
+            f"{url}: the server refused to resume at byte {have}; delete the partial "
+            f"file with `hydra models rm` and try again"
+        )
     if status == 404:
         raise NotFound(f"{url}: not found (404): check the model name, repository, revision and file")
     if status in (401, 403):
-        raise Unauthorized(f"{url}: access denied ({status}): a gated or private repository needs HF_TOKEN "
-                           f"set to a token that may read it")
+        raise Unauthorized(
+            f"{url}: access denied ({status}): a gated or private repository needs HF_TOKEN "
+            f"set to a token that may read it"
+        )
     raise RemoteStatusError(f"{url}: the server answered HTTP {status}")
 
 
@@ -124,8 +129,10 @@ class ProgressMeter:
             frac = min(1.0, self.done / self.total)
             bar = "#" * int(frac * width)
             eta = self.eta_s
-            return (f"{label} [{bar:<{width}}] {frac * 100:5.1f}% {format_bytes(self.done)}/"
-                    f"{format_bytes(self.total)} {rate} ETA {_format_eta(eta) if eta is not None else '?'}")
+            return (
+                f"{label} [{bar:<{width}}] {frac * 100:5.1f}% {format_bytes(self.done)}/"
+                f"{format_bytes(self.total)} {rate} ETA {_format_eta(eta) if eta is not None else '?'}"
+            )
         return f"{label} {format_bytes(self.done)} {rate}"
 
 
@@ -133,4 +140,3 @@ def check_total(expected: int | None, announced: int | None, url: str) -> None:
     """A server that announces another size than the catalogue's is serving another file."""
     if expected is not None and announced is not None and expected != announced:
         raise SizeMismatch(f"{url}: the server offers {announced} bytes, the catalogue says {expected}")
-

@@ -113,9 +113,14 @@ class HostedModel:
         except GgufError as exc:
             log.warning("event=gguf_unreadable model=%s error=%r action=never_split", model.id, exc)
             self.n_layers = None
-        self.sup = RunnerSupervisor(model, runtime.settings.home, runtime.runner_settings(),
-                                    node_id=runtime.settings.node_id, prepare=self._prepare,
-                                    on_failed=self._drop_tunnels)
+        self.sup = RunnerSupervisor(
+            model,
+            runtime.settings.home,
+            runtime.runner_settings(),
+            node_id=runtime.settings.node_id,
+            prepare=self._prepare,
+            on_failed=self._drop_tunnels,
+        )
         self.sup.on_state = runtime.runner_events.on_state
         self.sup.kv.on_transfer = runtime.on_kv_transfer  # KV exports/imports -> the scheduler's telemetry
         self.scope = trio.CancelScope()
@@ -148,8 +153,9 @@ class HostedModel:
         return fits_locally(self.size_bytes, self.n_layers, self._host(), force_split=self.force_split)
 
     # ---- lifecycle -------------------------------------------------------------
-    async def run(self, *, strict: bool = False,
-                  task_status: trio.TaskStatus[HostedModel | None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, strict: bool = False, task_status: trio.TaskStatus[HostedModel | None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Host the model until cancelled (``self.scope``).  ``strict``: a failed first load
         raises :class:`RunnerLoadError` (start-up); otherwise the model stays listed as failed."""
         runners = self.runtime.runners
@@ -170,8 +176,12 @@ class HostedModel:
                             if strict and not split:
                                 raise
                             if split and attempts < MAX_SPLIT_LOAD_ATTEMPTS:
-                                log.warning("event=split_load_retry model=%s attempt=%d error=%r",
-                                            self.model.id, attempts, str(exc))
+                                log.warning(
+                                    "event=split_load_retry model=%s attempt=%d error=%r",
+                                    self.model.id,
+                                    attempts,
+                                    str(exc),
+                                )
                                 continue
                             self.sup.last_error = str(exc)
                             log.error("event=model_failed model=%s error=%r", self.model.id, str(exc))
@@ -194,8 +204,9 @@ class HostedModel:
                 return await self._place()
             except PlanError as exc:
                 if self.runtime.mesh is None:
-                    raise RunnerLoadError(f"model {self.model.id!r} does not fit this node and there is no mesh "
-                                          f"to split it over: {exc}") from None
+                    raise RunnerLoadError(
+                        f"model {self.model.id!r} does not fit this node and there is no mesh to split it over: {exc}"
+                    ) from None
                 self.sup.state = RunnerState.PLACING
                 self.placement_error = str(exc)
                 self.sup.last_error = f"no placement: {exc}"
@@ -228,8 +239,14 @@ class HostedModel:
             workers, ignored = self.runtime.remote_workers(excluded, self.lease_tag)
             self.ignored = ignored + failures
             waiting = self.force_split and self._waiting_for_workers()
-            placement = place(self.size_bytes, self.n_layers, self._host(), workers,
-                              force_split=self.force_split, waiting_for_workers=waiting)
+            placement = place(
+                self.size_bytes,
+                self.n_layers,
+                self._host(),
+                workers,
+                force_split=self.force_split,
+                waiting_for_workers=waiting,
+            )
             plan = placement.plan
             if not placement.split:
                 self.plan, self.fallback, self.placement_error = plan, placement.fallback, None
@@ -243,22 +260,38 @@ class HostedModel:
                 excluded.add(exc.peer_id)
                 failures.append(IgnoredWorker(exc.peer_id, str(exc)))
                 self.ignored.append(IgnoredWorker(exc.peer_id, str(exc)))
-                log.warning("event=tunnel_failed model=%s peer=%s code=%s error=%r", self.model.id,
-                            exc.peer_id[:16], exc.code, str(exc))
+                log.warning(
+                    "event=tunnel_failed model=%s peer=%s code=%s error=%r",
+                    self.model.id,
+                    exc.peer_id[:16],
+                    exc.code,
+                    str(exc),
+                )
                 continue
             self.plan, self.fallback, self.placement_error = plan, False, None
-            log.info("event=placement model=%s split=true layers=%s", self.model.id,
-                     ",".join(f"{d.worker_id[:8] if d.worker_id else 'host'}:{d.first_block}-{d.stop_block}"
-                              for d in plan.devices))
-            return dataclasses.replace(base, rpc_endpoints=tuple(w.endpoint for w in leased),
-                                       tensor_split=plan.tensor_split, n_gpu_layers=plan.n_gpu_layers,
-                                       output_on_host=plan.output_on_host,
-                                       stall_timeout_s=self.runtime.settings.stall_timeout_s)
-        raise PlanError(f"no usable workers after {MAX_PLACEMENT_ATTEMPTS} attempts "
-                        f"({'; '.join(w.reason for w in self.ignored[-MAX_PLACEMENT_ATTEMPTS:])})")
+            log.info(
+                "event=placement model=%s split=true layers=%s",
+                self.model.id,
+                ",".join(
+                    f"{d.worker_id[:8] if d.worker_id else 'host'}:{d.first_block}-{d.stop_block}" for d in plan.devices
+                ),
+            )
+            return dataclasses.replace(
+                base,
+                rpc_endpoints=tuple(w.endpoint for w in leased),
+                tensor_split=plan.tensor_split,
+                n_gpu_layers=plan.n_gpu_layers,
+                output_on_host=plan.output_on_host,
+                stall_timeout_s=self.runtime.settings.stall_timeout_s,
+            )
+        raise PlanError(
+            f"no usable workers after {MAX_PLACEMENT_ATTEMPTS} attempts "
+            f"({'; '.join(w.reason for w in self.ignored[-MAX_PLACEMENT_ATTEMPTS:])})"
+        )
 
-    async def _hold_tunnels(self, peers: list[str], *,
-                            task_status: trio.TaskStatus[list[LeasedWorker]] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _hold_tunnels(
+        self, peers: list[str], *, task_status: trio.TaskStatus[list[LeasedWorker]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Lease every worker of a plan (in plan order) and keep the tunnels until cancelled."""
         failure: TunnelError | None = None
         done = self._tunnels_done = trio.Event()
@@ -308,12 +341,25 @@ class HostedModel:
                 if peer in tunnels:
                     t, w = tunnels[peer]
                     d["endpoint"] = w.endpoint
-                    d["tunnel"] = {"connections": t.connections, "data_connections": t.data_connections,
-                                   "data_fallback": t.data_fallback,
-                                   "bytes_up": t.bytes_up, "bytes_down": t.bytes_down,
-                                   "worker_proto": str(w.proto), "worker_free_bytes": w.free_bytes}
+                    d["tunnel"] = {
+                        "connections": t.connections,
+                        "data_connections": t.data_connections,
+                        "data_fallback": t.data_fallback,
+                        "bytes_up": t.bytes_up,
+                        "bytes_down": t.bytes_down,
+                        "worker_proto": str(w.proto),
+                        "worker_free_bytes": w.free_bytes,
+                    }
         return HostedModelStatus(
-            model=self.model.id, state=self.sup.state, force_split=self.force_split,
-            split=bool(plan and plan.split), fallback_local=self.fallback, placements=self.placements,
-            placement_error=self.placement_error, size_bytes=self.size_bytes, n_layers=self.n_layers,
-            ignored_workers=tuple(self.ignored[-MAX_IGNORED_LISTED:]), plan=plan_status)
+            model=self.model.id,
+            state=self.sup.state,
+            force_split=self.force_split,
+            split=bool(plan and plan.split),
+            fallback_local=self.fallback,
+            placements=self.placements,
+            placement_error=self.placement_error,
+            size_bytes=self.size_bytes,
+            n_layers=self.n_layers,
+            ignored_workers=tuple(self.ignored[-MAX_IGNORED_LISTED:]),
+            plan=plan_status,
+        )

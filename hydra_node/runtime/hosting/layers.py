@@ -20,8 +20,15 @@ from typing import Any
 from hydra_node.runtime.rpc import ProtoVersion
 from hydra_node.runtime.rpc.plan import Capacity, PlanError, SplitPlan, WorkerInfo, plan_split
 
-__all__ = ["UNKNOWN_RTT_MS", "WORKER_DISCOVERY_WAIT_S", "IgnoredWorker", "Placement", "fits_locally", "place",
-           "usable_workers"]
+__all__ = [
+    "UNKNOWN_RTT_MS",
+    "WORKER_DISCOVERY_WAIT_S",
+    "IgnoredWorker",
+    "Placement",
+    "fits_locally",
+    "place",
+    "usable_workers",
+]
 
 #: RTT assumed for a peer whose link has not measured one yet.
 UNKNOWN_RTT_MS = 50.0
@@ -53,8 +60,15 @@ class Placement:
         return self.plan is not None and self.plan.split
 
 
-def place(size_bytes: int, n_layers: int | None, host: Capacity, workers: list[WorkerInfo], *,
-          force_split: bool, waiting_for_workers: bool = False) -> Placement:
+def place(
+    size_bytes: int,
+    n_layers: int | None,
+    host: Capacity,
+    workers: list[WorkerInfo],
+    *,
+    force_split: bool,
+    waiting_for_workers: bool = False,
+) -> Placement:
     """Place a model of ``size_bytes`` with ``n_layers`` on ``host`` plus ``workers``.
 
     Without ``force_split`` a model is split only when it does not fit the host
@@ -71,8 +85,10 @@ def place(size_bytes: int, n_layers: int | None, host: Capacity, workers: list[W
         if not force_split:
             raise
         if waiting_for_workers:
-            raise PlanError(f"no usable RPC worker known yet ({exc}); waiting up to "
-                            f"{WORKER_DISCOVERY_WAIT_S:.0f} s before hosting it unsplit") from None
+            raise PlanError(
+                f"no usable RPC worker known yet ({exc}); waiting up to "
+                f"{WORKER_DISCOVERY_WAIT_S:.0f} s before hosting it unsplit"
+            ) from None
     return Placement(plan_split(size_bytes, n_layers, host, []), fallback=True)
 
 
@@ -86,10 +102,15 @@ def fits_locally(size_bytes: int, n_layers: int | None, host: Capacity, *, force
         return False
 
 
-def usable_workers(announcements: Mapping[str, Any], states: Mapping[str, str],
-                   rtt_ms: Callable[[str], float | None], *, own_node_id: str, lease_holder: str,
-                   excluded: set[str] | frozenset[str] = frozenset(),
-                   ) -> tuple[list[WorkerInfo], list[IgnoredWorker]]:
+def usable_workers(
+    announcements: Mapping[str, Any],
+    states: Mapping[str, str],
+    rtt_ms: Callable[[str], float | None],
+    *,
+    own_node_id: str,
+    lease_holder: str,
+    excluded: set[str] | frozenset[str] = frozenset(),
+) -> tuple[list[WorkerInfo], list[IgnoredWorker]]:
     """The RPC workers announced by alive peers (``endpoint`` = ``peer:<id>``), and those ignored.
 
     ``announcements``: peer id → announcement (``rpc`` capacity, ``extra["rpc_proto"]``,
@@ -117,6 +138,14 @@ def usable_workers(announcements: Mapping[str, Any], states: Mapping[str, str],
             ignored.append(IgnoredWorker(peer_id, f"bad RPC protocol version: {exc}"))
             continue
         rtt = rtt_ms(peer_id)
-        out.append(WorkerInfo(peer_id, f"peer:{peer_id}", proto, ann.rpc.free_bytes,
-                              float(UNKNOWN_RTT_MS if rtt is None else rtt), ann.rpc.device or "CPU"))
+        out.append(
+            WorkerInfo(
+                peer_id,
+                f"peer:{peer_id}",
+                proto,
+                ann.rpc.free_bytes,
+                float(UNKNOWN_RTT_MS if rtt is None else rtt),
+                ann.rpc.device or "CPU",
+            )
+        )
     return out, ignored

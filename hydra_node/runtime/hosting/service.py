@@ -49,8 +49,17 @@ from hydra_node.runtime.runner.records import RunnerSettings, RunnerState
 from hydra_node.runtime.runner.state_events import RunnerEvents
 from hydra_node.runtime.runner.supervisor import RunnerSupervisor
 
-__all__ = ["DEFAULT_SPLIT_STALL_TIMEOUT_S", "SWAP_WAIT_DEFAULT_S", "HostMemory", "ModelConflict", "ModelNotHosted",
-           "ModelRuntime", "RpcWorkerOff", "RpcWorkerStatus", "RuntimeSettings"]
+__all__ = [
+    "DEFAULT_SPLIT_STALL_TIMEOUT_S",
+    "SWAP_WAIT_DEFAULT_S",
+    "HostMemory",
+    "ModelConflict",
+    "ModelNotHosted",
+    "ModelRuntime",
+    "RpcWorkerOff",
+    "RpcWorkerStatus",
+    "RuntimeSettings",
+]
 
 log = logging.getLogger("hydra.hosting")
 
@@ -99,8 +108,9 @@ class HostMemory:
     usable_bytes: int
 
     @classmethod
-    def budget(cls, ram_bytes: int, available_bytes: int, *, safety_margin_bytes: int = 0,
-               max_memory_bytes: int | None = None) -> HostMemory:
+    def budget(
+        cls, ram_bytes: int, available_bytes: int, *, safety_margin_bytes: int = 0, max_memory_bytes: int | None = None
+    ) -> HostMemory:
         """What placement may fill: the available memory less ``[defaults.hardware].safety_margin_gb``,
         capped by ``--max-memory`` (which alone counts when the available memory is unknown, 0)."""
         if safety_margin_bytes < 0:
@@ -141,9 +151,16 @@ class RpcWorkerStatus:
 class ModelRuntime:
     """The node's hosted models and RPC worker (see the module docstring)."""
 
-    def __init__(self, settings: RuntimeSettings, *, runners: MutableMapping[str, RunnerSupervisor],
-                 runner_settings: Callable[[], RunnerSettings], host_memory: Callable[[], HostMemory],
-                 mesh: PeerView | None, on_event: EmitFn | None = None):
+    def __init__(
+        self,
+        settings: RuntimeSettings,
+        *,
+        runners: MutableMapping[str, RunnerSupervisor],
+        runner_settings: Callable[[], RunnerSettings],
+        host_memory: Callable[[], HostMemory],
+        mesh: PeerView | None,
+        on_event: EmitFn | None = None,
+    ):
         """``runners``: where each hosted model's runner supervisor is registered (by model id) while
         it is hosted; the root's local router targets read it.  ``on_event``: the live events of the
         hosted models (runner/state_events.py)."""
@@ -176,8 +193,11 @@ class ModelRuntime:
             self.hosted[model.id] = hosted
             await nursery.start(partial(hosted.run, strict=True))
         else:
-            log.info("event=model_deferred model=%s reason=%s", model.id,
-                     "split forced" if self.settings.force_split else "does not fit this host")
+            log.info(
+                "event=model_deferred model=%s reason=%s",
+                model.id,
+                "split forced" if self.settings.force_split else "does not fit this host",
+            )
             self._deferred.append(model)
 
     async def bind(self) -> None:
@@ -191,8 +211,11 @@ class ModelRuntime:
         except ListenError as exc:
             if self.settings.tunnel_port:
                 raise
-            log.warning("event=tunnel_data_port_failed host=%s error=%r (tunnels use the mesh link)",
-                        self.mesh.listen_host, str(exc))
+            log.warning(
+                "event=tunnel_data_port_failed host=%s error=%r (tunnels use the mesh link)",
+                self.mesh.listen_host,
+                str(exc),
+            )
             self._tunnel_off = True
 
     def close_unserved(self) -> None:
@@ -236,8 +259,11 @@ class ModelRuntime:
 
     async def _run_worker(self) -> None:
         threads = self.runner_settings().threads or max(1, (os.cpu_count() or 2) // 2)
-        self.worker = RpcWorkerSupervisor(threads=threads, max_memory_bytes=self._worker_cap() or None,
-                                          pidfile=self.settings.home / "run" / "rpc-worker.pid")
+        self.worker = RpcWorkerSupervisor(
+            threads=threads,
+            max_memory_bytes=self._worker_cap() or None,
+            pidfile=self.settings.home / "run" / "rpc-worker.pid",
+        )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._monitor_worker)
             try:
@@ -296,9 +322,14 @@ class ModelRuntime:
         mesh = self.mesh
         if mesh is None:
             return [], []
-        return usable_workers(mesh.members(), mesh.member_states(trio.current_time()),
-                              partial(link_rtt_ms, mesh), own_node_id=self.settings.node_id,
-                              lease_holder=f"{self.settings.node_id}/{tag}", excluded=excluded)
+        return usable_workers(
+            mesh.members(),
+            mesh.member_states(trio.current_time()),
+            partial(link_rtt_ms, mesh),
+            own_node_id=self.settings.node_id,
+            lease_holder=f"{self.settings.node_id}/{tag}",
+            excluded=excluded,
+        )
 
     # ---- hot swap ------------------------------------------------------------------------
     async def load(self, model: ModelRef, *, force_split: bool | None = None) -> HostedModel:
@@ -347,10 +378,17 @@ class ModelRuntime:
         st = self.worker.statistics() if self.worker is not None else None
         lendable = self._worker_info()
         return RpcWorkerStatus(
-            state=st.state.value if st else "starting", endpoint=st.endpoint if st else None,
-            proto=st.proto if st else None, ours=str(RPC_PROTO), free_bytes=st.free_bytes if st else 0,
-            lendable_bytes=lendable[2] if lendable else 0, device=st.device if st else None,
-            restarts=st.restarts if st else 0, pid=st.pid if st else None,
+            state=st.state.value if st else "starting",
+            endpoint=st.endpoint if st else None,
+            proto=st.proto if st else None,
+            ours=str(RPC_PROTO),
+            free_bytes=st.free_bytes if st else 0,
+            lendable_bytes=lendable[2] if lendable else 0,
+            device=st.device if st else None,
+            restarts=st.restarts if st else 0,
+            pid=st.pid if st else None,
             last_error=self.worker_error or (st.last_error if st else None),
-            lease=self.tunnel_server.status(), checked_at=round(time.time(), 1),
-            leases=tuple(self.tunnel_server.leases()))
+            lease=self.tunnel_server.status(),
+            checked_at=round(time.time(), 1),
+            leases=tuple(self.tunnel_server.leases()),
+        )

@@ -71,8 +71,10 @@ def direction_keys(secret: bytes) -> tuple[bytes, bytes]:
     """``(coordinator->worker, worker->coordinator)`` keys of a ticket's secret."""
     if len(secret) != SECRET_BYTES:
         raise ValueError(f"a data-connection secret has {SECRET_BYTES} bytes")
-    return tuple(hashlib.blake2b(b"", digest_size=32, key=secret, person=p).digest()  # type: ignore[return-value]
-                 for p in (b"hydra-tun-c2w", b"hydra-tun-w2c"))
+    return tuple(
+        hashlib.blake2b(b"", digest_size=32, key=secret, person=p).digest()  # type: ignore[return-value]
+        for p in (b"hydra-tun-c2w", b"hydra-tun-w2c")
+    )
 
 
 def channel_for(secret: bytes, side: str) -> SecureChannel:
@@ -107,8 +109,8 @@ class FrameReader:
                 raise FrameRejected(f"data frame of {n} bytes exceeds {MAX_DATA_FRAME}", code="oversize")
             if len(self._buf) < LENGTH.size + n:
                 break
-            frame = bytes(self._buf[LENGTH.size:LENGTH.size + n])
-            del self._buf[:LENGTH.size + n]
+            frame = bytes(self._buf[LENGTH.size : LENGTH.size + n])
+            del self._buf[: LENGTH.size + n]
             out.append(self._channel.open(frame))
         return out
 
@@ -121,7 +123,7 @@ class FrameReader:
 class Ticket:
     ticket_id: bytes
     secret: bytes
-    holder: str        # the lease holder it was offered to
+    holder: str  # the lease holder it was offered to
     expires_at: float
 
 
@@ -172,7 +174,7 @@ class DataConnection:
         self._pending: collections.deque[bytes] = collections.deque()
         self.bytes_sent = 0
         self.bytes_received = 0
-        self.taken = trio.Event()    # the connect stream's handler took it over
+        self.taken = trio.Event()  # the connect stream's handler took it over
         self.closed = trio.Event()
 
     def keys(self) -> tuple[bytes, bytes]:
@@ -193,7 +195,7 @@ class DataConnection:
 
     async def send(self, data: bytes) -> None:
         for i in range(0, len(data), MAX_DATA_PLAINTEXT):
-            piece = data[i:i + MAX_DATA_PLAINTEXT]
+            piece = data[i : i + MAX_DATA_PLAINTEXT]
             await self.tcp.send_all(seal_frame(self._channel, piece))
             self.bytes_sent += len(piece)
 
@@ -216,8 +218,9 @@ class DataConnection:
         self.closed.set()
 
 
-async def dial(host: str, port: int, ticket_id: bytes, secret: bytes,
-               timeout_s: float = DATA_HANDSHAKE_TIMEOUT_S) -> DataConnection:
+async def dial(
+    host: str, port: int, ticket_id: bytes, secret: bytes, timeout_s: float = DATA_HANDSHAKE_TIMEOUT_S
+) -> DataConnection:
     """Coordinator side: connect, prove the ticket, wait for the worker node's accept."""
     channel = channel_for(secret, "coordinator")
     try:
@@ -229,8 +232,7 @@ async def dial(host: str, port: int, ticket_id: bytes, secret: bytes,
                 while True:
                     data = await tcp.receive_some(MAX_DATA_FRAME)
                     if not data:
-                        raise DataConnError("the worker node closed the data connection (ticket refused)",
-                                            "refused")
+                        raise DataConnError("the worker node closed the data connection (ticket refused)", "refused")
                     if reader.feed(data):  # the (empty) accept frame
                         return DataConnection(tcp, channel, reader)
             except BaseException:
@@ -238,8 +240,9 @@ async def dial(host: str, port: int, ticket_id: bytes, secret: bytes,
                     await tcp.aclose()
                 raise
     except trio.TooSlowError:
-        raise DataConnError(f"no data-connection accept from {host}:{port} within {timeout_s:.0f} s",
-                            "timeout") from None
+        raise DataConnError(
+            f"no data-connection accept from {host}:{port} within {timeout_s:.0f} s", "timeout"
+        ) from None
     except OSError as exc:
         raise DataConnError(f"cannot reach data port {host}:{port}: {exc}", "unreachable") from None
     except FrameRejected as exc:
@@ -275,8 +278,14 @@ class DataListener:
         if send is not None:
             send.close()
 
-    async def serve(self, host: str, port: int = 0, *, listeners: list[trio.SocketListener] | None = None,
-                    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(
+        self,
+        host: str,
+        port: int = 0,
+        *,
+        listeners: list[trio.SocketListener] | None = None,
+        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Accept data connections on ``listeners`` (bound beforehand on ``host``), else on ``host:port``."""
         if listeners is None:
             listeners = await trio.open_tcp_listeners(port, host=host)
@@ -353,7 +362,7 @@ class DataListener:
         if scope.cancelled_caught:
             self._reject("timeout", f"no data-connection hello within {DATA_HANDSHAKE_TIMEOUT_S} s")
             return None, None
-        ticket_id = bytes(buf[len(MAGIC):len(MAGIC) + TICKET_BYTES])
+        ticket_id = bytes(buf[len(MAGIC) : len(MAGIC) + TICKET_BYTES])
         ticket = self.book.claim(ticket_id, trio.current_time())
         waiter = self._waiters.pop(ticket_id, None)
         if ticket is None or waiter is None:
@@ -362,7 +371,7 @@ class DataListener:
         channel = channel_for(ticket.secret, "worker")
         reader = FrameReader(channel)
         try:
-            hello = reader.feed(bytes(buf[head - LENGTH.size:]))
+            hello = reader.feed(bytes(buf[head - LENGTH.size :]))
         except FrameRejected as exc:
             waiter.close()
             self._reject(exc.code, f"hello: {exc}")
@@ -380,5 +389,9 @@ class DataListener:
         return DataConnection(tcp, channel, reader), waiter
 
     def status(self) -> dict:
-        return {"port": self.port, "outstanding_tickets": len(self.book), "accepted": self.accepted,
-                "rejected": dict(self.rejected)}
+        return {
+            "port": self.port,
+            "outstanding_tickets": len(self.book),
+            "accepted": self.accepted,
+            "rejected": dict(self.rejected),
+        }

@@ -46,8 +46,17 @@ CMD_GRAPH_COMPUTE = 10
 CMD_INIT_TENSOR = 12
 CMD_GRAPH_RECOMPUTE = 16
 CMD_MEMSET_TENSOR = 17
-NO_REPLY_COMMANDS = frozenset({CMD_FREE_BUFFER, CMD_BUFFER_CLEAR, CMD_SET_TENSOR, CMD_GRAPH_COMPUTE,
-                               CMD_INIT_TENSOR, CMD_GRAPH_RECOMPUTE, CMD_MEMSET_TENSOR})
+NO_REPLY_COMMANDS = frozenset(
+    {
+        CMD_FREE_BUFFER,
+        CMD_BUFFER_CLEAR,
+        CMD_SET_TENSOR,
+        CMD_GRAPH_COMPUTE,
+        CMD_INIT_TENSOR,
+        CMD_GRAPH_RECOMPUTE,
+        CMD_MEMSET_TENSOR,
+    }
+)
 #: ``RPC_CMD_COUNT``: command bytes at or above it are unknown to us (pass-through).
 CMD_COUNT = 19
 
@@ -69,10 +78,10 @@ class RpcFramer:
         self.max_chunk = max_chunk
         self.passthrough = False
         self._buf = bytearray()
-        self._ready = 0                # bytes at the start of _buf that may be sent now
-        self._header = bytearray()     # bytes of the current message's header read so far
+        self._ready = 0  # bytes at the start of _buf that may be sent now
+        self._header = bytearray()  # bytes of the current message's header read so far
         self._header_len = 9 if direction == "request" else 8
-        self._remaining = 0            # payload bytes of the current message still to come
+        self._remaining = 0  # payload bytes of the current message still to come
         self._in_payload = False
         self._cmd: int | None = None
 
@@ -132,8 +141,8 @@ class RpcFramer:
             return self.flush()
         if not self._ready:
             return b""
-        out = bytes(self._buf[:self._ready])
-        del self._buf[:self._ready]
+        out = bytes(self._buf[: self._ready])
+        del self._buf[: self._ready]
         self._ready = 0
         return out
 

@@ -18,12 +18,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydra_node.runtime.rpc.proto import (  # re-exported: the protocol version is part of this binding's contract
-    GGML_RPC_MAX_SERVERS, RPC_PROTO, RPC_PROTO_MAJOR_VERSION, RPC_PROTO_MINOR_VERSION,
-    RPC_PROTO_PATCH_VERSION, ProtoVersion)
+    GGML_RPC_MAX_SERVERS,
+    RPC_PROTO,
+    RPC_PROTO_MAJOR_VERSION,
+    RPC_PROTO_MINOR_VERSION,
+    RPC_PROTO_PATCH_VERSION,
+    ProtoVersion,
+)
 
 __all__ = [
-    "GGML_RPC_MAX_SERVERS", "RPC_PROTO", "RPC_PROTO_MAJOR_VERSION", "RPC_PROTO_MINOR_VERSION",
-    "RPC_PROTO_PATCH_VERSION", "ProtoVersion", "RpcUnavailable", "Ggml", "DeviceInfo", "load",
+    "GGML_RPC_MAX_SERVERS",
+    "RPC_PROTO",
+    "RPC_PROTO_MAJOR_VERSION",
+    "RPC_PROTO_MINOR_VERSION",
+    "RPC_PROTO_PATCH_VERSION",
+    "ProtoVersion",
+    "RpcUnavailable",
+    "Ggml",
+    "DeviceInfo",
+    "load",
 ]
 
 GGML_BACKEND_DEVICE_TYPE_CPU = 0
@@ -71,8 +84,7 @@ class Ggml:
         self.register = fn(self._ggml, "ggml_backend_register", None, vp)
         self.dev_name = fn(self._base, "ggml_backend_dev_name", cp, vp)
         self.dev_description = fn(self._base, "ggml_backend_dev_description", cp, vp)
-        self.dev_memory = fn(self._base, "ggml_backend_dev_memory", None, vp,
-                             ctypes.POINTER(sz), ctypes.POINTER(sz))
+        self.dev_memory = fn(self._base, "ggml_backend_dev_memory", None, vp, ctypes.POINTER(sz), ctypes.POINTER(sz))
         self.dev_type = fn(self._base, "ggml_backend_dev_type", ctypes.c_int, vp)
         self.dev_backend_reg = fn(self._base, "ggml_backend_dev_backend_reg", vp, vp)
         self.reg_name = fn(self._base, "ggml_backend_reg_name", cp, vp)
@@ -81,8 +93,7 @@ class Ggml:
         self.cpu_buffer_type = fn(self._base, "ggml_backend_cpu_buffer_type", vp)
         # void ggml_backend_rpc_start_server(const char *endpoint, const char *cache_dir,
         #                                    size_t n_threads, size_t n_devices, ggml_backend_dev_t *devices)
-        self.rpc_start_server = fn(self._rpc, "ggml_backend_rpc_start_server", None,
-                                   cp, cp, sz, sz, ctypes.POINTER(vp))
+        self.rpc_start_server = fn(self._rpc, "ggml_backend_rpc_start_server", None, cp, cp, sz, sz, ctypes.POINTER(vp))
         # ggml_backend_reg_t ggml_backend_rpc_add_server(const char *endpoint)
         self.rpc_add_server = fn(self._rpc, "ggml_backend_rpc_add_server", vp, cp)
 
@@ -93,8 +104,10 @@ class Ggml:
         return DeviceInfo(
             name=(self.dev_name(dev) or b"").decode(errors="replace"),
             description=(self.dev_description(dev) or b"").decode(errors="replace"),
-            free_bytes=free.value, total_bytes=total.value,
-            backend=(self.reg_name(reg) or b"").decode(errors="replace") if reg else "")
+            free_bytes=free.value,
+            total_bytes=total.value,
+            backend=(self.reg_name(reg) or b"").decode(errors="replace") if reg else "",
+        )
 
     def devices(self) -> list[DeviceInfo]:
         """Every device in the shared registry, in registry order.
@@ -140,5 +153,7 @@ def check_rpc_support() -> None:
     spec = importlib.util.find_spec("llama_cpp")
     libdir = Path(spec.origin).parent / "lib" if spec is not None and spec.origin else None
     if libdir is None or not any(libdir.glob("libggml-rpc.so*")):
-        raise RuntimeError("this llama-cpp-python was built without RPC support; run `make install`, which "
-                           "builds llama-cpp-python 0.3.36 with CMAKE_ARGS=-DGGML_RPC=on")
+        raise RuntimeError(
+            "this llama-cpp-python was built without RPC support; run `make install`, which "
+            "builds llama-cpp-python 0.3.36 with CMAKE_ARGS=-DGGML_RPC=on"
+        )

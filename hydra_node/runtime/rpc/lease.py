@@ -19,15 +19,18 @@ class LeaseError(Exception):
 
 class LeaseHeld(LeaseError):
     def __init__(self, worker_id: str, holder: str, requester: str):
-        super().__init__(f"RPC worker {worker_id!r} is leased to coordinator {holder!r}; "
-                         f"{requester!r} must wait or pick another worker")
+        super().__init__(
+            f"RPC worker {worker_id!r} is leased to coordinator {holder!r}; "
+            f"{requester!r} must wait or pick another worker"
+        )
         self.worker_id, self.holder, self.requester = worker_id, holder, requester
 
 
 class LeaseNotHeld(LeaseError):
     def __init__(self, worker_id: str, holder: str | None, requester: str):
-        super().__init__(f"coordinator {requester!r} does not hold the lease on RPC worker "
-                         f"{worker_id!r} (holder: {holder!r})")
+        super().__init__(
+            f"coordinator {requester!r} does not hold the lease on RPC worker {worker_id!r} (holder: {holder!r})"
+        )
         self.worker_id, self.holder, self.requester = worker_id, holder, requester
 
 

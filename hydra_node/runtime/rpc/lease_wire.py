@@ -27,9 +27,21 @@ from hydra_node.codec.framing import MessageDecoder, encode_message
 
 from hydra_node.runtime.rpc.proto import ProtoVersion
 
-__all__ = ["MAX_CONTROL_FRAME_BYTES", "MAX_DEVICE_CHARS", "OFFER_SECRET_BYTES", "OFFER_TICKET_BYTES",
-           "ControlDecoder", "ControlError", "ControlEvent", "DataOffer", "LeaseGranted", "NoDataOffer",
-           "PathChoice", "decode_control", "encode_control"]
+__all__ = [
+    "MAX_CONTROL_FRAME_BYTES",
+    "MAX_DEVICE_CHARS",
+    "OFFER_SECRET_BYTES",
+    "OFFER_TICKET_BYTES",
+    "ControlDecoder",
+    "ControlError",
+    "ControlEvent",
+    "DataOffer",
+    "LeaseGranted",
+    "NoDataOffer",
+    "PathChoice",
+    "decode_control",
+    "encode_control",
+]
 
 #: Largest control frame (a lease grant is about 80 bytes; a device name is bounded below).
 MAX_CONTROL_FRAME_BYTES = 1024
@@ -73,8 +85,11 @@ class DataOffer:
     secret: bytes
 
     def __post_init__(self) -> None:
-        if not 0 < self.port < 65536 or len(self.ticket) != OFFER_TICKET_BYTES \
-                or len(self.secret) != OFFER_SECRET_BYTES:
+        if (
+            not 0 < self.port < 65536
+            or len(self.ticket) != OFFER_TICKET_BYTES
+            or len(self.secret) != OFFER_SECRET_BYTES
+        ):
             raise ValueError("a data offer needs a port, a 16-byte ticket and a 32-byte secret")
 
 
@@ -98,8 +113,13 @@ ControlEvent = Union[LeaseGranted, DataOffer, NoDataOffer, PathChoice]
 def encode_control(event: ControlEvent) -> bytes:
     """The frame for `event` (events validate themselves when built)."""
     if isinstance(event, LeaseGranted):
-        msg: dict[str, Any] = {"op": "lease_granted", "proto": str(event.proto), "free_bytes": event.free_bytes,
-                               "device": event.device, "data": event.data}
+        msg: dict[str, Any] = {
+            "op": "lease_granted",
+            "proto": str(event.proto),
+            "free_bytes": event.free_bytes,
+            "device": event.device,
+            "data": event.data,
+        }
     elif isinstance(event, DataOffer):
         msg = {"op": "data_offer", "port": event.port, "ticket": event.ticket, "secret": event.secret}
     elif isinstance(event, NoDataOffer):
@@ -127,8 +147,9 @@ def decode_control(msg: dict[str, Any]) -> ControlEvent:
                 proto = ProtoVersion.parse(_field(msg, "proto", str))
             except ValueError as exc:
                 raise ControlError(f"lease_granted: {exc}") from None
-            return LeaseGranted(proto, _field(msg, "free_bytes", int), _field(msg, "device", str),
-                                _field(msg, "data", bool))
+            return LeaseGranted(
+                proto, _field(msg, "free_bytes", int), _field(msg, "device", str), _field(msg, "data", bool)
+            )
         if op == "data_offer":
             return DataOffer(_field(msg, "port", int), _field(msg, "ticket", bytes), _field(msg, "secret", bytes))
         if op == "no_data_offer":
@@ -165,8 +186,9 @@ class ControlDecoder:
 
     def end_of_stream(self) -> None:
         """The stream ended: raise :class:`ControlError` (``ended``) — no event is complete."""
-        raise ControlError(f"the stream ended with {self._frames.buffered} bytes of an incomplete control "
-                           "message", code="ended")
+        raise ControlError(
+            f"the stream ended with {self._frames.buffered} bytes of an incomplete control message", code="ended"
+        )
 
     def take_unconsumed(self) -> bytes:
         """Bytes received after the last event (a ``link`` path's first RPC bytes)."""

@@ -25,16 +25,30 @@ LIBRARY = Path(__file__).resolve().parents[2] / "native" / "_pump.so"
 MAX_PUMP_THREADS = 256
 _limiter: trio.CapacityLimiter | None = None
 
-END_REASONS = {0: "tcp eof", 1: "data connection closed", 2: "stopped", 3: "tcp error", 4: "data connection error",
-               5: "data: oversize", 6: "data: tamper", 7: "data: reorder", 8: "data: bad_frame"}
+END_REASONS = {
+    0: "tcp eof",
+    1: "data connection closed",
+    2: "stopped",
+    3: "tcp error",
+    4: "data connection error",
+    5: "data: oversize",
+    6: "data: tamper",
+    7: "data: reorder",
+    8: "data: bad_frame",
+}
 #: End reasons that are a peer's bad frame (logged and counted like the Python pump's).
 REJECTIONS = {5, 6, 7, 8}
 
 
 class PumpStats(ctypes.Structure):
-    _fields_ = [("plain_up", ctypes.c_uint64), ("plain_down", ctypes.c_uint64),
-                ("send_counter", ctypes.c_uint64), ("recv_counter", ctypes.c_uint64),
-                ("frames_up", ctypes.c_uint64), ("frames_down", ctypes.c_uint64)]
+    _fields_ = [
+        ("plain_up", ctypes.c_uint64),
+        ("plain_down", ctypes.c_uint64),
+        ("send_counter", ctypes.c_uint64),
+        ("recv_counter", ctypes.c_uint64),
+        ("frames_up", ctypes.c_uint64),
+        ("frames_down", ctypes.c_uint64),
+    ]
 
 
 class _Native:
@@ -42,8 +56,16 @@ class _Native:
         lib = ctypes.CDLL(str(path))
         self.pump = lib.hydra_pump
         self.pump.restype = ctypes.c_int
-        self.pump.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
-                              ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(PumpStats)]
+        self.pump.argtypes = [
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_char_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.POINTER(PumpStats),
+        ]
         from nacl._sodium import ffi, lib as sodium
 
         self.enc = int(ffi.cast("uintptr_t", ffi.addressof(sodium, "crypto_aead_xchacha20poly1305_ietf_encrypt")))

@@ -71,9 +71,9 @@ class WorkerInfo:
     """An RPC worker as a coordinator sees it (readiness line / gossip + measured RTT)."""
 
     worker_id: str
-    endpoint: str      # how the coordinator reaches it (a local tunnel port for remote workers)
+    endpoint: str  # how the coordinator reaches it (a local tunnel port for remote workers)
     proto: ProtoVersion
-    free_bytes: int    # already capped by the worker's --max-memory-bytes
+    free_bytes: int  # already capped by the worker's --max-memory-bytes
     rtt_ms: float = 0.0
     device: str = "CPU"  # ggml device name the worker computes on ("CPU", "CUDA0", ...)
 
@@ -88,16 +88,16 @@ class WorkerInfo:
 
 @dataclass(frozen=True)
 class DevicePlacement:
-    name: str                      # "host", or llama.cpp's name "RPC<i>" in a fresh runner
+    name: str  # "host", or llama.cpp's name "RPC<i>" in a fresh runner
     kind: DeviceKind
     worker_id: str | None
     endpoint: str | None
-    first_block: int               # llama.cpp assigns blocks [first_block, stop_block) here
+    first_block: int  # llama.cpp assigns blocks [first_block, stop_block) here
     stop_block: int
     bytes_estimate: int
     usable_bytes: int
-    proportion: float              # share of all blocks' memory
-    holds_output: bool = False     # the output projection's weights live here
+    proportion: float  # share of all blocks' memory
+    holds_output: bool = False  # the output projection's weights live here
 
     @property
     def n_blocks(self) -> int:
@@ -110,9 +110,9 @@ class SplitPlan:
     reason: Reason
     model_size_bytes: int
     n_layers: int
-    devices: tuple[DevicePlacement, ...]   # in block order
-    rpc_endpoints: tuple[str, ...]          # registration order == llama.cpp device order
-    tensor_split: tuple[float, ...]         # per llama.cpp device: block counts
+    devices: tuple[DevicePlacement, ...]  # in block order
+    rpc_endpoints: tuple[str, ...]  # registration order == llama.cpp device order
+    tensor_split: tuple[float, ...]  # per llama.cpp device: block counts
     n_gpu_layers: int
     rejected: tuple[tuple[str, str], ...] = field(default=())  # (worker_id, why)
     #: Pin the output projection to the host CPU (a tensor override; see the module notes).
@@ -121,14 +121,25 @@ class SplitPlan:
     def to_status(self) -> dict[str, Any]:
         """Plain-data view for ``/api/status``."""
         return {
-            "split": self.split, "reason": self.reason, "n_layers": self.n_layers,
-            "n_gpu_layers": self.n_gpu_layers, "tensor_split": list(self.tensor_split),
+            "split": self.split,
+            "reason": self.reason,
+            "n_layers": self.n_layers,
+            "n_gpu_layers": self.n_gpu_layers,
+            "tensor_split": list(self.tensor_split),
             "output_on_host": self.output_on_host,
-            "devices": [{"name": d.name, "kind": d.kind, "worker_id": d.worker_id,
-                         "endpoint": d.endpoint, "layers": [d.first_block, d.stop_block],
-                         "holds_output": d.holds_output,
-                         "bytes_estimate": d.bytes_estimate, "proportion": d.proportion}
-                        for d in self.devices],
+            "devices": [
+                {
+                    "name": d.name,
+                    "kind": d.kind,
+                    "worker_id": d.worker_id,
+                    "endpoint": d.endpoint,
+                    "layers": [d.first_block, d.stop_block],
+                    "holds_output": d.holds_output,
+                    "bytes_estimate": d.bytes_estimate,
+                    "proportion": d.proportion,
+                }
+                for d in self.devices
+            ],
             "rejected": [{"worker_id": w, "reason": r} for w, r in self.rejected],
         }
 
@@ -147,8 +158,7 @@ def _allocate(n_blocks: int, usable: list[int], caps: list[int], lower: list[int
     ideal = [n_blocks * u / total if total else 0.0 for u in usable]
     counts = list(lower)
     for _ in range(n_blocks - sum(counts)):
-        best = max((i for i in range(len(counts)) if counts[i] < caps[i]),
-                   key=lambda i: (ideal[i] - counts[i], -i))
+        best = max((i for i in range(len(counts)) if counts[i] < caps[i]), key=lambda i: (ideal[i] - counts[i], -i))
         counts[best] += 1
     return counts
 
@@ -161,8 +171,11 @@ def _choose(cands: list[tuple[WorkerInfo, int]], need: int, at_least: int) -> tu
         for combo in itertools.combinations(cands, k):
             if sum(c for _, c in combo) < need:
                 continue
-            key = (sum(w.rtt_ms for w, _ in combo), -sum(c for _, c in combo),
-                   tuple(sorted(w.worker_id for w, _ in combo)))
+            key = (
+                sum(w.rtt_ms for w, _ in combo),
+                -sum(c for _, c in combo),
+                tuple(sorted(w.worker_id for w, _ in combo)),
+            )
             if best_key is None or key < best_key:
                 best_key, best = key, combo
         if best is not None:
@@ -170,10 +183,18 @@ def _choose(cands: list[tuple[WorkerInfo, int]], need: int, at_least: int) -> tu
     return None
 
 
-def plan_split(model_size_bytes: int, n_layers: int, host: Capacity, workers: list[WorkerInfo], *,
-               force_split: bool = False, max_memory_bytes: int | None = None,
-               safety_margin: float = DEFAULT_SAFETY_MARGIN, kv_bytes_per_layer: int = 0,
-               ours: ProtoVersion = RPC_PROTO) -> SplitPlan:
+def plan_split(
+    model_size_bytes: int,
+    n_layers: int,
+    host: Capacity,
+    workers: list[WorkerInfo],
+    *,
+    force_split: bool = False,
+    max_memory_bytes: int | None = None,
+    safety_margin: float = DEFAULT_SAFETY_MARGIN,
+    kv_bytes_per_layer: int = 0,
+    ours: ProtoVersion = RPC_PROTO,
+) -> SplitPlan:
     """Decide where each block of a model goes; raise :class:`PlanError` if nothing fits.
 
     Split when the model does not fit the host's usable memory (its free memory, capped
@@ -195,8 +216,10 @@ def plan_split(model_size_bytes: int, n_layers: int, host: Capacity, workers: li
     host_free = host.free_bytes if max_memory_bytes is None else min(host.free_bytes, max_memory_bytes)
     host_usable = _usable(host_free, safety_margin)
     if host_usable < block:
-        raise PlanError(f"host has {host_usable} usable bytes, less than the input embedding "
-                        f"(~{block} bytes) that llama.cpp always keeps on the host")
+        raise PlanError(
+            f"host has {host_usable} usable bytes, less than the input embedding "
+            f"(~{block} bytes) that llama.cpp always keeps on the host"
+        )
     host_cap = min(n_blocks, (host_usable - block) // cost)
 
     if host_cap >= n_blocks and not force_split:
@@ -221,15 +244,20 @@ def plan_split(model_size_bytes: int, n_layers: int, host: Capacity, workers: li
         raise PlanError(
             f"model of {model_size_bytes} bytes ({n_blocks} layers of ~{cost} bytes) does not fit: "
             f"host holds {host_cap} layers, {len(cands)} usable workers hold "
-            f"{sum(c for _, c in cands)} more, {need} needed ({why})")
+            f"{sum(c for _, c in cands)} more, {need} needed ({why})"
+        )
     caps = {w.worker_id: c for w, c in cands}
     # The output projection stays on a CPU-only host when the last worker is a CPU too
     # (module notes); the host then needs room for at least that block.
     output_on_host = not host.has_gpu_device and host_cap >= 1 and chosen[-1].is_cpu
 
     usable = [_usable(w.free_bytes, safety_margin) for w in chosen] + [host_usable - block]
-    counts = _allocate(n_blocks, usable, [caps[w.worker_id] for w in chosen] + [host_cap],
-                       [1] * len(chosen) + [1 if output_on_host else 0])
+    counts = _allocate(
+        n_blocks,
+        usable,
+        [caps[w.worker_id] for w in chosen] + [host_cap],
+        [1] * len(chosen) + [1 if output_on_host else 0],
+    )
     worker_counts, host_count = counts[:-1], counts[-1]
     # Blocks llama.cpp assigns to each device: the output block is the last worker's in its
     # eyes even when its weights are pinned to the host.
@@ -237,8 +265,10 @@ def plan_split(model_size_bytes: int, n_layers: int, host: Capacity, workers: li
     if output_on_host:
         assigned[-2] += 1
         assigned[-1] -= 1
-    rpc: list[_Entry] = [(f"RPC{i}", "rpc", w.worker_id, w.endpoint, c, a, u)
-                         for i, (w, c, a, u) in enumerate(zip(chosen, worker_counts, assigned, usable))]
+    rpc: list[_Entry] = [
+        (f"RPC{i}", "rpc", w.worker_id, w.endpoint, c, a, u)
+        for i, (w, c, a, u) in enumerate(zip(chosen, worker_counts, assigned, usable))
+    ]
     host_entry: _Entry = ("host", "host", None, None, host_count, assigned[-1], host_usable)
     if host.has_gpu_device:
         order, tensor_split, ngl = rpc + [host_entry], tuple(float(a) for a in assigned), n_blocks
@@ -249,18 +279,38 @@ def plan_split(model_size_bytes: int, n_layers: int, host: Capacity, workers: li
         output_holder = "host" if output_on_host else rpc[-1][0]
     devices, start = [], 0
     for name, kind, wid, ep, c, a, u in order:
-        devices.append(DevicePlacement(
-            name, kind, wid, ep, start, start + a,
-            c * cost + (block if kind == "host" else 0), u, c / n_blocks, name == output_holder))
+        devices.append(
+            DevicePlacement(
+                name,
+                kind,
+                wid,
+                ep,
+                start,
+                start + a,
+                c * cost + (block if kind == "host" else 0),
+                u,
+                c / n_blocks,
+                name == output_holder,
+            )
+        )
         start += a
-    return SplitPlan(True, "forced" if force_split and host_cap >= n_blocks else "too_large_for_host",
-                     model_size_bytes, n_layers, tuple(devices), tuple(w.endpoint for w in chosen),
-                     tensor_split, ngl, tuple(rejected), output_on_host)
+    return SplitPlan(
+        True,
+        "forced" if force_split and host_cap >= n_blocks else "too_large_for_host",
+        model_size_bytes,
+        n_layers,
+        tuple(devices),
+        tuple(w.endpoint for w in chosen),
+        tensor_split,
+        ngl,
+        tuple(rejected),
+        output_on_host,
+    )
 
 
-def _local_plan(model_size_bytes: int, n_layers: int, host: Capacity, usable: int,
-                block: int, cost: int) -> SplitPlan:
+def _local_plan(model_size_bytes: int, n_layers: int, host: Capacity, usable: int, block: int, cost: int) -> SplitPlan:
     n_blocks = n_layers + 1
     dev = DevicePlacement("host", "host", None, None, 0, n_blocks, n_blocks * cost + block, usable, 1.0, True)
-    return SplitPlan(False, "fits_locally", model_size_bytes, n_layers, (dev,), (), (),
-                     n_blocks if host.has_gpu_device else 0)
+    return SplitPlan(
+        False, "fits_locally", model_size_bytes, n_layers, (dev,), (), (), n_blocks if host.has_gpu_device else 0
+    )

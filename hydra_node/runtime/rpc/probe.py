@@ -69,21 +69,23 @@ def probe_worker(endpoint: str, *, timeout: float = PROBE_TIMEOUT_S) -> WorkerHe
     deadline = time.monotonic() + timeout
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
-            proto = _proto.decode_hello(
-                _exchange(sock, _proto.encode_hello(), _proto.HELLO_REPLY_SIZE, deadline))
+            proto = _proto.decode_hello(_exchange(sock, _proto.encode_hello(), _proto.HELLO_REPLY_SIZE, deadline))
             if proto.major != _proto.RPC_PROTO_MAJOR_VERSION:
                 # Another major version may frame later commands differently: stop here.
                 return WorkerHello(endpoint, proto, 0, 0, 0)
             n = _proto.decode_device_count(
-                _exchange(sock, _proto.encode_device_count(), _proto.DEVICE_COUNT_REPLY_SIZE, deadline))
+                _exchange(sock, _proto.encode_device_count(), _proto.DEVICE_COUNT_REPLY_SIZE, deadline)
+            )
             free = total = 0
             for dev in range(n):
                 f, t = _proto.decode_device_memory(
-                    _exchange(sock, _proto.encode_device_memory(dev), _proto.DEVICE_MEMORY_REPLY_SIZE, deadline))
+                    _exchange(sock, _proto.encode_device_memory(dev), _proto.DEVICE_MEMORY_REPLY_SIZE, deadline)
+                )
                 free, total = free + f, total + t
             return WorkerHello(endpoint, proto, n, free, total)
     except (socket.timeout, TimeoutError) as exc:
-        raise WorkerUnreachable(f"RPC worker {endpoint} did not answer within {timeout:.1f} s "
-                                f"(down, or serving another coordinator)") from exc
+        raise WorkerUnreachable(
+            f"RPC worker {endpoint} did not answer within {timeout:.1f} s (down, or serving another coordinator)"
+        ) from exc
     except OSError as exc:
         raise WorkerUnreachable(f"RPC worker {endpoint} unreachable: {exc}") from exc

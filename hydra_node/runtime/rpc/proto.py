@@ -45,7 +45,8 @@ class IncompatibleWorker(Exception):
         super().__init__(
             f"{who} speaks ggml RPC protocol {worker}, this node's llama.cpp speaks {ours}: "
             f"the major version must be equal and the worker's minor version at most ours; "
-            f"upgrade the older side's llama-cpp-python")
+            f"upgrade the older side's llama-cpp-python"
+        )
         self.worker = worker
         self.ours = ours
 
@@ -131,13 +132,12 @@ class ResponseReader:
         if len(self._buf) >= 8:
             (size,) = struct.unpack_from("<Q", self._buf)
             if size != self._expected:
-                raise RpcProtocolError(
-                    f"worker replied with {size} bytes where {self._expected} were expected")
+                raise RpcProtocolError(f"worker replied with {size} bytes where {self._expected} were expected")
 
     def next_payload(self) -> bytes | None:
         if len(self._buf) < 8 + self._expected:
             return None
-        return bytes(self._buf[8:8 + self._expected])
+        return bytes(self._buf[8 : 8 + self._expected])
 
 
 def decode_hello(payload: bytes) -> ProtoVersion:

@@ -38,9 +38,16 @@ class Readiness:
     pid: int = 0
 
     def to_wire(self) -> dict:
-        return {"ready": True, "endpoint": self.endpoint, "proto": str(self.proto),
-                "free_bytes": self.free_bytes, "total_bytes": self.total_bytes,
-                "device": self.device, "description": self.description, "pid": self.pid}
+        return {
+            "ready": True,
+            "endpoint": self.endpoint,
+            "proto": str(self.proto),
+            "free_bytes": self.free_bytes,
+            "total_bytes": self.total_bytes,
+            "device": self.device,
+            "description": self.description,
+            "pid": self.pid,
+        }
 
 
 @dataclass(frozen=True)
@@ -82,5 +89,12 @@ def parse_readiness(line: bytes) -> Readiness | StartFailure:
     free, total = _int(d, "free_bytes"), _int(d, "total_bytes")
     if free > total:
         raise BadReadiness(f"free_bytes {free} above total_bytes {total}")
-    return Readiness(_str(d, "endpoint"), proto, free, total, _str(d, "device"),
-                     _str(d, "description", ""), _int(d, "pid") if "pid" in d else 0)
+    return Readiness(
+        _str(d, "endpoint"),
+        proto,
+        free,
+        total,
+        _str(d, "device"),
+        _str(d, "description", ""),
+        _int(d, "pid") if "pid" in d else 0,
+    )

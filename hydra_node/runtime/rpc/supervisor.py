@@ -26,14 +26,20 @@ from pathlib import Path
 import trio
 
 from hydra_node.backoff import Backoff, CrashLoop
-from hydra_node.runtime.supervise import (ChildFailed, ChildNotReady, ChildOutput, ChildSpec, ChildState,
-                                          ChildSupervisor, GiveUp)
+from hydra_node.runtime.supervise import (
+    ChildFailed,
+    ChildNotReady,
+    ChildOutput,
+    ChildSpec,
+    ChildState,
+    ChildSupervisor,
+    GiveUp,
+)
 
 from hydra_node.runtime.rpc.readiness import MAX_READINESS_LINE, BadReadiness, Readiness, StartFailure, parse_readiness
 from hydra_node.runtime.rpc.worker import LOOPBACK, READY_TIMEOUT_S
 
-__all__ = ["Backoff", "RpcWorkerSupervisor", "WorkerFailed", "WorkerState", "WorkerStatistics",
-           "free_loopback_port"]
+__all__ = ["Backoff", "RpcWorkerSupervisor", "WorkerFailed", "WorkerState", "WorkerStatistics", "free_loopback_port"]
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +75,34 @@ def free_loopback_port() -> int:
 class RpcWorkerSupervisor:
     """Keeps one loopback RPC worker process alive; see the module docstring."""
 
-    def __init__(self, *, port: int = 0, threads: int = 1, cache_dir: str | None = None,
-                 max_memory_bytes: int | None = None, ready_timeout_s: float = READY_TIMEOUT_S,
-                 backoff: Backoff = Backoff(), max_start_failures: int = 5,
-                 stable_after_s: float = 30.0, grace_s: float = 5.0,
-                 rng: random.Random | None = None, python: str = sys.executable,
-                 pidfile: Path | None = None):
+    def __init__(
+        self,
+        *,
+        port: int = 0,
+        threads: int = 1,
+        cache_dir: str | None = None,
+        max_memory_bytes: int | None = None,
+        ready_timeout_s: float = READY_TIMEOUT_S,
+        backoff: Backoff = Backoff(),
+        max_start_failures: int = 5,
+        stable_after_s: float = 30.0,
+        grace_s: float = 5.0,
+        rng: random.Random | None = None,
+        python: str = sys.executable,
+        pidfile: Path | None = None,
+    ):
         self._port = port or free_loopback_port()
-        argv = [python, "-m", "hydra_node.runtime.rpc.worker", "--host", LOOPBACK,
-                "--port", str(self._port), "--threads", str(threads)]
+        argv = [
+            python,
+            "-m",
+            "hydra_node.runtime.rpc.worker",
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(self._port),
+            "--threads",
+            str(threads),
+        ]
         if cache_dir:
             argv += ["--cache-dir", cache_dir]
         if max_memory_bytes:
@@ -85,12 +110,24 @@ class RpcWorkerSupervisor:
         self._ready_timeout = ready_timeout_s
         self._output = ChildOutput()
         self._ready: Readiness | None = None
-        spec = ChildSpec(argv, ready=self._await_readiness, kind="rpc-worker", stdout=subprocess.PIPE,
-                         output=self._output, pidfile=pidfile, grace_s=grace_s)
+        spec = ChildSpec(
+            argv,
+            ready=self._await_readiness,
+            kind="rpc-worker",
+            stdout=subprocess.PIPE,
+            output=self._output,
+            pidfile=pidfile,
+            grace_s=grace_s,
+        )
         self._child = ChildSupervisor(
-            "RPC worker", spec, backoff=dataclasses.replace(backoff, reset_after_s=stable_after_s),
-            crash_loop=CrashLoop(max_start_failures), forgive_when_ready=True, on_ready=self._on_ready,
-            rng=rng)
+            "RPC worker",
+            spec,
+            backoff=dataclasses.replace(backoff, reset_after_s=stable_after_s),
+            crash_loop=CrashLoop(max_start_failures),
+            forgive_when_ready=True,
+            on_ready=self._on_ready,
+            rng=rng,
+        )
 
     @property
     def endpoint(self) -> str:
@@ -99,9 +136,17 @@ class RpcWorkerSupervisor:
     def statistics(self) -> WorkerStatistics:
         c = self._child
         r = self._ready if c.state is WorkerState.READY else None
-        return WorkerStatistics(c.state, self.endpoint, str(r.proto) if r else None,
-                                r.free_bytes if r else 0, r.total_bytes if r else 0,
-                                r.device if r else None, c.restarts, c.pid, c.last_error)
+        return WorkerStatistics(
+            c.state,
+            self.endpoint,
+            str(r.proto) if r else None,
+            r.free_bytes if r else 0,
+            r.total_bytes if r else 0,
+            r.device if r else None,
+            c.restarts,
+            c.pid,
+            c.last_error,
+        )
 
     async def wait_ready(self, *, min_restarts: int = 0) -> WorkerStatistics:
         """Wait until the worker is ready after at least ``min_restarts`` restarts."""
@@ -120,13 +165,19 @@ class RpcWorkerSupervisor:
                 raise WorkerFailed(exc.last_error) from exc
             if exc.reason is GiveUp.REFUSED:
                 raise WorkerFailed(f"RPC worker refused to start: {exc.last_error}") from None
-            raise WorkerFailed(f"RPC worker failed {exc.failures} times before becoming ready; "
-                               f"last error: {exc.last_error}") from None
+            raise WorkerFailed(
+                f"RPC worker failed {exc.failures} times before becoming ready; last error: {exc.last_error}"
+            ) from None
 
     def _on_ready(self, ready: Readiness) -> WorkerStatistics:
         self._ready = ready
-        log.info("event=rpc_worker_ready endpoint=%s proto=%s pid=%s restarts=%d",
-                 ready.endpoint, ready.proto, self._child.pid, self._child.restarts)
+        log.info(
+            "event=rpc_worker_ready endpoint=%s proto=%s pid=%s restarts=%d",
+            ready.endpoint,
+            ready.proto,
+            self._child.pid,
+            self._child.restarts,
+        )
         return self.statistics()
 
     async def _await_readiness(self, proc: trio.Process) -> Readiness:
@@ -140,8 +191,9 @@ class RpcWorkerSupervisor:
                 chunk = await proc.stdout.receive_some(_READ_CHUNK)
                 if not chunk:
                     await proc.wait()
-                    raise ChildNotReady(f"worker exited with status {proc.returncode} before readiness: "
-                                        f"{self._output.tail()}")
+                    raise ChildNotReady(
+                        f"worker exited with status {proc.returncode} before readiness: {self._output.tail()}"
+                    )
                 buf += chunk
             try:
                 outcome = parse_readiness(bytes(buf.split(b"\n", 1)[0]))

@@ -32,18 +32,36 @@ from __future__ import annotations
 from typing import Awaitable, Callable
 
 from hydra_node.runtime.rpc.tunnel_client import (
-    ACCEPT_RETRY_S, LEASE_TIMEOUT_S, MAX_CONNECTIONS_PER_TUNNEL, LeasedWorker, LinkDialer,
-    RemoteWorkerTunnel, TunnelError,
+    ACCEPT_RETRY_S,
+    LEASE_TIMEOUT_S,
+    MAX_CONNECTIONS_PER_TUNNEL,
+    LeasedWorker,
+    LinkDialer,
+    RemoteWorkerTunnel,
+    TunnelError,
 )
 from hydra_node.runtime.rpc.tunnel_control import MAX_TAG_CHARS, PATH_CHOICE_TIMEOUT_S, TUNNEL_SERVICE, read_control
 from hydra_node.runtime.rpc.tunnel_server import LOCAL_CONNECT_TIMEOUT_S, RpcTunnelServer
 from hydra_node.runtime.rpc.tunnel_splice import PUMP_CHUNK_BYTES, splice, splice_data
 
 __all__ = [
-    "ACCEPT_RETRY_S", "LEASE_TIMEOUT_S", "LOCAL_CONNECT_TIMEOUT_S", "MAX_CONNECTIONS_PER_TUNNEL",
-    "MAX_TAG_CHARS", "PATH_CHOICE_TIMEOUT_S", "PUMP_CHUNK_BYTES", "TUNNEL_SERVICE", "LeasedWorker",
-    "LinkDialer", "RemoteWorkerTunnel", "RpcTunnelServer", "TunnelError", "TunnelHandler",
-    "read_control", "splice", "splice_data",
+    "ACCEPT_RETRY_S",
+    "LEASE_TIMEOUT_S",
+    "LOCAL_CONNECT_TIMEOUT_S",
+    "MAX_CONNECTIONS_PER_TUNNEL",
+    "MAX_TAG_CHARS",
+    "PATH_CHOICE_TIMEOUT_S",
+    "PUMP_CHUNK_BYTES",
+    "TUNNEL_SERVICE",
+    "LeasedWorker",
+    "LinkDialer",
+    "RemoteWorkerTunnel",
+    "RpcTunnelServer",
+    "TunnelError",
+    "TunnelHandler",
+    "read_control",
+    "splice",
+    "splice_data",
 ]
 
 #: What a node calls for each incoming ``tunnel`` stream: ``handler(link, header, stream)``.

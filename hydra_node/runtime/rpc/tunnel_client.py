@@ -17,13 +17,25 @@ from hydra_node.mesh.wire.errors import MeshError, StreamReset
 
 from hydra_node.runtime.rpc.proto import RPC_PROTO, ProtoVersion
 from hydra_node.runtime.rpc.dataconn import DataConnError, DataConnection, dial
-from hydra_node.runtime.rpc.lease_wire import ControlError, DataOffer, LeaseGranted, NoDataOffer, PathChoice, encode_control
+from hydra_node.runtime.rpc.lease_wire import (
+    ControlError,
+    DataOffer,
+    LeaseGranted,
+    NoDataOffer,
+    PathChoice,
+    encode_control,
+)
 from hydra_node.runtime.rpc.tunnel_control import MAX_TAG_CHARS, PATH_CHOICE_TIMEOUT_S, TUNNEL_SERVICE, read_control
 from hydra_node.runtime.rpc.tunnel_splice import STREAM_ERRORS, TCP_ERRORS, splice, splice_data
 
 __all__ = [
-    "ACCEPT_RETRY_S", "LEASE_TIMEOUT_S", "MAX_CONNECTIONS_PER_TUNNEL", "LeasedWorker", "LinkDialer",
-    "RemoteWorkerTunnel", "TunnelError",
+    "ACCEPT_RETRY_S",
+    "LEASE_TIMEOUT_S",
+    "MAX_CONNECTIONS_PER_TUNNEL",
+    "LeasedWorker",
+    "LinkDialer",
+    "RemoteWorkerTunnel",
+    "TunnelError",
 ]
 
 log = logging.getLogger("hydra.rpc.tunnel")
@@ -49,7 +61,7 @@ class LeasedWorker:
     """A remote worker this coordinator holds the lease on, as its node described it."""
 
     peer_id: str
-    endpoint: str          # the local tunnel port llama.cpp should use
+    endpoint: str  # the local tunnel port llama.cpp should use
     proto: ProtoVersion
     free_bytes: int
     device: str
@@ -75,9 +87,9 @@ class RemoteWorkerTunnel:
         self.peer_id = peer_id
         self.tag = tag[:MAX_TAG_CHARS]
         self.connections = 0
-        self.data_connections = 0          # connections carried by a data connection
+        self.data_connections = 0  # connections carried by a data connection
         self.data_fallback: str | None = None  # why the last one used the link stream instead
-        self.worker_offers_data = False        # the lease reply said the worker node takes data connections
+        self.worker_offers_data = False  # the lease reply said the worker node takes data connections
         self.bytes_up = 0
         self.bytes_down = 0
         self.ended: str | None = None
@@ -90,8 +102,9 @@ class RemoteWorkerTunnel:
             raise TunnelError(peer, f"unreachable: {exc}", "unreachable") from None
         started = False
         try:
-            async with link.open_stream({"kind": "tunnel", "service": TUNNEL_SERVICE, "op": "lease",
-                                         "tag": self.tag}) as lease:
+            async with link.open_stream(
+                {"kind": "tunnel", "service": TUNNEL_SERVICE, "op": "lease", "tag": self.tag}
+            ) as lease:
                 try:
                     with trio.fail_after(LEASE_TIMEOUT_S):
                         grant, _ = await read_control(lease, LeaseGranted)
@@ -104,9 +117,12 @@ class RemoteWorkerTunnel:
                 except ControlError as exc:
                     raise TunnelError(peer, f"bad lease reply ({exc.code}): {exc}", "bad_reply") from None
                 if not RPC_PROTO.accepts_worker(info.proto):
-                    raise TunnelError(peer, f"RPC protocol {info.proto} is incompatible with ours {RPC_PROTO} "
-                                            "(same major version and a minor version not above ours needed)",
-                                      "incompatible")
+                    raise TunnelError(
+                        peer,
+                        f"RPC protocol {info.proto} is incompatible with ours {RPC_PROTO} "
+                        "(same major version and a minor version not above ours needed)",
+                        "incompatible",
+                    )
                 try:
                     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
                 except OSError as exc:
@@ -153,8 +169,12 @@ class RemoteWorkerTunnel:
         async with limit:
             self.connections += 1
             try:
-                header: dict[str, object] = {"kind": "tunnel", "service": TUNNEL_SERVICE, "op": "connect",
-                                             "tag": self.tag}
+                header: dict[str, object] = {
+                    "kind": "tunnel",
+                    "service": TUNNEL_SERVICE,
+                    "op": "connect",
+                    "tag": self.tag,
+                }
                 if self.worker_offers_data:
                     header["data"] = 1
                 async with link.open_stream(header) as s:
@@ -183,8 +203,9 @@ class RemoteWorkerTunnel:
             try:
                 offer, _ = await read_control(stream, DataOffer, NoDataOffer)
             except ControlError as exc:
-                log.warning("event=rpc_tunnel_bad_offer peer=%s code=%s error=%r", self.peer_id[:16], exc.code,
-                            str(exc))
+                log.warning(
+                    "event=rpc_tunnel_bad_offer peer=%s code=%s error=%r", self.peer_id[:16], exc.code, str(exc)
+                )
         if not isinstance(offer, DataOffer):
             self.data_fallback = "the worker node offered no data connection"
             return None
@@ -197,6 +218,7 @@ class RemoteWorkerTunnel:
             return await dial(host, port, ticket, secret)
         except DataConnError as exc:
             self.data_fallback = str(exc)
-            log.warning("event=rpc_tunnel_data_fallback peer=%s reason=%s error=%r", self.peer_id[:16],
-                        exc.code, str(exc))
+            log.warning(
+                "event=rpc_tunnel_data_fallback peer=%s reason=%s error=%r", self.peer_id[:16], exc.code, str(exc)
+            )
             return None

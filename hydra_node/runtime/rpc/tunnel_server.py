@@ -18,8 +18,15 @@ from hydra_node.mesh.wire.errors import StreamReset
 from hydra_node.runtime.rpc.proto import ProtoVersion
 from hydra_node.runtime.rpc.dataconn import DataConnection, DataListener, TooManyTickets
 from hydra_node.runtime.rpc.lease import LeaseHeld, LeaseRow, WorkerLease
-from hydra_node.runtime.rpc.lease_wire import (MAX_DEVICE_CHARS, ControlError, DataOffer, LeaseGranted, NoDataOffer,
-                                              PathChoice, encode_control)
+from hydra_node.runtime.rpc.lease_wire import (
+    MAX_DEVICE_CHARS,
+    ControlError,
+    DataOffer,
+    LeaseGranted,
+    NoDataOffer,
+    PathChoice,
+    encode_control,
+)
 from hydra_node.runtime.rpc.tunnel_control import MAX_TAG_CHARS, PATH_CHOICE_TIMEOUT_S, read_control
 from hydra_node.runtime.rpc.tunnel_splice import splice, splice_data
 
@@ -42,14 +49,27 @@ class RpcTunnelServer:
         self.lease = WorkerLease(worker_id)
         self.data = DataListener()
         self.worker_info = worker_info
-        self._holders: dict[str, int] = {}        # coordinator -> open lease streams
-        self._streams: set = set()                 # every stream we serve, for revoke()
-        self.counters = {"leases_granted": 0, "leases_refused": 0, "connections": 0, "connections_refused": 0,
-                         "data_connections": 0, "bytes_in": 0, "bytes_out": 0}
-        self._lease_bytes = [0, 0]                 # (in, out) tunnelled for the current lease holder
+        self._holders: dict[str, int] = {}  # coordinator -> open lease streams
+        self._streams: set = set()  # every stream we serve, for revoke()
+        self.counters = {
+            "leases_granted": 0,
+            "leases_refused": 0,
+            "connections": 0,
+            "connections_refused": 0,
+            "data_connections": 0,
+            "bytes_in": 0,
+            "bytes_out": 0,
+        }
+        self._lease_bytes = [0, 0]  # (in, out) tunnelled for the current lease holder
 
-    async def serve_data(self, host: str, port: int = 0, *, listeners: list[trio.SocketListener] | None = None,
-                         task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve_data(
+        self,
+        host: str,
+        port: int = 0,
+        *,
+        listeners: list[trio.SocketListener] | None = None,
+        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Accept tunnel data connections on ``host`` (the mesh listener's address); ``listeners``:
         that port bound beforehand."""
         await self.data.serve(host, port, listeners=listeners, task_status=task_status)
@@ -103,8 +123,9 @@ class RpcTunnelServer:
         except LeaseHeld as exc:
             self.counters["leases_refused"] += 1
             log.info("event=rpc_lease_refused coordinator=%s holder=%s", peer[:16], exc.holder[:16])
-            await stream.reset("lease_held", f"RPC worker is leased to coordinator {exc.holder[:16]}; "
-                                             "pick another worker or wait")
+            await stream.reset(
+                "lease_held", f"RPC worker is leased to coordinator {exc.holder[:16]}; pick another worker or wait"
+            )
             return
         self.counters["leases_granted"] += 1
         self._holders[peer] = self._holders.get(peer, 0) + 1
@@ -112,8 +133,11 @@ class RpcTunnelServer:
         log.info("event=rpc_lease_granted coordinator=%s", peer[:16])
         try:
             _, proto, free, device = info
-            await stream.send(encode_control(LeaseGranted(ProtoVersion.parse(proto), free, device[:MAX_DEVICE_CHARS],
-                                                          self.data.port is not None)))
+            await stream.send(
+                encode_control(
+                    LeaseGranted(ProtoVersion.parse(proto), free, device[:MAX_DEVICE_CHARS], self.data.port is not None)
+                )
+            )
             while await stream.receive():
                 pass
         finally:
@@ -175,8 +199,11 @@ class RpcTunnelServer:
                 ticket, waiter = self.data.issue(peer)
             except TooManyTickets:
                 pass
-        offer = (DataOffer(port, ticket.ticket_id, ticket.secret) if port is not None and ticket is not None
-                 else NoDataOffer())
+        offer = (
+            DataOffer(port, ticket.ticket_id, ticket.secret)
+            if port is not None and ticket is not None
+            else NoDataOffer()
+        )
         try:
             await stream.send(encode_control(offer))
             choice, rest = None, b""

@@ -80,6 +80,7 @@ async def _first_to_end(*pumps: Callable[[], Awaitable[str]]) -> str:
     """
     ended = "cancelled"
     async with trio.open_nursery() as nursery:
+
         async def run(pump: Callable[[], Awaitable[str]]) -> None:
             nonlocal ended
             ended = await pump()
@@ -108,6 +109,7 @@ async def splice(tcp: trio.SocketStream, stream, direction: Direction | None = N
     too and the stream is reset by the caller's context.  ``initial`` is stream data
     already read (it goes to the TCP side first).
     """
+
     async def tcp_to_stream() -> str:
         try:
             if direction is None:
@@ -145,6 +147,7 @@ async def splice_data(tcp: trio.SocketStream, conn: DataConnection, control, dir
 
     The native pump (``native_pump.py``) does it when built; else this Python one.
     """
+
     async def tcp_to_data() -> str:
         try:
             await _pump_framed(tcp, conn.send, RpcFramer(direction, PUMP_CHUNK_BYTES))

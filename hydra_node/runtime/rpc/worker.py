@@ -48,14 +48,16 @@ class WorkerArgs(argparse.Namespace):
 
 
 def parse_args(argv: list[str] | None = None) -> WorkerArgs:
-    p = argparse.ArgumentParser(prog="python -m hydra_node.runtime.rpc.worker",
-                                description="Hydra ggml RPC worker (loopback only)")
+    p = argparse.ArgumentParser(
+        prog="python -m hydra_node.runtime.rpc.worker", description="Hydra ggml RPC worker (loopback only)"
+    )
     p.add_argument("--host", default=LOOPBACK, help="must be 127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--cache-dir", default=None, help="ggml RPC weight cache folder")
-    p.add_argument("--max-memory-bytes", type=int, default=None,
-                   help="cap on the memory this worker advertises to planners")
+    p.add_argument(
+        "--max-memory-bytes", type=int, default=None, help="cap on the memory this worker advertises to planners"
+    )
     p.add_argument("--device", default=None, help="ggml device name (default: first GPU, else CPU)")
     return p.parse_args(argv, namespace=WorkerArgs())
 
@@ -63,8 +65,10 @@ def parse_args(argv: list[str] | None = None) -> WorkerArgs:
 def validate(args: WorkerArgs) -> str | None:
     """Return an error message for arguments we refuse, else None."""
     if args.host != LOOPBACK:
-        return (f"refusing to bind {args.host!r}: RPC workers bind {LOOPBACK} only; remote "
-                f"coordinators reach them through the encrypted mesh tunnel")
+        return (
+            f"refusing to bind {args.host!r}: RPC workers bind {LOOPBACK} only; remote "
+            f"coordinators reach them through the encrypted mesh tunnel"
+        )
     if not 0 < args.port < 65536:
         return f"--port must be 1..65535, got {args.port}"
     if not 1 <= args.threads <= 1024:
@@ -87,8 +91,7 @@ def _pick_device(ggml, wanted: str | None) -> int:
         for d in devs:
             if ggml.device_info(d).name == wanted:
                 return d
-        raise ValueError(f"no ggml device named {wanted!r}; have "
-                         f"{[ggml.device_info(d).name for d in devs]}")
+        raise ValueError(f"no ggml device named {wanted!r}; have {[ggml.device_info(d).name for d in devs]}")
     for d in devs:
         if ggml.dev_type(d) == GGML_BACKEND_DEVICE_TYPE_GPU and ggml.device_info(d).backend != "RPC":
             return d
@@ -143,20 +146,31 @@ def main(argv: list[str] | None = None) -> int:
     # returns on failure.  It runs in a daemon thread so the main thread stays free for
     # signals; at exit we leave with os._exit, never joining it.
     server = threading.Thread(
-        target=ggml.rpc_start_server, name="ggml-rpc-server", daemon=True,
-        args=(endpoint.encode(), cache, args.threads, 1, devices))
+        target=ggml.rpc_start_server,
+        name="ggml-rpc-server",
+        daemon=True,
+        args=(endpoint.encode(), cache, args.threads, 1, devices),
+    )
     server.start()
 
     deadline = time.monotonic() + READY_TIMEOUT_S
     hello = None
     while hello is None and not stop.is_set():
         if not server.is_alive():
-            _emit(out, {"ready": False, "permanent": False,
-                        "error": f"ggml RPC server on {endpoint} exited (port in use?)"})
+            _emit(
+                out,
+                {"ready": False, "permanent": False, "error": f"ggml RPC server on {endpoint} exited (port in use?)"},
+            )
             return EXIT_FAILED
         if time.monotonic() > deadline:
-            _emit(out, {"ready": False, "permanent": False,
-                        "error": f"ggml RPC server on {endpoint} not answering after {READY_TIMEOUT_S} s"})
+            _emit(
+                out,
+                {
+                    "ready": False,
+                    "permanent": False,
+                    "error": f"ggml RPC server on {endpoint} not answering after {READY_TIMEOUT_S} s",
+                },
+            )
             return EXIT_FAILED
         try:
             hello = probe_worker(endpoint, timeout=1.0)
@@ -166,17 +180,30 @@ def main(argv: list[str] | None = None) -> int:
             _emit(out, {"ready": False, "permanent": False, "error": f"bad handshake on {endpoint}: {exc}"})
             return EXIT_FAILED
     if hello is not None and (hello.proto != _ggml.RPC_PROTO or not server.is_alive()):
-        _emit(out, {"ready": False, "permanent": False,
-                    "error": f"another server answers on {endpoint} (protocol {hello.proto})"})
+        _emit(
+            out,
+            {
+                "ready": False,
+                "permanent": False,
+                "error": f"another server answers on {endpoint} (protocol {hello.proto})",
+            },
+        )
         return EXIT_FAILED
     if hello is not None:
         cap = args.max_memory_bytes
-        _emit(out, {
-            "ready": True, "endpoint": endpoint, "proto": str(hello.proto),
-            "free_bytes": min(hello.free_bytes, cap) if cap else hello.free_bytes,
-            "total_bytes": min(hello.total_bytes, cap) if cap else hello.total_bytes,
-            "device": info.name, "description": info.description, "pid": os.getpid(),
-        })
+        _emit(
+            out,
+            {
+                "ready": True,
+                "endpoint": endpoint,
+                "proto": str(hello.proto),
+                "free_bytes": min(hello.free_bytes, cap) if cap else hello.free_bytes,
+                "total_bytes": min(hello.total_bytes, cap) if cap else hello.total_bytes,
+                "device": info.name,
+                "description": info.description,
+                "pid": os.getpid(),
+            },
+        )
     while not stop.is_set():
         if not server.is_alive():
             print(f"hydra rpc worker: ggml RPC server on {endpoint} exited", file=sys.stderr)

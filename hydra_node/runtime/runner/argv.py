@@ -12,11 +12,35 @@ __all__ = ["runner_argv"]
 
 def runner_argv(s: RunnerSettings, model: ModelRef, fd: int) -> list[str]:
     """``python -m hydra_node.runtime.child.main`` with every knob of ``s`` (``fd``: the channel)."""
-    argv = [sys.executable, "-m", "hydra_node.runtime.child.main", "--fd", str(fd),
-            "--model", str(model.path), "--model-id", model.id, "--n-ctx", str(s.n_ctx),
-            "--n-batch", str(s.n_batch), "--threads", str(s.threads), "--threads-batch", str(s.threads_batch),
-            "--n-ubatch", str(s.n_ubatch), "--flash-attn", s.flash_attention, "--type-k", s.type_k,
-            "--type-v", s.type_v, "--mmap", s.mmap]
+    argv = [
+        sys.executable,
+        "-m",
+        "hydra_node.runtime.child.main",
+        "--fd",
+        str(fd),
+        "--model",
+        str(model.path),
+        "--model-id",
+        model.id,
+        "--n-ctx",
+        str(s.n_ctx),
+        "--n-batch",
+        str(s.n_batch),
+        "--threads",
+        str(s.threads),
+        "--threads-batch",
+        str(s.threads_batch),
+        "--n-ubatch",
+        str(s.n_ubatch),
+        "--flash-attn",
+        s.flash_attention,
+        "--type-k",
+        s.type_k,
+        "--type-v",
+        s.type_v,
+        "--mmap",
+        s.mmap,
+    ]
     argv += ["--parallel", str(s.parallel)]
     if not s.continuous_batching:
         argv.append("--no-continuous-batching")

@@ -108,5 +108,7 @@ async def next_frame(sup, recv_ch: trio.MemoryReceiveChannel) -> dict:
         except trio.EndOfChannel:
             raise RunnerCrashed(f"model runner for {sup.model.id!r} exited unexpectedly") from None
     sup._kill_stalled(stall)
-    raise RunnerStalled(f"model runner for {sup.model.id!r} produced nothing for {stall:.0f} s "
-                        f"(a stalled RPC worker or tunnel); the runner was restarted")
+    raise RunnerStalled(
+        f"model runner for {sup.model.id!r} produced nothing for {stall:.0f} s "
+        f"(a stalled RPC worker or tunnel); the runner was restarted"
+    )

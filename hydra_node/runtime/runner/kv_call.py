@@ -69,13 +69,14 @@ class KvImported:
 @dataclass(frozen=True)
 class KvStatistics:
     """``/api/status`` ``kv_cache.models[id]``: this runner's KV transfers since the node started."""
+
     exports: int = 0
     imports: int = 0
     export_bytes: int = 0
     import_bytes: int = 0
     import_refused: dict[str, int] = field(default_factory=dict)  # identity field -> refusals naming it
-    import_refusals: int = 0   # imports refused for their identity (each may name several fields)
-    failures: int = 0          # other failed operations (corrupt file, no room, runner errors)
+    import_refusals: int = 0  # imports refused for their identity (each may name several fields)
+    failures: int = 0  # other failed operations (corrupt file, no room, runner errors)
 
 
 class RunnerKv:
@@ -83,8 +84,14 @@ class RunnerKv:
         self._sup = sup
         self._lock = trio.Lock()
         self.on_transfer: Callable[[str, str, int, float], None] | None = None
-        self._stats = {"exports": 0, "imports": 0, "export_bytes": 0, "import_bytes": 0, "import_refusals": 0,
-                       "failures": 0}
+        self._stats = {
+            "exports": 0,
+            "imports": 0,
+            "export_bytes": 0,
+            "import_bytes": 0,
+            "import_refusals": 0,
+            "failures": 0,
+        }
         self._refused: dict[str, int] = {}
         self._digests: FileDigests | None = None  # the model file's, once hashed
 
@@ -103,11 +110,17 @@ class RunnerKv:
         """Write the KV state of ``req``'s prompt (its exact tokens) to ``dest`` (prefilled if no slot holds it)."""
         t0 = time.monotonic()
         sha = await self.model_sha256()
-        msg = await self._exchange({"op": "kv_export", "req": req.to_wire(), "path": str(dest), "model_sha256": sha},
-                                   "kv_exported")
+        msg = await self._exchange(
+            {"op": "kv_export", "req": req.to_wire(), "path": str(dest), "model_sha256": sha}, "kv_exported"
+        )
         try:
-            out = KvExported(Path(dest), KvIdentity.from_mapping(msg.get("identity")), _count(msg, "tokens"),
-                             _count(msg, "bytes"), (time.monotonic() - t0) * 1000)
+            out = KvExported(
+                Path(dest),
+                KvIdentity.from_mapping(msg.get("identity")),
+                _count(msg, "tokens"),
+                _count(msg, "bytes"),
+                (time.monotonic() - t0) * 1000,
+            )
         except ValueError as exc:
             raise RunnerProtocolError(f"runner kv_exported: {exc}") from None
         self._stats["exports"] += 1
@@ -120,8 +133,9 @@ class RunnerKv:
         t0 = time.monotonic()
         sha = await self.model_sha256()
         msg = await self._exchange({"op": "kv_import", "path": str(path), "model_sha256": sha}, "kv_imported")
-        out = KvImported(Path(path), _count(msg, "tokens"), _count(msg, "bytes"), _count(msg, "slot"),
-                         (time.monotonic() - t0) * 1000)
+        out = KvImported(
+            Path(path), _count(msg, "tokens"), _count(msg, "bytes"), _count(msg, "slot"), (time.monotonic() - t0) * 1000
+        )
         self._stats["imports"] += 1
         self._stats["import_bytes"] += out.bytes
         self._observe("import", out.bytes, out.duration_ms)

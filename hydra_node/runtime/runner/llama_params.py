@@ -20,8 +20,18 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["FLASH_ATTENTION_MODES", "KV_CACHE_TYPES", "MMAP_MODES", "QUANTIZED_KV_TYPES", "count_gpu_devices", "ggml_type", "gpu_report",
-           "kv_flash_conflict", "llama_kwargs", "resolve_flash_attention"]
+__all__ = [
+    "FLASH_ATTENTION_MODES",
+    "KV_CACHE_TYPES",
+    "MMAP_MODES",
+    "QUANTIZED_KV_TYPES",
+    "count_gpu_devices",
+    "ggml_type",
+    "gpu_report",
+    "kv_flash_conflict",
+    "llama_kwargs",
+    "resolve_flash_attention",
+]
 
 #: ``[defaults.model_fit].flash_attention`` after normalising booleans (true → on, false → off).
 FLASH_ATTENTION_MODES = ("auto", "on", "off")
@@ -36,8 +46,10 @@ MMAP_MODES = ("auto", "on", "off")
 def kv_flash_conflict(type_v: str, flash_attention: str) -> str | None:
     """Why llama.cpp would refuse this V cache type with this flash-attention mode (None: it accepts)."""
     if type_v in QUANTIZED_KV_TYPES and flash_attention == "off":
-        return (f"a quantized V cache ({type_v}) needs flash attention, which llama.cpp refuses to run "
-                f"with flash_attention = \"off\"; set flash_attention to \"auto\" or \"on\", or type_v to f16")
+        return (
+            f"a quantized V cache ({type_v}) needs flash attention, which llama.cpp refuses to run "
+            f"with flash_attention = \"off\"; set flash_attention to \"auto\" or \"on\", or type_v to f16"
+        )
     return None
 
 
@@ -61,9 +73,20 @@ def ggml_type(llama_cpp: Any, name: str) -> int:
     return int(_GGML_TYPES_UNEXPORTED[name] if value is None else value)
 
 
-def llama_kwargs(llama_cpp: Any, *, n_ubatch: int, flash_attention: str, type_k: str, type_v: str, mmap: str,
-                 mlock: bool, threads: int, threads_batch: int, n_gpu_layers: int | None,
-                 gpu_devices: int) -> dict[str, Any]:
+def llama_kwargs(
+    llama_cpp: Any,
+    *,
+    n_ubatch: int,
+    flash_attention: str,
+    type_k: str,
+    type_v: str,
+    mmap: str,
+    mlock: bool,
+    threads: int,
+    threads_batch: int,
+    n_gpu_layers: int | None,
+    gpu_devices: int,
+) -> dict[str, Any]:
     """Keyword arguments of ``llama_cpp.Llama`` for these knobs (``n_gpu_layers`` None: auto)."""
     conflict = kv_flash_conflict(type_v, flash_attention)
     if conflict is not None:
@@ -72,18 +95,27 @@ def llama_kwargs(llama_cpp: Any, *, n_ubatch: int, flash_attention: str, type_k:
         raise ValueError(f"mmap must be one of {', '.join(MMAP_MODES)}, not {mmap!r}")
     if n_gpu_layers is None:
         n_gpu_layers = -1 if gpu_devices > 0 else 0
-    return {"n_ubatch": n_ubatch, "flash_attn": resolve_flash_attention(flash_attention),
-            "type_k": ggml_type(llama_cpp, type_k), "type_v": ggml_type(llama_cpp, type_v),
-            "use_mmap": mmap != "off", "use_mlock": mlock, "n_threads": threads or None,
-            "n_threads_batch": threads_batch or None, "n_gpu_layers": n_gpu_layers}
+    return {
+        "n_ubatch": n_ubatch,
+        "flash_attn": resolve_flash_attention(flash_attention),
+        "type_k": ggml_type(llama_cpp, type_k),
+        "type_v": ggml_type(llama_cpp, type_v),
+        "use_mmap": mmap != "off",
+        "use_mlock": mlock,
+        "n_threads": threads or None,
+        "n_threads_batch": threads_batch or None,
+        "n_gpu_layers": n_gpu_layers,
+    }
 
 
 def gpu_report(requested: int | None, gpu_devices: int, rpc_devices: int) -> dict[str, Any]:
     """What ``gpu_layers`` did, for the runner's ready message (``requested`` None: auto)."""
     report: dict[str, Any] = {"requested": "auto" if requested is None else requested, "gpu_devices": gpu_devices}
     if requested not in (None, 0) and gpu_devices == 0 and rpc_devices == 0:
-        report["note"] = ("no GPU device in this llama.cpp build: llama.cpp ignores gpu_layers and runs "
-                          "every layer on the CPU (make install GPU=cuda or GPU=vulkan builds one)")
+        report["note"] = (
+            "no GPU device in this llama.cpp build: llama.cpp ignores gpu_layers and runs "
+            "every layer on the CPU (make install GPU=cuda or GPU=vulkan builds one)"
+        )
     return report
 
 

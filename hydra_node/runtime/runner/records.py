@@ -15,17 +15,28 @@ from hydra_node.inference import Finished, GenerationError
 from hydra_node.runtime.child.stats import EngineStatistics
 from hydra_node.statemachine import StateTable
 
-__all__ = ["RUNNER_MACHINE", "RUNNER_TRANSITIONS", "RequestStats", "RequestSummary", "RunnerCrashed",
-           "RunnerLoadError", "RunnerSettings", "RunnerStalled", "RunnerState", "RunnerStatus", "safe_file_part"]
+__all__ = [
+    "RUNNER_MACHINE",
+    "RUNNER_TRANSITIONS",
+    "RequestStats",
+    "RequestSummary",
+    "RunnerCrashed",
+    "RunnerLoadError",
+    "RunnerSettings",
+    "RunnerStalled",
+    "RunnerState",
+    "RunnerStatus",
+    "safe_file_part",
+]
 
 
 class RunnerState(enum.StrEnum):
-    STARTING = "starting"      # not spawned yet
-    PLACING = "placing"        # a split model looking for workers (set by its host)
-    LOADING = "loading"        # spawned, loading the model
+    STARTING = "starting"  # not spawned yet
+    PLACING = "placing"  # a split model looking for workers (set by its host)
+    LOADING = "loading"  # spawned, loading the model
     READY = "ready"
     RESTARTING = "restarting"  # exited; waiting out the back-off
-    FAILED = "failed"          # crash loop, or the model cannot be loaded
+    FAILED = "failed"  # crash loop, or the model cannot be loaded
     STOPPED = "stopped"
 
 
@@ -127,8 +138,10 @@ class RequestStats:
     def observe(self, fin: Finished, alpha: float = 0.2) -> None:
         self.completed += 1
         first = self.completed == 1
+
         def ewma(old, new):
             return new if first else (1 - alpha) * old + alpha * new
+
         self.queue_wait_ms = ewma(self.queue_wait_ms, fin.queue_wait_ms)
         self.ttft_ms = ewma(self.ttft_ms, fin.ttft_ms)
         if fin.completion_tokens > 1:
@@ -154,10 +167,16 @@ class RequestSummary:
 
     @classmethod
     def of(cls, s: RequestStats) -> RequestSummary:
-        return cls(completed=s.completed, failed=s.failed, cancelled=s.cancelled,
-                   queue_wait_ms=round(s.queue_wait_ms, 2), ttft_ms=round(s.ttft_ms, 2), itl_ms=round(s.itl_ms, 2),
-                   tokens_per_s=round(s.tokens_per_s, 1),
-                   prefix_cache_hit_rate=round(s.cached_tokens / s.prompt_tokens, 3) if s.prompt_tokens else 0.0)
+        return cls(
+            completed=s.completed,
+            failed=s.failed,
+            cancelled=s.cancelled,
+            queue_wait_ms=round(s.queue_wait_ms, 2),
+            ttft_ms=round(s.ttft_ms, 2),
+            itl_ms=round(s.itl_ms, 2),
+            tokens_per_s=round(s.tokens_per_s, 1),
+            prefix_cache_hit_rate=round(s.cached_tokens / s.prompt_tokens, 3) if s.prompt_tokens else 0.0,
+        )
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,9 @@ _BACK = (RunnerState.RESTARTING, RunnerState.FAILED)
 _STARTING_AGAIN = (RunnerState.PLACING, RunnerState.LOADING)
 
 
-def runner_state_events(model: str, node_id: str, old: RunnerState, new: RunnerState, *, restarts: int,
-                        last_error: str | None) -> list[tuple[str, dict[str, Any]]]:
+def runner_state_events(
+    model: str, node_id: str, old: RunnerState, new: RunnerState, *, restarts: int, last_error: str | None
+) -> list[tuple[str, dict[str, Any]]]:
     if new is RunnerState.READY:
         return [("model.loaded", {"model": model, "node_id": node_id})]
     if new is RunnerState.FAILED:
@@ -66,8 +67,9 @@ class RunnerEvents:
         if self.emit is None:
             return
         try:
-            for kind, fields in runner_state_events(runner.model.id, self.node_id, old, runner.state,
-                                                    restarts=runner.restarts, last_error=runner.last_error):
+            for kind, fields in runner_state_events(
+                runner.model.id, self.node_id, old, runner.state, restarts=runner.restarts, last_error=runner.last_error
+            ):
                 self.emit(kind, fields)
         except Exception as exc:  # noqa: BLE001 -- reporting must never fail the supervisor
             log.warning("event=runner_event_failed error=%r", exc)

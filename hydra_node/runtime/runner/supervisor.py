@@ -21,20 +21,49 @@ from typing import AsyncIterator, Awaitable, Callable, cast
 import trio
 
 from hydra_node.backoff import Backoff, CrashLoop
-from hydra_node.inference import (Finished, GenerationError, GenerationEvent, GenerationRequest,
-                                  ModelUnavailable, QueueFull)
+from hydra_node.inference import (
+    Finished,
+    GenerationError,
+    GenerationEvent,
+    GenerationRequest,
+    ModelUnavailable,
+    QueueFull,
+)
 from hydra_node.models import ModelRef
 from hydra_node.runtime.runner.argv import runner_argv
-from hydra_node.runtime.runner.records import (RUNNER_MACHINE, RequestStats, RequestSummary, RunnerCrashed, RunnerLoadError,
-                                              RunnerSettings, RunnerStalled, RunnerState, RunnerStatus, safe_file_part)
+from hydra_node.runtime.runner.records import (
+    RUNNER_MACHINE,
+    RequestStats,
+    RequestSummary,
+    RunnerCrashed,
+    RunnerLoadError,
+    RunnerSettings,
+    RunnerStalled,
+    RunnerState,
+    RunnerStatus,
+    safe_file_part,
+)
 from hydra_node.runtime.runner.admission import AdmissionLimit
 from hydra_node.runtime.runner.embed_call import RunnerEmbeddings
 from hydra_node.runtime.runner.kv_call import RunnerKv
 from hydra_node.runtime.child.stats import EngineStatistics
-from hydra_node.runtime.child.channel import (ChannelError, FrameDecoder, RunnerProtocolError, encode_frame,
-                                               engine_stats_from_wire, runner_event_from_wire)
-from hydra_node.runtime.supervise import (ChildExited, ChildFailed, ChildNotReady, ChildOutput, ChildSpec,
-                                          ChildSupervisor, GiveUp)
+from hydra_node.runtime.child.channel import (
+    ChannelError,
+    FrameDecoder,
+    RunnerProtocolError,
+    encode_frame,
+    engine_stats_from_wire,
+    runner_event_from_wire,
+)
+from hydra_node.runtime.supervise import (
+    ChildExited,
+    ChildFailed,
+    ChildNotReady,
+    ChildOutput,
+    ChildSpec,
+    ChildSupervisor,
+    GiveUp,
+)
 
 log = logging.getLogger("hydra.runner")
 
@@ -59,9 +88,15 @@ RESTART_JITTER = 0.2
 class RunnerSupervisor:
     """One model, one child process, up to ``parallel`` generations batched in it, a bounded queue."""
 
-    def __init__(self, model: ModelRef, home: Path, settings: RunnerSettings, node_id: str = "",
-                 prepare: Callable[[], Awaitable[RunnerSettings]] | None = None,
-                 on_failed: Callable[[], Awaitable[None]] | None = None):
+    def __init__(
+        self,
+        model: ModelRef,
+        home: Path,
+        settings: RunnerSettings,
+        node_id: str = "",
+        prepare: Callable[[], Awaitable[RunnerSettings]] | None = None,
+        on_failed: Callable[[], Awaitable[None]] | None = None,
+    ):
         """``prepare``, if given, is awaited before every spawn and returns the settings to
         spawn with (a split model replans its workers there; it may wait, e.g. for workers).
         ``on_failed`` is awaited when a crash loop puts the runner in state failed (a split
@@ -96,11 +131,19 @@ class RunnerSupervisor:
         self._output = ChildOutput(self.logfile, tail_lines=STDERR_TAIL_LINES)
         self._stderr_tail = self._output.lines
         self._child = ChildSupervisor(
-            f"model runner {model.id!r}", self._spec,
-            backoff=Backoff(initial_s=settings.backoff_initial_s, factor=2.0, max_s=settings.backoff_max_s,
-                            jitter=RESTART_JITTER, reset_after_s=HEALTHY_AFTER_S),
+            f"model runner {model.id!r}",
+            self._spec,
+            backoff=Backoff(
+                initial_s=settings.backoff_initial_s,
+                factor=2.0,
+                max_s=settings.backoff_max_s,
+                jitter=RESTART_JITTER,
+                reset_after_s=HEALTHY_AFTER_S,
+            ),
             crash_loop=CrashLoop(settings.crash_loop_restarts, settings.crash_loop_window_s),
-            fatal_first_start=True, on_ready=self._on_ready)
+            fatal_first_start=True,
+            on_ready=self._on_ready,
+        )
 
     # ---- state (hosts set it too: "placing" while a split waits for workers, "failed") ----
     @property
@@ -157,13 +200,24 @@ class RunnerSupervisor:
         return max(0, self._slot.capacity - self._slot.used)
 
     def status(self) -> RunnerStatus:
-        return RunnerStatus(id=self.model.id, path=str(self.model.path), state=self.state, pid=self.pid,
-                            restarts=self.restarts, last_error=self.last_error, queue_depth=self._waiting,
-                            queue_capacity=self.settings.queue_size, in_flight=self._in_flight,
-                            n_ctx=self.info.get("n_ctx"), size_bytes=self.model.size_bytes,
-                            requests=RequestSummary.of(self.stats), speculative=self.speculative,
-                            llama=self.info.get("llama"), engine=self.info.get("engine"),
-                            engine_stats=self.engine_stats)
+        return RunnerStatus(
+            id=self.model.id,
+            path=str(self.model.path),
+            state=self.state,
+            pid=self.pid,
+            restarts=self.restarts,
+            last_error=self.last_error,
+            queue_depth=self._waiting,
+            queue_capacity=self.settings.queue_size,
+            in_flight=self._in_flight,
+            n_ctx=self.info.get("n_ctx"),
+            size_bytes=self.model.size_bytes,
+            requests=RequestSummary.of(self.stats),
+            speculative=self.speculative,
+            llama=self.info.get("llama"),
+            engine=self.info.get("engine"),
+            engine_stats=self.engine_stats,
+        )
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
@@ -191,9 +245,14 @@ class RunnerSupervisor:
         """A crash loop: state failed (requests get 503), then, after ``failed_retry_s``, try again."""
         self.state = RunnerState.FAILED
         retry = self.settings.failed_retry_s
-        log.error("event=runner_failed model=%s reason=crash_loop crashes=%d window_s=%s retry_in_s=%s "
-                  "last_error=%r", self.model.id, exc.failures, self.settings.crash_loop_window_s,
-                  retry if retry > 0 else "never", self.last_error)
+        log.error(
+            "event=runner_failed model=%s reason=crash_loop crashes=%d window_s=%s retry_in_s=%s last_error=%r",
+            self.model.id,
+            exc.failures,
+            self.settings.crash_loop_window_s,
+            retry if retry > 0 else "never",
+            self.last_error,
+        )
         if self.on_failed is not None:
             await self.on_failed()
         if retry <= 0:
@@ -217,9 +276,17 @@ class RunnerSupervisor:
         self.engine_stats = None  # a new child: the old one's figures no longer describe anything
         parent_sock, child_sock = socket.socketpair()
         self._sock = trio.SocketStream(trio.socket.from_stdlib_socket(parent_sock))
-        return ChildSpec(self._argv(child_sock.fileno()), ready=self._await_ready, kind="runner",
-                         output=self._output, handover=(child_sock,), pidfile=self.pidfile,
-                         watch=self._watch, on_exit=self._gone, grace_s=TERMINATE_GRACE_S)
+        return ChildSpec(
+            self._argv(child_sock.fileno()),
+            ready=self._await_ready,
+            kind="runner",
+            output=self._output,
+            handover=(child_sock,),
+            pidfile=self.pidfile,
+            watch=self._watch,
+            on_exit=self._gone,
+            grace_s=TERMINATE_GRACE_S,
+        )
 
     def _argv(self, fd: int) -> list[str]:
         return runner_argv(self.settings, self.model, fd)
@@ -230,8 +297,9 @@ class RunnerSupervisor:
             with trio.fail_after(self.settings.load_timeout_s):
                 msg = await self._recv(self._decoder, proc)
         except trio.TooSlowError:
-            raise ChildNotReady(f"model {self.model.id!r} did not load within "
-                                f"{self.settings.load_timeout_s:.0f} s") from None
+            raise ChildNotReady(
+                f"model {self.model.id!r} did not load within {self.settings.load_timeout_s:.0f} s"
+            ) from None
         except ChildExited as exc:
             raise ChildNotReady(f"model {self.model.id!r} failed to load: {exc}") from None
         if msg["op"] == "fatal":
@@ -243,16 +311,28 @@ class RunnerSupervisor:
     def _on_ready(self, msg: dict) -> None:
         self.info = msg
         engine = msg.get("engine")
-        self._slot.resize(engine["parallel"] if isinstance(engine, dict) and isinstance(engine.get("parallel"), int)
-                          and engine["parallel"] >= 1 else 1)
+        self._slot.resize(
+            engine["parallel"]
+            if isinstance(engine, dict) and isinstance(engine.get("parallel"), int) and engine["parallel"] >= 1
+            else 1
+        )
         self.state = RunnerState.READY
         self._ready.set()
-        log.info("event=runner_ready model=%s pid=%s load_s=%.2f n_ctx=%s", self.model.id, self.pid,
-                 msg.get("load_s", 0), msg.get("n_ctx"))
+        log.info(
+            "event=runner_ready model=%s pid=%s load_s=%.2f n_ctx=%s",
+            self.model.id,
+            self.pid,
+            msg.get("load_s", 0),
+            msg.get("n_ctx"),
+        )
         gpu = (msg.get("llama") or {}).get("gpu_layers") or {}
         if gpu.get("note"):  # gpu_layers asked for, but llama.cpp has no GPU to put them on
-            log.warning("event=gpu_layers_ignored model=%s requested=%s note=%r", self.model.id,
-                        gpu.get("requested"), gpu["note"])
+            log.warning(
+                "event=gpu_layers_ignored model=%s requested=%s note=%r",
+                self.model.id,
+                gpu.get("requested"),
+                gpu["note"],
+            )
 
     async def _watch(self, proc, _ready: dict) -> None:
         await self._read_loop(self._decoder, proc)
@@ -331,8 +411,9 @@ class RunnerSupervisor:
         try:
             frame = encode_frame(msg)
         except Exception as exc:  # the codec's EncodeError, UnicodeEncodeError, ...: nothing was sent
-            raise GenerationError(f"the request cannot be sent to the model runner: {exc}",
-                                  code="unencodable_request", status=400) from None
+            raise GenerationError(
+                f"the request cannot be sent to the model runner: {exc}", code="unencodable_request", status=400
+            ) from None
         async with self._send_lock:
             try:
                 with trio.CancelScope(shield=True):
@@ -343,8 +424,9 @@ class RunnerSupervisor:
     # ---- requests -----------------------------------------------------------------
     def _check_available(self) -> None:
         if self.state == "failed":
-            raise ModelUnavailable(f"model {self.model.id!r} is in state failed (crash loop): {self.last_error}",
-                                   retryable=True)
+            raise ModelUnavailable(
+                f"model {self.model.id!r} is in state failed (crash loop): {self.last_error}", retryable=True
+            )
         if self.state != "ready":
             raise ModelUnavailable(f"model {self.model.id!r} is {self.state}; try again shortly")
 
@@ -386,8 +468,10 @@ class RunnerSupervisor:
                     except trio.EndOfChannel:
                         return None
                 self._kill_stalled(stall)
-                raise RunnerStalled(f"model runner for {self.model.id!r} produced nothing for {stall:.0f} s "
-                                    f"(a stalled RPC worker or tunnel); the runner was restarted")
+                raise RunnerStalled(
+                    f"model runner for {self.model.id!r} produced nothing for {stall:.0f} s "
+                    f"(a stalled RPC worker or tunnel); the runner was restarted"
+                )
 
             async def events() -> AsyncIterator[GenerationEvent]:
                 nonlocal terminal
@@ -451,6 +535,10 @@ class RunnerSupervisor:
                 if deadline >= start + CANCEL_ACK_MAX_S or self._last_frame_at <= heard:  # silent all along: stuck
                     break
             if self.pid:
-                log.error("event=runner_stuck model=%s pid=%s waited_s=%.1f action=kill", self.model.id, self.pid,
-                          trio.current_time() - start)
+                log.error(
+                    "event=runner_stuck model=%s pid=%s waited_s=%.1f action=kill",
+                    self.model.id,
+                    self.pid,
+                    trio.current_time() - start,
+                )
                 self._child.kill()

@@ -21,11 +21,26 @@ def add_runner_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-min-speedup", type=float, default=1.0)
 
 
-def argv_for(*, endpoint: str = "", model: str = "", min_tokens: int = 1, max_tokens: int = 8,
-             min_acceptance: float = 0.0, min_speedup: float = 1.0) -> list[str]:
+def argv_for(
+    *,
+    endpoint: str = "",
+    model: str = "",
+    min_tokens: int = 1,
+    max_tokens: int = 8,
+    min_acceptance: float = 0.0,
+    min_speedup: float = 1.0,
+) -> list[str]:
     """The runner arguments for a draft (the inverse of :func:`add_runner_args`)."""
     argv = ["--draft-endpoint", endpoint] if endpoint else ["--draft-model", model] if model else []
     if argv:
-        argv += ["--draft-min-tokens", str(min_tokens), "--draft-max-tokens", str(max_tokens),
-                 "--draft-min-acceptance", f"{min_acceptance:g}", "--draft-min-speedup", f"{min_speedup:g}"]
+        argv += [
+            "--draft-min-tokens",
+            str(min_tokens),
+            "--draft-max-tokens",
+            str(max_tokens),
+            "--draft-min-acceptance",
+            f"{min_acceptance:g}",
+            "--draft-min-speedup",
+            f"{min_speedup:g}",
+        ]
     return argv

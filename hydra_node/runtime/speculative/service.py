@@ -59,6 +59,7 @@ class SpeculationSettings(Protocol):
     @property
     def serve_draft(self) -> str: ...
 
+
 log = logging.getLogger("hydra.speculative")
 
 DRAFT_SERVICE = "draft"
@@ -86,19 +87,43 @@ def _resolve(ref: str, what: str) -> ModelRef:
 class DraftServerProcess:
     """The draft server child, kept alive by the node's child supervisor; ``endpoint`` while ready."""
 
-    def __init__(self, model: ModelRef, logfile: Path, threads: int = 1, n_ctx: int = DRAFT_N_CTX,
-                 pidfile: Path | None = None) -> None:
+    def __init__(
+        self, model: ModelRef, logfile: Path, threads: int = 1, n_ctx: int = DRAFT_N_CTX, pidfile: Path | None = None
+    ) -> None:
         self.model = model
         self.logfile = logfile
         self.threads, self.n_ctx = threads, n_ctx
         self.endpoint: str | None = None
-        argv = [sys.executable, "-m", "hydra_node.runtime.child.speculative.draft_server", "--model", str(self.model.path),
-                "--model-id", self.model.id, "--host", "127.0.0.1", "--port", "0", "--n-ctx", str(self.n_ctx),
-                "--threads", str(self.threads), "--die-with-parent"]
-        spec = ChildSpec(argv, ready=self._read_ready, kind="draft-server", stdout=subprocess.PIPE,
-                         output=ChildOutput(logfile), pidfile=pidfile, on_exit=self._gone)
-        self._child = ChildSupervisor(f"draft server {model.id!r}", spec, backoff=RESTART_BACKOFF,
-                                      on_ready=self._on_ready)
+        argv = [
+            sys.executable,
+            "-m",
+            "hydra_node.runtime.child.speculative.draft_server",
+            "--model",
+            str(self.model.path),
+            "--model-id",
+            self.model.id,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--n-ctx",
+            str(self.n_ctx),
+            "--threads",
+            str(self.threads),
+            "--die-with-parent",
+        ]
+        spec = ChildSpec(
+            argv,
+            ready=self._read_ready,
+            kind="draft-server",
+            stdout=subprocess.PIPE,
+            output=ChildOutput(logfile),
+            pidfile=pidfile,
+            on_exit=self._gone,
+        )
+        self._child = ChildSupervisor(
+            f"draft server {model.id!r}", spec, backoff=RESTART_BACKOFF, on_ready=self._on_ready
+        )
 
     @property
     def state(self) -> ChildState:
@@ -148,8 +173,14 @@ class DraftServerProcess:
         self.endpoint = None
 
     def status(self) -> dict:
-        return {"model": self.model.id, "state": self.state.value, "endpoint": self.endpoint, "pid": self.pid,
-                "restarts": self.restarts, "last_error": self.last_error}
+        return {
+            "model": self.model.id,
+            "state": self.state.value,
+            "endpoint": self.endpoint,
+            "pid": self.pid,
+            "restarts": self.restarts,
+            "last_error": self.last_error,
+        }
 
 
 class SpeculationMode(str, enum.Enum):
@@ -190,20 +221,35 @@ class SpeculationService:
     tunnel handler, merges :meth:`announce_extra` into our announcement and shows :meth:`status`.
     """
 
-    def __init__(self, section: SpeculationSettings, *, log_dir: Path, threads: int,
-                 mesh: PeerView | None, run_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        section: SpeculationSettings,
+        *,
+        log_dir: Path,
+        threads: int,
+        mesh: PeerView | None,
+        run_dir: Path | None = None,
+    ) -> None:
         sec = self.section = section
         self.mesh = mesh
         self.strategy = sec.strategy
         self.server: DraftServerProcess | None = None
         self.local_draft: ModelRef | None = None
         self.wanted = ""  # the draft model id a mesh target looks for ("" = any)
-        self.counters = {"tunnels_served": 0, "tunnels_refused": 0, "tunnels_opened": 0, "no_draft_peer": 0,
-                         "tunnel_failures": 0}
+        self.counters = {
+            "tunnels_served": 0,
+            "tunnels_refused": 0,
+            "tunnels_opened": 0,
+            "no_draft_peer": 0,
+            "tunnel_failures": 0,
+        }
         if sec.serve_draft:
-            self.server = DraftServerProcess(_resolve(sec.serve_draft, "serve_draft"),
-                                             log_dir / "draft-server.log", threads=threads or 1,
-                                             pidfile=run_dir / "draft-server.pid" if run_dir is not None else None)
+            self.server = DraftServerProcess(
+                _resolve(sec.serve_draft, "serve_draft"),
+                log_dir / "draft-server.log",
+                threads=threads or 1,
+                pidfile=run_dir / "draft-server.pid" if run_dir is not None else None,
+            )
         self.mode = self._choose_mode(sec, has_mesh=mesh is not None)
         if self.mode is SpeculationMode.MESH:
             self.wanted = sec.draft_model
@@ -237,8 +283,12 @@ class SpeculationService:
     # ---- what runners get ---------------------------------------------------------------
     def runner_argv(self) -> tuple[str, ...]:
         s = self.section
-        kw: dict[str, Any] = dict(min_tokens=s.draft_min_tokens, max_tokens=s.draft_max_tokens, min_acceptance=s.min_acceptance,
-                  min_speedup=s.min_predicted_speedup)
+        kw: dict[str, Any] = dict(
+            min_tokens=s.draft_min_tokens,
+            max_tokens=s.draft_max_tokens,
+            min_acceptance=s.min_acceptance,
+            min_speedup=s.min_predicted_speedup,
+        )
         if self.mode is SpeculationMode.MESH:
             return tuple(argv_for(endpoint=self.endpoint, **kw))
         if self.mode is SpeculationMode.LOCAL:
@@ -347,17 +397,21 @@ class SpeculationService:
 
     def status(self) -> SpeculationStatus:
         return SpeculationStatus(
-            strategy=self.strategy, mode=self.mode, wanted_draft=self.wanted or None,
+            strategy=self.strategy,
+            mode=self.mode,
+            wanted_draft=self.wanted or None,
             draft_endpoint=self.endpoint or None,
             local_draft=str(self.local_draft.path) if self.local_draft is not None else None,
             draft_peers=tuple(DraftPeer(pid[:16], d) for pid, d in self.draft_peers()),
             serving_draft=self.server.status() if self.server is not None else None,
-            counters=dict(self.counters))
+            counters=dict(self.counters),
+        )
 
 
 async def _splice_tcp(a: trio.SocketStream, b: trio.SocketStream) -> None:
     """Pump bytes both ways between two local TCP connections until either side ends."""
     async with trio.open_nursery() as nursery:
+
         async def pump(src, dst) -> None:
             try:
                 while data := await src.receive_some(65536):

@@ -91,8 +91,13 @@ def parse_hello(msg: dict) -> DraftHello:
     model, vocab = msg.get("model", ""), msg.get("vocab")
     if not isinstance(model, str) or not isinstance(vocab, str) or len(vocab) > 64:
         raise WireError(f"malformed hello: {msg!r:.120}", "bad_hello")
-    return DraftHello(model[:200], int_field(msg, "n_vocab", 1, 2**31 - 1), vocab, int_field(msg, "n_ctx", 1, 2**31 - 1),
-                      int_field(msg, "max_k", 1, MAX_K, default=MAX_K))
+    return DraftHello(
+        model[:200],
+        int_field(msg, "n_vocab", 1, 2**31 - 1),
+        vocab,
+        int_field(msg, "n_ctx", 1, 2**31 - 1),
+        int_field(msg, "max_k", 1, MAX_K, default=MAX_K),
+    )
 
 
 @dataclass(frozen=True)
@@ -112,9 +117,17 @@ def parse_ready_line(line: bytes) -> DraftReady:
     except DecodeError as exc:
         raise WireError(f"draft server ready line: {exc}", "bad_ready") from None
     port, model, n_vocab, vocab = d.get("port"), d.get("model"), d.get("n_vocab"), d.get("vocab")
-    if (d.get("event") != "ready" or type(port) is not int or not 0 < port < 65536 or not isinstance(model, str)
-            or len(model) > 256 or type(n_vocab) is not int or not 0 < n_vocab < 2**31
-            or not isinstance(vocab, str) or len(vocab) > 64):
+    if (
+        d.get("event") != "ready"
+        or type(port) is not int
+        or not 0 < port < 65536
+        or not isinstance(model, str)
+        or len(model) > 256
+        or type(n_vocab) is not int
+        or not 0 < n_vocab < 2**31
+        or not isinstance(vocab, str)
+        or len(vocab) > 64
+    ):
         raise WireError(f"not a draft server ready line: {line[:120]!r}", "bad_ready")
     return DraftReady(port, model, n_vocab, vocab)
 
@@ -147,9 +160,11 @@ def token_list(msg: dict, key: str, n_vocab: int, max_len: int, min_len: int = 1
 def parse_start(msg: dict, n_vocab: int, n_ctx: int) -> tuple[list[int], SamplingParams, int | None]:
     tokens = token_list(msg, "tokens", n_vocab, min(MAX_PROMPT_TOKENS, n_ctx - 1))
     try:
-        sampling = SamplingParams(temperature=float_field(msg, "temperature", 0.0, 2.0, 0.0),
-                                  top_p=float_field(msg, "top_p", 1e-9, 1.0, 1.0),
-                                  top_k=int_field(msg, "top_k", 0, n_vocab, default=0))
+        sampling = SamplingParams(
+            temperature=float_field(msg, "temperature", 0.0, 2.0, 0.0),
+            top_p=float_field(msg, "top_p", 1e-9, 1.0, 1.0),
+            top_k=int_field(msg, "top_k", 0, n_vocab, default=0),
+        )
     except ValueError as exc:
         raise WireError(f"start: {exc}") from None
     seed = msg.get("seed")
@@ -159,9 +174,14 @@ def parse_start(msg: dict, n_vocab: int, n_ctx: int) -> tuple[list[int], Samplin
 
 
 def start_message(tokens, sampling: SamplingParams, seed: int | None) -> dict:
-    return {"op": "start", "tokens": [int(t) for t in tokens], "temperature": sampling.temperature,
-            "top_p": sampling.top_p, "top_k": sampling.top_k,
-            "seed": None if seed is None else int(seed) & (2**63 - 1)}
+    return {
+        "op": "start",
+        "tokens": [int(t) for t in tokens],
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "seed": None if seed is None else int(seed) & (2**63 - 1),
+    }
 
 
 def parse_proposal(msg: dict, k: int, n_vocab: int, sampled: bool) -> tuple[list[int], list | None, float, int]:
@@ -180,8 +200,13 @@ def parse_proposal(msg: dict, k: int, n_vocab: int, sampled: bool) -> tuple[list
         raise WireError("a sampled proposal needs one distribution per token")
     out = []
     for d in dists:
-        if (not isinstance(d, list) or len(d) != 2 or not all(isinstance(x, list) for x in d)
-                or not 1 <= len(d[0]) <= DRAFT_CANDIDATES_MAX or len(d[0]) != len(d[1])):
+        if (
+            not isinstance(d, list)
+            or len(d) != 2
+            or not all(isinstance(x, list) for x in d)
+            or not 1 <= len(d[0]) <= DRAFT_CANDIDATES_MAX
+            or len(d[0]) != len(d[1])
+        ):
             raise WireError(f"a distribution must be [ids, probs] with 1..{DRAFT_CANDIDATES_MAX} entries")
         out.append((d[0], d[1]))
     return tokens, out, seconds, catchup

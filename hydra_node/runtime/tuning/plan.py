@@ -23,8 +23,20 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-__all__ = ["Candidate", "Figures", "MAX_CANDIDATES", "MEMORY_TIE_FRACTION", "Outcome", "TuneAxes", "best_measured",
-           "cannot_win", "candidate_grid", "eta_s", "progress_line", "recommend"]
+__all__ = [
+    "Candidate",
+    "Figures",
+    "MAX_CANDIDATES",
+    "MEMORY_TIE_FRACTION",
+    "Outcome",
+    "TuneAxes",
+    "best_measured",
+    "cannot_win",
+    "candidate_grid",
+    "eta_s",
+    "progress_line",
+    "recommend",
+]
 
 #: Largest grid a sweep accepts (each candidate is a model load and a few generations).
 MAX_CANDIDATES = 512
@@ -56,9 +68,16 @@ class Candidate:
             raise ValueError(f"sizes must be positive and threads >= 0: {self!r}")
 
     def label(self) -> str:
-        parts = [f"ctx={self.ctx_size}", f"batch={self.batch}", f"ubatch={self.ubatch}", f"mmap={self.mmap}",
-                 f"mlock={'on' if self.mlock else 'off'}", f"fa={self.flash_attention}",
-                 f"threads={self.threads or 'auto'}", f"parallel={self.parallel}"]
+        parts = [
+            f"ctx={self.ctx_size}",
+            f"batch={self.batch}",
+            f"ubatch={self.ubatch}",
+            f"mmap={self.mmap}",
+            f"mlock={'on' if self.mlock else 'off'}",
+            f"fa={self.flash_attention}",
+            f"threads={self.threads or 'auto'}",
+            f"parallel={self.parallel}",
+        ]
         if self.draft_max_tokens is not None:
             parts.append(f"draft_max={self.draft_max_tokens}")
         return " ".join(parts)
@@ -66,11 +85,15 @@ class Candidate:
     def config_keys(self) -> dict[str, Any]:
         """The config file keys (dotted) that select this profile, as TOML values."""
         keys: dict[str, Any] = {
-            "defaults.model_fit.ctx_size": self.ctx_size, "defaults.model_fit.batch": self.batch,
-            "defaults.model_fit.ubatch": self.ubatch, "defaults.model_fit.flash_attention": self.flash_attention,
+            "defaults.model_fit.ctx_size": self.ctx_size,
+            "defaults.model_fit.batch": self.batch,
+            "defaults.model_fit.ubatch": self.ubatch,
+            "defaults.model_fit.flash_attention": self.flash_attention,
             "defaults.hardware.mmap": {"on": True, "off": False}.get(self.mmap, self.mmap),
-            "defaults.hardware.mlock": self.mlock, "defaults.throughput.threads": self.threads,
-            "defaults.throughput.parallel": self.parallel}
+            "defaults.hardware.mlock": self.mlock,
+            "defaults.throughput.threads": self.threads,
+            "defaults.throughput.parallel": self.parallel,
+        }
         if self.draft_max_tokens is not None:
             keys["defaults.speculative.draft_max_tokens"] = self.draft_max_tokens
         return keys
@@ -98,9 +121,17 @@ def _allowed(c: Candidate, type_v: str) -> bool:
 
 def candidate_grid(axes: TuneAxes, baseline: Candidate) -> tuple[Candidate, ...]:
     """The baseline, then every allowed combination of the axes (no duplicates), in axis order."""
-    combos = itertools.product(axes.ctx_sizes, axes.batch_sizes, axes.ubatch_sizes, axes.mmap_values,
-                               axes.mlock_values, axes.flash_attention, axes.threads, axes.parallel,
-                               axes.draft_max_tokens)
+    combos = itertools.product(
+        axes.ctx_sizes,
+        axes.batch_sizes,
+        axes.ubatch_sizes,
+        axes.mmap_values,
+        axes.mlock_values,
+        axes.flash_attention,
+        axes.threads,
+        axes.parallel,
+        axes.draft_max_tokens,
+    )
     out: dict[Candidate, None] = {baseline: None}
     for combo in combos:
         c = Candidate(*combo)
@@ -122,8 +153,13 @@ class Figures:
     rounds: int = 1
 
     def to_json(self) -> dict[str, Any]:
-        return {"pp_tok_s": round(self.pp_tok_s, 1), "gen_tok_s": round(self.gen_tok_s, 1),
-                "ttft_ms": round(self.ttft_ms, 1), "peak_rss_bytes": self.peak_rss_bytes, "rounds": self.rounds}
+        return {
+            "pp_tok_s": round(self.pp_tok_s, 1),
+            "gen_tok_s": round(self.gen_tok_s, 1),
+            "ttft_ms": round(self.ttft_ms, 1),
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "rounds": self.rounds,
+        }
 
 
 @dataclass(frozen=True)
@@ -161,8 +197,11 @@ def recommend(outcomes: Iterable[Outcome], tolerance_pct: float, baseline: Candi
     measured = [(o, o.figures) for o in outcomes if o.status == "measured" and o.figures is not None]
     base = next((f for o, f in measured if o.candidate == baseline), None) if baseline is not None else None
     if base is not None:
-        measured = [(o, f) for o, f in measured
-                    if o.candidate == baseline or f.ttft_ms <= base.ttft_ms * (1 + tolerance_pct / 100)]
+        measured = [
+            (o, f)
+            for o, f in measured
+            if o.candidate == baseline or f.ttft_ms <= base.ttft_ms * (1 + tolerance_pct / 100)
+        ]
     if not measured:
         return None
     fastest = max(f.gen_tok_s for _, f in measured)
@@ -188,7 +227,8 @@ def progress_line(done: int, total: int, elapsed_s: float, eta: float | None, la
 
     def clock(s: float) -> str:
         return f"{int(s) // 60}:{int(s) % 60:02d}"
-    eta_text = "ETA --:--" if eta is None else f"ETA {clock(eta)}"
-    return (f"[{'#' * filled}{'-' * (width - filled)}] {done:>3}/{total}  {clock(elapsed_s)} elapsed  "
-            f"{eta_text}  {label}")[:160]
 
+    eta_text = "ETA --:--" if eta is None else f"ETA {clock(eta)}"
+    return (
+        f"[{'#' * filled}{'-' * (width - filled)}] {done:>3}/{total}  {clock(elapsed_s)} elapsed  {eta_text}  {label}"
+    )[:160]

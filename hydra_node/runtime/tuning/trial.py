@@ -35,9 +35,12 @@ PROMPTS = (
     "Explain in a few sentences why the sky is blue.",
     "Write a short story about a lighthouse keeper who finds a message in a bottle. Describe the "
     "weather, the sea, the old lighthouse and what the message says, then how the keeper answers it.",
-    "Summarise the following notes for a team meeting.\n" + " ".join(
+    "Summarise the following notes for a team meeting.\n"
+    + " ".join(
         f"Item {i}: the build server was slow on day {i}, the release checklist needs an owner, and the "
-        f"documentation for module {i} is out of date." for i in range(1, 5)),
+        f"documentation for module {i} is out of date."
+        for i in range(1, 5)
+    ),
 )
 
 
@@ -90,8 +93,15 @@ async def _round(runner: RunnerSupervisor, trial: TrialSettings, tag: int) -> tu
     results: list[tuple[float, Finished]] = []
 
     async def go(i: int, text: str) -> None:
-        req = GenerationRequest(model=runner.model.id, kind="completion", prompt=f"[{tag}.{i}] {text}",
-                                max_tokens=trial.max_tokens, temperature=0.0, seed=0, request_id=f"tune-{tag}-{i}")
+        req = GenerationRequest(
+            model=runner.model.id,
+            kind="completion",
+            prompt=f"[{tag}.{i}] {text}",
+            max_tokens=trial.max_tokens,
+            temperature=0.0,
+            seed=0,
+            request_id=f"tune-{tag}-{i}",
+        )
         results.append(await _one(runner, req))
 
     t0 = trio.current_time()
@@ -105,8 +115,13 @@ async def _round(runner: RunnerSupervisor, trial: TrialSettings, tag: int) -> tu
     return tokens / wall, sum(t for t, _ in results) / len(results), pp
 
 
-async def run_trial(model: ModelRef, settings: RunnerSettings, home: Path, trial: TrialSettings,
-                    should_stop: Callable[[Figures], bool] = lambda _f: False) -> TrialResult:
+async def run_trial(
+    model: ModelRef,
+    settings: RunnerSettings,
+    home: Path,
+    trial: TrialSettings,
+    should_stop: Callable[[Figures], bool] = lambda _f: False,
+) -> TrialResult:
     """Start a runner with ``settings`` (its pid and log files under ``home``), measure, stop it.
 
     Raises :class:`hydra_node.runtime.runner.records.RunnerLoadError` when the model does not

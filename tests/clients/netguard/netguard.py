@@ -42,7 +42,10 @@ def install(record_path: str | None = None) -> None:
     if _real is not None:
         return
     _real = real_getaddrinfo, real_connect, real_connect_ex = (
-        socket.getaddrinfo, socket.socket.connect, socket.socket.connect_ex)
+        socket.getaddrinfo,
+        socket.socket.connect,
+        socket.socket.connect_ex,
+    )
 
     def getaddrinfo(host, port, *args, **kwargs):
         if not is_loopback(host):

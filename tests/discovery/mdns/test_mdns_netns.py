@@ -22,8 +22,11 @@ from tests.conftest import requires_root
 ROOT = Path(__file__).resolve().parents[3]
 N_HOSTS = 3
 
-pytestmark = [requires_root, pytest.mark.netns,
-              pytest.mark.skipif(shutil.which("ip") is None, reason="iproute2 not installed")]
+pytestmark = [
+    requires_root,
+    pytest.mark.netns,
+    pytest.mark.skipif(shutil.which("ip") is None, reason="iproute2 not installed"),
+]
 
 
 def _ip(*args: str) -> None:
@@ -60,9 +63,27 @@ class Lab:
 
 
 def _probe_cmd(ns: str, i: int, port: int) -> list[str]:
-    return ["ip", "netns", "exec", ns, sys.executable, "-m", "hydra_node.discovery.mdns.probe",
-            "--interface", f"10.79.0.{i}", "--port", str(port), "--name", f"host{i}",
-            "--expect", str(N_HOSTS - 1), "--timeout", "15", "--linger", "3"]
+    return [
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        sys.executable,
+        "-m",
+        "hydra_node.discovery.mdns.probe",
+        "--interface",
+        f"10.79.0.{i}",
+        "--port",
+        str(port),
+        "--name",
+        f"host{i}",
+        "--expect",
+        str(N_HOSTS - 1),
+        "--timeout",
+        "15",
+        "--linger",
+        "3",
+    ]
 
 
 async def test_three_namespaces_discover_each_other():
@@ -73,8 +94,9 @@ async def test_three_namespaces_discover_each_other():
         lab.up()
 
         async def run_one(i: int, ns: str) -> None:
-            proc = await trio.run_process(_probe_cmd(ns, i, port), capture_stdout=True, capture_stderr=True,
-                                          check=False, cwd=str(ROOT))
+            proc = await trio.run_process(
+                _probe_cmd(ns, i, port), capture_stdout=True, capture_stderr=True, check=False, cwd=str(ROOT)
+            )
             line = proc.stdout.decode().strip().splitlines()[-1] if proc.stdout.strip() else "{}"
             results[ns] = {"rc": proc.returncode, **json.loads(line), "stderr": proc.stderr.decode()[-500:]}
 

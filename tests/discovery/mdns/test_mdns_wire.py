@@ -77,13 +77,23 @@ def _response(instance: str, txt: list[bytes], *, srv: bool = True) -> bytes:
     return bytes(r.pack())
 
 
-GOOD_TXT = [b"svc=hydra", b"schema=1", b"id=" + b"ab" * 16, b"origin=" + b"cd" * 8, b"mesh=m",
-            b"tok_fp=" + b"ef" * 16, b"name=x", b"models=a|b", b"nodes=3", b"ver=1.0"]
+GOOD_TXT = [
+    b"svc=hydra",
+    b"schema=1",
+    b"id=" + b"ab" * 16,
+    b"origin=" + b"cd" * 8,
+    b"mesh=m",
+    b"tok_fp=" + b"ef" * 16,
+    b"name=x",
+    b"models=a|b",
+    b"nodes=3",
+    b"ver=1.0",
+]
 
 
 def test_foreign_built_response_parses():
     event = decode_packet(_response("hydra-x1", GOOD_TXT))
-    (advert, ttl), = event.adverts
+    ((advert, ttl),) = event.adverts
     assert advert.port == 1234 and advert.addresses == ("10.0.0.1",) and advert.models == ("a", "b")
     assert advert.node_count == 3 and ttl == 120
 
@@ -125,9 +135,17 @@ def test_unrelated_service_is_ignored():
 
 def test_advert_validation_refuses_bad_local_config():
     a = make_advert()
-    for change in ({"port": 0}, {"addresses": ()}, {"addresses": ("::1",)}, {"node_id": "XYZ"},
-                   {"instance": "Bad Label"}, {"models": ("x",) * 17}, {"name": "a|b"}, {"node_count": 0},
-                   {"name": "n" * 65}):
+    for change in (
+        {"port": 0},
+        {"addresses": ()},
+        {"addresses": ("::1",)},
+        {"node_id": "XYZ"},
+        {"instance": "Bad Label"},
+        {"models": ("x",) * 17},
+        {"name": "a|b"},
+        {"node_count": 0},
+        {"name": "n" * 65},
+    ):
         with pytest.raises(MdnsAdvertError):
             dataclasses.replace(a, **change)
     with pytest.raises(MdnsAdvertError):

@@ -23,9 +23,20 @@ from hydra_node.discovery.nostr.events import (
 
 NOW = 1_800_000_000
 KEYS = Keys.generate()
-CONTENT = ListingContent(mesh_id="mesh-1", invite_token="tok-abc", serving=("m1",), wanted=("m2",), node_count=3,
-                         client_count=1, max_clients=10, vram_bytes=8 << 30, spare_slots=2, name="lab",
-                         region="eu", version="0.1.0")
+CONTENT = ListingContent(
+    mesh_id="mesh-1",
+    invite_token="tok-abc",
+    serving=("m1",),
+    wanted=("m2",),
+    node_count=3,
+    client_count=1,
+    max_clients=10,
+    vram_bytes=8 << 30,
+    spare_slots=2,
+    name="lab",
+    region="eu",
+    version="0.1.0",
+)
 
 
 def obj(event) -> dict:
@@ -78,8 +89,11 @@ def test_tampered_content_and_wrong_signature():
         (31990, [["k", "other"] if t[0] == "k" else t for t in GOOD_TAGS], RejectReason.MISSING_TAG),
         (31990, [["expiration", "soon"] if t[0] == "expiration" else t for t in GOOD_TAGS], RejectReason.MISSING_TAG),
         (31990, [["expiration", str(NOW - 1)] if t[0] == "expiration" else t for t in GOOD_TAGS], RejectReason.EXPIRED),
-        (31990, [["expiration", str(NOW + 10**7)] if t[0] == "expiration" else t for t in GOOD_TAGS],
-         RejectReason.BAD_TIME),
+        (
+            31990,
+            [["expiration", str(NOW + 10**7)] if t[0] == "expiration" else t for t in GOOD_TAGS],
+            RejectReason.BAD_TIME,
+        ),
         (31990, GOOD_TAGS + [["t", "mesh-llm"]], RejectReason.UPSTREAM),
         (31990, [["d", "mesh-llm"], ["k", "hydra"], ["expiration", str(NOW + 120)]], RejectReason.UPSTREAM),
         (31990, [["d", "hydra:other"]] + GOOD_TAGS[1:], RejectReason.D_MISMATCH),
@@ -141,29 +155,50 @@ def test_deletion_event():
 
 
 def test_content_validation_on_build():
-    for change in ({"mesh_id": "has space"}, {"invite_token": ""}, {"serving": ("a", "a")}, {"node_count": 0},
-                   {"name": ""}, {"vram_bytes": -1}, {"invite_token": "é"}):
+    for change in (
+        {"mesh_id": "has space"},
+        {"invite_token": ""},
+        {"serving": ("a", "a")},
+        {"node_count": 0},
+        {"name": ""},
+        {"vram_bytes": -1},
+        {"invite_token": "é"},
+    ):
         with pytest.raises(ValueError):
             dataclasses.replace(CONTENT, **change)
 
 
-models = st.lists(st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=20),
-                  max_size=8, unique=True).map(tuple)
+models = st.lists(
+    st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=20), max_size=8, unique=True
+).map(tuple)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.builds(ListingContent, mesh_id=st.from_regex(r"[a-z0-9-]{1,20}", fullmatch=True),
-                 invite_token=st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=100),
-                 serving=models, wanted=models, node_count=st.integers(1, 1000), client_count=st.integers(0, 100),
-                 max_clients=st.integers(0, 100), name=st.none() | st.text(min_size=1, max_size=20).filter(str.isprintable)))
+@given(
+    st.builds(
+        ListingContent,
+        mesh_id=st.from_regex(r"[a-z0-9-]{1,20}", fullmatch=True),
+        invite_token=st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=100),
+        serving=models,
+        wanted=models,
+        node_count=st.integers(1, 1000),
+        client_count=st.integers(0, 100),
+        max_clients=st.integers(0, 100),
+        name=st.none() | st.text(min_size=1, max_size=20).filter(str.isprintable),
+    )
+)
 def test_content_round_trips(content):
     assert ListingContent.from_json(content.to_json()) == content
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
-                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
-                    max_leaves=20))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+        lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+        max_leaves=20,
+    )
+)
 def test_untrusted_json_gives_listing_or_typed_rejection(value):
     try:
         parse_event(value, now=NOW)

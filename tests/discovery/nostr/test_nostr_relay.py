@@ -149,8 +149,12 @@ async def test_upstream_mesh_llm_events_are_ignored(nursery, relay_url):
     both = [["d", "hydra:mesh-1"], ["k", "hydra"], ["t", "mesh-llm"], exp]
     upstream = [["d", "mesh-llm"], ["k", "mesh-llm"], exp]
     for tags in (both, upstream):
-        ev = (EventBuilder(Kind(31990), CONTENT.to_json()).tags([Tag.parse(t) for t in tags])
-              .custom_created_at(Timestamp.from_secs(now)).finalize(keys))
+        ev = (
+            EventBuilder(Kind(31990), CONTENT.to_json())
+            .tags([Tag.parse(t) for t in tags])
+            .custom_created_at(Timestamp.from_secs(now))
+            .finalize(keys)
+        )
         await publish_once(relay_url, ev)
     discoverer = NostrDiscoverer(disc_config(relay_url))
     await nursery.start(discoverer.run)
@@ -164,14 +168,24 @@ async def test_hostile_relay_events_are_dropped_and_counted(nursery, hostile_rel
     keys = Keys.generate()
     now = int(time.time())
     good = json.loads(build_listing_event(keys, CONTENT, now=now).as_json())
-    other = json.loads(build_listing_event(Keys.generate(), dataclasses.replace(CONTENT, mesh_id="m2"), now=now).as_json())
+    other = json.loads(
+        build_listing_event(Keys.generate(), dataclasses.replace(CONTENT, mesh_id="m2"), now=now).as_json()
+    )
     tampered = dict(good, content=good["content"].replace("invite-abc", "invite-evil"))
     wrong_sig = dict(other, sig=good["sig"])
     expired = json.loads(build_listing_event(keys, dataclasses.replace(CONTENT, mesh_id="m3"), now=now - 500).as_json())
 
     def script(sub: str) -> list:
-        return [["EVENT", sub, tampered], ["EVENT", sub, wrong_sig], ["EVENT", sub, expired], "not json",
-                ["EVENT", "unknown-sub", good], ["NOTICE", "hi"], ["EVENT", sub, good], ["EOSE", sub]]
+        return [
+            ["EVENT", sub, tampered],
+            ["EVENT", sub, wrong_sig],
+            ["EVENT", sub, expired],
+            "not json",
+            ["EVENT", "unknown-sub", good],
+            ["NOTICE", "hi"],
+            ["EVENT", sub, good],
+            ["EOSE", sub],
+        ]
 
     relay = await hostile_relay(script)
     discoverer = NostrDiscoverer(disc_config(relay.url))

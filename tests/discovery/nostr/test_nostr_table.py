@@ -38,7 +38,10 @@ def test_distinct_keys_and_meshes_coexist_newest_first():
     t.offer_raw(raw(KEYS[1], NOW + 1), now=NOW)
     t.offer_raw(raw(KEYS[0], NOW + 2, mesh="mesh-2"), now=NOW)
     assert [(x.content.mesh_id, x.created_at) for x in t.listings(NOW + 3)] == [
-        ("mesh-2", NOW + 2), ("mesh-1", NOW + 1), ("mesh-1", NOW)]
+        ("mesh-2", NOW + 2),
+        ("mesh-1", NOW + 1),
+        ("mesh-1", NOW),
+    ]
 
 
 def test_expiry():
@@ -56,7 +59,7 @@ def test_deletion_before_or_after_the_listing():
         listing = build_listing_event(KEYS[0], BASE, now=NOW)
         deletion = json.loads(build_deletion_event(KEYS[0], listing, now=NOW + 1).as_json())
         items = [json.loads(listing.as_json()), deletion]
-        for item in (reversed(items) if deletion_first else items):
+        for item in reversed(items) if deletion_first else items:
             t.offer_raw(item, now=NOW + 1)
         assert t.listings(NOW + 1) == ()
         # a newer listing after the deletion is live again
@@ -92,4 +95,5 @@ def test_outcome_is_independent_of_arrival_order(order):
     for e in order:
         t.offer_raw(e, now=NOW)
     assert sorted((x.pubkey, x.content.node_count) for x in t.listings(NOW)) == sorted(
-        (k.public_key().to_hex(), 3) for k in KEYS[:2])
+        (k.public_key().to_hex(), 3) for k in KEYS[:2]
+    )

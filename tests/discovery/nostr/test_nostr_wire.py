@@ -53,17 +53,36 @@ def test_decode(text, expected):
     assert decode_relay_message(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "{}", "[]", "[1]", '["EVENT","s"]', '["EVENT",1,{}]', '["OK","id","yes"]',
-                                  '["WHAT"]', '["EOSE"]', "x" * 200_000, "[" * 10000])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "{}",
+        "[]",
+        "[1]",
+        '["EVENT","s"]',
+        '["EVENT",1,{}]',
+        '["OK","id","yes"]',
+        '["WHAT"]',
+        '["EOSE"]',
+        "x" * 200_000,
+        "[" * 10000,
+    ],
+)
 def test_decode_rejects(text):
     with pytest.raises(RelayProtocolError):
         decode_relay_message(text)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(max_size=200) | st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=10),
-                                             lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=5), c, max_size=3),
-                                             max_leaves=12).map(json.dumps))
+@given(
+    st.text(max_size=200)
+    | st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+        lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+        max_leaves=12,
+    ).map(json.dumps)
+)
 def test_untrusted_text_gives_message_or_typed_error(text):
     try:
         decode_relay_message(text)

@@ -63,7 +63,8 @@ async def test_concurrent_streams_echo(mesh, member_settings, start_listener, au
 
 
 async def test_gossip_flows_while_a_bulk_stream_is_stalled_and_running(
-        mesh, member_settings, start_listener, autojump_clock) -> None:
+    mesh, member_settings, start_listener, autojump_clock
+) -> None:
     """A 6 MiB transfer whose reader pauses (window exhausted) must not delay priority-lane messages."""
     total = 6 * 1024 * 1024
     gate = trio.Event()
@@ -176,7 +177,9 @@ async def test_replayed_frame_is_dropped_and_counted(mesh, member_settings, star
 
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
-            listener, url = await start_listener(nursery, member_settings(mesh, on_message=on_message, ping_interval_s=60))
+            listener, url = await start_listener(
+                nursery, member_settings(mesh, on_message=on_message, ping_interval_s=60)
+            )
             async with open_link(url, member_settings(mesh, ping_interval_s=60)) as link:
                 await wait_until(lambda: listener.links)
                 server_link = next(iter(listener.links))
@@ -194,7 +197,8 @@ async def test_replayed_frame_is_dropped_and_counted(mesh, member_settings, star
 
 @pytest.mark.parametrize("kind", ["tamper", "garbage", "text"])
 async def test_tampered_or_garbage_frame_closes_the_link(
-        kind: str, mesh, member_settings, start_listener, autojump_clock) -> None:
+    kind: str, mesh, member_settings, start_listener, autojump_clock
+) -> None:
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             listener, url = await start_listener(nursery, member_settings(mesh, on_stream=echo))

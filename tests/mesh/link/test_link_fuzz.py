@@ -46,7 +46,9 @@ async def test_listener_survives_garbage(mesh, member_settings, start_listener, 
             cases: list[list[bytes | str]] = [[rng.randbytes(rng.randint(0, 300))] for _ in range(25)]
             cases += [["not binary"], [b""], [cbor.encode({"type": "hello"})], [cbor.encode([1, 2, 3])]]
             low_order = cbor.encode({"eph": bytes(32), "gen": 1, "mesh": mesh.mesh_id, "type": "hello"})
-            good_hello = cbor.encode({"eph": crypto_scalarmult_base(bytes([5]) * 32), "gen": 1, "mesh": mesh.mesh_id, "type": "hello"})
+            good_hello = cbor.encode(
+                {"eph": crypto_scalarmult_base(bytes([5]) * 32), "gen": 1, "mesh": mesh.mesh_id, "type": "hello"}
+            )
             cases += [[low_order], [good_hello, rng.randbytes(50)], [good_hello, good_hello]]
             replies = []
             for messages in cases:
@@ -65,8 +67,15 @@ async def test_listener_survives_garbage(mesh, member_settings, start_listener, 
             assert all(isinstance(a, (Reject, Welcome)) for a in answers)
             failures = listener.statistics().handshake_failures
             assert sum(failures.values()) == len(cases)
-            assert set(failures) <= {"bad_handshake", "generation_mismatch", "foreign_mesh", "peer_authentication_failed",
-                                     "bad_ephemeral", "peer_closed", "handshake_timeout"}
+            assert set(failures) <= {
+                "bad_handshake",
+                "generation_mismatch",
+                "foreign_mesh",
+                "peer_authentication_failed",
+                "bad_ephemeral",
+                "peer_closed",
+                "handshake_timeout",
+            }
             assert "internal_error" not in failures
             # and it still admits a real member
             async with open_link(url, member_settings(mesh)) as link:
@@ -95,7 +104,8 @@ async def test_generation_mismatch_over_the_wire(mesh, member_settings, start_li
 
 
 async def test_listener_bounds_concurrent_handshakes(
-        mesh, member_settings, start_listener, monkeypatch, autojump_clock) -> None:
+    mesh, member_settings, start_listener, monkeypatch, autojump_clock
+) -> None:
     from hydra_node.mesh.link import endpoints
 
     monkeypatch.setattr(endpoints, "MAX_CONCURRENT_HANDSHAKES", 2)

@@ -10,8 +10,12 @@ import pytest
 import trio
 import trio_websocket
 
-from hydra_node.mesh.link.endpoints import (ACCEPT_HANDSHAKE_TIMEOUT_S, HANDSHAKE_WS_MESSAGE_BYTES,
-                                            MAX_HANDSHAKES_PER_ADDRESS, connect_link)
+from hydra_node.mesh.link.endpoints import (
+    ACCEPT_HANDSHAKE_TIMEOUT_S,
+    HANDSHAKE_WS_MESSAGE_BYTES,
+    MAX_HANDSHAKES_PER_ADDRESS,
+    connect_link,
+)
 from hydra_node.mesh.wire.errors import RejectedByPeer
 from hydra_node.mesh.wire.ids import MeshSecret
 from waiting import wait_until
@@ -25,8 +29,9 @@ async def _raw_ws(nursery: trio.Nursery, port: int, source: str = "127.0.0.1") -
     return await trio_websocket.wrap_client_stream(nursery, stream, "127.0.0.1", "/")
 
 
-async def test_a_big_message_before_authentication_is_refused(mesh, member_settings, start_listener,
-                                                               autojump_clock) -> None:
+async def test_a_big_message_before_authentication_is_refused(
+    mesh, member_settings, start_listener, autojump_clock
+) -> None:
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             listener, url = await start_listener(nursery, member_settings(mesh))
@@ -38,26 +43,33 @@ async def test_a_big_message_before_authentication_is_refused(mesh, member_setti
             nursery.cancel_scope.cancel()
 
 
-async def test_stalled_hellos_hold_slots_of_their_own_address_only_and_expire(mesh, member_settings,
-                                                                             start_listener, autojump_clock) -> None:
+async def test_stalled_hellos_hold_slots_of_their_own_address_only_and_expire(
+    mesh, member_settings, start_listener, autojump_clock
+) -> None:
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             listener, url = await start_listener(nursery, member_settings(mesh))
-            stalled = [await _raw_ws(nursery, listener.port, "127.0.0.2") for _ in range(MAX_HANDSHAKES_PER_ADDRESS + 3)]
+            stalled = [
+                await _raw_ws(nursery, listener.port, "127.0.0.2") for _ in range(MAX_HANDSHAKES_PER_ADDRESS + 3)
+            ]
             await wait_until(lambda: listener.statistics().handshake_failures.get("busy", 0) >= 3)
             # another address (127.0.0.1) still gets in while those stall
             link = await nursery.start(partial(connect_link, url, member_settings(mesh)))
             await link.aclose("done", "")
             start = trio.current_time()
-            await wait_until(lambda: listener.statistics().handshake_failures.get("handshake_timeout", 0)
-                             >= MAX_HANDSHAKES_PER_ADDRESS)
+            await wait_until(
+                lambda: (
+                    listener.statistics().handshake_failures.get("handshake_timeout", 0) >= MAX_HANDSHAKES_PER_ADDRESS
+                )
+            )
             assert trio.current_time() - start <= ACCEPT_HANDSHAKE_TIMEOUT_S + 1
             del stalled
             nursery.cancel_scope.cancel()
 
 
-async def test_the_foreign_mesh_refusal_does_not_name_our_mesh(mesh, member_settings, start_listener,
-                                                               autojump_clock) -> None:
+async def test_the_foreign_mesh_refusal_does_not_name_our_mesh(
+    mesh, member_settings, start_listener, autojump_clock
+) -> None:
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             listener, url = await start_listener(nursery, member_settings(mesh))

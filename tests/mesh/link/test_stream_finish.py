@@ -18,8 +18,9 @@ async def answer_and_return(link, header, stream) -> None:
 
 
 @pytest.mark.parametrize("rounds", [5])
-async def test_last_bytes_reach_the_peer_before_the_reset(rounds, mesh, member_settings, start_listener,
-                                                          autojump_clock) -> None:
+async def test_last_bytes_reach_the_peer_before_the_reset(
+    rounds, mesh, member_settings, start_listener, autojump_clock
+) -> None:
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             _, url = await start_listener(nursery, member_settings(mesh, on_stream=answer_and_return))

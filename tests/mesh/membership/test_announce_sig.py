@@ -32,8 +32,7 @@ def test_membership_rejects_a_relayed_forgery_and_accepts_the_real_one():
     me_key, me = _node()
     relay_key, relay = _node()
     victim_key, victim = _node()
-    core = Membership(Announcement(node_id=me), verify=verify_announcement,
-                      sign=lambda a: sign_announcement(me_key, a))
+    core = Membership(Announcement(node_id=me), verify=verify_announcement, sign=lambda a: sign_announcement(me_key, a))
     assert verify_announcement(core.announcement)
     real = sign_announcement(victim_key, Announcement(node_id=victim, incarnation=3))
     forged = dataclasses.replace(real, incarnation=4, models=(ModelEntry("x", "ready"),))

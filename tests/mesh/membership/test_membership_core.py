@@ -8,9 +8,26 @@ from dataclasses import replace
 import pytest
 
 from hydra_node.mesh.membership import (
-    Ack, Announcement, Gossip, Leave, LocalMembershipError, Membership, MembershipConfig,
-    ModelEntry, PeerDied, PeerJoined, PeerRecord, PeerRecovered, PeerState, PeerSuspected,
-    PeerUpdated, Ping, PingReq, Pull, Send, Sync,
+    Ack,
+    Announcement,
+    Gossip,
+    Leave,
+    LocalMembershipError,
+    Membership,
+    MembershipConfig,
+    ModelEntry,
+    PeerDied,
+    PeerJoined,
+    PeerRecord,
+    PeerRecovered,
+    PeerState,
+    PeerSuspected,
+    PeerUpdated,
+    Ping,
+    PingReq,
+    Pull,
+    Send,
+    Sync,
 )
 from hydra_node.mesh.membership.sim import SimNetwork
 
@@ -22,9 +39,15 @@ class Wire:
     """Cores delivering to each other instantly; `dead` nodes neither send nor receive."""
 
     def __init__(self, *ids: str, config: MembershipConfig = CFG) -> None:
-        self.cores = {i: Membership(Announcement(node_id=i, addresses=(f"{i}.lan:7946",),
-                                                 models=(ModelEntry("m", "ready"),)),
-                                    config, random.Random(i), now=0.0) for i in ids}
+        self.cores = {
+            i: Membership(
+                Announcement(node_id=i, addresses=(f"{i}.lan:7946",), models=(ModelEntry("m", "ready"),)),
+                config,
+                random.Random(i),
+                now=0.0,
+            )
+            for i in ids
+        }
         self.events: dict[str, list] = {i: [] for i in ids}
         self.sent: list[tuple[str, Send]] = []
         self.dead: set[str] = set()
@@ -214,7 +237,7 @@ def test_messages_respect_the_record_bounds() -> None:
     recs = [PeerRecord(f"p{i:02d}", 0, S.ALIVE, Announcement(node_id=f"p{i:02d}")) for i in range(23)]
     out = []
     for i in range(0, 23, 8):
-        out += a.on_message("p00", Gossip(tuple(recs[i:i + 8])).to_wire(), 1.0)
+        out += a.on_message("p00", Gossip(tuple(recs[i : i + 8])).to_wire(), 1.0)
     out += a.on_message("p00", Sync(()).to_wire(), 1.0)
     out += a.tick(1.2) + a.on_message("p01", Ping(5).to_wire(), 1.3)
     sends = [s.message for s in out if isinstance(s, Send)]

@@ -7,8 +7,19 @@ import random
 import pytest
 
 from hydra_node.mesh.membership import (
-    Ack, Announcement, Gossip, InvalidMessage, Membership, MembershipConfig, PeerRecord, PeerState,
-    PeerSuspected, Ping, PingReq, Send, decode_message,
+    Ack,
+    Announcement,
+    Gossip,
+    InvalidMessage,
+    Membership,
+    MembershipConfig,
+    PeerRecord,
+    PeerState,
+    PeerSuspected,
+    Ping,
+    PingReq,
+    Send,
+    decode_message,
 )
 from hydra_node.mesh.membership.health import LocalHealth
 from hydra_node.mesh.membership.messages import Nack, Suspect
@@ -22,10 +33,11 @@ QUIET = MembershipConfig(probe_interval=1000.0, sync_interval=1000.0, reconnect_
 def core(node: str, peers: list[str], *, now: float = 0.0) -> Membership:
     """A quiet core that already knows `peers` alive (told by the first of them)."""
     m = Membership(Announcement(node_id=node, addresses=(f"{node}.lan:1",)), QUIET, random.Random(node), now=now)
-    records = tuple(PeerRecord(p, 0, PeerState.ALIVE, Announcement(node_id=p, addresses=(f"{p}.lan:1",)))
-                    for p in peers)
+    records = tuple(
+        PeerRecord(p, 0, PeerState.ALIVE, Announcement(node_id=p, addresses=(f"{p}.lan:1",))) for p in peers
+    )
     for i in range(0, len(records), 16):
-        m.on_message(peers[0], Gossip(records[i:i + 16]).to_wire(), now)
+        m.on_message(peers[0], Gossip(records[i : i + 16]).to_wire(), now)
     assert sorted(m.members()) == sorted(peers)
     return m
 
@@ -43,6 +55,7 @@ def run_until(m: Membership, end: float, now: float) -> tuple[list, float]:
 
 
 # ---------------------------------------------------------------- pure parts
+
 
 def test_local_health_clamps_scales_and_rate_limits_lag() -> None:
     h = LocalHealth(max_multiplier=3, lag_threshold=0.25, lag_window=1.0)
@@ -74,13 +87,18 @@ def test_suspicion_shrinks_log_wise_with_independent_confirmations() -> None:
 def test_lifeguard_messages_round_trip_and_reject_bad_input() -> None:
     for msg in (Nack(7), Suspect("b", 3)):
         assert decode_message(msg.to_wire()) == msg
-    for bad in ({"type": "nack", "probe": -1}, {"type": "nack", "probe": 1, "x": 0},
-                {"type": "suspect", "target": "", "inc": 1}, {"type": "suspect", "target": "b"}):
+    for bad in (
+        {"type": "nack", "probe": -1},
+        {"type": "nack", "probe": 1, "x": 0},
+        {"type": "suspect", "target": "", "inc": 1},
+        {"type": "suspect", "target": "b"},
+    ):
         with pytest.raises(InvalidMessage):
             decode_message(bad)
 
 
 # ---------------------------------------------------------------- nacks and local health
+
 
 def test_a_helper_nacks_when_the_target_is_silent_and_not_when_it_acks() -> None:
     helper = core("h", ["a", "t"])
@@ -140,6 +158,7 @@ def test_note_local_lag_counts_significant_lag_only() -> None:
 
 
 # ---------------------------------------------------------------- confirmations
+
 
 def test_confirmations_shorten_a_suspicion_to_its_minimum() -> None:
     peers = [f"p{i}" for i in range(9)]

@@ -16,8 +16,9 @@ def records(draw) -> PeerRecord:
     state = draw(st.sampled_from([S.ALIVE, S.SUSPECT, S.DEAD, S.LEFT]))
     ann_inc = inc if state.is_member else draw(st.integers(0, inc))
     # queue_depth varies content at equal (incarnation, seq): a buggy or lying peer
-    ann = Announcement(node_id="peer", incarnation=ann_inc, seq=draw(st.integers(0, 3)),
-                       queue_depth=draw(st.integers(0, 2)))
+    ann = Announcement(
+        node_id="peer", incarnation=ann_inc, seq=draw(st.integers(0, 3)), queue_depth=draw(st.integers(0, 2))
+    )
     if not state.is_member and draw(st.booleans()):
         ann = None
     return PeerRecord("peer", inc, state, ann)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from hydra_node.mesh.membership import (
-    Gossip, Leave, MembershipConfig, PeerDied, PeerJoined, PeerLeft, PeerRecord, PeerState,
+    Gossip,
+    Leave,
+    MembershipConfig,
+    PeerDied,
+    PeerJoined,
+    PeerLeft,
+    PeerRecord,
+    PeerState,
 )
 from hydra_node.mesh.membership.sim import LanDelay, SimNetwork
 
@@ -113,8 +120,9 @@ def test_partition_then_heal_converges_back() -> None:
     left, right = names(6)[:3], names(6)[3:]
     net.partition(left, right)
     # a node whose ring monitor is on its own side is found by round-robin probes: no fixed bound
-    both_dead = net.run_for(30, until=lambda: all(
-        net.state(a, b) is DEAD and net.state(b, a) is DEAD for a in left for b in right))
+    both_dead = net.run_for(
+        30, until=lambda: all(net.state(a, b) is DEAD and net.state(b, a) is DEAD for a in left for b in right)
+    )
     assert both_dead is not None
     assert net.full_view(left) and net.full_view(right)
     net.heal()

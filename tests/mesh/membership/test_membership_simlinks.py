@@ -8,8 +8,17 @@ import cbor2
 import pytest
 
 from hydra_node.mesh.membership import (
-    Announcement, Gossip, Membership, MembershipConfig, ModelEntry, PeerDied, PeerRecord, PeerState,
-    Ping, Pull, Send,
+    Announcement,
+    Gossip,
+    Membership,
+    MembershipConfig,
+    ModelEntry,
+    PeerDied,
+    PeerRecord,
+    PeerState,
+    Ping,
+    Pull,
+    Send,
 )
 from hydra_node.mesh.membership.antientropy import bucket_count
 from hydra_node.mesh.membership.messages import DigestSync
@@ -18,10 +27,18 @@ from hydra_node.mesh.membership.simlinks import MAX_SPIKE_S, cbor_size
 
 
 def test_cbor_size_is_the_encoded_length() -> None:
-    ann = Announcement(node_id="é" * 3 + "a" * 61, incarnation=5, addresses=("10.0.0.1:7946",),
-                       models=(ModelEntry("m", "ready"),), extra={"sig": bytes(64), "n": -300})
-    for wire in (Ping(2**40, None, (PeerRecord(ann.node_id, 5, PeerState.ALIVE, ann),)).to_wire(),
-                 DigestSync(4, (1, 2**32 - 1, 0, 70000)).to_wire(), {"x": [None, True, -1, 23, 24, 2**33]}):
+    ann = Announcement(
+        node_id="é" * 3 + "a" * 61,
+        incarnation=5,
+        addresses=("10.0.0.1:7946",),
+        models=(ModelEntry("m", "ready"),),
+        extra={"sig": bytes(64), "n": -300},
+    )
+    for wire in (
+        Ping(2**40, None, (PeerRecord(ann.node_id, 5, PeerState.ALIVE, ann),)).to_wire(),
+        DigestSync(4, (1, 2**32 - 1, 0, 70000)).to_wire(),
+        {"x": [None, True, -1, 23, 24, 2**33]},
+    ):
         assert cbor_size(wire) == len(cbor2.dumps(wire, canonical=True))
 
 
@@ -104,10 +121,14 @@ def test_passing_message_objects_behaves_exactly_like_wire_dicts() -> None:
 
 
 def _core(node: str, records: list[PeerRecord]) -> Membership:
-    m = Membership(Announcement(node_id=node, addresses=(f"{node}.lan:1",)), MembershipConfig(sync_bucket_entries=4),
-                   random.Random(node), now=0.0)
+    m = Membership(
+        Announcement(node_id=node, addresses=(f"{node}.lan:1",)),
+        MembershipConfig(sync_bucket_entries=4),
+        random.Random(node),
+        now=0.0,
+    )
     for i in range(0, len(records), 16):
-        m.on_message(records[0].node_id, Gossip(tuple(records[i:i + 16])).to_wire(), 0.0)
+        m.on_message(records[0].node_id, Gossip(tuple(records[i : i + 16])).to_wire(), 0.0)
     return m
 
 
@@ -116,8 +137,9 @@ def _sends(actions: list) -> list:
 
 
 def test_dsync_answers_only_differing_buckets_and_both_sides_reconcile() -> None:
-    peers = [PeerRecord(f"p{i:02d}", 1, PeerState.ALIVE, Announcement(node_id=f"p{i:02d}", incarnation=1))
-             for i in range(40)]
+    peers = [
+        PeerRecord(f"p{i:02d}", 1, PeerState.ALIVE, Announcement(node_id=f"p{i:02d}", incarnation=1)) for i in range(40)
+    ]
     a, b = _core("a", peers), _core("b", peers[:-1])  # b lacks p39
     assert bucket_count(42, 4) == 16
     b.on_message("a", Gossip((a.self_record(),)).to_wire(), 0.0)

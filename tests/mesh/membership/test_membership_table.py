@@ -8,20 +8,48 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hydra_node.mesh.membership import (
-    TRANSITIONS, Ack, Announcement, DigestEntry, Gossip, Hardware, InvalidMessage, Leave,
-    LocalMembershipError, MembershipConfig, ModelEntry, PeerRecord, PeerState, Ping, PingReq,
-    Pull, RpcCapacity, Sync, Trigger, decode_message, transition,
+    TRANSITIONS,
+    Ack,
+    Announcement,
+    DigestEntry,
+    Gossip,
+    Hardware,
+    InvalidMessage,
+    Leave,
+    LocalMembershipError,
+    MembershipConfig,
+    ModelEntry,
+    PeerRecord,
+    PeerState,
+    Ping,
+    PingReq,
+    Pull,
+    RpcCapacity,
+    Sync,
+    Trigger,
+    decode_message,
+    transition,
 )
 
 S, T = PeerState, Trigger
 
 EXPECTED = {
-    (S.UNKNOWN, T.ALIVE): S.ALIVE, (S.UNKNOWN, T.CONFIRM): S.DEAD, (S.UNKNOWN, T.LEAVE): S.LEFT,
-    (S.ALIVE, T.ALIVE): S.ALIVE, (S.ALIVE, T.SUSPECT): S.SUSPECT, (S.ALIVE, T.LEAVE): S.LEFT,
-    (S.SUSPECT, T.ALIVE): S.ALIVE, (S.SUSPECT, T.SUSPECT): S.SUSPECT,
-    (S.SUSPECT, T.CONFIRM): S.DEAD, (S.SUSPECT, T.LEAVE): S.LEFT,
-    (S.DEAD, T.ALIVE): S.ALIVE, (S.DEAD, T.LEAVE): S.LEFT, (S.DEAD, T.EXPIRE): S.UNKNOWN,
-    (S.LEFT, T.ALIVE): S.ALIVE, (S.LEFT, T.CONFIRM): S.DEAD, (S.LEFT, T.EXPIRE): S.UNKNOWN,
+    (S.UNKNOWN, T.ALIVE): S.ALIVE,
+    (S.UNKNOWN, T.CONFIRM): S.DEAD,
+    (S.UNKNOWN, T.LEAVE): S.LEFT,
+    (S.ALIVE, T.ALIVE): S.ALIVE,
+    (S.ALIVE, T.SUSPECT): S.SUSPECT,
+    (S.ALIVE, T.LEAVE): S.LEFT,
+    (S.SUSPECT, T.ALIVE): S.ALIVE,
+    (S.SUSPECT, T.SUSPECT): S.SUSPECT,
+    (S.SUSPECT, T.CONFIRM): S.DEAD,
+    (S.SUSPECT, T.LEAVE): S.LEFT,
+    (S.DEAD, T.ALIVE): S.ALIVE,
+    (S.DEAD, T.LEAVE): S.LEFT,
+    (S.DEAD, T.EXPIRE): S.UNKNOWN,
+    (S.LEFT, T.ALIVE): S.ALIVE,
+    (S.LEFT, T.CONFIRM): S.DEAD,
+    (S.LEFT, T.EXPIRE): S.UNKNOWN,
 }
 
 
@@ -45,11 +73,18 @@ def test_a_live_peer_can_only_die_through_suspicion() -> None:
 
 def full_announcement() -> Announcement:
     return Announcement(
-        node_id="a" * 64, incarnation=3, seq=7, version="0.1.0", role="worker",
-        addresses=("192.168.1.5:7946", "[fe80::1]:7946"), api_port=9337, console_port=3131,
+        node_id="a" * 64,
+        incarnation=3,
+        seq=7,
+        version="0.1.0",
+        role="worker",
+        addresses=("192.168.1.5:7946", "[fe80::1]:7946"),
+        api_port=9337,
+        console_port=3131,
         models=(ModelEntry("smollm2-135m", "ready"), ModelEntry("qwen", "loading")),
         hardware=Hardware(cores=8, ram_bytes=32 << 30, vram_bytes=24 << 30, usable_bytes=20 << 30),
-        queue_depth=2, throughput_milli={"smollm2-135m": 95_500},
+        queue_depth=2,
+        throughput_milli={"smollm2-135m": 95_500},
         rpc=RpcCapacity(free_bytes=4 << 30, device="CUDA0"),
         extra={"zone": "lab", "tags": ["a", 1, None, b"\x00"], "nested": {"k": [True]}},
     )
@@ -65,16 +100,35 @@ def test_announcement_wire_round_trip_is_exact_and_cbor_friendly() -> None:
     assert ann.throughput == {"smollm2-135m": 95_500}
 
 
-@pytest.mark.parametrize("change", [
-    {"node_id": ""}, {"node_id": "x" * 129}, {"incarnation": -1}, {"seq": 1.5}, {"role": "boss"},
-    {"api_port": 70000}, {"addresses": ["a:1"] * 17}, {"queue_depth": True}, {"addresses": ["a"]},
-    {"addresses": ["evil host:80"]}, {"addresses": ["h:0"]}, {"addresses": ["h:70000"]},
-    {"addresses": ["http://h:80"]}, {"addresses": ["h:80/x y"]}, {"addresses": ["-h:80"]},
-    {"addresses": ["h" * 300 + ":1"]},
-    {"throughput_milli": {"m": 2.5}}, {"extra": {"f": 1.0}}, {"extra": {1: "x"}},
-    {"extra": {"a": {"b": {"c": {"d": {"e": 1}}}}}}, {"extra": {"big": list(range(300))}},
-    {"models": [{"id": "m"}]}, {"hardware": {"cores": 1}}, {"version": "bad\nline"},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"node_id": ""},
+        {"node_id": "x" * 129},
+        {"incarnation": -1},
+        {"seq": 1.5},
+        {"role": "boss"},
+        {"api_port": 70000},
+        {"addresses": ["a:1"] * 17},
+        {"queue_depth": True},
+        {"addresses": ["a"]},
+        {"addresses": ["evil host:80"]},
+        {"addresses": ["h:0"]},
+        {"addresses": ["h:70000"]},
+        {"addresses": ["http://h:80"]},
+        {"addresses": ["h:80/x y"]},
+        {"addresses": ["-h:80"]},
+        {"addresses": ["h" * 300 + ":1"]},
+        {"throughput_milli": {"m": 2.5}},
+        {"extra": {"f": 1.0}},
+        {"extra": {1: "x"}},
+        {"extra": {"a": {"b": {"c": {"d": {"e": 1}}}}}},
+        {"extra": {"big": list(range(300))}},
+        {"models": [{"id": "m"}]},
+        {"hardware": {"cores": 1}},
+        {"version": "bad\nline"},
+    ],
+)
 def test_invalid_announcements_are_refused(change: dict) -> None:
     wire = full_announcement().to_wire() | change
     with pytest.raises(InvalidMessage):
@@ -91,9 +145,13 @@ def test_record_invariants() -> None:
     PeerRecord("p", 2, S.ALIVE, ann)
     PeerRecord("p", 5, S.DEAD, ann)  # a tombstone may keep an older life's announcement
     PeerRecord("p", 5, S.LEFT)
-    for bad in (lambda: PeerRecord("p", 2, S.ALIVE), lambda: PeerRecord("p", 3, S.SUSPECT, ann),
-                lambda: PeerRecord("q", 2, S.ALIVE, ann), lambda: PeerRecord("p", 1, S.DEAD, ann),
-                lambda: PeerRecord("p", 2, S.UNKNOWN, ann)):
+    for bad in (
+        lambda: PeerRecord("p", 2, S.ALIVE),
+        lambda: PeerRecord("p", 3, S.SUSPECT, ann),
+        lambda: PeerRecord("q", 2, S.ALIVE, ann),
+        lambda: PeerRecord("p", 1, S.DEAD, ann),
+        lambda: PeerRecord("p", 2, S.UNKNOWN, ann),
+    ):
         with pytest.raises(InvalidMessage):
             bad()
 
@@ -103,9 +161,14 @@ def messages() -> list:
     rec = PeerRecord(ann.node_id, 3, S.SUSPECT, ann)
     view = DigestEntry("b" * 64, 1, S.ALIVE, 4)
     return [
-        Ping(1, view, (rec,)), Ping(2), Ack(3, "b" * 64, (rec,)), PingReq(4, "c", view),
-        Gossip((rec, PeerRecord("d", 9, S.DEAD))), Sync((view, DigestEntry("d", 9, S.DEAD, None)), (rec,)),
-        Pull(("a", "b")), Leave(12),
+        Ping(1, view, (rec,)),
+        Ping(2),
+        Ack(3, "b" * 64, (rec,)),
+        PingReq(4, "c", view),
+        Gossip((rec, PeerRecord("d", 9, S.DEAD))),
+        Sync((view, DigestEntry("d", 9, S.DEAD, None)), (rec,)),
+        Pull(("a", "b")),
+        Leave(12),
     ]
 
 
@@ -116,27 +179,65 @@ def test_message_wire_round_trip(msg) -> None:
     assert all(isinstance(k, str) for k in wire)
 
 
-@pytest.mark.parametrize("wire", [
-    None, [], {"type": "nope"}, {"type": 5}, {"type": "ping"}, {"type": "ping", "probe": -1, "view": None, "records": []},
-    {"type": "ack", "probe": 1, "subject": "", "records": []}, {"type": "leave", "inc": "1"},
-    {"type": "sync", "digest": [["a", 1, "zombie", 0]], "records": []},
-    {"type": "sync", "digest": [["a", 1, "alive"]], "records": []},
-    {"type": "gossip", "records": [{"id": "a", "inc": 0, "state": "alive", "ann": None}]},
-    {"type": "gossip", "records": [None] * 65}, {"type": "pull", "ids": "abc"},
-    {"type": "leave", "inc": 1, "extra": 2},
-])
+@pytest.mark.parametrize(
+    "wire",
+    [
+        None,
+        [],
+        {"type": "nope"},
+        {"type": 5},
+        {"type": "ping"},
+        {"type": "ping", "probe": -1, "view": None, "records": []},
+        {"type": "ack", "probe": 1, "subject": "", "records": []},
+        {"type": "leave", "inc": "1"},
+        {"type": "sync", "digest": [["a", 1, "zombie", 0]], "records": []},
+        {"type": "sync", "digest": [["a", 1, "alive"]], "records": []},
+        {"type": "gossip", "records": [{"id": "a", "inc": 0, "state": "alive", "ann": None}]},
+        {"type": "gossip", "records": [None] * 65},
+        {"type": "pull", "ids": "abc"},
+        {"type": "leave", "inc": 1, "extra": 2},
+    ],
+)
 def test_malformed_messages_raise_invalid_message(wire) -> None:
     with pytest.raises(InvalidMessage):
         decode_message(wire)
 
 
 cbor_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**64), 2**64) | st.text(max_size=8) | st.binary(max_size=8)
-    | st.floats(allow_nan=False) | st.sampled_from(["ping", "ack", "ping_req", "gossip", "sync", "pull", "leave", "alive"]),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-        st.sampled_from(["type", "probe", "view", "records", "subject", "target", "digest", "ids", "inc",
-                         "id", "state", "ann", "node_id"]) | st.text(max_size=3), inner, max_size=6),
-    max_leaves=20)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**64), 2**64)
+    | st.text(max_size=8)
+    | st.binary(max_size=8)
+    | st.floats(allow_nan=False)
+    | st.sampled_from(["ping", "ack", "ping_req", "gossip", "sync", "pull", "leave", "alive"]),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "type",
+                    "probe",
+                    "view",
+                    "records",
+                    "subject",
+                    "target",
+                    "digest",
+                    "ids",
+                    "inc",
+                    "id",
+                    "state",
+                    "ann",
+                    "node_id",
+                ]
+            )
+            | st.text(max_size=3),
+            inner,
+            max_size=6,
+        )
+    ),
+    max_leaves=20,
+)
 
 
 @settings(max_examples=300, deadline=None)

@@ -68,6 +68,7 @@ class socket_closed:
 
     def __enter__(self) -> int:
         import socket
+
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
         self.port = s.getsockname()[1]

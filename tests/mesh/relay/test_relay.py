@@ -111,8 +111,9 @@ async def test_relayed_link_end_to_end(mesh, member_settings, start_listener, au
 async def test_refusals_are_clean(mesh, member_settings, start_listener, autojump_clock) -> None:
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
-            server, url, _ = await start_relay(nursery, mesh, member_settings, start_listener,
-                                               limits={"max_reservations": 1})
+            server, url, _ = await start_relay(
+                nursery, mesh, member_settings, start_listener, limits={"max_reservations": 1}
+            )
             target, dialler = Target(mesh, member_settings), member_settings(mesh)
             async with open_link(url, target.settings) as b_relay, open_link(url, dialler) as a_relay:
                 # no reservation yet: the relay refuses the circuit
@@ -153,8 +154,9 @@ async def test_relay_paces_to_its_byte_rate(mesh, member_settings, start_listene
     """The relay's token bucket (virtual time): 100 kB echoed through a 10 kB/s relay takes >= 9.9 s."""
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
-            server, url, _ = await start_relay(nursery, mesh, member_settings, start_listener,
-                                               limits={"bytes_per_s": 10_000, "burst_bytes": 1_000})
+            server, url, _ = await start_relay(
+                nursery, mesh, member_settings, start_listener, limits={"bytes_per_s": 10_000, "burst_bytes": 1_000}
+            )
             target, dialler = Target(mesh, member_settings), member_settings(mesh)
             async with open_link(url, target.settings) as b_relay, open_link(url, dialler) as a_relay:
                 await nursery.start(hold_reservation, b_relay)
@@ -170,8 +172,9 @@ async def test_relay_paces_to_its_byte_rate(mesh, member_settings, start_listene
                 nursery.cancel_scope.cancel()
 
 
-async def test_a_direct_inbound_link_proves_we_can_be_dialled(mesh, member_settings, start_listener,
-                                                              autojump_clock) -> None:
+async def test_a_direct_inbound_link_proves_we_can_be_dialled(
+    mesh, member_settings, start_listener, autojump_clock
+) -> None:
     """Reachability (docs/relays.md): a peer that dialled us directly settles it, whatever dial-backs
     say (a loaded host's dial-backs time out like a NAT's); links we dialled, or relayed ones, do not."""
     from hydra_node.mesh.relay.agent import RelayAgent, RelayInputs
@@ -180,10 +183,20 @@ async def test_a_direct_inbound_link_proves_we_can_be_dialled(mesh, member_setti
     accepted: list[PeerLink] = []
     dialled: list[PeerLink] = []
     me = member_settings(mesh)
-    agent = RelayAgent(RelaySettings(), RelayInputs(
-        node_id=node_id(me), role="host", link_settings=lambda: me, link_to=None,
-        open_links=lambda: accepted + dialled, members=dict, alive=lambda _: True,
-        addresses=lambda: ["127.0.0.1:1"], adopt=lambda _: None))
+    agent = RelayAgent(
+        RelaySettings(),
+        RelayInputs(
+            node_id=node_id(me),
+            role="host",
+            link_settings=lambda: me,
+            link_to=None,
+            open_links=lambda: accepted + dialled,
+            members=dict,
+            alive=lambda _: True,
+            addresses=lambda: ["127.0.0.1:1"],
+            adopt=lambda _: None,
+        ),
+    )
     agent.reachability.set_addresses(("127.0.0.1:1",))
     for checker in ("p1", "p2"):  # two checkers could not reach our advertised address
         agent.reachability.report(checker, {"127.0.0.1:1": False}, trio.current_time())
@@ -203,8 +216,9 @@ async def test_a_direct_inbound_link_proves_we_can_be_dialled(mesh, member_setti
             nursery.cancel_scope.cancel()
 
 
-async def test_a_relayed_link_moves_to_a_direct_one_after_its_streams(mesh, member_settings, start_listener,
-                                                                      autojump_clock) -> None:
+async def test_a_relayed_link_moves_to_a_direct_one_after_its_streams(
+    mesh, member_settings, start_listener, autojump_clock
+) -> None:
     """The link table keeps a direct link over a relayed one; the relayed link closes once the streams
     open on it end, and with it the relay's circuit. The relay told each end its observed address."""
     from hydra_node.mesh.link_table import LinkTable
@@ -215,12 +229,19 @@ async def test_a_relayed_link_moves_to_a_direct_one_after_its_streams(mesh, memb
             server, url, relay_id = await start_relay(nursery, mesh, member_settings, start_listener)
             target, dialler = Target(mesh, member_settings), member_settings(mesh)
             _, direct_url = await start_listener(nursery, target.inner_settings)
-            table = LinkTable(node_id(dialler), nursery, lambda: dialler, addresses_of=lambda _: [],
-                              on_up=lambda _: None, on_down=lambda _: None)
+            table = LinkTable(
+                node_id(dialler),
+                nursery,
+                lambda: dialler,
+                addresses_of=lambda _: [],
+                on_up=lambda _: None,
+                on_down=lambda _: None,
+            )
             async with open_link(url, target.settings) as b_relay, open_link(url, dialler) as a_relay:
                 await nursery.start(hold_reservation, b_relay)
-                relayed = await nursery.start(partial(connect_via_relay, a_relay, node_id(target.settings), dialler,
-                                                      on_observed=observed.append))
+                relayed = await nursery.start(
+                    partial(connect_via_relay, a_relay, node_id(target.settings), dialler, on_observed=observed.append)
+                )
                 assert observed == ["127.0.0.1"]
                 table.adopt(relayed)
                 async with relayed.open_stream({"kind": "echo"}) as stream:

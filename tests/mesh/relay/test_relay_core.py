@@ -7,9 +7,16 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hydra_node.mesh.relay.limits import RelayBook, RelayLimits, RelayRefused, TokenBucket
-from hydra_node.mesh.relay.messages import (MAX_RELAYED_FRAME_BYTES, RelayProtocolError, ReplyDecoder,
-                                            encode_relayed_frame, encode_reply, parse_connect, parse_dialback,
-                                            relayed_frame_decoder)
+from hydra_node.mesh.relay.messages import (
+    MAX_RELAYED_FRAME_BYTES,
+    RelayProtocolError,
+    ReplyDecoder,
+    encode_relayed_frame,
+    encode_reply,
+    parse_connect,
+    parse_dialback,
+    relayed_frame_decoder,
+)
 from hydra_node.mesh.relay.selection import announce_extra, choose_relays, dial_urls, parse_relay_url, relay_url
 
 A, B, C, D = ("a" * 64, "b" * 64, "c" * 64, "d" * 64)
@@ -17,7 +24,7 @@ A, B, C, D = ("a" * 64, "b" * 64, "c" * 64, "d" * 64)
 
 def test_reply_round_trip_whole_and_byte_by_byte() -> None:
     wire = encode_reply("reserved", ttl_s=3600, bytes_per_s=1000, circuits=16) + b"rest"
-    for chunks in ([wire], [wire[i:i + 1] for i in range(len(wire))]):
+    for chunks in ([wire], [wire[i : i + 1] for i in range(len(wire))]):
         dec, reply = ReplyDecoder(), None
         for c in chunks:
             dec.receive_data(c)
@@ -26,14 +33,17 @@ def test_reply_round_trip_whole_and_byte_by_byte() -> None:
         assert dec.take_unconsumed() == b"rest"
 
 
-@pytest.mark.parametrize("wire, expected", [
-    (encode_reply("connected"), "reserved"),  # the wrong reply
-    (encode_reply("reserved", ttl_s=-1, bytes_per_s=1, circuits=1), "reserved"),
-    (encode_reply("refused", code=3, message="x"), "connected"),
-    (encode_reply("dialback", results={"h:1": "yes"}), "dialback"),
-    (b"\x00\x00\x00\x02\xa0\xa0", "connected"),  # not a single map
-    (b"\xff\xff\xff\xff", "connected"),  # over the bound
-])
+@pytest.mark.parametrize(
+    "wire, expected",
+    [
+        (encode_reply("connected"), "reserved"),  # the wrong reply
+        (encode_reply("reserved", ttl_s=-1, bytes_per_s=1, circuits=1), "reserved"),
+        (encode_reply("refused", code=3, message="x"), "connected"),
+        (encode_reply("dialback", results={"h:1": "yes"}), "dialback"),
+        (b"\x00\x00\x00\x02\xa0\xa0", "connected"),  # not a single map
+        (b"\xff\xff\xff\xff", "connected"),  # over the bound
+    ],
+)
 def test_bad_replies_are_typed_errors(wire: bytes, expected: str) -> None:
     dec = ReplyDecoder()
     dec.receive_data(wire)
@@ -54,8 +64,14 @@ def test_any_reply_bytes_give_a_reply_none_or_a_typed_error(data: bytes) -> None
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.dictionaries(st.text(max_size=8), st.one_of(st.none(), st.integers(), st.text(max_size=70),
-                                                     st.binary(max_size=20), st.lists(st.text(max_size=5)))))
+@given(
+    st.dictionaries(
+        st.text(max_size=8),
+        st.one_of(
+            st.none(), st.integers(), st.text(max_size=70), st.binary(max_size=20), st.lists(st.text(max_size=5))
+        ),
+    )
+)
 def test_any_header_parses_or_raises_typed(header: dict) -> None:
     for parse in (parse_connect, parse_dialback):
         try:
@@ -123,8 +139,12 @@ def test_relay_book_limits_and_ttl() -> None:
 
 def test_relay_choice_and_dial_order() -> None:
     offer = announce_extra(reach=True, offering=True, bytes_per_s=100, relays=())
-    offers = {A: offer, B: offer, C: announce_extra(reach=False, offering=True, bytes_per_s=1, relays=()),
-              D: announce_extra(reach=True, offering=False, bytes_per_s=1, relays=())}
+    offers = {
+        A: offer,
+        B: offer,
+        C: announce_extra(reach=False, offering=True, bytes_per_s=1, relays=()),
+        D: announce_extra(reach=True, offering=False, bytes_per_s=1, relays=()),
+    }
     assert choose_relays(offers, lambda p: True, set(), {}, 0.0) == [A, B]
     assert choose_relays(offers, lambda p: p != A, set(), {}, 0.0) == [B]
     assert choose_relays(offers, lambda p: True, {A}, {B: 5.0}, 1.0) == []  # B failed recently
@@ -147,14 +167,19 @@ def test_relay_settings_come_from_the_file_and_the_flags_override():
     from hydra_node.cli.main import relay_settings_from_args
     from hydra_node.config import ConfigError, parse_config_text
 
-    section = parse_config_text('[relay]\nmode = "off"\nrate_mb_s = 2.5\nuse_relays = false\n'
-                                'hole_punch = false\n').relay
+    section = parse_config_text(
+        '[relay]\nmode = "off"\nrate_mb_s = 2.5\nuse_relays = false\nhole_punch = false\n'
+    ).relay
     s = relay_settings_from_args(Namespace(relay=None, relay_rate=None, hole_punch=None), section)
     assert (s.mode, s.use_relays, s.limits.bytes_per_s, s.hole_punch) == ("off", False, 2_500_000, False)
     s = relay_settings_from_args(Namespace(relay="on", relay_rate=8.0, hole_punch="on"), section)
     assert (s.mode, s.limits.bytes_per_s, s.hole_punch) == ("on", 8_000_000, True)
-    assert relay_settings_from_args(Namespace(relay=None, relay_rate=None, hole_punch=None),
-                                    parse_config_text("").relay).hole_punch is True  # on by default
+    assert (
+        relay_settings_from_args(
+            Namespace(relay=None, relay_rate=None, hole_punch=None), parse_config_text("").relay
+        ).hole_punch
+        is True
+    )  # on by default
     for bad in ('mode = "sometimes"', "rate_mb_s = 0", "use_relays = 3", 'hole_punch = "yes"'):
         with pytest.raises(ConfigError):
             parse_config_text(f"[relay]\n{bad}\n")

@@ -48,8 +48,10 @@ _LAB: list[NatLab] = []
 
 def punch_counter(name: str) -> int:
     """A hole-punch counter summed over A and B (either end may drive the upgrade)."""
-    return sum((status(_LAB[0], n) or {}).get("mesh", {}).get("relays", {}).get("counters", {}).get(name, 0)
-               for n in ("A", "B"))
+    return sum(
+        (status(_LAB[0], n) or {}).get("mesh", {}).get("relays", {}).get("counters", {}).get(name, 0)
+        for n in ("A", "B")
+    )
 
 
 def complete(lab: NatLab, name: str) -> dict:
@@ -100,8 +102,16 @@ def test_natted_client_uses_natted_host_through_a_relay(nat_mesh) -> None:
     lab, ids, _ = nat_mesh
     for n in ("A", "B"):  # each learns by dial-back that it cannot be dialled, and reserves at a relay
         # (the verdict is "unknown" for a moment whenever a new link raises the number of checkers wanted)
-        st = wait_for(lambda n=n: (s := status(lab, n)) and s["mesh"]["relays"]["reserved_at"]
-                      and s["mesh"]["reachability"]["reachable"] is False and s, 30, f"{n} reserved")
+        st = wait_for(
+            lambda n=n: (
+                (s := status(lab, n))
+                and s["mesh"]["relays"]["reserved_at"]
+                and s["mesh"]["reachability"]["reachable"] is False
+                and s
+            ),
+            30,
+            f"{n} reserved",
+        )
         assert st["mesh"]["reachability"]["method"] == "dialback"
     r1 = status(lab, "R1")["mesh"]
     assert r1["reachability"]["reachable"] is True and r1["relays"]["offering"] is True
@@ -140,17 +150,26 @@ def test_link_moves_to_a_punched_direct_path(nat_mesh) -> None:
     lab, ids, _ = nat_mesh
     relay = next(n for n in ("R1", "R2") if n in lab.procs)  # the one still running
     lab.set_port_preserving("B", True)
-    row = wait_for(lambda: (r := peer(status(lab, "B"), ids["A"])).get("path") == "punched" and r, 45,
-                   "B's link to A punched")
+    row = wait_for(
+        lambda: (r := peer(status(lab, "B"), ids["A"])).get("path") == "punched" and r, 45, "B's link to A punched"
+    )
     assert row["relay"] is None and peer(status(lab, "A"), ids["B"])["path"] == "punched"
     assert punch_counter("hole_punch_ok") >= 1
-    server = wait_for(lambda: (s := status(lab, relay)["mesh"]["relays"]["server"])["circuits"] == 0 and s, 15,
-                      "the relay's circuit gone")
+    server = wait_for(
+        lambda: (s := status(lab, relay)["mesh"]["relays"]["server"])["circuits"] == 0 and s,
+        15,
+        "the relay's circuit gone",
+    )
     out = complete(lab, "B")
     assert out["choices"][0]["text"]
     assert status(lab, relay)["mesh"]["relays"]["server"]["bytes_relayed"] == server["bytes_relayed"]
     for n in ("A", "B"):  # a punched link is no proof that we can be dialled: reservations are kept
-        st = wait_for(lambda n=n: (s := status(lab, n)["mesh"])["reachability"]["reachable"] is False
-                      and s["relays"]["reserved_at"] and s, 15, f"{n} still unreachable")
+        st = wait_for(
+            lambda n=n: (
+                (s := status(lab, n)["mesh"])["reachability"]["reachable"] is False and s["relays"]["reserved_at"] and s
+            ),
+            15,
+            f"{n} still unreachable",
+        )
         assert st["relays"]["punched_links"] == 1 and st["relays"]["reserved_at"] == [ids[relay]]
         assert st["reachability"]["method"] == "dialback"

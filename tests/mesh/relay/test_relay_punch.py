@@ -7,27 +7,66 @@ import pytest
 from hypothesis import given, strategies as st
 
 from hydra_node.codec.framing import encode_message
-from hydra_node.mesh.relay.messages import (RelayProtocolError, ReplyDecoder, encode_reply, parse_incoming)
-from hydra_node.mesh.relay.punch import (MAX_SYNC_DELAY_S, PUNCH_KIND, PunchAddress, PunchDecoder, PunchProtocolError,
-                                         encode_punch, format_addr, parse_addr, parse_punch_header, punch_header,
-                                         sync_delay_s, websocket_client)
-from hydra_node.mesh.relay.upgrade_plan import (ATTEMPT_GAP_S, ATTEMPTS_PER_ROUND, MAX_ROUNDS, UpgradePlan,
-                                                UpgradeStateError)
+from hydra_node.mesh.relay.messages import RelayProtocolError, ReplyDecoder, encode_reply, parse_incoming
+from hydra_node.mesh.relay.punch import (
+    MAX_SYNC_DELAY_S,
+    PUNCH_KIND,
+    PunchAddress,
+    PunchDecoder,
+    PunchProtocolError,
+    encode_punch,
+    format_addr,
+    parse_addr,
+    parse_punch_header,
+    punch_header,
+    sync_delay_s,
+    websocket_client,
+)
+from hydra_node.mesh.relay.upgrade_plan import (
+    ATTEMPT_GAP_S,
+    ATTEMPTS_PER_ROUND,
+    MAX_ROUNDS,
+    UpgradePlan,
+    UpgradeStateError,
+)
 
 A, B = "a" * 64, "b" * 64
 
 
-@pytest.mark.parametrize("text, host, port", [("10.77.0.21:9338", "10.77.0.21", 9338),
-                                              ("[2001:db8::1]:1", "2001:db8::1", 1),
-                                              ("192.168.1.2:65535", "192.168.1.2", 65535)])
+@pytest.mark.parametrize(
+    "text, host, port",
+    [
+        ("10.77.0.21:9338", "10.77.0.21", 9338),
+        ("[2001:db8::1]:1", "2001:db8::1", 1),
+        ("192.168.1.2:65535", "192.168.1.2", 65535),
+    ],
+)
 def test_addresses_parse_and_format(text, host, port) -> None:
     assert parse_addr(text) == PunchAddress(host, port)
     assert format_addr(host, port) == text
 
 
-@pytest.mark.parametrize("text", ["10.0.0.1", "10.0.0.1:0", "10.0.0.1:65536", "host.example:80", "2001:db8::1:80",
-                                  "[10.0.0.1]:80", "10.0.0.1:-1", "0.0.0.0:80", "[::]:80", "224.0.0.1:80",
-                                  "10.0.0.1: 80", "", "1" * 65, 7, None, "[::1]:123456"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "10.0.0.1",
+        "10.0.0.1:0",
+        "10.0.0.1:65536",
+        "host.example:80",
+        "2001:db8::1:80",
+        "[10.0.0.1]:80",
+        "10.0.0.1:-1",
+        "0.0.0.0:80",
+        "[::]:80",
+        "224.0.0.1:80",
+        "10.0.0.1: 80",
+        "",
+        "1" * 65,
+        7,
+        None,
+        "[::1]:123456",
+    ],
+)
 def test_bad_addresses_are_typed_errors(text) -> None:
     with pytest.raises(PunchProtocolError) as err:
         parse_addr(text)
@@ -49,7 +88,7 @@ def test_header_and_frames_round_trip_whole_and_byte_by_byte() -> None:
     assert whole.next_frame("sync") is None
     dec = PunchDecoder()
     for i in range(len(wire) - 1):
-        dec.receive_data(wire[i:i + 1])
+        dec.receive_data(wire[i : i + 1])
         assert dec.next_frame("punch") is None
     dec.receive_data(wire[-1:])
     assert dec.next_frame("punch")["addr"] == "10.77.0.22:41000"
@@ -57,12 +96,15 @@ def test_header_and_frames_round_trip_whole_and_byte_by_byte() -> None:
 
 def test_frames_out_of_step_or_malformed_are_rejected() -> None:
     refusal = encode_punch("refused", code="disabled", message="no")
-    cases = [(encode_punch("sync"), "punch"), (encode_punch("punch", addr="1.2.3.4:5"), "sync"),
-             (refusal, "sync"),  # only the punch reply may be a refusal
-             (encode_message({"op": "punch", "addr": "1.2.3.4"}, limit=1024), "punch"),
-             (encode_message({"op": "refused", "code": 1, "message": "x"}, limit=1024), "punch"),
-             (b"\x00\x00\x04\x01" + b"\x00" * 1025, "punch"),  # over 1 KiB
-             (b"\x00\x00\x00\x01\x01", "sync")]  # not a map
+    cases = [
+        (encode_punch("sync"), "punch"),
+        (encode_punch("punch", addr="1.2.3.4:5"), "sync"),
+        (refusal, "sync"),  # only the punch reply may be a refusal
+        (encode_message({"op": "punch", "addr": "1.2.3.4"}, limit=1024), "punch"),
+        (encode_message({"op": "refused", "code": 1, "message": "x"}, limit=1024), "punch"),
+        (b"\x00\x00\x04\x01" + b"\x00" * 1025, "punch"),  # over 1 KiB
+        (b"\x00\x00\x00\x01\x01", "sync"),
+    ]  # not a map
     for wire, expected in cases:
         dec = PunchDecoder()
         dec.receive_data(wire)

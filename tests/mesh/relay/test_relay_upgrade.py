@@ -47,12 +47,15 @@ async def test_a_punched_connection_runs_an_ordinary_link(mesh, member_settings,
     a, b = await tcp_pair()
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
-            ends = [nursery.start(partial(run_punched_link, a, node_id(two), one)),
-                    nursery.start(partial(run_punched_link, b, node_id(one), two))]
+            ends = [
+                nursery.start(partial(run_punched_link, a, node_id(two), one)),
+                nursery.start(partial(run_punched_link, b, node_id(one), two)),
+            ]
             links: list[PeerLink] = []
 
             async def up(start) -> None:
                 links.append(await start)
+
             async with trio.open_nursery() as both:
                 for start in ends:
                     both.start_soon(up, start)
@@ -118,9 +121,13 @@ class Node:
         self.counters: Counter[str] = Counter()
         self.links: dict[str, PeerLink] = {}
         self.adopted: list[PeerLink] = []
-        self.upgrader = LinkUpgrader(enabled, UpgradeInputs(
-            link_settings=lambda: self.settings, members=members, current=self.links.get,
-            adopt=self.adopt), self.counters)
+        self.upgrader = LinkUpgrader(
+            enabled,
+            UpgradeInputs(
+                link_settings=lambda: self.settings, members=members, current=self.links.get, adopt=self.adopt
+            ),
+            self.counters,
+        )
 
     def adopt(self, link: PeerLink) -> None:
         self.adopted.append(link)
@@ -133,7 +140,8 @@ class Node:
 
 @pytest.mark.parametrize("enabled, code", [(False, "disabled"), (True, "not_relayed")])
 async def test_a_peer_that_will_not_punch_ends_the_upgrade_and_the_link_stays(
-        mesh, member_settings, start_listener, autojump_clock, enabled, code) -> None:
+    mesh, member_settings, start_listener, autojump_clock, enabled, code
+) -> None:
     """``[relay] hole_punch = false`` is honoured: the peer refuses, the driver gives up at once."""
     driver, peer = Node(mesh, member_settings, True), Node(mesh, member_settings, enabled)
     with trio.fail_after(TIMEOUT_S):
@@ -151,8 +159,9 @@ async def test_a_peer_that_will_not_punch_ends_the_upgrade_and_the_link_stays(
             nursery.cancel_scope.cancel()
 
 
-async def test_a_peer_that_can_be_dialled_is_dialled_directly(mesh, member_settings, start_listener,
-                                                              autojump_clock) -> None:
+async def test_a_peer_that_can_be_dialled_is_dialled_directly(
+    mesh, member_settings, start_listener, autojump_clock
+) -> None:
     """When the other end announced ``reach: true``, the driver dials it instead of punching."""
     target = Node(mesh, member_settings, True)
     accepted: list[PeerLink] = []

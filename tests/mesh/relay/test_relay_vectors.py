@@ -16,8 +16,6 @@ from vector_json import from_json
 DOC = json.loads((Path(__file__).resolve().parents[3] / "protocol" / "vectors" / "relay.json").read_text())
 
 
-
-
 @pytest.mark.parametrize("v", DOC["valid"], ids=lambda v: v["name"])
 def test_valid_replies(v) -> None:
     dec = ReplyDecoder()
@@ -80,8 +78,14 @@ def test_invalid_punch_frames(v) -> None:
 
 
 def test_punch_header_addresses_roles_and_timing() -> None:
-    from hydra_node.mesh.relay.punch import (PunchProtocolError, format_addr, parse_addr, parse_punch_header,
-                                             sync_delay_s, websocket_client)
+    from hydra_node.mesh.relay.punch import (
+        PunchProtocolError,
+        format_addr,
+        parse_addr,
+        parse_punch_header,
+        sync_delay_s,
+        websocket_client,
+    )
 
     assert format_addr(*dataclass_fields(parse_punch_header(PUNCH["header"]))) == PUNCH["header"]["addr"]
     for text in PUNCH["addresses"]["valid"]:

@@ -12,7 +12,11 @@ from nacl.signing import SigningKey
 from hydra_node.mesh.wire import cbor
 from hydra_node.mesh.wire.secure_channel import SecureChannel
 from hydra_node.mesh.wire.errors import (
-    AdmissionRefused, GenerationMismatch, HandshakeError, PeerAuthenticationFailed, RejectedByPeer,
+    AdmissionRefused,
+    GenerationMismatch,
+    HandshakeError,
+    PeerAuthenticationFailed,
+    RejectedByPeer,
 )
 from hydra_node.mesh.wire.handshake import Handshake, HandshakeState, parse_handshake_message
 from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key
@@ -76,7 +80,10 @@ def test_joiner_with_invite_receives_the_mesh_key() -> None:
 def test_invite_from_another_trusted_member_is_honoured() -> None:
     token = parse_invite(issue_invite(A, MESH.mesh_id, ["127.0.0.1:1"], 600, NOW), NOW)
     trusted = node_id_from_public_key(bytes(A.verify_key))
-    run(Handshake("initiator", C, token, now=NOW), Handshake("responder", B, MESH, now=NOW, trusted_issuer=lambda n: n == trusted))
+    run(
+        Handshake("initiator", C, token, now=NOW),
+        Handshake("responder", B, MESH, now=NOW, trusted_issuer=lambda n: n == trusted),
+    )
     with pytest.raises(AdmissionRefused) as info:
         run(Handshake("initiator", C, token, now=NOW), Handshake("responder", B, MESH, now=NOW))
     assert info.value.code == "untrusted_issuer"
@@ -141,7 +148,9 @@ def test_generation_mismatch_names_both_versions() -> None:
     # the initiator learns it from the reject
     initiator = Handshake("initiator", A, MESH, now=NOW)
     initiator.initiate()
-    future_reject = cbor.encode({"code": "generation_mismatch", "gen": 3, "message": "this node speaks 3", "type": "reject"})
+    future_reject = cbor.encode(
+        {"code": "generation_mismatch", "gen": 3, "message": "this node speaks 3", "type": "reject"}
+    )
     with pytest.raises(GenerationMismatch) as info:
         initiator.receive(future_reject)
     assert info.value.remote == 3
@@ -149,7 +158,10 @@ def test_generation_mismatch_names_both_versions() -> None:
 
 def test_expected_peer_id_is_enforced() -> None:
     with pytest.raises(PeerAuthenticationFailed) as info:
-        run(Handshake("initiator", A, MESH, now=NOW, expected_peer_id="ab" * 32), Handshake("responder", B, MESH, now=NOW))
+        run(
+            Handshake("initiator", A, MESH, now=NOW, expected_peer_id="ab" * 32),
+            Handshake("responder", B, MESH, now=NOW),
+        )
     assert info.value.code == "unexpected_peer"
 
 
@@ -187,9 +199,13 @@ def test_random_bytes_only_raise_handshake_errors(data: bytes) -> None:
 
 
 @settings(max_examples=200)
-@given(st.dictionaries(st.sampled_from(["type", "gen", "eph", "mesh", "box", "code", "message", "x"]),
-                       st.sampled_from(["hello", "welcome", "auth", "accept", "reject", 1, 2, b"\x00" * 32, MESH.mesh_id, b""]),
-                       max_size=6))
+@given(
+    st.dictionaries(
+        st.sampled_from(["type", "gen", "eph", "mesh", "box", "code", "message", "x"]),
+        st.sampled_from(["hello", "welcome", "auth", "accept", "reject", 1, 2, b"\x00" * 32, MESH.mesh_id, b""]),
+        max_size=6,
+    )
+)
 def test_structured_garbage_only_raises_handshake_errors(fields: dict) -> None:
     try:
         parse_handshake_message(cbor.encode(fields))
@@ -220,6 +236,9 @@ def test_any_mutated_handshake_message_fails_with_a_handshake_error(
             assert data is not None
             if index == which:
                 position %= len(data)
-                data = data[:position] if truncate else data[:position] + bytes([data[position] ^ flip]) + data[position + 1 :]
+                data = (
+                    data[:position]
+                    if truncate
+                    else data[:position] + bytes([data[position] ^ flip]) + data[position + 1 :]
+                )
             data = receiver.receive(data)
-

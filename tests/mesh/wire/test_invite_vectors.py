@@ -19,8 +19,6 @@ from vector_json import from_json
 DOC = json.loads((Path(__file__).resolve().parents[3] / "protocol" / "vectors" / "invites.json").read_text())
 
 
-
-
 def _id(seed_hex: str) -> str:
     return node_id_from_public_key(bytes(SigningKey(bytes.fromhex(seed_hex)).verify_key))
 
@@ -57,7 +55,9 @@ def test_table_story():
     table = RevocationTable(DOC["mesh_id"])
     for step in DOC["table_story"]:
         try:
-            outcome = "accepted" if table.offer(bytes.fromhex(step["hex"]), is_member=members.__contains__) else "duplicate"
+            outcome = (
+                "accepted" if table.offer(bytes.fromhex(step["hex"]), is_member=members.__contains__) else "duplicate"
+            )
         except RevocationRejected as exc:
             outcome = exc.code
         assert outcome == step["outcome"], step["name"]
@@ -88,6 +88,7 @@ def test_issuer_story(tmp_path):
         except MeshError as exc:
             result = exc.code
         assert result == step["result"]
-    after = open_revocations(book.revocation_list(DOC["mesh_id"], story["steps"][-1]["now"]),
-                             expected_mesh_id=DOC["mesh_id"])
+    after = open_revocations(
+        book.revocation_list(DOC["mesh_id"], story["steps"][-1]["now"]), expected_mesh_id=DOC["mesh_id"]
+    )
     assert [e.to_wire() for e in after.entries] == from_json(story["list_after"])

@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
 from hydra_node.mesh.wire import cbor
-from hydra_node.mesh.wire.errors import LocalProtocolError, TokenError, TokenExpired, TokenForeignMesh, TokenForged, TokenMalformed
+from hydra_node.mesh.wire.errors import (
+    LocalProtocolError,
+    TokenError,
+    TokenExpired,
+    TokenForeignMesh,
+    TokenForged,
+    TokenMalformed,
+)
 from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key
 from hydra_node.mesh.wire.token import InviteToken, issue_invite, parse_invite
 
@@ -63,7 +70,9 @@ def test_forged() -> None:
         parse_invite(_resign_body(text, {"addrs": ["evil:1"]}), NOW)
 
 
-@pytest.mark.parametrize("text", ["", "!!!", "abc=", "A", "a" * 5000, base64.urlsafe_b64encode(b"\xa0").decode().rstrip("=")])
+@pytest.mark.parametrize(
+    "text", ["", "!!!", "abc=", "A", "a" * 5000, base64.urlsafe_b64encode(b"\xa0").decode().rstrip("=")]
+)
 def test_malformed(text: str) -> None:
     with pytest.raises(TokenMalformed):
         parse_invite(text, NOW)
@@ -98,4 +107,6 @@ def test_issue_refuses_bad_arguments() -> None:
 
 def test_invite_token_validates_on_construction() -> None:
     with pytest.raises(TokenMalformed):
-        InviteToken(mesh_id=MESH.mesh_id, issuer_public_key=b"short", addrs=("h:1",), expires_at=1, nonce=bytes(16), text="x")
+        InviteToken(
+            mesh_id=MESH.mesh_id, issuer_public_key=b"short", addrs=("h:1",), expires_at=1, nonce=bytes(16), text="x"
+        )

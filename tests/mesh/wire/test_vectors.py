@@ -33,8 +33,6 @@ def _generator() -> Any:
     return module
 
 
-
-
 def test_generator_reproduces_the_checked_in_files() -> None:
     module = _generator()
     for name, doc in module.build_all().items():
@@ -78,8 +76,13 @@ def test_tokens(case: dict[str, Any]) -> None:
         assert info.value.code == case["error"]
     else:
         token = parse_invite(case["token"], case["now"], expected_mesh_id=case["expected_mesh_id"])
-        assert case["parsed"] == {"mesh_id": token.mesh_id, "issuer_id": token.issuer_id, "addrs": list(token.addrs),
-                                  "expires_at": token.expires_at, "nonce": token.nonce.hex()}
+        assert case["parsed"] == {
+            "mesh_id": token.mesh_id,
+            "issuer_id": token.issuer_id,
+            "addrs": list(token.addrs),
+            "expires_at": token.expires_at,
+            "nonce": token.nonce.hex(),
+        }
 
 
 def test_frames() -> None:
@@ -113,7 +116,6 @@ def test_channel() -> None:
 HANDSHAKE = load("handshake.json")
 
 
-
 @pytest.mark.parametrize("story", HANDSHAKE["stories"], ids=lambda s: s["name"])
 def test_handshake_stories(story: dict[str, Any]) -> None:
     """Rebuild both cores from the story's setup and replay: every message and error must match."""
@@ -141,11 +143,15 @@ def test_handshake_stories(story: dict[str, Any]) -> None:
         assert initiator.result.session_id.hex() == responder.result.session_id.hex() == result["session_id"]
         assert initiator.result.send_key.hex() == result["initiator_send_key"]
         assert responder.result.send_key.hex() == result["responder_send_key"]
-        assert initiator.result.peer_id == result["initiator_sees"] and responder.result.peer_id == result["responder_sees"]
+        assert (
+            initiator.result.peer_id == result["initiator_sees"]
+            and responder.result.peer_id == result["responder_sees"]
+        )
         assert initiator.result.mesh.mesh_id == result["mesh_id"]
 
 
 # ---- signed announcements and gossip messages (protocol/README.md section 11) --------------
+
 
 def test_announcement_vectors():
     from hydra_node.mesh.membership.signing import _unsigned_bytes, verify_announcement

@@ -10,13 +10,25 @@ from hydra_node.mesh.wire.secure_channel import SecureChannel
 from hydra_node.mesh.wire.constants import DATA_CHUNK_BYTES, MAX_LINK_FRAME_BYTES
 from hydra_node.mesh.wire.errors import FrameRejected, LocalProtocolError
 from hydra_node.mesh.wire.frames import (
-    Close, Data, GoAway, Message, Open, LinkPing, LinkPong, Reset, Window, decode_frame, encode_frame,
+    Close,
+    Data,
+    GoAway,
+    Message,
+    Open,
+    LinkPing,
+    LinkPong,
+    Reset,
+    Window,
+    decode_frame,
+    encode_frame,
 )
 
 stream_ids = st.integers(1, 2**32 - 1)
 reasons = st.text(max_size=50)
 frames = st.one_of(
-    st.builds(Open, stream_ids, st.dictionaries(st.text(max_size=8), st.integers(0, 99) | st.text(max_size=8), max_size=4)),
+    st.builds(
+        Open, stream_ids, st.dictionaries(st.text(max_size=8), st.integers(0, 99) | st.text(max_size=8), max_size=4)
+    ),
     st.builds(Data, stream_ids, st.binary(min_size=1, max_size=300)),
     st.builds(Close, stream_ids),
     st.builds(Reset, stream_ids, st.text(min_size=1, max_size=20), reasons),

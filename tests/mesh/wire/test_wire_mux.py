@@ -6,11 +6,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hydra_node.mesh.wire.constants import BULK_WINDOW_BYTES, DATA_CHUNK_BYTES, MAX_STREAMS_PER_LINK, STREAM_WINDOW_BYTES
+from hydra_node.mesh.wire.constants import (
+    BULK_WINDOW_BYTES,
+    DATA_CHUNK_BYTES,
+    MAX_STREAMS_PER_LINK,
+    STREAM_WINDOW_BYTES,
+)
 from hydra_node.mesh.wire.errors import FlowControlError, LocalProtocolError, RemoteProtocolError
 from hydra_node.mesh.wire.frames import Close, Data, Message, Open, Reset, Window, decode_frame, encode_frame
 from hydra_node.mesh.wire.mux import (
-    DataReceived, MessageReceived, Multiplexer, StreamEnded, StreamOpened, StreamWasReset, WindowOpened,
+    DataReceived,
+    MessageReceived,
+    Multiplexer,
+    StreamEnded,
+    StreamOpened,
+    StreamWasReset,
+    WindowOpened,
 )
 
 
@@ -155,7 +166,9 @@ def test_too_many_streams_are_refused() -> None:
     for i in range(MAX_STREAMS_PER_LINK):
         assert b.receive_frame(encode_frame(Open(2 * i + 1, {})))
     assert b.receive_frame(encode_frame(Open(2 * MAX_STREAMS_PER_LINK + 1, {}))) == []
-    assert decode_frame(b.next_frame()) == Reset(2 * MAX_STREAMS_PER_LINK + 1, "refused", f"more than {MAX_STREAMS_PER_LINK} open streams")
+    assert decode_frame(b.next_frame()) == Reset(
+        2 * MAX_STREAMS_PER_LINK + 1, "refused", f"more than {MAX_STREAMS_PER_LINK} open streams"
+    )
 
 
 def test_messages_pass_through() -> None:
@@ -170,7 +183,9 @@ hostile = st.one_of(
     st.builds(lambda i, h: bytes([1]) + i.to_bytes(4, "big") + h, small_ids, st.sampled_from([b"\xa0", b"\x80", b""])),
     st.builds(lambda i, n: bytes([2]) + i.to_bytes(4, "big") + b"d" * n, small_ids, st.integers(0, 70_000)),
     st.builds(lambda k, i: bytes([k]) + i.to_bytes(4, "big"), st.integers(1, 9), small_ids),
-    st.builds(lambda i, n: bytes([5]) + i.to_bytes(4, "big") + n.to_bytes(4, "big"), small_ids, st.integers(0, 2**32 - 1)),
+    st.builds(
+        lambda i, n: bytes([5]) + i.to_bytes(4, "big") + n.to_bytes(4, "big"), small_ids, st.integers(0, 2**32 - 1)
+    ),
 )
 
 

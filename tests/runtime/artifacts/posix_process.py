@@ -22,8 +22,9 @@ def main(argv: list[str]) -> int:
     if mode == "publish":
         seed, *pairs = rest
         files = {p.split("=", 1)[0]: Path(p.split("=", 1)[1]) for p in pairs}
-        manifest = store.publish(kind, name, files, identity={"writer": "subprocess"},
-                                 sign=signer(SigningKey(bytes.fromhex(seed))))
+        manifest = store.publish(
+            kind, name, files, identity={"writer": "subprocess"}, sign=signer(SigningKey(bytes.fromhex(seed)))
+        )
     else:
         dest, trusted = rest
         manifest = store.fetch(kind, name, Path(dest), trust=lambda node: node == trusted)

@@ -24,8 +24,11 @@ import pytest
 __all__ = ["TEST_CREDENTIALS", "S3Server", "s3_server", "start_moto", "stop_moto"]
 
 #: What boto3 finds in the environment while the server runs (moto accepts any keys).
-TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "hydra-test-key", "AWS_SECRET_ACCESS_KEY": "hydra-test-secret",
-                    "AWS_EC2_METADATA_DISABLED": "true"}
+TEST_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "hydra-test-key",
+    "AWS_SECRET_ACCESS_KEY": "hydra-test-secret",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 #: How long the server may take to answer its first request (a cold import of moto and flask).
 START_TIMEOUT_S = 60.0
 
@@ -39,8 +42,9 @@ class S3Server:
         import boto3
         from botocore.config import Config
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name=self.region,
-                            config=Config(s3={"addressing_style": "path"}))
+        return boto3.client(
+            "s3", endpoint_url=self.endpoint, region_name=self.region, config=Config(s3={"addressing_style": "path"})
+        )
 
     def new_bucket(self, tag: str = "t") -> str:
         name = f"hydra-{tag}-{secrets.token_hex(4)}"
@@ -67,8 +71,12 @@ def start_moto(log_path: Path) -> tuple[subprocess.Popen, str]:
     once it answers. RuntimeError (the process stopped) if it does not start."""
     port = _free_port()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **TEST_CREDENTIALS})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **TEST_CREDENTIALS},
+        )
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
     while not _answers(f"{endpoint}/moto-api/"):

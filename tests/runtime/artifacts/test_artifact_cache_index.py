@@ -13,8 +13,16 @@ from hydra_node.runtime.artifacts.cache import (
 
 
 def entry(name: str, size: int, last_used: float, kind: str = "layer_package") -> CacheEntry:
-    return CacheEntry(kind=kind, name=name, size=size, manifest={"name": name}, manifest_id="f" * 64,
-                      source="posix:/r", materialised_at=0.0, last_used=last_used)
+    return CacheEntry(
+        kind=kind,
+        name=name,
+        size=size,
+        manifest={"name": name},
+        manifest_id="f" * 64,
+        source="posix:/r",
+        materialised_at=0.0,
+        last_used=last_used,
+    )
 
 
 def index(*entries: CacheEntry, capacity: int = 0, ttl: float = 0.0) -> CacheIndex:
@@ -92,12 +100,17 @@ def test_the_index_round_trips_without_leases():
     assert again.entries == idx.entries and again.pins == idx.pins and again.leases == {}
 
 
-@pytest.mark.parametrize("data", [
-    None, {"version": 2, "entries": [], "pins": []}, {"version": 1, "entries": {}, "pins": []},
-    {"version": 1, "entries": [{"kind": "x"}], "pins": []},
-    {"version": 1, "entries": [], "pins": [["a"]]},
-    {"version": 1, "entries": [dict(vars(entry("a", 1, 1.0)), size=-1)], "pins": []},
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        None,
+        {"version": 2, "entries": [], "pins": []},
+        {"version": 1, "entries": {}, "pins": []},
+        {"version": 1, "entries": [{"kind": "x"}], "pins": []},
+        {"version": 1, "entries": [], "pins": [["a"]]},
+        {"version": 1, "entries": [dict(vars(entry("a", 1, 1.0)), size=-1)], "pins": []},
+    ],
+)
 def test_a_corrupt_index_is_refused(data):
     with pytest.raises(IndexCorrupt):
         CacheIndex().load_json(data)

@@ -93,11 +93,13 @@ async def test_an_artifact_arrives_whole_and_verified(holder, tmp_path) -> None:
     dest = tmp_path / "cache" / "stage-0"
     seen = []
     with trio.fail_after(30):
-        got = await fetch_from_peer(view, peer, "layer_package", "stage-0", dest, trust=lambda n: n == m.node_id,
-                                    progress=seen.append)
+        got = await fetch_from_peer(
+            view, peer, "layer_package", "stage-0", dest, trust=lambda n: n == m.node_id, progress=seen.append
+        )
     assert got == m
-    assert {str(p.relative_to(dest)): p.read_bytes() for p in dest.rglob("*") if p.is_file()} == \
-        {k.replace("__", "/"): v for k, v in files.items()}
+    assert {str(p.relative_to(dest)): p.read_bytes() for p in dest.rglob("*") if p.is_file()} == {
+        k.replace("__", "/"): v for k, v in files.items()
+    }
     assert seen[-1] == m.size and seen == sorted(seen)
     stats = shares["share"].statistics()
     assert (stats.sent_artifacts, stats.sent_bytes, stats.refused, stats.uploading) == (1, m.size, 0, 0)

@@ -18,17 +18,46 @@ from hydra_node.runtime.artifacts.kv_identity import (
 )
 
 TOKENS = (1, 504, 2000, 17)
-BASE = KvIdentity(model_sha256="a" * 64, build="llama-cpp-python=0.3.36 llama_version=0.5.0", architecture="llama",
-                  tokenizer_sha256="b" * 64, n_ctx_seq=4096, rope_type=0, rope_freq_base=100000.0,
-                  rope_freq_scale=1.0, type_k="f16", type_v="f16", flash_attention=True, n_embd=576, n_layer=30,
-                  n_head=9, n_head_kv=3, n_tokens=0, prefix_sha256=prefix_sha256(())).with_prefix(TOKENS)
+BASE = KvIdentity(
+    model_sha256="a" * 64,
+    build="llama-cpp-python=0.3.36 llama_version=0.5.0",
+    architecture="llama",
+    tokenizer_sha256="b" * 64,
+    n_ctx_seq=4096,
+    rope_type=0,
+    rope_freq_base=100000.0,
+    rope_freq_scale=1.0,
+    type_k="f16",
+    type_v="f16",
+    flash_attention=True,
+    n_embd=576,
+    n_layer=30,
+    n_head=9,
+    n_head_kv=3,
+    n_tokens=0,
+    prefix_sha256=prefix_sha256(()),
+).with_prefix(TOKENS)
 
 #: one different value per field: each alone must be refused, naming exactly that field
-CHANGED = {"model_sha256": "c" * 64, "build": "llama-cpp-python=0.3.37 llama_version=0.5.0",
-           "architecture": "qwen3", "tokenizer_sha256": "d" * 64, "n_ctx_seq": 2048, "rope_type": 2,
-           "rope_freq_base": 10000.0, "rope_freq_scale": 0.5, "type_k": "q8_0", "type_v": "q8_0",
-           "flash_attention": False, "n_embd": 960, "n_layer": 32, "n_head": 15, "n_head_kv": 5, "n_tokens": 5,
-           "prefix_sha256": prefix_sha256((1, 504, 2000, 18))}
+CHANGED = {
+    "model_sha256": "c" * 64,
+    "build": "llama-cpp-python=0.3.37 llama_version=0.5.0",
+    "architecture": "qwen3",
+    "tokenizer_sha256": "d" * 64,
+    "n_ctx_seq": 2048,
+    "rope_type": 2,
+    "rope_freq_base": 10000.0,
+    "rope_freq_scale": 0.5,
+    "type_k": "q8_0",
+    "type_v": "q8_0",
+    "flash_attention": False,
+    "n_embd": 960,
+    "n_layer": 32,
+    "n_head": 15,
+    "n_head_kv": 5,
+    "n_tokens": 5,
+    "prefix_sha256": prefix_sha256((1, 504, 2000, 18)),
+}
 
 
 def test_every_field_has_a_changed_value_in_this_test():
@@ -60,9 +89,17 @@ def test_the_prefix_is_the_exact_token_ids():
 
 def test_the_map_form_is_strict():
     m = BASE.to_mapping()
-    for broken in ({k: v for k, v in m.items() if k != "type_k"}, {**m, "extra": 1}, {**m, "n_layer": "30"},
-                   {**m, "flash_attention": 1}, {**m, "n_embd": True}, {**m, "model_sha256": "A" * 64},
-                   {**m, "build": ""}, {**m, "n_tokens": -1}, "not a map"):
+    for broken in (
+        {k: v for k, v in m.items() if k != "type_k"},
+        {**m, "extra": 1},
+        {**m, "n_layer": "30"},
+        {**m, "flash_attention": 1},
+        {**m, "n_embd": True},
+        {**m, "model_sha256": "A" * 64},
+        {**m, "build": ""},
+        {**m, "n_tokens": -1},
+        "not a map",
+    ):
         with pytest.raises(ValueError):
             KvIdentity.from_mapping(broken)
     # an integral float written as an int (JSON) reads back equal

@@ -58,9 +58,14 @@ def test_a_malformed_file_is_refused(tmp_path, how):
     path = tmp_path / "s.hykv"
     write_kv_state(path, BASE, TOKENS, STATE)
     data = path.read_bytes()
-    data = {"truncated": data[:-1], "trailing": data + b"\0", "magic": b"GGUF" + data[4:],
-            "version": MAGIC[:4] + b"\x02" + data[5:], "huge_header": MAGIC + struct.pack(">I", 2**31) + data[9:],
-            "header_only": data[:40]}[how]
+    data = {
+        "truncated": data[:-1],
+        "trailing": data + b"\0",
+        "magic": b"GGUF" + data[4:],
+        "version": MAGIC[:4] + b"\x02" + data[5:],
+        "huge_header": MAGIC + struct.pack(">I", 2**31) + data[9:],
+        "header_only": data[:40],
+    }[how]
     path.write_bytes(data)
     with pytest.raises(KvStateInvalid):
         _read(path)
@@ -71,9 +76,15 @@ def test_a_header_whose_tokens_are_not_its_identitys_prefix_is_refused():
     body = encode_header(good)[9:]
     assert decode_header(body) == good
     m = cbor.decode(body)
-    for bad in ({**m, "identity": {**m["identity"], "n_tokens": 3}}, {**m, "tokens": m["tokens"][:-4]},
-                {**m, "state_sha256": b"\0" * 31}, {**m, "state_bytes": 0}, {**m, "extra": 1},
-                {k: v for k, v in m.items() if k != "tokens"}, {**m, "identity": {**m["identity"], "type_k": 1}}):
+    for bad in (
+        {**m, "identity": {**m["identity"], "n_tokens": 3}},
+        {**m, "tokens": m["tokens"][:-4]},
+        {**m, "state_sha256": b"\0" * 31},
+        {**m, "state_bytes": 0},
+        {**m, "extra": 1},
+        {k: v for k, v in m.items() if k != "tokens"},
+        {**m, "identity": {**m["identity"], "type_k": 1}},
+    ):
         with pytest.raises(KvStateInvalid):
             decode_header(cbor.encode(bad))
     with pytest.raises(KvStateInvalid):

@@ -32,10 +32,14 @@ SHA = "ab" * 32
 
 
 def manifest(**changes) -> Manifest:
-    base = {"kind": "kv_state", "name": "prefix-1",
-            "files": (ArtifactFile("state.bin", 10, SHA), ArtifactFile("meta/a.json", 0, "cd" * 32)),
-            "identity": {"model_sha256": "ef" * 32, "tokens": [1, 2, 3], "raw": b"\x00\x01", "n_ctx": 4096},
-            "location": "posix:/vast/hydra", "created_at": 1_790_000_000}
+    base = {
+        "kind": "kv_state",
+        "name": "prefix-1",
+        "files": (ArtifactFile("state.bin", 10, SHA), ArtifactFile("meta/a.json", 0, "cd" * 32)),
+        "identity": {"model_sha256": "ef" * 32, "tokens": [1, 2, 3], "raw": b"\x00\x01", "n_ctx": 4096},
+        "location": "posix:/vast/hydra",
+        "created_at": 1_790_000_000,
+    }
     base.update(changes)
     return Manifest(**base)
 
@@ -64,11 +68,18 @@ def test_the_signature_covers_the_domain_separated_canonical_body() -> None:
     assert signer(KEY)(manifest()) == m  # Ed25519 is deterministic
 
 
-@pytest.mark.parametrize("change", [
-    {"name": "prefix-2"}, {"kind": "recurrent_state"}, {"created_at": 1_790_000_001},
-    {"location": "posix:/vast/other"}, {"identity": {"n_ctx": 2048}},
-    {"files": (ArtifactFile("state.bin", 11, SHA),)}, {"files": (ArtifactFile("state.bin", 10, "00" * 32),)},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"name": "prefix-2"},
+        {"kind": "recurrent_state"},
+        {"created_at": 1_790_000_001},
+        {"location": "posix:/vast/other"},
+        {"identity": {"n_ctx": 2048}},
+        {"files": (ArtifactFile("state.bin", 11, SHA),)},
+        {"files": (ArtifactFile("state.bin", 10, "00" * 32),)},
+    ],
+)
 def test_any_changed_field_breaks_the_signature(change) -> None:
     m = manifest().sign(KEY)
     with pytest.raises(SignatureInvalid):
@@ -98,28 +109,35 @@ def test_invalid_names(name) -> None:
         validate_name(name)
 
 
-@pytest.mark.parametrize("path", ["", "/abs", "a//b", "a/./b", "../x", "a/..", "a\\b", "a\x00b", "x" * 513,
-                                  "a/" + "y" * 256])
+@pytest.mark.parametrize(
+    "path", ["", "/abs", "a//b", "a/./b", "../x", "a/..", "a\\b", "a\x00b", "x" * 513, "a/" + "y" * 256]
+)
 def test_invalid_file_paths(path) -> None:
     with pytest.raises(ManifestInvalid):
         ArtifactFile(path, 1, SHA)
 
 
-@pytest.mark.parametrize("changes", [
-    {"kind": "weights"},
-    {"files": ()},
-    {"files": (ArtifactFile("a", 1, SHA), ArtifactFile("a", 2, SHA))},
-    {"files": (ArtifactFile("a", 1, SHA), ArtifactFile("a/b", 2, SHA))},  # a file cannot also be a folder
-    {"files": tuple(ArtifactFile(f"f{i}", 0, SHA) for i in range(MAX_FILES + 1))},
-    {"identity": {f"k{i}": i for i in range(MAX_IDENTITY_KEYS + 1)}},
-    {"identity": {"blob": b"x" * (MAX_IDENTITY_BYTES + 1)}},
-    {"identity": {"bytes": "ab"}},
-    {"identity": {"nan": float("nan")}},
-    {"identity": {1: "int key"}},
-    {"location": "/no/scheme"}, {"location": "posix:relative"}, {"location": "s3://"},
-    {"created_at": -1}, {"created_at": True},
-    {"node_id": "zz"},
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"kind": "weights"},
+        {"files": ()},
+        {"files": (ArtifactFile("a", 1, SHA), ArtifactFile("a", 2, SHA))},
+        {"files": (ArtifactFile("a", 1, SHA), ArtifactFile("a/b", 2, SHA))},  # a file cannot also be a folder
+        {"files": tuple(ArtifactFile(f"f{i}", 0, SHA) for i in range(MAX_FILES + 1))},
+        {"identity": {f"k{i}": i for i in range(MAX_IDENTITY_KEYS + 1)}},
+        {"identity": {"blob": b"x" * (MAX_IDENTITY_BYTES + 1)}},
+        {"identity": {"bytes": "ab"}},
+        {"identity": {"nan": float("nan")}},
+        {"identity": {1: "int key"}},
+        {"location": "/no/scheme"},
+        {"location": "posix:relative"},
+        {"location": "s3://"},
+        {"created_at": -1},
+        {"created_at": True},
+        {"node_id": "zz"},
+    ],
+)
 def test_bounds_and_fields_are_checked_when_built(changes) -> None:
     with pytest.raises(ManifestInvalid):
         manifest(**changes)
@@ -133,9 +151,15 @@ def test_file_fields() -> None:
 
 def test_decoding_refuses_what_the_format_forbids() -> None:
     wire = manifest().sign(KEY).to_wire()
-    for mutate in (lambda w: w.pop("sig"), lambda w: w.update(extra=1), lambda w: w.update(v=2),
-                   lambda w: w.update(sig=b"short"), lambda w: w.update(node="x"),
-                   lambda w: w["files"].append({"path": "z", "size": 1}), lambda w: w.update(files="nope")):
+    for mutate in (
+        lambda w: w.pop("sig"),
+        lambda w: w.update(extra=1),
+        lambda w: w.update(v=2),
+        lambda w: w.update(sig=b"short"),
+        lambda w: w.update(node="x"),
+        lambda w: w["files"].append({"path": "z", "size": 1}),
+        lambda w: w.update(files="nope"),
+    ):
         w = {**wire, "files": list(wire["files"])}
         mutate(w)
         with pytest.raises(ManifestInvalid):
@@ -162,9 +186,13 @@ def test_untrusted_cbor_bytes_give_a_manifest_or_manifest_invalid(data) -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8) | st.floats(),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
-                    max_leaves=20))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=8) | st.floats(),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+        max_leaves=20,
+    )
+)
 def test_untrusted_json_gives_a_manifest_or_manifest_invalid(value) -> None:
     doc = json.loads(manifest().sign(KEY).to_json())
     doc["identity"] = {"x": value}

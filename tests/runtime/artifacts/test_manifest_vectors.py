@@ -18,8 +18,6 @@ from vector_json import from_json
 DOC = json.loads((Path(__file__).resolve().parents[3] / "protocol" / "vectors" / "manifests.json").read_text())
 
 
-
-
 @pytest.mark.parametrize("vector", DOC["valid"], ids=lambda v: v["name"])
 def test_valid_manifests(vector: dict[str, Any]) -> None:
     assert DOC["context"] == MANIFEST_CONTEXT

@@ -71,8 +71,12 @@ def test_a_placed_model_is_served_by_a_second_node_and_managed_from_the_cli(tmp_
         assert rc == 0 and "0 artifacts" in out
 
         b.wait_ready(timeout=240)  # a loaded 2-core machine can take long to start a runner
-        code, body = request("POST", b.api_port, "/v1/chat/completions", {
-            "model": "smol", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+        code, body = request(
+            "POST",
+            b.api_port,
+            "/v1/chat/completions",
+            {"model": "smol", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]},
+        )
         assert code == 200 and json.loads(body)["model"] == "smol", body
         rc, out = cli(capsys, b, "cache", "--json")
         held = json.loads(out)["artifacts"]
@@ -89,8 +93,12 @@ def test_a_placed_model_is_served_by_a_second_node_and_managed_from_the_cli(tmp_
         c = NodeProcess(tmp_path / "c", "--model", "placement:smol", "--join", b.invite())
         nodes.append(c)
         c.start(wait=False).wait_ready(timeout=240)
-        code, body = request("POST", c.api_port, "/v1/chat/completions", {
-            "model": "smol", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+        code, body = request(
+            "POST",
+            c.api_port,
+            "/v1/chat/completions",
+            {"model": "smol", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]},
+        )
         assert code == 200 and json.loads(body)["system_fingerprint"] == c.status()["node_id"], body
         rc, out = cli(capsys, c, "cache", "--json")
         (held,) = json.loads(out)["artifacts"]

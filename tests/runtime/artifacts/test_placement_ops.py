@@ -20,9 +20,18 @@ MANIFEST = {"manifest_id": "ab" * 32, "name": "n"}
 
 
 def op(state: str = "queued", action: str = "publish", i: int = 1, **kw) -> Operation:
-    return Operation(id=f"op-{i:08x}-0000000{i % 10}", action=action, kind="layer_package", name="stage-0",
-                     state=state, created_at=float(i), updated_at=float(i), source="/src",
-                     namespace={"type": "posix", "root": "/ns", "location": "posix:/ns"}, **kw)
+    return Operation(
+        id=f"op-{i:08x}-0000000{i % 10}",
+        action=action,
+        kind="layer_package",
+        name="stage-0",
+        state=state,
+        created_at=float(i),
+        updated_at=float(i),
+        source="/src",
+        namespace={"type": "posix", "root": "/ns", "location": "posix:/ns"},
+        **kw,
+    )
 
 
 def test_a_publish_walks_the_table_to_triggered():
@@ -90,8 +99,16 @@ def test_the_oldest_finished_operations_are_pruned_past_the_bound():
     assert prune_plan(ops[:10]) == []
 
 
-@pytest.mark.parametrize("bad", [[], {"id": "x"}, dict(op().to_json(), id="../../etc"),
-                                 dict(op().to_json(), state="done"), dict(op().to_json(), action="copy")])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [],
+        {"id": "x"},
+        dict(op().to_json(), id="../../etc"),
+        dict(op().to_json(), state="done"),
+        dict(op().to_json(), action="copy"),
+    ],
+)
 def test_a_malformed_operation_file_is_refused(bad):
     with pytest.raises(ValueError):
         Operation.from_json(bad)

@@ -33,9 +33,14 @@ KEY = nacl.signing.SigningKey(bytes(range(32)))
 
 def service(home: Path, clock: list[float] | None = None, **settings) -> PlacementService:
     seen = []
-    svc = PlacementService(PlacementSection(**settings), home=home, node_id="00" * 32, sign=signer(KEY),
-                           on_materialised=lambda *a: seen.append(a),
-                           **({"wall": lambda: clock[0]} if clock else {}))
+    svc = PlacementService(
+        PlacementSection(**settings),
+        home=home,
+        node_id="00" * 32,
+        sign=signer(KEY),
+        on_materialised=lambda *a: seen.append(a),
+        **({"wall": lambda: clock[0]} if clock else {}),
+    )
     svc.seen = seen
     return svc
 
@@ -160,14 +165,20 @@ class Receiver:
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
 
 
-async def test_a_failed_trigger_leaves_the_manifest_and_a_retry_delivers_it_idempotently(tmp_path, nursery,
-                                                                                          autojump_clock):
+async def test_a_failed_trigger_leaves_the_manifest_and_a_retry_delivers_it_idempotently(
+    tmp_path, nursery, autojump_clock
+):
     root = tmp_path / "ns"
     root.mkdir()
     rx = Receiver()
     try:
-        svc = service(tmp_path / "a", posix_root=str(root), vast_trigger_endpoint=rx.url, vast_tenant="acme",
-                      vast_target_site="site-b")
+        svc = service(
+            tmp_path / "a",
+            posix_root=str(root),
+            vast_trigger_endpoint=rx.url,
+            vast_tenant="acme",
+            vast_target_site="site-b",
+        )
         await nursery.start(svc.run)
         op = await publish(svc, "layer_package", "s0", source(tmp_path, "s0", {"x": b"1"}))
         assert op.state == "failed" and op.error["code"] == "trigger_failed" and op.manifest is not None
@@ -184,9 +195,17 @@ async def test_a_failed_trigger_leaves_the_manifest_and_a_retry_delivers_it_idem
 
 async def test_an_operation_interrupted_by_a_stop_is_failed_at_the_next_start(tmp_path, nursery):
     home = tmp_path / "a"
-    stuck = Operation(id="op-0000000001-00000001", action="publish", kind="model_weights", name="m", state="staging",
-                      created_at=1.0, updated_at=1.0, source="/x",
-                      namespace=Namespace("posix", root="/ns").to_json())
+    stuck = Operation(
+        id="op-0000000001-00000001",
+        action="publish",
+        kind="model_weights",
+        name="m",
+        state="staging",
+        created_at=1.0,
+        updated_at=1.0,
+        source="/x",
+        namespace=Namespace("posix", root="/ns").to_json(),
+    )
     OpStore(home / "placement" / "ops").save(stuck)
     svc = service(home)
     await nursery.start(svc.run)
@@ -202,7 +221,9 @@ async def test_bad_publish_requests_are_refused_before_queueing(tmp_path, nurser
         await svc.submit_publish("model_weights", "m", "/x")
     with pytest.raises(Exception, match="absolute"):
         await svc.submit_publish("model_weights", "m", "rel/path", namespace=Namespace("posix", root="/r"))
-    op = await publish(svc, "model_weights", "m", tmp_path / "nothing", namespace=Namespace("posix", root=str(tmp_path)))
+    op = await publish(
+        svc, "model_weights", "m", tmp_path / "nothing", namespace=Namespace("posix", root=str(tmp_path))
+    )
     assert op.state == "failed" and op.error["code"] == "source_invalid"
 
 
@@ -231,30 +252,46 @@ async def test_an_artifact_a_peer_announces_is_fetched_over_the_link_and_an_untr
     holder_id = node_id_from_public_key(bytes(holder_key.verify_key))
     root = tmp_path / "ns"
     root.mkdir()
-    a = PlacementService(PlacementSection(posix_root=str(root)), home=tmp_path / "a", node_id=holder_id,
-                         sign=signer(holder_key), peer_fetch=fetch_from_peer)  # (a's own mesh is not used here)
+    a = PlacementService(
+        PlacementSection(posix_root=str(root)),
+        home=tmp_path / "a",
+        node_id=holder_id,
+        sign=signer(holder_key),
+        peer_fetch=fetch_from_peer,
+    )  # (a's own mesh is not used here)
     await nursery.start(a.run)
     await publish(a, "kv_state", "prefix", source(tmp_path, "p", {"state.bin": b"s" * 70_000}))
     await a.materialise("kv_state", "prefix")  # now in a's local cache, which a shares
-    foreign = PlacementService(PlacementSection(posix_root=str(root)), home=tmp_path / "f", node_id="11" * 32,
-                               sign=signer(stranger))
+    foreign = PlacementService(
+        PlacementSection(posix_root=str(root)), home=tmp_path / "f", node_id="11" * 32, sign=signer(stranger)
+    )
     await nursery.start(foreign.run)
     await publish(foreign, "kv_state", "forged", source(tmp_path, "f", {"state.bin": b"f"}))
     await a.materialise("kv_state", "forged")
-    assert {tuple(x[:2]) for x in a.announce_extra()["artifacts_held"]} == {("kv_state", "prefix"),
-                                                                               ("kv_state", "forged")}
+    assert {tuple(x[:2]) for x in a.announce_extra()["artifacts_held"]} == {
+        ("kv_state", "prefix"),
+        ("kv_state", "forged"),
+    }
 
     secret = MeshSecret(bytes([0x42]) * 32)
-    listener = LinkListener(LinkSettings(identity=holder_key, mesh=secret, on_stream=ArtifactShare(a.cache).serve),
-                            None)
+    listener = LinkListener(
+        LinkSettings(identity=holder_key, mesh=secret, on_stream=ArtifactShare(a.cache).serve), None
+    )
     port = await nursery.start(listener.serve, "127.0.0.1", 0)
-    async with open_link(f"ws://127.0.0.1:{port}", LinkSettings(identity=nacl.signing.SigningKey.generate(),
-                                                                 mesh=secret)) as link:
+    async with open_link(
+        f"ws://127.0.0.1:{port}", LinkSettings(identity=nacl.signing.SigningKey.generate(), mesh=secret)
+    ) as link:
         view = OnePeer(link, a.announce_extra())
         seen = []
-        b = PlacementService(PlacementSection(), home=tmp_path / "b", node_id="22" * 32, sign=signer(stranger),
-                             mesh=view, peer_fetch=functools.partial(fetch_from_peer, view),
-                             on_materialised=lambda *x: seen.append(x))
+        b = PlacementService(
+            PlacementSection(),
+            home=tmp_path / "b",
+            node_id="22" * 32,
+            sign=signer(stranger),
+            mesh=view,
+            peer_fetch=functools.partial(fetch_from_peer, view),
+            on_materialised=lambda *x: seen.append(x),
+        )
         await nursery.start(b.run)
         manifest, folder = await b.materialise("kv_state", "prefix")
         assert manifest.node_id == holder_id and (folder / "state.bin").read_bytes() == b"s" * 70_000

@@ -51,8 +51,9 @@ def files_of(folder: Path) -> dict[str, bytes]:
 def test_publish_then_fetch_materialises_every_file_verified(store, tmp_path) -> None:
     src = sources(tmp_path, **{"weights__a.bin": os.urandom(300_000), "tok.json": b"{}", "empty": b""})
     seen = []
-    m = store.publish("layer_package", "stage-0", src, identity={"layers": [0, 11]}, sign=signer(KEY),
-                      progress=seen.append)
+    m = store.publish(
+        "layer_package", "stage-0", src, identity={"layers": [0, 11]}, sign=signer(KEY), progress=seen.append
+    )
     assert m.location == f"posix:{store.root}" and m.node_id == bytes(KEY.verify_key).hex()
     assert {f.path: (f.size, f.sha256) for f in m.files} == {k: hash_file(v) for k, v in src.items()}
     assert seen[-1] == m.size == 300_002
@@ -70,8 +71,11 @@ def test_publish_then_fetch_materialises_every_file_verified(store, tmp_path) ->
 def test_a_new_version_replaces_the_old_and_older_ones_are_removed(store, tmp_path) -> None:
     versions = []
     for i in range(4):
-        versions.append(store.publish("model_weights", "m", sources(tmp_path / str(i), w=bytes([i]) * 10),
-                                      identity={}, sign=signer(KEY)))
+        versions.append(
+            store.publish(
+                "model_weights", "m", sources(tmp_path / str(i), w=bytes([i]) * 10), identity={}, sign=signer(KEY)
+            )
+        )
     assert store.manifest("model_weights", "m") == versions[-1]
     name_dir = store.root / "model_weights" / "m"
     kept = sorted(e for e in os.listdir(name_dir) if e.startswith("v"))

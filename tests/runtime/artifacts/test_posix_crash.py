@@ -28,8 +28,16 @@ def publish_in_child(root: Path, files: dict[str, Path], crash_at: str | None) -
     env.pop(CRASH_ENV, None)
     if crash_at is not None:
         env[CRASH_ENV] = crash_at
-    argv = [sys.executable, str(PUBLISHER), "publish", str(root), "layer_package", "stage-0", SEED.hex(),
-            *(f"{k}={v}" for k, v in files.items())]
+    argv = [
+        sys.executable,
+        str(PUBLISHER),
+        "publish",
+        str(root),
+        "layer_package",
+        "stage-0",
+        SEED.hex(),
+        *(f"{k}={v}" for k, v in files.items()),
+    ]
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -48,8 +56,9 @@ def test_a_crash_at_every_stage_leaves_the_old_or_the_new_complete_version(tmp_p
         root = tmp_path / f"root-{stage}"
         root.mkdir()
         stores[stage] = PosixStore(root, stale_after_s=60, clock=lambda: now[0])
-        olds[stage] = stores[stage].publish("layer_package", "stage-0", {"a": old_src / "a"}, identity={},
-                                            sign=signer(key))
+        olds[stage] = stores[stage].publish(
+            "layer_package", "stage-0", {"a": old_src / "a"}, identity={}, sign=signer(key)
+        )
         children[stage] = publish_in_child(root, new_files, stage)
     (tmp_path / "clean").mkdir()
     clean = publish_in_child(tmp_path / "clean", new_files, "not_a_stage")  # an unknown stage kills nothing

@@ -27,8 +27,14 @@ KEY = nacl.signing.SigningKey(bytes(range(32)))
 
 
 def _store(s3_server, bucket: str, **kw) -> S3Store:
-    return S3Store(bucket, endpoint=s3_server.endpoint, region=s3_server.region, multipart_threshold=1 * MiB,
-                   part_size=5 * MiB, **kw)
+    return S3Store(
+        bucket,
+        endpoint=s3_server.endpoint,
+        region=s3_server.region,
+        multipart_threshold=1 * MiB,
+        part_size=5 * MiB,
+        **kw,
+    )
 
 
 def _files(tmp_path: Path, tag: bytes, big: int = 6 * MiB) -> dict[str, Path]:
@@ -50,14 +56,15 @@ def test_publish_fetch_round_trip_multipart(s3_server, tmp_path):
     assert isinstance(store, ArtifactStore)
     files = _files(tmp_path, b"one")
     seen: list[int] = []
-    m = store.publish("layer_package", "smol-0-15", files, identity={"n_layer": 30}, sign=signer(KEY),
-                      progress=seen.append)
+    m = store.publish(
+        "layer_package", "smol-0-15", files, identity={"n_layer": 30}, sign=signer(KEY), progress=seen.append
+    )
     m.verify()
     assert m.node_id == bytes(KEY.verify_key).hex()
     assert {f.path: (f.size, f.sha256) for f in m.files} == {p: hash_file(s) for p, s in files.items()}
     assert seen[-1] == m.size == 6 * MiB + len(files["blocks/meta.json"].read_bytes())
     assert m.location.startswith(f"s3://{bucket}/team/a/layer_package/smol-0-15/v/")
-    version_key = m.location[len(f"s3://{bucket}/"):] + "/weights.bin"
+    version_key = m.location[len(f"s3://{bucket}/") :] + "/weights.bin"
     assert s3_server.client().head_object(Bucket=bucket, Key=version_key)["ETag"].endswith('-2"')  # 2 parts
     assert store.manifest("layer_package", "smol-0-15") == m
     assert store.list() == [m] and store.list("layer_package") == [m] and store.list("kv_state") == []
@@ -78,9 +85,10 @@ def test_republish_switches_pointer_and_collects_old_version(s3_server, tmp_path
     second = store.publish("model_weights", "m", _files(tmp_path, b"b", big=2000), identity={}, sign=signer(KEY))
     assert first.location != second.location
     assert store.manifest("model_weights", "m") == second
-    base = second.location[len(f"s3://{bucket}/"):]
-    assert _keys(s3_server, bucket) == sorted(["model_weights/m/" + POINTER, base + "/weights.bin",
-                                                base + "/blocks/meta.json"])
+    base = second.location[len(f"s3://{bucket}/") :]
+    assert _keys(s3_server, bucket) == sorted(
+        ["model_weights/m/" + POINTER, base + "/weights.bin", base + "/blocks/meta.json"]
+    )
     dest = tmp_path / "dest"
     store.fetch("model_weights", "m", dest)
     assert (dest / "weights.bin").stat().st_size == 2000
@@ -110,12 +118,17 @@ class _Racing(S3Store):
 @pytest.mark.parametrize("rival_is_newer", [True, False])
 def test_racing_publishers_never_let_an_older_version_replace_a_newer(s3_server, tmp_path, rival_is_newer):
     bucket = s3_server.new_bucket("race")
-    _store(s3_server, bucket).publish("model_weights", "m", _files(tmp_path, b"a", big=1000), identity={},
-                                              sign=signer(KEY))
+    _store(s3_server, bucket).publish(
+        "model_weights", "m", _files(tmp_path, b"a", big=1000), identity={}, sign=signer(KEY)
+    )
     now = 2_000_000_000.0
     ours = _Racing(bucket, endpoint=s3_server.endpoint, region=s3_server.region, clock=lambda: now)
-    ours.rival = S3Store(bucket, endpoint=s3_server.endpoint, region=s3_server.region,
-                         clock=lambda: now + (10 if rival_is_newer else -10))
+    ours.rival = S3Store(
+        bucket,
+        endpoint=s3_server.endpoint,
+        region=s3_server.region,
+        clock=lambda: now + (10 if rival_is_newer else -10),
+    )
     ours.rival_files = _files(tmp_path, b"r", big=1500)
     if rival_is_newer:  # its newer version stays committed; ours is dropped and its objects deleted
         with pytest.raises(StoreUnavailable, match="a newer version"):
@@ -134,9 +147,10 @@ def test_racing_publishers_never_let_an_older_version_replace_a_newer(s3_server,
 def test_corrupt_object_is_refused_and_nothing_is_left(s3_server, tmp_path):
     bucket = s3_server.new_bucket("bad")
     store = _store(s3_server, bucket)
-    m = store.publish("kv_state", "prefix-1", _files(tmp_path, b"k", big=3000), identity={"tokens": [1, 2]},
-                      sign=signer(KEY))
-    key = m.location[len(f"s3://{bucket}/"):] + "/weights.bin"
+    m = store.publish(
+        "kv_state", "prefix-1", _files(tmp_path, b"k", big=3000), identity={"tokens": [1, 2]}, sign=signer(KEY)
+    )
+    key = m.location[len(f"s3://{bucket}/") :] + "/weights.bin"
     client = s3_server.client()
     data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
     data[1234] ^= 0x01  # one byte
@@ -187,8 +201,9 @@ def test_a_bad_artifact_is_refused_before_any_upload(s3_server, tmp_path):
     store = _store(s3_server, bucket)
     src = _files(tmp_path, b"v", big=10)
     with pytest.raises(ManifestInvalid, match="lies under"):
-        store.publish("kv_state", "x", {"a": src["weights.bin"], "a/b": src["weights.bin"]}, identity={},
-                      sign=signer(KEY))
+        store.publish(
+            "kv_state", "x", {"a": src["weights.bin"], "a/b": src["weights.bin"]}, identity={}, sign=signer(KEY)
+        )
     with pytest.raises(ManifestInvalid, match="relative"):
         store.publish("kv_state", "x", {"../up": src["weights.bin"]}, identity={}, sign=signer(KEY))
     with pytest.raises(ManifestInvalid, match="kind"):

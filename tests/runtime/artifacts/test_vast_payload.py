@@ -23,14 +23,26 @@ from hydra_node.runtime.artifacts.vast_payload import (
 )
 
 KEY = nacl.signing.SigningKey(bytes(range(32)))
-SETTINGS = VastSettings("https://vast.example/trigger", tenant="t1", dataspace="ds", source_namespace="/hydra",
-                        destination_namespace="/replica", target_site="site-b")
+SETTINGS = VastSettings(
+    "https://vast.example/trigger",
+    tenant="t1",
+    dataspace="ds",
+    source_namespace="/hydra",
+    destination_namespace="/replica",
+    target_site="site-b",
+)
 
 
 def _manifest(**identity) -> Manifest:
     files = (ArtifactFile("a.bin", 10, "0" * 64), ArtifactFile("d/b.bin", 5, "1" * 64))
-    return Manifest("kv_state", "prefix-7", files, identity or {"n_ctx": 4096, "tokens": b"\x01\x02"},
-                    "s3://bucket/p/kv_state/prefix-7/v/00000000000000000001-0a0b0c0d", 1_700_000_000).sign(KEY)
+    return Manifest(
+        "kv_state",
+        "prefix-7",
+        files,
+        identity or {"n_ctx": 4096, "tokens": b"\x01\x02"},
+        "s3://bucket/p/kv_state/prefix-7/v/00000000000000000001-0a0b0c0d",
+        1_700_000_000,
+    ).sign(KEY)
 
 
 def test_payload_carries_the_committed_manifest_and_the_target():
@@ -41,8 +53,13 @@ def test_payload_carries_the_committed_manifest_and_the_target():
     assert p["checksum"] == {"algorithm": "sha256", "manifest_id": m.manifest_id}
     assert p["identity"] == {"n_ctx": 4096, "tokens": {"bytes": "0102"}}
     assert p["location"] == m.location and p["node_id"] == m.node_id and p["created_at"] == m.created_at
-    assert p["target"] == {"tenant": "t1", "dataspace": "ds", "source_namespace": "/hydra",
-                           "destination_namespace": "/replica", "target_site": "site-b"}
+    assert p["target"] == {
+        "tenant": "t1",
+        "dataspace": "ds",
+        "source_namespace": "/hydra",
+        "destination_namespace": "/replica",
+        "target_site": "site-b",
+    }
     assert p["idempotency_key"] == idempotency_key("op-00112233-aabbccdd", m.manifest_id)
     # The receiver can rebuild and verify the signed manifest from the body alone.
     body = json.loads(encode_payload(p))
@@ -68,10 +85,25 @@ def test_an_unsigned_manifest_is_never_triggered():
         build_payload(unsigned, op_id="op-1", settings=SETTINGS)
 
 
-@pytest.mark.parametrize(("status", "want"), [
-    (None, "retry"), (200, "delivered"), (202, "delivered"), (204, "delivered"), (408, "retry"), (429, "retry"),
-    (500, "retry"), (503, "retry"), (302, "refused"), (400, "refused"), (401, "refused"), (404, "refused"),
-    (409, "refused"), (422, "refused")])
+@pytest.mark.parametrize(
+    ("status", "want"),
+    [
+        (None, "retry"),
+        (200, "delivered"),
+        (202, "delivered"),
+        (204, "delivered"),
+        (408, "retry"),
+        (429, "retry"),
+        (500, "retry"),
+        (503, "retry"),
+        (302, "refused"),
+        (400, "refused"),
+        (401, "refused"),
+        (404, "refused"),
+        (409, "refused"),
+        (422, "refused"),
+    ],
+)
 def test_verdict(status, want):
     assert verdict(status) == want
 
@@ -86,15 +118,31 @@ def test_retry_delay_is_jittered_backoff_at_least_retry_after():
 
 def test_settings_are_validated_and_round_trip():
     assert VastSettings.from_mapping(SETTINGS.to_mapping()) == SETTINGS
-    for bad in ({"endpoint": "ftp://x"}, {"endpoint": "http://"}, {"endpoint": "http://a b"},
-                {"endpoint": "http://x", "max_attempts": 0}, {"endpoint": "http://x", "request_timeout_s": 0},
-                {"endpoint": "http://x", "backoff_initial_s": 5, "backoff_max_s": 1}):
+    for bad in (
+        {"endpoint": "ftp://x"},
+        {"endpoint": "http://"},
+        {"endpoint": "http://a b"},
+        {"endpoint": "http://x", "max_attempts": 0},
+        {"endpoint": "http://x", "request_timeout_s": 0},
+        {"endpoint": "http://x", "backoff_initial_s": 5, "backoff_max_s": 1},
+    ):
         with pytest.raises(ValueError):
             VastSettings.from_mapping(bad)
     with pytest.raises(ValueError, match="unknown"):
         VastSettings.from_mapping({"endpoint": "http://x", "secret": "y"})
     assert VastSettings.from_placement(PlacementSection()) is None
-    section = PlacementSection(vast_trigger_endpoint="http://v/t", vast_tenant="t", vast_dataspace="d",
-                               vast_source_namespace="s", vast_destination_namespace="n", vast_target_site="x")
+    section = PlacementSection(
+        vast_trigger_endpoint="http://v/t",
+        vast_tenant="t",
+        vast_dataspace="d",
+        vast_source_namespace="s",
+        vast_destination_namespace="n",
+        vast_target_site="x",
+    )
     assert VastSettings.from_placement(section).target() == {
-        "tenant": "t", "dataspace": "d", "source_namespace": "s", "destination_namespace": "n", "target_site": "x"}
+        "tenant": "t",
+        "dataspace": "d",
+        "source_namespace": "s",
+        "destination_namespace": "n",
+        "target_site": "x",
+    }

@@ -22,8 +22,14 @@ from hydra_node.runtime.artifacts.vast_payload import (
 )
 
 KEY = nacl.signing.SigningKey(bytes(range(32)))
-MANIFEST = Manifest("model_weights", "smol", (ArtifactFile("model.gguf", 123, "a" * 64),), {"arch": "llama"},
-                    "posix:/mnt/vast/hydra", 1_700_000_000).sign(KEY)
+MANIFEST = Manifest(
+    "model_weights",
+    "smol",
+    (ArtifactFile("model.gguf", 123, "a" * 64),),
+    {"arch": "llama"},
+    "posix:/mnt/vast/hydra",
+    1_700_000_000,
+).sign(KEY)
 
 
 class Receiver:
@@ -69,8 +75,16 @@ def receiver() -> Iterator[callable]:
 
 
 def _settings(url: str, attempts: int = 4) -> VastSettings:
-    return VastSettings(url, tenant="t1", dataspace="ds", target_site="site-b", max_attempts=attempts,
-                        backoff_initial_s=0.01, backoff_max_s=0.05, request_timeout_s=5.0)
+    return VastSettings(
+        url,
+        tenant="t1",
+        dataspace="ds",
+        target_site="site-b",
+        max_attempts=attempts,
+        backoff_initial_s=0.01,
+        backoff_max_s=0.05,
+        request_timeout_s=5.0,
+    )
 
 
 async def test_retries_5xx_and_429_then_delivers_the_same_request(receiver):

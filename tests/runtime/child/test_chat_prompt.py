@@ -75,18 +75,22 @@ HERMES = r"""{%- if tools %}
 """
 
 # Prints an assistant call's arguments as they are: it wants JSON text, not a dict.
-TEXT_ARGS = ("{% for m in messages %}<|{{ m.role }}|>{% if m.tool_call_id %}[{{ m.tool_call_id }}]{% endif %}"
-             "{{ m.content }}{% for c in m.tool_calls or [] %}<call>{\"name\": \"{{ c.function.name }}\", "
-             "\"arguments\": {{ c.function.arguments }}}</call>{% endfor %}{{ '\\n' }}{% endfor %}"
-             "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>{% endif %}<|assistant|>")
+TEXT_ARGS = (
+    "{% for m in messages %}<|{{ m.role }}|>{% if m.tool_call_id %}[{{ m.tool_call_id }}]{% endif %}"
+    "{{ m.content }}{% for c in m.tool_calls or [] %}<call>{\"name\": \"{{ c.function.name }}\", "
+    "\"arguments\": {{ c.function.arguments }}}</call>{% endfor %}{{ '\\n' }}{% endfor %}"
+    "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>{% endif %}<|assistant|>"
+)
 
 # Gemma's template: no system role, user/assistant strictly alternating.
-GEMMA = ("{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
-         "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-         "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
-         "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
-         "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
-         "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
+GEMMA = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
+)
 
 # Modelled on Llama 3.1's: renders tools itself, but asks for its own JSON answer format.
 LLAMA31 = r"""{{- bos_token }}
@@ -128,11 +132,16 @@ LLAMA31 = r"""{{- bos_token }}
 """
 
 # Names `tools` only to refuse them.
-REFUSES_TOOLS = ("{% if tools %}{{ raise_exception('tools are not supported') }}{% endif %}"
-                 "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] ")
+REFUSES_TOOLS = (
+    "{% if tools %}{{ raise_exception('tools are not supported') }}{% endif %}"
+    "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] "
+)
 
-WEATHER = ToolSpec("get_weather", "The weather in a city now",
-                   '{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}')
+WEATHER = ToolSpec(
+    "get_weather",
+    "The weather in a city now",
+    '{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}',
+)
 CLOCK = ToolSpec("get_time", "The time in a time zone", '{"type": "object", "properties": {"tz": {"type": "string"}}}')
 
 
@@ -142,23 +151,31 @@ def chat(*messages, **kw) -> dict:
 
 def history() -> tuple:
     """A user question, two parallel calls, their two results."""
-    return (ChatMessage("system", "You are terse."), ChatMessage("user", "Weather and time in Paris?"),
-            ChatMessage("assistant", "", (ToolCall("c1", "get_weather", '{"city":"Paris"}'),
-                                          ToolCall("c2", "get_time", '{"tz": "CET"}'))),
-            ChatMessage("tool", "18 C, sunny", tool_call_id="c1", name="get_weather"),
-            ChatMessage("tool", "12:00", tool_call_id="c2"))
+    return (
+        ChatMessage("system", "You are terse."),
+        ChatMessage("user", "Weather and time in Paris?"),
+        ChatMessage(
+            "assistant",
+            "",
+            (ToolCall("c1", "get_weather", '{"city":"Paris"}'), ToolCall("c2", "get_time", '{"tz": "CET"}')),
+        ),
+        ChatMessage("tool", "18 C, sunny", tool_call_id="c1", name="get_weather"),
+        ChatMessage("tool", "12:00", tool_call_id="c2"),
+    )
 
 
 def old_formatter(source: str, messages, bos="<s>", eos="</s>") -> str:
     """What the runner rendered before tools existed: llama-cpp-python's formatter, plain messages."""
     return Jinja2ChatFormatter(template=source, eos_token=eos, bos_token=bos)(
-        messages=[{"role": r, "content": c} for r, c in messages]).prompt
+        messages=[{"role": r, "content": c} for r, c in messages]
+    ).prompt
 
 
 # ---- what a template can do -------------------------------------------------------------
 def test_capabilities_are_probed_from_the_template():
-    hermes, text_args, gemma, refuses = (ChatTemplate(s, bos_token="<s>") for s in (HERMES, TEXT_ARGS, GEMMA,
-                                                                                    REFUSES_TOOLS))
+    hermes, text_args, gemma, refuses = (
+        ChatTemplate(s, bos_token="<s>") for s in (HERMES, TEXT_ARGS, GEMMA, REFUSES_TOOLS)
+    )
     assert (hermes.supports_tools, hermes.object_arguments, hermes.supports_system) == (True, True, True)
     assert (text_args.supports_tools, text_args.object_arguments) == (True, False)
     assert (gemma.supports_tools, gemma.supports_system) == (False, False)
@@ -171,11 +188,14 @@ def test_capabilities_are_probed_from_the_template():
 
 # ---- plain chats: exactly as before ---------------------------------------------------------
 @pytest.mark.parametrize("source", [HERMES, GEMMA, TEXT_ARGS, REFUSES_TOOLS, LLAMA31])
-@pytest.mark.parametrize("messages", [
-    [("user", "hi")],
-    [("user", "hi"), ("assistant", "hello"), ("user", "how are you?")],
-    [("system", "Be brief."), ("user", "hi")],
-])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [("user", "hi")],
+        [("user", "hi"), ("assistant", "hello"), ("user", "how are you?")],
+        [("system", "Be brief."), ("user", "hi")],
+    ],
+)
 def test_a_plain_chat_renders_byte_identically_to_the_previous_formatter(source, messages):
     if source == GEMMA and messages[0][0] == "system":
         with pytest.raises(InvalidPrompt) as err:  # the template's own refusal, now a 400
@@ -207,8 +227,10 @@ def test_tool_choice_none_offers_no_tools():
 def test_tools_reach_a_tool_template_in_openai_shape():
     got = ChatTemplate(HERMES).render(chat(("user", "Weather in Oslo?"), tools=(WEATHER, CLOCK))).text
     for spec in (WEATHER, CLOCK):
-        shaped = {"type": "function", "function": {"name": spec.name, "description": spec.description,
-                                                   "parameters": json.loads(spec.parameters)}}
+        shaped = {
+            "type": "function",
+            "function": {"name": spec.name, "description": spec.description, "parameters": json.loads(spec.parameters)},
+        }
         assert "\n" + json.dumps(shaped, ensure_ascii=False) + "\n" in got
     assert got.startswith("<|im_start|>system\nYou are Qwen")  # the template's own tools prompt
     assert got.endswith("<|im_start|>user\nWeather in Oslo?<|im_end|>\n<|im_start|>assistant\n")
@@ -217,11 +239,13 @@ def test_tools_reach_a_tool_template_in_openai_shape():
 def test_history_with_calls_and_results_renders_natively():
     got = ChatTemplate(HERMES).render(chat(*history(), tools=(WEATHER, CLOCK))).text
     assert got.startswith("<|im_start|>system\nYou are terse.\n\n# Tools\n")
-    assert ('<|im_start|>user\nWeather and time in Paris?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n'
-            '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n'
-            '{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call><|im_end|>\n'
-            '<|im_start|>user\n<tool_response>\n18 C, sunny\n</tool_response>\n<tool_response>\n12:00\n'
-            '</tool_response><|im_end|>\n<|im_start|>assistant\n') in got
+    assert (
+        '<|im_start|>user\nWeather and time in Paris?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n'
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n'
+        '{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response>\n18 C, sunny\n</tool_response>\n<tool_response>\n12:00\n'
+        '</tool_response><|im_end|>\n<|im_start|>assistant\n'
+    ) in got
 
 
 def test_a_template_that_prints_arguments_gets_the_clients_json_text():
@@ -232,24 +256,36 @@ def test_a_template_that_prints_arguments_gets_the_clients_json_text():
 
 def test_a_template_with_another_native_format_is_told_the_tool_call_format():
     tpl = ChatTemplate(LLAMA31, bos_token="<|begin_of_text|>")
-    got = tpl.render(chat(ChatMessage("system", "Be terse."), ChatMessage("user", "Weather in Oslo?"),
-                          tools=(WEATHER,), tool_choice="function", tool_name="get_weather")).text
+    got = tpl.render(
+        chat(
+            ChatMessage("system", "Be terse."),
+            ChatMessage("user", "Weather in Oslo?"),
+            tools=(WEATHER,),
+            tool_choice="function",
+            tool_name="get_weather",
+        )
+    ).text
     system = got.split("<|eot_id|>", 1)[0]
-    assert system.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
-                             "Be terse.\n\nFor each function call, return a json object with function name and "
-                             "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n")
+    assert system.startswith(
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
+        "Be terse.\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    )
     assert system.endswith('</tool_call>\n\nYou must call the function "get_weather" in your answer.')
     assert '"name": "get_weather"' in got  # its own tools prompt, with the tools, follows
     hermes = ChatTemplate(HERMES).render(chat(("user", "hi"), tools=(WEATHER,))).text
     assert hermes.count("For each function call") == 1  # a Hermes template is not told twice
 
 
-@pytest.mark.parametrize("kw, words", [
-    ({"tool_choice": "required"}, ["You must call at least one of these functions"]),
-    ({"tool_choice": "function", "tool_name": "get_time"}, ['You must call the function "get_time"']),
-    ({"parallel_tool_calls": False}, ["Call at most one function"]),
-    ({"tool_choice": "required", "parallel_tool_calls": False}, ["at least one", "at most one"]),
-])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        ({"tool_choice": "required"}, ["You must call at least one of these functions"]),
+        ({"tool_choice": "function", "tool_name": "get_time"}, ['You must call the function "get_time"']),
+        ({"parallel_tool_calls": False}, ["Call at most one function"]),
+        ({"tool_choice": "required", "parallel_tool_calls": False}, ["at least one", "at most one"]),
+    ],
+)
 @pytest.mark.parametrize("source", [HERMES, None, GEMMA, LLAMA31])
 def test_tool_choice_and_parallel_calls_are_stated_in_the_instruction(source, kw, words):
     got = ChatTemplate(source).render(chat(("user", "Weather in Oslo?"), tools=(WEATHER, CLOCK), **kw)).text
@@ -264,14 +300,27 @@ def test_generic_format_lists_the_tools_in_the_first_system_message():
     got = ChatTemplate(None).render(chat(*history(), tools=(WEATHER,))).text
     system, rest = got.split("<|im_end|>\n", 1)
     assert system.startswith("<|im_start|>system\nYou are terse.\n\n# Tools\n")
-    assert json.dumps({"type": "function", "function": {"name": "get_weather", "description": WEATHER.description,
-                                                        "parameters": json.loads(WEATHER.parameters)}}) in system
+    assert (
+        json.dumps(
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": WEATHER.description,
+                    "parameters": json.loads(WEATHER.parameters),
+                },
+            }
+        )
+        in system
+    )
     assert "<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>" in system
-    assert rest == ('<|im_start|>user\nWeather and time in Paris?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n'
-                    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n'
-                    '{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call><|im_end|>\n'
-                    '<|im_start|>user\n<tool_response>\n18 C, sunny\n</tool_response>\n<tool_response>\n12:00\n'
-                    '</tool_response><|im_end|>\n<|im_start|>assistant\n')
+    assert rest == (
+        '<|im_start|>user\nWeather and time in Paris?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n'
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n'
+        '{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response>\n18 C, sunny\n</tool_response>\n<tool_response>\n12:00\n'
+        '</tool_response><|im_end|>\n<|im_start|>assistant\n'
+    )
 
 
 def test_generic_format_adds_a_system_message_when_there_is_none():
@@ -291,7 +340,9 @@ def test_generic_format_keeps_alternation_and_avoids_a_refused_system_role():
 def test_assistant_text_before_its_calls_is_kept():
     msgs = (ChatMessage("user", "q"), ChatMessage("assistant", "Let me check.", (ToolCall("c", "get_time", "{}"),)))
     got = ChatTemplate(None).render(chat(*msgs)).text
-    assert '<|im_start|>assistant\nLet me check.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>' in got
+    assert (
+        '<|im_start|>assistant\nLet me check.\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>' in got
+    )
 
 
 # ---- refusals --------------------------------------------------------------------------------

@@ -20,8 +20,11 @@ from hydra_node.runtime.speculative.runner_args import argv_for
 
 TIMEOUT_S = 180
 N_CTX = 2048
-WEATHER = ToolSpec("get_weather", "The current weather in a city",
-                   '{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}')
+WEATHER = ToolSpec(
+    "get_weather",
+    "The current weather in a city",
+    '{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}',
+)
 FORCING = "You are a weather assistant. Always answer by calling get_weather; never answer in prose."
 
 
@@ -29,11 +32,20 @@ def chat(*messages, **kw) -> GenerationRequest:
     return GenerationRequest(model="m", kind="chat", messages=messages, max_tokens=6, temperature=0.0, **kw)
 
 
-FORCED = chat(ChatMessage("system", FORCING), ChatMessage("user", "What is the weather in Paris?"),
-              tools=(WEATHER,), tool_choice="required", parallel_tool_calls=False)
-HISTORY = chat(ChatMessage("system", FORCING), ChatMessage("user", "Weather in Paris?"),
-               ChatMessage("assistant", "", (ToolCall("c1", "get_weather", '{"city": "Paris"}'),)),
-               ChatMessage("tool", "18 C and sunny", tool_call_id="c1", name="get_weather"), tools=(WEATHER,))
+FORCED = chat(
+    ChatMessage("system", FORCING),
+    ChatMessage("user", "What is the weather in Paris?"),
+    tools=(WEATHER,),
+    tool_choice="required",
+    parallel_tool_calls=False,
+)
+HISTORY = chat(
+    ChatMessage("system", FORCING),
+    ChatMessage("user", "Weather in Paris?"),
+    ChatMessage("assistant", "", (ToolCall("c1", "get_weather", '{"city": "Paris"}'),)),
+    ChatMessage("tool", "18 C and sunny", tool_call_id="c1", name="get_weather"),
+    tools=(WEATHER,),
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +55,14 @@ def expected_tokens(model_path):
 
     llm = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
     text = llm._model.token_get_text
-    tpl = ChatTemplate(llm.metadata["tokenizer.chat_template"], bos_token=text(llm.token_bos()),
-                       eos_token=text(llm.token_eos()))
+    tpl = ChatTemplate(
+        llm.metadata["tokenizer.chat_template"], bos_token=text(llm.token_bos()), eos_token=text(llm.token_eos())
+    )
 
     def count(req: GenerationRequest) -> int:
         res = tpl.render(req.to_wire())
         return len(llm.tokenize(res.text.encode(), add_bos=not res.added_special, special=True))
+
     return {"forced": count(FORCED), "history": count(HISTORY), "n_vocab": llm.n_vocab()}
 
 
@@ -58,8 +72,9 @@ async def run(sup: RunnerSupervisor, req: GenerationRequest) -> list:
 
 
 @pytest.mark.parametrize("draft", [False, True], ids=["engine", "draft"])
-async def test_tool_prompts_and_token_prompts_through_a_real_runner(tmp_path, model_path, expected_tokens,
-                                                                    draft) -> None:
+async def test_tool_prompts_and_token_prompts_through_a_real_runner(
+    tmp_path, model_path, expected_tokens, draft
+) -> None:
     # a draft model (here the model itself): the runner speculates inside the engine
     extra = tuple(argv_for(model=str(model_path))) if draft else ()
     settings = RunnerSettings(n_ctx=N_CTX, warmup=False, extra_argv=extra)
@@ -74,12 +89,17 @@ async def test_tool_prompts_and_token_prompts_through_a_real_runner(tmp_path, mo
                 assert fin.prompt_tokens == expected_tokens[name] < N_CTX
 
             ids = (1, 504, 2744, 28, 260, 3434)  # used as they are: no BOS added
-            fin = (await run(sup, GenerationRequest(model="m", kind="completion", prompt_tokens=ids,
-                                                    max_tokens=2, temperature=0.0)))[-1]
+            fin = (
+                await run(
+                    sup,
+                    GenerationRequest(model="m", kind="completion", prompt_tokens=ids, max_tokens=2, temperature=0.0),
+                )
+            )[-1]
             assert isinstance(fin, Finished) and fin.prompt_tokens == len(ids)
 
-            outside = GenerationRequest(model="m", kind="completion", max_tokens=2,
-                                        prompt_tokens=(1, expected_tokens["n_vocab"]))
+            outside = GenerationRequest(
+                model="m", kind="completion", max_tokens=2, prompt_tokens=(1, expected_tokens["n_vocab"])
+            )
             with pytest.raises(GenerationError) as err:
                 await run(sup, outside)
             assert err.value.code == "invalid_prompt" and err.value.status == 400

@@ -40,8 +40,12 @@ class RecordingEngine:
 
 def test_frames_reach_the_engine_in_order_and_the_loop_ends_with_the_channel():
     work: queue.Queue = queue.Queue(work_queue_bound(2))
-    for m in ({"op": "generate", "id": 1, "req": {"prompt": "ab"}}, {"op": "cancel", "id": 1},
-              {"op": "generate", "id": 2, "req": {"prompt": "c"}}, None):
+    for m in (
+        {"op": "generate", "id": 1, "req": {"prompt": "ab"}},
+        {"op": "cancel", "id": 1},
+        {"op": "generate", "id": 2, "req": {"prompt": "c"}},
+        None,
+    ):
         work.put(m)
     eng, sent = RecordingEngine(), []
     assert run_engine_loop(eng, work, lambda req: [ord(c) for c in req["prompt"]], sent.append) == 0

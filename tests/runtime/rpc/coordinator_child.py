@@ -18,8 +18,15 @@ import llama_cpp
 
 from hydra_node.runtime.rpc import Capacity, ProtoVersion, WorkerInfo, plan_split
 from hydra_node.runtime.child.rpc_coordinator import (
-    LlamaLogCapture, layer_devices, llama_kwargs_for_plan, output_projection_on_host, placement_evidence,
-    register_rpc_servers, rpc_devices, verify_placement)
+    LlamaLogCapture,
+    layer_devices,
+    llama_kwargs_for_plan,
+    output_projection_on_host,
+    placement_evidence,
+    register_rpc_servers,
+    rpc_devices,
+    verify_placement,
+)
 
 N_LAYERS = 30  # SmolLM2-135M
 
@@ -41,30 +48,51 @@ def greedy(llm: llama_cpp.Llama, prompt: str, n: int) -> dict:
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
-    workers = [WorkerInfo(f"w{i}", w["endpoint"], ProtoVersion.parse(w["proto"]), w["free_bytes"], float(i))
-               for i, w in enumerate(spec["workers"])]
+    workers = [
+        WorkerInfo(f"w{i}", w["endpoint"], ProtoVersion.parse(w["proto"]), w["free_bytes"], float(i))
+        for i, w in enumerate(spec["workers"])
+    ]
     model = spec["model"]
     from pathlib import Path
-    plan = plan_split(Path(model).stat().st_size, N_LAYERS, Capacity(spec["host_free"]), workers,
-                      force_split=spec.get("force_split", False))
+
+    plan = plan_split(
+        Path(model).stat().st_size,
+        N_LAYERS,
+        Capacity(spec["host_free"]),
+        workers,
+        force_split=spec.get("force_split", False),
+    )
     emit({"plan": plan.to_status()})
     names = register_rpc_servers(list(plan.rpc_endpoints))
     with LlamaLogCapture() as log, output_projection_on_host(plan.output_on_host):
-        split = llama_cpp.Llama(model, n_ctx=512, n_threads=1, seed=0, verbose=False,
-                                **llama_kwargs_for_plan(plan))
+        split = llama_cpp.Llama(model, n_ctx=512, n_threads=1, seed=0, verbose=False, **llama_kwargs_for_plan(plan))
     verify_placement(plan, log.lines)
-    emit({"evidence": {"devices": names, "registry": [d.name for d in rpc_devices()],
-                       "buffers": placement_evidence(log.lines), "layers": layer_devices(log.lines)}})
+    emit(
+        {
+            "evidence": {
+                "devices": names,
+                "registry": [d.name for d in rpc_devices()],
+                "buffers": placement_evidence(log.lines),
+                "layers": layer_devices(log.lines),
+            }
+        }
+    )
     if spec["mode"] == "compare":
         with LlamaLogCapture() as log:
             local = llama_cpp.Llama(model, n_ctx=512, n_threads=1, seed=0, verbose=False, n_gpu_layers=0)
         emit({"local_buffers": placement_evidence(log.lines)})
         for prompt in spec["prompts"]:
-            emit({"prompt": prompt, "split": greedy(split, prompt, spec["max_tokens"]),
-                  "local": greedy(local, prompt, spec["max_tokens"])})
+            emit(
+                {
+                    "prompt": prompt,
+                    "split": greedy(split, prompt, spec["max_tokens"]),
+                    "local": greedy(local, prompt, spec["max_tokens"]),
+                }
+            )
     else:
-        stream = split.create_completion(spec["prompts"][0], max_tokens=spec["max_tokens"],
-                                         temperature=0.0, stream=True)
+        stream = split.create_completion(
+            spec["prompts"][0], max_tokens=spec["max_tokens"], temperature=0.0, stream=True
+        )
         for i, _ in enumerate(stream):
             emit({"token": i})
     emit({"done": True})

@@ -38,8 +38,13 @@ READY_TIMEOUT_S = 60.0
 
 
 def _complete(node: NodeProcess, model: str, prompt: str, max_tokens: int = MAX_TOKENS) -> str:
-    code, body = request("POST", node.api_port, "/v1/completions",
-                         {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}, timeout=60)
+    code, body = request(
+        "POST",
+        node.api_port,
+        "/v1/completions",
+        {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+        timeout=60,
+    )
     assert code == 200, body
     return json.loads(body)["choices"][0]["text"]
 
@@ -78,8 +83,19 @@ def test_split_over_mesh_tunnels(nodes, tmp_path):
     w1 = nodes("w1", "--no-model", "--max-memory", "0.2", "--name", "w1")
     token = w1.invite()
     w2 = nodes("w2", "--no-model", "--max-memory", "0.2", "--name", "w2", "--join", token, wait=False)
-    coord = nodes("coord", "--max-memory", "0.06", "--no-rpc-worker", "--stall-timeout", "30",
-                  "--config", str(slow), "--join", token, wait=False)
+    coord = nodes(
+        "coord",
+        "--max-memory",
+        "0.06",
+        "--no-rpc-worker",
+        "--stall-timeout",
+        "30",
+        "--config",
+        str(slow),
+        "--join",
+        token,
+        wait=False,
+    )
     w2.wait_ready()
     coord.wait_ready()
     workers = {w1.status()["node_id"]: w1, w2.status()["node_id"]: w2}
@@ -106,8 +122,13 @@ def test_split_over_mesh_tunnels(nodes, tmp_path):
 
     # Hot swap on the spare worker node: an unsplit copy as the reference; its RPC worker stays up.
     worker_pid = spare.status()["rpc_worker"]["pid"]
-    code, body = request("POST", spare.console_port, "/api/runtime/models",
-                         {"model": f"ref={bundled_model_path()}", "wait": True, "timeout_s": 60}, timeout=90)
+    code, body = request(
+        "POST",
+        spare.console_port,
+        "/api/runtime/models",
+        {"model": f"ref={bundled_model_path()}", "wait": True, "timeout_s": 60},
+        timeout=90,
+    )
     assert code == 200, body
     assert json.loads(body)["split"] is False
     code, body = request("POST", spare.console_port, "/api/runtime/models", {"model": f"ref={bundled_model_path()}"})
@@ -122,9 +143,20 @@ def test_split_over_mesh_tunnels(nodes, tmp_path):
 
     # Kill the worker node in use mid-generation: a clean error, then a replan onto the spare worker.
     conn = http.client.HTTPConnection("127.0.0.1", coord.api_port, timeout=60)
-    conn.request("POST", "/v1/completions", json.dumps({"model": BUNDLED_MODEL_ID, "prompt": "Once upon a time",
-                                                        "max_tokens": 400, "temperature": 0, "stream": True}),
-                 {"Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        "/v1/completions",
+        json.dumps(
+            {
+                "model": BUNDLED_MODEL_ID,
+                "prompt": "Once upon a time",
+                "max_tokens": 400,
+                "temperature": 0,
+                "stream": True,
+            }
+        ),
+        {"Content-Type": "application/json"},
+    )
     resp = conn.getresponse()
     assert resp.status == 200
     first = resp.readline()
@@ -134,8 +166,9 @@ def test_split_over_mesh_tunnels(nodes, tmp_path):
     conn.close()
     assert '"error"' in rest, rest
 
-    st = coord.wait_status(lambda s: _ready_split(s) and _worker_peers(s) != [peer], timeout=READY_TIMEOUT_S,
-                           what="replanned split ready")
+    st = coord.wait_status(
+        lambda s: _ready_split(s) and _worker_peers(s) != [peer], timeout=READY_TIMEOUT_S, what="replanned split ready"
+    )
     assert _worker_peers(st) == [next(p for p in workers if p != peer)]
     assert st["models"][0]["restarts"] >= 1
     # llama.cpp saw its tunnel socket close and aborted at once (not the stall bound's kill).

@@ -11,8 +11,13 @@ import pytest
 from hydra_node.runtime.rpc import IncompatibleWorker, WorkerUnreachable
 from hydra_node.runtime.rpc import proto as _proto
 from hydra_node.runtime.child.rpc_coordinator import (
-    LLAMA_SPLIT_MODE_LAYER, RpcRegistrationError, llama_kwargs_for_plan, placement_evidence,
-    register_rpc_servers, rpc_devices)
+    LLAMA_SPLIT_MODE_LAYER,
+    RpcRegistrationError,
+    llama_kwargs_for_plan,
+    placement_evidence,
+    register_rpc_servers,
+    rpc_devices,
+)
 from hydra_node.runtime.rpc.plan import Capacity, WorkerInfo, plan_split
 
 
@@ -77,15 +82,21 @@ def test_llama_kwargs_follow_the_plan():
     ws = [WorkerInfo("a", "127.0.0.1:7001", _proto.RPC_PROTO, 60_000_000)]
     split = plan_split(100_000_000, 30, Capacity(60_000_000), ws)
     kw = llama_kwargs_for_plan(split)
-    assert kw == {"n_gpu_layers": split.n_gpu_layers, "tensor_split": list(split.tensor_split),
-                  "split_mode": LLAMA_SPLIT_MODE_LAYER}
+    assert kw == {
+        "n_gpu_layers": split.n_gpu_layers,
+        "tensor_split": list(split.tensor_split),
+        "split_mode": LLAMA_SPLIT_MODE_LAYER,
+    }
     local = plan_split(100_000_000, 30, Capacity(1_000_000_000), ws)
     assert llama_kwargs_for_plan(local) == {"n_gpu_layers": 0}
 
 
 def test_placement_evidence_parses_llama_log():
-    lines = ["load_tensors:   CPU_Mapped model buffer size =    92.10 MiB",
-             "load_tensors: RPC0[127.0.0.1:5] model buffer size =    23.25 MiB", "unrelated"]
+    lines = [
+        "load_tensors:   CPU_Mapped model buffer size =    92.10 MiB",
+        "load_tensors: RPC0[127.0.0.1:5] model buffer size =    23.25 MiB",
+        "unrelated",
+    ]
     assert placement_evidence(lines) == {"CPU_Mapped": 92.1, "RPC0[127.0.0.1:5]": 23.25}
 
 
@@ -115,8 +126,10 @@ def test_verify_placement_against_llama_log():
     plan = plan_split(100_000_000, 30, Capacity(60_000_000), ws)
     host, rpc = plan.devices
     assert plan.output_on_host and host.holds_output and not rpc.holds_output
-    lines = [f"load_tensors: layer {b:3d} assigned to device {'CPU' if b < rpc.first_block else 'RPC0'}, is_swa = 0"
-             for b in range(31)]
+    lines = [
+        f"load_tensors: layer {b:3d} assigned to device {'CPU' if b < rpc.first_block else 'RPC0'}, is_swa = 0"
+        for b in range(31)
+    ]
     # llama.cpp still names the last worker for the output block; the override moves its weights.
     with pytest.raises(PlacementMismatch, match="did not apply the tensor override"):
         verify_placement(plan, lines)

@@ -11,8 +11,16 @@ import trio
 from hydra_node.mesh.wire.errors import FrameRejected
 from hydra_node.runtime.rpc import dataconn, native_pump
 from hydra_node.runtime.rpc.dataconn import (
-    MAGIC, DataConnError, DataListener, FrameReader, TicketBook, TooManyTickets, channel_for, dial,
-    seal_frame)
+    MAGIC,
+    DataConnError,
+    DataListener,
+    FrameReader,
+    TicketBook,
+    TooManyTickets,
+    channel_for,
+    dial,
+    seal_frame,
+)
 from waiting import wait_until
 
 VECTORS = Path(__file__).resolve().parents[3] / "protocol" / "vectors" / "tunnel_data.json"
@@ -93,8 +101,8 @@ async def test_listener_refuses_strangers_and_counts_why(nursery):
     ticket, waiter = listener.issue("coord/m")
     hello = seal_frame(channel_for(ticket.secret, "coordinator"), b"")
     assert await _raw(port, b"GET / HTTP/1.1\r\n\r\n" + b"x" * 40) == b""
-    assert await _raw(port, MAGIC + bytes(16) + hello) == b""          # unknown ticket
-    wrong = seal_frame(channel_for(bytes(32), "coordinator"), b"")      # a secret we never gave out
+    assert await _raw(port, MAGIC + bytes(16) + hello) == b""  # unknown ticket
+    wrong = seal_frame(channel_for(bytes(32), "coordinator"), b"")  # a secret we never gave out
     assert await _raw(port, MAGIC + ticket.ticket_id + wrong) == b""
     assert listener.rejected == {"bad_magic": 1, "bad_ticket": 1, "tamper": 1}
     # The tampered hello used the ticket up: the right secret no longer helps either.

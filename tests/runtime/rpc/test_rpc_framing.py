@@ -73,13 +73,20 @@ def test_rejects_bad_arguments():
         RpcFramer("request", 0)
 
 
-messages = st.lists(st.tuples(st.sampled_from([0, 3, 8, 9, 11, 13, 14, 15, *sorted(NO_REPLY_COMMANDS)]),
-                              st.binary(max_size=300)), min_size=1, max_size=12)
+messages = st.lists(
+    st.tuples(st.sampled_from([0, 3, 8, 9, 11, 13, 14, 15, *sorted(NO_REPLY_COMMANDS)]), st.binary(max_size=300)),
+    min_size=1,
+    max_size=12,
+)
 
 
 @settings(max_examples=300, deadline=None)
-@given(msgs=messages, cuts=st.lists(st.integers(0, 4000), max_size=20), max_chunk=st.integers(1, 700),
-       direction=st.sampled_from(["request", "response"]))
+@given(
+    msgs=messages,
+    cuts=st.lists(st.integers(0, 4000), max_size=20),
+    max_chunk=st.integers(1, 700),
+    direction=st.sampled_from(["request", "response"]),
+)
 def test_bytes_are_never_changed_and_cuts_follow_the_rules(msgs, cuts, max_chunk, direction):
     f = RpcFramer(direction, max_chunk)
     if direction == "request":

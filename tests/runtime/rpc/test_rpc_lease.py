@@ -14,8 +14,17 @@ from hydra_node.codec.framing import encode_message
 from hydra_node.runtime.rpc import LeaseHeld, LeaseNotHeld, WorkerLease, dataconn
 from hydra_node.runtime.rpc.proto import ProtoVersion
 from hydra_node.runtime.rpc.lease_wire import (
-    MAX_CONTROL_FRAME_BYTES, OFFER_SECRET_BYTES, OFFER_TICKET_BYTES, ControlDecoder, ControlError, DataOffer,
-    LeaseGranted, NoDataOffer, PathChoice, encode_control)
+    MAX_CONTROL_FRAME_BYTES,
+    OFFER_SECRET_BYTES,
+    OFFER_TICKET_BYTES,
+    ControlDecoder,
+    ControlError,
+    DataOffer,
+    LeaseGranted,
+    NoDataOffer,
+    PathChoice,
+    encode_control,
+)
 
 
 def test_one_coordinator_at_a_time():
@@ -70,8 +79,13 @@ KINDS = {"LeaseGranted": LeaseGranted, "DataOffer": DataOffer, "NoDataOffer": No
 
 def _event_json(ev: Any) -> dict[str, Any]:
     if isinstance(ev, LeaseGranted):
-        return {"type": "lease_granted", "proto": str(ev.proto), "free_bytes": ev.free_bytes, "device": ev.device,
-                "data": ev.data}
+        return {
+            "type": "lease_granted",
+            "proto": str(ev.proto),
+            "free_bytes": ev.free_bytes,
+            "device": ev.device,
+            "data": ev.data,
+        }
     if isinstance(ev, DataOffer):
         return {"type": "data_offer", "port": ev.port, "ticket": ev.ticket.hex(), "secret": ev.secret.hex()}
     if isinstance(ev, NoDataOffer):
@@ -101,7 +115,7 @@ def test_lease_vectors_valid(vector, chunk):
     data = bytes.fromhex(vector["hex"])
     d = ControlDecoder()
     got = None
-    for piece in ([data] if chunk is None else [data[i:i + 1] for i in range(len(data))]):
+    for piece in [data] if chunk is None else [data[i : i + 1] for i in range(len(data))]:
         assert got is None
         d.receive_data(piece)
         got = d.next_event()
@@ -137,7 +151,7 @@ def test_lease_stories(story):
 def test_control_decoder_on_any_bytes(data, chunk):
     d = ControlDecoder()
     try:
-        for piece in ([data] if chunk is None else [data[i:i + 1] for i in range(len(data))]):
+        for piece in [data] if chunk is None else [data[i : i + 1] for i in range(len(data))]:
             d.receive_data(piece)
             ev = d.next_event()
             if ev is not None:
@@ -151,9 +165,12 @@ _leaf = st.none() | st.booleans() | st.integers(-(2**64), 2**64 - 1) | st.text(m
 
 
 @settings(max_examples=300)
-@given(st.sampled_from(["lease_granted", "data_offer", "no_data_offer", "path", "other"]),
-       st.dictionaries(st.sampled_from(["proto", "free_bytes", "device", "data", "port", "ticket", "secret", "via"]),
-                       _leaf, max_size=6))
+@given(
+    st.sampled_from(["lease_granted", "data_offer", "no_data_offer", "path", "other"]),
+    st.dictionaries(
+        st.sampled_from(["proto", "free_bytes", "device", "data", "port", "ticket", "secret", "via"]), _leaf, max_size=6
+    ),
+)
 def test_control_decoder_on_any_map(op, fields):
     d = ControlDecoder()
     d.receive_data(encode_message({**fields, "op": op}, limit=MAX_CONTROL_FRAME_BYTES * 4))

@@ -50,8 +50,9 @@ def by_id_last_is_cpu(plan, workers) -> bool:
     return next(x for x in workers if x.worker_id == last.worker_id).is_cpu
 
 
-def check_invariants(plan, model_size, n_layers, host: Capacity, workers, max_memory=None,
-                     margin=DEFAULT_SAFETY_MARGIN):
+def check_invariants(
+    plan, model_size, n_layers, host: Capacity, workers, max_memory=None, margin=DEFAULT_SAFETY_MARGIN
+):
     n_blocks = n_layers + 1
     assert math.isclose(math.fsum(d.proportion for d in plan.devices), 1.0, abs_tol=1e-9)
     # contiguous, every block exactly once
@@ -199,18 +200,32 @@ def test_rejects_bad_arguments():
 
 
 @settings(max_examples=300, deadline=None)
-@given(model=st.integers(1 * MB, 200 * MB), n_layers=st.integers(1, 80), host_frac=st.floats(0.0, 1.5),
-       gpu=st.booleans(), force=st.booleans(),
-       ws=st.lists(st.tuples(st.floats(0.0, 1.2), st.floats(0, 100, allow_nan=False),
-                             st.sampled_from([RPC_PROTO, RPC_PROTO, OLD, ProtoVersion(7, 0, 3)]),
-                             st.sampled_from(["CPU", "CPU", "CUDA0"])), max_size=6),
-       max_frac=st.none() | st.none() | st.floats(0.01, 2.0), margin=st.sampled_from([0.0, 0.1, 0.3]))
+@given(
+    model=st.integers(1 * MB, 200 * MB),
+    n_layers=st.integers(1, 80),
+    host_frac=st.floats(0.0, 1.5),
+    gpu=st.booleans(),
+    force=st.booleans(),
+    ws=st.lists(
+        st.tuples(
+            st.floats(0.0, 1.2),
+            st.floats(0, 100, allow_nan=False),
+            st.sampled_from([RPC_PROTO, RPC_PROTO, OLD, ProtoVersion(7, 0, 3)]),
+            st.sampled_from(["CPU", "CPU", "CUDA0"]),
+        ),
+        max_size=6,
+    ),
+    max_frac=st.none() | st.none() | st.floats(0.01, 2.0),
+    margin=st.sampled_from([0.0, 0.1, 0.3]),
+)
 def test_plan_properties(model, n_layers, host_frac, gpu, force, ws, max_frac, margin):
     """Frees are fractions of the model size so that every outcome occurs often."""
     host_free = int(model * host_frac)
     max_memory = None if max_frac is None else int(model * max_frac)
-    workers = [WorkerInfo(f"w{i}", f"127.0.0.1:{6000 + i}", proto, int(model * frac), rtt, device)
-               for i, (frac, rtt, proto, device) in enumerate(ws)]
+    workers = [
+        WorkerInfo(f"w{i}", f"127.0.0.1:{6000 + i}", proto, int(model * frac), rtt, device)
+        for i, (frac, rtt, proto, device) in enumerate(ws)
+    ]
     host = Capacity(host_free, has_gpu_device=gpu)
     kw = dict(force_split=force, max_memory_bytes=max_memory, safety_margin=margin)
     try:

@@ -18,8 +18,15 @@ DEATH_NOTICE_TIMEOUT = 30.0
 
 
 def _spec(model_path, workers, **kw) -> dict:
-    return {"model": str(model_path), "workers": workers, "host_free": 40_000_000,
-            "prompts": PROMPTS, "max_tokens": 16, "mode": "compare", **kw}
+    return {
+        "model": str(model_path),
+        "workers": workers,
+        "host_free": 40_000_000,
+        "prompts": PROMPTS,
+        "max_tokens": 16,
+        "mode": "compare",
+        **kw,
+    }
 
 
 def test_split_over_two_workers_matches_unsplit_model(model_path, start_worker, run_child):
@@ -33,8 +40,7 @@ def test_split_over_two_workers_matches_unsplit_model(model_path, start_worker, 
     evidence = read_json_line(child, LOAD_TIMEOUT)["evidence"]
     assert evidence["devices"] == evidence["registry"] == ["RPC0", "RPC1"]
     # Every block sits on the device the plan named (llama.cpp's own debug log).
-    expected = {b: ("CPU" if d["kind"] == "host" else d["name"])
-                for d in plan["devices"] for b in range(*d["layers"])}
+    expected = {b: ("CPU" if d["kind"] == "host" else d["name"]) for d in plan["devices"] for b in range(*d["layers"])}
     assert {int(k): v for k, v in evidence["layers"].items()} == expected
     # And weights were really allocated on both workers.
     assert evidence["buffers"][f"RPC0[{r1['endpoint']}]"] > 1.0

@@ -14,8 +14,7 @@ import pytest
 import trio
 
 from hydra_node.pidfile import read_pidfile, reap_stale
-from hydra_node.runtime.rpc import (
-    RPC_PROTO, Backoff, RpcWorkerSupervisor, WorkerFailed, WorkerState, probe_worker)
+from hydra_node.runtime.rpc import RPC_PROTO, Backoff, RpcWorkerSupervisor, WorkerFailed, WorkerState, probe_worker
 
 #: Worker start on a busy 2-core machine.
 START_TIMEOUT = 60.0

@@ -102,8 +102,10 @@ async def worker_node(request, nursery, monkeypatch):
 async def test_tunnel_carries_bytes_and_leases_are_exclusive(worker_node, clock) -> None:
     server, url, mesh = worker_node
     with trio.fail_after(TIMEOUT_S):
-        async with open_link(url, LinkSettings(identity=SigningKey.generate(), mesh=mesh)) as a, \
-                open_link(url, LinkSettings(identity=SigningKey.generate(), mesh=mesh)) as b:
+        async with (
+            open_link(url, LinkSettings(identity=SigningKey.generate(), mesh=mesh)) as a,
+            open_link(url, LinkSettings(identity=SigningKey.generate(), mesh=mesh)) as b,
+        ):
             async with trio.open_nursery() as nursery:
                 tunnel = RemoteWorkerTunnel(LinkDirectory(a), a.peer_id, tag="model-a")
                 async with trio.open_nursery() as held:
@@ -119,7 +121,11 @@ async def test_tunnel_carries_bytes_and_leases_are_exclusive(worker_node, clock)
                     assert tunnel.bytes_up == tunnel.bytes_down == len(PAYLOAD) + 5
                     [row] = server.leases()  # /api/status rpc_worker.leases: who, for which model, since, bytes
                     assert (row.coordinator, row.model, row.bytes_in, row.bytes_out) == (
-                        server.holder()[:64], "model-a", len(PAYLOAD) + 5, len(PAYLOAD) + 5) and row.since > 1e9
+                        server.holder()[:64],
+                        "model-a",
+                        len(PAYLOAD) + 5,
+                        len(PAYLOAD) + 5,
+                    ) and row.since > 1e9
 
                     # Another coordinator (and the same node for another model) is refused, clearly.
                     for link, tag in ((b, "model-a"), (a, "model-b")):

@@ -10,9 +10,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hydra_node.runtime.rpc import (
-    RPC_PROTO, BadReadiness, IncompatibleWorker, ProtoVersion, Readiness, RpcProtocolError,
-    StartFailure, check_worker_proto, parse_readiness)
+    RPC_PROTO,
+    BadReadiness,
+    IncompatibleWorker,
+    ProtoVersion,
+    Readiness,
+    RpcProtocolError,
+    StartFailure,
+    check_worker_proto,
+    parse_readiness,
+)
 from hydra_node.runtime.rpc import proto as _proto
+
+
 def test_proto_constant_matches_vendored_header():
     # ggml/include/ggml-rpc.h in llama-cpp-python 0.3.36's vendored llama.cpp
     assert (RPC_PROTO.major, RPC_PROTO.minor, RPC_PROTO.patch) == (7, 0, 0)
@@ -33,7 +43,7 @@ def _reply(payload: bytes) -> bytes:
 def test_response_reader_whole_and_byte_by_byte(split):
     wire = _reply(bytes([7, 1, 2, 0]) + bytes(24))
     r = _proto.ResponseReader(_proto.HELLO_REPLY_SIZE)
-    chunks = [wire] if split == "whole" else [wire[i:i + 1] for i in range(len(wire))]
+    chunks = [wire] if split == "whole" else [wire[i : i + 1] for i in range(len(wire))]
     for c in chunks[:-1]:
         r.receive_data(c)
         assert r.next_payload() is None
@@ -58,11 +68,16 @@ def test_decoders_reject_nonsense():
     assert _proto.decode_device_memory(struct.pack("<QQ", 5, 10)) == (5, 10)
 
 
-@given(st.binary(max_size=80), st.sampled_from([_proto.HELLO_REPLY_SIZE, _proto.DEVICE_COUNT_REPLY_SIZE,
-                                                _proto.DEVICE_MEMORY_REPLY_SIZE]))
+@given(
+    st.binary(max_size=80),
+    st.sampled_from([_proto.HELLO_REPLY_SIZE, _proto.DEVICE_COUNT_REPLY_SIZE, _proto.DEVICE_MEMORY_REPLY_SIZE]),
+)
 def test_reader_and_decoders_on_arbitrary_bytes(data, size):
-    decode = {_proto.HELLO_REPLY_SIZE: _proto.decode_hello, _proto.DEVICE_COUNT_REPLY_SIZE: _proto.decode_device_count,
-              _proto.DEVICE_MEMORY_REPLY_SIZE: _proto.decode_device_memory}[size]
+    decode = {
+        _proto.HELLO_REPLY_SIZE: _proto.decode_hello,
+        _proto.DEVICE_COUNT_REPLY_SIZE: _proto.decode_device_count,
+        _proto.DEVICE_MEMORY_REPLY_SIZE: _proto.decode_device_memory,
+    }[size]
     r = _proto.ResponseReader(size)
     try:
         r.receive_data(data)
@@ -85,8 +100,16 @@ def test_version_compatibility_rule():
             ProtoVersion.parse(bad)
 
 
-READY = {"ready": True, "endpoint": "127.0.0.1:5", "proto": "7.0.0", "free_bytes": 10,
-         "total_bytes": 20, "device": "CPU", "description": "x", "pid": 3}
+READY = {
+    "ready": True,
+    "endpoint": "127.0.0.1:5",
+    "proto": "7.0.0",
+    "free_bytes": 10,
+    "total_bytes": 20,
+    "device": "CPU",
+    "description": "x",
+    "pid": 3,
+}
 
 
 def test_readiness_round_trip_and_failure_lines():
@@ -96,14 +119,20 @@ def test_readiness_round_trip_and_failure_lines():
     assert f == StartFailure("boom", True)
 
 
-@pytest.mark.parametrize("line", [
-    b"Starting RPC server v7.0.0", b"[]", b'{"ready": 1}', b"\xff\xfe",
-    json.dumps({**READY, "proto": "seven"}).encode(),
-    json.dumps({**READY, "free_bytes": 30}).encode(),
-    json.dumps({**READY, "free_bytes": -1}).encode(),
-    json.dumps({**READY, "device": None}).encode(),
-    b"{" + b" " * 5000 + b"}",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"Starting RPC server v7.0.0",
+        b"[]",
+        b'{"ready": 1}',
+        b"\xff\xfe",
+        json.dumps({**READY, "proto": "seven"}).encode(),
+        json.dumps({**READY, "free_bytes": 30}).encode(),
+        json.dumps({**READY, "free_bytes": -1}).encode(),
+        json.dumps({**READY, "device": None}).encode(),
+        b"{" + b" " * 5000 + b"}",
+    ],
+)
 def test_bad_readiness_lines(line):
     with pytest.raises(BadReadiness):
         parse_readiness(line)
@@ -117,8 +146,12 @@ def test_readiness_on_arbitrary_bytes(data):
         pass
 
 
-@given(st.dictionaries(st.sampled_from(list(READY) + ["permanent", "error"]),
-                       st.none() | st.booleans() | st.integers(-5, 2**70) | st.text(max_size=10)))
+@given(
+    st.dictionaries(
+        st.sampled_from(list(READY) + ["permanent", "error"]),
+        st.none() | st.booleans() | st.integers(-5, 2**70) | st.text(max_size=10),
+    )
+)
 def test_readiness_on_arbitrary_json(d):
     try:
         assert isinstance(parse_readiness(json.dumps(d).encode()), (Readiness, StartFailure))

@@ -47,8 +47,12 @@ def test_worker_reports_ready_binds_loopback_and_stops_on_sigterm(start_worker):
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "localhost", "::"])
 def test_worker_refuses_non_loopback_host(host):
-    proc = subprocess.run([sys.executable, "-m", "hydra_node.runtime.rpc.worker", "--host", host,
-                           "--port", "50999"], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hydra_node.runtime.rpc.worker", "--host", host, "--port", "50999"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 2
     line = json.loads(proc.stdout)
     assert line["ready"] is False and line["permanent"] is True

@@ -18,8 +18,9 @@ TIMEOUT_S = 60
 async def test_an_unencodable_request_is_a_400_and_the_runner_lives_on(tmp_path) -> None:
     settings = RunnerSettings(n_ctx=512, threads=1, warmup=False, backoff_initial_s=0.1)
     sup = RunnerSupervisor(resolve_model(None), tmp_path, settings, node_id="n")
-    good = GenerationRequest.from_wire({"model": sup.model.id, "kind": "completion", "prompt": "Hello",
-                                        "max_tokens": 2, "temperature": 0.0})
+    good = GenerationRequest.from_wire(
+        {"model": sup.model.id, "kind": "completion", "prompt": "Hello", "max_tokens": 2, "temperature": 0.0}
+    )
     bad = GenerationRequest.from_wire(good.to_wire())
     object.__setattr__(bad, "prompt", "\ud800")  # what validation refuses today, as a bug would let through
     with trio.fail_after(TIMEOUT_S):

@@ -25,11 +25,19 @@ TIMEOUT_S = 60
 async def test_stalled_runner_is_killed_and_restarted(tmp_path) -> None:
     # warmup: a cold runner's first decode (page faults on the mapped weights) can take longer than
     # STALL_S on a loaded machine, and the request after the restart must not be judged stalled for it.
-    settings = RunnerSettings(n_ctx=512, threads=1, warmup=True, stall_timeout_s=STALL_S,
-                              inject_token_delay_ms=20, backoff_initial_s=0.1)
+    settings = RunnerSettings(
+        n_ctx=512, threads=1, warmup=True, stall_timeout_s=STALL_S, inject_token_delay_ms=20, backoff_initial_s=0.1
+    )
     sup = RunnerSupervisor(resolve_model(None), tmp_path, settings, node_id="n")
-    req = GenerationRequest.from_wire({"model": sup.model.id, "kind": "completion", "prompt": "Once upon a time",
-                                       "max_tokens": 200, "temperature": 0.0})
+    req = GenerationRequest.from_wire(
+        {
+            "model": sup.model.id,
+            "kind": "completion",
+            "prompt": "Once upon a time",
+            "max_tokens": 200,
+            "temperature": 0.0,
+        }
+    )
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             await nursery.start(sup.run)

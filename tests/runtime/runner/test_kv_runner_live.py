@@ -36,13 +36,14 @@ from hydra_node.runtime.runner.supervisor import RunnerSupervisor
 
 TIMEOUT_S = 300
 #: about 150 tokens: long enough that the reuse is visible, short enough for a loaded 2-core host
-STORY = ("The lighthouse keeper wrote in his log every evening. He noted the wind, the colour of the sea, "
-         "the ships that passed and the birds that rested on the gallery rail. ") * 3
+STORY = (
+    "The lighthouse keeper wrote in his log every evening. He noted the wind, the colour of the sea, "
+    "the ships that passed and the birds that rested on the gallery rail. "
+) * 3
 
 
 def chat(text: str, **kw) -> GenerationRequest:
-    return GenerationRequest(model="m", kind="chat", messages=(("user", text),), max_tokens=8, temperature=0.0,
-                             **kw)
+    return GenerationRequest(model="m", kind="chat", messages=(("user", text),), max_tokens=8, temperature=0.0, **kw)
 
 
 async def run(sup: RunnerSupervisor, req: GenerationRequest) -> tuple[list[TextDelta], Finished]:
@@ -61,8 +62,9 @@ def _copy_with(src, dest, **identity_changes) -> None:
 
 
 async def test_export_import_serves_the_prompt_from_the_imported_cells_and_refuses_what_does_not_match(tmp_path):
-    sup = RunnerSupervisor(resolve_model(None), tmp_path, RunnerSettings(n_ctx=1024, parallel=1, warmup=False),
-                           node_id="n")
+    sup = RunnerSupervisor(
+        resolve_model(None), tmp_path, RunnerSettings(n_ctx=1024, parallel=1, warmup=False), node_id="n"
+    )
     transfers: list[tuple] = []
     sup.kv.on_transfer = lambda *a: transfers.append(a)
     with trio.fail_after(TIMEOUT_S):
@@ -76,8 +78,12 @@ async def test_export_import_serves_the_prompt_from_the_imported_cells_and_refus
             exported = await sup.kv.export(prompt, tmp_path / "story.hykv")
             assert exported.tokens == cold.prompt_tokens and exported.bytes == (tmp_path / "story.hykv").stat().st_size
             ident = exported.identity
-            assert (ident.n_tokens, ident.architecture, ident.n_layer, ident.type_k) == (cold.prompt_tokens, "llama",
-                                                                                        30, "f16")
+            assert (ident.n_tokens, ident.architecture, ident.n_layer, ident.type_k) == (
+                cold.prompt_tokens,
+                "llama",
+                30,
+                "f16",
+            )
             assert ident.model_sha256 == await sup.kv.model_sha256()
 
             # another prompt takes the only slot: the story's cells are gone
@@ -121,8 +127,11 @@ async def test_export_import_serves_the_prompt_from_the_imported_cells_and_refus
             assert fresh.tokens > 10 and fresh.identity.n_tokens == fresh.tokens
             _, again = await run(sup, chat("Write a haiku about rain."))
             assert again.cached_tokens == fresh.tokens - 1 and sup.restarts == 0
-            assert [(t[0], t[1]) for t in transfers] == [(sup.model.id, "export"), (sup.model.id, "import"),
-                                                         (sup.model.id, "export")]
+            assert [(t[0], t[1]) for t in transfers] == [
+                (sup.model.id, "export"),
+                (sup.model.id, "import"),
+                (sup.model.id, "export"),
+            ]
             await check_routes(sup, tmp_path, prompt)
             nursery.cancel_scope.cancel()
 
@@ -136,8 +145,9 @@ class PosixPlacement:
 
     async def publish(self, kind, name, source, *, identity=None):
         files = {KV_STATE_FILE: Path(source) / KV_STATE_FILE}
-        manifest = await trio.to_thread.run_sync(lambda: self.store.publish(kind, name, files, identity=identity,
-                                                                            sign=lambda m: m.sign(self.key)))
+        manifest = await trio.to_thread.run_sync(
+            lambda: self.store.publish(kind, name, files, identity=identity, sign=lambda m: m.sign(self.key))
+        )
         return {"state": "committed", "manifest": json.loads(manifest.to_json())}
 
     async def materialise(self, kind, name):
@@ -157,8 +167,9 @@ async def check_routes(sup: RunnerSupervisor, tmp: Path, prompt: GenerationReque
     routes = kv_routes({sup.model.id: sup}, exports, placement)
     model = sup.model.id
     messages = [{"role": "user", "content": prompt.messages[0].content}]
-    status, out = await post(routes, "/api/kv/export", {"model": model, "messages": messages, "name": "story",
-                                                        "publish": True})
+    status, out = await post(
+        routes, "/api/kv/export", {"model": model, "messages": messages, "name": "story", "publish": True}
+    )
     assert status == 200, out
     assert out["path"] == str(exports / "story" / KV_STATE_FILE) and out["identity"]["n_tokens"] == out["tokens"]
     manifest = placement.store.manifest("kv_state", "story")
@@ -177,14 +188,22 @@ async def check_routes(sup: RunnerSupervisor, tmp: Path, prompt: GenerationReque
     assert status == 422 and out["error"]["code"] == "checksum_mismatch"
     status, out = await post(routes, "/api/kv/import", {"model": model, "name": "nothing-here"})
     assert status == 404 and out["error"]["code"] == "artifact_not_found"
-    for body, code in (({"model": "nope", "name": "story"}, 404), (b"{", 400), ({"model": model}, 400),
-                       ({"model": model, "name": "story", "path": "/x"}, 400),
-                       ({"model": model, "path": "relative/file"}, 400), ({"model": model, "name": "../x"}, 400)):
+    for body, code in (
+        ({"model": "nope", "name": "story"}, 404),
+        (b"{", 400),
+        ({"model": model}, 400),
+        ({"model": model, "name": "story", "path": "/x"}, 400),
+        ({"model": model, "path": "relative/file"}, 400),
+        ({"model": model, "name": "../x"}, 400),
+    ):
         status, out = await post(routes, "/api/kv/import", body)
         assert status == code and out["error"]["code"], body
-    for body, code in (({"model": model, "prompt": "x", "messages": messages}, 400),
-                       ({"model": model, "prompt": ["a", "b"]}, 400), ({"model": model, "prompt": "x", "n": 2}, 400),
-                       ({"model": model, "prompt": "x", "publish": "yes"}, 400)):
+    for body, code in (
+        ({"model": model, "prompt": "x", "messages": messages}, 400),
+        ({"model": model, "prompt": ["a", "b"]}, 400),
+        ({"model": model, "prompt": "x", "n": 2}, 400),
+        ({"model": model, "prompt": "x", "publish": "yes"}, 400),
+    ):
         status, out = await post(routes, "/api/kv/export", body)
         assert status == code, body
     bare = kv_routes({model: sup}, exports)  # no placement: publish is refused, not ignored

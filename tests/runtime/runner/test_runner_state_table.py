@@ -52,8 +52,17 @@ def test_the_same_state_again_is_no_move_and_reports_nothing(tmp_path) -> None:
     assert seen == [R.STARTING]
 
 
-@pytest.mark.parametrize(("start", "to"), [(R.STARTING, R.READY), (R.PLACING, R.READY), (R.READY, R.LOADING),
-                                           (R.FAILED, R.RESTARTING), (R.STOPPED, R.READY), (R.RESTARTING, R.READY)])
+@pytest.mark.parametrize(
+    ("start", "to"),
+    [
+        (R.STARTING, R.READY),
+        (R.PLACING, R.READY),
+        (R.READY, R.LOADING),
+        (R.FAILED, R.RESTARTING),
+        (R.STOPPED, R.READY),
+        (R.RESTARTING, R.READY),
+    ],
+)
 def test_a_move_not_in_the_table_raises_and_leaves_the_state(tmp_path, start, to) -> None:
     sup = supervisor(tmp_path)
     sup._state = start

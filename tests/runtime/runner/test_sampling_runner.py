@@ -18,8 +18,9 @@ TIMEOUT_S = 300
 
 
 def completion(**kw) -> GenerationRequest:
-    return GenerationRequest(model="m", kind="completion", prompt="The capital of France is", max_tokens=6,
-                             temperature=0.0, **kw)
+    return GenerationRequest(
+        model="m", kind="completion", prompt="The capital of France is", max_tokens=6, temperature=0.0, **kw
+    )
 
 
 async def run(sup: RunnerSupervisor, req: GenerationRequest) -> tuple[list[TextDelta], Finished]:
@@ -64,8 +65,13 @@ async def test_a_speculative_runner_serves_every_sampling_feature_in_the_engine(
     async def check(sup: RunnerSupervisor) -> None:
         engine = sup.status().engine  # speculation runs inside the batch engine (engine/speculation.py)
         assert engine["mode"] == "continuous_batching" and engine["speculation"] == "local"
-        for kw in ({"grammar": 'root ::= "yes" | "no"'}, {"logprobs": True}, {"logit_bias": ((5, 1.0),)},
-                   {"presence_penalty": 1.0}, {"frequency_penalty": 1.0}):
+        for kw in (
+            {"grammar": 'root ::= "yes" | "no"'},
+            {"logprobs": True},
+            {"logit_bias": ((5, 1.0),)},
+            {"presence_penalty": 1.0},
+            {"frequency_penalty": 1.0},
+        ):
             deltas, fin = await run(sup, completion(**kw))  # served, without speculating
             assert fin.completion_tokens >= 1, kw
         deltas, fin = await run(sup, completion())  # a plain greedy request may speculate

@@ -16,7 +16,6 @@ N_CTX = 512
 N_THREADS = 1
 
 
-
 @pytest.fixture(scope="session")
 def target_path(model_path: Path) -> Path:
     return ensure_f16_target(model_path)

@@ -9,7 +9,12 @@ import pytest
 from hypothesis import given, strategies as st
 
 from hydra_node.runtime.child.speculative.acceptance import (
-    Verdict, check_draft_tokens, residual, verify_greedy, verify_sampled)
+    Verdict,
+    check_draft_tokens,
+    residual,
+    verify_greedy,
+    verify_sampled,
+)
 from hydra_node.runtime.speculative.errors import DraftProtocolError
 from hydra_node.runtime.child.speculative.sampling import SparseDist, sample
 
@@ -18,6 +23,7 @@ N_SAMPLES = 6000
 
 
 # -- greedy ----------------------------------------------------------------------------
+
 
 def test_greedy_accepts_matching_prefix_then_target_token():
     assert verify_greedy([5, 6, 7], [5, 6, 9, 1]) == Verdict(2, 9)
@@ -49,8 +55,15 @@ def test_untrusted_draft_tokens_are_typed_errors():
 
 def test_sparse_dist_rejects_malformed_input():
     assert SparseDist.checked([1, 2], [0.25, 0.75], 4).prob_of(2) == 0.75
-    for ids, probs in (([1, 1], [0.5, 0.5]), ([9], [1.0]), ([1], [0.5]), ([1, 2], [1.5, -0.5]),
-                       ([1], [float("nan")]), ([], []), ([1, 2], [1.0])):
+    for ids, probs in (
+        ([1, 1], [0.5, 0.5]),
+        ([9], [1.0]),
+        ([1], [0.5]),
+        ([1, 2], [1.5, -0.5]),
+        ([1], [float("nan")]),
+        ([], []),
+        ([1, 2], [1.0]),
+    ):
         with pytest.raises(ValueError):
             SparseDist.checked(ids, probs, 4)
 
@@ -71,6 +84,7 @@ def test_residual_is_positive_part_of_p_minus_q():
 
 
 # -- the distribution test ---------------------------------------------------------------
+
 
 def chi2_critical(df: int, z: float = 3.090) -> float:
     """Wilson-Hilferty approximation of the chi-square quantile (z = 3.09: p = 0.001)."""
@@ -95,7 +109,7 @@ def emitted_tokens(rule, P, Q, k, rng, n_tokens=2):
         pos = len(out)
         drafts = [sample(Q[pos + i], rng) for i in range(k)]
         dists = [SparseDist(np.arange(V), Q[pos + i]) for i in range(k)]
-        v = rule(drafts, dists, P[pos:pos + k + 1], rng)
+        v = rule(drafts, dists, P[pos : pos + k + 1], rng)
         out += drafts[: v.accepted] + [v.next_token]
     return out[:n_tokens]
 

@@ -6,7 +6,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hydra_node.runtime.child.speculative.controller import (
-    ControllerConfig, SpeculationController, expected_tokens, leviathan_speedup)
+    ControllerConfig,
+    SpeculationController,
+    expected_tokens,
+    leviathan_speedup,
+)
 
 MS = 1e-3
 
@@ -20,8 +24,9 @@ def test_expected_tokens_and_speedup_match_the_paper_tables():
     assert leviathan_speedup(0.9, 8, 0.1) == pytest.approx(3.40, abs=0.005)
 
 
-def feed(ctl: SpeculationController, accept_rate: float, rounds: int, t_target=10 * MS,
-         t_draft=1 * MS, slope=1 * MS, rtt=0.0) -> list[int]:
+def feed(
+    ctl: SpeculationController, accept_rate: float, rounds: int, t_target=10 * MS, t_draft=1 * MS, slope=1 * MS, rtt=0.0
+) -> list[int]:
     """Drive the controller as a decoder would; acceptance is deterministic at accept_rate."""
     ks = []
     credit = 0.0
@@ -152,6 +157,7 @@ def test_hopeless_pair_falls_back_after_one_round():
 
 # ---- the measured switch-off (speculation inside the engine: engine/speculation.py) -------------
 
+
 def test_measured_rate_switches_off_what_the_model_predicts_would_pay():
     """The model (t_draft from representative rounds only) says S > 1, but every round costs more
     per emitted token than a plain step (a draft that always catches up): measured wins."""
@@ -195,8 +201,7 @@ def test_resuming_needs_the_measured_speedup_above_the_hysteresis_band():
 
 
 @settings(max_examples=12, deadline=None)
-@given(alpha=st.floats(0.0, 1.0), c=st.floats(0.05, 1.5), verify_slope=st.floats(0.3, 2.0),
-       rtt=st.floats(0.0, 0.02))
+@given(alpha=st.floats(0.0, 1.0), c=st.floats(0.05, 1.5), verify_slope=st.floats(0.3, 2.0), rtt=st.floats(0.0, 0.02))
 def test_a_draft_that_never_pays_costs_at_most_five_percent(alpha, c, verify_slope, rtt):
     """Whatever the acceptance and costs, when no round can beat a plain step per token, the
     controller's total time over 2000 tokens stays within 5 % of plain decoding."""

@@ -161,12 +161,16 @@ class GarbageDraft(DyingDraft):
         return self.garbage(p, k) if self.calls == self.die_on else p
 
 
-@pytest.mark.parametrize("garbage", [
-    lambda p, k: Proposal((10 ** 9,) + p.tokens[1:], p.dists, p.seconds),  # token id out of range
-    lambda p, k: Proposal(p.tokens + p.tokens, p.dists, p.seconds),  # more tokens than asked
-    lambda p, k: Proposal(p.tokens, p.dists, float("nan")),  # nonsense timing
-    lambda p, k: list(p.tokens),  # not a proposal at all
-], ids=["bad-id", "too-many", "nan-time", "wrong-type"])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        lambda p, k: Proposal((10**9,) + p.tokens[1:], p.dists, p.seconds),  # token id out of range
+        lambda p, k: Proposal(p.tokens + p.tokens, p.dists, p.seconds),  # more tokens than asked
+        lambda p, k: Proposal(p.tokens, p.dists, float("nan")),  # nonsense timing
+        lambda p, k: list(p.tokens),  # not a proposal at all
+    ],
+    ids=["bad-id", "too-many", "nan-time", "wrong-type"],
+)
 def test_malformed_proposal_retires_the_draft(target_engine, draft_engine, reference, garbage):
     dec = SpeculativeDecoder(target_engine, GarbageDraft(DraftSession(draft_engine), garbage), fixed_k(3))
     tokens, _, done = run(dec, target_engine, PROMPTS["code"], max_tokens=12)

@@ -55,8 +55,9 @@ def _tokens(events) -> tuple[list[int], Completion]:
 def test_remote_draft_gives_the_target_alone_output(server, target_engine, reference):
     _, endpoint = server
     drafter = _drafter(target_engine, endpoint)
-    toks, done = _tokens(SpeculativeDecoder(target_engine, drafter).generate(target_engine.tokenize(PROMPT),
-                                                                             max_tokens=24))
+    toks, done = _tokens(
+        SpeculativeDecoder(target_engine, drafter).generate(target_engine.tokenize(PROMPT), max_tokens=24)
+    )
     drafter.close()
     assert toks == reference(PROMPT, 24)
     assert done.draft_failure is None and done.rounds > 0 and done.accepted > 0
@@ -66,8 +67,9 @@ def test_remote_draft_gives_the_target_alone_output(server, target_engine, refer
 def test_other_vocabulary_is_refused_and_the_target_finishes_alone(server, target_engine, reference):
     _, endpoint = server
     drafter = _drafter(target_engine, endpoint, vocab="0" * 32)
-    toks, done = _tokens(SpeculativeDecoder(target_engine, drafter).generate(target_engine.tokenize(PROMPT),
-                                                                             max_tokens=8))
+    toks, done = _tokens(
+        SpeculativeDecoder(target_engine, drafter).generate(target_engine.tokenize(PROMPT), max_tokens=8)
+    )
     assert toks == reference(PROMPT, 8)
     assert "vocabulary" in done.draft_failure and done.rounds == 0
 
@@ -98,15 +100,18 @@ def _raw(endpoint: str):
     return conn, receive
 
 
-@pytest.mark.parametrize("payload, code", [
-    (frame({"op": "propose", "k": 2}), "out_of_order"),
-    (frame({"op": "start", "tokens": [1, 10**9]}), "bad_request"),
-    (frame({"op": "start", "tokens": []}), "bad_request"),
-    (frame({"op": "start", "tokens": [1, 2]}) + frame({"op": "propose", "k": 65}), "bad_request"),
-    (frame({"op": "start", "tokens": [1, 2]}) + frame({"op": "teleport"}), "unknown_op"),
-    (frame({"op": "start", "tokens": [1, 2]}) + frame({"op": "commit", "accepted": 3, "next": 5}), "draft_failed"),
-    (struct.pack(">I", 50 * 1024 * 1024), "too_large"),
-])
+@pytest.mark.parametrize(
+    "payload, code",
+    [
+        (frame({"op": "propose", "k": 2}), "out_of_order"),
+        (frame({"op": "start", "tokens": [1, 10**9]}), "bad_request"),
+        (frame({"op": "start", "tokens": []}), "bad_request"),
+        (frame({"op": "start", "tokens": [1, 2]}) + frame({"op": "propose", "k": 65}), "bad_request"),
+        (frame({"op": "start", "tokens": [1, 2]}) + frame({"op": "teleport"}), "unknown_op"),
+        (frame({"op": "start", "tokens": [1, 2]}) + frame({"op": "commit", "accepted": 3, "next": 5}), "draft_failed"),
+        (struct.pack(">I", 50 * 1024 * 1024), "too_large"),
+    ],
+)
 def test_bad_requests_get_typed_errors_and_the_connection_ends(server, payload, code):
     _, endpoint = server
     conn, receive = _raw(endpoint)
@@ -158,10 +163,12 @@ def test_target_alone_tokens_reach_a_remote_draft_in_batches(server, target_engi
     sent = []
     real_send = drafter._send
     drafter._send = lambda msg: (sent.append(msg["op"]), real_send(msg))[1]
-    ctl = SpeculationController(ControllerConfig(min_speedup=5.0, resume_speedup=5.0, reprobe_after_tokens=4,
-                                                 min_rounds_before_fallback=1))
-    toks, done = _tokens(SpeculativeDecoder(target_engine, drafter, ctl).generate(target_engine.tokenize(PROMPT),
-                                                                                  max_tokens=24))
+    ctl = SpeculationController(
+        ControllerConfig(min_speedup=5.0, resume_speedup=5.0, reprobe_after_tokens=4, min_rounds_before_fallback=1)
+    )
+    toks, done = _tokens(
+        SpeculativeDecoder(target_engine, drafter, ctl).generate(target_engine.tokenize(PROMPT), max_tokens=24)
+    )
     drafter.close()
     assert toks == reference(PROMPT, 24)
     assert done.draft_failure is None and done.target_steps > 8

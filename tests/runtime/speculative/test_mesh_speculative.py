@@ -41,9 +41,13 @@ START_S = 240.0
 
 
 def _complete(node: NodeProcess, model: str, prompt: str, max_tokens: int) -> dict:
-    code, body = request("POST", node.api_port, "/v1/completions",
-                         {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
-                         timeout=WAIT_S)
+    code, body = request(
+        "POST",
+        node.api_port,
+        "/v1/completions",
+        {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+        timeout=WAIT_S,
+    )
     assert code == 200, body
     return json.loads(body)
 
@@ -104,8 +108,10 @@ def test_greedy_output_through_a_mesh_draft_is_the_target_alone_output(nodes):
 def test_a_local_draft_gives_the_same_output(nodes):
     local, r, model = nodes.local, nodes.r, nodes.model
     for prompt in PROMPTS:
-        assert (_complete(local, model, prompt, MAX_TOKENS)["choices"][0]["text"]
-                == _complete(r, model, prompt, MAX_TOKENS)["choices"][0]["text"])
+        assert (
+            _complete(local, model, prompt, MAX_TOKENS)["choices"][0]["text"]
+            == _complete(r, model, prompt, MAX_TOKENS)["choices"][0]["text"]
+        )
     figures = _spec(local.status())
     assert figures["draft"] == "local" and figures["disabled"] is None and figures["rounds"] > 0
     assert local.status()["speculation"]["mode"] == "local"
@@ -126,8 +132,11 @@ def test_killing_the_draft_node_mid_request_keeps_the_output(nodes):
     worker = threading.Thread(target=run)
     worker.start()
     try:  # the tunnel for this request is open: kill D (node and draft server) now
-        d.wait_status(lambda s: s["speculation"]["counters"]["tunnels_served"] > served_before,
-                      timeout=WAIT_S, what="D serves T's request")
+        d.wait_status(
+            lambda s: s["speculation"]["counters"]["tunnels_served"] > served_before,
+            timeout=WAIT_S,
+            what="D serves T's request",
+        )
     finally:
         d.kill_all()
         worker.join(WAIT_S)

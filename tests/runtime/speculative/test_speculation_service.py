@@ -55,16 +55,19 @@ def service(tmp_path, mesh=None, **kw) -> SpeculationService:
     return svc
 
 
-@pytest.mark.parametrize("strategy,draft,has_mesh,mode", [
-    ("off", "", True, SpeculationMode.OFF),
-    ("mesh", "", False, SpeculationMode.OFF),   # no mesh to find a draft in
-    ("mesh", "", True, SpeculationMode.MESH),
-    ("auto", "", True, SpeculationMode.MESH),
-    ("auto", "", False, SpeculationMode.OFF),
-    ("auto", "/no/such/draft.gguf", True, SpeculationMode.MESH),  # an unresolvable local draft: the mesh's
-    ("auto", BUNDLED_MODEL_ID, False, SpeculationMode.LOCAL),
-    ("local", BUNDLED_MODEL_ID, True, SpeculationMode.LOCAL),
-])
+@pytest.mark.parametrize(
+    "strategy,draft,has_mesh,mode",
+    [
+        ("off", "", True, SpeculationMode.OFF),
+        ("mesh", "", False, SpeculationMode.OFF),  # no mesh to find a draft in
+        ("mesh", "", True, SpeculationMode.MESH),
+        ("auto", "", True, SpeculationMode.MESH),
+        ("auto", "", False, SpeculationMode.OFF),
+        ("auto", "/no/such/draft.gguf", True, SpeculationMode.MESH),  # an unresolvable local draft: the mesh's
+        ("auto", BUNDLED_MODEL_ID, False, SpeculationMode.LOCAL),
+        ("local", BUNDLED_MODEL_ID, True, SpeculationMode.LOCAL),
+    ],
+)
 async def test_the_strategy_becomes_a_mode(tmp_path, strategy, draft, has_mesh, mode):
     svc = service(tmp_path, FakeMesh({}, {}, {}) if has_mesh else None, strategy=strategy, draft_model=draft)
     assert svc.mode is mode
@@ -77,8 +80,13 @@ async def test_the_strategy_becomes_a_mode(tmp_path, strategy, draft, has_mesh, 
 
 
 async def test_draft_peers_are_alive_announcers_of_the_wanted_draft_lowest_rtt_first(tmp_path):
-    anns = {A: Ann({"draft": "small"}), B: Ann({"draft": "small"}), C: Ann({"draft": "other"}),
-            D: Ann({"draft": "small"}), "e" * 64: Ann()}
+    anns = {
+        A: Ann({"draft": "small"}),
+        B: Ann({"draft": "small"}),
+        C: Ann({"draft": "other"}),
+        D: Ann({"draft": "small"}),
+        "e" * 64: Ann(),
+    }
     states = {A: "alive", B: "alive", C: "alive", D: "suspect", "e" * 64: "alive"}
     mesh = FakeMesh(anns, states, {A: 9.0, B: 2.0, C: 1.0})
     svc = service(tmp_path, mesh, strategy="mesh", draft_model="small")

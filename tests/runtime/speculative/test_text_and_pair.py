@@ -7,7 +7,11 @@ import pytest
 from hypothesis import given, strategies as st
 
 from hydra_node.runtime.child.speculative.sampling import (
-    DRAFT_CANDIDATES_MAX, SamplingParams, draft_distribution, target_distribution)
+    DRAFT_CANDIDATES_MAX,
+    SamplingParams,
+    draft_distribution,
+    target_distribution,
+)
 from spec_pair import ensure_converted_target
 from hydra_node.runtime.child.textstream import TextAssembler
 
@@ -42,7 +46,7 @@ def test_chunking_never_changes_the_text(text, cuts):
     t = TextAssembler(stop=("zz",))
     out, i = "", 0
     for c in cuts + [len(data)]:
-        out += t.feed(data[i:i + c])
+        out += t.feed(data[i : i + c])
         i += c
     out += t.flush()
     expected = text[: text.index("zz")] if "zz" in text else text

@@ -5,16 +5,35 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hydra_node.runtime.tuning.plan import (MAX_CANDIDATES, Candidate, Figures, Outcome, TuneAxes, cannot_win,
-                                            candidate_grid, eta_s, progress_line, recommend)
+from hydra_node.runtime.tuning.plan import (
+    MAX_CANDIDATES,
+    Candidate,
+    Figures,
+    Outcome,
+    TuneAxes,
+    cannot_win,
+    candidate_grid,
+    eta_s,
+    progress_line,
+    recommend,
+)
 
-BASE = Candidate(ctx_size=4096, batch=512, ubatch=512, mmap="auto", mlock=False, flash_attention="auto",
-                 threads=0, parallel=4)
+BASE = Candidate(
+    ctx_size=4096, batch=512, ubatch=512, mmap="auto", mlock=False, flash_attention="auto", threads=0, parallel=4
+)
 
 
 def axes(**kw) -> TuneAxes:
-    d = dict(ctx_sizes=(4096,), batch_sizes=(512,), ubatch_sizes=(512,), mmap_values=("auto",), mlock_values=(False,),
-             flash_attention=("auto",), threads=(0,), parallel=(4,))
+    d = dict(
+        ctx_sizes=(4096,),
+        batch_sizes=(512,),
+        ubatch_sizes=(512,),
+        mmap_values=("auto",),
+        mlock_values=(False,),
+        flash_attention=("auto",),
+        threads=(0,),
+        parallel=(4,),
+    )
     d.update(kw)
     return TuneAxes(**d)
 
@@ -85,8 +104,12 @@ def test_no_faster_throughput_bought_with_a_slower_first_token() -> None:
 
 def test_ignores_early_stopped_and_failed_candidates() -> None:
     other = Candidate(4096, 512, 256, "auto", False, "auto", 0, 4)
-    outcomes = [measured(BASE, 100.0), Outcome(other, "stopped_early", Figures(1, 500.0, 1, None)),
-                Outcome(other, "failed", error="no memory"), Outcome(other, "skipped_budget")]
+    outcomes = [
+        measured(BASE, 100.0),
+        Outcome(other, "stopped_early", Figures(1, 500.0, 1, None)),
+        Outcome(other, "failed", error="no memory"),
+        Outcome(other, "skipped_budget"),
+    ]
     rec = recommend(outcomes, 5.0)
     assert rec is not None and rec.candidate == BASE
     assert recommend([Outcome(BASE, "failed", error="x")], 5.0) is None
@@ -94,15 +117,21 @@ def test_ignores_early_stopped_and_failed_candidates() -> None:
         Outcome(BASE, "measured")  # measured needs figures
 
 
-figures = st.builds(Figures, pp_tok_s=st.floats(1, 1e4), gen_tok_s=st.floats(0.1, 1e4), ttft_ms=st.floats(1, 1e5),
-                    peak_rss_bytes=st.one_of(st.none(), st.integers(1 << 20, 1 << 40)))
+figures = st.builds(
+    Figures,
+    pp_tok_s=st.floats(1, 1e4),
+    gen_tok_s=st.floats(0.1, 1e4),
+    ttft_ms=st.floats(1, 1e5),
+    peak_rss_bytes=st.one_of(st.none(), st.integers(1 << 20, 1 << 40)),
+)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(figures, min_size=1, max_size=12), st.floats(0, 50))
 def test_recommendation_is_within_the_tolerance_of_the_fastest(figs: list[Figures], tol: float) -> None:
-    outcomes = [Outcome(Candidate(128 + i, 512, 512, "auto", False, "auto", 0, 1), "measured", f)
-                for i, f in enumerate(figs)]
+    outcomes = [
+        Outcome(Candidate(128 + i, 512, 512, "auto", False, "auto", 0, 1), "measured", f) for i, f in enumerate(figs)
+    ]
     rec = recommend(outcomes, tol)
     fastest = max(f.gen_tok_s for f in figs)
     assert rec is not None and rec.figures.gen_tok_s >= fastest * (1 - tol / 100)
@@ -112,8 +141,11 @@ def test_recommendation_is_within_the_tolerance_of_the_fastest(figs: list[Figure
     base = outcomes[0]
     rec = recommend(outcomes, tol, base.candidate)
     assert rec is not None and (rec is base or rec.figures.ttft_ms <= base.figures.ttft_ms * (1 + tol / 100))
-    eligible = [o.figures.gen_tok_s for o in outcomes
-                if o is base or o.figures.ttft_ms <= base.figures.ttft_ms * (1 + tol / 100)]
+    eligible = [
+        o.figures.gen_tok_s
+        for o in outcomes
+        if o is base or o.figures.ttft_ms <= base.figures.ttft_ms * (1 + tol / 100)
+    ]
     assert rec.figures.gen_tok_s >= max(eligible) * (1 - tol / 100)
 
 

@@ -53,6 +53,7 @@ __all__ = ["BatchEngine", "EngineStatistics"]
 @dataclass
 class _Live:
     """A sequence's engine-side state: sampler, text assembly, timing, usage, logprobs."""
+
     rid: int
     prompt_len: int
     sampler: Sampler
@@ -60,16 +61,27 @@ class _Live:
     clock: TokenClock
     reporter: LogprobReporter | None = None  # the request asked for logprobs
     pending: list | None = None  # logprob entries not sent yet (their text is held back)
-    last: int = -1   # the latest sampled token, fed at the next step
-    n: int = 0       # completion tokens (end-of-generation not counted)
+    last: int = -1  # the latest sampled token, fed at the next step
+    n: int = 0  # completion tokens (end-of-generation not counted)
     cached: int = 0  # prompt tokens reused from the slot's KV cells
 
 
 class BatchEngine:
-    def __init__(self, llm, *, n_slots: int, prompt_cache: bool, send: Callable[[dict], None],
-                 max_waiting: int = 16, token_delay_s: float = 0.0,
-                 clock: Callable[[], float] = time.perf_counter, share_prefixes: bool = True,
-                 min_shared_tokens: int = 64, max_cached: int | None = None, speculation=None):
+    def __init__(
+        self,
+        llm,
+        *,
+        n_slots: int,
+        prompt_cache: bool,
+        send: Callable[[dict], None],
+        max_waiting: int = 16,
+        token_delay_s: float = 0.0,
+        clock: Callable[[], float] = time.perf_counter,
+        share_prefixes: bool = True,
+        min_shared_tokens: int = 64,
+        max_cached: int | None = None,
+        speculation=None,
+    ):
         """``clock`` times each step for the statistics' rates (any monotonic clock); the prefix
         options are the slot scheduler's ([defaults.model_fit.prefix_cache], see slots.py);
         ``speculation``: an :class:`~hydra_node.runtime.child.engine.speculation.EngineSpeculation` or None."""
@@ -94,10 +106,18 @@ class BatchEngine:
         self.vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self._pieces = TokenPieces(self.vocab)  # token text for logprobs, shared by the sequences
-        self.sched = SpeculativeSlots(SlotConfig(n_slots=n_slots, n_batch=self.n_batch, n_ctx=self.n_ctx,
-                                              max_waiting=max_waiting, prompt_cache=prompt_cache,
-                                              share_prefixes=share_prefixes, min_shared_tokens=min_shared_tokens,
-                                              max_cached=max_cached))
+        self.sched = SpeculativeSlots(
+            SlotConfig(
+                n_slots=n_slots,
+                n_batch=self.n_batch,
+                n_ctx=self.n_ctx,
+                max_waiting=max_waiting,
+                prompt_cache=prompt_cache,
+                share_prefixes=share_prefixes,
+                min_shared_tokens=min_shared_tokens,
+                max_cached=max_cached,
+            )
+        )
         self.n_slots = n_slots
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._live: dict[int, _Live] = {}
@@ -119,8 +139,15 @@ class BatchEngine:
             self.send(exc.frame(rid))
             return
         except Exception as exc:  # our bug or llama.cpp's: this request fails, the engine goes on
-            self.send({"op": "error", "id": rid, "code": "runner_error", "status": 500,
-                       "message": f"cannot set up sampling: {type(exc).__name__}: {exc}"})
+            self.send(
+                {
+                    "op": "error",
+                    "id": rid,
+                    "code": "runner_error",
+                    "status": 500,
+                    "message": f"cannot set up sampling: {type(exc).__name__}: {exc}",
+                }
+            )
             return
         try:
             self.sched.submit(rid, tokens, max_tokens)
@@ -128,8 +155,15 @@ class BatchEngine:
             sampler.close()
             self.send({"op": "error", "id": rid, "code": exc.code, "status": exc.status, "message": str(exc)})
             return
-        self._live[rid] = _Live(rid, len(tokens), sampler, TextAssembler(tuple(req.get("stop") or ())), clock,
-                                reporter, [] if reporter is not None else None)
+        self._live[rid] = _Live(
+            rid,
+            len(tokens),
+            sampler,
+            TextAssembler(tuple(req.get("stop") or ())),
+            clock,
+            reporter,
+            [] if reporter is not None else None,
+        )
         if self.spec is not None:
             p = sampler.params
             self.spec.admit(rid, speculation_eligible(req, p.greedy, not (p.grammar or p.logit_bias or p.penalised)))
@@ -137,8 +171,9 @@ class BatchEngine:
     def _reporter(self, req: dict) -> LogprobReporter | None:
         want, top = req.get("logprobs", False), req.get("top_logprobs", 0)
         if type(want) is not bool or type(top) is not int or not 0 <= top <= MAX_TOP_LOGPROBS:
-            raise SamplingError(f"'logprobs' must be a boolean and 'top_logprobs' an integer from 0 to "
-                                f"{MAX_TOP_LOGPROBS}")
+            raise SamplingError(
+                f"'logprobs' must be a boolean and 'top_logprobs' an integer from 0 to {MAX_TOP_LOGPROBS}"
+            )
         if top and not want:
             raise SamplingError("'top_logprobs' needs 'logprobs': true")
         return LogprobReporter(top, self._pieces) if want else None
@@ -153,14 +188,30 @@ class BatchEngine:
     def statistics(self) -> EngineStatistics:
         s, c = self.sched.statistics(), self.counters
         prefill_tps, decode_tps = c.rates()
-        hits, misses, reused, shared = (now - base for now, base in zip(
-            (s.prefix_hits, s.prefix_misses, s.prefix_reused_tokens, s.prefix_shared), self._prefix_base))
+        hits, misses, reused, shared = (
+            now - base
+            for now, base in zip(
+                (s.prefix_hits, s.prefix_misses, s.prefix_reused_tokens, s.prefix_shared), self._prefix_base
+            )
+        )
         return EngineStatistics(
-            n_slots=self.n_slots, ctx_per_slot=self.ctx_per_slot, steps=c.steps, batch_last=c.batch_last,
-            batch_mean=round(c.batch_mean, 3), active=s.active, waiting=s.waiting, free_slots=self.n_slots - s.active,
-            kv_used=s.kv_used, kv_budget=s.kv_total, prefill_tokens_per_s=round(prefill_tps, 1),
-            decode_tokens_per_s=round(decode_tps, 1), prefix_hits=hits, prefix_misses=misses,
-            prefix_reused_tokens=reused, prefix_shared=shared)
+            n_slots=self.n_slots,
+            ctx_per_slot=self.ctx_per_slot,
+            steps=c.steps,
+            batch_last=c.batch_last,
+            batch_mean=round(c.batch_mean, 3),
+            active=s.active,
+            waiting=s.waiting,
+            free_slots=self.n_slots - s.active,
+            kv_used=s.kv_used,
+            kv_budget=s.kv_total,
+            prefill_tokens_per_s=round(prefill_tps, 1),
+            decode_tokens_per_s=round(decode_tps, 1),
+            prefix_hits=hits,
+            prefix_misses=misses,
+            prefix_reused_tokens=reused,
+            prefix_shared=shared,
+        )
 
     # ---- one step ----------------------------------------------------------------------
     def step(self) -> None:
@@ -178,12 +229,24 @@ class BatchEngine:
             self._live[a.rid].cached = a.reused
         if plan.empty:
             return
-        rp = None if self.spec is None else self.spec.plan(
-            [d.rid for d in plan.decode], self.sched.draft_room, self.sched.committed,
-            self.n_batch - plan.n_tokens, len(plan.decode) == 1 and not plan.prefill)
+        rp = (
+            None
+            if self.spec is None
+            else self.spec.plan(
+                [d.rid for d in plan.decode],
+                self.sched.draft_room,
+                self.sched.committed,
+                self.n_batch - plan.n_tokens,
+                len(plan.decode) == 1 and not plan.prefill,
+            )
+        )
         rows = self._fill(plan, rp)
-        small = rp is not None and rp.k > 0 and plan.n_tokens + rp.k <= SMALL_STEP_TOKENS \
-            and self._threads[0] != self._threads[1]  # a verify pass: decode-like, decode threads
+        small = (
+            rp is not None
+            and rp.k > 0
+            and plan.n_tokens + rp.k <= SMALL_STEP_TOKENS
+            and self._threads[0] != self._threads[1]
+        )  # a verify pass: decode-like, decode threads
         if small:
             self._ll.llama_set_n_threads(self.ctx, self._threads[0], self._threads[0])
         t0 = self.clock()
@@ -222,9 +285,12 @@ class BatchEngine:
         if rp is not None:
             accepted, nxt = spec_out if spec_out is not None else (0, None)
             self.spec.finished_round(rp, accepted, nxt, seconds)
-        self.counters.record(seqs=len(plan.decode) + len(plan.prefill),
-                             decode_tokens=len(plan.decode) + (rp.k if rp is not None else 0),
-                             prefill_tokens=plan.n_tokens - len(plan.decode), seconds=seconds)
+        self.counters.record(
+            seqs=len(plan.decode) + len(plan.prefill),
+            decode_tokens=len(plan.decode) + (rp.k if rp is not None else 0),
+            prefill_tokens=plan.n_tokens - len(plan.decode),
+            seconds=seconds,
+        )
 
     def _verified(self, plan: StepPlan, rp: RoundPlan, row: int) -> list[int]:
         """The holder's tokens this step: accepted drafts, then the target's own; the rejected
@@ -318,9 +384,16 @@ class BatchEngine:
         tail = live.asm.flush()
         if tail or live.pending:
             self._delta(live, tail)
-        done = {"op": "done", "id": rid, "finish_reason": finish, "prompt_tokens": live.prompt_len,
-                "completion_tokens": live.n, "cached_tokens": live.cached, "ttft_ms": live.clock.ttft_ms(),
-                "itl_ms": live.clock.itl_ms(live.n)}
+        done = {
+            "op": "done",
+            "id": rid,
+            "finish_reason": finish,
+            "prompt_tokens": live.prompt_len,
+            "completion_tokens": live.n,
+            "cached_tokens": live.cached,
+            "ttft_ms": live.clock.ttft_ms(),
+            "itl_ms": live.clock.itl_ms(live.n),
+        }
         if self.spec is not None:  # the runner's latest speculation figures (/api/status)
             done["speculative"] = self.spec.status()
         self.send(done)

@@ -127,8 +127,11 @@ class GrammarCheck:
             ok = self._feed(g, self.tokenize(word.encode("utf-8")))
             ll.llama_sampler_free(g)
             if not ok:
-                raise SamplingError(f"the grammar does not start with the trigger word {word!r:.60}: a lazy grammar "
-                                    "must accept the text from its trigger word on", code="invalid_grammar")
+                raise SamplingError(
+                    f"the grammar does not start with the trigger word {word!r:.60}: a lazy grammar "
+                    "must accept the text from its trigger word on",
+                    code="invalid_grammar",
+                )
 
     @property
     def active(self) -> bool:
@@ -207,8 +210,11 @@ class GrammarCheck:
             if self._start(hit):
                 return tok
             banned.append(tok)
-        raise SamplingError(f"every likely token that completes a trigger word continues it with text the grammar "
-                            f"rejects ({MAX_TRIGGER_RETRIES} tried)", code="invalid_grammar")
+        raise SamplingError(
+            f"every likely token that completes a trigger word continues it with text the grammar "
+            f"rejects ({MAX_TRIGGER_RETRIES} tried)",
+            code="invalid_grammar",
+        )
 
     def _start(self, hit: Trigger) -> bool:
         """Start the grammar with the text from the trigger word on, if it accepts it."""

@@ -39,6 +39,7 @@ __all__ = ["DEFAULT_TOP_K", "SamplerParams", "Sampler", "SamplingError"]
 #: Top-k applied before top-p when sampling with a temperature (the runner's historic default).
 DEFAULT_TOP_K = 40
 
+
 def _number(req: dict, key: str, default: float) -> float:
     v = req.get(key, default)
     if v is None:
@@ -75,15 +76,25 @@ class SamplerParams:
             raise SamplingError("'grammar_triggers' needs a grammar", code="invalid_grammar")
         bias = req.get("logit_bias") or []
         if not isinstance(bias, list) or not all(
-                isinstance(e, list) and len(e) == 2 and type(e[0]) is int and e[0] >= 0
-                and type(e[1]) in (int, float) and math.isfinite(e[1]) for e in bias):
+            isinstance(e, list)
+            and len(e) == 2
+            and type(e[0]) is int
+            and e[0] >= 0
+            and type(e[1]) in (int, float)
+            and math.isfinite(e[1])
+            for e in bias
+        ):
             raise SamplingError("'logit_bias' must map token ids to finite biases")
-        return cls(temperature=_number(req, "temperature", 0.8), top_p=_number(req, "top_p", 0.95),
-                   seed=None if seed is None else seed & 0xFFFFFFFF, grammar=grammar,
-                   grammar_triggers=tuple(triggers),
-                   presence_penalty=_number(req, "presence_penalty", 0.0),
-                   frequency_penalty=_number(req, "frequency_penalty", 0.0),
-                   logit_bias=tuple((int(t), float(b)) for t, b in bias))
+        return cls(
+            temperature=_number(req, "temperature", 0.8),
+            top_p=_number(req, "top_p", 0.95),
+            seed=None if seed is None else seed & 0xFFFFFFFF,
+            grammar=grammar,
+            grammar_triggers=tuple(triggers),
+            presence_penalty=_number(req, "presence_penalty", 0.0),
+            frequency_penalty=_number(req, "frequency_penalty", 0.0),
+            logit_bias=tuple((int(t), float(b)) for t, b in bias),
+        )
 
     @property
     def greedy(self) -> bool:
@@ -111,8 +122,9 @@ class Sampler:
         n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab)) if needs_vocab else 0
         for tok, _ in params.logit_bias:
             if tok >= n_vocab:
-                raise SamplingError(f"'logit_bias' names token {tok}, outside this model's vocabulary "
-                                    f"(0..{n_vocab - 1})")
+                raise SamplingError(
+                    f"'logit_bias' names token {tok}, outside this model's vocabulary (0..{n_vocab - 1})"
+                )
         self._check: GrammarCheck | None = None
         self._pre = self._chain = None
         self._chain = chain = self._new_chain()
@@ -123,11 +135,15 @@ class Sampler:
         add_pre = lambda s: llama_cpp.llama_sampler_chain_add(pre, s)  # noqa: E731
         if params.logit_bias:
             arr = (llama_cpp.llama_logit_bias * len(params.logit_bias))(
-                *(llama_cpp.llama_logit_bias(t, b) for t, b in params.logit_bias))
+                *(llama_cpp.llama_logit_bias(t, b) for t, b in params.logit_bias)
+            )
             add_pre(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), arr))  # copies arr
         if params.penalised:
-            add_pre(llama_cpp.llama_sampler_init_penalties(n_vocab, max(1, window), 1.0, params.frequency_penalty,
-                                                           params.presence_penalty))
+            add_pre(
+                llama_cpp.llama_sampler_init_penalties(
+                    n_vocab, max(1, window), 1.0, params.frequency_penalty, params.presence_penalty
+                )
+            )
         if params.greedy:
             add(llama_cpp.llama_sampler_init_greedy())
         else:
@@ -155,12 +171,21 @@ class Sampler:
         ll = self._ll
         g = ll.llama_sampler_init_grammar(vocab, params.grammar.encode("utf-8"), b"root")
         if not g:  # llama.cpp could not parse it (its reason goes to the runner's log)
-            raise SamplingError("the grammar is not valid GBNF with a root rule 'root' (llama.cpp could not "
-                                "parse it)", code="invalid_grammar")
+            raise SamplingError(
+                "the grammar is not valid GBNF with a root rule 'root' (llama.cpp could not parse it)",
+                code="invalid_grammar",
+            )
         text = VocabText(vocab)
         try:
-            return GrammarCheck(ll, g, n_vocab=n_vocab, triggers=params.grammar_triggers, tokenize=text.tokenize,
-                                piece=text.piece, keep=1 if params.greedy else DEFAULT_TOP_K)
+            return GrammarCheck(
+                ll,
+                g,
+                n_vocab=n_vocab,
+                triggers=params.grammar_triggers,
+                tokenize=text.tokenize,
+                piece=text.piece,
+                keep=1 if params.greedy else DEFAULT_TOP_K,
+            )
         except BaseException:
             ll.llama_sampler_free(g)
             raise

@@ -5,8 +5,17 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["MAX_SLOTS", "Admission", "DecodeToken", "Finish", "PrefillChunk", "Rejected", "SlotConfig",
-           "SlotStatistics", "StepPlan"]
+__all__ = [
+    "MAX_SLOTS",
+    "Admission",
+    "DecodeToken",
+    "Finish",
+    "PrefillChunk",
+    "Rejected",
+    "SlotConfig",
+    "SlotStatistics",
+    "StepPlan",
+]
 
 #: Most parallel sequences one runner may hold (llama.cpp's LLAMA_MAX_SEQ is 256; 64 keeps
 #: per-step bookkeeping small and matches the config bound).
@@ -49,8 +58,10 @@ class SlotConfig:
         if not 1 <= self.n_slots <= MAX_SLOTS:
             raise ValueError(f"n_slots must be between 1 and {MAX_SLOTS}, not {self.n_slots}")
         if self.n_batch < self.n_slots:
-            raise ValueError(f"n_batch ({self.n_batch}) must be at least n_slots ({self.n_slots}): "
-                             "every decoding sequence needs one batch row per step")
+            raise ValueError(
+                f"n_batch ({self.n_batch}) must be at least n_slots ({self.n_slots}): "
+                "every decoding sequence needs one batch row per step"
+            )
         if self.n_ctx < 2:
             raise ValueError(f"n_ctx must be at least 2, not {self.n_ctx}")
         if self.decode_reserve is not None and self.decode_reserve < 0:
@@ -73,6 +84,7 @@ class SlotConfig:
 class Admission:
     """``rid`` took ``slot``; its first ``reused`` prompt tokens are already in the slot's KV, or,
     with ``copy_from >= 0``, are to be copied from that (active) slot's cells ``[0, reused)``."""
+
     rid: int
     slot: int
     reused: int
@@ -83,6 +95,7 @@ class Admission:
 class PrefillChunk:
     """Prompt tokens ``[start, start + length)`` of ``rid``, at positions ``start...``; ``last``
     means the chunk ends the prompt, so its final row needs logits (the first sample)."""
+
     rid: int
     slot: int
     start: int
@@ -93,6 +106,7 @@ class PrefillChunk:
 @dataclass(frozen=True)
 class DecodeToken:
     """Feed ``rid``'s latest sampled token at position ``pos``; its row needs logits."""
+
     rid: int
     slot: int
     pos: int
@@ -125,8 +139,8 @@ class SlotStatistics:
     kv_used: int
     kv_total: int
     steps: int
-    kv_reserved: int = 0         # cells reserved by active sequences plus cached by free slots (<= kv_total)
-    prefix_hits: int = 0         # admissions that reused a free slot's cached prefix
-    prefix_misses: int = 0       # admissions that reused nothing
+    kv_reserved: int = 0  # cells reserved by active sequences plus cached by free slots (<= kv_total)
+    prefix_hits: int = 0  # admissions that reused a free slot's cached prefix
+    prefix_misses: int = 0  # admissions that reused nothing
     prefix_reused_tokens: int = 0  # prompt tokens those hits did not evaluate again
-    prefix_shared: int = 0       # hits whose prefix was copied from a slot still generating
+    prefix_shared: int = 0  # hits whose prefix was copied from a slot still generating

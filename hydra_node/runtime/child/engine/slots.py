@@ -45,11 +45,32 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from hydra_node.runtime.child.engine.slot_types import (MAX_SLOTS, Admission, DecodeToken, Finish, PrefillChunk, Rejected,
-                                                  SlotConfig, SlotStatistics, StepPlan)
+from hydra_node.runtime.child.engine.slot_types import (
+    MAX_SLOTS,
+    Admission,
+    DecodeToken,
+    Finish,
+    PrefillChunk,
+    Rejected,
+    SlotConfig,
+    SlotStatistics,
+    StepPlan,
+)
 
-__all__ = ["MAX_SLOTS", "Admission", "DecodeToken", "PrefillChunk", "SlotConfig", "SlotScheduler", "SlotStatistics",
-           "StepPlan", "Finish", "Rejected", "common_prefix"]
+__all__ = [
+    "MAX_SLOTS",
+    "Admission",
+    "DecodeToken",
+    "PrefillChunk",
+    "SlotConfig",
+    "SlotScheduler",
+    "SlotStatistics",
+    "StepPlan",
+    "Finish",
+    "Rejected",
+    "common_prefix",
+]
+
 
 @dataclass
 class _Seq:
@@ -105,11 +126,18 @@ class SlotScheduler:
             raise Rejected("the prompt is empty", code="invalid_request", status=400)
         limit = self.config.n_ctx
         if len(prompt) >= limit:
-            raise Rejected(f"prompt is {len(prompt)} tokens; this model's context is {limit} tokens (ctx_size, "
-                           f"shared by the runner's parallel sequences)", code="context_length_exceeded", status=400)
+            raise Rejected(
+                f"prompt is {len(prompt)} tokens; this model's context is {limit} tokens (ctx_size, "
+                f"shared by the runner's parallel sequences)",
+                code="context_length_exceeded",
+                status=400,
+            )
         if len(self._waiting) >= self.config.max_waiting + len(self._free):
-            raise Rejected(f"runner is full ({self.config.n_slots} slots busy, {len(self._waiting)} waiting)",
-                           code="queue_full", status=429)
+            raise Rejected(
+                f"runner is full ({self.config.n_slots} slots busy, {len(self._waiting)} waiting)",
+                code="queue_full",
+                status=429,
+            )
         if max_tokens < 1:
             raise Rejected("max_tokens must be at least 1", code="invalid_request", status=400)
         self._waiting.append(_Seq(rid, tuple(prompt), min(max_tokens, limit - len(prompt))))
@@ -153,8 +181,14 @@ class SlotScheduler:
             admitted.append(a)
         copies = self._resolve_waits()
         decode = tuple(DecodeToken(s.rid, s.slot, s.kv_used) for s in self._active.values() if s.decoding)
-        return StepPlan(tuple(admitted), tuple(finished), decode, self._prefill(self.config.n_batch - len(decode)),
-                        tuple(evicted), copies)
+        return StepPlan(
+            tuple(admitted),
+            tuple(finished),
+            decode,
+            self._prefill(self.config.n_batch - len(decode)),
+            tuple(evicted),
+            copies,
+        )
 
     def _resolve_waits(self) -> tuple[Admission, ...]:
         """Sequences waiting for a prefix another one prefills: copy it once it is computed; if the
@@ -167,8 +201,11 @@ class SlotScheduler:
             src = self._active.get(src_rid)
             if src is not None and src.prefilled < n:
                 continue  # not computed yet: wait another step
-            slot = src.slot if src is not None else next(
-                (x for x in self._free if common_prefix(self._resident[x], s.prompt) >= n), -1)
+            slot = (
+                src.slot
+                if src is not None
+                else next((x for x in self._free if common_prefix(self._resident[x], s.prompt) >= n), -1)
+            )
             s.wait_for = None
             if slot < 0:  # the source left and its cells are gone: a miss, prefill it all
                 self._prefix[1] += 1
@@ -363,11 +400,17 @@ class SlotScheduler:
         is off, no slot is free (503, retry) or the cells cannot fit beside the reservations."""
         n, cap = len(tokens), self.config.max_cached
         if not self.config.prompt_cache or cap == 0:
-            raise Rejected("this runner keeps no cached prefixes (prompt_cache off or max_entries 0)",
-                           code="prompt_cache_disabled", status=409)
+            raise Rejected(
+                "this runner keeps no cached prefixes (prompt_cache off or max_entries 0)",
+                code="prompt_cache_disabled",
+                status=409,
+            )
         if n >= self.config.n_ctx:
-            raise Rejected(f"the state holds {n} tokens; this runner's context is {self.config.n_ctx}",
-                           code="context_length_exceeded", status=400)
+            raise Rejected(
+                f"the state holds {n} tokens; this runner's context is {self.config.n_ctx}",
+                code="context_length_exceeded",
+                status=400,
+            )
         if not self._free:
             raise Rejected("every slot is busy", code="no_free_slot", status=503)
         empty = [x for x in self._free if not self._resident[x]]
@@ -375,8 +418,9 @@ class SlotScheduler:
         evicted = [dest] if self._resident[dest] else []
         room = self.config.n_ctx - self._committed() + len(self._resident[dest])
         if room + sum(len(self._resident[x]) for x in self._free if x != dest) < n:
-            raise Rejected(f"{n} cells do not fit beside the running sequences' reservations",
-                           code="no_free_slot", status=503)
+            raise Rejected(
+                f"{n} cells do not fit beside the running sequences' reservations", code="no_free_slot", status=503
+            )
         self._resident[dest] = ()
         while room < n:
             room += self._evict_one(evicted, keep=dest)
@@ -386,8 +430,9 @@ class SlotScheduler:
         self._releases += 1
         self._freed_at[dest] = self._releases
         if cap is not None:  # the newest cache: over the cap, the oldest others go
-            cached = sorted((x for x in self._free if self._resident[x] and x != dest),
-                            key=lambda x: self._freed_at.get(x, -1))
+            cached = sorted(
+                (x for x in self._free if self._resident[x] and x != dest), key=lambda x: self._freed_at.get(x, -1)
+            )
             for slot in cached[: max(0, len(cached) + 1 - cap)]:
                 self._resident[slot] = ()
                 evicted.append(slot)
@@ -416,11 +461,18 @@ class SlotScheduler:
         return held
 
     def statistics(self) -> SlotStatistics:
-        return SlotStatistics(active=len(self._active), waiting=len(self._waiting),
-                              kv_used=sum(s.kv_used for s in self._active.values()),
-                              kv_total=self.config.n_ctx, kv_reserved=self._committed(), steps=self._steps,
-                              prefix_hits=self._prefix[0], prefix_misses=self._prefix[1],
-                              prefix_reused_tokens=self._prefix[2], prefix_shared=self._prefix[3])
+        return SlotStatistics(
+            active=len(self._active),
+            waiting=len(self._waiting),
+            kv_used=sum(s.kv_used for s in self._active.values()),
+            kv_total=self.config.n_ctx,
+            kv_reserved=self._committed(),
+            steps=self._steps,
+            prefix_hits=self._prefix[0],
+            prefix_misses=self._prefix[1],
+            prefix_reused_tokens=self._prefix[2],
+            prefix_shared=self._prefix[3],
+        )
 
     def kv_by_slot(self) -> dict[int, int]:
         return {s.slot: s.kv_used for s in self._active.values()}

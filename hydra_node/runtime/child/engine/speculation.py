@@ -82,6 +82,7 @@ class _Lease:
 @dataclass(frozen=True)
 class RoundPlan:
     """What the holder does this step: ``k`` = 0 a plain step (``timed``: record it), else verify."""
+
     rid: int
     k: int
     drafts: tuple[int, ...] = ()
@@ -125,15 +126,27 @@ class EngineSpeculation:
         lease = self._lease
         if lease is None or lease.rid != rid:
             return
-        self._last = {"rounds": lease.rounds, "drafted": lease.drafted, "accepted": lease.accepted,
-                      "rejections": lease.rejections, "target_steps": lease.plain, "draft_failure": lease.retired}
+        self._last = {
+            "rounds": lease.rounds,
+            "drafted": lease.drafted,
+            "accepted": lease.accepted,
+            "rejections": lease.rejections,
+            "target_steps": lease.plain,
+            "draft_failure": lease.retired,
+        }
         self._lease = None
         if self.remote is not None and lease.started:
             self.remote.close()
 
     # ---- one step ------------------------------------------------------------------------
-    def plan(self, decoding: list[int], room: Callable[[int], int], committed: Callable[[int], tuple],
-             batch_room: int, alone: bool) -> RoundPlan | None:
+    def plan(
+        self,
+        decoding: list[int],
+        room: Callable[[int], int],
+        committed: Callable[[int], tuple],
+        batch_room: int,
+        alone: bool,
+    ) -> RoundPlan | None:
         """Choose the holder (the lease, or the first eligible decoding sequence) and its round.
         ``alone``: the holder is the step's only sequence (nothing else decodes or prefills): only
         such steps are timed, so plain steps and rounds are compared like for like."""
@@ -167,8 +180,15 @@ class EngineSpeculation:
             return RoundPlan(lease.rid, 0, timed=False)
         wall = self.clock() - t1
         draft_s = min(prop.seconds, wall)
-        return RoundPlan(lease.rid, len(prop.tokens), tuple(prop.tokens), draft_s, wall - draft_s,
-                         prop.catchup_tokens, setup_s=start_s)
+        return RoundPlan(
+            lease.rid,
+            len(prop.tokens),
+            tuple(prop.tokens),
+            draft_s,
+            wall - draft_s,
+            prop.catchup_tokens,
+            setup_s=start_s,
+        )
 
     def _checked(self, prop: Proposal, k: int) -> Proposal:
         if not isinstance(prop, Proposal) or not 1 <= len(prop.tokens) <= k:
@@ -205,8 +225,15 @@ class EngineSpeculation:
         lease.drafted += rp.k
         lease.accepted += accepted
         lease.rejections += accepted < rp.k
-        self.controller.record_round(rp.k, accepted, rp.draft_s, step_s, rp.rtt_s,
-                                     draft_cost_representative=rp.catchup <= CATCHUP_NORMAL, setup_seconds=rp.setup_s)
+        self.controller.record_round(
+            rp.k,
+            accepted,
+            rp.draft_s,
+            step_s,
+            rp.rtt_s,
+            draft_cost_representative=rp.catchup <= CATCHUP_NORMAL,
+            setup_seconds=rp.setup_s,
+        )
         if next_token is not None:
             self._guard(lease, self.drafter.commit, accepted, next_token)
 
@@ -231,14 +258,24 @@ class EngineSpeculation:
         st = self.controller.statistics()
         recent = self.controller.recent_speedup()
         out: dict[str, Any] = {
-            "draft": self.kind, "disabled": None, "acceptance_rate": round(st.acceptance_rate, 4),
-            "tokens_per_round": round(st.tokens_per_round, 3), "k": st.k,
-            "predicted_speedup": round(st.predicted_speedup, 3), "measured_speedup": round(st.measured_speedup, 3),
-            "recent_speedup": None if recent is None else round(recent, 3), "rounds": st.rounds,
-            "draft_tokens": st.draft_tokens, "accepted_tokens": st.accepted_tokens,
-            "target_only_tokens": st.target_only_tokens, "speculating": st.speculating,
-            "requests": self.requests, "draft_failures": self.draft_failures,
-            "last_draft_failure": self.last_draft_failure, "in_engine": True}
+            "draft": self.kind,
+            "disabled": None,
+            "acceptance_rate": round(st.acceptance_rate, 4),
+            "tokens_per_round": round(st.tokens_per_round, 3),
+            "k": st.k,
+            "predicted_speedup": round(st.predicted_speedup, 3),
+            "measured_speedup": round(st.measured_speedup, 3),
+            "recent_speedup": None if recent is None else round(recent, 3),
+            "rounds": st.rounds,
+            "draft_tokens": st.draft_tokens,
+            "accepted_tokens": st.accepted_tokens,
+            "target_only_tokens": st.target_only_tokens,
+            "speculating": st.speculating,
+            "requests": self.requests,
+            "draft_failures": self.draft_failures,
+            "last_draft_failure": self.last_draft_failure,
+            "in_engine": True,
+        }
         if self.remote is not None:
             out["remote"] = self.remote.status()
         if self._last is not None:

@@ -54,8 +54,9 @@ def verify_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> 
     return Verdict(k, int(target_argmax[k]))
 
 
-def verify_sampled(draft_tokens: Sequence[int], draft_dists: Sequence[SparseDist],
-                   target_probs: np.ndarray, rng: np.random.Generator) -> Verdict:
+def verify_sampled(
+    draft_tokens: Sequence[int], draft_dists: Sequence[SparseDist], target_probs: np.ndarray, rng: np.random.Generator
+) -> Verdict:
     """The rejection rule that keeps the output distributed exactly as the target's.
 
     Draft token ``x`` (drawn from ``q``) is accepted with probability ``min(1, p(x)/q(x))``;

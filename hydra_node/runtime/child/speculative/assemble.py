@@ -48,7 +48,11 @@ def engine_speculation(llm, args):
             draft_engine.truncate(0)
         drafter = DraftSession(draft_engine)
     lo, hi = sorted((max(1, args.draft_min_tokens), max(1, args.draft_max_tokens)))
-    config = ControllerConfig(draft_min_tokens=lo, draft_max_tokens=hi, min_speedup=args.draft_min_speedup,
-                              resume_speedup=max(args.draft_min_speedup, ControllerConfig.resume_speedup),
-                              min_acceptance=min(max(args.draft_min_acceptance, 0.0), 1.0))
+    config = ControllerConfig(
+        draft_min_tokens=lo,
+        draft_max_tokens=hi,
+        min_speedup=args.draft_min_speedup,
+        resume_speedup=max(args.draft_min_speedup, ControllerConfig.resume_speedup),
+        min_acceptance=min(max(args.draft_min_acceptance, 0.0), 1.0),
+    )
     return EngineSpeculation(drafter, SpeculationController(config), "remote" if remote else "local", remote), None

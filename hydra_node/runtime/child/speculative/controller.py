@@ -189,8 +189,10 @@ class SpeculationController:
 
     def best_k(self) -> tuple[int, float]:
         c = self.config
-        return max(((k, self.predicted_speedup(k)) for k in range(c.draft_min_tokens, c.draft_max_tokens + 1)),
-                   key=lambda ks: ks[1])
+        return max(
+            ((k, self.predicted_speedup(k)) for k in range(c.draft_min_tokens, c.draft_max_tokens + 1)),
+            key=lambda ks: ks[1],
+        )
 
     def choose_k(self) -> int:
         """Draft length for the next round; 0 means one plain target step."""
@@ -201,8 +203,10 @@ class SpeculationController:
             k = min(max(4, c.draft_min_tokens), c.draft_max_tokens)  # first round: measure the draft
         else:
             k, s = self.best_k()
-            hopeless = max(self.predicted_speedup(j, 1.0) for j in range(c.draft_min_tokens, c.draft_max_tokens + 1)) \
-                < c.min_speedup  # even if every draft token were accepted
+            hopeless = (
+                max(self.predicted_speedup(j, 1.0) for j in range(c.draft_min_tokens, c.draft_max_tokens + 1))
+                < c.min_speedup
+            )  # even if every draft token were accepted
             poor = s < c.min_speedup or self.alpha < c.min_acceptance or self._measured_poor(c.min_speedup)
             if self._speculating and poor and (self._rounds_on >= c.min_rounds_before_fallback or hopeless):
                 self._speculating = False
@@ -229,9 +233,16 @@ class SpeculationController:
         self._plain_since_probe += 1
         self._rounds_since_plain = 0
 
-    def record_round(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float,
-                     rtt_seconds: float = 0.0, draft_cost_representative: bool = True,
-                     setup_seconds: float = 0.0) -> None:
+    def record_round(
+        self,
+        k: int,
+        accepted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        rtt_seconds: float = 0.0,
+        draft_cost_representative: bool = True,
+        setup_seconds: float = 0.0,
+    ) -> None:
         """A round of ``k`` draft tokens with ``accepted`` of them kept (then one target token).
 
         ``draft_cost_representative=False`` (the draft first caught up on many plain tokens)
@@ -273,8 +284,11 @@ class SpeculationController:
         if self._probe_left or not self._probe[0] or not plain:
             return
         per_token = self._probe[1] / self._probe[0]
-        if (plain / max(per_token, 1e-12) >= c.resume_speedup and self.alpha >= c.min_acceptance
-                and self.best_k()[1] >= c.resume_speedup):
+        if (
+            plain / max(per_token, 1e-12) >= c.resume_speedup
+            and self.alpha >= c.min_acceptance
+            and self.best_k()[1] >= c.resume_speedup
+        ):
             self._speculating = True
             self._rounds_on = 0
             self._spec_recent.clear()  # start from the probe, not from the figures that stopped it

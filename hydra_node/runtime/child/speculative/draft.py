@@ -55,8 +55,9 @@ class DraftSession:
         self._rng = np.random.default_rng()
         self._clock = clock
 
-    def start(self, prompt_tokens: Sequence[int], sampling: SamplingParams = SamplingParams(),
-              seed: int | None = None) -> None:
+    def start(
+        self, prompt_tokens: Sequence[int], sampling: SamplingParams = SamplingParams(), seed: int | None = None
+    ) -> None:
         if not prompt_tokens:
             raise ValueError("the prompt must hold at least one token")
         self.tokens = [int(t) for t in prompt_tokens]
@@ -77,7 +78,7 @@ class DraftSession:
         need = len(self.tokens) - self.engine.n_past + k - 1
         if self.engine.n_past + need > self.engine.n_ctx:
             raise ContextFull("the draft's context window is full")
-        catchup = self.tokens[self.engine.n_past:]
+        catchup = self.tokens[self.engine.n_past :]
         logits = self.engine.decode(catchup, all_logits=False)[0]
         greedy = self._sampling.greedy
         proposed: list[int] = []
@@ -111,7 +112,7 @@ class DraftSession:
         after many target-alone tokens does not wait for it.  Returns how many it evaluated."""
         if self._proposed:
             raise SessionStateError("catch_up() while a proposal awaits commit()")
-        todo = self.tokens[self.engine.n_past:-1]
+        todo = self.tokens[self.engine.n_past : -1]
         if not todo or self.engine.n_past + len(todo) >= self.engine.n_ctx:
             return 0
         self.engine.decode(todo, all_logits=False)

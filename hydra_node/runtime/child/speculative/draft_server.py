@@ -26,8 +26,18 @@ from hydra_node.runtime.child.process import die_with_parent
 from hydra_node.runtime.child.speculative.draft import DraftSession
 from hydra_node.runtime.child.speculative.llama_engine import LlamaEngine
 from hydra_node.runtime.speculative.errors import SpeculationError
-from hydra_node.runtime.speculative.wire import (DRAFT_PROTO, MAX_EXTEND_TOKENS, MAX_K, BoundedFrameDecoder, WireError, frame, int_field,
-                   parse_start, token_list, vocab_fingerprint)
+from hydra_node.runtime.speculative.wire import (
+    DRAFT_PROTO,
+    MAX_EXTEND_TOKENS,
+    MAX_K,
+    BoundedFrameDecoder,
+    WireError,
+    frame,
+    int_field,
+    parse_start,
+    token_list,
+    vocab_fingerprint,
+)
 
 log = logging.getLogger("hydra.draft_server")
 
@@ -50,15 +60,29 @@ class DraftServer:
         self.sessions = 0
 
     def hello(self) -> dict:
-        return {"op": "hello", "proto": DRAFT_PROTO, "model": self.model_id, "n_vocab": self.engine.n_vocab,
-                "vocab": self.vocab, "n_ctx": self.engine.n_ctx, "max_k": MAX_K}
+        return {
+            "op": "hello",
+            "proto": DRAFT_PROTO,
+            "model": self.model_id,
+            "n_vocab": self.engine.n_vocab,
+            "vocab": self.vocab,
+            "n_ctx": self.engine.n_ctx,
+            "max_k": MAX_K,
+        }
 
     def serve_connection(self, conn: socket.socket) -> None:
         conn.settimeout(IDLE_TIMEOUT_S)
         try:
             if not self.lock.acquire(timeout=BUSY_WAIT_S):
-                conn.sendall(frame({"op": "error", "code": "busy", "message": "the draft model is drafting for "
-                                                                              "another target; try again later"}))
+                conn.sendall(
+                    frame(
+                        {
+                            "op": "error",
+                            "code": "busy",
+                            "message": "the draft model is drafting for another target; try again later",
+                        }
+                    )
+                )
                 return
             try:
                 self.sessions += 1
@@ -103,9 +127,17 @@ class DraftServer:
                 elif op == "propose":
                     prop = session.propose(int_field(msg, "k", 1, MAX_K))
                     dists = None if prop.dists is None else [[d.ids.tolist(), d.probs.tolist()] for d in prop.dists]
-                    conn.sendall(frame({"op": "proposal", "tokens": list(prop.tokens), "dists": dists,
-                                        "seconds": prop.seconds + queued_s,
-                                        "catchup": prop.catchup_tokens + queued_tokens}))
+                    conn.sendall(
+                        frame(
+                            {
+                                "op": "proposal",
+                                "tokens": list(prop.tokens),
+                                "dists": dists,
+                                "seconds": prop.seconds + queued_s,
+                                "catchup": prop.catchup_tokens + queued_tokens,
+                            }
+                        )
+                    )
                     queued_s, queued_tokens = 0.0, 0
                     continue
                 elif op == "commit":
@@ -121,8 +153,7 @@ class DraftServer:
                 conn.sendall(frame({"op": "error", "code": exc.code, "message": str(exc)}))
                 return
             except (SpeculationError, ValueError) as exc:  # out of order, context full, bad values
-                conn.sendall(frame({"op": "error", "code": "draft_failed",
-                                    "message": f"{type(exc).__name__}: {exc}"}))
+                conn.sendall(frame({"op": "error", "code": "draft_failed", "message": f"{type(exc).__name__}: {exc}"}))
                 return
 
 
@@ -149,8 +180,12 @@ def main(argv=None) -> int:
     lsock.bind((args.host, args.port))
     lsock.listen(BACKLOG)
     port = lsock.getsockname()[1]
-    print(json.dumps({"event": "ready", "port": port, "model": server.model_id, "n_vocab": engine.n_vocab,
-                      "vocab": server.vocab}), flush=True)
+    print(
+        json.dumps(
+            {"event": "ready", "port": port, "model": server.model_id, "n_vocab": engine.n_vocab, "vocab": server.vocab}
+        ),
+        flush=True,
+    )
     slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
 
     def serve(conn: socket.socket) -> None:

@@ -28,11 +28,18 @@ SMALL_BATCH_TOKENS = 16
 class LlamaEngine:
     """A model, its context and the number of positions held in its KV cache (``n_past``)."""
 
-    def __init__(self, model_path: Path | str, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int = 2,
-                 n_batch: int = 512) -> None:
-        llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=n_ctx, n_batch=n_batch,
-                              n_ubatch=n_batch, n_threads=n_threads, n_threads_batch=n_threads,
-                              verbose=False)
+    def __init__(
+        self, model_path: Path | str, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int = 2, n_batch: int = 512
+    ) -> None:
+        llm = llama_cpp.Llama(
+            model_path=str(model_path),
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_ubatch=n_batch,
+            n_threads=n_threads,
+            n_threads_batch=n_threads,
+            verbose=False,
+        )
         self._attach(llm, n_batch)
 
     @classmethod
@@ -91,7 +98,7 @@ class LlamaEngine:
             self._small_batch_threads = small
         rows = []
         for start in range(0, n, self.n_batch):
-            chunk = tokens[start:start + self.n_batch]
+            chunk = tokens[start : start + self.n_batch]
             last_chunk = start + self.n_batch >= n
             b = self._batch
             b.n_tokens = len(chunk)

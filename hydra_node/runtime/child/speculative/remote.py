@@ -18,7 +18,14 @@ from typing import NoReturn, Sequence
 from hydra_node.runtime.child.speculative.draft import Proposal
 from hydra_node.runtime.speculative.errors import SpeculationError
 from hydra_node.runtime.child.speculative.sampling import SamplingParams
-from hydra_node.runtime.speculative.wire import BoundedFrameDecoder, WireError, frame, parse_hello, parse_proposal, start_message
+from hydra_node.runtime.speculative.wire import (
+    BoundedFrameDecoder,
+    WireError,
+    frame,
+    parse_hello,
+    parse_proposal,
+    start_message,
+)
 
 #: Bound on connecting and on the server's hello (a tunnel to a peer that is gone fails here).
 CONNECT_TIMEOUT_S = 3.0
@@ -36,8 +43,16 @@ class DraftUnavailable(SpeculationError):
 
 
 class RemoteDrafter:
-    def __init__(self, endpoint: str, *, n_vocab: int, vocab: str, clock=time.perf_counter,
-                 connect_timeout_s: float = CONNECT_TIMEOUT_S, reply_timeout_s: float = REPLY_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        n_vocab: int,
+        vocab: str,
+        clock=time.perf_counter,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        reply_timeout_s: float = REPLY_TIMEOUT_S,
+    ) -> None:
         host, _, port = endpoint.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"draft endpoint must be HOST:PORT, not {endpoint!r}")
@@ -71,8 +86,12 @@ class RemoteDrafter:
         except WireError as exc:
             self._fail(DraftUnavailable(str(exc)))
         if hello.n_vocab != self.n_vocab or hello.vocab != self.vocab:
-            self._fail(DraftUnavailable(f"the draft {hello.model!r:.60} has another vocabulary "
-                                        f"({hello.n_vocab} tokens) than the target ({self.n_vocab})"))
+            self._fail(
+                DraftUnavailable(
+                    f"the draft {hello.model!r:.60} has another vocabulary "
+                    f"({hello.n_vocab} tokens) than the target ({self.n_vocab})"
+                )
+            )
         self.model = hello.model
         self._send(start_message(prompt_tokens, sampling, seed))
 
@@ -157,6 +176,11 @@ class RemoteDrafter:
             self._decoder.receive_data(data)
 
     def status(self) -> dict:
-        return {"endpoint": f"{self.address[0]}:{self.address[1]}", "model": self.model,
-                "rtt_ms": None if self.rtt_s is None else round(self.rtt_s * 1000, 2),
-                "connects": self.connects, "failures": self.failures, "last_error": self.last_error}
+        return {
+            "endpoint": f"{self.address[0]}:{self.address[1]}",
+            "model": self.model,
+            "rtt_ms": None if self.rtt_s is None else round(self.rtt_s * 1000, 2),
+            "connects": self.connects,
+            "failures": self.failures,
+            "last_error": self.last_error,
+        }

@@ -23,8 +23,16 @@ from hydra_node.runtime.child.process import TokenClock
 pytestmark = pytest.mark.live
 
 SLOTS = 8
-PROMPTS = [b"The capital of France is", b"Once upon a time", b"1, 2, 3, 4,", b"def fib(n):",
-           b"The quick brown fox", b"Water boils at", b"My favourite colour is", b"In 1492, Columbus"]
+PROMPTS = [
+    b"The capital of France is",
+    b"Once upon a time",
+    b"1, 2, 3, 4,",
+    b"def fib(n):",
+    b"The quick brown fox",
+    b"Water boils at",
+    b"My favourite colour is",
+    b"In 1492, Columbus",
+]
 GREEDY = {"temperature": 0.0, "max_tokens": 12}
 
 
@@ -104,13 +112,16 @@ def test_cancel_mid_batch_leaves_the_others_byte_identical(engine):
     assert cut[2]["end"]["op"] == "error" and cut[2]["end"]["code"] == "cancelled"
     for k in (1, 3, 4):
         assert cut[k]["text"] == full[k]["text"]
-        assert {x: cut[k]["end"][x] for x in ("finish_reason", "prompt_tokens", "completion_tokens")} == \
-               {x: full[k]["end"][x] for x in ("finish_reason", "prompt_tokens", "completion_tokens")}
+        assert {x: cut[k]["end"][x] for x in ("finish_reason", "prompt_tokens", "completion_tokens")} == {
+            x: full[k]["end"][x] for x in ("finish_reason", "prompt_tokens", "completion_tokens")
+        }
 
 
 def test_stop_string_and_too_long_prompt(engine):
-    out = run(engine, {1: (b"1, 2, 3, 4,", {"temperature": 0.0, "max_tokens": 40, "stop": [" 7"]}),
-                       2: (b"word " * 2100, GREEDY)})  # more than the whole context
+    out = run(
+        engine,
+        {1: (b"1, 2, 3, 4,", {"temperature": 0.0, "max_tokens": 40, "stop": [" 7"]}), 2: (b"word " * 2100, GREEDY)},
+    )  # more than the whole context
     assert out[1]["end"]["finish_reason"] == "stop" and "7" not in out[1]["text"]
     assert out[2]["end"]["op"] == "error" and out[2]["end"]["code"] == "context_length_exceeded"
 
@@ -200,8 +211,10 @@ def test_kill_9_mid_batch_fails_every_stream_cleanly_and_the_next_request_succee
         def stream() -> None:
             payload = json.dumps(LONG).encode()
             sock = socket.create_connection(("127.0.0.1", node.api_port), timeout=120)
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
+            )
             data = b""
             while b"data: " not in data:  # the first event: this stream is generating
                 chunk = sock.recv(65536)
@@ -222,8 +235,10 @@ def test_kill_9_mid_batch_fails_every_stream_cleanly_and_the_next_request_succee
         started.wait(120)
         node.wait_status(lambda s: s["models"][0]["in_flight"] == 4, what="four streams in the batch")
         # the runner's stats frames reach /api/status: four sequences decoding together, no slot free
-        es = node.wait_status(lambda s: (s["models"][0]["engine_stats"] or {}).get("active") == 4,
-                              what="engine stats with four active sequences")["models"][0]["engine_stats"]
+        es = node.wait_status(
+            lambda s: (s["models"][0]["engine_stats"] or {}).get("active") == 4,
+            what="engine stats with four active sequences",
+        )["models"][0]["engine_stats"]
         assert (es["n_slots"], es["free_slots"], es["batch_last"]) == (4, 0, 4), es
         assert 0 < es["kv_used"] <= es["kv_budget"] and es["decode_tokens_per_s"] > 0 and es["steps"] > 0, es
         pid = node.runner_pid()
@@ -234,19 +249,26 @@ def test_kill_9_mid_batch_fails_every_stream_cleanly_and_the_next_request_succee
         for body in results:
             assert '"error"' in body and "runner" in body, body[-300:]
             assert body.endswith("0\r\n\r\n")  # the chunked body was terminated properly
-        node.wait_status(lambda s: s["models"][0]["state"] == "ready" and s["models"][0]["pid"] != pid,
-                         timeout=90, what="runner restarted")
-        code, body = request("POST", node.api_port, "/v1/completions",
-                             {"model": BUNDLED_MODEL_ID, "prompt": "Hello", "max_tokens": 4, "temperature": 0})
+        node.wait_status(
+            lambda s: s["models"][0]["state"] == "ready" and s["models"][0]["pid"] != pid,
+            timeout=90,
+            what="runner restarted",
+        )
+        code, body = request(
+            "POST",
+            node.api_port,
+            "/v1/completions",
+            {"model": BUNDLED_MODEL_ID, "prompt": "Hello", "max_tokens": 4, "temperature": 0},
+        )
         assert code == 200, body
         assert json.loads(body)["usage"]["completion_tokens"] == 4
         # the new child's figures only (the killed one's were dropped), sent once it went idle again
-        es = node.wait_status(lambda s: (s["models"][0]["engine_stats"] or {}).get("active") == 0,
-                              what="engine stats after the request")["models"][0]["engine_stats"]
+        es = node.wait_status(
+            lambda s: (s["models"][0]["engine_stats"] or {}).get("active") == 0, what="engine stats after the request"
+        )["models"][0]["engine_stats"]
         assert es["free_slots"] == 4 and es["batch_last"] == 1 and es["prefix_hits"] + es["prefix_misses"] == 1, es
         assert es["prefill_tokens_per_s"] > 0 and es["steps"] >= 4, es
         code, metrics = request("GET", node.console_port, "/metrics")
-        assert code == 200 and f'hydra_engine_free_slots{{model="{BUNDLED_MODEL_ID}"}} 4.0' in metrics, \
-            metrics[-2000:]
+        assert code == 200 and f'hydra_engine_free_slots{{model="{BUNDLED_MODEL_ID}"}} 4.0' in metrics, metrics[-2000:]
     finally:
         node.kill_all()

@@ -40,8 +40,14 @@ def engine(model_path):
     draft.close()
 
 
-def run(eng, reqs: dict[int, tuple[bytes, dict]], *, speculate: bool, cancel_at_round: int | None = None,
-        cancel: int | None = None) -> dict[int, dict]:
+def run(
+    eng,
+    reqs: dict[int, tuple[bytes, dict]],
+    *,
+    speculate: bool,
+    cancel_at_round: int | None = None,
+    cancel: int | None = None,
+) -> dict[int, dict]:
     """Submit all at once from an empty cache, step until idle; per id: text and last frame."""
     eng.clear_cache()
     eng.frames.clear()

@@ -10,7 +10,7 @@ from hydra_node.runtime.child.process import TokenClock
 
 pytestmark = pytest.mark.live
 
-SYSTEM = (b"You are a careful assistant. Answer briefly and precisely. Use plain words. " * 4)
+SYSTEM = b"You are a careful assistant. Answer briefly and precisely. Use plain words. " * 4
 GREEDY = {"temperature": 0.0, "max_tokens": 8}
 
 
@@ -27,8 +27,10 @@ def _engine(model_path, **options):
 
 
 def _text(frames: list[dict], rid: int) -> tuple[str, dict]:
-    return ("".join(f["text"] for f in frames if f["id"] == rid and f["op"] == "delta"),
-            next(f for f in frames if f["id"] == rid and f["op"] in ("done", "error")))
+    return (
+        "".join(f["text"] for f in frames if f["id"] == rid and f["op"] == "delta"),
+        next(f for f in frames if f["id"] == rid and f["op"] in ("done", "error")),
+    )
 
 
 def _second_after_first_prefilled(eng) -> tuple[str, dict]:

@@ -63,6 +63,7 @@ def one(eng, prompt: bytes, **req) -> dict:
 
 # ---- grammar ------------------------------------------------------------------------------------
 
+
 def test_a_grammar_forces_its_language(engine):
     free = one(engine, b"Is the sky green? Answer:")
     assert free["text"].strip() not in ("yes", "no")  # the model would say something else
@@ -81,9 +82,14 @@ def test_a_json_object_grammar_gives_json_that_parses(engine):
 
 
 def test_an_invalid_grammar_is_the_requests_400_and_the_batch_goes_on(engine):
-    out = run(engine, {1: (COUNT, {"temperature": 0.0, "max_tokens": 8, "grammar": 'root ::= "yes" | "no'}),
-                       2: (COUNT, {"temperature": 0.0, "max_tokens": 8, "grammar": "root ::= root"}),
-                       3: (COUNT, {"temperature": 0.0, "max_tokens": 8})})
+    out = run(
+        engine,
+        {
+            1: (COUNT, {"temperature": 0.0, "max_tokens": 8, "grammar": 'root ::= "yes" | "no'}),
+            2: (COUNT, {"temperature": 0.0, "max_tokens": 8, "grammar": "root ::= root"}),
+            3: (COUNT, {"temperature": 0.0, "max_tokens": 8}),
+        },
+    )
     for rid in (1, 2):
         end = out[rid]["end"]
         assert (end["op"], end["status"], end["code"]) == ("error", 400, "invalid_grammar"), end
@@ -110,7 +116,7 @@ def test_a_token_that_would_start_a_lazy_grammar_with_rejected_text_is_never_cho
     assert out["end"]["op"] == "done", out  # served: the runner did not abort
     assert not out["text"].startswith(" Paris")  # " Paris" would feed "Paris" to a grammar wanting digits
     if "Par" in out["text"]:
-        assert re.fullmatch(r"Par[0-9]*", out["text"][out["text"].index("Par"):]), out
+        assert re.fullmatch(r"Par[0-9]*", out["text"][out["text"].index("Par") :]), out
 
 
 def test_a_lazy_grammar_that_does_not_start_with_its_trigger_is_refused(engine):
@@ -124,10 +130,13 @@ def test_greedy_with_a_grammar_is_the_same_alone_and_in_a_full_batch(engine):
     batched = run(engine, {i: (p, req) for i, p in enumerate(prompts, 1)})
     for i, p in enumerate(prompts, 1):
         alone = run(engine, {10 + i: (p, req)})[10 + i]
-        assert alone["text"] == batched[i]["text"] and alone["end"]["finish_reason"] == batched[i]["end"]["finish_reason"]
+        assert (
+            alone["text"] == batched[i]["text"] and alone["end"]["finish_reason"] == batched[i]["end"]["finish_reason"]
+        )
 
 
 # ---- logit bias and penalties -------------------------------------------------------------------
+
 
 def test_logit_bias_bans_the_greedy_token_and_forces_another(engine):
     prompt = b"The capital of France is"
@@ -168,6 +177,7 @@ def test_a_frequency_penalty_breaks_counting(engine):
 
 # ---- logprobs -----------------------------------------------------------------------------------
 
+
 def test_logprobs_are_the_models_log_softmax_with_sorted_alternatives(engine, model_path):
     import llama_cpp
 
@@ -207,16 +217,22 @@ def test_logprobs_of_held_back_text_ride_with_a_later_delta(engine):
 def test_sampling_features_in_one_batch_leave_a_plain_request_unchanged(engine):
     plain = {"temperature": 0.0, "max_tokens": 12}
     alone = run(engine, {1: (COUNT, plain)})[1]
-    mixed = run(engine, {1: (COUNT, plain),
-                         2: (b"Is the sky green?", {**plain, "grammar": YES_NO, "logprobs": True, "top_logprobs": 2}),
-                         3: (COUNT, {**plain, "presence_penalty": 1.0, "logit_bias": [[5, -3.0]]}),
-                         4: (COUNT, {**plain, "logprobs": True})})
+    mixed = run(
+        engine,
+        {
+            1: (COUNT, plain),
+            2: (b"Is the sky green?", {**plain, "grammar": YES_NO, "logprobs": True, "top_logprobs": 2}),
+            3: (COUNT, {**plain, "presence_penalty": 1.0, "logit_bias": [[5, -3.0]]}),
+            4: (COUNT, {**plain, "logprobs": True}),
+        },
+    )
     assert mixed[1]["text"] == alone["text"] and mixed[1]["logprobs"] == []
     assert mixed[4]["text"] == alone["text"] and len(mixed[4]["logprobs"]) == 12
     assert mixed[2]["text"] in ("yes", "no") and len(mixed[2]["logprobs"]) == mixed[2]["end"]["completion_tokens"]
 
 
 # ---- the grammar beside the chain chooses what the grammar inside the chain would --------------------
+
 
 def test_greedy_beside_the_chain_equals_the_grammar_inside_the_chain(model_path):
     import llama_cpp as ll
@@ -231,9 +247,12 @@ def test_greedy_beside_the_chain_equals_the_grammar_inside_the_chain(model_path)
     ours = Sampler(params, vocab, window=64)
     ref = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())  # the textbook chain
     bias = (ll.llama_logit_bias * 1)(ll.llama_logit_bias(90, 5.0))
-    for link in (ll.llama_sampler_init_logit_bias(n_vocab, 1, bias),
-                 ll.llama_sampler_init_penalties(n_vocab, 64, 1.0, 0.0, 1.5),
-                 ll.llama_sampler_init_grammar(vocab, JSON_OBJECT.encode(), b"root"), ll.llama_sampler_init_greedy()):
+    for link in (
+        ll.llama_sampler_init_logit_bias(n_vocab, 1, bias),
+        ll.llama_sampler_init_penalties(n_vocab, 64, 1.0, 0.0, 1.5),
+        ll.llama_sampler_init_grammar(vocab, JSON_OBJECT.encode(), b"root"),
+        ll.llama_sampler_init_greedy(),
+    ):
         ll.llama_sampler_chain_add(ref, link)
     cand = _Candidates(ll, n_vocab)
     rng = np.random.default_rng(5)

@@ -18,6 +18,7 @@ from hydra_node.runtime.child.engine.speculation import speculation_eligible
 
 # ---- SamplerParams ----------------------------------------------------------------------------
 
+
 def test_a_plain_request_asks_for_no_extra_link_of_the_chain():
     p = SamplerParams.from_request(GenerationRequest(model="m", kind="completion", prompt="x").to_wire())
     assert p == SamplerParams(temperature=0.8, top_p=0.95, seed=None)
@@ -25,34 +26,52 @@ def test_a_plain_request_asks_for_no_extra_link_of_the_chain():
 
 
 def test_every_sampling_field_of_the_request_reaches_the_params():
-    req = GenerationRequest(model="m", kind="completion", prompt="x", temperature=0.0, seed=-1,
-                            grammar='root ::= "a"', grammar_triggers=("<a>",), presence_penalty=0.5,
-                            frequency_penalty=-1.5, logit_bias=((7, -100.0), (9, 3.0)))
+    req = GenerationRequest(
+        model="m",
+        kind="completion",
+        prompt="x",
+        temperature=0.0,
+        seed=-1,
+        grammar='root ::= "a"',
+        grammar_triggers=("<a>",),
+        presence_penalty=0.5,
+        frequency_penalty=-1.5,
+        logit_bias=((7, -100.0), (9, 3.0)),
+    )
     p = SamplerParams.from_request(req.to_wire())
     assert (p.temperature, p.seed, p.grammar, p.grammar_triggers) == (0.0, 0xFFFFFFFF, 'root ::= "a"', ("<a>",))
     assert (p.presence_penalty, p.frequency_penalty, p.logit_bias) == (0.5, -1.5, ((7, -100.0), (9, 3.0)))
     assert p.greedy and p.penalised
 
 
-@pytest.mark.parametrize("field, value, code", [
-    ("grammar", 5, "invalid_grammar"),
-    ("grammar_triggers", ["<a>"], "invalid_grammar"),  # no grammar
-    ("logit_bias", [[1, "x"]], "invalid_request_error"),
-    ("logit_bias", [[-1, 1.0]], "invalid_request_error"),
-    ("logit_bias", {"1": 1.0}, "invalid_request_error"),
-    ("presence_penalty", float("nan"), "invalid_request_error"),
-    ("frequency_penalty", "2", "invalid_request_error"),
-    ("seed", 1.5, "invalid_request_error"),
-])
+@pytest.mark.parametrize(
+    "field, value, code",
+    [
+        ("grammar", 5, "invalid_grammar"),
+        ("grammar_triggers", ["<a>"], "invalid_grammar"),  # no grammar
+        ("logit_bias", [[1, "x"]], "invalid_request_error"),
+        ("logit_bias", [[-1, 1.0]], "invalid_request_error"),
+        ("logit_bias", {"1": 1.0}, "invalid_request_error"),
+        ("presence_penalty", float("nan"), "invalid_request_error"),
+        ("frequency_penalty", "2", "invalid_request_error"),
+        ("seed", 1.5, "invalid_request_error"),
+    ],
+)
 def test_a_malformed_field_is_a_400_naming_it(field, value, code):
     with pytest.raises(SamplingError) as err:
         SamplerParams.from_request({"temperature": 0.0, field: value})
     assert err.value.code == code and err.value.status == 400
     frame = err.value.frame(3)
-    assert frame["op"] == "error" and frame["id"] == 3 and frame["status"] == 400 and field.split("_")[0] in frame["message"]
+    assert (
+        frame["op"] == "error"
+        and frame["id"] == 3
+        and frame["status"] == 400
+        and field.split("_")[0] in frame["message"]
+    )
 
 
 # ---- logprobs ---------------------------------------------------------------------------------
+
 
 def test_log_softmax_is_the_log_of_the_softmax():
     logits = np.array([1.0, 2.0, 3.0, -50.0], dtype=np.float32)
@@ -81,6 +100,7 @@ def test_a_reported_logprob_is_finite_and_never_above_zero():
 
 
 # ---- trigger words ----------------------------------------------------------------------------
+
 
 def test_a_trigger_word_inside_one_token_starts_at_its_offset():
     w = TriggerWatch(("<call>",))
@@ -117,31 +137,50 @@ ENTRY = [" Paris", -0.25, b" Paris", [[" Paris", -0.25, b" Paris"], [" the", -2.
 
 
 def test_a_delta_frame_carries_its_logprobs_into_the_text_delta():
-    ev = runner_event_from_wire({"op": "delta", "id": 1, "text": " Paris", "logprobs": [ENTRY]},
-                                queue_wait_ms=0.0, served_by="n")
+    ev = runner_event_from_wire(
+        {"op": "delta", "id": 1, "text": " Paris", "logprobs": [ENTRY]}, queue_wait_ms=0.0, served_by="n"
+    )
     assert isinstance(ev, TextDelta) and ev.text == " Paris"
-    assert ev.logprobs == (TokenLogprob(" Paris", -0.25, b" Paris", ((" Paris", -0.25, b" Paris"), (" the", -2.5, b" the"))),)
+    assert ev.logprobs == (
+        TokenLogprob(" Paris", -0.25, b" Paris", ((" Paris", -0.25, b" Paris"), (" the", -2.5, b" the"))),
+    )
     plain = runner_event_from_wire({"op": "delta", "id": 1, "text": "x"}, queue_wait_ms=0.0, served_by="n")
     assert plain.logprobs == ()
 
 
-@pytest.mark.parametrize("logprobs", [
-    "nope", [[" a", 0.5, b" a", []]], [[" a", -0.5, " a", []]], [[" a", -0.5, b" a"]],
-    [[" a", -0.5, b" a", [["b", -1.0, b"b"]] * 21]], [ENTRY] * 4097,
-])
+@pytest.mark.parametrize(
+    "logprobs",
+    [
+        "nope",
+        [[" a", 0.5, b" a", []]],
+        [[" a", -0.5, " a", []]],
+        [[" a", -0.5, b" a"]],
+        [[" a", -0.5, b" a", [["b", -1.0, b"b"]] * 21]],
+        [ENTRY] * 4097,
+    ],
+)
 def test_a_malformed_logprobs_entry_is_the_runners_protocol_error(logprobs):
     with pytest.raises(RunnerProtocolError) as err:
-        runner_event_from_wire({"op": "delta", "id": 1, "text": "a", "logprobs": logprobs},
-                               queue_wait_ms=0.0, served_by="n")
+        runner_event_from_wire(
+            {"op": "delta", "id": 1, "text": "a", "logprobs": logprobs}, queue_wait_ms=0.0, served_by="n"
+        )
     assert err.value.status == 502 and err.value.code == "bad_runner_message"
 
 
 # ---- a runner with a draft serves everything; only plain greedy requests speculate ----------------
 
-@pytest.mark.parametrize("field, value", [
-    ("grammar", 'root ::= "a"'), ("logit_bias", ((5, 1.0),)), ("presence_penalty", 0.5),
-    ("frequency_penalty", -0.5), ("logprobs", True), ("temperature", 0.7),
-])
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("grammar", 'root ::= "a"'),
+        ("logit_bias", ((5, 1.0),)),
+        ("presence_penalty", 0.5),
+        ("frequency_penalty", -0.5),
+        ("logprobs", True),
+        ("temperature", 0.7),
+    ],
+)
 def test_only_plain_greedy_requests_speculate(field, value):
     def eligible(req: GenerationRequest) -> bool:
         wire = req.to_wire()

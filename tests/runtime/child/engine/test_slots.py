@@ -97,20 +97,30 @@ def test_waiting_queue_is_bounded():
     assert e.value.status == 429
 
 
-ops = st.lists(st.one_of(
-    st.tuples(st.just("submit"), st.integers(1, 120), st.integers(1, 40)),
-    st.tuples(st.just("cancel"), st.integers(0, 30)),
-    st.tuples(st.just("stop"), st.integers(0, 30)),
-    st.tuples(st.just("step"), st.just(0)),
-), max_size=120)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("submit"), st.integers(1, 120), st.integers(1, 40)),
+        st.tuples(st.just("cancel"), st.integers(0, 30)),
+        st.tuples(st.just("stop"), st.integers(0, 30)),
+        st.tuples(st.just("step"), st.just(0)),
+    ),
+    max_size=120,
+)
 
 
 @settings(max_examples=200, deadline=None)
-@given(n_slots=st.integers(1, 8), extra=st.integers(0, 64), ctx=st.integers(2, 256), ops=ops,
-       cache=st.booleans(), reserve=st.one_of(st.none(), st.integers(0, 16)))
+@given(
+    n_slots=st.integers(1, 8),
+    extra=st.integers(0, 64),
+    ctx=st.integers(2, 256),
+    ops=ops,
+    cache=st.booleans(),
+    reserve=st.one_of(st.none(), st.integers(0, 16)),
+)
 def test_scheduler_invariants(n_slots, extra, ctx, ops, cache, reserve):
-    cfg = SlotConfig(n_slots=n_slots, n_batch=n_slots + extra, n_ctx=ctx, max_waiting=4, prompt_cache=cache,
-                     decode_reserve=reserve)
+    cfg = SlotConfig(
+        n_slots=n_slots, n_batch=n_slots + extra, n_ctx=ctx, max_waiting=4, prompt_cache=cache, decode_reserve=reserve
+    )
     s = SlotScheduler(cfg)
     cells = [0] * n_slots  # what llama.cpp holds per sequence id, driven only by what the plans tell the engine
     rid = 0
@@ -297,8 +307,10 @@ def test_max_cached_drops_the_oldest_free_prefix_at_the_next_plan():
 
 
 @settings(max_examples=60, deadline=None)
-@given(prompts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=40), min_size=1, max_size=8),
-       min_shared=st.integers(1, 8))
+@given(
+    prompts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=40), min_size=1, max_size=8),
+    min_shared=st.integers(1, 8),
+)
 def test_copies_only_name_active_slots_and_reuse_what_they_hold(prompts, min_shared):
     s = SlotScheduler(SlotConfig(n_slots=3, n_batch=16, n_ctx=512, min_shared_tokens=min_shared))
     for rid, prompt in enumerate(prompts):
