@@ -86,6 +86,11 @@ def runtime_routes(runtime: RuntimeAdmin) -> dict[tuple[str, str], Handler]:
             return ApiError(400, f"bad model id: {exc}", "invalid_model_id", "model").response()
         except ModelNotFound as exc:
             return ApiError(404, str(exc), "model_not_found", "model").response()
+        except (OSError, ValueError) as exc:  # a path the OS refuses to look at (name too long, a NUL)
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            return ApiError(
+                400, f"'model' is not a usable path ({reason}): {ref[:80]!r}", "invalid_value", "model"
+            ).response()
         try:
             hosted = await runtime.load(model, force_split=split)
         except ModelConflict as exc:

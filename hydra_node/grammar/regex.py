@@ -11,11 +11,20 @@ Supported: literals, ``.``, classes ``[a-z]`` ``[^...]``, ``\\d \\w \\s \\D \\W 
 ``(?<name>...)``, alternation ``|``, quantifiers ``* + ? {n} {n,} {n,m}`` (lazy ``?`` suffix
 accepted: it changes no match). Refused with :class:`PatternError`: lookarounds, backreferences,
 word boundaries, ``^``/``$`` anywhere but the ends, Unicode property escapes.
+
+Patterns that would make llama.cpp's grammar engine explode (it keeps every way a prefix can be
+parsed) are rewritten or refused: a repetition of a sub-pattern that is itself ``X{0,k}`` (``x?``,
+``x*``, ``(|x)``) is rewritten to the equivalent ``X{0,k*n}`` (``(x?){n}`` -> ``x{0,n}``, ``(a*)*``
+-> ``a*``, ``(|a)+`` -> ``a*``); any other repetition (more than once) of a sub-pattern that can
+match the empty string is refused, and so are more than :data:`MAX_ADJACENT_UNBOUNDED` unbounded
+repetitions side by side (``.*.*.*.*.*``) and patterns needing more than :data:`MAX_PATTERN_RULES`
+rules or :data:`MAX_PATTERN_SIZE` elements once expanded.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from hydra_node.grammar.terms import MAX_REPEAT, gbnf_char, gbnf_literal, is_single, repeat
 
@@ -41,6 +50,29 @@ _CONTROL_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": 
 #: llama.cpp refuses a repetition when (rules inside the repeated group) x (repetitions) reaches
 #: this (MAX_REPETITION_THRESHOLD in llama-grammar.cpp): nested repetitions are checked against it.
 LLAMA_REPETITION_THRESHOLD = 2000
+#: Unbounded repetitions allowed side by side (with only nullable items between them): each pair
+#: is ambiguous, and llama.cpp's parse stacks multiply with them.
+MAX_ADJACENT_UNBOUNDED = 4
+#: Rules llama.cpp may synthesise for one pattern (groups, alternations, expanded repetitions).
+MAX_PATTERN_RULES = 5000
+#: Grammar elements one pattern may expand to (``(a{999}){999}`` is a million copies of ``a``).
+MAX_PATTERN_SIZE = 20000
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What the parser knows about the expression it just parsed."""
+
+    nullable: bool = False  # it matches the empty string
+    unbounded: int = 0  # unbounded repetitions inside it (the most of any alternative)
+    base: str | None = None  # it is exactly ``base{0,hi}`` (so repeating it is ``base{0,hi*n}``)
+    base_made: int = 0  # the rules ``base`` holds
+    hi: int | None = None  # with ``base``: the most repetitions (None: unbounded)
+    size: int = 1  # grammar elements once llama.cpp has expanded every bounded repetition
+    base_size: int = 0  # the elements of ``base``
+
+
+_SOLID = _Shape()
 
 
 class PatternError(ValueError):
@@ -87,6 +119,7 @@ class _Parser:
         self.i = 0
         self.end = len(src)
         self.made = 0  # rules llama.cpp will synthesise for what is parsed so far (groups, repetitions)
+        self.shape = _SOLID  # of what was parsed last (an atom, a sequence, an alternation)
 
     def fail(self, what: str) -> PatternError:
         return PatternError(f"pattern {self.src!r:.80}: {what} (at offset {self.i})")
@@ -101,31 +134,81 @@ class _Parser:
         expr = self._alternation()
         if self.i != self.end:
             raise self.fail("unbalanced ')'")
+        self._check_size(self.shape.size)
         return expr
+
+    def _check_size(self, size: int) -> None:
+        if size > MAX_PATTERN_SIZE:
+            raise self.fail(
+                f"a pattern larger than {MAX_PATTERN_SIZE} grammar elements once its repetitions are expanded"
+            )
 
     def _peek(self) -> str:
         return self.src[self.i] if self.i < self.end else ""
 
     def _alternation(self) -> str:
-        seqs = [self._sequence()]
-        while self._peek() == "|":
-            self.i += 1
+        seqs, shapes, made = [], [], []
+        while True:
+            before = self.made
             seqs.append(self._sequence())
+            shapes.append(self.shape)
+            made.append(self.made - before)
+            if self._peek() != "|":
+                break
+            self.i += 1
         if len(seqs) == 1:
             return seqs[0]
         alts = [s for s in seqs if s]
         if not alts:
+            self.shape = _Shape(nullable=True, size=0)
             return ""
-        self.made += 1 + (len(alts) < len(seqs))
-        return "( " + " | ".join(alts) + (" )?" if len(alts) < len(seqs) else " )")
+        some_empty = len(alts) < len(seqs)
+        full = [(sh, m) for s, sh, m in zip(seqs, shapes, made, strict=True) if s]
+        self.shape = _Shape(
+            nullable=some_empty or any(sh.nullable for sh, _ in full),
+            unbounded=max(sh.unbounded for sh, _ in full),
+            size=sum(sh.size for sh, _ in full),
+        )
+        if some_empty and len(alts) == 1:  # (|X): X{0,1}, or X{0,k} if X is that already
+            sh, m = full[0]
+            if sh.base is not None:
+                self.shape = sh
+            elif not sh.nullable:
+                self.shape = _Shape(True, sh.unbounded, alts[0], m + (not is_single(alts[0])), 1, sh.size, sh.size)
+        self.made += 1 + some_empty
+        return "( " + " | ".join(alts) + (" )?" if some_empty else " )")
 
     def _sequence(self) -> str:
-        items = []
+        items: list[str] = []
+        shapes: list[_Shape] = []
+        run = 0  # unbounded repetitions side by side, with only nullable items between them
         while self.i < self.end and self._peek() not in "|)":
             before = self.made
             atom = self._atom()
-            items.append(self._quantified(atom, max(1, self.made - before)))
-        return " ".join(i for i in items if i)
+            item = self._quantified(atom, max(1, self.made - before), before)
+            if not item:
+                continue
+            items.append(item)
+            shapes.append(self.shape)
+            if self.shape.unbounded:
+                run += self.shape.unbounded
+                if run > MAX_ADJACENT_UNBOUNDED:
+                    raise self.fail(
+                        f"more than {MAX_ADJACENT_UNBOUNDED} unbounded repetitions side by side "
+                        "(too ambiguous for llama.cpp's grammar engine)"
+                    )
+            elif not self.shape.nullable:
+                run = 0
+        if len(shapes) == 1:
+            self.shape = shapes[0]
+        else:
+            self.shape = _Shape(
+                nullable=all(sh.nullable for sh in shapes),
+                unbounded=sum(sh.unbounded for sh in shapes),
+                size=sum(sh.size for sh in shapes),
+            )
+            self._check_size(self.shape.size)
+        return " ".join(items)
 
     def _atom(self) -> str:
         c = self._peek()
@@ -139,7 +222,7 @@ class _Parser:
                 self.i = self.src.index(">", self.i) + 1 if ">" in self.src[self.i : self.end] else self.end
             elif self._peek() == "?":
                 raise self.fail("lookarounds and other '(?' groups are not supported")
-            inner = self._alternation()
+            inner = self._alternation()  # sets self.shape: the group's
             if self._peek() != ")":
                 raise self.fail("unbalanced '('")
             self.i += 1
@@ -147,6 +230,7 @@ class _Parser:
                 return inner
             self.made += 1
             return f"( {inner} )"
+        self.shape = _SOLID
         if c == "[":
             return self._char_class()
         if c == ".":
@@ -233,8 +317,9 @@ class _Parser:
             raise self.fail(f"'\\{c}' inside a character class is not supported")
         return self._escaped_cp(c)
 
-    def _quantified(self, atom: str, n_prev: int) -> str:
-        """``atom`` with the quantifier that follows it, if any; ``n_prev``: the rules it holds."""
+    def _quantified(self, atom: str, n_prev: int, before: int) -> str:
+        """``atom`` with the quantifier that follows it, if any; ``n_prev``: the rules it holds,
+        ``before``: ``self.made`` before it was parsed. ``self.shape`` is the atom's, then the result's."""
         c = self._peek()
         if c not in ("*", "+", "?", "{"):
             return atom
@@ -268,11 +353,34 @@ class _Parser:
         if hi is not None:
             hi = min(hi, MAX_REPEAT)
         if not atom:
+            self.shape = _Shape(nullable=True, size=0)
             return ""
+        shape = self.shape
+        if shape.base is not None:  # (X{0,k}){lo,hi} is X{0,k*hi}: no copy of X nested in another
+            atom, lo = shape.base, 0
+            hi = 0 if hi == 0 else None if hi is None or shape.hi is None else min(shape.hi * hi, MAX_REPEAT)
+            self.made = before + shape.base_made
+            n_prev = max(1, shape.base_made)
+            shape = _Shape(unbounded=shape.unbounded - (shape.hi is None), size=shape.base_size)
+        elif shape.nullable and (hi is None or hi > 1):
+            raise self.fail(
+                "a repetition of a sub-pattern that can match the empty string "
+                "(too ambiguous for llama.cpp's grammar engine: make the sub-pattern non-empty)"
+            )
         total = hi if hi else (lo or 1)
         if n_prev * total >= LLAMA_REPETITION_THRESHOLD:
             raise self.fail(
                 f"repetitions nested too deep for llama.cpp's grammar engine ({n_prev} rules repeated {total} times)"
             )
+        made = self.made - before
         self.made += 1 if hi is None else hi - lo
+        if self.made > MAX_PATTERN_RULES:
+            raise self.fail(f"a pattern larger than {MAX_PATTERN_RULES} grammar rules")
+        unbounded = shape.unbounded + (hi is None)
+        size = shape.size * max(1, lo if hi is None else hi)
+        self._check_size(size)
+        if lo == 0 and hi != 0 and not shape.nullable:
+            self.shape = _Shape(True, unbounded, atom, made, hi, size, shape.size)
+        else:
+            self.shape = _Shape(shape.nullable or lo == 0, unbounded, size=size)
         return repeat(atom, lo, hi)

@@ -3,8 +3,10 @@
 Per request: read the head within a deadline; screen it (``guard.screen``: Host, Origin,
 Content-Type, API key, CORS preflight) before any body is read, so ``Expect: 100-continue``
 gets ``100 Continue`` only when the request will be served and its final refusal at once
-otherwise; read the bounded body; call the handler while watching the socket for EOF (bytes
-pipelined behind the request are read only up to a bound, then the socket is left unread).
+otherwise; read the bounded body; call the handler while watching the socket for EOF. What is
+read but not yet processed (h11's buffer: pipelined requests) never exceeds
+``HttpLimits.max_buffered_bytes``: at the bound the socket is not read (no ``recv``), so the
+kernel's TCP window pushes back on the client.
 The handler and the response run in a nursery of the request's own (``Request.nursery``), so
 every task of a request is cancelled with it: client gone, response over, server stopped.
 """
@@ -54,6 +56,8 @@ class Connection:
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
         self._extra: list[tuple[str, str]] = []  # CORS headers for the current request's responses
         self._last = False
+        # A head up to max_header_bytes must fit (an unfinished one at the bound gets 431).
+        self._bound = max(self.limits.max_buffered_bytes, self.limits.max_header_bytes)
 
     async def _send(self, event) -> None:
         data = self.conn.send(event)
@@ -63,15 +67,25 @@ class Connection:
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 raise ClientGone() from exc
 
+    def _room(self) -> int:
+        """How many more bytes may be read now: the bound less what h11 holds unprocessed."""
+        return self._bound - len(self.conn.trailing_data[0])
+
     async def _next_event(self, head_scope: trio.CancelScope | None = None):
         while True:
             event = self.conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            if head_scope is not None and self.conn.trailing_data[0]:
+            buffered = len(self.conn.trailing_data[0])
+            if head_scope is not None and buffered:
                 self._tighten(head_scope)  # a head has begun: it gets head_timeout_s, not the idle time
+            if buffered >= self._bound:
+                # h11 wants more, yet holds the bound of an unfinished event (a head or a chunk
+                # line, as h11 emits body bytes as they come): too big, whatever follows (h11
+                # itself answers 431 one byte later, past max_header_bytes).
+                raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
             try:
-                data = await self.stream.receive_some(_READ_CHUNK)
+                data = await self.stream.receive_some(min(_READ_CHUNK, self._bound - buffered))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 data = b""
             if head_scope is not None and data:
@@ -327,18 +341,20 @@ class Connection:
             )
 
     async def _watch_disconnect(self, gone: trio.Event, scope: trio.CancelScope) -> None:
-        budget = self.limits.max_pipelined_bytes
+        # Bytes pipelined behind the request go to h11 (kept for the next cycle), but only while
+        # what it holds is under the bound: the budget is the connection's, not the response's,
+        # so answered requests (a few dozen bytes each) do not let in another chunk each.
         try:
             while True:
-                if budget <= 0:
-                    # Enough pipelined bytes buffered: stop reading; TCP pushes back on the client.
-                    # (A client that leaves now is noticed when a write to it fails.)
+                room = self._room()
+                if room <= 0:
+                    # At the bound: stop reading; TCP pushes back on the client. (A client that
+                    # leaves now is noticed when a write to it fails.)
                     await trio.sleep_forever()
-                data = await self.stream.receive_some(min(_READ_CHUNK, budget))
+                data = await self.stream.receive_some(min(_READ_CHUNK, room))
                 if not data:
                     break
-                budget -= len(data)
-                self.conn.receive_data(data)  # pipelined bytes: h11 keeps them for the next cycle
+                self.conn.receive_data(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         gone.set()

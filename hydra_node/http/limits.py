@@ -32,9 +32,10 @@ class HttpLimits:
     max_overflow_per_address: int = 8
     #: How long an over-cap connection may take to send its one request head.
     overflow_head_timeout_s: float = 2.0
-    #: Bytes a client may pipeline behind a request while its response is produced; then we
-    #: stop reading the connection until the response is over.
-    max_pipelined_bytes: int = 64 * 1024
+    #: Bytes read from a connection but not yet processed (requests pipelined behind the one
+    #: being answered), at most; at the bound the connection is not read (TCP pushes back on the
+    #: client) until requests are taken from the buffer. Never less than max_header_bytes.
+    max_buffered_bytes: int = 64 * 1024
     #: After a refusal, how much of the unread body we read and drop before closing, and how long.
     discard_max_bytes: int = 64 * 1024 * 1024
     discard_timeout_s: float = 10.0

@@ -19,6 +19,12 @@ __all__ = [
 ]
 
 
+#: Codes of failures that took a runner down (it crashed, or stopped answering): the request
+#: itself may be what killed it, so it is never retried on another target (it would kill that
+#: one too), whatever ``retryable`` says. A peer relays these codes as a :class:`RemoteError`.
+POISONOUS_CODES = frozenset({"runner_crashed", "runner_stalled"})
+
+
 class GenerationError(Exception):
     """A generation failed.  ``code`` is stable and machine-readable.
 
@@ -46,6 +52,16 @@ class GenerationError(Exception):
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after
+
+    @property
+    def poisonous(self) -> bool:
+        """The request may be what crashed or stalled the runner (see :data:`POISONOUS_CODES`)."""
+        return self.code in POISONOUS_CODES
+
+    @property
+    def retry_elsewhere(self) -> bool:
+        """Whether the router may try another target: retryable, nothing streamed, not poisonous."""
+        return self.retryable and not self.streamed and not self.poisonous
 
     def to_wire(self) -> dict[str, Any]:
         return {

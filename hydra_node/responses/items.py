@@ -106,8 +106,12 @@ def input_messages(value, history: Sequence[ChatMessage] = ()) -> list[ChatMessa
         if kind == "message":
             _check_fields(item, "message", {"role", "content"}, param)
             role = item.get("role")
-            if role not in _MESSAGE_ROLES:
-                raise bad(f"'{param}.role' must be one of {', '.join(_MESSAGE_ROLES)}", f"{param}.role")
+            if not isinstance(role, str) or role not in _MESSAGE_ROLES:  # a list or object is unhashable
+                raise bad(
+                    f"'{param}.role' must be one of {', '.join(_MESSAGE_ROLES)}",
+                    f"{param}.role",
+                    "missing_required_parameter" if role is None else "invalid_value",
+                )
             text = _text_parts(item.get("content"), f"{param}.content", _TEXT_PARTS)
             out.append(_message(_MESSAGE_ROLES[role], text, param))
         elif kind == "function_call":

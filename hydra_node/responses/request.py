@@ -256,7 +256,7 @@ def _logprobs(body: dict) -> tuple[bool, int]:
     include = body.get("include")
     if include is None:
         include = []
-    if not isinstance(include, list) or not all(x in _INCLUDES for x in include):
+    if not isinstance(include, list) or not all(isinstance(x, str) and x in _INCLUDES for x in include):
         raise bad(
             f"'include' may hold only {' and '.join(sorted(_INCLUDES))} (no search results, images or code outputs)",
             "include",

@@ -183,7 +183,7 @@ class Router:
                     yield RoutedEvents(_chain(first, events, report), target.node_id)
                     return
             except GenerationError as exc:
-                if exc.retryable and not yielded and not exc.streamed and attempt == 0 and len(candidates) > 1:
+                if exc.retry_elsewhere and not yielded and attempt == 0 and len(candidates) > 1:
                     last_err = exc
                     continue
                 raise
@@ -201,7 +201,7 @@ class Router:
             try:
                 return await embed(req)
             except GenerationError as exc:
-                if not (exc.retryable and attempt == 0 and len(candidates) > 1):
+                if not (exc.retry_elsewhere and attempt == 0 and len(candidates) > 1):
                     raise
                 self.retries += 1
                 log.info(

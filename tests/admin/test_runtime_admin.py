@@ -172,6 +172,15 @@ async def test_bad_model_ids_are_400_and_nothing_is_loaded(ref, fragment):
     assert rt.loaded == []
 
 
+@pytest.mark.parametrize("ref", ["/tmp/" + "a" * 300 + ".gguf", "id=/tmp/" + "a" * 300 + ".gguf"])
+async def test_a_path_the_os_refuses_is_400_naming_the_field(ref):
+    """A path component longer than the file system holds (ENAMETOOLONG) is the client's fault, not a 500."""
+    rt = FakeRuntime()
+    status, body = await _call(rt, "POST", "/api/runtime/models", {"model": ref})
+    assert status == 400 and body["error"]["code"] == "invalid_value" and body["error"]["param"] == "model"
+    assert "File name too long" in body["error"]["message"] and rt.loaded == []
+
+
 async def test_a_65th_model_is_refused():
     from hydra_node.runtime.hosting.service import TooManyModels
 

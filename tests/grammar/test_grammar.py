@@ -187,6 +187,13 @@ def test_an_unsupported_keyword_is_named_with_its_pointer() -> None:
         ({"type": "string", "pattern": "a^b"}, "'^' is only supported"),
         ({"type": "string", "pattern": "^a", "maxLength": 3}, "'pattern' together with 'maxLength'"),
         ({"type": "string", "pattern": "^((ab|c){0,999}x){1,3}$"}, "nested too deep for llama.cpp"),
+        ({"type": "string", "pattern": "(.*.*.*.*.*.*.*.*)"}, "unbounded repetitions side by side"),
+        ({"type": "string", "pattern": "^\\w*\\s*.*\\d+x?.+$"}, "unbounded repetitions side by side"),
+        ({"type": "string", "pattern": "(a|b*)*"}, "can match the empty string"),
+        ({"type": "string", "pattern": "(a?b?){2}"}, "can match the empty string"),
+        ({"type": "string", "pattern": "((a|)b?)+"}, "can match the empty string"),
+        ({"type": "string", "pattern": "((a{999}){999}){2}"}, "larger than 20000 grammar elements"),
+        ({"type": "string", "pattern": "(a{100}){300}"}, "larger than 20000 grammar elements"),
         ({"type": "string", "minimum": 3}, "'minimum' on type string"),
         ({"type": "integer", "multipleOf": 3}, "'multipleOf' at #"),
         ({"type": "object", "patternProperties": {}}, "'patternProperties'"),
@@ -209,6 +216,40 @@ def test_an_unsupported_keyword_is_named_with_its_pointer() -> None:
 )
 def test_unsupported_or_unsatisfiable_schemas_are_refused(schema: object, fragment: str) -> None:
     assert fragment in _refused(schema).message
+
+
+def test_a_refused_pattern_is_named_in_the_message() -> None:
+    message = _refused({"type": "string", "pattern": "(.*.*.*.*.*.*.*.*)"}).message
+    assert "pattern '(.*.*.*.*.*.*.*.*)'" in message and "at #/pattern" in message
+
+
+# Repetitions of sub-patterns that match the empty string freeze llama.cpp's grammar engine (every
+# copy can take every character): they are rewritten to one repetition that matches the same.
+REWRITES = [
+    ("^(x?){999}$", "^x{0,999}$"),
+    ("((x?){30}){30}", "x{0,900}"),
+    ("^(x?){9}$", "^x{0,9}$"),
+    ("((x?){3}){3}", "x{0,9}"),
+    ("(a*)*", "a*"),
+    ("(|a)+", "a*"),
+    ("^(?:(a?)?)*b$", "^a*b$"),
+    ("(ab|){3}c", "(ab){0,3}c"),
+    ("((a*){2}|)*", "a*"),
+    ("(a{0,2}){0,3}b", "a{0,6}b"),
+    ("(a*){0}b", "b"),
+]
+
+
+@pytest.mark.parametrize("pattern, same", REWRITES)
+def test_repeated_nullable_sub_patterns_are_rewritten_to_one_repetition(pattern: str, same: str) -> None:
+    g = json_schema_grammar({"type": "string", "pattern": pattern}, param=P)
+    assert g == json_schema_grammar({"type": "string", "pattern": same}, param=P)
+    if "{999}" in pattern or "{30}" in pattern:
+        return  # Python's own regex engine backtracks for ever on these: the small ones stand in
+    for n in range(12):  # the rewrite is exact: the same full matches
+        for text in ("x" * n, "a" * n, "a" * n + "b", "ab" * (n % 5) + "c", "y", "x" * n + "y"):
+            bare = (p.removeprefix("^").removesuffix("$") for p in (pattern, same))
+            assert bool(re.fullmatch(next(bare), text)) == bool(re.fullmatch(next(bare), text)), (pattern, text)
 
 
 def test_a_schema_whose_grammar_is_too_large_is_refused() -> None:
@@ -356,6 +397,7 @@ PATTERNS = [
     "^(?P<y>\\d{2})[-/]\\d$",
     "^[^\\d\\s]{1,3}$",
     "^(?:a{2}|b{1,2}?)*c+?$",
+    "^(a?){3}(|b)+(c*)*$",
 ]
 
 

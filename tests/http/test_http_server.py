@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from contextlib import asynccontextmanager
 
+import h11
 import pytest
 import trio
 
@@ -275,6 +276,35 @@ async def test_pipelined_junk_during_a_stream_is_read_only_up_to_a_bound():
         r.buf = b""
         await r.until(b"data: ")  # and the stream itself goes on
         await s.aclose()
+
+
+async def test_pipelined_health_never_read_is_buffered_only_up_to_the_bound(monkeypatch):
+    # Issue 25 item 1: each answered 40-byte request used to let another 64 KiB in, so a client
+    # pipelining GET /health without reading the answers grew the node by ~1.7 GB per 1 GB sent.
+    most = 0
+    receive_data = h11.Connection.receive_data
+
+    def counting(self, data):
+        nonlocal most
+        receive_data(self, data)
+        most = max(most, len(self._receive_buffer))
+
+    monkeypatch.setattr(h11.Connection, "receive_data", counting)
+    limits = HttpLimits()
+    async with serving(limits=limits) as server:
+        s = await connect(server.port)  # the answers are never read
+        one = _req("GET", "/health")
+        chunk, sent = one * ((64 << 10) // len(one)), 0
+        with trio.move_on_after(20):  # stop at 300 MB, 20 s, or when a send stalls (TCP pushed back)
+            while sent < (300 << 20):
+                with trio.move_on_after(3) as stalled:
+                    sent += await s.socket.send(chunk[sent % len(chunk) :])  # what the kernel took
+                if stalled.cancelled_caught:
+                    break
+        await s.aclose()
+    assert most <= limits.max_buffered_bytes, most
+    # the kernel's socket buffers (both ways) and the answered requests took what was sent
+    assert sent < (64 << 20), sent
 
 
 async def test_cors_headers_on_streams_errors_and_preflight_before_the_key():

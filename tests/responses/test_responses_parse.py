@@ -123,6 +123,19 @@ def test_unsupported_items_are_refused_naming_them(item, param):
     assert refused({"input": [item]}).param == param
 
 
+@pytest.mark.parametrize("role", [[], {}, [None], 5, None])
+@pytest.mark.parametrize("typed", [False, True])
+def test_a_role_that_is_not_a_string_is_refused_naming_it(role, typed):
+    item = {"role": role, "content": "x"} | ({"type": "message"} if typed else {})
+    err = refused({"input": [{"role": "user", "content": "hi"}, item]})  # not a TypeError (unhashable)
+    assert err.param == "input[1].role" and "'input[1].role' must be one of" in err.message
+
+
+@pytest.mark.parametrize("include", [[[]], [{}], [None]])
+def test_an_include_entry_that_is_not_a_string_is_refused(include):
+    assert refused({"input": "hi", "include": include}).param == "include"
+
+
 def test_tools_and_tool_choice():
     call = parse(
         {

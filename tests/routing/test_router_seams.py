@@ -16,8 +16,9 @@ from hydra_node.api.router_api import RouterApi
 from hydra_node.inference import Finished, GenerationError, GenerationRequest, ModelUnavailable, QueueFull, TextDelta
 from hydra_node.routing.local import LocalRunners
 from hydra_node.routing.remote import RemoteGeneration
+from hydra_node.inference.errors import POISONOUS_CODES, RemoteError
 from hydra_node.routing.router import RouteTarget, Router, TargetState
-from hydra_node.runtime.runner.records import RunnerState
+from hydra_node.runtime.runner.records import RunnerCrashed, RunnerStalled, RunnerState
 
 MODEL = "m"
 A, B = "a" * 64, "b" * 64
@@ -99,6 +100,36 @@ async def test_a_failure_before_the_first_event_is_retried_unmarked(autojump_clo
     events = await run(router)
     assert isinstance(events[-1], Finished) and (a.opened, b.opened, router.retries) == (1, 1, 1)
     assert not err.streamed and not GenerationError("fresh").streamed
+
+
+@pytest.mark.parametrize(
+    "err",
+    [
+        RunnerCrashed("the runner died"),
+        RunnerStalled("the runner stopped answering"),
+        RemoteError("peer's runner died", code="runner_crashed", status=502, retryable=True),
+        RemoteError("peer's runner stalled", code="runner_stalled", status=502, retryable=True),
+    ],
+)
+async def test_a_request_that_crashed_or_stalled_a_runner_is_never_retried_elsewhere(autojump_clock, err):
+    a, b = Host(fail=err), Host()
+    router = router_of(
+        RouteTarget(MODEL, A, False, a.open, rtt_ms=1.0), RouteTarget(MODEL, B, False, b.open, rtt_ms=2.0)
+    )
+    with pytest.raises(GenerationError) as info:
+        await run(router)
+    assert info.value is err and err.poisonous and not err.retry_elsewhere
+    assert (a.opened, b.opened, router.retries) == (1, 0, 0)  # it would have killed b's runner too
+
+
+def test_which_failures_may_be_retried_elsewhere():
+    assert {RunnerCrashed("x").code, RunnerStalled("x").code} == POISONOUS_CODES
+    assert QueueFull(MODEL).retry_elsewhere and ModelUnavailable("x").retry_elsewhere
+    assert GenerationError("lost", code="peer_lost", retryable=True).retry_elsewhere
+    assert not GenerationError("bad", code="peer_lost").retry_elsewhere  # not retryable
+    streamed = QueueFull(MODEL)
+    streamed.streamed = True
+    assert not streamed.retry_elsewhere and not streamed.poisonous
 
 
 def test_target_states_cover_the_runner_states_and_unknown_ones_are_safe():

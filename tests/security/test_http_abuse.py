@@ -13,6 +13,7 @@ while the node stays up and answers ``/health``.
 | 520 idle connections from one address | ``/health`` still answered, other addresses unaffected |
 | a slowloris request head | 408 and closed at the head deadline |
 | pipelining junk behind a streaming response | read only up to a bound: the node's RSS stays flat |
+| pipelining ``GET /health`` on either port, never reading the answers | buffered only up to a bound: RSS stays flat |
 """
 
 from __future__ import annotations
@@ -273,3 +274,23 @@ def test_pipelined_junk_behind_a_stream_does_not_grow_the_node(node):
     assert sent < (128 << 20), sent  # socket buffers, not the node, absorbed what was sent
     assert grown_mb < 64, grown_mb
     assert request("GET", node.console_port, "/health")[0] == 200
+
+
+def test_pipelined_health_never_read_does_not_grow_the_node(node):
+    # Issue 25 item 1: 1,000 MB of pipelined GET /health took the node from 48 to 1,723 MB RSS.
+    for port in (node.api_port, node.console_port):
+        one = f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+        chunk = one * ((1 << 20) // len(one))
+        before = _rss_kb(node.proc.pid)
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+            sent, deadline = 0, time.monotonic() + 20
+            while sent < (300 << 20) and time.monotonic() < deadline:
+                try:  # blocks once TCP pushes back: then the timeout ends the loop
+                    sent += s.send(chunk[sent % len(chunk) :])
+                except TimeoutError:
+                    break
+            grown_mb = (_rss_kb(node.proc.pid) - before) / 1024
+            assert s.recv(4096).startswith(b"HTTP/1.1 200"), port  # they were served, not refused
+        assert sent < (64 << 20), (port, sent)  # socket buffers, not the node, took what was sent
+        assert grown_mb < 64, (port, grown_mb)
+        assert request("GET", port, "/health")[0] == 200

@@ -15,6 +15,7 @@ __all__ = [
     "IdentityMismatch",
     "InvalidRequest",
     "ManifestInvalid",
+    "NamespaceTampered",
     "SignatureInvalid",
     "SourceInvalid",
     "StoreUnavailable",
@@ -76,6 +77,16 @@ class ManifestInvalid(ArtifactError):
     """A manifest that breaks the format (protocol/placement.md): bad CBOR or JSON, a bound, a field."""
 
     code = "manifest_invalid"
+    status = 502
+
+
+class NamespaceTampered(ArtifactError):
+    """A folder the store sweeps, renames or deletes in (``.staging``, ``.trash``, ``KIND``,
+    ``KIND/NAME``, a version folder) is a symbolic link or not a folder: someone who can write the
+    namespace planted it. The store refuses to work through it, so nothing outside the namespace
+    is touched; the message names the path."""
+
+    code = "namespace_tampered"
     status = 502
 
 

@@ -21,11 +21,13 @@ each stage: ``staging_created``, ``file_copied``, ``files_staged``, ``manifest_w
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -37,6 +39,7 @@ from hydra_node.runtime.artifacts.errors import (
     ChecksumMismatch,
     InvalidRequest,
     ManifestInvalid,
+    NamespaceTampered,
     SourceInvalid,
     StoreUnavailable,
 )
@@ -59,7 +62,8 @@ from hydra_node.runtime.artifacts.store import (
     check_request,
     crash_point,
     fsync_dir,
-    sweep_stale,
+    remove_entry,
+    sweep_stale_fd,
     wrap_os_error,
 )
 
@@ -82,6 +86,7 @@ MANIFEST_JSON = "manifest.json"
 FILES_DIR = "files"
 CURRENT = "current"
 _VID = re.compile(r"v[0-9]{15}-[0-9a-f]{8}")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class PosixStore:
@@ -175,36 +180,48 @@ class PosixStore:
     ) -> Manifest:
         self._check_root()
         vid = f"v{int(self._clock() * 1000):015d}-{secrets.token_hex(4)}"
-        staging_root = self.root / ".staging"
-        staging = staging_root / vid
+        staging = self.root / ".staging" / vid
+        staging_fd = name_fd = -1
+        created = False
         try:
-            staging_root.mkdir(exist_ok=True)
-            sweep_stale(staging_root, "v", self._clock(), self.stale_after_s)
-            sweep_stale(self.root / ".trash", "", self._clock(), 0.0)
-            staging.mkdir()
-            crash_point("staging_created")
-            manifest = self._stage(staging, sources, finish, progress)
-            self._write_manifest(staging, manifest)
-            _fsync_folders(staging)
-            crash_point("manifest_written")
-            name_dir = self.root / kind / name
-            name_dir.mkdir(parents=True, exist_ok=True)
-            os.rename(staging, name_dir / vid)
-            fsync_dir(name_dir)
-            fsync_dir(staging_root)
-            crash_point("version_moved")
             try:
-                previous = self._current_vid(name_dir)
-            except ManifestInvalid:  # a pointer we did not write: the new one replaces it
-                previous = None
-            self._point_current(name_dir, vid)
-            crash_point("pointer_switched")
-        except BaseException as exc:  # whatever failed (the signer included), no staging folder is left
-            shutil.rmtree(staging, ignore_errors=True)
-            if isinstance(exc, OSError):
-                raise wrap_os_error(f"cannot publish {kind}/{name} under {self.root}", exc) from None
-            raise
-        self._remove_old_versions(name_dir, vid, previous)
+                staging_fd = self._open_dir(".staging", create=True)
+                sweep_stale_fd(staging_fd, "v", self._clock(), self.stale_after_s)
+                self._sweep_trash()
+                os.mkdir(vid, dir_fd=staging_fd)
+                created = True
+                crash_point("staging_created")
+                manifest = self._stage(staging, sources, finish, progress)
+                self._write_manifest(staging, manifest)
+                _fsync_folders(staging)
+                crash_point("manifest_written")
+                name_dir = self.root / kind / name
+                name_fd = self._open_dir(kind, name, create=True)
+                os.rename(vid, vid, src_dir_fd=staging_fd, dst_dir_fd=name_fd)
+                created = False
+                os.fsync(name_fd)
+                os.fsync(staging_fd)
+                crash_point("version_moved")
+                try:
+                    previous = self._current_vid(name_dir)
+                except ManifestInvalid:  # a pointer we did not write: the new one replaces it
+                    previous = None
+                self._point_current(name_fd, vid)
+                crash_point("pointer_switched")
+            except BaseException as exc:  # whatever failed (the signer included), no staging folder is left
+                if created:
+                    try:
+                        remove_entry(staging_fd, vid)
+                    except OSError:
+                        pass
+                if isinstance(exc, OSError):
+                    raise wrap_os_error(f"cannot publish {kind}/{name} under {self.root}", exc) from None
+                raise
+            self._remove_old_versions(name_fd, name_dir, vid, previous)
+        finally:
+            for fd in (staging_fd, name_fd):
+                if fd >= 0:
+                    os.close(fd)
         log.info(
             "event=artifact_published kind=%s name=%s version=%s bytes=%d files=%d",
             kind,
@@ -214,6 +231,51 @@ class PosixStore:
             len(manifest.files),
         )
         return manifest
+
+    def _open_dir(self, *parts: str, create: bool = False) -> int:
+        """A descriptor of the folder ``ROOT/PART/…``, each part opened relative to the one before
+        with ``O_NOFOLLOW | O_DIRECTORY`` (made first when ``create``). The root is the operator's
+        and may be a link; a link (or anything not a folder) planted at a part is refused with
+        :class:`NamespaceTampered`, so sweeps, renames and deletes never leave the namespace."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for i, part in enumerate(parts):
+                if create:
+                    try:
+                        os.mkdir(part, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                try:
+                    child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise self._tampered(self.root.joinpath(*parts[: i + 1]), "is not a folder") from None
+                    raise
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _tampered(self, path: Path, what: str) -> NamespaceTampered:
+        try:
+            if os.path.islink(path):
+                what = f"is a symbolic link (to {os.readlink(path)!r:.200})"
+        except OSError:
+            pass
+        log.warning("event=namespace_tampered path=%s problem=%r", path, what)
+        return NamespaceTampered(f"{path} {what}: refused, nothing is swept or deleted through it")
+
+    def _sweep_trash(self) -> None:
+        try:
+            fd = self._open_dir(".trash")
+        except FileNotFoundError:
+            return
+        try:
+            sweep_stale_fd(fd, "", self._clock(), 0.0)
+        finally:
+            os.close(fd)
 
     def _stage(
         self,
@@ -245,37 +307,46 @@ class PosixStore:
                 f.flush()
                 os.fsync(f.fileno())
 
-    def _point_current(self, name_dir: Path, vid: str) -> None:
-        tmp = name_dir / f".current-{secrets.token_hex(6)}"
-        os.symlink(vid, tmp)
+    def _point_current(self, name_fd: int, vid: str) -> None:
+        tmp = f".current-{secrets.token_hex(6)}"
+        os.symlink(vid, tmp, dir_fd=name_fd)
         try:
-            os.replace(tmp, name_dir / CURRENT)
+            os.replace(tmp, CURRENT, src_dir_fd=name_fd, dst_dir_fd=name_fd)
         except OSError:
-            tmp.unlink(missing_ok=True)
+            try:
+                os.unlink(tmp, dir_fd=name_fd)
+            except FileNotFoundError:
+                pass
             raise
-        fsync_dir(name_dir)
+        os.fsync(name_fd)
 
-    def _remove_old_versions(self, name_dir: Path, vid: str, previous: str | None) -> None:
+    def _remove_old_versions(self, name_fd: int, name_dir: Path, vid: str, previous: str | None) -> None:
         """Keep ``current`` and the version it replaced (a reader may still be copying it), and
         versions newer than ``current`` until they are stale (another node may be publishing one);
-        remove the rest. Best effort: a failure leaves a folder for the next publish."""
+        remove the rest. Best effort: a failure leaves a folder for the next publish. Everything
+        goes through ``name_fd``; a link planted as a version is logged and left alone."""
         try:
-            current = self._current_vid(name_dir) or vid
-            versions = [e for e in os.listdir(name_dir) if _VID.fullmatch(e)]
-        except (OSError, ArtifactError):
+            current = os.readlink(CURRENT, dir_fd=name_fd)
+            if not _VID.fullmatch(current):
+                current = vid
+            versions = [e for e in os.listdir(name_fd) if _VID.fullmatch(e)]
+        except OSError:
             return
         now = self._clock()
         for v in versions:
             if v in (current, previous):
                 continue
-            if v > current:
-                try:
-                    if now - os.stat(name_dir / v).st_mtime < self.stale_after_s:
-                        continue
-                except OSError:
-                    continue
-            shutil.rmtree(name_dir / v, ignore_errors=True)
-        sweep_stale(name_dir, ".current-", now, self.stale_after_s)
+            try:
+                st = os.stat(v, dir_fd=name_fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                self._tampered(name_dir / v, "is not a folder")
+                continue
+            if v > current and now - st.st_mtime < self.stale_after_s:
+                continue
+            shutil.rmtree(v, dir_fd=name_fd, ignore_errors=True)
+        sweep_stale_fd(name_fd, ".current-", now, self.stale_after_s)
 
     # ---- reading ---------------------------------------------------------------------------
     def _check_root(self) -> None:
@@ -399,17 +470,25 @@ class PosixStore:
         """Remove every version of ``kind``/``name`` (it disappears at once: one rename); False if absent."""
         check_request(kind, name)
         self._check_root()
-        trash = self.root / ".trash"
+        trash_fd = kind_fd = -1
         try:
-            trash.mkdir(exist_ok=True)
-            gone = trash / f"{kind}-{name}-{secrets.token_hex(6)}"
-            os.rename(self.root / kind / name, gone)
-            fsync_dir(self.root / kind)
+            trash_fd = self._open_dir(".trash", create=True)
+            kind_fd = self._open_dir(kind)
+            gone = f"{kind}-{name}-{secrets.token_hex(6)}"
+            os.rename(name, gone, src_dir_fd=kind_fd, dst_dir_fd=trash_fd)
+            os.fsync(kind_fd)
+            try:
+                remove_entry(trash_fd, gone)
+            except OSError:
+                pass  # the next publish's sweep of .trash finishes it
         except FileNotFoundError:
             return False
         except OSError as exc:
             raise wrap_os_error(f"cannot remove {kind}/{name} under {self.root}", exc) from None
-        shutil.rmtree(gone, ignore_errors=True)
+        finally:
+            for fd in (trash_fd, kind_fd):
+                if fd >= 0:
+                    os.close(fd)
         log.info("event=artifact_removed kind=%s name=%s", kind, name)
         return True
 

@@ -18,6 +18,7 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -44,7 +45,9 @@ __all__ = [
     "check_request",
     "crash_point",
     "fsync_dir",
+    "remove_entry",
     "sweep_stale",
+    "sweep_stale_fd",
     "wrap_os_error",
 ]
 
@@ -122,10 +125,25 @@ def fsync_dir(path: Path) -> None:
 
 def sweep_stale(directory: Path, prefix: str, now: float, stale_after_s: float = STALE_STAGING_S) -> int:
     """Remove the entries of ``directory`` starting with ``prefix`` untouched for ``stale_after_s``;
-    how many went. Errors are skipped (another process may be sweeping the same entry)."""
+    how many went. Errors are skipped (another process may be sweeping the same entry). The
+    removals go through the folder's descriptor (:func:`sweep_stale_fd`)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        return sweep_stale_fd(fd, prefix, now, stale_after_s)
+    finally:
+        os.close(fd)
+
+
+def sweep_stale_fd(dir_fd: int, prefix: str, now: float, stale_after_s: float = STALE_STAGING_S) -> int:
+    """:func:`sweep_stale` in the folder open as ``dir_fd``: every look-up and removal is relative
+    to it and follows no symbolic link (a link is removed, never what it points at)."""
     removed = 0
     try:
-        entries = list(os.scandir(directory))
+        with os.scandir(dir_fd) as it:
+            entries = list(it)
     except OSError:
         return 0
     for entry in entries:
@@ -134,14 +152,22 @@ def sweep_stale(directory: Path, prefix: str, now: float, stale_after_s: float =
         try:
             if now - entry.stat(follow_symlinks=False).st_mtime < stale_after_s:
                 continue
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path)
-            else:
-                os.unlink(entry.path)
+            remove_entry(dir_fd, entry.name)
             removed += 1
         except OSError:
             continue
     return removed
+
+
+def remove_entry(dir_fd: int, name: str) -> None:
+    """Remove ``name`` of the folder open as ``dir_fd``: a real folder with its whole subtree
+    (``shutil.rmtree``'s descriptor-based walk, which follows no link), anything else (a symbolic
+    link included) with ``unlink``."""
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=dir_fd)
+    else:
+        os.unlink(name, dir_fd=dir_fd)
 
 
 class StagedDirectory:
