@@ -23,7 +23,11 @@ def stream_completion(port: int, body: dict, path: str = "/v1/completions") -> t
     t0 = time.perf_counter()
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.sendall(
-            b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1:" + str(port).encode() + b"\r\nContent-Type: application/json\r\n"
+            b"POST "
+            + path.encode()
+            + b" HTTP/1.1\r\nHost: 127.0.0.1:"
+            + str(port).encode()
+            + b"\r\nContent-Type: application/json\r\n"
             b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
         )
         buf = b""
