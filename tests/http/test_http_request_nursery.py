@@ -84,6 +84,13 @@ async def serving(probe: Probe):
         nursery.cancel_scope.cancel()
 
 
+async def _open(server: HttpServer, path: str) -> tuple[trio.SocketStream, bytearray]:
+    """A connection to ``server`` that has sent ``GET path``, and the buffer its answer is read into."""
+    stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+    await _get(stream, path)
+    return stream, bytearray()
+
+
 async def _get(stream: trio.SocketStream, path: str) -> None:
     await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
 
@@ -98,9 +105,7 @@ async def _until(stream: trio.SocketStream, buf: bytearray, marker: bytes) -> No
 async def test_a_client_that_disconnects_mid_stream_cancels_the_bodys_task():
     probe = Probe()
     async with serving(probe) as server:
-        s = await trio.open_tcp_stream("127.0.0.1", server.port)
-        buf = bytearray()
-        await _get(s, "/endless")
+        s, buf = await _open(server, "/endless")
         await _until(s, buf, b"data: 1\n\n")
         assert probe.started.is_set() and not probe.cancelled.is_set()
         await s.aclose()  # the client goes away mid-stream
@@ -113,9 +118,7 @@ async def test_a_client_that_disconnects_mid_stream_cancels_the_bodys_task():
 async def test_a_task_left_when_the_body_ends_is_cancelled_after_the_finalizer_before_the_next_request():
     probe = Probe()
     async with serving(probe) as server:
-        s = await trio.open_tcp_stream("127.0.0.1", server.port)
-        buf = bytearray()
-        await _get(s, "/finite")
+        s, buf = await _open(server, "/finite")
         with trio.fail_after(WAIT_S):
             await _until(s, buf, b"data: end\n\n")
             await _until(s, buf, b"\r\n0\r\n\r\n")  # the chunked body's end
@@ -131,9 +134,7 @@ async def test_a_task_left_when_the_body_ends_is_cancelled_after_the_finalizer_b
 async def test_a_task_a_handler_starts_ends_with_its_whole_response():
     probe = Probe()
     async with serving(probe) as server:
-        s = await trio.open_tcp_stream("127.0.0.1", server.port)
-        buf = bytearray()
-        await _get(s, "/plain")
+        s, buf = await _open(server, "/plain")
         with trio.fail_after(WAIT_S):
             await _until(s, buf, b'{"ok":true}')
             await probe.cancelled.wait()
@@ -143,9 +144,7 @@ async def test_a_task_a_handler_starts_ends_with_its_whole_response():
 async def test_a_drain_writes_on_interrupt_then_cancels_the_task():
     probe = Probe()
     async with serving(probe) as server:
-        s = await trio.open_tcp_stream("127.0.0.1", server.port)
-        buf = bytearray()
-        await _get(s, "/endless")
+        s, buf = await _open(server, "/endless")
         await _until(s, buf, b"data: 1\n\n")
         with trio.fail_after(WAIT_S):
             await server.drain(grace_s=WAIT_S)
@@ -158,9 +157,7 @@ async def test_the_tasks_of_a_request_live_in_the_servers_tree():
     """Not a system task: the task's ancestors include the task that runs the server."""
     probe = Probe()
     async with serving(probe) as server:
-        s = await trio.open_tcp_stream("127.0.0.1", server.port)
-        buf = bytearray()
-        await _get(s, "/endless")
+        s, buf = await _open(server, "/endless")
         await _until(s, buf, b"data: 0\n\n")
         assert probe.task is not None
         assert trio.lowlevel.current_task() in _ancestors(probe.task)
