@@ -16,6 +16,9 @@ _BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MAX_MODEL_ID_CHARS = 128
 #: Most models one node hosts (the mesh announcement carries at most this many entries).
 MAX_HOSTED_MODELS = 64
+#: Ids the API keeps for itself, never a hosted model's: ``mesh`` asks the mixture of agents
+#: (``hydra_node.moa.config.MESH_MODEL``). Refused here; ignored in a peer's announcement.
+RESERVED_MODEL_IDS = frozenset({"mesh"})
 
 
 class ModelNotFound(Exception):
@@ -26,9 +29,14 @@ class InvalidModelId(ValueError):
     """A model id the mesh announcement or a file name cannot hold (the message says why)."""
 
 
+class ReservedModelId(InvalidModelId, ModelNotFound):
+    """A model id the API keeps for itself (:data:`RESERVED_MODEL_IDS`); a ModelNotFound too, so
+    that ``serve --model mesh=...`` ends with that one line at start."""
+
+
 def check_model_id(model_id: str) -> str:
     """``model_id`` if it is 1..MAX_MODEL_ID_CHARS printable characters, not blank at either end and
-    not ``.``/``..``; else :class:`InvalidModelId` naming the reason."""
+    not ``.``/``..`` nor reserved (:data:`RESERVED_MODEL_IDS`); else :class:`InvalidModelId` naming the reason."""
     if not isinstance(model_id, str) or not model_id:
         raise InvalidModelId("a model id must be a non-empty string")
     if len(model_id) > MAX_MODEL_ID_CHARS:
@@ -37,6 +45,11 @@ def check_model_id(model_id: str) -> str:
         raise InvalidModelId(f"model id {model_id!r:.60} holds a non-printable character")
     if model_id != model_id.strip() or model_id in (".", ".."):
         raise InvalidModelId(f"model id {model_id!r:.60} must not be blank at either end, '.' or '..'")
+    if model_id in RESERVED_MODEL_IDS:
+        raise ReservedModelId(
+            f"model id {model_id!r} is reserved ({model_id!r} asks the mixture of agents); serve the model "
+            f"under another id, e.g. --model my-{model_id}=/path/to/model.gguf"
+        )
     return model_id  # (a lone surrogate is not printable: refused above)
 
 

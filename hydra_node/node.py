@@ -544,7 +544,8 @@ class Node:
         """The OpenAI API's and the management API's servers (:attr:`api_server`, :attr:`console_server`)."""
         c = self.config
         # Every API of the inference port, built here: "mesh" (the mixture of agents) answers in each dialect.
-        moa = MoaApi(MixtureOfAgents(self.router, c.file.moa, quality=scheduler_quality(self.scheduling, self.node_id)))
+        quality = scheduler_quality(self.scheduling, self.node_id)
+        moa = MoaApi(MixtureOfAgents(self.router, c.file.moa, quality=quality, own_node=self.node_id))
         openai = OpenAIApi(self.router, moa=moa)
         api = InferencePort(
             [

@@ -101,6 +101,11 @@ def relay_vectors(to_json: Any) -> dict[str, Any]:
         ("reserved", encode_reply("reserved", ttl_s=3600, bytes_per_s=4_000_000, circuits=16), "reserved"),
         ("connected", encode_reply("connected"), "connected"),
         ("connected with the observed address", encode_reply("connected", observed="10.77.0.21"), "connected"),
+        (
+            "connected with both ends' observed addresses",
+            encode_reply("connected", observed="10.77.0.21", peer_observed="10.77.0.22"),
+            "connected",
+        ),
         ("accepted", encode_reply("accepted"), "accepted"),
         (
             "refused",
@@ -112,6 +117,7 @@ def relay_vectors(to_json: Any) -> dict[str, Any]:
     invalid = [
         ("wrong reply for the step", encode_reply("connected"), "reserved"),
         ("observed not an IP address", encode_reply("connected", observed="10.77.0.21:9338"), "connected"),
+        ("peer_observed not an IP address", encode_reply("connected", peer_observed="host.example"), "connected"),
         ("negative ttl", encode_reply("reserved", ttl_s=-1, bytes_per_s=1, circuits=1), "reserved"),
         ("refusal without a text code", encode_reply("refused", code=7, message="x"), "accepted"),
         ("dialback result not a bool", encode_reply("dialback", results={"h:1": 1}), "dialback"),
@@ -145,6 +151,7 @@ def relay_vectors(to_json: Any) -> dict[str, Any]:
             "v": 1,
             "from": node_id_from_public_key(bytes(key.verify_key)),
             "observed": "10.77.0.22",
+            "peer_observed": "10.77.0.21",
         },
         "hole_punch": punch_vectors(to_json),
     }

@@ -12,8 +12,17 @@ class SseStream:
     """``GET path`` on 127.0.0.1:``port``; :meth:`next` returns one event (``{"id", "event", "data"}``,
     ``data`` parsed as JSON) or the string ``"ping"`` for a heartbeat comment."""
 
-    def __init__(self, port: int, path: str = "/api/events", headers: dict | None = None, timeout: float = 30.0):
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    def __init__(
+        self,
+        port: int,
+        path: str = "/api/events",
+        headers: dict | None = None,
+        timeout: float = 30.0,
+        source: str | None = None,  # the client's own address (another loopback one: 127.0.0.2)
+    ):
+        self.conn = http.client.HTTPConnection(
+            "127.0.0.1", port, timeout=timeout, source_address=None if source is None else (source, 0)
+        )
         self.conn.request("GET", path, headers=headers or {})
         self.resp = self.conn.getresponse()
         self.status = self.resp.status

@@ -12,6 +12,10 @@ Each event is ``id: N``, ``event: TYPE``, ``data: {"id", "ts", "type", ...}`` an
 * Each stream has a bounded queue; a reader that falls behind gets one ``events.dropped``
   ``{"dropped": n}`` when it catches up, and is closed if it keeps falling behind.  A reader
   that goes away frees its subscription at once (the HTTP server cancels the stream).
+* Shares: one client (its remote address) holds at most ``max_per_client`` streams (4) of the
+  event log's 64; one more is 429 ``too_many_event_streams_for_client``, so idle readers from one
+  place cannot lock every other console out (the table full is 503 ``too_many_event_streams``).
+  The API key, when there is one, is the same for every console: it does not tell clients apart.
 
 Authentication (Bearer with ``--api-key``) and the Host/Origin rules are the management API's,
 applied before this handler runs.
@@ -30,12 +34,14 @@ from hydra_node.eventlog import (
     parse_prefixes,
 )
 
-__all__ = ["HEARTBEAT_S", "PING", "EventsRoute"]
+__all__ = ["HEARTBEAT_S", "MAX_STREAMS_PER_CLIENT", "PING", "EventsRoute", "client_of"]
 
 #: Seconds between heartbeats on a quiet stream (the contract: 15 s).
 HEARTBEAT_S = 15.0
 #: The heartbeat: an SSE comment, ignored by every reader.
 PING = b": ping\n\n"
+#: Event streams one client (remote address) may hold at once.
+MAX_STREAMS_PER_CLIENT = 4
 #: Largest ``Last-Event-ID`` accepted (JavaScript numbers are exact below 2**53).
 MAX_EVENT_ID = (1 << 53) - 1
 
@@ -54,6 +60,11 @@ def last_event_id(request: Request) -> int | None:
     return int(raw)
 
 
+def client_of(request: Request) -> str:
+    """Who holds a share of the streams: the remote address without its port (``""`` outside the server)."""
+    return request.client.rpartition(":")[0] if ":" in request.client else request.client
+
+
 class _Wakeup:
     """Set by the event log (in the trio thread) when the subscription has something to read."""
 
@@ -67,9 +78,15 @@ class _Wakeup:
 class EventsRoute:
     """The handler of ``GET /api/events`` over ``log``."""
 
-    def __init__(self, log: EventLog, *, heartbeat_s: float = HEARTBEAT_S) -> None:
+    def __init__(
+        self, log: EventLog, *, heartbeat_s: float = HEARTBEAT_S, max_per_client: int = MAX_STREAMS_PER_CLIENT
+    ) -> None:
+        if max_per_client < 1:
+            raise ValueError("max_per_client must be >= 1")
         self.log = log
         self.heartbeat_s = heartbeat_s
+        self.max_per_client = max_per_client
+        self.streams_by_client: dict[str, int] = {}  # open streams per client (absent: none)
 
     async def handle(self, request: Request) -> Response | StreamResponse:
         try:
@@ -77,14 +94,28 @@ class EventsRoute:
             prefixes = parse_prefixes(request.query.get("types"))
         except ValueError as exc:
             return ApiError(400, str(exc), "invalid_value").response()
+        client = client_of(request)
+        held = self.streams_by_client.get(client, 0)
+        if held >= self.max_per_client:
+            return ApiError(
+                429,
+                f"this client ({client or 'local'}) holds {held} event streams already, the most one client "
+                f"may hold ({self.max_per_client}); close one (one live view per console tab is enough)",
+                "too_many_event_streams_for_client",
+                retry_after=5,
+            ).response()
         wakeup = _Wakeup()
         try:
             sub = self.log.subscribe(after_id=after, prefixes=prefixes, wake=wakeup)
         except TooManySubscribers as exc:
             return ApiError(503, f"{exc}; retry later", "too_many_event_streams", retry_after=5).response()
+        self.streams_by_client[client] = held + 1
 
-        async def release() -> None:
+        async def release() -> None:  # awaited once, however the stream ended
             sub.close()
+            left = self.streams_by_client.pop(client, 1) - 1
+            if left:
+                self.streams_by_client[client] = left
 
         return StreamResponse(200, self._stream(sub, wakeup), headers=[("x-accel-buffering", "no")], finalizer=release)
 

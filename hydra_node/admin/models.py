@@ -1,10 +1,13 @@
 """Management route for models from mesh peers (on the console port, next to ``/api/status``):
 
-* ``POST /api/models/fetch`` ``{"model": NAME_OR_REF}`` – fetch the model from a peer that shares
-  it into ``<home>/models`` (sha256-verified; ``hydra models pull`` calls it before the internet):
-  200 ``{"model", "path", "size_bytes", "sha256", "source"}`` (``source`` ``"cache"`` when it was
+* ``POST /api/models/fetch`` ``{"model": NAME_OR_REF, "sha256"?: HEX}`` – fetch the model from a
+  peer that shares it into ``<home>/models`` (sha256-verified, against ``sha256`` when given, else the
+  catalogue's or the pinned digest, else the one the holder announces: recorded as vouched for by
+  that peer; ``hydra models pull [--sha256 HEX]`` calls it before the internet):
+  200 ``{"model", "path", "size_bytes", "sha256", "sha256_origin", "source"}`` (``source`` ``"cache"`` when it was
   there already), 404 ``not_in_mesh`` when no alive peer announces it, 502 ``peer_fetch_failed``
-  when every holder failed, 400 for a bad body (``admin/body.py``) or reference.
+  when every holder failed, 400 for a bad body (``admin/body.py``), reference or ``sha256``, 409
+  ``checksum_mismatch`` when the cached copy has another digest than ``sha256``.
 
 The composition root (``hydra_node/node.py``) puts it in the management route table.
 """
@@ -26,6 +29,7 @@ from hydra_node.runtime.fetch import (
     load_catalogue,
     resolve_remote,
 )
+from hydra_node.runtime.fetch.catalogue import with_sha256
 
 __all__ = ["MAX_BODY_BYTES", "models_routes"]
 
@@ -41,6 +45,7 @@ def _answer(rec: CachedModel, root: Any, source: str) -> Response:
             "path": str(rec.path(root)),
             "size_bytes": rec.size_bytes,
             "sha256": rec.sha256,
+            "sha256_origin": rec.sha256_origin,
             "source": source,
         },
     )
@@ -54,12 +59,24 @@ def models_routes(
     resolve = resolve or (lambda ref: resolve_remote(ref, load_catalogue()))
 
     async def fetch_model(request: Request) -> Response:
-        ref = json_body(request, required={"model": str}, max_bytes=MAX_BODY_BYTES)["model"]
+        body = json_body(request, required={"model": str}, optional={"sha256": str}, max_bytes=MAX_BODY_BYTES)
         try:
-            remote = resolve(ref)
+            remote = resolve(body["model"])
         except BadModelSource as exc:
             return ApiError(400, str(exc), "invalid_model", "model").response()
+        if "sha256" in body:
+            try:
+                remote = with_sha256(remote, body["sha256"])
+            except BadModelSource as exc:
+                return ApiError(400, str(exc), "invalid_sha256", "sha256").response()
         rec = share.cache.lookup(remote.model_id)
+        if rec is not None and remote.sha256 is not None and rec.sha256 != remote.sha256:
+            return ApiError(
+                409,
+                f"{remote.model_id}: the cached copy has sha256 {rec.sha256}, not {remote.sha256}",
+                "checksum_mismatch",
+                "sha256",
+            ).response()
         if rec is not None:
             return _answer(rec, share.cache.root, "cache")
         rec = await share.fetch(remote)  # NotInMesh: 404, another PeerFetchError: 502 (admin/body.py)

@@ -392,7 +392,7 @@ def cmd_serve(args) -> int:
     from hydra_node.mesh.identity import IdentityError
     from hydra_node.listen import ListenError
     from hydra_node.logging_setup import setup_logging
-    from hydra_node.models import ModelNotFound
+    from hydra_node.models import InvalidModelId, ModelNotFound
     from hydra_node.node import serve
     from hydra_node.pidfile import NodeAlreadyRunning
     from hydra_node.runtime.rpc.ggml import check_rpc_support
@@ -413,7 +413,15 @@ def cmd_serve(args) -> int:
     except (MeshError, JoinFailed) as exc:
         print(f"hydra-node: {_mesh_failure(exc)}", file=sys.stderr)
         return EXIT_FAILED
-    except (ListenError, ModelNotFound, NodeAlreadyRunning, IdentityError, RunnerLoadError, RuntimeError) as exc:
+    except (
+        ListenError,
+        ModelNotFound,
+        InvalidModelId,
+        NodeAlreadyRunning,
+        IdentityError,
+        RunnerLoadError,
+        RuntimeError,
+    ) as exc:
         print(f"hydra-node: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as exc:
@@ -429,6 +437,7 @@ def cmd_serve(args) -> int:
             JoinFailed,
             ListenError,
             ModelNotFound,
+            InvalidModelId,
             NodeAlreadyRunning,
             IdentityError,
             RunnerLoadError,

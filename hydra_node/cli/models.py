@@ -214,8 +214,18 @@ def add_models_parser(sub, add_home) -> None:
     p.add_argument("--force", action="store_true", help="download again even when cached")
     p.add_argument("--keep", action="store_true", help="never evict it to respect [models].cache_limit_gb")
     p.add_argument("--no-peers", action="store_true", help="do not ask mesh peers first; go to the internet")
+    p.add_argument(
+        "--sha256",
+        metavar="HEX",
+        default=None,
+        help="the sha256 the file must have (64 hex digits, e.g. from the publisher): checked before the "
+        "file is stored, so the pinned digest is known rather than whatever the first download held",
+    )
     r = msub.add_parser("rm", parents=[common], help="delete a downloaded model (and any partial download)")
     r.add_argument("model", metavar="NAME")
+    r.add_argument(
+        "--force", action="store_true", help="delete it even while the running node with this home serves it"
+    )
 
 
 def fetch_settings(home, file_cfg, environ):
@@ -314,7 +324,7 @@ def cmd_models(args, home, file_cfg, client: NodeClient, environ) -> int:
         if action == "list":
             return _list(args, settings, client)
         if action == "rm":
-            return _rm(args, settings)
+            return _rm(args, settings, client)
         return _pull(args, settings, client)
     except (BadModelSource, DownloadError) as exc:
         return fetch_failed(exc)
@@ -394,7 +404,7 @@ def _list(args, settings, client: NodeClient) -> int:
     )
     for r in sorted(local.values(), key=lambda r: r.model_id):
         print(
-            f"  {r.model_id:<28} {r.size_bytes / 1e9:7.2f} GB  sha256 {r.sha256[:12]}… ({r.sha256_origin})"
+            f"  {r.model_id:<28} {r.size_bytes / 1e9:7.2f} GB  sha256 {r.sha256[:12]}… ({provenance(r.sha256_origin)})"
             + ("  kept" if r.keep else "")
         )
     if not local:
@@ -408,9 +418,36 @@ def _list(args, settings, client: NodeClient) -> int:
     return 0
 
 
-def _rm(args, settings) -> int:
+def provenance(origin: str) -> str:
+    """Who vouches for a cached model's sha256, in words (``hydra models``)."""
+    if origin.startswith("peer:"):
+        return f"vouched for by peer {origin[5:17]} only"
+    return {
+        "catalogue": "catalogue",
+        "given": "--sha256 given",
+        "hub-lfs": "Hub LFS sha256",
+        "pinned": "pinned on first download",
+    }.get(origin, origin)
+
+
+def _served_here(client: NodeClient) -> list[str]:
+    """The models the running node with this home serves (none when no node runs)."""
+    try:
+        return list(client.get("/api/status", timeout=STATUS_TIMEOUT_S).get("serving_models", []))
+    except NodeClientError:
+        return []
+
+
+def _rm(args, settings, client: NodeClient) -> int:
     from hydra_node.runtime.fetch import ModelCache
 
+    if not args.force and args.model in _served_here(client):
+        print(
+            f"hydra-node: {args.model!r} is served by the running node with this home; unload it first "
+            f"(`hydra swap` another model) or delete it anyway with `hydra models rm {args.model} --force`",
+            file=sys.stderr,
+        )
+        return 1
     if not ModelCache(settings.cache_dir).remove(args.model):
         print(f"hydra-node: {args.model!r} is not downloaded (see `hydra models`)", file=sys.stderr)
         return 1
@@ -420,16 +457,21 @@ def _rm(args, settings) -> int:
 
 def _pull(args, settings, client: NodeClient) -> int:
     from hydra_node.runtime.fetch import needs_fetch
+    from hydra_node.runtime.fetch.catalogue import with_sha256
     from hydra_node.runtime.fetch.fetcher import remote_for
 
-    remote_for(args.model, settings)  # BadModelSource for a name that is in no catalogue
+    remote = remote_for(args.model, settings)  # BadModelSource for a name that is in no catalogue
+    if args.sha256 is not None:
+        with_sha256(remote, args.sha256)  # a malformed digest, or one contradicting the catalogue's: refused
     if not needs_fetch(args.model) and not args.force:
         print(
             f"{args.model} is bundled with hydra-node: nothing to download (--force downloads it anyway)",
             file=sys.stderr if args.json else sys.stdout,
         )
         return 0
-    rec = pull_model(args.model, settings, client, force=args.force, keep=args.keep, peers=not args.no_peers)
+    rec = pull_model(
+        args.model, settings, client, force=args.force, keep=args.keep, peers=not args.no_peers, sha256=args.sha256
+    )
     if args.json:
         print(
             json.dumps(
@@ -450,31 +492,52 @@ def _pull(args, settings, client: NodeClient) -> int:
     return 0
 
 
-def pull_model(ref: str, settings, client: NodeClient, *, force: bool = False, keep: bool = False, peers: bool = True):
+def pull_model(
+    ref: str,
+    settings,
+    client: NodeClient,
+    *,
+    force: bool = False,
+    keep: bool = False,
+    peers: bool = True,
+    sha256: str | None = None,
+):
     """The cache record of ``ref``: cached already, else from mesh peers through the running node
-    (when one runs and ``[models].peer_fetch``), else downloaded here with a progress bar."""
+    (when one runs and ``[models].peer_fetch``), else downloaded here with a progress bar. ``sha256``:
+    the digest the file must have (``pull --sha256``), checked before the file is stored."""
     from hydra_node.runtime.fetch import ModelCache, ensure_local
+    from hydra_node.runtime.fetch.catalogue import with_sha256
+    from hydra_node.runtime.fetch.errors import ChecksumMismatch
     from hydra_node.runtime.fetch.fetcher import remote_for
 
     remote = remote_for(ref, settings)
+    if sha256 is not None:
+        remote = with_sha256(remote, sha256)  # BadModelSource for a malformed or contradicting digest
     cache = ModelCache(settings.cache_dir)
+    held = cache.lookup(remote.model_id)
+    if held is not None and remote.sha256 is not None and held.sha256 != remote.sha256:
+        raise ChecksumMismatch(
+            f"{remote.model_id}: the cached copy has sha256 {held.sha256}, not {remote.sha256}; remove it "
+            f"with `hydra models rm {remote.model_id}` and pull again"
+        )
     mesh = _mesh_models(client)
-    if cache.lookup(remote.model_id) is None or force:
-        if not (settings.models.peer_fetch and peers and mesh is not None and _pull_from_peers(ref, client)):
+    if held is None or force:
+        if not (settings.models.peer_fetch and peers and mesh is not None and _pull_from_peers(ref, client, sha256)):
             progress = StderrProgress(f"downloading {remote.model_id}")
-            ensure_local(ref, settings, in_use=frozenset(mesh or ()), progress=progress, force=force)
+            ensure_local(ref, settings, in_use=frozenset(mesh or ()), progress=progress, force=force, sha256=sha256)
             progress.finish()
     if keep:
         cache.set_keep(remote.model_id, True)
     return cache.lookup(remote.model_id)
 
 
-def _pull_from_peers(ref: str, client: NodeClient) -> bool:
-    """Ask the running node to fetch the model from a mesh peer; False when no peer could (the
-    reason is printed), so the caller goes to the internet."""
+def _pull_from_peers(ref: str, client: NodeClient, sha256: str | None = None) -> bool:
+    """Ask the running node to fetch the model from a mesh peer (one holding ``sha256`` when given);
+    False when no peer could (the reason is printed), so the caller goes to the internet."""
     print(f"asking mesh peers for {ref} ...", file=sys.stderr)
+    body = {"model": ref} if sha256 is None else {"model": ref, "sha256": sha256}
     try:
-        got = client.post("/api/models/fetch", {"model": ref}, timeout=PEER_FETCH_WAIT_S)
+        got = client.post("/api/models/fetch", body, timeout=PEER_FETCH_WAIT_S)
     except NodeClientError as exc:
         print(f"hydra-node: from the mesh: {exc}; downloading instead", file=sys.stderr)
         return False

@@ -15,6 +15,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hydra_node.cli.config_backup import replace_with_backup
+
 __all__ = [
     "STARTER_CONFIG",
     "Check",
@@ -202,16 +204,14 @@ def judge(f: MachineFacts) -> list[Check]:
     return out
 
 
-def write_starter_config(path: Path, facts: MachineFacts, force: bool) -> bool:
-    """Write :data:`STARTER_CONFIG` (atomic); False (nothing written) when the file exists and not ``force``."""
+def write_starter_config(path: Path, facts: MachineFacts, force: bool) -> tuple[bool, Path | None]:
+    """Write :data:`STARTER_CONFIG` (atomic; an existing file is kept first in a new backup, never
+    over an older one: ``config_backup.py``); (written, backup path). Nothing is written when the
+    file exists and not ``force``."""
     if path.exists() and not force:
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
+        return False, None
     text = STARTER_CONFIG.format(parallel=4 if facts.mem_available_bytes >= 8 * 10**9 else 2, threads=0)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return True
+    return True, replace_with_backup(path, text)
 
 
 def add_setup_parser(sub, add_home) -> None:
@@ -224,7 +224,12 @@ def add_setup_parser(sub, add_home) -> None:
         "Exit status 1 when something required is missing.",
     )
     s.add_argument("--json", action="store_true", help="print the checks as JSON")
-    s.add_argument("--force", action="store_true", help="overwrite an existing <home>/config.toml")
+    s.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite an existing <home>/config.toml (the old one is kept as config.toml.bak, or .bak.N "
+        "when that exists)",
+    )
     s.add_argument("--no-config", action="store_true", help="only check; write no config file")
     add_home(s)
 
@@ -236,7 +241,7 @@ def cmd_setup(args) -> int:
     facts = gather_facts(home)
     checks = judge(facts)
     config_path = home / "config.toml"
-    written = False if args.no_config else write_starter_config(config_path, facts, args.force)
+    written, backup = (False, None) if args.no_config else write_starter_config(config_path, facts, args.force)
     missing = [c for c in checks if c.status == "missing"]
     if args.json:
         print(
@@ -247,6 +252,7 @@ def cmd_setup(args) -> int:
                     "config": {
                         "path": str(config_path),
                         "written": written,
+                        "backup": str(backup) if backup else None,
                         "existed": config_path.exists() and not written,
                     },
                 },
@@ -262,7 +268,8 @@ def cmd_setup(args) -> int:
         if args.no_config:
             pass
         elif written:
-            print(f"wrote {config_path} (edit it, or tune it with `hydra benchmark tune --apply`)")
+            kept = f"; the old one is kept as {backup}" if backup else ""
+            print(f"wrote {config_path} (edit it, or tune it with `hydra benchmark tune --apply`){kept}")
         else:
             print(f"kept {config_path} (it exists; --force overwrites it)")
     return 1 if missing else 0

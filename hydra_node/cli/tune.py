@@ -11,7 +11,6 @@ the node's own runner child (``cli/tune_sweep.py``), and ``--apply`` edits the f
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Mapping, MutableMapping
 from functools import partial
@@ -20,6 +19,7 @@ from typing import Any
 
 import tomlkit
 
+from hydra_node.cli.config_backup import replace_with_backup
 from hydra_node.cli.config_sources import default_config_path, load_layered
 from hydra_node.cli.tune_sweep import Draft, SweepSettings, run_sweep
 from hydra_node.config import ConfigError, FileConfig, default_home, parse_config_text
@@ -246,15 +246,7 @@ def apply_profile(path: Path, keys: dict) -> Path | None:
     except ValueError as exc:  # tomlkit's ParseError is one
         raise ConfigError(f"--apply: {path}: {exc}; edit {', '.join(keys)} by hand") from None
     parse_config_text(new, str(path))  # never write a file serve would refuse
-    backup = None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        backup = path.with_name(path.name + ".bak")
-        backup.write_text(old, encoding="utf-8")
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(new, encoding="utf-8")
-    os.replace(tmp, path)
-    return backup
+    return replace_with_backup(path, new)  # the old file in a new backup, never over an older one
 
 
 def _progress(done: int, total: int, elapsed: float, outcomes: list[Outcome], label: str, budget: float) -> None:

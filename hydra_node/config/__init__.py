@@ -117,6 +117,10 @@ class RunnerSection:
     #: Test and benchmark knob: the runner sleeps this long after every generated token (default 0),
     #: making this host measurably slower, e.g. to watch the scheduler steer traffic away from it.
     inject_token_delay_ms: float = 0.0
+    #: Grammar work (response_format / tools constraints) one token may take, and one request, before
+    #: THAT request fails with 422 grammar_too_slow (hydra_node/runtime/child/engine/grammar_budget.py).
+    grammar_token_budget_ms: float = 5000.0
+    grammar_request_budget_s: float = 60.0
 
     def validate(self, prefix: str) -> None:
         for f in fields(self):

@@ -42,5 +42,7 @@ def runner_settings_from(f: FileConfig, extra_argv: tuple[str, ...] = ()) -> Run
         crash_loop_window_s=rn.crash_loop_window_s,
         failed_retry_s=rn.failed_retry_s,
         inject_token_delay_ms=rn.inject_token_delay_ms,
+        grammar_token_budget_ms=rn.grammar_token_budget_ms,
+        grammar_request_budget_s=rn.grammar_request_budget_s,
         extra_argv=tuple(extra_argv),
     )

@@ -17,8 +17,11 @@ parsed) are rewritten or refused: a repetition of a sub-pattern that is itself `
 ``x*``, ``(|x)``) is rewritten to the equivalent ``X{0,k*n}`` (``(x?){n}`` -> ``x{0,n}``, ``(a*)*``
 -> ``a*``, ``(|a)+`` -> ``a*``); any other repetition (more than once) of a sub-pattern that can
 match the empty string is refused, and so are more than :data:`MAX_ADJACENT_UNBOUNDED` unbounded
-repetitions side by side (``.*.*.*.*.*``) and patterns needing more than :data:`MAX_PATTERN_RULES`
-rules or :data:`MAX_PATTERN_SIZE` elements once expanded.
+repetitions side by side (``.*.*.*.*.*``), repetitions of an alternation of more than
+:data:`MAX_REPEATED_ALTERNATIVES` alternatives (``([a-z]|[a-z]|...)*``: every alternative is a parse
+stack, re-entered at every character, and one token's grammar work grows with their cube), and
+patterns needing more than :data:`MAX_PATTERN_RULES` rules or :data:`MAX_PATTERN_SIZE` elements once
+expanded.
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ LLAMA_REPETITION_THRESHOLD = 2000
 #: Unbounded repetitions allowed side by side (with only nullable items between them): each pair
 #: is ambiguous, and llama.cpp's parse stacks multiply with them.
 MAX_ADJACENT_UNBOUNDED = 4
+#: Alternatives a repeated group may hold (nested alternations counted together): llama.cpp keeps a
+#: parse stack per alternative and re-enters them all at each character.  Measured with the bundled
+#: model on a 2-core CPU, ``^([a-z]|...)*$`` with 150 alternatives: 6.6 s for one 3-character token.
+MAX_REPEATED_ALTERNATIVES = 64
 #: Rules llama.cpp may synthesise for one pattern (groups, alternations, expanded repetitions).
 MAX_PATTERN_RULES = 5000
 #: Grammar elements one pattern may expand to (``(a{999}){999}`` is a million copies of ``a``).
@@ -70,6 +77,7 @@ class _Shape:
     hi: int | None = None  # with ``base``: the most repetitions (None: unbounded)
     size: int = 1  # grammar elements once llama.cpp has expanded every bounded repetition
     base_size: int = 0  # the elements of ``base``
+    width: int = 1  # alternatives one character may enter at once (nested alternations flattened)
 
 
 _SOLID = _Shape()
@@ -168,13 +176,16 @@ class _Parser:
             nullable=some_empty or any(sh.nullable for sh, _ in full),
             unbounded=max(sh.unbounded for sh, _ in full),
             size=sum(sh.size for sh, _ in full),
+            width=sum(sh.width for sh, _ in full),
         )
         if some_empty and len(alts) == 1:  # (|X): X{0,1}, or X{0,k} if X is that already
             sh, m = full[0]
             if sh.base is not None:
                 self.shape = sh
             elif not sh.nullable:
-                self.shape = _Shape(True, sh.unbounded, alts[0], m + (not is_single(alts[0])), 1, sh.size, sh.size)
+                self.shape = _Shape(
+                    True, sh.unbounded, alts[0], m + (not is_single(alts[0])), 1, sh.size, sh.size, sh.width
+                )
         self.made += 1 + some_empty
         return "( " + " | ".join(alts) + (" )?" if some_empty else " )")
 
@@ -206,6 +217,7 @@ class _Parser:
                 nullable=all(sh.nullable for sh in shapes),
                 unbounded=sum(sh.unbounded for sh in shapes),
                 size=sum(sh.size for sh in shapes),
+                width=max((sh.width for sh in shapes), default=1),
             )
             self._check_size(self.shape.size)
         return " ".join(items)
@@ -361,11 +373,17 @@ class _Parser:
             hi = 0 if hi == 0 else None if hi is None or shape.hi is None else min(shape.hi * hi, MAX_REPEAT)
             self.made = before + shape.base_made
             n_prev = max(1, shape.base_made)
-            shape = _Shape(unbounded=shape.unbounded - (shape.hi is None), size=shape.base_size)
+            shape = _Shape(unbounded=shape.unbounded - (shape.hi is None), size=shape.base_size, width=shape.width)
         elif shape.nullable and (hi is None or hi > 1):
             raise self.fail(
                 "a repetition of a sub-pattern that can match the empty string "
                 "(too ambiguous for llama.cpp's grammar engine: make the sub-pattern non-empty)"
+            )
+        if (hi is None or hi > 1) and shape.width > MAX_REPEATED_ALTERNATIVES:
+            raise self.fail(
+                f"a repetition of {shape.width} alternatives (more than {MAX_REPEATED_ALTERNATIVES}: too slow for "
+                "llama.cpp's grammar engine, which follows every alternative at every character; use a "
+                "character class such as [a-z] or fewer alternatives)"
             )
         total = hi if hi else (lo or 1)
         if n_prev * total >= LLAMA_REPETITION_THRESHOLD:
@@ -380,7 +398,7 @@ class _Parser:
         size = shape.size * max(1, lo if hi is None else hi)
         self._check_size(size)
         if lo == 0 and hi != 0 and not shape.nullable:
-            self.shape = _Shape(True, unbounded, atom, made, hi, size, shape.size)
+            self.shape = _Shape(True, unbounded, atom, made, hi, size, shape.size, shape.width)
         else:
-            self.shape = _Shape(shape.nullable or lo == 0, unbounded, size=size)
+            self.shape = _Shape(shape.nullable or lo == 0, unbounded, size=size, width=shape.width)
         return repeat(atom, lo, hi)

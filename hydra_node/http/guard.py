@@ -3,7 +3,8 @@ Content-Type (CSRF), CORS, and the bearer check.
 
 :func:`screen` looks at a request *head* (before any body is read, so ``Expect: 100-continue``
 gets its final answer at once) and returns a :class:`Verdict`: answer a CORS preflight, refuse
-(403 foreign Host/Origin, 415 state change without JSON, 401 no key), or go on.
+(403 foreign Host/Origin, 415 state change without JSON, 403 a CORS-simple request from a foreign
+origin on a listener without CSRF checks, i.e. the OpenAI port, 401 no key), or go on.
 :func:`response_headers` is what every response to that request carries (CORS).
 See ``docs/security.md``.
 """
@@ -48,8 +49,11 @@ class GuardSettings:
     """What one listener enforces.  ``check_host``: it listens on loopback, so only loopback
     names (and ``allowed_hosts``) are valid ``Host`` values.  ``csrf``: state-changing methods
     need ``Content-Type: application/json`` and a same-origin (or no) ``Origin``.
-    ``cors_origins``: origins allowed to call from a browser (``*``: any).  ``api_key``: checked
-    on the head, before the body is read."""
+    ``cors_origins``: origins allowed to call from a browser (``*``: any); on a listener without
+    ``csrf`` (the OpenAI port) a state-changing request from any other origin must carry
+    ``Content-Type: application/json`` (which a browser sends only after a preflight, refused for
+    such an origin), so a page cannot drive inference with a CORS-simple request (``text/plain``,
+    a form).  ``api_key``: checked on the head, before the body is read."""
 
     check_host: bool = True
     allowed_hosts: tuple[str, ...] = ()
@@ -179,6 +183,18 @@ def _cors_allowed(origin: str | None, settings: GuardSettings) -> bool:
     return "*" in settings.cors_origins or normalize_origin(origin) in settings.cors_origins
 
 
+def _cross_origin_simple(headers: dict, settings: GuardSettings) -> bool:
+    """A request a browser may send from any page without a preflight (``Origin`` foreign to this
+    node and not allowed by CORS, a body that is not ``application/json``)."""
+    origin = headers.get("origin")
+    return (
+        origin is not None
+        and _media_type(headers) != "application/json"
+        and not _cors_allowed(origin, settings)
+        and not _same_origin(origin, headers.get("host"), settings)
+    )
+
+
 def _media_type(headers: dict) -> str:
     return headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
@@ -236,6 +252,18 @@ def screen(method: str, path: str, headers: dict, settings: GuardSettings) -> Ve
             return Verdict(403, "forbidden_origin", f"requests from origin {origin!r} may not change this node")
         if _media_type(headers) != "application/json":
             return Verdict(415, "unsupported_media_type", f"{method} requests need 'Content-Type: application/json'")
+    elif method in STATE_CHANGING and _cross_origin_simple(headers, settings):
+        ctype = headers.get("content-type")
+        return Verdict(
+            403,
+            "cross_origin_request",
+            f"a {method} from origin {headers.get('origin')!r} with "
+            f"{'no Content-Type' if ctype is None else f'Content-Type {ctype.strip()!r:.80}'}: a page on another "
+            "origin may not send requests a browser does not ask about first; send 'Content-Type: "
+            "application/json' (a browser then sends a preflight, answered for allowed origins only), and "
+            "allow the page's origin with --cors-origin / [api].cors_origins; a client that is not a "
+            "browser can leave out the Origin header",
+        )
     public = method == "GET" and any(
         norm == p or (p.endswith("/*") and path.startswith(p[:-1])) for p in settings.public_paths
     )

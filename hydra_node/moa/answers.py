@@ -83,7 +83,7 @@ class MoaApi:
         self.moa = moa
 
     def handles(self, model: str) -> bool:
-        return model == MESH_MODEL and not self.moa.shadowed()
+        return model == MESH_MODEL  # reserved: never a hosted model's id (hydra_node.models.RESERVED_MODEL_IDS)
 
     def model_obj(self, now: int) -> dict | None:
         """The ``/v1/models`` entry for ``mesh`` (None when it is not listed)."""

@@ -1,7 +1,9 @@
 """The mixture of agents behind ``model: "mesh"`` (experimental): ask every member, arbitrate, reduce.
 
 :class:`MixtureOfAgents` picks the members (``[moa] members``, or every distinct ready model in the
-mesh, sorted by id, at most ``max_members``), runs the same chat on each of them at once — each a
+mesh, sorted by id, at most ``max_members`` and at most one per peer node: :func:`one_per_node`,
+so that one node announcing many model ids takes one seat, not all; this node's own models each
+count), runs the same chat on each of them at once — each a
 normal routed request, local or remote, through the router and its scheduler — under one
 per-member deadline (``deadline_s``), and hands the answers that came back to the pure arbiter
 (:mod:`hydra_node.moa.arbiter`). A member that fails or misses the deadline is left out (its
@@ -17,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Collection, Mapping
 
 import trio
 
@@ -35,6 +37,7 @@ __all__ = [
     "MixtureOfAgents",
     "REDUCER_INSTRUCTION",
     "MAX_CANDIDATE_CHARS",
+    "one_per_node",
     "scheduler_quality",
 ]
 
@@ -114,24 +117,37 @@ class MixtureOfAgents:
     """``model: "mesh"``: members, their answers under the deadline, the verdict, the reducer request."""
 
     def __init__(
-        self, router: RouterApi, settings: MoaSettings, *, quality: Callable[[str, str], float | None] | None = None
+        self,
+        router: RouterApi,
+        settings: MoaSettings,
+        *,
+        quality: Callable[[str, str], float | None] | None = None,
+        own_node: str | None = None,
     ):
-        self.router, self.settings, self.quality = router, settings, quality
+        """``own_node``: this node's id; its own models (the operator's choice) each take a seat,
+        while every other node takes at most one (None: every node, this one included, one)."""
+        self.router, self.settings, self.quality, self.own_node = router, settings, quality, own_node
 
     # ---- members ---------------------------------------------------------------------------
     def members(self) -> list[str]:
-        """The models a mesh request asks now (ready somewhere in the mesh)."""
-        ready = {m.id for m in self.router.models() if m.id != MESH_MODEL and "ready" in m.states.values()}
-        chosen = [m for m in self.settings.members if m in ready] if self.settings.members else sorted(ready)
-        return chosen[: self.settings.max_members]
+        """The models a mesh request asks now (ready somewhere in the mesh): ``[moa] members`` as
+        listed, or else the ready models by id, no hosting node seating two (:func:`one_per_node`)."""
+        ready = {
+            m.id: [self._seat(node, m.id) for node, state in m.states.items() if state == "ready"]
+            for m in self.router.models()
+            if m.id != MESH_MODEL and "ready" in m.states.values()
+        }
+        if self.settings.members:
+            return [m for m in self.settings.members if m in ready][: self.settings.max_members]
+        return one_per_node(ready, self.settings.max_members)
 
-    def shadowed(self) -> bool:
-        """True when a hosted model is itself called ``mesh`` (it wins: the name is its own)."""
-        return any(m.id == MESH_MODEL for m in self.router.models())
+    def _seat(self, node: str, model: str) -> str:
+        """Where ``model`` on ``node`` sits: one seat per peer node; one per model on our own node."""
+        return f"{node}\0{model}" if node == self.own_node else node
 
     def listed(self) -> bool:
         """``mesh`` appears in /v1/models: enabled, and at least two distinct members are ready."""
-        return self.settings.enabled and not self.shadowed() and len(self.members()) >= 2
+        return self.settings.enabled and len(self.members()) >= 2
 
     def check(self) -> list[str]:
         """The members of a request now, or a 400 that says why ``mesh`` cannot be asked."""
@@ -228,6 +244,32 @@ class MixtureOfAgents:
             request_id=f"{req.request_id}-reducer",
             messages=req.messages + (ChatMessage("user", "\n\n".join(parts)),),
         )
+
+
+def one_per_node(hosts: Mapping[str, Collection[str]], limit: int) -> list[str]:
+    """Up to ``limit`` model ids (sorted), each seated on a node that hosts it, no node seating two:
+    a node's many (sybil) model ids take one seat, while a model a seated node shares with others
+    still gets in. Earliest ids first; a later id moves an earlier one to another of its hosts
+    when it can (augmenting paths, bounded by ``limit`` seats)."""
+    seat: dict[str, str] = {}  # node -> the model seated on it
+
+    def place(model: str, seen: set[str]) -> bool:
+        for node in sorted(hosts[model]):
+            if node in seen:
+                continue
+            seen.add(node)
+            if node not in seat or place(seat[node], seen):
+                seat[node] = model
+                return True
+        return False
+
+    chosen: list[str] = []
+    for model in sorted(hosts):
+        if len(chosen) >= limit:
+            break
+        if place(model, set()):
+            chosen.append(model)
+    return chosen
 
 
 def _candidate_text(out: ChatOutcome | None) -> str:

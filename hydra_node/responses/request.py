@@ -118,6 +118,7 @@ class ResponsesCall:
     text_format: dict = field(default_factory=lambda: {"type": "text"})
     previous_response_id: str | None = None
     store: bool = True
+    store_asked: bool = False  # the request said "store": true itself (not the default)
     stream: bool = False
     logprobs: bool = False  # include has message.output_text.logprobs
     top_logprobs: int = 0
@@ -367,6 +368,7 @@ def parse_responses_body(raw: bytes, previous: Callable[[str], Sequence[ChatMess
         text_format=_text_format(body.get("text")),
         previous_response_id=prev_id,
         store=True if store is None else store,
+        store_asked=store is True,
         stream=stream,
         logprobs=logprobs,
         top_logprobs=top_logprobs,

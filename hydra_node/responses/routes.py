@@ -10,6 +10,7 @@ Finished responses are kept in a bounded store (:mod:`responses_store`) for
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -70,8 +71,9 @@ class ResponsesApi:
         call = parse_responses_body(request.body, self.store.get)
         self._check_model(call.model)
         resp_id = new_id("resp")
-        req = generation_request(call, resp_id, request.headers.get("x-session-id", "") or call.session)
         created = int(self._clock())
+        call = self._storable(call, resp_id, created)  # before any work on a response it cannot keep
+        req = generation_request(call, resp_id, request.headers.get("x-session-id", "") or call.session)
         if call.stream:
             return await self._stream(call, req, resp_id, created, request.nursery)
         return await self._complete(call, req, resp_id, created)
@@ -96,7 +98,7 @@ class ResponsesApi:
         if request.method == "DELETE":
             self.store.pop(resp_id)
             return Response.json(200, {"id": resp_id, "object": "response", "deleted": True})
-        return Response.json(200, found.body)
+        return Response(200, found.body_json)
 
     def _mesh(self, model: str) -> bool:
         return self.moa is not None and self.moa.handles(model)
@@ -108,9 +110,31 @@ class ResponsesApi:
             known = ", ".join(m.id for m in self.router.models()) or "none"
             raise ApiError(404, f"model {model!r} does not exist (available: {known})", "model_not_found", "model")
 
+    def _storable(self, call: ResponsesCall, resp_id: str, created: int) -> ResponsesCall:
+        """Refuse, before generating, a response the store could not keep: 400 when the request
+        asked for ``store: true`` itself; otherwise it is answered with ``store: false``."""
+        if not call.store:
+            return call
+        skeleton = response_body(call, resp_id, created, status="completed", output=[])
+        size = self.store.size_of(call.history, skeleton)
+        if size <= self.store.max_response_bytes:
+            return call
+        if call.store_asked:
+            raise ApiError(
+                400,
+                f"this response cannot be stored: its input and echoed request fields (text.format, "
+                f"tools, metadata) already take {size} bytes serialised, over this node's limit of "
+                f"{self.store.max_response_bytes} bytes for one stored response "
+                "(send 'store': false, or shrink the input or the schema)",
+                "response_too_large_to_store",
+                "store",
+            )
+        return dataclasses.replace(call, store=False)
+
     def _remember(self, call: ResponsesCall, body: dict) -> None:
-        if call.store:
-            self.store.put(body["id"], conversation_after(call, body["output"]), body)
+        """Store a finished response; one its output made too large is answered ``store: false``."""
+        if call.store and not self.store.put(body["id"], conversation_after(call, body["output"]), body):
+            body["store"] = False
 
     async def _complete(self, call: ResponsesCall, req: GenerationRequest, resp_id: str, created: int) -> Response:
         out, headers = await complete_answer(self.router, self.moa, req)  # model "mesh": the mixture's answer

@@ -34,6 +34,7 @@ from hydra_node.inference import (
     event_frame,
 )
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError, StreamReset
+from hydra_node.models import RESERVED_MODEL_IDS
 from hydra_node.mesh.link.peer_link import PeerLink
 from hydra_node.mesh.membership import Announcement
 from hydra_node.mesh.link.stream import LinkStream
@@ -70,6 +71,7 @@ class RemoteGenerationStatistics:
     served: int
     errors: int
     bad_requests: int
+    reserved_models_ignored: int = 0
 
     def counters(self) -> dict[str, int]:
         """The names ``/api/status`` has always shown under ``mesh.counters``."""
@@ -78,6 +80,7 @@ class RemoteGenerationStatistics:
             "remote_generations_opened": self.opened,
             "remote_generation_errors": self.errors,
             "bad_generate_requests": self.bad_requests,
+            "reserved_models_ignored": self.reserved_models_ignored,
         }
 
 
@@ -93,20 +96,39 @@ class RemoteGeneration:
         self._local_open = local_open
         self._embed_remote = embed_remote
         self._opened = self._served = self._errors = self._bad_requests = 0
+        self._reserved_seen: dict[str, tuple[int, int]] = {}  # peer -> announcement that named a reserved id
+        self._reserved_ignored = 0
 
     def statistics(self) -> RemoteGenerationStatistics:
-        return RemoteGenerationStatistics(self._opened, self._served, self._errors, self._bad_requests)
+        return RemoteGenerationStatistics(
+            self._opened, self._served, self._errors, self._bad_requests, self._reserved_ignored
+        )
+
+    def _ignore_reserved(self, peer_id: str, ann: Announcement, model: str) -> None:
+        """A peer announcing ``mesh`` (or another reserved id) would take the API's own name: never
+        routed to; logged and counted once per announcement."""
+        if self._reserved_seen.get(peer_id) == ann.version_key():
+            return
+        self._reserved_seen[peer_id] = ann.version_key()
+        self._reserved_ignored += 1
+        log.warning("event=reserved_model_ignored peer=%s model=%r", peer_id[:16], model)
 
     # ---- requester ----------------------------------------------------------------------
     def targets(self) -> list[RouteTarget]:
         states = self._mesh.member_states(trio.current_time())
         out: list[RouteTarget] = []
-        for peer_id, ann in self._mesh.members().items():
+        members = self._mesh.members()
+        for gone in [p for p in self._reserved_seen if p not in members]:
+            del self._reserved_seen[gone]
+        for peer_id, ann in members.items():
             if ann.role == "client":
                 continue
             link = self._mesh.link(peer_id)
             rtt = link.rtt_ms if link is not None and link.rtt_ms is not None else UNLINKED_RTT_MS
             for m in ann.models:
+                if m.id in RESERVED_MODEL_IDS:
+                    self._ignore_reserved(peer_id, ann, m.id)
+                    continue
                 # a state this version does not know (a newer peer's) is listed, never routed to
                 state = TargetState.of(m.state) if states.get(peer_id) == "alive" else TargetState.SUSPECT
                 # capacity as announced: what it serves (its queue) plus what it could still start

@@ -11,7 +11,7 @@ import pytest
 import trio
 from events_sse import SseStream
 
-from hydra_node.admin.events import EventsRoute
+from hydra_node.admin.events import MAX_STREAMS_PER_CLIENT, EventsRoute
 from hydra_node.admin.history import HistorySampler
 from hydra_node.http.server import HttpServer
 from hydra_node.http.guard import GuardSettings
@@ -164,6 +164,32 @@ async def test_a_client_that_goes_away_frees_its_subscription_and_streams_are_bo
         again = await in_thread(lambda: sse(server.port))
         assert again.status == 200
         again.close()
+
+
+async def test_one_client_holds_a_share_of_the_streams_and_another_console_still_connects():
+    """Issue 25 item 7: idle readers from one address take their share (4 of the 64 streams), not
+    the whole table; a console on another address (127.0.0.2) still gets its live view."""
+    log = EventLog(clock=Wall())  # the default table: 64 streams
+    async with management(log) as server:
+        mine = [await in_thread(lambda: sse(server.port)) for _ in range(MAX_STREAMS_PER_CLIENT)]
+        assert [s.status for s in mine] == [200] * MAX_STREAMS_PER_CLIENT
+        over = await in_thread(lambda: sse(server.port))
+        assert over.status == 429 and over.headers["retry-after"] == "5"
+        err = over.body()["error"]
+        assert err["code"] == "too_many_event_streams_for_client" and "127.0.0.1" in err["message"]
+        assert log.statistics().subscribers == MAX_STREAMS_PER_CLIENT
+        other = await in_thread(lambda: SseStream(server.port, timeout=10, source="127.0.0.2"))
+        assert other.status == 200 and await in_thread(other.next) == "ping"
+        other.close()
+        for s in mine:
+            s.close()
+        with trio.fail_after(10):
+            while log.statistics().subscribers:
+                await trio.sleep(0.01)
+        again = [await in_thread(lambda: sse(server.port)) for _ in range(MAX_STREAMS_PER_CLIENT)]
+        assert [s.status for s in again] == [200] * MAX_STREAMS_PER_CLIENT  # the share came back whole
+        for s in again:
+            s.close()
 
 
 async def test_a_drain_ends_the_stream():

@@ -116,3 +116,18 @@ def test_serve_help_lists_the_forms_of_model(capsys):
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
     for form in ("ID=PATH", "catalogue name", "hf://OWNER/REPO", "https://", "placement:NAME"):
         assert form in out, form
+
+
+@pytest.mark.parametrize(("model_id", "says"), [("bad\x01id", "non-printable character"), ("mesh", "is reserved")])
+def test_serve_refuses_a_bad_model_id_in_one_line(tmp_path, model_id, says):
+    """A model id the mesh cannot hold, or one the API keeps for itself, ends ``serve`` with one
+    line naming it (it was a traceback for every id but ``mesh``)."""
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    r = run(
+        "serve", "--home", str(tmp_path / "home"), "--port", "0", "--console", "0", "--mesh-port", "0",
+        "--model", f"{model_id}={gguf}",
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr and says in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("hydra-node: model id ")

@@ -93,6 +93,18 @@ def test_apply_profile_edits_the_file_in_place_after_a_backup_and_refuses_a_brok
     assert path.read_text() == "[defaults.model_fit\nctx_size = 1\n"  # nothing written
 
 
+def test_a_second_apply_keeps_the_first_backup_and_writes_a_new_one(tmp_path):
+    """Issue 25: a second `tune --apply` overwrote config.toml.bak, losing the original file."""
+    path = tmp_path / "config.toml"
+    path.write_text(COMMENTED)
+    first = apply_profile(path, {"defaults.model_fit.ctx_size": 4096})
+    after_first = path.read_text()
+    second = apply_profile(path, {"defaults.model_fit.ctx_size": 2048})
+    assert first == tmp_path / "config.toml.bak" and first.read_text() == COMMENTED  # the original, kept
+    assert second == tmp_path / "config.toml.bak.1" and second.read_text() == after_first
+    assert "ctx_size = 2048" in path.read_text()
+
+
 values = st.one_of(
     st.booleans(),
     st.integers(-(2**31), 2**31),

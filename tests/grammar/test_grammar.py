@@ -194,6 +194,12 @@ def test_an_unsupported_keyword_is_named_with_its_pointer() -> None:
         ({"type": "string", "pattern": "((a|)b?)+"}, "can match the empty string"),
         ({"type": "string", "pattern": "((a{999}){999}){2}"}, "larger than 20000 grammar elements"),
         ({"type": "string", "pattern": "(a{100}){300}"}, "larger than 20000 grammar elements"),
+        ({"type": "string", "pattern": "^(" + "|".join(["[a-z]"] * 65) + ")*$"}, "a repetition of 65 alternatives"),
+        ({"type": "string", "pattern": "(" + "|".join(["(x|y)"] * 33) + "){2}"}, "a repetition of 66 alternatives"),
+        (
+            {"type": "string", "pattern": "((" + "|".join("abcdefghij") + ")z|(" + "|".join("k" * 56) + "))+"},
+            "of 66 alt",
+        ),
         ({"type": "string", "minimum": 3}, "'minimum' on type string"),
         ({"type": "integer", "multipleOf": 3}, "'multipleOf' at #"),
         ({"type": "object", "patternProperties": {}}, "'patternProperties'"),
@@ -250,6 +256,14 @@ def test_repeated_nullable_sub_patterns_are_rewritten_to_one_repetition(pattern:
         for text in ("x" * n, "a" * n, "a" * n + "b", "ab" * (n % 5) + "c", "y", "x" * n + "y"):
             bare = (p.removeprefix("^").removesuffix("$") for p in (pattern, same))
             assert bool(re.fullmatch(next(bare), text)) == bool(re.fullmatch(next(bare), text)), (pattern, text)
+
+
+def test_wide_alternations_are_refused_only_when_repeated() -> None:
+    wide = "|".join(["[a-z]"] * 64)
+    json_schema_grammar({"type": "string", "pattern": f"^({wide})*$"}, param=P)  # at the bound
+    json_schema_grammar({"type": "string", "pattern": "^(" + "|".join(["[a-z]"] * 300) + ")$"}, param=P)  # once
+    message = _refused({"type": "string", "pattern": f"^({wide}|x)+$"}).message
+    assert "a repetition of 65 alternatives" in message and "character class" in message
 
 
 def test_a_schema_whose_grammar_is_too_large_is_refused() -> None:

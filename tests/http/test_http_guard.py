@@ -155,3 +155,39 @@ def test_refusal_log_is_rate_limited_and_counts_what_it_drops():
     assert rl.take_suppressed() == 3 and rl.suppressed == 0
     assert rl.allow(10.0)  # one token back after 10 s at 6 a minute
     assert not rl.allow(10.0)
+
+
+SIMPLE_TYPES = (
+    None,
+    "text/plain",
+    "text/plain; charset=utf-8",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data",
+)
+
+
+@pytest.mark.parametrize("ctype", SIMPLE_TYPES)
+@pytest.mark.parametrize("origin", ["https://evil.example", "null", "http://127.0.0.1:1"])
+def test_a_cors_simple_request_from_a_foreign_origin_is_refused_on_the_api_port(origin, ctype):
+    headers = _h(origin=origin) if ctype is None else _h(origin=origin, content_type=ctype)
+    for settings in (LOOP, CORS):  # a page could send it without a preflight; the answer it cannot read
+        v = screen("POST", "/v1/chat/completions", headers, settings)
+        assert v is not None and (v.status, v.code) == (403, "cross_origin_request"), (origin, ctype)
+        assert v.error_body()["error"]["type"] == "permission_error"
+        assert "application/json" in v.message and "--cors-origin" in v.message and repr(origin) in v.message
+
+
+def test_cors_simple_requests_stay_open_to_clients_without_origin_and_to_allowed_or_same_origins():
+    for ctype in SIMPLE_TYPES:  # no Origin: not a browser page (curl, SDKs), served as before
+        headers = _h() if ctype is None else _h(content_type=ctype)
+        assert screen("POST", "/v1/chat/completions", headers, LOOP) is None
+    text = {"content_type": "text/plain"}
+    assert screen("POST", "/v1/completions", _h(origin="http://127.0.0.1:9337", **text), LOOP) is None
+    allowed = _h(origin="https://app.example", authorization="Bearer " + "k" * 12, **text)
+    assert screen("POST", "/v1/completions", allowed, CORS) is None  # the operator allowed this origin
+    star = GuardSettings(cors_origins=("*",))
+    assert screen("POST", "/v1/completions", _h(origin="https://any.example", **text), star) is None
+    # JSON from a foreign origin: a browser sends it only after a preflight, which it refuses
+    json_ = _h(origin="https://evil.example", content_type="application/json")
+    assert screen("POST", "/v1/completions", json_, LOOP) is None
+    assert screen("GET", "/v1/models", _h(origin="https://evil.example"), LOOP) is None  # reads change nothing

@@ -351,3 +351,27 @@ async def test_non_ascii_authorization_is_401_and_refusals_are_logged_at_a_bound
     lines = [rec.getMessage() for rec in caplog.records if "event=http_refused" in rec.getMessage()]
     assert counted == [401] * 40 and server.refusals == {401: 40}
     assert 1 <= len(lines) <= 10 and "status=401" in lines[0]  # the default burst, nothing more
+
+
+async def test_a_text_plain_post_from_a_foreign_origin_never_reaches_the_handler():
+    body = b'{"model": "m", "prompt": "hi"}'
+    async with serving(GuardSettings(check_host=True, cors_origins=("https://app.example",))) as server:
+        for headers, expect in (
+            ({"origin": "https://evil.example", "content_type": "text/plain"}, 403),
+            ({"origin": "https://evil.example"}, 403),  # no Content-Type at all: also a simple request
+            ({"content_type": "text/plain"}, 200),  # no Origin: a client that is not a browser, as before
+            ({"origin": "https://app.example", "content_type": "text/plain"}, 200),  # allowed by CORS
+            ({"origin": "https://evil.example", "content_type": "application/json"}, 200),  # needs a preflight
+        ):
+            s = await connect(server.port)
+            await s.send_all(_req("POST", "/echo", body, **headers))
+            status, _, got = await Reader(s).response()
+            assert status == expect, headers
+            answer = json.loads(got)
+            if expect == 200:
+                assert answer == {"bytes": len(body)}
+            else:
+                assert (
+                    answer["error"]["code"] == "cross_origin_request" and "Content-Type" in answer["error"]["message"]
+                )
+            await s.aclose()

@@ -66,9 +66,9 @@ def test_fewer_than_two_members_or_disabled_is_a_400_saying_why():
     assert not off.listed() and exc.value.code == "moa_disabled"
 
 
-def test_a_hosted_model_called_mesh_keeps_its_name():
-    m = moa(("mesh", "self", "ready"), ("a", "self", "ready"), ("b", "self", "ready"))
-    assert m.shadowed() and not m.listed() and m.members() == ["a", "b"]
+def test_a_target_called_mesh_is_never_a_member():
+    m = moa(("mesh", "self", "ready"), ("a", "self", "ready"), ("b", "peer", "ready"))
+    assert m.listed() and m.members() == ["a", "b"]  # "mesh" is reserved: tests/moa/test_moa_members.py
 
 
 def _run(*answers: tuple[str, str | None, float], failed: tuple[MemberResult, ...] = ()) -> MoaRun:

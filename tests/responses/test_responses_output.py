@@ -173,14 +173,14 @@ def test_store_evicts_least_recently_used_by_count():
     assert len(store) == 2 and store.evicted == 1
 
 
-def test_store_is_bounded_by_characters():
-    store = ResponsesStore(max_responses=100, max_chars=200)
+def test_store_is_bounded_by_bytes():
+    store = ResponsesStore(max_responses=100, max_bytes=200)
     big = (ChatMessage("user", "x" * 120),)
     assert store.put("a", big)
     assert store.put("b", big)
-    assert store.get("a") is None and store.get("b") == big and store.chars <= 200
+    assert store.get("a") is None and store.get("b") == big and store.bytes <= 200
     assert not store.put("huge", (ChatMessage("user", "x" * 500),)) and store.get("huge") is None
-    assert store.pop("b") and store.chars == 0 and len(store) == 0
+    assert store.pop("b") and store.bytes == 0 and len(store) == 0
 
 
 def test_whitespace_before_a_call_is_not_a_message():

@@ -23,6 +23,7 @@ import trio
 
 from hydra_node.mesh.announcer import AnnouncementContent
 from hydra_node.mesh.link.dialback import dial_back
+from hydra_node.mesh.link.dialback_policy import DialbackLimiter, DialbackTarget, dialback_targets
 from hydra_node.mesh.link.endpoints import connect_link
 from hydra_node.mesh.link.peer_link import LinkSettings, PeerLink
 from hydra_node.mesh.link.stream import LinkStream
@@ -42,7 +43,6 @@ from hydra_node.mesh.relay.server import RelayServer, RelayServerStatistics, rea
 from hydra_node.mesh.relay.settings import RelaySettings
 from hydra_node.mesh.relay.upgrade import LinkUpgrader, UpgradeInputs
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError
-from hydra_node.mesh.wire.token import addr_to_url
 
 __all__ = ["RelayAgent", "RelayInputs", "RelayStatus"]
 
@@ -104,6 +104,7 @@ class RelayAgent:
         self._reserved: set[str] = set()  # relays that confirmed our reservation
         self._failed: dict[str, float] = {}  # relay id -> not before
         self._dialbacks = 0
+        self._dialback_limiter = DialbackLimiter()
         self.counters: Counter[str] = Counter()
         self._rng = random.Random()
         #: Moves relayed links to a direct path: a direct dial or hole punching (upgrade.py).
@@ -188,14 +189,16 @@ class RelayAgent:
             self.counters["relayed_accept_failed"] += 1
             return
         self.counters["relayed_links_accepted"] += 1
-        await self._run_adopted(inner, parse_incoming(header).observed)
+        incoming = parse_incoming(header)
+        await self._run_adopted(inner, incoming.observed, incoming.peer_observed)
 
-    async def _run_adopted(self, inner: PeerLink, observed: str | None) -> None:
+    async def _run_adopted(self, inner: PeerLink, observed: str | None, peer_observed: str | None = None) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(inner.run)
                 self._in.adopt(inner)
-                self.upgrader.relayed_link_up(inner, observed, drive=True)  # we accepted it: we try a direct path
+                # we accepted it: we try a direct path
+                self.upgrader.relayed_link_up(inner, observed, drive=True, peer_observed=peer_observed)
                 await inner.wait_closed()
         finally:
             self.upgrader.relayed_link_down(inner)
@@ -210,28 +213,50 @@ class RelayAgent:
             self.counters[f"relayed_rejected_{code}"] += 1
 
     async def on_dialback(self, link: PeerLink, header: dict, stream: LinkStream) -> None:
+        """Dial the requester back, only at its observed address and announced ports (dialback_policy.py)."""
         try:
             request = parse_dialback(header)
         except RelayProtocolError as exc:
             await stream.send(encode_reply("refused", code=exc.code, message=str(exc)))
             return
-        if self._dialbacks >= MAX_CONCURRENT_DIALBACKS:
-            await stream.send(encode_reply("refused", code="busy", message="too many dial-backs in progress"))
+        observed = link.remote_host if link.relay is None else None
+        ann = self._in.members().get(link.peer_id)
+        targets = dialback_targets(request.addrs, observed, ann.addresses) if observed and ann is not None else {}
+        wanted = {t for t in targets.values() if t is not None}
+        refusal = self._dialback_refusal(link.peer_id, observed, ann is not None, len(wanted))
+        if refusal is not None:
+            self.counters[f"dialbacks_refused_{refusal[0]}"] += 1
+            await stream.send(encode_reply("refused", code=refusal[0], message=refusal[1]))
             return
+        self.counters["dialback_addresses_not_dialled"] += sum(1 for t in targets.values() if t is None)
         self._dialbacks += 1
-        results: dict[str, bool] = {}
+        reached: dict[DialbackTarget, bool] = {}
         try:
 
-            async def one(addr: str) -> None:
-                results[addr] = await dial_back(addr_to_url(addr), link.peer_id, request.nonce, DIALBACK_TIMEOUT_S)
+            async def one(target: DialbackTarget) -> None:
+                reached[target] = await dial_back(target.url, link.peer_id, request.nonce, DIALBACK_TIMEOUT_S)
 
             async with trio.open_nursery() as nursery:
-                for addr in dict.fromkeys(request.addrs):
-                    nursery.start_soon(one, addr)
+                for target in wanted:
+                    nursery.start_soon(one, target)
         finally:
             self._dialbacks -= 1
         self.counters["dialbacks_served"] += 1
+        results = {addr: t is not None and reached.get(t, False) for addr, t in targets.items()}
         await stream.send(encode_reply("dialback", results=results))
+
+    def _dialback_refusal(self, peer: str, observed: str | None, announced: bool, dials: int) -> tuple[str, str] | None:
+        """Why a dial-back request is refused (code, message), or None: it may cost ``dials`` dials."""
+        if observed is None:
+            return "no_observed_address", "ask on a direct link: we dial back only the address the link comes from"
+        if not announced:
+            return "unknown_peer", "no announcement of yours has reached us yet (we dial only announced ports)"
+        if self._dialbacks >= MAX_CONCURRENT_DIALBACKS:
+            return "busy", "too many dial-backs in progress"
+        if not self._dialback_limiter.allow(peer, dials, trio.current_time()):
+            log.info("event=dialback_rate_limited peer=%s dials=%d", peer[:16], dials)
+            return "rate_limited", "too many dial-backs asked; ask again later"
+        return None
 
     # ---- dialling (the link table's connect) ------------------------------------------------------
     async def connect(
@@ -252,14 +277,27 @@ class RelayAgent:
             raise LinkClosed("a relay address is dialled by peer id, by a mesh member", code="connect_failed")
         relay_link = await self._in.link_to(relay)
         observed: list[str | None] = []
+        peer_observed: list[str | None] = []
         inner = None
         try:
             async with trio.open_nursery() as nursery:
                 inner = await nursery.start(
-                    partial(connect_via_relay, relay_link, expected_peer_id, settings, on_observed=observed.append)
+                    partial(
+                        connect_via_relay,
+                        relay_link,
+                        expected_peer_id,
+                        settings,
+                        on_observed=observed.append,
+                        on_peer_observed=peer_observed.append,
+                    )
                 )
                 self.counters["relayed_links_dialled"] += 1
-                self.upgrader.relayed_link_up(inner, observed[0] if observed else None, drive=False)
+                self.upgrader.relayed_link_up(
+                    inner,
+                    observed[0] if observed else None,
+                    drive=False,
+                    peer_observed=peer_observed[0] if peer_observed else None,
+                )
                 task_status.started(inner)
                 await inner.wait_closed()
         finally:

@@ -76,11 +76,13 @@ async def connect_via_relay(
     settings: LinkSettings,
     *,
     on_observed: Callable[[str | None], None] | None = None,
+    on_peer_observed: Callable[[str | None], None] | None = None,
     task_status: trio.TaskStatus[PeerLink] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Dial ``target`` through ``relay_link``'s node and run the link until it closes; ``started(link)``.
     Before that: LinkClosed (relay_refused, connect_failed) or a HandshakeError. ``on_observed``
-    receives our public IP as the relay saw it (``connected.observed``; None if not given)."""
+    receives our public IP as the relay saw it (``connected.observed``; None if not given),
+    ``on_peer_observed`` the target's (``connected.peer_observed``: where a hole punch may go)."""
     if settings.mesh is None:
         raise LinkClosed("a relayed link needs the mesh key", code="connect_failed")
     try:
@@ -93,6 +95,8 @@ async def connect_via_relay(
                 )
             if on_observed is not None:
                 on_observed(reply.get("observed"))
+            if on_peer_observed is not None:
+                on_peer_observed(reply.get("peer_observed"))
             transport = StreamTransport(stream, relay=relay_link.peer_id, initial=rest)
             handshake = Handshake(
                 "initiator", settings.identity, settings.mesh, now=settings.wall_clock(), expected_peer_id=target

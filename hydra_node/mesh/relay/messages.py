@@ -9,6 +9,8 @@ Every relay exchange is a mesh stream on an ordinary link (protocol/README.md, "
   dialler ``connected`` {observed} (or ``refused``) and splices the two streams' raw bytes.
   ``observed`` is the IP address the relay sees that node's link come from (its public address,
   behind NAT), for hole punching (``punch.py``); it is absent when the relay does not know it.
+  ``peer_observed`` (same form) is the *other* end's IP as the relay sees it: the only host a hole
+  punch may connect to (a member cannot name another one).
 * ``reach_dialback`` {addrs, nonce} (node → peer): the peer dials each address back and answers one
   ``dialback`` frame {results: {addr: bool}}.
 
@@ -49,6 +51,7 @@ __all__ = [
     "encode_relayed_frame",
     "encode_reply",
     "is_ip_text",
+    "observed_fields",
     "parse_connect",
     "parse_dialback",
     "parse_incoming",
@@ -92,6 +95,8 @@ class IncomingRequest:
     source: str
     observed: str | None = None
     """The target's public IP as the relay sees its link (for hole punching; absent: unknown)."""
+    peer_observed: str | None = None
+    """The dialler's public IP as the relay sees its link: where a hole punch goes (absent: no punch)."""
 
 
 @dataclass(frozen=True)
@@ -119,10 +124,11 @@ def parse_connect(header: Mapping[str, Any]) -> ConnectRequest:
 
 def parse_incoming(header: Mapping[str, Any]) -> IncomingRequest:
     _version(header)
-    observed = header.get("observed")
-    if observed is not None and not is_ip_text(observed):
-        raise RelayProtocolError("relay header 'observed' must be an IP address", code="bad_relay_header")
-    return IncomingRequest(_node(header, "from"), observed)
+    observed, peer_observed = header.get("observed"), header.get("peer_observed")
+    for key, value in (("observed", observed), ("peer_observed", peer_observed)):
+        if value is not None and not is_ip_text(value):
+            raise RelayProtocolError(f"relay header {key!r} must be an IP address", code="bad_relay_header")
+    return IncomingRequest(_node(header, "from"), observed, peer_observed)
 
 
 def is_ip_text(value: Any) -> bool:
@@ -134,6 +140,13 @@ def is_ip_text(value: Any) -> bool:
     except ValueError:
         return False
     return True
+
+
+def observed_fields(own: str | None, peer: str | None) -> dict[str, str]:
+    """The relay's ``observed`` / ``peer_observed`` entries for one end of a circuit: that end's IP
+    and the other end's, as the relay sees their links (each left out when unknown)."""
+    fields = {"observed": own, "peer_observed": peer}
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 def parse_dialback(header: Mapping[str, Any]) -> DialbackRequest:
@@ -170,8 +183,9 @@ def parse_reply(msg: Mapping[str, Any], expected: str) -> dict[str, Any]:
         for key in ("ttl_s", "bytes_per_s", "circuits"):
             if type(msg.get(key)) is not int or msg[key] < 0:
                 raise RelayProtocolError(f"reserved.{key} must be an unsigned integer", code="bad_reply")
-    if op == "connected" and "observed" in msg and not is_ip_text(msg["observed"]):
-        raise RelayProtocolError("connected.observed must be an IP address", code="bad_reply")
+    for key in ("observed", "peer_observed"):
+        if op == "connected" and key in msg and not is_ip_text(msg[key]):
+            raise RelayProtocolError(f"connected.{key} must be an IP address", code="bad_reply")
     if op == "dialback":
         results = msg.get("results")
         if (

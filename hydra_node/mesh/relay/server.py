@@ -4,7 +4,10 @@ A reservation is a ``relay_reserve`` stream held open by the reserving node; whi
 the TTL) others may ``relay_connect`` to that node: the relay opens ``relay_incoming`` on the
 reserving node's link and splices the two streams' bytes, paced by one token bucket for the whole
 relay. It never sees plaintext: what it splices is the end-to-end link's handshake and ciphertext.
-A circuit ends when either side's stream or link ends (then the other side is reset).
+A circuit ends when either side's stream or link ends (then the other side is reset), or when no
+byte has passed either way for ``circuit_idle_s`` (both sides reset; counted). Reservations and
+circuits are also capped per member (``limits.RelayBook``): by node id and by the IP address its
+link comes from, so one member cannot hold the whole relay.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ from typing import Any, Callable, Mapping
 import trio
 
 from hydra_node.mesh.link.stream import LinkStream
-from hydra_node.mesh.relay.limits import RelayBook, RelayLimits, RelayRefused, TokenBucket
+from hydra_node.mesh.relay.limits import Circuit, RelayBook, RelayLimits, RelayRefused, TokenBucket
 from hydra_node.mesh.relay.messages import (
     INCOMING_KIND,
     RELAY_VERSION,
     RelayProtocolError,
     ReplyDecoder,
     encode_reply,
+    observed_fields,
     parse_connect,
 )
 from hydra_node.mesh.wire.errors import LinkClosed, StreamReset
@@ -42,6 +46,7 @@ class RelayServerStatistics:
     reservations: int
     circuits: int
     circuits_opened: int
+    circuits_idle_closed: int
     bytes_relayed: int
     refused: Mapping[str, int]
     limits: Mapping[str, int]
@@ -80,11 +85,16 @@ class RelayServer:
             reservations=self.book.reservations,
             circuits=self.book.circuits,
             circuits_opened=self.book.circuits_opened,
+            circuits_idle_closed=self.book.circuits_idle_closed,
             bytes_relayed=self.bytes_relayed,
             refused=dict(self.book.refused),
             limits={
                 "max_reservations": lim.max_reservations,
                 "max_circuits": lim.max_circuits,
+                "max_circuits_per_source": lim.max_circuits_per_source,
+                "max_circuits_per_address": lim.max_circuits_per_address,
+                "max_reservations_per_address": lim.max_reservations_per_address,
+                "circuit_idle_s": int(lim.circuit_idle_s),
                 "bytes_per_s": lim.bytes_per_s,
                 "reservation_ttl_s": int(lim.reservation_ttl_s),
             },
@@ -96,7 +106,7 @@ class RelayServer:
             return
         now = trio.current_time()
         try:
-            expires = self.book.reserve(link.peer_id, now)
+            expires = self.book.reserve(link.peer_id, now, link.remote_host)
         except RelayRefused as exc:
             await _refuse(stream, exc.code, str(exc))
             return
@@ -121,62 +131,99 @@ class RelayServer:
     async def serve_connect(self, link: Any, header: Mapping[str, Any], stream: LinkStream) -> None:
         try:
             target = parse_connect(header).target
-            self.book.open_circuit(link.peer_id, target, trio.current_time())
+            circuit: Circuit = self.book.open_circuit(link.peer_id, target, trio.current_time(), link.remote_host)
         except (RelayProtocolError, RelayRefused) as exc:
             await _refuse(stream, exc.code, str(exc))
             return
+        idle = False
         try:
-            await self._connect(link, target, stream)
+            idle = await self._connect(link, target, stream)
         finally:
-            self.book.close_circuit(target)
+            self.book.close_circuit(circuit, idle=idle)
 
-    async def _connect(self, source_link: Any, target: str, stream: LinkStream) -> None:
+    async def _connect(self, source_link: Any, target: str, stream: LinkStream) -> bool:
+        """Set up and splice one circuit; True when it was closed for being idle."""
         source = source_link.peer_id
         target_link = self._links.get(target)
         if target_link is None or target_link.closed:
             await _refuse(stream, "no_reservation", "the target's link to this relay is gone")
-            return
+            return False
         try:
-            incoming = {"kind": INCOMING_KIND, "v": RELAY_VERSION, "from": source}
-            if target_link.remote_host is not None:  # what each end needs to punch a direct path
-                incoming["observed"] = target_link.remote_host
+            # what each end needs to punch a direct path: its own address and the other end's
+            incoming = {
+                "kind": INCOMING_KIND,
+                "v": RELAY_VERSION,
+                "from": source,
+                **observed_fields(target_link.remote_host, source_link.remote_host),
+            }
             async with target_link.open_stream(incoming) as out:
                 with trio.fail_after(RELAY_REPLY_TIMEOUT_S):
                     reply, rest = await read_reply(out, "accepted")
                 if reply["op"] == "refused":
                     await _refuse(stream, reply["code"], reply["message"])
-                    return
-                observed = {"observed": source_link.remote_host} if source_link.remote_host is not None else {}
+                    return False
+                observed = observed_fields(source_link.remote_host, target_link.remote_host)
                 await stream.send(encode_reply("connected", **observed))
                 log.info("event=relay_circuit_open source=%s target=%s", source[:16], target[:16])
-                await self._splice(stream, out, rest)
+                idle = await self._splice(stream, out, rest)
+                if idle:
+                    log.info("event=relay_circuit_idle source=%s target=%s", source[:16], target[:16])
+                return idle
         except (trio.TooSlowError, RelayProtocolError, StreamReset, LinkClosed) as exc:
             await _refuse(stream, "target_unreachable", f"{type(exc).__name__}: {exc}")
+        return False
 
-    async def _splice(self, a: LinkStream, b: LinkStream, b_first: bytes) -> None:
-        """Copy both directions until either ends badly; a clean EOF is passed on as EOF."""
+    async def _splice(self, a: LinkStream, b: LinkStream, b_first: bytes) -> bool:
+        """Copy both directions until either ends badly (a clean EOF is passed on as EOF) or no byte
+        passed either way for ``circuit_idle_s`` (both reset); True in that last case."""
+        idle_s = self.book.limits.circuit_idle_s
+        splice = _Splice(trio.current_time())
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._pump, a, b, b"", nursery.cancel_scope)
-            nursery.start_soon(self._pump, b, a, b_first, nursery.cancel_scope)
+            nursery.start_soon(self._pump, a, b, b"", splice, nursery.cancel_scope)
+            nursery.start_soon(self._pump, b, a, b_first, splice, nursery.cancel_scope)
+            while trio.current_time() < splice.last_byte_at + idle_s:
+                await trio.sleep_until(splice.last_byte_at + idle_s)
+            splice.idle = True
+            nursery.cancel_scope.cancel()
+        if splice.idle:
+            for s in (a, b):
+                await s.reset("cancel", f"relayed circuit idle for {idle_s:g} s")
+        return splice.idle
 
-    async def _pump(self, src: LinkStream, dst: LinkStream, first: bytes, scope: trio.CancelScope) -> None:
+    async def _pump(
+        self, src: LinkStream, dst: LinkStream, first: bytes, splice: _Splice, scope: trio.CancelScope
+    ) -> None:
         try:
             chunk = first
             while True:
                 if chunk:
+                    splice.last_byte_at = trio.current_time()
                     delay = self._bucket.take(len(chunk), trio.current_time())
                     if delay > 0:
                         await trio.sleep(delay)
                     await dst.send(self._tamper(chunk) if self._tamper is not None else chunk)
                     self.bytes_relayed += len(chunk)
+                    splice.last_byte_at = trio.current_time()
                 chunk = await src.receive()
                 if not chunk:
                     await dst.send_eof()
+                    splice.ended += 1
+                    if splice.ended == 2:  # both directions done: nothing left to watch
+                        scope.cancel()
                     return
         except (StreamReset, LinkClosed):
             await src.reset("cancel", "relayed peer gone")
             await dst.reset("cancel", "relayed peer gone")
             scope.cancel()
+
+
+@dataclass
+class _Splice:
+    """One circuit's splice: when a byte last passed, directions ended, whether it went idle."""
+
+    last_byte_at: float
+    ended: int = 0
+    idle: bool = False
 
 
 async def _refuse(stream: LinkStream, code: str, message: str) -> None:

@@ -3,8 +3,11 @@
 The end that accepted a relayed link drives its upgrade (like DCUtR, where the relayed node starts it):
 if the peer announced that it can be dialled (``reach: true``) we dial its addresses directly;
 otherwise we hole-punch (``punch.py``: a ``hole_punch`` stream on the relayed link, then a TCP
-simultaneous open, ``simopen.py``). The new link is adopted like any other; the link table keeps a
-direct link over a relayed one, so the relayed link is closed and its circuit at the relay ends.
+simultaneous open, ``simopen.py``). A punch connects only to the peer's IP as the relay sees it
+(``peer_observed``), never to an IP the peer names: an ``addr`` whose IP differs is refused
+(``bad_punch``, counted ``hole_punch_target_refused``), and without ``peer_observed`` (a relay that
+does not send it) there is no punch (``no_address``); a direct dial takes only plain ``host:port``
+announced addresses. The new link is adopted like any other; the link table keeps a direct link over a relayed one, so the relayed link is closed and its circuit at the relay ends.
 Failed attempts follow an :class:`UpgradePlan` (3 attempts a round, rounds backed off, bounded);
 meanwhile, and after it gives up, the relayed link keeps working. The other end answers
 ``hole_punch`` streams (:meth:`LinkUpgrader.on_punch`).
@@ -12,6 +15,7 @@ meanwhile, and after it gives up, the relayed link keeps working. The other end 
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import random
 from collections import Counter
@@ -21,11 +25,13 @@ from typing import Any, Callable, Mapping
 
 import trio
 
+from hydra_node.mesh.link.dialback_policy import DialbackAddressError, parse_host_port
 from hydra_node.mesh.link.endpoints import connect_link
 from hydra_node.mesh.link.peer_link import LinkSettings, PeerLink
 from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.mesh.relay.punch import (
     MAX_PUNCH_FRAME_BYTES,
+    PunchAddress,
     PunchDecoder,
     PunchProtocolError,
     encode_punch,
@@ -38,7 +44,6 @@ from hydra_node.mesh.relay.punch import (
 from hydra_node.mesh.relay.simopen import PunchFailed, bind_punch_socket, run_punched_link, simultaneous_open
 from hydra_node.mesh.relay.upgrade_plan import GAVE_UP, UpgradePlan
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError
-from hydra_node.mesh.wire.token import addr_to_url
 
 __all__ = ["MAX_CONCURRENT_PUNCHES", "LinkUpgrader", "UpgradeInputs"]
 
@@ -78,6 +83,7 @@ class LinkUpgrader:
         self.counters = counters
         self._rng = rng or random.Random()
         self._observed: dict[str, str] = {}  # peer id -> our public IP as the relay of our link to it sees it
+        self._peer_observed: dict[str, str] = {}  # peer id -> its public IP as that relay sees it
         self._nursery: trio.Nursery | None = None
         self._punching = 0
 
@@ -89,11 +95,17 @@ class LinkUpgrader:
             await trio.sleep_forever()
 
     # ---- relayed links, as the agent sees them come and go -----------------------------------------
-    def relayed_link_up(self, link: PeerLink, observed: str | None, *, drive: bool) -> None:
-        """A relayed link is adopted; ``observed``: our public IP per its relay; ``drive``: we accepted
-        it, so we start the upgrade."""
+    def relayed_link_up(
+        self, link: PeerLink, observed: str | None, *, drive: bool, peer_observed: str | None = None
+    ) -> None:
+        """A relayed link is adopted; ``observed``: our public IP per its relay; ``peer_observed``: the
+        peer's (the only host we punch to); ``drive``: we accepted it, so we start the upgrade."""
         if observed is not None:
             self._observed[link.peer_id] = observed
+        if peer_observed is not None:
+            self._peer_observed[link.peer_id] = peer_observed
+        else:  # this relay did not say where the peer is: no punch (never an older relay's word)
+            self._peer_observed.pop(link.peer_id, None)
         if drive and self.enabled and self._nursery is not None:
             self._nursery.start_soon(self._drive, link)
 
@@ -102,6 +114,7 @@ class LinkUpgrader:
         current = self._in.current(link.peer_id)
         if current is None or current.relay is None:
             self._observed.pop(link.peer_id, None)
+            self._peer_observed.pop(link.peer_id, None)
 
     # ---- the driving end -----------------------------------------------------------------------------
     async def _drive(self, link: PeerLink) -> None:
@@ -168,7 +181,15 @@ class LinkUpgrader:
         ann = self._in.members().get(peer)
         if ann is None or ann.extra.get("reach") is not True:
             return []
-        return [addr_to_url(a) for a in ann.addresses[:MAX_DIRECT_URLS]]
+        urls = []
+        for addr in ann.addresses[:MAX_DIRECT_URLS]:
+            scheme, plain = ("wss", addr[len("wss://") :]) if addr.startswith("wss://") else ("ws", addr)
+            try:  # a plain host:port only: never a path or query the peer put in its announcement
+                host, port = parse_host_port(plain)
+            except DialbackAddressError:
+                continue
+            urls.append(f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}")
+        return urls
 
     async def _dial_direct(self, peer: str) -> PeerLink:
         errors = []
@@ -184,8 +205,8 @@ class LinkUpgrader:
 
     async def _punch(self, link: PeerLink) -> PeerLink:
         observed = self._observed.get(link.peer_id)
-        if observed is None:
-            raise _Refused("no_address", "our relay did not tell us our public address")
+        if observed is None or link.peer_id not in self._peer_observed:
+            raise _Refused("no_address", "our relay did not tell us our public address or the peer's")
         sock, port = await bind_punch_socket(":" in observed)
         try:
             with trio.fail_after(PUNCH_EXCHANGE_TIMEOUT_S):
@@ -194,6 +215,7 @@ class LinkUpgrader:
                     reply = await _read_frame(stream, "punch")
                     if reply["op"] == "refused":
                         raise _Refused(reply["code"], reply["message"])
+                    target = self._punch_target(link.peer_id, reply["addr"])  # before sync: no punch at all
                     rtt = trio.current_time() - sent
                     await stream.send(encode_punch("sync"))
                     await stream.send_eof()
@@ -202,7 +224,7 @@ class LinkUpgrader:
         except BaseException:
             sock.close()
             raise
-        tcp = await simultaneous_open(sock, parse_addr(reply["addr"]))
+        tcp = await simultaneous_open(sock, target)
         return await self._start_link(partial(run_punched_link, tcp, link.peer_id, self._in.link_settings()))
 
     # ---- the answering end ---------------------------------------------------------------------------
@@ -213,7 +235,12 @@ class LinkUpgrader:
             self.counters["hole_punch_refused"] += 1
             await stream.send(encode_punch("refused", code=refusal[0], message=refusal[1]))
             return
-        theirs = parse_punch_header(header)
+        try:
+            theirs = self._punch_target(link.peer_id, header["addr"])
+        except _Refused as exc:
+            self.counters["hole_punch_refused"] += 1
+            await stream.send(encode_punch("refused", code=exc.code, message=str(exc)[:200]))
+            return
         observed = self._observed[link.peer_id]
         sock, port = await bind_punch_socket(":" in observed)
         self._punching += 1
@@ -245,11 +272,21 @@ class LinkUpgrader:
             parse_punch_header(header)
         except PunchProtocolError as exc:
             return "bad_punch", str(exc)[:200]
-        if link.peer_id not in self._observed:
-            return "no_address", "our relay did not tell us our public address"
+        if link.peer_id not in self._observed or link.peer_id not in self._peer_observed:
+            return "no_address", "our relay did not tell us our public address or yours"
         if self._punching >= MAX_CONCURRENT_PUNCHES:
             return "busy", f"{MAX_CONCURRENT_PUNCHES} punches in progress"
         return None
+
+    def _punch_target(self, peer: str, addr: str) -> PunchAddress:
+        """Where to connect for ``peer``'s punch ``addr``: its port, at the IP the relay sees the peer
+        at. An ``addr`` naming another IP is someone else's host: _Refused(bad_punch), counted."""
+        theirs, seen = parse_addr(addr), self._peer_observed[peer]
+        if ipaddress.ip_address(theirs.host) != ipaddress.ip_address(seen):
+            self.counters["hole_punch_target_refused"] += 1
+            log.info("event=hole_punch_target_refused peer=%s addr=%s relay_observed=%s", peer[:16], addr, seen)
+            raise _Refused("bad_punch", f"punch address {addr} is not where the relay sees you ({seen})")
+        return PunchAddress(seen, theirs.port)
 
     async def _answer(self, sock: trio.socket.SocketType, theirs, peer: str) -> None:
         try:

@@ -214,6 +214,9 @@ class KvStateReader:
         if h.digest() != self.header.state_sha256:
             raise KvStateCorrupt("kv_state: the state's sha256 differs from its header (corrupt file)")
 
+    def fileno(self) -> int:
+        return self._f.fileno()
+
     def close(self) -> None:
         self._f.close()
 

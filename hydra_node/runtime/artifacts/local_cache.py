@@ -35,7 +35,7 @@ from hydra_node.runtime.artifacts.errors import ArtifactError
 from hydra_node.runtime.artifacts.manifest import KINDS, Manifest
 from hydra_node.runtime.artifacts.store import fsync_dir
 
-__all__ = ["ArtifactHeld", "CacheFull", "LocalCache", "manifest_of"]
+__all__ = ["DISK_RESERVE_BYTES", "ArtifactHeld", "CacheFull", "DiskFull", "LocalCache", "manifest_of"]
 
 log = logging.getLogger("hydra.placement.cache")
 
@@ -49,6 +49,25 @@ class CacheFull(ArtifactError):
 
     code = "cache_full"
     status = 507
+
+
+class DiskFull(ArtifactError):
+    """The artifact does not fit in the free space of the cache's disk (less
+    :data:`DISK_RESERVE_BYTES`), even counting what evicting would free: refused before writing."""
+
+    code = "disk_full"
+    status = 507
+
+
+#: Free space left on the cache's disk after any artifact is written (the node's logs, its index).
+DISK_RESERVE_BYTES = 512 * 1024 * 1024
+
+
+def _free_bytes(path: Path) -> int:
+    """Free bytes on the file system of ``path`` (its nearest existing ancestor)."""
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return shutil.disk_usage(path).free
 
 
 def _locked(method):
@@ -162,15 +181,28 @@ class LocalCache:
 
     @_locked
     def make_room(self, needed: int, replacing: CacheKey | None = None) -> list[CacheKey]:
-        """Evict what :meth:`CacheIndex.plan_room` says; :class:`CacheFull` when it cannot."""
+        """Evict what :meth:`CacheIndex.plan_room` says; :class:`CacheFull` when it cannot, and
+        :class:`DiskFull` (nothing evicted) when ``needed`` bytes exceed the disk's free space less
+        :data:`DISK_RESERVE_BYTES`, counting what the evictions would free. ``replacing``: the
+        artifact the bytes are for (named in the errors)."""
+        what = f"{replacing[0]}/{replacing[1]} ({needed} bytes)" if replacing else f"{needed} bytes"
         plan = self.index.plan_room(needed, replacing=replacing)
         if plan is None:
             cap = self.index.capacity_bytes
             raise CacheFull(
-                f"{needed} bytes do not fit in the cache ({cap} bytes, "
+                f"{what} do not fit in the cache ({cap} bytes, "
                 f"{self.index.used_bytes()} used, the rest pinned or in use); raise "
                 "[placement] cache_capacity_gb, unpin or evict something"
             )
+        if needed > 0:
+            freed = sum(self.index.entries[k].size for k in plan)
+            free = _free_bytes(self.root)
+            if needed > free + freed - DISK_RESERVE_BYTES:
+                raise DiskFull(
+                    f"{what} do not fit on the cache's disk ({self.root}: {free} bytes free, "
+                    f"{freed} more after evicting, {DISK_RESERVE_BYTES} kept in reserve); free disk "
+                    "space or move the node's home, and set [placement] cache_capacity_gb below the disk's size"
+                )
         for key in plan:
             self._delete(key)
             log.info("event=artifact_evicted kind=%s name=%s reason=capacity", *key)

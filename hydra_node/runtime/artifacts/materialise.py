@@ -5,9 +5,12 @@ root, then S3), each asked for its committed manifest first; then the alive peer
 announcement lists the artifact (``artifacts_held``), lowest RTT first.  Stores and
 ``fetch_from_peer`` verify every file's size and sha256 and the manifest's signature while
 materialising through a staging folder; a peer's artifact must moreover be signed by this node
-or a member of its mesh.  A corrupt or tampered artifact is refused (counted in
-``refused_corrupt``, logged ``event=artifact_refused``) and the next source is tried; nothing
-unverified ever reaches the cache folder.  Capacity is made before the transfer (after it, for a
+or a member of its mesh, and so must a ``kv_state`` from a namespace (its cells go into a runner),
+whose ``state.hykv`` is also checked (sha256, llama.cpp cell table:
+:func:`~hydra_node.runtime.artifacts.kv_cells.check_state_file`) before it enters the cache index
+(a refused one's folder is removed at once).  A corrupt or tampered artifact is refused (counted
+in ``refused_corrupt``, logged ``event=artifact_refused``) and the next source is tried; nothing
+unverified ever reaches the cache index.  Capacity is made before the transfer (after it, for a
 peer: its size arrives with its manifest).  ``on_materialised(kind, name, source, nbytes, seconds)`` reports
 every transfer (the root feeds the scheduler's telemetry).
 """
@@ -15,6 +18,7 @@ every transfer (the root feeds the scheduler's telemetry).
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -27,6 +31,8 @@ from hydra_node.runtime.artifacts.errors import (
     ArtifactNotFound,
     StoreUnavailable,
 )
+from hydra_node.runtime.artifacts.kv_cells import check_state_file
+from hydra_node.runtime.artifacts.kv_state import KV_STATE_FILE
 from hydra_node.runtime.artifacts.local_cache import LocalCache
 from hydra_node.runtime.artifacts.manifest import Manifest
 from hydra_node.runtime.artifacts.peer_wire import held_artifacts_from_extra
@@ -40,6 +46,9 @@ log = logging.getLogger("hydra.placement")
 
 #: Error codes meaning the bytes or the manifest were not what was signed: refused, never used.
 CORRUPT_CODES = ("checksum_mismatch", "signature_invalid", "manifest_invalid")
+#: Kinds whose bytes go into a runner (a KV state is attention context): from a namespace too, only
+#: when signed by this node or a member of its mesh.
+SIGNER_CHECKED_KINDS = frozenset({"kv_state"})
 
 PeerFetch = Callable[..., Awaitable[Manifest]]  # peer.fetch_from_peer with the mesh bound
 
@@ -75,6 +84,7 @@ class Materialiser:
                 self.counters["cache_hits"] += 1
                 return hit[0], hit[1], "cache"
             tried: list[str] = []
+            trust = self._trusted if kind in SIGNER_CHECKED_KINDS else None
             for ns in self.namespaces:
                 store = self.store(ns)
                 try:
@@ -88,7 +98,7 @@ class Materialiser:
                         found.size,
                         ns.location,
                         lambda dest, store=store: trio.to_thread.run_sync(
-                            lambda: store.fetch(kind, name, dest, progress=progress)
+                            lambda: store.fetch(kind, name, dest, progress=progress, trust=trust)
                         ),
                     )
                 except StoreUnavailable as exc:
@@ -121,6 +131,8 @@ class Materialiser:
         folder = self.cache.folder(kind, name)
         try:
             manifest = await fetch(folder)
+            if kind == "kv_state":  # its cells, before it is kept or offered to peers
+                await self._check_kv_state(folder, source)
         except ArtifactError as exc:
             if exc.code in CORRUPT_CODES:
                 log.warning("event=artifact_refused kind=%s name=%s source=%s code=%s", kind, name, source, exc.code)
@@ -149,6 +161,24 @@ class Materialiser:
             self.on_materialised(manifest.kind, manifest.name, source, manifest.size, elapsed)
         return manifest, folder, source
 
+    async def _check_kv_state(self, folder: Path, source: str) -> None:
+        """A fetched kv_state artifact's state file (header, sha256, llama.cpp cell table); refused,
+        its folder removed (never cached, never announced), when it would not load as one sequence."""
+        try:
+            await trio.to_thread.run_sync(_check_kv_state, folder)
+        except ArtifactError as exc:
+            await trio.to_thread.run_sync(lambda: shutil.rmtree(folder, ignore_errors=True))
+            if exc.code not in CORRUPT_CODES:  # those are counted (peers) and logged by the callers
+                self.counters["refused_corrupt"] += 1
+                log.warning(
+                    "event=artifact_refused kind=kv_state name=%s source=%s code=%s reason=%s",
+                    folder.name,
+                    source,
+                    exc.code,
+                    exc.message,
+                )
+            raise
+
     def _trusted(self, node_id: str) -> bool:
         """A peer-sent artifact must be signed by this node or a member of its mesh."""
         return node_id == self.node_id or (self.mesh is not None and node_id in self.mesh.members())
@@ -164,3 +194,10 @@ class Materialiser:
                 rtt = link_rtt_ms(self.mesh, peer_id)
                 found.append((float("inf") if rtt is None else rtt, peer_id))
         return [pid for _, pid in sorted(found)]
+
+
+def _check_kv_state(folder: Path) -> None:
+    """A fetched kv_state artifact's ``state.hykv``: header, state sha256, llama.cpp cell table (an
+    artifact without one is kept: nothing imports it, ``POST /api/kv/import`` loads only that file)."""
+    if (folder / KV_STATE_FILE).exists():
+        check_state_file(folder / KV_STATE_FILE, verify_sha256=True)

@@ -5,7 +5,8 @@
   then every file's bytes. Only committed artifacts are offered, never a path; one transfer per
   peer at a time and at most :data:`MAX_UPLOADS` in all, else ``busy``.
 * Requester: :func:`fetch_from_peer` checks the manifest's signature (and ``trust`` of its node)
-  before taking any file byte, writes the files into a staging sibling of ``dest`` hashing them,
+  and, through ``admit``, that its declared size fits (the cache's capacity and free disk space:
+  ``LocalCache.make_room``) before taking any file byte, writes the files into a staging sibling of ``dest`` hashing them,
   refuses any file whose size or sha256 differs (:class:`ChecksumMismatch`), and renames the
   staging folder to ``dest`` only when every file verified; nothing is left otherwise.
 """
@@ -254,10 +255,15 @@ async def fetch_from_peer(
     *,
     trust: Trust | None,
     progress: Progress | None = None,
+    admit: Callable[[Manifest], object] | None = None,
     stall_timeout_s: float = STALL_TIMEOUT_S,
     clock: Callable[[], float] = time.time,
 ) -> Manifest:
     """``kind``/``name`` from ``peer_id``'s store, materialised and verified into ``dest``.
+
+    ``admit(manifest)`` (blocking, run in a worker thread) is called once the manifest verified
+    and before anything is written: it makes room for ``manifest.size`` or raises (``CacheFull``,
+    ``DiskFull``), which refuses the transfer with nothing written.
 
     Raises :class:`ArtifactNotFound` (the peer does not share it), :class:`SignatureInvalid`,
     :class:`ManifestInvalid`, :class:`ChecksumMismatch`, :class:`StoreUnavailable` (busy) or
@@ -272,7 +278,7 @@ async def fetch_from_peer(
             # instead of resetting it (a reset after a slow flush would cut the transfer short).
             await stream.send_eof()
             stream.grow_window(BULK_WINDOW_BYTES)  # we write as fast as it comes: let more be in flight
-            manifest = await _receive(stream, request, trust, progress, stall_timeout_s, staged)
+            manifest = await _receive(stream, request, trust, progress, admit, stall_timeout_s, staged)
         await trio.to_thread.run_sync(staged.__exit__, None, None, None)
         committed = True
     except (MeshError, WireError, DecodeError, trio.TooSlowError) as exc:
@@ -291,6 +297,7 @@ async def _receive(
     request: ArtifactRequest,
     trust: Trust | None,
     progress: Progress | None,
+    admit: Callable[[Manifest], object] | None,
     stall_timeout_s: float,
     staged: StagedDirectory,
 ) -> Manifest:
@@ -312,6 +319,8 @@ async def _receive(
                     raise _REFUSALS[code](f"{request.kind}/{request.name}: the peer refused ({code}): {message}")
                 if files is None and checker.manifest is not None:
                     check_manifest(checker.manifest, request.kind, request.name, trust)  # before any file byte
+                    if admit is not None:  # its declared size fits the cache and the disk, or nothing is written
+                        await trio.to_thread.run_sync(admit, checker.manifest)
                     staging = await trio.to_thread.run_sync(staged.__enter__)
                     files = _StagedFiles(staging, checker.manifest.files)
                 if file is not None:

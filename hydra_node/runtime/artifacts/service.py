@@ -142,7 +142,8 @@ class PlacementService:
             self._store,
             node_id=node_id,
             mesh=mesh,
-            peer_fetch=peer_fetch,
+            # a peer's artifact is admitted at its manifest: room for its declared size, or refused unwritten
+            peer_fetch=None if peer_fetch is None else functools.partial(peer_fetch, admit=self._admit),
             on_materialised=on_materialised,
             counters=self.counters,
         )
@@ -240,6 +241,10 @@ class PlacementService:
         except OSError as exc:  # the record stays failed in memory; the file keeps its last state
             self.ops[op_id] = failed
             log.error("event=placement_op_unsaved op=%s error=%r", op_id, str(exc))
+
+    def _admit(self, manifest: Manifest) -> None:
+        """Blocking: room in the cache and on its disk for a peer's artifact, at its manifest."""
+        self.cache.make_room(manifest.size, (manifest.kind, manifest.name))
 
     def _store(self, ns: Namespace) -> Any:
         store = self._stores.get(ns)

@@ -12,12 +12,18 @@ Channel messages (``hydra_node/runtime/child/main.py``):
 * ``{"op": "kv_import", "id", "path", "model_sha256"}``: the file's header is checked (format,
   prefix) and its identity compared with this runner's, field by field: any difference is refused,
   ``{"op": "error", "code": "identity_mismatch", "status": 422, "fields": [...]}``, nothing loaded;
-  then the state is read (its sha256 checked) and loaded into a free slot that becomes that slot's
+  then the state is read (its sha256 checked), its llama.cpp cell table checked (one sequence at
+  positions ``0..n-1``: :func:`~hydra_node.runtime.artifacts.kv_cells.check_cells`; 422
+  ``kv_state_invalid`` otherwise, nothing loaded) and loaded into a free slot that becomes that slot's
   resident prefix, so the next prompt starting with those tokens skips their prefill:
   ``{"op": "kv_imported", "id", "tokens", "bytes", "slot"}``.  With every slot busy the import
   waits for one (its buffer held: the node sends one KV operation at a time).
 * a ``cancel`` of the id drops a waiting export or import (an export whose prefill runs is
   cancelled in the engine and answered by it, ``error`` 499).
+
+A load llama.cpp fails empties the slot entirely and checks it is empty (:meth:`KvJobs._clear`),
+answered 500 ``kv_load_failed`` with the lines llama.cpp logged meanwhile.  Every error answered
+here is also written to stderr, the runner log (``HOME/logs/runner-MODEL.log``).
 
 Files are read and written on the engine thread: a state of tens of MB costs tens of milliseconds
 of pause for the running sequences, a multi-GB one seconds (a known cost; docs/kv-reuse.md).
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -34,6 +41,7 @@ from typing import TypeGuard, cast
 
 from hydra_node.runtime.child.process import TokenClock
 from hydra_node.runtime.artifacts.errors import ChecksumMismatch
+from hydra_node.runtime.artifacts.kv_cells import check_cells
 from hydra_node.runtime.artifacts.kv_identity import KvIdentity
 from hydra_node.runtime.artifacts.kv_state import (
     KvStateInvalid,
@@ -199,6 +207,7 @@ class KvJobs:
                 h = reader.header
                 fields = self.own(sha).with_prefix(h.tokens).mismatches(h.identity)
                 if fields:
+                    _log(f"kv operation {rid} failed: 422 identity_mismatch: {path} differs in {', '.join(fields)}")
                     return self._send(
                         {
                             "op": "error",
@@ -212,6 +221,7 @@ class KvJobs:
                     )
                 buf = (ctypes.c_uint8 * h.state_bytes)()
                 reader.read_state_into(buf)
+            check_cells(buf, len(h.tokens))  # one sequence at 0..n-1: llama.cpp never sees other cells
         except FileNotFoundError:
             return self._error(rid, 404, "kv_state_not_found", f"no kv_state file at {path}")
         except (KvStateInvalid, ChecksumMismatch) as exc:
@@ -233,23 +243,50 @@ class KvJobs:
                 return False  # a running sequence will free one
             self._error(job.rid, exc.status, exc.code, str(exc))
             return True
+        from hydra_node.runtime.child.rpc_coordinator import LlamaLogCapture
+
+        llama_log = LlamaLogCapture()
         try:
-            load_cells(self.engine, slot, evicted, job.buf, job.size, len(job.tokens))
-        except KvCellsError as exc:
-            self._error(job.rid, 500, "kv_load_failed", f"llama.cpp refused the state: {exc}")
-            return True
+            with llama_log:
+                load_cells(self.engine, slot, evicted, job.buf, job.size, len(job.tokens))
         except Exception as exc:
-            self.engine._ll.llama_memory_seq_rm(self.engine.mem, slot, 0, -1)
-            self.engine.sched.forget(slot)
-            self._error(job.rid, 500, "runner_error", f"cannot load the state: {type(exc).__name__}: {exc}")
+            self._clear(slot)
+            said = " | ".join(line.strip() for line in llama_log.lines if line.strip())[-500:]
+            if isinstance(exc, KvCellsError):
+                why = f"llama.cpp refused the state: {exc}"
+            else:
+                why = f"cannot load the state: {type(exc).__name__}: {exc}"
+            self._error(job.rid, 500, "kv_load_failed", why + (f" (llama.cpp: {said})" if said else ""))
             return True
         self._send(
             {"op": "kv_imported", "id": job.rid, "tokens": len(job.tokens), "bytes": job.file_bytes, "slot": slot}
         )
         return True
 
+    def _clear(self, slot: int) -> None:
+        """Empty ``slot`` after a failed load, in the cache and the scheduler, and check it is empty.
+        ``p0 = -1`` is 0 in ``llama_memory_seq_rm``: cells at negative positions cannot be removed,
+        which is why :func:`check_cells` keeps them from llama.cpp; should any remain, the runner
+        stops (its supervisor restarts it with an empty cache) rather than serve with them."""
+        ll = self.engine._ll
+        ll.llama_memory_seq_rm(self.engine.mem, slot, -1, -1)
+        self.engine.sched.forget(slot)
+        span = (
+            int(ll.llama_memory_seq_pos_min(self.engine.mem, slot)),
+            int(ll.llama_memory_seq_pos_max(self.engine.mem, slot)),
+        )
+        if span != (-1, -1):
+            _log(f"kv_import: slot {slot} still holds positions {span} after a failed load; the runner stops")
+            raise RuntimeError(f"KV slot {slot} cannot be emptied (positions {span} remain)")
+
     def _error(self, rid: int, status: int, code: str, message: str) -> None:
+        _log(f"kv operation {rid} failed: {status} {code}: {message}")
         self._send({"op": "error", "id": rid, "code": code, "status": status, "message": message})
+
+
+def _log(line: str) -> None:
+    """One line to stderr: the runner log (``HOME/logs/runner-MODEL.log``)."""
+    print(f"hydra-runner: {line}", file=sys.stderr, flush=True)
 
 
 def _digest(v: object) -> TypeGuard[str]:

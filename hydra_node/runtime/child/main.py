@@ -156,6 +156,7 @@ class Runner:
         # --draft-endpoint / --draft-model: None without a draft (or, with the reason, a draft that cannot serve)
         self.speculation, self.speculation_disabled = engine_speculation(self.llm, self.args)
         from hydra_node.runtime.child.engine.batch import BatchEngine
+        from hydra_node.runtime.child.engine.grammar_budget import GrammarLimits
 
         # always the batch engine (a draft speculates inside it: engine/speculation.py)
         self.engine = BatchEngine(
@@ -168,6 +169,9 @@ class Runner:
             max_cached=self.args.prefix_max_entries,
             token_delay_s=self.args.inject_token_delay_ms / 1000.0,
             speculation=self.speculation,
+            grammar_limits=GrammarLimits(
+                self.args.grammar_token_budget_ms / 1000.0, self.args.grammar_request_budget_s
+            ),
         )
         if self.args.warmup:
             self.engine.warmup(self.llm.tokenize(WARMUP_TEXT))
@@ -294,6 +298,18 @@ def main(argv=None) -> int:
         type=float,
         default=0.0,
         help="sleep this long after every generated token (test/bench knob; [runner] config)",
+    )
+    p.add_argument(
+        "--grammar-token-budget-ms",
+        type=float,
+        default=5000.0,
+        help="grammar work one token may take before its request fails with grammar_too_slow ([runner] config)",
+    )
+    p.add_argument(
+        "--grammar-request-budget-s",
+        type=float,
+        default=60.0,
+        help="grammar work one request may take before it fails with grammar_too_slow ([runner] config)",
     )
     p.add_argument("--verbose", action="store_true")
     from hydra_node.runtime.child.speculative.assemble import add_runner_args

@@ -52,7 +52,9 @@ class CachedModel:
     sha256: str
     size_bytes: int
     source: str  # the URL, or "peer:<node id>"
-    sha256_origin: str  # "catalogue" | "pinned" (first download)
+    #: Who vouches for ``sha256``: "catalogue", "given" (``pull --sha256``), "hub-lfs" (the Hub's LFS
+    #: digest), "peer:<node id>" (a mesh member announced it), "pinned" (our own first download).
+    sha256_origin: str
     last_used: float
     keep: bool = False
 
@@ -65,6 +67,11 @@ class PartialMeta:
     url: str
     resumable: bool
     total: int | None
+    #: Bytes of the partial file known to be on disk (fsynced before this was recorded): a resume
+    #: starts here, never at the file's length (a crash can leave a longer, damaged tail).
+    durable: int = 0
+    #: The digest the source stated for the whole file (the Hub's LFS sha256), when it did.
+    sha256: str | None = None
 
 
 def plan_eviction(
@@ -174,13 +181,22 @@ class ModelCache:
                 url=str(d["url"]),
                 resumable=bool(d["resumable"]),
                 total=d["total"] if isinstance(d.get("total"), int) else None,
+                durable=d["durable"] if isinstance(d.get("durable"), int) and d["durable"] >= 0 else 0,
+                sha256=d["sha256"] if isinstance(d.get("sha256"), str) else None,
             )
         except (OSError, ValueError, TypeError, KeyError):
             return None
 
     def write_partial_meta(self, model_id: str, meta: PartialMeta) -> None:
+        """Atomic (a crash leaves the old record or the new one, never half of one)."""
         self.partial_dir.mkdir(parents=True, exist_ok=True)
-        (self.partial_dir / f"{cache_key(model_id)}.json").write_text(json.dumps(asdict(meta)), encoding="utf-8")
+        path = self.partial_dir / f"{cache_key(model_id)}.json"
+        tmp = path.with_suffix(".json-tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps(asdict(meta)))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
     @contextlib.contextmanager
     def partial_lock(self, model_id: str):
@@ -200,7 +216,7 @@ class ModelCache:
             os.close(fd)
 
     def drop_partial(self, model_id: str) -> None:
-        for suffix in (".part", ".json"):
+        for suffix in (".part", ".json", ".json-tmp"):
             (self.partial_dir / f"{cache_key(model_id)}{suffix}").unlink(missing_ok=True)
 
     def partial_bytes(self, model_id: str) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -34,6 +34,7 @@ __all__ = [
     "load_catalogue",
     "parse_catalogue",
     "resolve_remote",
+    "with_sha256",
 ]
 
 DEFAULT_HUB = "https://huggingface.co"
@@ -102,6 +103,10 @@ class RemoteModel:
     sha256: str | None = None
     #: True for hf:// sources: the HF_TOKEN (if any) is sent to these hosts as a Bearer token.
     hub: bool = False
+    #: Who vouches for ``sha256``: "catalogue", "given" (``pull --sha256``), "hub-lfs", "peer:<node id>".
+    sha256_origin: str = "catalogue"
+    #: The catalogue's approximate size (``approx_gb``) when it has no exact one: checked loosely.
+    approx_bytes: int | None = None
 
 
 _FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -175,6 +180,21 @@ def hf_url(ref: str, hub: str = DEFAULT_HUB) -> tuple[str, str]:
     return url, path[-1]
 
 
+def with_sha256(remote: RemoteModel, sha256: str) -> RemoteModel:
+    """``remote`` verified against a digest given by the user (``pull --sha256``); :class:`BadModelSource`
+    for a malformed digest or one that contradicts the catalogue's."""
+    digest = sha256.strip().lower()
+    if not _SHA256.fullmatch(digest):
+        raise BadModelSource(f"--sha256 {sha256[:80]!r}: expected 64 hex digits")
+    if remote.sha256 is not None and remote.sha256 != digest:
+        raise BadModelSource(
+            f"--sha256 {digest} contradicts the catalogue's {remote.sha256} for {remote.model_id}; drop --sha256"
+        )
+    if remote.sha256 is not None:
+        return remote
+    return replace(remote, sha256=digest, sha256_origin="given")
+
+
 def _check_url(url: str) -> str:
     if len(url) > MAX_URL_CHARS:
         raise BadModelSource(f"URL is {len(url)} characters; the most is {MAX_URL_CHARS}")
@@ -206,6 +226,7 @@ def resolve_remote(ref: str, catalogue: Mapping[str, CatalogueEntry], hub: str =
             entry.size_bytes,
             entry.sha256,
             hub=any(s.startswith("hf://") for s in entry.sources),
+            approx_bytes=int(entry.approx_gb * 1e9) if entry.approx_gb and entry.size_bytes is None else None,
         )
     model_id = None
     if "=" in ref.split("://", 1)[0]:

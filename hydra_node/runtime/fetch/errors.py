@@ -4,6 +4,7 @@ what went wrong and whose side it is on (our network, the server, the file)."""
 from __future__ import annotations
 
 __all__ = [
+    "BadRedirect",
     "ChecksumMismatch",
     "DiskError",
     "DownloadError",
@@ -48,6 +49,12 @@ class Unauthorized(DownloadError):
 
 class RemoteStatusError(DownloadError):
     code = "http_error"
+
+
+class BadRedirect(DownloadError):
+    """The server redirected to a scheme other than http or https (``ftp://``, ``file://``)."""
+
+    code = "bad_redirect"
 
 
 class TransferTimeout(DownloadError):

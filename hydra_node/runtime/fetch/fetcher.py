@@ -20,7 +20,9 @@ from hydra_node.runtime.fetch.catalogue import (
     is_remote_ref,
     load_catalogue,
     resolve_remote,
+    with_sha256,
 )
+from hydra_node.runtime.fetch.errors import ChecksumMismatch
 from hydra_node.runtime.fetch.http_fetch import Progress, download_http
 from hydra_node.runtime.fetch.settings import ModelsSection
 
@@ -65,9 +67,11 @@ def ensure_local(
     in_use: frozenset[str] = frozenset(),
     progress: Progress | None = None,
     force: bool = False,
+    sha256: str | None = None,
 ) -> LocalModel:
     """The verified local file for ``ref``: the bundled file for the bundled name, the cached copy
-    (its size re-checked), or a fresh download (``force``: even when cached). Typed errors:
+    (its size re-checked), or a fresh download (``force``: even when cached). ``sha256``: the digest
+    the file must have (``pull --sha256``; a cached copy with another is refused). Typed errors:
     ``BadModelSource``, ``DownloadError`` and its subclasses, ``ModelNotFound``."""
     catalogue = load_catalogue()
     entry = catalogue.get(ref)
@@ -77,8 +81,15 @@ def ensure_local(
         except ModelNotFound:
             pass  # not installed: download it like any other entry
     remote = resolve_remote(ref, catalogue, settings.hub)
+    if sha256 is not None:
+        remote = with_sha256(remote, sha256)
     cache = ModelCache(settings.cache_dir)
     rec = cache.lookup(remote.model_id)
+    if rec is not None and sha256 is not None and rec.sha256 != remote.sha256:
+        raise ChecksumMismatch(
+            f"{remote.model_id}: the cached copy has sha256 {rec.sha256}, not the --sha256 {remote.sha256}; "
+            f"remove it with `hydra models rm {remote.model_id}` and pull again"
+        )
     if rec is not None and not force:
         path = rec.path(cache.root)
         if path.stat().st_size == rec.size_bytes:
@@ -90,6 +101,7 @@ def ensure_local(
         cache,
         token=settings.token,
         read_timeout_s=settings.models.read_timeout_s,
+        min_rate_bytes_s=settings.models.min_rate_bytes_s,
         limit_bytes=settings.models.cache_limit_bytes,
         in_use=in_use,
         progress=progress,

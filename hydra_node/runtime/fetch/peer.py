@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -240,9 +240,13 @@ class ModelShare:
         except (MeshError, WireError, DecodeError, trio.TooSlowError) as exc:
             reason = "stalled" if isinstance(exc, trio.TooSlowError) else str(exc)
             raise PeerFetchError(f"transfer broke ({reason})", partial_kept=self.cache.partial_bytes(mid) > 0) from None
-        pinned = RemoteModel(mid, remote.urls, remote.file, remote.size_bytes, digest, remote.hub)
+        # The digest is checked against what we know (catalogue, --sha256, our pin); with none, the
+        # holder's announced digest is all there is: recorded as vouched for by that peer, not as
+        # the catalogue's (`hydra models` shows it), and the size is checked loosely against the catalogue.
+        known = remote.sha256 or self.cache.pinned_sha256(mid)
+        expected = remote if known else replace(remote, sha256=digest, sha256_origin=f"peer:{peer_id}")
         rec = await trio.to_thread.run_sync(
-            lambda: verify_and_commit(pinned, self.cache, source=f"peer:{peer_id}", now=self._wall())
+            lambda: verify_and_commit(expected, self.cache, source=f"peer:{peer_id}", now=self._wall())
         )
         self.fetched_files += 1
         log.info("event=model_fetched peer=%s model=%s bytes=%d", peer_id[:16], mid, rec.size_bytes)

@@ -24,6 +24,9 @@ class ModelsSection:
     peer_fetch: bool = True
     #: Seconds without a byte from a server before a download fails with ``timeout`` (resumable).
     read_timeout_s: float = 30.0
+    #: Slowest accepted download (bytes per second, averaged over each ``read_timeout_s`` window): a
+    #: server trickling bytes slower than this fails with ``timeout`` (resumable). 0: no floor.
+    min_rate_bytes_s: float = 1024.0
     #: Send our cached, verified models to mesh peers that ask (``model_fetch`` streams).
     share: bool = True
 
@@ -55,6 +58,8 @@ def parse_models_section(data: Any, error: Callable[[str], Exception]) -> Models
         raise error(
             f"[models].read_timeout_s: must be > 0 and at most {MAX_READ_TIMEOUT_S:g}, not {s.read_timeout_s!r}"
         )
+    if not 0 <= s.min_rate_bytes_s < float("inf"):
+        raise error(f"[models].min_rate_bytes_s: must be >= 0 (0: no floor), not {s.min_rate_bytes_s!r}")
     return s
 
 

@@ -10,6 +10,7 @@ import re
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from hydra_node.runtime.fetch.errors import (
     NotFound,
@@ -18,7 +19,19 @@ from hydra_node.runtime.fetch.errors import (
     Unauthorized,
 )
 
-__all__ = ["ProgressMeter", "ResponsePlan", "check_total", "format_bytes", "plan_response", "range_header"]
+__all__ = [
+    "LOOSE_SIZE_FACTOR",
+    "ProgressMeter",
+    "RateFloor",
+    "ResponsePlan",
+    "check_loose_size",
+    "check_total",
+    "format_bytes",
+    "hub_lfs_sha256",
+    "plan_response",
+    "range_header",
+    "same_origin",
+]
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 #: Rate is measured over this many most recent samples (a sliding window: the ETA follows the
@@ -134,6 +147,67 @@ class ProgressMeter:
                 f"{format_bytes(self.total)} {rate} ETA {_format_eta(eta) if eta is not None else '?'}"
             )
         return f"{label} {format_bytes(self.done)} {rate}"
+
+
+class RateFloor:
+    """A minimum transfer rate: over every window of ``window_s`` seconds at least
+    ``min_rate * window_s`` bytes must arrive. :meth:`slow` is fed the byte count and the time after
+    each read; True once a whole window went by below the floor (a server trickling a byte every few
+    seconds never trips a per-read timeout, but trips this). ``min_rate`` 0: never slow."""
+
+    def __init__(self, min_rate: float, window_s: float, done: int, now: float) -> None:
+        self.min_rate, self.window_s = min_rate, window_s
+        self._start, self._base = now, done
+        self.rate = 0.0  # of the last window that ended
+
+    def slow(self, done: int, now: float) -> bool:
+        if self.min_rate <= 0 or now - self._start < self.window_s:
+            return False
+        self.rate = (done - self._base) / (now - self._start)
+        self._start, self._base = now, done
+        return self.rate < self.min_rate
+
+
+def same_origin(a: str, b: str) -> bool:
+    """Scheme, host and port (the default port when none is written) are all the same."""
+    pa, pb = urlsplit(a), urlsplit(b)
+
+    def port(p) -> int | None:
+        try:
+            return p.port or {"http": 80, "https": 443}.get(p.scheme)
+        except ValueError:
+            return None
+
+    return (pa.scheme, (pa.hostname or "").lower(), port(pa)) == (pb.scheme, (pb.hostname or "").lower(), port(pb))
+
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def hub_lfs_sha256(headers: Mapping[str, str]) -> str | None:
+    """The sha256 the Hugging Face Hub states for an LFS file: its ``resolve`` answer carries
+    ``X-Linked-Etag: "<sha256>"`` (the LFS object id; a plain ``ETag`` for a non-LFS file is a git
+    blob sha1, 40 digits, and is not used). None when absent or not a sha256."""
+    h = {k.lower(): v for k, v in headers.items()}
+    tag = h.get("x-linked-etag", "").strip()
+    if tag.startswith("W/"):
+        tag = tag[2:]
+    tag = tag.strip('"').lower()
+    return tag if _SHA256_HEX.fullmatch(tag) else None
+
+
+#: A catalogue size without exact bytes (``approx_gb``, what the Hub page lists) is checked loosely:
+#: the file must hold between 1/LOOSE_SIZE_FACTOR and LOOSE_SIZE_FACTOR times that many bytes.
+LOOSE_SIZE_FACTOR = 1.25
+
+
+def check_loose_size(model_id: str, approx_bytes: int | None, size: int) -> None:
+    """:class:`SizeMismatch` when ``size`` is far from the catalogue's approximate size."""
+    if approx_bytes is not None and not approx_bytes / LOOSE_SIZE_FACTOR <= size <= approx_bytes * LOOSE_SIZE_FACTOR:
+        raise SizeMismatch(
+            f"{model_id}: the file holds {size} bytes, far from the catalogue's ~{approx_bytes / 1e9:.2f} GB; "
+            f"it is not that model"
+        )
 
 
 def check_total(expected: int | None, announced: int | None, url: str) -> None:

@@ -63,4 +63,6 @@ def runner_argv(s: RunnerSettings, model: ModelRef, fd: int) -> list[str]:
         argv.append("--output-on-host")
     if s.inject_token_delay_ms > 0:
         argv += ["--inject-token-delay-ms", f"{s.inject_token_delay_ms:g}"]
+    argv += ["--grammar-token-budget-ms", repr(float(s.grammar_token_budget_ms))]
+    argv += ["--grammar-request-budget-s", repr(float(s.grammar_request_budget_s))]
     return argv + list(s.extra_argv)

@@ -109,6 +109,9 @@ class RunnerSettings:
     rpc_endpoints: tuple[str, ...] = ()
     tensor_split: tuple[float, ...] = ()
     inject_token_delay_ms: float = 0.0  # test/bench knob: the runner sleeps this long per token
+    #: A request's grammar work per token / per request before it fails with 422 grammar_too_slow.
+    grammar_token_budget_ms: float = 5000.0
+    grammar_request_budget_s: float = 60.0
     #: llama.cpp ``n_gpu_layers``: ``[defaults.hardware].gpu_layers``, or a split plan's.  None: auto
     #: (-1 with RPC endpoints or a GPU device, else 0).
     n_gpu_layers: int | None = None

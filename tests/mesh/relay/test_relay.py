@@ -35,8 +35,8 @@ async def echo(link: PeerLink, header: dict[str, Any], stream: Any) -> None:
 class Target:
     """A node behind the relay: accepts relayed links (only while ``allowed``), each running ``echo``."""
 
-    def __init__(self, mesh, member_settings) -> None:
-        self.inner_settings = member_settings(mesh, on_stream=echo)
+    def __init__(self, mesh, member_settings, **inner: Any) -> None:
+        self.inner_settings = member_settings(mesh, on_stream=echo, **inner)
         self.settings = LinkSettings(identity=self.inner_settings.identity, mesh=mesh, on_stream=self.on_stream)
         self.links: list[PeerLink] = []
         self.allowed = True
@@ -132,6 +132,77 @@ async def test_refusals_are_clean(mesh, member_settings, start_listener, autojum
             with trio.fail_after(5):  # the reserving link is gone: so is its reservation
                 while server.statistics().reservations:
                     await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
+
+
+async def test_one_member_gets_its_share_of_circuits_and_an_honest_one_still_gets_one(
+    mesh, member_settings, start_listener, autojump_clock
+) -> None:
+    with trio.fail_after(TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            server, url, _ = await start_relay(
+                nursery, mesh, member_settings, start_listener, limits={"max_circuits": 8}
+            )
+            target, greedy, honest = Target(mesh, member_settings), member_settings(mesh), member_settings(mesh)
+            to = node_id(target.settings)
+            share = server.book.limits.max_circuits_per_source
+            async with (
+                open_link(url, target.settings) as t_relay,
+                open_link(url, greedy) as g_relay,
+                open_link(url, honest) as h_relay,
+            ):
+                await nursery.start(hold_reservation, t_relay)
+                held = 0
+                with pytest.raises(LinkClosed) as err:
+                    for _ in range(server.book.limits.max_circuits):  # every circuit, were it let
+                        await nursery.start(partial(connect_via_relay, g_relay, to, greedy))
+                        held += 1
+                assert "circuits_share_exceeded" in str(err.value) and held == share < 8
+                await nursery.start(partial(connect_via_relay, h_relay, to, honest))  # still room for others
+                assert server.statistics().circuits == share + 1
+                assert server.statistics().refused == {"circuits_share_exceeded": 1}
+            nursery.cancel_scope.cancel()
+
+
+async def test_sybil_reservations_from_one_address_are_capped(
+    mesh, member_settings, start_listener, autojump_clock
+) -> None:
+    with trio.fail_after(TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            server, url, _ = await start_relay(
+                nursery, mesh, member_settings, start_listener, limits={"max_reservations_per_address": 2}
+            )
+            sybils = [member_settings(mesh) for _ in range(3)]  # three node ids, all from 127.0.0.1
+            async with (
+                open_link(url, sybils[0]) as l0,
+                open_link(url, sybils[1]) as l1,
+                open_link(url, sybils[2]) as l2,
+            ):
+                await nursery.start(hold_reservation, l0)
+                await nursery.start(hold_reservation, l1)
+                with pytest.raises(LinkClosed, match="address_share_exceeded"):
+                    await nursery.start(hold_reservation, l2)
+                assert server.statistics().reservations == 2  # 62 places left for other members
+                assert server.statistics().refused == {"address_share_exceeded": 1}
+            nursery.cancel_scope.cancel()
+
+
+async def test_an_idle_circuit_is_closed_and_counted(mesh, member_settings, start_listener, autojump_clock) -> None:
+    quiet = {"ping_interval_s": 10_000.0, "idle_timeout_s": 100_000.0}  # end-to-end links that send nothing
+    with trio.fail_after(TIMEOUT_S * 10):
+        async with trio.open_nursery() as nursery:
+            server, url, _ = await start_relay(
+                nursery, mesh, member_settings, start_listener, limits={"circuit_idle_s": 60.0}
+            )
+            target, dialler = Target(mesh, member_settings, **quiet), member_settings(mesh, **quiet)
+            async with open_link(url, target.settings) as t_relay, open_link(url, dialler) as a_relay:
+                await nursery.start(hold_reservation, t_relay)
+                inner = await nursery.start(partial(connect_via_relay, a_relay, node_id(target.settings), dialler))
+                await inner.wait_closed()  # nothing passed for 60 s: the relay ended the circuit
+                while server.statistics().circuits:
+                    await trio.sleep(0.1)
+                assert server.statistics().circuits_idle_closed == 1
+                assert not a_relay.closed and not t_relay.closed  # only the idle circuit went
             nursery.cancel_scope.cancel()
 
 

@@ -115,7 +115,7 @@ def test_relay_book_limits_and_ttl() -> None:
     book.reserve(B, 0.0)
     with pytest.raises(RelayRefused, match="reservations held"):
         book.reserve(C, 1.0)
-    book.open_circuit(C, A, 1.0)
+    first = book.open_circuit(C, A, 1.0)
     with pytest.raises(RelayRefused) as err:
         book.open_circuit(D, A, 1.0)
     assert err.value.code == "target_busy"
@@ -123,7 +123,7 @@ def test_relay_book_limits_and_ttl() -> None:
         book.open_circuit(A, A, 1.0)
     assert err.value.code == "bad_target"
     book.open_circuit(C, B, 1.0)
-    book.close_circuit(A)
+    book.close_circuit(first)
     assert book.circuits == 1
     assert not book.reserved(A, expires)  # the TTL ended it
     with pytest.raises(RelayRefused) as err:
@@ -135,6 +135,52 @@ def test_relay_book_limits_and_ttl() -> None:
     book.release(B, renewed)
     assert not book.reserved(B, expires + 5.0)
     assert dict(book.refused) == {"relay_full": 1, "target_busy": 1, "bad_target": 1, "no_reservation": 1}
+
+
+def test_one_source_gets_a_share_of_the_circuits_and_others_still_get_theirs() -> None:
+    E, F = "e" * 64, "f" * 64
+    limits = RelayLimits(max_circuits=8, max_circuits_per_source=2, max_circuits_per_address=3)
+    book = RelayBook(limits)
+    for target in (A, B):
+        book.reserve(target, 0.0, "10.0.0.1")
+    mine = [book.open_circuit(C, t, 1.0, "10.0.0.9") for t in (A, B)]
+    with pytest.raises(RelayRefused, match="its share") as err:  # the node's share, whatever the target
+        book.open_circuit(C, A, 1.0, "10.0.0.9")
+    assert err.value.code == "circuits_share_exceeded"
+    book.open_circuit(D, A, 1.0, "10.0.0.9")  # another node id on the same host: the address share
+    with pytest.raises(RelayRefused, match="from 10.0.0.9") as err:
+        book.open_circuit(E, A, 1.0, "10.0.0.9")
+    assert err.value.code == "circuits_share_exceeded"
+    book.open_circuit(E, A, 1.0, "10.0.0.7")  # an honest member elsewhere still gets one
+    book.open_circuit(F, B, 1.0, None)  # address unknown (a relayed link): only the node's share
+    book.close_circuit(mine[0], idle=True)
+    book.open_circuit(C, A, 2.0, "10.0.0.9")  # a closed circuit gives its place back
+    assert book.circuits == 5 and book.circuits_idle_closed == 1
+    assert dict(book.refused) == {"circuits_share_exceeded": 2}
+
+
+def test_reservations_are_capped_per_address() -> None:
+    book = RelayBook(RelayLimits(max_reservations=4, max_reservations_per_address=2, reservation_ttl_s=10))
+    book.reserve(A, 0.0, "10.0.0.9")
+    book.reserve(B, 0.0, "10.0.0.9")
+    with pytest.raises(RelayRefused, match="from 10.0.0.9") as err:  # sybil node ids from one host
+        book.reserve(C, 0.0, "10.0.0.9")
+    assert err.value.code == "address_share_exceeded"
+    book.reserve(A, 1.0, "10.0.0.9")  # renewing its own is not a new one
+    book.reserve(C, 1.0, "10.0.0.7")  # another host still gets one
+    with pytest.raises(RelayRefused, match="from 10.0.0.9"):  # nor may it move in from there
+        book.reserve(C, 1.0, "10.0.0.9")
+    book.reserve(D, 1.0, None)
+    assert book.reservations == 4 and dict(book.refused) == {"address_share_exceeded": 2}
+    book.release(D, 1.0 + 10)
+    assert book.reserve("e" * 64, 10.0, "10.0.0.9")  # B's expired: room for one more from .9
+
+
+def test_relay_limits_refuse_nonsense() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        RelayLimits(max_circuits_per_source=0)
+    with pytest.raises(ValueError, match="idle"):
+        RelayLimits(circuit_idle_s=0)
 
 
 def test_relay_choice_and_dial_order() -> None:

@@ -151,7 +151,7 @@ async def test_a_peer_that_will_not_punch_ends_the_upgrade_and_the_link_stays(
             _, url = await start_listener(nursery, peer.settings)
             async with open_link(url, driver.settings) as link:
                 driver.links[peer.id] = link
-                driver.upgrader.relayed_link_up(link, "127.0.0.1", drive=True)
+                driver.upgrader.relayed_link_up(link, "127.0.0.1", drive=True, peer_observed="127.0.0.1")
                 while not driver.counters["upgrades_given_up"]:
                     await trio.sleep(0.05)
                 assert driver.counters["hole_punch_failed"] == 1 and peer.counters["hole_punch_refused"] == 1

@@ -53,7 +53,8 @@ def test_incoming_header_with_the_observed_address() -> None:
     from hydra_node.mesh.relay.messages import parse_incoming
 
     request = parse_incoming(DOC["incoming_header"])
-    assert (request.source, request.observed) == (DOC["incoming_header"]["from"], DOC["incoming_header"]["observed"])
+    h = DOC["incoming_header"]
+    assert (request.source, request.observed, request.peer_observed) == (h["from"], h["observed"], h["peer_observed"])
 
 
 @pytest.mark.parametrize("v", PUNCH["valid"], ids=lambda v: v["name"])

@@ -21,7 +21,7 @@ from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key
 from hydra_node.models import ModelNotFound
 from hydra_node.runtime.artifacts.errors import ArtifactNotFound, ChecksumMismatch
 from hydra_node.runtime.artifacts.local_cache import ArtifactHeld, CacheFull, LocalCache
-from hydra_node.runtime.artifacts.manifest import signer
+from hydra_node.runtime.artifacts.manifest import ArtifactFile, Manifest, signer
 from hydra_node.runtime.artifacts.operations import Operation, OpStore
 from hydra_node.runtime.artifacts.peer import ArtifactShare, fetch_from_peer
 from hydra_node.runtime.artifacts.placed_model import placed_model, placed_name
@@ -106,26 +106,26 @@ async def test_capacity_evicts_the_least_recently_used_but_never_a_pinned_or_lea
     await nursery.start(pub.run)
     await nursery.start(cache.run)
     for name in ("one", "two", "three"):
-        await publish(pub, "kv_state", name, source(tmp_path, name, {"state.bin": b"k" * 1000}))
-    await cache.materialise("kv_state", "one")
+        await publish(pub, "layer_package", name, source(tmp_path, name, {"state.bin": b"k" * 1000}))
+    await cache.materialise("layer_package", "one")
     clock[0] += 1
-    await cache.materialise("kv_state", "two")
+    await cache.materialise("layer_package", "two")
     clock[0] += 1
-    await cache.materialise("kv_state", "three")  # 3000 > 2500: "one" goes
+    await cache.materialise("layer_package", "three")  # 3000 > 2500: "one" goes
     assert sorted(a["name"] for a in cache.cache_listing()["artifacts"]) == ["three", "two"]
     await cache.pin("two", None)
     clock[0] += 1
-    async with cache.using("kv_state", "three"):
+    async with cache.using("layer_package", "three"):
         with pytest.raises(CacheFull):  # "two" pinned, "three" in use: no room for "one"
-            await cache.materialise("kv_state", "one")
+            await cache.materialise("layer_package", "one")
         with pytest.raises(ArtifactHeld, match="in use"):
-            await cache.evict("three", "kv_state")
+            await cache.evict("three", "layer_package")
     with pytest.raises(ArtifactHeld, match="pinned"):
         await cache.evict("two", None)
     await cache.pin("two", None, on=False)
-    gone = await cache.evict("two", "kv_state", Namespace("posix", root=str(root)))
-    assert gone["evicted"] == [{"kind": "kv_state", "name": "two"}] and gone["removed_from_namespace"] is True
-    assert not (root / "kv_state" / "two").exists()
+    gone = await cache.evict("two", "layer_package", Namespace("posix", root=str(root)))
+    assert gone["evicted"] == [{"kind": "layer_package", "name": "two"}] and gone["removed_from_namespace"] is True
+    assert not (root / "layer_package" / "two").exists()
 
 
 async def test_the_ttl_expires_unused_artifacts(tmp_path, nursery, autojump_clock):
@@ -260,17 +260,17 @@ async def test_an_artifact_a_peer_announces_is_fetched_over_the_link_and_an_untr
         peer_fetch=fetch_from_peer,
     )  # (a's own mesh is not used here)
     await nursery.start(a.run)
-    await publish(a, "kv_state", "prefix", source(tmp_path, "p", {"state.bin": b"s" * 70_000}))
-    await a.materialise("kv_state", "prefix")  # now in a's local cache, which a shares
+    await publish(a, "layer_package", "prefix", source(tmp_path, "p", {"state.bin": b"s" * 70_000}))
+    await a.materialise("layer_package", "prefix")  # now in a's local cache, which a shares
     foreign = PlacementService(
         PlacementSection(posix_root=str(root)), home=tmp_path / "f", node_id="11" * 32, sign=signer(stranger)
     )
     await nursery.start(foreign.run)
-    await publish(foreign, "kv_state", "forged", source(tmp_path, "f", {"state.bin": b"f"}))
-    await a.materialise("kv_state", "forged")
+    await publish(foreign, "layer_package", "forged", source(tmp_path, "f", {"state.bin": b"f"}))
+    await a.materialise("layer_package", "forged")
     assert {tuple(x[:2]) for x in a.announce_extra()["artifacts_held"]} == {
-        ("kv_state", "prefix"),
-        ("kv_state", "forged"),
+        ("layer_package", "prefix"),
+        ("layer_package", "forged"),
     }
 
     secret = MeshSecret(bytes([0x42]) * 32)
@@ -293,12 +293,89 @@ async def test_an_artifact_a_peer_announces_is_fetched_over_the_link_and_an_untr
             on_materialised=lambda *x: seen.append(x),
         )
         await nursery.start(b.run)
-        manifest, folder = await b.materialise("kv_state", "prefix")
+        manifest, folder = await b.materialise("layer_package", "prefix")
         assert manifest.node_id == holder_id and (folder / "state.bin").read_bytes() == b"s" * 70_000
         assert [(s, n) for _, _, s, n, _ in seen] == [(f"peer:{holder_id}", 70_000)]
         with pytest.raises(ArtifactNotFound, match="signature_invalid"):  # signed by a node not in the mesh
-            await b.materialise("kv_state", "forged")
-        assert b.counters["refused_corrupt"] == 1 and not (tmp_path / "b/placement/cache/kv_state/forged").exists()
+            await b.materialise("layer_package", "forged")
+        assert b.counters["refused_corrupt"] == 1 and not (tmp_path / "b/placement/cache/layer_package/forged").exists()
+
+
+class AlsoClaims:
+    """A holder sharing its cache and one more validly signed manifest, over another artifact's folder."""
+
+    def __init__(self, cache: LocalCache, claim: Manifest, folder: Path) -> None:
+        self.cache, self.claim, self.folder = cache, claim, folder
+
+    def open_artifact(self, kind, name):
+        if (kind, name) == (self.claim.kind, self.claim.name):
+            return self.claim, self.folder
+        return self.cache.open_artifact(kind, name)
+
+
+def untouched(home: Path) -> bool:
+    """No artifact folder nor staging folder in ``home``'s cache."""
+    kv = home / "placement/cache/layer_package"
+    return not kv.exists() or list(kv.iterdir()) == []
+
+
+BIG = 12_000_000  # three times the stream window: the holder cannot finish unless the bytes are taken
+
+
+async def test_a_peer_artifact_over_the_cache_or_the_disk_is_refused_at_its_manifest(tmp_path, nursery):
+    """Issue 25 item 7: a peer's artifact is admitted when its manifest arrives; one larger than
+    the requester's cache capacity, or declaring more than its disk holds (1 TiB), is refused
+    (typed, naming it, its size, the limit) before any byte is written, over a real link."""
+    holder_key = nacl.signing.SigningKey.generate()
+    holder_id = node_id_from_public_key(bytes(holder_key.verify_key))
+    root = tmp_path / "ns"
+    root.mkdir()
+    a = PlacementService(
+        PlacementSection(posix_root=str(root)),
+        home=tmp_path / "a",
+        node_id=holder_id,
+        sign=signer(holder_key),
+        peer_fetch=fetch_from_peer,
+    )
+    await nursery.start(a.run)
+    await publish(
+        a, "layer_package", "big", source(tmp_path, "big", {"state.bin": b"s" * BIG}), identity={"model": "m"}
+    )
+    m, folder = await a.materialise("layer_package", "big")
+    tib = Manifest("layer_package", "tib", (ArtifactFile("state.bin", 2**40, "0" * 64),), m.identity, m.location, 0)
+    tib = tib.sign(holder_key)  # validly signed by a member: only its size is a lie
+    share = ArtifactShare(AlsoClaims(a.cache, tib, folder))
+    extra = {"artifacts_held": [*a.announce_extra()["artifacts_held"], ["layer_package", "tib", tib.manifest_id]]}
+
+    secret = MeshSecret(bytes([0x42]) * 32)
+    listener = LinkListener(LinkSettings(identity=holder_key, mesh=secret, on_stream=share.serve), None)
+    port = await nursery.start(listener.serve, "127.0.0.1", 0)
+    async with open_link(
+        f"ws://127.0.0.1:{port}", LinkSettings(identity=nacl.signing.SigningKey.generate(), mesh=secret)
+    ) as link:
+        view = OnePeer(link, extra)
+        homes = {}
+        for name, gb in (("small", 0.001), ("unbounded", 0.0)):  # 1 MB cap; no cap (the disk is the limit)
+            homes[name] = PlacementService(
+                PlacementSection(cache_capacity_gb=gb),
+                home=tmp_path / name,
+                node_id="22" * 32,
+                sign=signer(nacl.signing.SigningKey.generate()),
+                mesh=view,
+                peer_fetch=functools.partial(fetch_from_peer, view),
+            )
+            await nursery.start(homes[name].run)
+        written: list[int] = []
+        big = (
+            r"cache_full: layer_package/big \(12000000 bytes\).*\(1000000 bytes.*raise \[placement\] cache_capacity_gb"
+        )
+        with pytest.raises(ArtifactNotFound, match=big):
+            await homes["small"].materialiser.get("layer_package", "big", progress=written.append)
+        assert written == [] and untouched(tmp_path / "small")  # not one byte taken, no staging folder
+        with pytest.raises(ArtifactNotFound, match=rf"disk_full: layer_package/tib \({2**40} bytes\).*bytes free"):
+            await homes["unbounded"].materialiser.get("layer_package", "tib", progress=written.append)
+        assert written == [] and untouched(tmp_path / "unbounded")
+    assert share.statistics().sent_artifacts == 0  # the holder never got to send either whole
 
 
 async def test_a_placed_model_needs_one_gguf_and_is_leased_while_served(tmp_path, nursery):

@@ -31,9 +31,13 @@ from hydra_node.runtime.fetch.peer_wire import (
 )
 from hydra_node.runtime.fetch.transfer import (
     ProgressMeter,
+    RateFloor,
+    check_loose_size,
     check_total,
+    hub_lfs_sha256,
     plan_response,
     range_header,
+    same_origin,
 )
 
 SHA = "ab" * 32
@@ -178,6 +182,8 @@ def test_models_section_parses_and_refuses_bad_values():
     for data, needle in (
         ({"cache_limit_gb": -1}, "cache_limit_gb"),
         ({"read_timeout_s": 0}, "read_timeout_s"),
+        ({"min_rate_bytes_s": -1}, "min_rate_bytes_s"),
+        ({"min_rate_bytes_s": float("inf")}, "min_rate_bytes_s"),
         ({"share": "yes"}, "true or false"),
         ({"colour": 1}, "unknown key"),
     ):
@@ -265,3 +271,33 @@ def test_progress_is_redrawn_on_a_terminal_and_logged_sparsely_otherwise():
             assert stream.text.count("\r") == 11 and stream.text.endswith("\n") and "100.0%" in stream.text
         else:
             assert stream.text.count("\n") == 1 + 10 // int(PROGRESS_LOG_EVERY_S) and "\r" not in stream.text
+
+
+def test_rate_floor_trips_only_after_a_whole_window_below_the_rate():
+    floor = RateFloor(100.0, 10.0, done=0, now=0.0)
+    assert not floor.slow(5, 9.9)  # the window is not over yet
+    assert floor.slow(50, 10.0) and floor.rate == 5.0  # 50 bytes in 10 s: below 100 B/s
+    ok = RateFloor(100.0, 10.0, done=0, now=0.0)
+    assert not ok.slow(2000, 10.0) and not ok.slow(3500, 20.0)  # 200 then 150 B/s
+    assert not RateFloor(0.0, 10.0, 0, 0.0).slow(0, 1e6)  # 0: no floor
+
+
+def test_same_origin_compares_scheme_host_and_port():
+    assert same_origin("https://h.co/a", "https://H.co:443/b")
+    assert not same_origin("http://127.0.0.1:8000/a", "http://127.0.0.1:8001/a")
+    assert not same_origin("https://h.co/a", "http://h.co/a")
+    assert not same_origin("https://h.co/a", "https://cdn.h.co/a")
+
+
+def test_hub_lfs_sha256_is_read_from_x_linked_etag_only_when_it_is_a_sha256():
+    assert hub_lfs_sha256({"X-Linked-Etag": f'"{SHA}"'}) == SHA
+    assert hub_lfs_sha256({"x-linked-etag": f'W/"{SHA.upper()}"'}) == SHA
+    assert hub_lfs_sha256({"ETag": f'"{SHA}"'}) is None  # a plain ETag is not the LFS digest
+    assert hub_lfs_sha256({"X-Linked-Etag": '"' + "a" * 40 + '"'}) is None  # a git blob sha1
+
+
+def test_the_catalogue_size_is_checked_loosely():
+    check_loose_size("m", 640_000_000, 639_447_744)
+    check_loose_size("m", None, 1)
+    with pytest.raises(SizeMismatch, match="far from"):
+        check_loose_size("m", 640_000_000, 880_000)

@@ -84,6 +84,8 @@ def test_a_model_comes_from_the_peer_that_holds_it_resumed_and_verified(two_node
     code, body = poll_until(fetched, timeout_s=30, what="B fetches from A")
     assert code == 200, body
     assert body["source"] == f"peer:{two_nodes['a_id']}" and body["sha256"] == two_nodes["sha256"]
+    # no catalogue digest, nothing pinned on B: the digest is A's word, and recorded as such (issue 25)
+    assert body["sha256_origin"] == f"peer:{two_nodes['a_id']}"
     with open(body["path"], "rb") as f:
         assert f.read() == two_nodes["data"]
     assert len(hub.requests) == hub_requests  # not one byte from the "internet"
@@ -148,6 +150,9 @@ def test_swap_by_reference_fetches_from_the_mesh_then_hosts_it(two_nodes, capsys
     assert f"from peer:{two_nodes['a_id']}" in err and "loaded third" in out
     assert len(hub.requests) == hub_requests
     assert "third" in b.status()["serving_models"]
+    code, out, err = cli(capsys, monkeypatch, "models", "rm", "third", "--home", str(b.home))
+    assert code == 1 and "'third' is served" in err and "--force" in err  # refused while served (issue 25)
+    assert ModelCache(b.home / "models").lookup("third") is not None
 
 
 def test_serve_with_a_model_name_and_join_takes_it_from_a_peer_first(two_nodes, tmp_path):

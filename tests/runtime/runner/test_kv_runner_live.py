@@ -2,7 +2,9 @@
 a prompt's state exported after a cold greedy run and imported back after another prompt took the slot
 serves the same prompt from the prompt cache with the cold run's greedy output; a state whose identity
 differs in a field, a corrupted state and a missing file are refused and counted, and the runner keeps
-serving; a prefix no slot holds is prefilled for the export.  The console routes (admin/kv.py) do the
+serving; a state whose cells sit at negative positions is refused before llama.cpp loads it, the slot
+then answers as before the attack, a genuine import into it works and the runner log names the refusal
+(issue 25 item 3); a prefix no slot holds is prefilled for the export.  The console routes (admin/kv.py) do the
 same over HTTP bodies, publishing to and materialising from a real POSIX artifact store."""
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -25,8 +28,10 @@ from hydra_node.runtime.artifacts.errors import (
     ChecksumMismatch,
     IdentityMismatch,
 )
+from hydra_node.runtime.artifacts.kv_cells import check_cells
 from hydra_node.runtime.artifacts.kv_state import (
     KV_STATE_FILE,
+    KvStateInvalid,
     open_kv_state,
     write_kv_state,
 )
@@ -61,6 +66,19 @@ def _copy_with(src, dest, **identity_changes) -> None:
     write_kv_state(dest, dataclasses.replace(h.identity, **identity_changes), h.tokens, buf)
 
 
+def _with_negative_positions(src, dest) -> None:
+    """``src``'s state, its header sound, its first cells moved to positions -1000.. (the attack:
+    llama.cpp loads them, and ``llama_memory_seq_rm`` never removes a negative position)."""
+    with open_kv_state(src) as r:
+        buf = bytearray(r.header.state_bytes)
+        r.read_state_into(buf)
+        h = r.header
+    assert check_cells(buf, len(h.tokens)).sections == ((0, len(h.tokens) - 1, len(h.tokens)),)  # the real layout
+    for i in range(len(h.tokens) // 2):
+        struct.pack_into("<i", buf, 16 + 12 * i, -1000 + i)  # after magic, version, n_stream, count
+    write_kv_state(dest, h.identity, h.tokens, buf)
+
+
 async def test_export_import_serves_the_prompt_from_the_imported_cells_and_refuses_what_does_not_match(tmp_path):
     sup = RunnerSupervisor(
         resolve_model(None), tmp_path, RunnerSettings(n_ctx=1024, parallel=1, warmup=False), node_id="n"
@@ -73,6 +91,9 @@ async def test_export_import_serves_the_prompt_from_the_imported_cells_and_refus
             prompt = chat(STORY + "What did the keeper write about?", logprobs=True)
             cold_deltas, cold = await run(sup, prompt)
             assert cold.cached_tokens == 0 and cold.prompt_tokens > 100
+            fruit = chat("Name a fruit.")
+            fruit_fresh, _ = await run(sup, fruit)
+            cold_deltas, cold = await run(sup, prompt)  # the slot holds the story again
 
             # the slot holds the prompt and the answer: the export cuts it to the prompt (no prefill)
             exported = await sup.kv.export(prompt, tmp_path / "story.hykv")
@@ -122,6 +143,19 @@ async def test_export_import_serves_the_prompt_from_the_imported_cells_and_refus
             assert st.import_refused == {"type_k": 1, "model_sha256": 1, "n_ctx_seq": 1}
             assert (st.imports, st.exports, st.import_refusals, st.failures) == (1, 1, 2, 2)
 
+            # cells at negative positions are refused before llama.cpp sees them; the slot answers
+            # as a fresh runner does, a genuine import into it works, and the runner log says why
+            _with_negative_positions(tmp_path / "story.hykv", tmp_path / "negative.hykv")
+            with pytest.raises(KvStateInvalid, match="position -1000"):
+                await sup.kv.import_state(tmp_path / "negative.hykv")
+            after, _ = await run(sup, fruit)
+            assert "".join(d.text for d in after) == "".join(d.text for d in fruit_fresh)
+            assert (await sup.kv.import_state(tmp_path / "story.hykv")).tokens == cold.prompt_tokens
+            warm_deltas, warm = await run(sup, prompt)
+            assert warm.cached_tokens == cold.prompt_tokens - 1
+            assert "".join(d.text for d in warm_deltas) == "".join(d.text for d in cold_deltas)
+            assert "kv_state_invalid" in sup.logfile.read_text() and "position -1000" in sup.logfile.read_text()
+
             # a prefix no slot holds is prefilled for the export; the runner still serves
             fresh = await sup.kv.export(chat("Write a haiku about rain."), tmp_path / "haiku.hykv")
             assert fresh.tokens > 10 and fresh.identity.n_tokens == fresh.tokens
@@ -129,6 +163,7 @@ async def test_export_import_serves_the_prompt_from_the_imported_cells_and_refus
             assert again.cached_tokens == fresh.tokens - 1 and sup.restarts == 0
             assert [(t[0], t[1]) for t in transfers] == [
                 (sup.model.id, "export"),
+                (sup.model.id, "import"),
                 (sup.model.id, "import"),
                 (sup.model.id, "export"),
             ]

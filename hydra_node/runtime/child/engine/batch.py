@@ -38,6 +38,7 @@ from typing import Callable
 
 from hydra_node.inference import MAX_TOP_LOGPROBS_REQUEST as MAX_TOP_LOGPROBS
 from hydra_node.runtime.child.process import TokenClock
+from hydra_node.runtime.child.engine.grammar_budget import DEFAULT_LIMITS, GrammarLimits
 from hydra_node.runtime.child.engine.logprobs import LogprobReporter, TokenPieces, row_logits
 from hydra_node.runtime.child.engine.sampler import Sampler, SamplerParams, SamplingError
 from hydra_node.runtime.child.engine.slots import DecodeToken, Finish, PrefillChunk, Rejected, SlotConfig, StepPlan
@@ -81,10 +82,13 @@ class BatchEngine:
         min_shared_tokens: int = 64,
         max_cached: int | None = None,
         speculation=None,
+        grammar_limits: GrammarLimits = DEFAULT_LIMITS,
     ):
         """``clock`` times each step for the statistics' rates (any monotonic clock); the prefix
         options are the slot scheduler's ([defaults.model_fit.prefix_cache], see slots.py);
-        ``speculation``: an :class:`~hydra_node.runtime.child.engine.speculation.EngineSpeculation` or None."""
+        ``speculation``: an :class:`~hydra_node.runtime.child.engine.speculation.EngineSpeculation` or None;
+        ``grammar_limits``: how long a request's grammar may work per token and per request
+        (:mod:`~hydra_node.runtime.child.engine.grammar_budget`; past them: that request's 422 ``grammar_too_slow``)."""
         import llama_cpp
         from llama_cpp import _internals
 
@@ -125,6 +129,7 @@ class BatchEngine:
         self.counters = StepCounters()
         self._prefix_base = (0, 0, 0, 0)  # the scheduler's prefix counts at the end of the warm-up
         self.spec = speculation
+        self.grammar_limits = grammar_limits
         self._threads = (int(llama_cpp.llama_n_threads(self.ctx)), int(llama_cpp.llama_n_threads_batch(self.ctx)))
 
     # ---- requests --------------------------------------------------------------------
@@ -134,7 +139,9 @@ class BatchEngine:
         max_tokens = min(req.get("max_tokens") or budget, budget) if budget > 0 else 1
         try:
             reporter = self._reporter(req)
-            sampler = Sampler(SamplerParams.from_request(req), self.vocab, window=max_tokens)
+            sampler = Sampler(
+                SamplerParams.from_request(req), self.vocab, window=max_tokens, grammar_limits=self.grammar_limits
+            )
         except SamplingError as exc:  # an invalid grammar, a token outside the vocabulary...
             self.send(exc.frame(rid))
             return

@@ -26,6 +26,11 @@ would complete a trigger word is kept only if the grammar accepts the text from 
 Before that the text is free; from then on the grammar constrains every token.  A grammar that
 leaves no token at all (or rejects every way to complete a trigger) ends that request with a 400
 ``invalid_grammar`` error, never a crash.
+
+The grammar's work is timed between its C calls (:mod:`~hydra_node.runtime.child.engine.grammar_budget`):
+a token whose grammar work passes the per-token budget, or a request whose grammar work passes the
+per-request one, ends THAT request with a 422 ``grammar_too_slow`` error; the scan stops at the
+first check past the budget.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import ctypes
 
 import numpy as np
 
+from hydra_node.runtime.child.engine.grammar_budget import GrammarBudget
 from hydra_node.runtime.child.engine.sampler_errors import SamplingError
 from hydra_node.runtime.child.textstream import Trigger, TriggerWatch
 
@@ -114,9 +120,21 @@ class _Candidates:
 class GrammarCheck:
     """Owns the grammar sampler ``grammar`` (a plain, non-lazy one) and frees it in :meth:`close`."""
 
-    def __init__(self, ll, grammar, *, n_vocab: int, triggers: tuple[str, ...], tokenize, piece, keep: int):
-        """``keep``: how many of the best allowed candidates ``post`` needs (1 for greedy, its top-k)."""
-        self.ll, self.grammar, self.keep = ll, grammar, keep
+    def __init__(
+        self,
+        ll,
+        grammar,
+        *,
+        n_vocab: int,
+        triggers: tuple[str, ...],
+        tokenize,
+        piece,
+        keep: int,
+        budget: GrammarBudget | None = None,
+    ):
+        """``keep``: how many of the best allowed candidates ``post`` needs (1 for greedy, its top-k);
+        ``budget``: the request's grammar time (None: unbounded)."""
+        self.ll, self.grammar, self.keep, self.budget = ll, grammar, keep, budget
         self.tokenize, self.piece = tokenize, piece  # text -> token ids; token -> bytes (as in the output)
         self.cand = _Candidates(ll, n_vocab)
         self._one = ll.llama_token_data(0, 0.0, 0.0)
@@ -153,11 +171,21 @@ class GrammarCheck:
         return True
 
     def sample(self, pre, post, logits: np.ndarray) -> int:
-        """``post``'s choice, after ``pre``, among the tokens the grammar allows; accepted by all three."""
+        """``post``'s choice, after ``pre``, among the tokens the grammar allows; accepted by all three.
+        :class:`SamplingError` ``grammar_too_slow`` when the grammar's work passes its budget."""
+        if self.budget is not None:
+            self.budget.start()
         tok = self._sample_active(pre, post, logits) if self.active else self._sample_watching(pre, post, logits)
         self.ll.llama_sampler_accept(pre, tok)
         self.ll.llama_sampler_accept(post, tok)
+        if self.budget is not None:
+            self.budget.stop()
         return tok
+
+    def _tick(self) -> None:
+        """Between two grammar C calls: fail the request if its grammar time is spent."""
+        if self.budget is not None:
+            self.budget.check()
 
     def _sample_active(self, pre, post, logits: np.ndarray) -> int:
         c = self.cand
@@ -165,7 +193,9 @@ class GrammarCheck:
         c.apply(pre)  # shifts logits in place: no reordering, no cut
         shifted = c.arr["logit"].copy()
         tok = c.run(post)
-        if not self.allows(self.grammar, tok):
+        allowed = self.allows(self.grammar, tok)
+        self._tick()
+        if not allowed:
             tok = self._constrained(post, shifted)
         self.ll.llama_sampler_accept(self.grammar, tok)
         return tok
@@ -179,7 +209,9 @@ class GrammarCheck:
         for t in best.tolist():
             if shifted[t] == -np.inf:
                 break
-            if self.allows(self.grammar, t):
+            ok = self.allows(self.grammar, t)
+            self._tick()
+            if ok:
                 allowed.append(t)
                 if len(allowed) == self.keep:
                     break
@@ -189,6 +221,7 @@ class GrammarCheck:
         else:  # the grammar allows few of the likely tokens: filter the whole vocabulary
             c.load(shifted, [])
             c.apply(self.grammar)
+            self._tick()
         tok = c.run(post)
         if not self.allows(self.grammar, tok):
             raise SamplingError("the grammar allows no token here", code="invalid_grammar")
@@ -199,6 +232,7 @@ class GrammarCheck:
         watch = self.watch
         assert watch is not None  # not active yet (only a successful _start clears it, and returns)
         for _ in range(MAX_TRIGGER_RETRIES):
+            self._tick()
             self.cand.load(logits, banned)
             self.cand.apply(pre)
             tok = self.cand.run(post)

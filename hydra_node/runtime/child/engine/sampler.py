@@ -28,9 +28,11 @@ the request's error frame (400).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 from hydra_node.runtime.child.engine.grammar import GrammarCheck, VocabText
+from hydra_node.runtime.child.engine.grammar_budget import DEFAULT_LIMITS, GrammarBudget, GrammarLimits
 from hydra_node.runtime.child.engine.logprobs import row_logits
 from hydra_node.runtime.child.engine.sampler_errors import SamplingError
 
@@ -109,13 +111,17 @@ class Sampler:
     """One native sampler chain; :meth:`close` frees it (idempotent).
 
     ``vocab``: the model's ``llama_vocab`` (grammar, vocabulary size); ``window``: how many of the
-    latest generated tokens the penalties count (the sequence's token budget: all of them)."""
+    latest generated tokens the penalties count (the sequence's token budget: all of them);
+    ``grammar_limits``: how long the grammar may work per token and per request (its set-up counts)."""
 
-    def __init__(self, params: SamplerParams, vocab=None, window: int = 0):
+    def __init__(
+        self, params: SamplerParams, vocab=None, window: int = 0, grammar_limits: GrammarLimits = DEFAULT_LIMITS
+    ):
         import llama_cpp
 
         self._ll = llama_cpp
         self.params = params
+        self._limits = grammar_limits
         needs_vocab = params.grammar or params.logit_bias or params.penalised
         if needs_vocab and vocab is None:
             raise ValueError("a grammar, penalties or a logit bias need the model's vocabulary")
@@ -169,6 +175,7 @@ class Sampler:
 
     def _grammar(self, params: SamplerParams, vocab, n_vocab: int) -> GrammarCheck:
         ll = self._ll
+        t0 = time.perf_counter()
         g = ll.llama_sampler_init_grammar(vocab, params.grammar.encode("utf-8"), b"root")
         if not g:  # llama.cpp could not parse it (its reason goes to the runner's log)
             raise SamplingError(
@@ -177,7 +184,7 @@ class Sampler:
             )
         text = VocabText(vocab)
         try:
-            return GrammarCheck(
+            check = GrammarCheck(
                 ll,
                 g,
                 n_vocab=n_vocab,
@@ -185,7 +192,11 @@ class Sampler:
                 tokenize=text.tokenize,
                 piece=text.piece,
                 keep=1 if params.greedy else DEFAULT_TOP_K,
+                budget=GrammarBudget(self._limits),
             )
+            assert check.budget is not None
+            check.budget.charge(time.perf_counter() - t0)  # parsing it and checking its trigger words
+            return check
         except BaseException:
             ll.llama_sampler_free(g)
             raise
