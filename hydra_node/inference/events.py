@@ -97,12 +97,18 @@ class TextDelta:
 
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
+    #: The token ids generated since the previous delta, in order: their text is this delta's
+    #: text plus whatever is still held back. What a continuation resumes from
+    #: (:attr:`GenerationRequest.resume_tokens`); empty from a host that does not send them.
+    tokens: tuple[int, ...] = ()
     type: str = field(default="delta", init=False)
 
     def to_wire(self) -> dict[str, Any]:
         d: dict[str, Any] = {"type": "delta", "text": self.text}
         if self.logprobs:
             d["logprobs"] = [e.to_wire() for e in self.logprobs]
+        if self.tokens:
+            d["tokens"] = list(self.tokens)
         return d
 
 
@@ -200,7 +206,16 @@ def event_from_wire(d: Any) -> GenerationEvent:
         lps = d.get("logprobs", [])
         if not isinstance(lps, list) or len(lps) > MAX_DELTA_LOGPROBS:
             raise MalformedRemoteEvent("delta event: 'logprobs' must be a list of token entries")
-        return TextDelta(_text(d, "text", MAX_EVENT_FRAME_BYTES), tuple(TokenLogprob.from_wire(e) for e in lps))
+        toks = d.get("tokens", [])
+        if (
+            not isinstance(toks, list)
+            or len(toks) > MAX_DELTA_LOGPROBS
+            or not all(type(t) is int and 0 <= t < 2**31 for t in toks)
+        ):
+            raise MalformedRemoteEvent("delta event: 'tokens' must be a list of token ids")
+        return TextDelta(
+            _text(d, "text", MAX_EVENT_FRAME_BYTES), tuple(TokenLogprob.from_wire(e) for e in lps), tuple(toks)
+        )
     if t == "finished":
         reason = _text(d, "finish_reason", MAX_FINISH_REASON_CHARS)
         if not reason:

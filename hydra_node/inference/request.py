@@ -49,6 +49,8 @@ Kind = Literal["chat", "completion"]
 
 #: Upper bound on generated tokens a single request may ask for.
 MAX_TOKENS_LIMIT = 32768
+#: Most characters ``resume_skip`` may name: the text of MAX_TOKENS_LIMIT tokens of 256 bytes each.
+MAX_RESUME_CHARS = MAX_TOKENS_LIMIT * 256
 #: Upper bound on stop sequences (OpenAI allows 4).
 MAX_STOP_SEQUENCES = 4
 #: Characters of a session id kept for routing affinity (``X-Session-Id`` header or body ``user``).
@@ -209,6 +211,15 @@ class GenerationRequest:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias -100..100)
+    #: A continuation (docs/scheduler.md "Continuing a stream"): the token ids an earlier target
+    #: already generated for this request, in order. The runner prefills them after the prompt,
+    #: advances the grammar and the penalties over them, and generates what follows;
+    #: ``max_tokens`` is then the budget that is left.
+    resume_tokens: tuple[int, ...] = ()
+    #: Characters of the text of ``resume_tokens`` already delivered to the client: the runner
+    #: does not send them again (what it had held back for a stop sequence or an incomplete UTF-8
+    #: character, it sends).
+    resume_skip: int = 0
 
     def __post_init__(self) -> None:
         def set_(k: str, v: object) -> None:  # normalising a frozen dataclass
@@ -236,6 +247,7 @@ class GenerationRequest:
         if len(self.stop) > MAX_STOP_SEQUENCES:
             raise InvalidRequest(f"'stop' allows at most {MAX_STOP_SEQUENCES} sequences", "stop")
         self._check_prompt_tokens()
+        self._check_resume()
         self._check_tools()
         if len(self.grammar) > MAX_GRAMMAR_CHARS:
             raise InvalidRequest(f"the grammar is longer than {MAX_GRAMMAR_CHARS} characters", "response_format")
@@ -269,6 +281,18 @@ class GenerationRequest:
             type(t) is not int or not 0 <= t < 2**31 for t in self.prompt_tokens
         ):
             raise InvalidRequest("'prompt' token ids must be integers from 0 to 2^31-1", "prompt")
+
+    def _check_resume(self) -> None:
+        if len(self.resume_tokens) > MAX_TOKENS_LIMIT or any(
+            type(t) is not int or not 0 <= t < 2**31 for t in self.resume_tokens
+        ):
+            raise InvalidRequest(
+                f"'resume_tokens' must be at most {MAX_TOKENS_LIMIT} token ids from 0 to 2^31-1", "resume_tokens"
+            )
+        if type(self.resume_skip) is not int or not 0 <= self.resume_skip <= MAX_RESUME_CHARS:
+            raise InvalidRequest("'resume_skip' must be a character count", "resume_skip")
+        if self.resume_skip and not self.resume_tokens:
+            raise InvalidRequest("'resume_skip' needs 'resume_tokens'", "resume_skip")
 
     def _check_tools(self) -> None:
         if len(self.tools) > MAX_TOOLS:
@@ -314,6 +338,8 @@ class GenerationRequest:
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
             "logit_bias": [[t, b] for t, b in self.logit_bias],
+            "resume_tokens": list(self.resume_tokens),
+            "resume_skip": self.resume_skip,
         }
         defaults = {
             "prompt_tokens": [],
@@ -328,6 +354,8 @@ class GenerationRequest:
             "presence_penalty": 0.0,
             "frequency_penalty": 0.0,
             "logit_bias": [],
+            "resume_tokens": [],
+            "resume_skip": 0,
         }
         d.update({k: v for k, v in extra.items() if v != defaults[k]})
         return d
@@ -340,14 +368,15 @@ class GenerationRequest:
             v = d.get(key)
             if v is not None and (type(v) is not int or not -(2**63) <= v < 2**64):
                 raise InvalidRequest(f"'{key}' must be an integer or null", key)
-        for key in ("prompt_tokens", "tools", "grammar_triggers", "logit_bias", "messages", "stop"):
+        for key in ("prompt_tokens", "tools", "grammar_triggers", "logit_bias", "messages", "stop", "resume_tokens"):
             if not isinstance(d.get(key) or [], list):
                 raise InvalidRequest(f"'{key}' must be a list", key)
         for key in ("logprobs", "parallel_tool_calls"):
             if key in d and type(d[key]) is not bool:
                 raise InvalidRequest(f"'{key}' must be a boolean", key)
-        if "top_logprobs" in d and type(d["top_logprobs"]) is not int:
-            raise InvalidRequest("'top_logprobs' must be an integer", "top_logprobs")
+        for key in ("top_logprobs", "resume_skip"):
+            if key in d and type(d[key]) is not int:
+                raise InvalidRequest(f"'{key}' must be an integer", key)
         try:
             return cls(
                 model=str(d["model"]),
@@ -373,6 +402,8 @@ class GenerationRequest:
                 presence_penalty=float(d.get("presence_penalty", 0.0)),
                 frequency_penalty=float(d.get("frequency_penalty", 0.0)),
                 logit_bias=tuple((t, float(b)) for t, b in d.get("logit_bias") or ()),
+                resume_tokens=tuple(d.get("resume_tokens") or ()),
+                resume_skip=d.get("resume_skip", 0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, InvalidRequest):

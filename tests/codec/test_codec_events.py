@@ -266,3 +266,22 @@ def test_huge_seeds_stay_inside_the_data_model_with_the_same_low_bits() -> None:
     assert req.seed & 0xFFFFFFFF == 10**30 & 0xFFFFFFFF
     assert encode_frame({"op": "generate", "id": 1, "req": req.to_wire()})
     assert GenerationRequest.from_wire(req.to_wire()) == req
+
+
+def test_delta_tokens_and_resume_fields_round_trip_and_are_checked() -> None:
+    """A delta's token ids and a continuation's ``resume_tokens`` / ``resume_skip`` cross the wire
+    unchanged, are left out when empty (a plain request or delta looks as it always did), and
+    anything else is refused with a typed error."""
+    delta = TextDelta("Hi", tokens=(17, 4))
+    assert event_from_wire(cbor2.loads(cbor2.dumps(delta.to_wire()))) == delta
+    assert "tokens" not in TextDelta("Hi").to_wire()
+    req = GenerationRequest("m", "completion", prompt="p", resume_tokens=(5, 6, 7), resume_skip=3)
+    assert GenerationRequest.from_wire(cbor2.loads(cbor2.dumps(req.to_wire()))) == req
+    plain = GenerationRequest("m", "completion", prompt="p").to_wire()
+    assert "resume_tokens" not in plain and "resume_skip" not in plain
+    for bad in ({"type": "delta", "text": "", "tokens": [-1]}, {"type": "delta", "text": "", "tokens": "x"}):
+        with pytest.raises(MalformedRemoteEvent):
+            event_from_wire(bad)
+    for wire in ({"resume_tokens": [2**31]}, {"resume_skip": 2}, {"resume_tokens": [1], "resume_skip": -1}):
+        with pytest.raises(InvalidRequest):
+            GenerationRequest.from_wire({"model": "m", "kind": "completion", "prompt": "p", **wire})
