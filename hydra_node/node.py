@@ -30,6 +30,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, MutableMapping
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -65,6 +66,7 @@ from hydra_node.discovery.service import DiscoveryService, NodeFacts
 from hydra_node.eventlog import EventLog
 from hydra_node.mesh.joining import JoinPlan
 from hydra_node.mesh.service import MeshService
+from hydra_node.routing.identity import ModelIdentities
 from hydra_node.routing.router import Router
 from hydra_node.routing.remote import RemoteGeneration
 from hydra_node.routing.remote_embed import RemoteEmbeddings
@@ -73,7 +75,9 @@ from hydra_node.runtime.hosting.service import HostMemory, ModelRuntime, Runtime
 from hydra_node.runtime.rpc.tunnel import TUNNEL_SERVICE
 from hydra_node.runtime.fetch import FETCH_KIND, BadModelSource, DownloadError, ModelShare, fetch_for_serve
 from hydra_node.runtime.fetch.serve_fetch import PEER_WAIT_S, SETTLE_S, wait_for_holders
-from hydra_node.runtime.artifacts.peer import ARTIFACT_FETCH_KIND, ArtifactShare
+from hydra_node.runtime.artifacts.manifest import signer
+from hydra_node.runtime.artifacts.peer import ARTIFACT_FETCH_KIND
+from hydra_node.runtime.artifacts.peer_wire import merge_held_extras
 from hydra_node.runtime.artifacts.placed_model import KIND as PLACED_KIND
 from hydra_node.runtime.artifacts.placed_model import placed_model, placed_name
 from hydra_node.runtime.artifacts.service import PlacementService
@@ -113,10 +117,17 @@ class Node:
         self.state = NodeState.STARTING
         self.scheduling = LiveScheduling(config.file.scheduler, self.node_id)
         self.events = EventLog(clock=time.time, first_id=int(self.started_at * 1000))  # GET /api/events
-        self.router = Router(self.node_id, self.scheduling, on_event=self.events.emit)
+        self.router = Router(
+            self.node_id,
+            self.scheduling,
+            on_event=self.events.emit,
+            max_continuations=config.file.scheduler.max_continuations,
+        )
         #: model id → runner supervisor: the model runtime fills it, the router and status read it.
         self.runners: MutableMapping[str, RunnerSupervisor] = {}
-        self.local = LocalRunners(self.node_id, self.runners)
+        #: the hosted files' identities (a continuation resumes only on the same one: routing/identity.py)
+        self.identities = ModelIdentities(self.home / "kv" / "digests.json")
+        self.local = LocalRunners(self.node_id, self.runners, identity=self.identities.of)
         self.router.add_source(self.local)
         refs = config.models or (() if config.fetch_models else (None,))  # None: the bundled model
         self.models: list[ModelRef] = (
@@ -202,7 +213,9 @@ class Node:
             self.mesh.handle_tunnel(DRAFT_SERVICE, self.speculation.handle_stream)
             self.mesh.handle_tunnel(TUNNEL_SERVICE, self.runtime.tunnel_server.handle)
             self.mesh.handle_stream(FETCH_KIND, self.model_share.serve)
-            self.mesh.handle_stream(ARTIFACT_FETCH_KIND, ArtifactShare(self.placement.cache).serve)
+            # placement's artifacts and our cached models (as model_weights sha256:HEX), one stream
+            offered = self.model_share.artifact_share(self.placement.cache, signer(self.identity.signing_key))
+            self.mesh.handle_stream(ARTIFACT_FETCH_KIND, offered.serve)
         #: The management API's routes besides /health and /api/status: (method, path) → handler.
         self.management_routes: dict[tuple[str, str], Handler] = {
             **invite_routes(self.mesh),  # POST /api/invite, GET /api/invites, POST /api/invite/revoke
@@ -284,7 +297,9 @@ class Node:
         rpc, rpc_extra = self.runtime.rpc_announcement()
         mem = self.host_memory()
         return AnnouncementContent(
-            models=tuple(ModelEntry(r.model.id, str(r.state), r.free_slots) for r in runners),
+            models=tuple(
+                ModelEntry(r.model.id, str(r.state), r.free_slots, self.identities.of(r.model.path)) for r in runners
+            ),
             hardware=Hardware(
                 cores=os.cpu_count() or 1,
                 ram_bytes=mem.ram_bytes,
@@ -298,14 +313,17 @@ class Node:
             api_port=self.api_server.port if self.api_server else None,
             console_port=self.console_server.port if self.console_server else None,
             rpc=rpc,
-            extra={
-                **self.speculation.announce_extra(),
-                **self.scheduling.announce_extra(),
-                **rpc_extra,
-                **self.model_share.announce_extra(),
-                **self.placement.announce_extra(),
-            },
+            # one artifacts_held list: placement's first, then the cached models that fit (not a ** overwrite)
+            extra=merge_held_extras(
+                {**self.speculation.announce_extra(), **self.scheduling.announce_extra(), **rpc_extra},
+                placement=self.placement.announce_extra(),
+                models=self.model_share.announce_extra(),
+            ),
         )
+
+    def _ready_model_paths(self) -> list[Path]:
+        """The files of the runners that are ready (their identities are hashed: routing/identity.py)."""
+        return [r.model.path for r in self.runners.values() if r.state == RunnerState.READY]
 
     def _local_embed(self, model_id: str):
         """How a peer's ``embed`` stream runs on a model hosted here (None: not hosted)."""
@@ -419,6 +437,7 @@ class Node:
                     log.info("event=model_loading model=%s path=%s", model.id, model.path)
                     await self.runtime.start_model(root, model)
                 await self._start_services(root)
+                root.start_soon(self.identities.run, self._ready_model_paths)
                 await root.start(self.history.run)  # a point of GET /api/history every interval
                 if self.mesh is not None:  # joined by the plan, or by discovery (which may choose the mesh)
                     await root.start(self.mesh.run, self.join_plan if self.discovery is None else None)

@@ -606,6 +606,15 @@ def announcement_vectors() -> dict[str, Any]:
             extra={"name": "alpha"},
         ),
     )
+    ident = sign_announcement(
+        key,
+        dataclasses.replace(  # a model entry with the optional ident (its file's identity)
+            ann,
+            seq=5,
+            models=(ModelEntry("SmolLM2-135M-Instruct-Q4_1", "ready", free_slots=3, ident="3f9a0c12de45b678"),),
+            extra={"name": "alpha"},
+        ),
+    )
     gossip = Gossip((PeerRecord(nid, ann.incarnation, PeerState.ALIVE, ann),))
     message = {"t": "gossip", "m": gossip.to_wire()}
     return {
@@ -624,6 +633,12 @@ def announcement_vectors() -> dict[str, Any]:
                 "signing_input": {"bytes": _unsigned_bytes(slots).hex()},
                 "signature": {"bytes": dict(slots.extra)["sig"].hex()},
             },
+            {
+                "name": "signed_announcement_with_model_ident",
+                "wire": to_json(ident.to_wire()),
+                "signing_input": {"bytes": _unsigned_bytes(ident).hex()},
+                "signature": {"bytes": dict(ident.extra)["sig"].hex()},
+            },
         ],
         "invalid": [
             {
@@ -639,6 +654,60 @@ def announcement_vectors() -> dict[str, Any]:
                 "hex": cbor.encode(message).hex(),
             }
         ],
+    }
+
+
+def generate_stream_vectors() -> dict[str, Any]:
+    """The generate stream (section 11.3): a continuation's request (``resume_tokens``,
+    ``resume_skip``) and delta events carrying ``tokens``, as CBOR and as the frames a host sends."""
+    import dataclasses
+
+    from hydra_node.inference import Finished, GenerationRequest, InvalidRequest, MalformedRemoteEvent, TextDelta
+    from hydra_node.inference import event_frame, event_from_wire
+
+    plain = GenerationRequest(model="m", kind="completion", prompt="Hello", max_tokens=8, temperature=0.0, seed=7)
+    resumed = dataclasses.replace(plain, resume_tokens=(9906, 11, 1917), resume_skip=6, max_tokens=5)
+    requests = [("a request (no resume fields on the wire)", plain), ("a continuation", resumed)]
+    events = [
+        ("a delta with its token ids", TextDelta(" world", tokens=(1917,))),
+        ("a delta holding text back (ids, no text yet)", TextDelta("", tokens=(13, 198))),
+        ("a delta from a host that sends no ids", TextDelta("!")),
+        ("the finished event", Finished("length", prompt_tokens=2, completion_tokens=5, served_by="n1")),
+    ]
+    bad_requests = [
+        ("resume_skip without resume_tokens", dict(plain.to_wire(), resume_skip=3), "resume_skip"),
+        ("a token id out of range", dict(plain.to_wire(), resume_tokens=[2**31]), "resume_tokens"),
+        ("resume_tokens not a list", dict(plain.to_wire(), resume_tokens=5), "resume_tokens"),
+    ]
+    bad_events = [
+        ("tokens not a list", {"type": "delta", "text": "x", "tokens": 5}),
+        ("a negative token id", {"type": "delta", "text": "x", "tokens": [-1]}),
+    ]
+    for _, wire, param in bad_requests:
+        try:
+            GenerationRequest.from_wire(wire)
+        except InvalidRequest as exc:
+            assert exc.param == param, (param, exc.param)
+        else:
+            raise AssertionError(param)
+    for name, wire in bad_events:
+        try:
+            event_from_wire(wire)
+        except MalformedRemoteEvent:
+            pass
+        else:
+            raise AssertionError(name)
+    return {
+        "description": "The generate stream (protocol/README.md section 11.3): the request of the OPEN header "
+        "(a continuation carries resume_tokens and resume_skip; both are omitted when empty) and the "
+        "event frames a host sends (a delta's 'tokens': the ids generated since the previous delta, "
+        "omitted when empty). 'frame' is the whole length-prefixed frame.",
+        "requests": [
+            {"name": n, "decoded": to_json(r.to_wire()), "hex": cbor.encode(r.to_wire()).hex()} for n, r in requests
+        ],
+        "events": [{"name": n, "decoded": to_json(e.to_wire()), "frame": event_frame(e).hex()} for n, e in events],
+        "invalid_requests": [{"name": n, "decoded": to_json(w), "param": p} for n, w, p in bad_requests],
+        "invalid_events": [{"name": n, "decoded": to_json(w)} for n, w in bad_events],
     }
 
 
@@ -1021,11 +1090,57 @@ def manifest_vectors() -> dict[str, Any]:
     return {
         "description": "Signed artifact manifests (protocol/placement.md): 'hex' is the wire form (canonical "
         "CBOR), 'body_hex' the signed body, 'signing_input_hex' the exact bytes the Ed25519 key of "
-        "'node' signed, 'json' the JSON form; invalid manifests with the error code a reader gives",
+        "'node' signed, 'json' the JSON form; invalid manifests with the error code a reader gives; "
+        "'fetch_headers': artifact_fetch OPEN headers (placement.md section 4) a holder accepts "
+        "(with the request they decode to) or answers with bad_request",
         "context": MANIFEST_CONTEXT,
         "signer_seed": SEED_A.hex(),
         "valid": valid,
         "invalid": invalid,
+        "fetch_headers": fetch_header_vectors(),
+    }
+
+
+def fetch_header_vectors() -> dict[str, Any]:
+    """``artifact_fetch`` OPEN headers: accepted (and the offset they resume at) or refused."""
+    from hydra_node.runtime.artifacts.peer_wire import ArtifactRequest, WireError
+
+    model = "sha256:" + "5e" * 32
+    base = {"kind": "artifact_fetch", "artifact": "model_weights", "name": model}
+    valid = [
+        ("whole artifact (no offset)", base),
+        ("resume a single file at byte 1048576", {**base, "offset": 1048576}),
+        ("a placement artifact", {"kind": "artifact_fetch", "artifact": "layer_package", "name": "stage-0"}),
+        ("the largest offset (1 TiB)", {**base, "offset": 1 << 40}),
+    ]
+    invalid = [
+        ("negative offset", {**base, "offset": -1}),
+        ("offset 0 is sent as no offset", {**base, "offset": 0}),
+        ("offset past 1 TiB", {**base, "offset": (1 << 40) + 1}),
+        ("offset as text", {**base, "offset": "10"}),
+        ("offset as a bool", {**base, "offset": True}),
+        ("an unknown key", {**base, "path": "/etc/passwd"}),
+        ("a name with a slash", {**base, "name": "../w"}),
+    ]
+    for _, header in invalid:
+        try:
+            ArtifactRequest.from_header(header)
+        except WireError:
+            continue
+        raise AssertionError(f"an invalid header vector was accepted: {header}")
+    return {
+        "valid": [
+            {
+                "name": name,
+                "header": h,
+                "hex": cbor.encode(h).hex(),
+                "offset": ArtifactRequest.from_header(h).offset,
+            }
+            for name, h in valid
+        ],
+        "invalid": [
+            {"name": name, "header": h, "hex": cbor.encode(h).hex(), "error": "bad_request"} for name, h in invalid
+        ],
     }
 
 
@@ -1045,6 +1160,7 @@ def build_all() -> dict[str, Any]:
         "channel.json": channel_vectors(),
         "handshake.json": handshake_vectors(),
         "announce.json": announcement_vectors(),
+        "generate.json": generate_stream_vectors(),
         "tunnel_data.json": tunnel_data_vectors(),
         "framing.json": framing_vectors(),
         "lease.json": lease_vectors(),

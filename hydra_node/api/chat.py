@@ -83,6 +83,8 @@ class ChatDone:
     finish_reason: str
     usage: dict
     served_by: str
+    #: Every host that served a part, in order (more than one after a continuation: docs/api.md).
+    served_by_all: tuple[str, ...] = ()
 
 
 ChatEvent = ContentDelta | ToolCallStart | ToolCallArguments | ToolCallDelta | ChatDone
@@ -96,6 +98,7 @@ class ChatOutcome:
     usage: dict = field(default_factory=dict)
     served_by: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    served_by_all: tuple[str, ...] = ()
 
 
 def usage_of(fin: Finished) -> dict:
@@ -164,7 +167,7 @@ async def chat_events(
                 for out in translate(parser.finish()):
                     yield out
             reason = "tool_calls" if called and not cut else ev.finish_reason
-            yield ChatDone(reason, usage_of(ev), ev.served_by)
+            yield ChatDone(reason, usage_of(ev), ev.served_by, tuple(getattr(events, "served_by_all", ())))
             return
     raise GenerationError("the generation ended without a result", code="incomplete_generation", status=502)
 
@@ -193,6 +196,7 @@ async def complete_chat(router: RouterApi, req: GenerationRequest) -> ChatOutcom
                 out.tool_calls.append(ev.call)
             elif isinstance(ev, ChatDone):
                 out.finish_reason, out.usage, out.served_by = ev.finish_reason, ev.usage, ev.served_by
+                out.served_by_all = ev.served_by_all
     content = "".join(text)
     out.content = content if (content or not out.tool_calls) else None
     return out

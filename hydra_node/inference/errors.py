@@ -22,6 +22,8 @@ __all__ = [
 #: Codes of failures that took a runner down (it crashed, or stopped answering): the request
 #: itself may be what killed it, so it is never retried on another target (it would kill that
 #: one too), whatever ``retryable`` says. A peer relays these codes as a :class:`RemoteError`.
+#: ``runner_killed`` (a SIGKILL the node did not send: the OOM killer, ``kill -9``) is not among them:
+#: a lost head is not the request's fault (hydra_node/runtime/runner/records.py ``RunnerKilled``).
 POISONOUS_CODES = frozenset({"runner_crashed", "runner_stalled"})
 
 

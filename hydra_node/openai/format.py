@@ -110,10 +110,18 @@ class ChunkMaker:
         self.logprobs, self.completion_top = logprobs, completion_top
         self._offsets: dict[int, int] = {}
 
-    def _wrap(self, choice: dict, fingerprint: str | None = None) -> bytes:
-        obj = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": [choice]}
+    def _wrap(self, choice: dict, fingerprint: str | None = None, hosts: Sequence[str] = ()) -> bytes:
+        obj: dict = {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
         if self.chat and fingerprint:  # known once the generation finished: the host that served it
             obj["system_fingerprint"] = fingerprint
+        if len(hosts) > 1:  # a continuation served part of it: every host, in order (docs/api.md)
+            obj["hydra_served_by"] = list(hosts)
         return sse(obj)
 
     def role(self, index: int) -> bytes:
@@ -154,12 +162,14 @@ class ChunkMaker:
         """A whole call (parsed once complete) in two chunks: the start, then all its arguments."""
         return self.tool_call_start(index, call) + self.tool_call_arguments(index, call.index, call.arguments)
 
-    def finish(self, index: int, reason: str, served_by: str = "") -> bytes:
+    def finish(self, index: int, reason: str, served_by: str = "", served_by_all: Sequence[str] = ()) -> bytes:
         if self.chat:
             return self._wrap(
-                {"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}, served_by or None
+                {"index": index, "delta": {}, "logprobs": None, "finish_reason": reason},
+                served_by or None,
+                served_by_all,
             )
-        return self._wrap({"index": index, "text": "", "logprobs": None, "finish_reason": reason})
+        return self._wrap({"index": index, "text": "", "logprobs": None, "finish_reason": reason}, None, served_by_all)
 
     def usage(self, usage: dict) -> bytes:
         obj = {
@@ -204,7 +214,7 @@ class ChunkStream:
 
     def finish(self, k: int, done: ChatDone) -> Chunks:
         self.usages.append(done.usage)
-        return [self.chunks.finish(k, done.finish_reason, done.served_by)]
+        return [self.chunks.finish(k, done.finish_reason, done.served_by, done.served_by_all)]
 
     def end(self) -> Chunks:
         return ([self.chunks.usage(sum_usage(self.usages))] if self.include_usage else []) + [DONE]

@@ -149,6 +149,9 @@ class OpenAIApi:
                 ],
                 "usage": usage,
             }
+        hosts = list(dict.fromkeys(h for o in outs for h in o.served_by_all))
+        if len(hosts) > 1:  # a continuation served part of an answer: every host (docs/api.md)
+            body["hydra_served_by"] = hosts
         return Response.json(200, body, served_by_header(served_by))
 
     async def _stream(

@@ -33,6 +33,8 @@ from hydra_node.inference import (
     ModelUnavailable,
     event_frame,
 )
+from hydra_node.mesh.wire import cbor
+from hydra_node.mesh.wire.constants import MAX_OPEN_HEADER_BYTES
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError, StreamReset
 from hydra_node.models import RESERVED_MODEL_IDS
 from hydra_node.mesh.link.peer_link import PeerLink
@@ -145,6 +147,7 @@ class RemoteGeneration:
                         slots=slots,
                         free_slots=m.free_slots,
                         embed=None if self._embed_remote is None else partial(self._embed_remote, peer_id),
+                        identity=m.ident,
                     )
                 )
         return out
@@ -152,6 +155,14 @@ class RemoteGeneration:
     @asynccontextmanager
     async def open_remote(self, peer_id: str, req: GenerationRequest) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
         """Run ``req`` on ``peer_id``: events stream back; leaving early resets the stream (cancels it there)."""
+        header = {"kind": "generate", "req": req.to_wire()}
+        size = len(cbor.encode(header))
+        if size > MAX_OPEN_HEADER_BYTES:  # a long prompt, or a continuation of a long answer
+            raise GenerationError(
+                f"the request is too large to forward to a peer ({size} bytes of at most {MAX_OPEN_HEADER_BYTES})",
+                code="request_too_large",
+                status=413,
+            )
         try:
             link = await self._mesh.link_to(peer_id)
         except MeshError as exc:
@@ -159,7 +170,7 @@ class RemoteGeneration:
         self._opened += 1
         finished = False
         try:
-            async with link.open_stream({"kind": "generate", "req": req.to_wire()}) as stream:
+            async with link.open_stream(header) as stream:
 
                 async def events() -> AsyncIterator[GenerationEvent]:
                     nonlocal finished

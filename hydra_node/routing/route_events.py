@@ -1,4 +1,5 @@
-"""The router's live events (``GET /api/events``): ``route.decision`` and ``request.finished``.
+"""The router's live events (``GET /api/events``): ``route.decision`` and ``request.finished``
+(``request.continued``, a generation continued on another host, is emitted by the router itself).
 
 Pure: :func:`decision_fields` shapes a scheduling decision (or the fixed rule's order) for the
 console; :class:`RequestReport` follows one routed generation from ``Router.generate`` to its

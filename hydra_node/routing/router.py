@@ -4,7 +4,10 @@ The fixed rule (scheduler mode ``off``, and what ``shadow`` routes) is: local ru
 if this node hosts the model, else the remote host with the lowest queue, then the
 lowest RTT.  With ``scheduling`` (hydra_node/routing/live.py) the scheduler orders
 the targets in mode ``active`` and every attempt feeds its telemetry.  A failure
-before the first event retries once on the next target.  Embeddings (:meth:`Router.embed`) go to
+before the first event retries once on the next target; one after it that another host can
+absorb (its host died, its runner was killed) continues the same generation on another ready
+target of the same model identity, up to ``max_continuations`` times
+(:mod:`hydra_node.routing.continuation`; docs/scheduler.md "Continuing a stream").  Embeddings (:meth:`Router.embed`) go to
 the first target of the fixed rule that can embed (the scheduler ignores them), retried the same way.
 """
 
@@ -13,19 +16,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import trio
 
 from hydra_node.eventlog import EmitFn, RateGate
+from hydra_node.routing.continuation import CONTINUABLE_CODES, DEFAULT_MAX_CONTINUATIONS, Continuation
 from hydra_node.inference import (
     EmbeddingRequest,
     EmbeddingResult,
     GenerationError,
     GenerationEvent,
     GenerationRequest,
+    Finished,
     ModelUnavailable,
 )
 from hydra_node.routing.route_events import DECISION_INTERVAL_S, RequestReport, decision_fields
@@ -62,10 +67,15 @@ class UnknownModel(GenerationError):
 
 @dataclass(frozen=True)
 class RouterStatistics:
-    """Requests retried on a second target, and requests that found no ready target."""
+    """Requests retried on a second target, requests that found no ready target, generations
+    continued on another target after their host failed mid-stream (``continuations``: parts
+    started), and failures mid-stream that could not be continued (``continuation_failures``:
+    no target of the same model identity, the budget spent, or the continuation failed too)."""
 
     retries: int
     no_target: int
+    continuations: int = 0
+    continuation_failures: int = 0
 
 
 @dataclass
@@ -79,8 +89,17 @@ class ModelListing:
 
 
 class Router:
-    def __init__(self, node_id: str, scheduling: LiveScheduling | None = None, on_event: EmitFn | None = None):
+    def __init__(
+        self,
+        node_id: str,
+        scheduling: LiveScheduling | None = None,
+        on_event: EmitFn | None = None,
+        *,
+        max_continuations: int = DEFAULT_MAX_CONTINUATIONS,
+    ):
         self.node_id = node_id
+        #: Continuations per generation after a mid-stream failure (``[scheduler].max_continuations``; 0: none).
+        self.max_continuations = max_continuations
         #: Live events (route_events.py): every generation's ``request.finished``, sampled ``route.decision``s.
         self.on_event = on_event
         self._decisions = RateGate(DECISION_INTERVAL_S)
@@ -91,12 +110,19 @@ class Router:
         self._seen: dict[str, float] = {}  # model id -> last time a target for it existed (monotonic)
         self.retries = 0
         self.no_target = 0
+        self.continuations = 0
+        self.continuation_failures = 0
 
     def add_source(self, source: TargetSource) -> None:
         self._sources.append(source)
 
     def statistics(self) -> RouterStatistics:
-        return RouterStatistics(retries=self.retries, no_target=self.no_target)
+        return RouterStatistics(
+            retries=self.retries,
+            no_target=self.no_target,
+            continuations=self.continuations,
+            continuation_failures=self.continuation_failures,
+        )
 
     def all_targets(self) -> list[RouteTarget]:
         out: list[RouteTarget] = []
@@ -129,10 +155,7 @@ class Router:
                 self.no_target += 1
                 raise ModelUnavailable(f"no host for {model!r} is reachable right now; its hosts left the mesh")
             raise UnknownModel(model, known)
-        ready = [t for t in ts if t.state == TargetState.READY]
-        # the fixed rule: local first, then a host with a free slot before a busy one, then the shortest
-        # queue per slot, the nearest, and the node id (deterministic)
-        return sorted(ready, key=lambda t: (not t.local, t.busy, t.queue_depth / max(1, t.slots), t.rtt_ms, t.node_id))
+        return sorted((t for t in ts if t.state == TargetState.READY), key=_fixed_rule)
 
     @asynccontextmanager
     async def generate(self, req: GenerationRequest) -> AsyncIterator[RoutedEvents[GenerationEvent]]:
@@ -174,13 +197,20 @@ class Router:
                 log.info("event=route_retry model=%s target=%s after=%r", req.model, target.key, last_err)
             yielded = False
             try:
-                async with open_target(target, req) as events:
+                part = _Part(open_target(target, req))
+                async with part as events:
                     first = await _first_event(events)
                     yielded = True
                     report.served_by(target.node_id)
                     if first is not None:
                         report.saw(first, trio.current_time())
-                    yield RoutedEvents(_chain(first, events, report), target.node_id)
+                    progress = Continuation(req, self.max_continuations)
+                    progress.start_part(target.node_id)
+                    routed = RoutedEvents(
+                        self._chain(first, events, part, report, progress, target, open_target), target.node_id
+                    )
+                    routed.progress = progress
+                    yield routed
                     return
             except GenerationError as exc:
                 if exc.retry_elsewhere and not yielded and attempt == 0 and len(candidates) > 1:
@@ -189,6 +219,132 @@ class Router:
                 raise
         assert last_err is not None
         raise last_err
+
+    async def _chain(
+        self,
+        first: GenerationEvent | None,
+        events: AsyncIterator[GenerationEvent],
+        part: _Part,
+        report: RequestReport,
+        progress: Continuation,
+        target: RouteTarget,
+        open_target: Callable[
+            [RouteTarget, GenerationRequest], AbstractAsyncContextManager[AsyncIterator[GenerationEvent]]
+        ],
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        """The events of the first part, then of each continuation (opened here, on the first
+        part's model identity, never on a host that failed this generation)."""
+        if first is None:
+            return
+        async with AsyncExitStack() as parts:  # the continuations' streams, closed when the answer is
+            pending: GenerationEvent | None = first
+            failed: set[str] = set()
+            while True:
+                try:
+                    if pending is not None:  # the part's first event (the first part's: reported already)
+                        ev, pending = pending, None
+                        out = progress.relayed(ev)
+                        if ev is not first or isinstance(out, Finished):
+                            report.saw(out, trio.current_time())
+                        yield out
+                    async for ev in events:
+                        out = progress.relayed(ev)
+                        report.saw(out, trio.current_time())
+                        yield out
+                    return
+                except GenerationError as exc:
+                    exc.streamed = True  # too late to retry elsewhere: only a continuation goes on
+                    failure = exc
+                await part.fail(failure)  # closed now (its runner slot freed, its failure measured)
+                failed.add(progress.hosts[-1])
+                progress.failed_part()
+                opened = await self._continue(progress, failure, target, failed, open_target, parts)
+                if opened is None:
+                    raise failure
+                part, events, pending = opened
+                report.served_by(progress.hosts[-1])
+
+    async def _continue(
+        self,
+        progress: Continuation,
+        failure: GenerationError,
+        origin: RouteTarget,
+        failed: set[str],
+        open_target: Callable[
+            [RouteTarget, GenerationRequest], AbstractAsyncContextManager[AsyncIterator[GenerationEvent]]
+        ],
+        parts: AsyncExitStack,
+    ) -> tuple[_Part, AsyncIterator[GenerationEvent], GenerationEvent | None] | None:
+        """Open the continuation of a generation that ``failure`` cut: its events and the first one
+        (None: the failure stands — it may not continue, no target can take it, or every
+        continuation the budget allows failed before its first event)."""
+        while True:
+            verdict = progress.decide(failure)
+            if not verdict.continues:
+                if progress.continuations or failure.code in CONTINUABLE_CODES:
+                    self.continuation_failures += 1
+                log.info("event=continuation_refused model=%s why=%r after=%r", origin.model, verdict.reason, failure)
+                return None
+            await trio.lowlevel.checkpoint_if_cancelled()  # the client went away: nothing continues
+            target = self._continuation_target(origin, failed)
+            if target is None:
+                self.continuation_failures += 1
+                log.info(
+                    "event=continuation_refused model=%s why='no other ready target of its identity'", origin.model
+                )
+                return None
+            req = progress.resume_request()
+            self.continuations += 1
+            progress.start_part(target.node_id)
+            log.info(
+                "event=request_continued model=%s target=%s at_tokens=%d after=%r",
+                origin.model,
+                target.key,
+                len(req.resume_tokens),
+                failure,
+            )
+            if self.on_event is not None:
+                self.on_event(
+                    "request.continued",
+                    {
+                        "model": origin.model,
+                        "from": progress.hosts[-2],
+                        "to": target.node_id,
+                        "tokens": len(req.resume_tokens),
+                        "continuation": progress.continuations,
+                        "after": failure.code,
+                    },
+                )
+            part = _Part(open_target(target, req))
+            try:
+                events = await part.__aenter__()
+            except GenerationError as exc:
+                failure = exc
+            else:
+                parts.push_async_exit(part)
+                try:
+                    return part, events, await _first_event(events)
+                except GenerationError as exc:
+                    await part.fail(exc)
+                    failure = exc
+            failure.streamed = True
+            failed.add(target.node_id)
+            progress.failed_part()
+
+    def _continuation_target(self, origin: RouteTarget, failed: set[str]) -> RouteTarget | None:
+        """The best ready target of ``origin``'s model identity on a host that has not failed this
+        generation (None if none; a target of unknown identity never continues anything)."""
+        if origin.identity is None:
+            return None
+        same = [
+            t
+            for t in self.all_targets()
+            if t.model == origin.model
+            and t.state == TargetState.READY
+            and t.identity == origin.identity
+            and t.node_id not in failed
+        ]
+        return min(same, key=_fixed_rule, default=None)
 
     async def embed(self, req: EmbeddingRequest) -> EmbeddingResult:
         """Embed on the first target of the fixed rule (the scheduler neither orders nor measures
@@ -220,6 +376,16 @@ class RoutedEvents(Generic[E]):
     def __init__(self, events: AsyncGenerator[E, None], served_by: str):
         self._events = events
         self.served_by = served_by
+        #: The router's record of the generation's parts (None: not a routed generation).
+        self.progress: Continuation | None = None
+
+    @property
+    def served_by_all(self) -> tuple[str, ...]:
+        """Every host that served a part of the answer, in order (the first is :attr:`served_by`;
+        more than one after a continuation). Complete once the events are."""
+        if self.progress is None:
+            return (self.served_by,) if self.served_by else ()
+        return self.progress.served_by_all
 
     def __aiter__(self) -> RoutedEvents[E]:
         return self
@@ -238,21 +404,40 @@ async def _first_event(events: AsyncIterator[GenerationEvent]) -> GenerationEven
         return None
 
 
+def _fixed_rule(t: RouteTarget) -> tuple:
+    """The fixed rule's order: local first, then a host with a free slot before a busy one, then the
+    shortest queue per slot, the nearest, and the node id (deterministic)."""
+    return (not t.local, t.busy, t.queue_depth / max(1, t.slots), t.rtt_ms, t.node_id)
+
+
+class _Part:
+    """One part's ``open_target`` context, closable once: early by :meth:`fail` when the part's
+    stream failed (so its target sees the failure and frees what it holds at once), else when
+    the routed generation ends."""
+
+    def __init__(self, cm: AbstractAsyncContextManager[AsyncIterator[GenerationEvent]]) -> None:
+        self._cm = cm
+        self._open = False
+
+    async def __aenter__(self) -> AsyncIterator[GenerationEvent]:
+        events = await self._cm.__aenter__()
+        self._open = True
+        return events
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        if not self._open:
+            return False
+        self._open = False
+        return await self._cm.__aexit__(*exc_info)
+
+    async def fail(self, exc: GenerationError) -> None:
+        """Close the part with ``exc`` (what its stream raised); a failure its close raises is ``exc``'s."""
+        try:
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
+        except GenerationError:
+            pass
+
+
 def _open(target: RouteTarget, req: GenerationRequest) -> AbstractAsyncContextManager[AsyncIterator[GenerationEvent]]:
     """``target.open(req)``: an attempt unmeasured (no scheduling)."""
     return target.open(req)
-
-
-async def _chain(
-    first: GenerationEvent | None, events: AsyncIterator[GenerationEvent], report: RequestReport
-) -> AsyncGenerator[GenerationEvent, None]:
-    if first is None:
-        return
-    yield first
-    try:
-        async for ev in events:
-            report.saw(ev, trio.current_time())
-            yield ev
-    except GenerationError as exc:
-        exc.streamed = True  # too late to retry elsewhere
-        raise

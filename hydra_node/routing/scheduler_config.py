@@ -68,6 +68,9 @@ class SchedulerConfig:
     cooldown_max_ms: float = 300_000.0
     #: Time between two points of the telemetry history (``GET /api/history``, the console's charts).
     history_interval_ms: float = 5000.0
+    #: Times one generation may continue on another host after its host failed mid-stream
+    #: (docs/scheduler.md "Continuing a stream"); 0 disables continuation.
+    max_continuations: int = 2
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -99,6 +102,10 @@ class SchedulerConfig:
                 raise SchedulerConfigError(f"[scheduler].{key}: must be in 0..1, got {getattr(self, key)!r}")
         if self.cooldown_max_ms < self.cooldown_base_ms:
             raise SchedulerConfigError("[scheduler].cooldown_max_ms: must be >= cooldown_base_ms")
+        if isinstance(self.max_continuations, float) or self.max_continuations > 16:
+            raise SchedulerConfigError(
+                f"[scheduler].max_continuations: expected an integer 0..16, got {self.max_continuations!r}"
+            )
         if not 100 <= self.history_interval_ms <= 3_600_000:
             raise SchedulerConfigError(
                 f"[scheduler].history_interval_ms: must be 100..3600000, got {self.history_interval_ms!r}"
@@ -121,7 +128,7 @@ class SchedulerConfig:
                 if alias is None:
                     raise SchedulerConfigError(f"[scheduler].mode: expected off|shadow|active, got {value!r}")
                 kwargs[key] = SchedulerMode(alias)
-            elif key in ("default_output_tokens", "prefix_affinity_chars"):
+            elif key in ("default_output_tokens", "prefix_affinity_chars", "max_continuations"):
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise SchedulerConfigError(f"[scheduler].{key}: expected an integer, got {value!r}")
                 kwargs[key] = value

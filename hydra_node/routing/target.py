@@ -65,6 +65,10 @@ class RouteTarget:
     slots: int = 1  # sequences the target serves at once (its runner's parallel; remote: estimated)
     free_slots: int | None = None  # sequences it could start now (local: live; remote: as announced)
     embed: EmbedFn | None = None  # None: cannot embed
+    #: The model's identity (:mod:`hydra_node.routing.identity`: its GGUF file's digest, and a host
+    #: that resumes generations): a continuation goes only to a target of the same one. None:
+    #: unknown (not hashed yet, an older peer) — such a target never takes a continuation.
+    identity: str | None = None
 
     @property
     def busy(self) -> bool:

@@ -68,7 +68,7 @@ async def test_the_root_declares_every_route_and_status_section(tmp_path):
     st = node.status()
     assert SECTIONS <= set(st) and st["rpc_worker"] == {"enabled": False}
     assert st["speculation"]["mode"] == "off" and st["splits"] == {}
-    assert st["routing"] == {"retries": 0, "no_target": 0}
+    assert st["routing"] == {"retries": 0, "no_target": 0, "continuations": 0, "continuation_failures": 0}
     json.dumps(st)  # plain JSON, nothing left typed
 
 

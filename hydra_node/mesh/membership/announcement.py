@@ -33,6 +33,9 @@ MAX_MODELS = 64
 #: Largest ``free_slots`` a model entry may announce: far above any runner's parallel sequences
 #: (llama.cpp's LLAMA_MAX_SEQ is 256), small enough to be a sane scheduling input.
 MAX_FREE_SLOTS = 1024
+#: A model entry's ``ident``: hex characters (hydra_node/routing/identity.py ``IDENT_HEX``).
+IDENT_HEX = 16
+_IDENT = re.compile(r"[0-9a-f]{%d}" % IDENT_HEX)
 MAX_THROUGHPUT_HINTS = 64  # same bound as upstream advertised_model_throughput
 MAX_EXTRA_ITEMS = 256  # scalars + containers in `extra`, all levels together
 MAX_EXTRA_DEPTH = 4
@@ -149,28 +152,35 @@ def _thaw(value: Any) -> Any:
 class ModelEntry:
     """A model the peer knows about and its state (e.g. "ready", "loading"), and optionally how
     many more sequences its runner could take right now (``free_slots``; absent: not reported,
-    e.g. a runner without continuous batching, or an older node)."""
+    e.g. a runner without continuous batching, or an older node), and the model's identity
+    (``ident``: 16 lowercase hex characters over its GGUF file's digest and chat template, sent by a
+    node that resumes generations — :mod:`hydra_node.routing.identity`; absent: unknown)."""
 
     id: str
     state: str
     free_slots: int | None = None
+    ident: str | None = None
 
     def __post_init__(self) -> None:
         text(self.id, "model id")
         text(self.state, "model state", MAX_STATE_CHARS)
         if self.free_slots is not None:
             uint(self.free_slots, "free_slots", MAX_FREE_SLOTS)
+        if self.ident is not None and not (isinstance(self.ident, str) and _IDENT.fullmatch(self.ident)):
+            raise InvalidMessage(f"model ident must be {IDENT_HEX} lowercase hex characters, not {self.ident!r:.40}")
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"id": self.id, "state": self.state}
         if self.free_slots is not None:  # omitted when unknown: the entry stays as older nodes wrote it
             wire["free_slots"] = self.free_slots
+        if self.ident is not None:  # the same
+            wire["ident"] = self.ident
         return wire
 
     @classmethod
     def from_wire(cls, wire: Any) -> ModelEntry:
-        m = exact_map(wire, "model", frozenset({"id", "state"}), frozenset({"free_slots"}))
-        return cls(m["id"], m["state"], m.get("free_slots"))
+        m = exact_map(wire, "model", frozenset({"id", "state"}), frozenset({"free_slots", "ident"}))
+        return cls(m["id"], m["state"], m.get("free_slots"), m.get("ident"))
 
 
 @dataclass(frozen=True)

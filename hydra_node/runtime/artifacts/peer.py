@@ -2,8 +2,11 @@
 
 * Holder: :meth:`ArtifactShare.serve` (the stream handler the root registers for
   :data:`ARTIFACT_FETCH_KIND`) sends a committed artifact of its local store: the signed manifest,
-  then every file's bytes. Only committed artifacts are offered, never a path; one transfer per
-  peer at a time and at most :data:`MAX_UPLOADS` in all, else ``busy``.
+  then every file's bytes (with the request's ``offset``, the one file's bytes from there: a
+  resumed transfer; an offset past the end or on several files is ``bad_request``, counted in
+  ``refused_offset``). Only committed artifacts are offered, never a path; one transfer per
+  peer at a time and at most :data:`MAX_UPLOADS` in all, else ``busy``. The node's handler
+  serves its cached models too (``runtime/fetch/peer.py`` ``OfferedArtifacts``).
 * Requester: :func:`fetch_from_peer` checks the manifest's signature (and ``trust`` of its node)
   and, through ``admit``, that its declared size fits (the cache's capacity and free disk space:
   ``LocalCache.make_room``) before taking any file byte, writes the files into a staging sibling of ``dest`` hashing them,
@@ -42,6 +45,7 @@ from hydra_node.runtime.artifacts.peer_wire import (
     MAX_ARTIFACT_FRAME_BYTES,
     ArtifactReplyChecker,
     ArtifactRequest,
+    OffsetInvalid,
     WireError,
 )
 from hydra_node.runtime.artifacts.store import (
@@ -50,8 +54,7 @@ from hydra_node.runtime.artifacts.store import (
     Trust,
     check_manifest,
 )
-from hydra_node.runtime.fetch.peer import DISK_IO_BYTES, MAX_UPLOADS
-from hydra_node.runtime.fetch.peer_wire import DATA_FRAME_BYTES
+from hydra_node.runtime.fetch.peer_wire import DATA_FRAME_BYTES, DISK_IO_BYTES, MAX_UPLOADS
 from hydra_node.runtime.peers import PeerView
 
 __all__ = [
@@ -85,6 +88,10 @@ class ArtifactShareStatistics:
     sent_artifacts: int
     sent_bytes: int
     refused: int
+    #: Of ``refused``: requests whose ``offset`` was malformed, past the end or on a multi-file artifact.
+    refused_offset: int
+    #: Transfers that resumed at an ``offset`` (the bytes before it were not sent).
+    resumed: int
 
 
 class ArtifactShare:
@@ -94,16 +101,24 @@ class ArtifactShare:
         self.store = store
         self.max_uploads = max_uploads
         self._uploading: set[str] = set()
-        self.sent_artifacts = self.sent_bytes = self.refused = 0
+        self.sent_artifacts = self.sent_bytes = self.refused = self.refused_offset = self.resumed = 0
 
     def statistics(self) -> ArtifactShareStatistics:
-        return ArtifactShareStatistics(len(self._uploading), self.sent_artifacts, self.sent_bytes, self.refused)
+        return ArtifactShareStatistics(
+            len(self._uploading),
+            self.sent_artifacts,
+            self.sent_bytes,
+            self.refused,
+            self.refused_offset,
+            self.resumed,
+        )
 
     async def serve(self, link: Any, header: Mapping[str, Any], stream: Any) -> None:
         peer = link.peer_id
         try:
             req = ArtifactRequest.from_header(header)
         except WireError as exc:
+            self.refused_offset += isinstance(exc, OffsetInvalid)
             await self._refuse(stream, "bad_request", str(exc))
             return
         try:
@@ -118,18 +133,32 @@ class ArtifactShare:
             await self._refuse(stream, "busy", f"one transfer per peer, {self.max_uploads} in all; try again later")
             return
         manifest, folder = found
+        if req.offset and (len(manifest.files) != 1 or req.offset > manifest.size):
+            self.refused_offset += 1
+            what = "past the end" if len(manifest.files) == 1 else f"on an artifact of {len(manifest.files)} files"
+            await self._refuse(
+                stream,
+                "bad_request",
+                f"offset {req.offset} is {what}: only one file's transfer resumes, within its size",
+            )
+            return
         self._uploading.add(peer)
         try:
-            await self._send(stream, manifest, folder)
+            await self._send(stream, manifest, folder, req.offset)
             log.info(
-                "event=artifact_sent peer=%s kind=%s name=%s bytes=%d", peer[:16], req.kind, req.name, manifest.size
+                "event=artifact_sent peer=%s kind=%s name=%s bytes=%d offset=%d",
+                peer[:16],
+                req.kind,
+                req.name,
+                manifest.size - req.offset,
+                req.offset,
             )
         except (StreamReset, LinkClosed):
             log.info("event=artifact_send_aborted peer=%s kind=%s name=%s", peer[:16], req.kind, req.name)
         finally:
             self._uploading.discard(peer)
 
-    async def _send(self, stream: Any, manifest: Manifest, folder: Path) -> None:
+    async def _send(self, stream: Any, manifest: Manifest, folder: Path, offset: int = 0) -> None:
         await stream.send(encode_message({"op": "manifest", "m": manifest.to_cbor()}, limit=MAX_ARTIFACT_FRAME_BYTES))
         for file in manifest.files:
             try:
@@ -138,7 +167,9 @@ class ArtifactShare:
                 await self._refuse(stream, "read_failed", f"cannot read {file.path}: {exc.strerror}")
                 return
             async with f:
-                sent = 0
+                sent = offset  # nonzero only for an artifact of one file (checked in serve)
+                if offset:
+                    await f.seek(offset)
                 while sent < file.size and (chunk := await f.read(min(DISK_IO_BYTES, file.size - sent))):
                     for at in range(0, len(chunk), DATA_FRAME_BYTES):
                         block = chunk[at : at + DATA_FRAME_BYTES]
@@ -151,6 +182,7 @@ class ArtifactShare:
         await stream.send(encode_message({"op": "end"}, limit=MAX_ARTIFACT_FRAME_BYTES))
         await stream.send_eof()
         self.sent_artifacts += 1
+        self.resumed += offset > 0
 
     async def _refuse(self, stream: Any, code: str, message: str) -> None:
         self.refused += 1

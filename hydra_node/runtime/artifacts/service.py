@@ -30,7 +30,7 @@ from typing import Any
 
 import trio
 
-from hydra_node.runtime.artifacts.errors import ArtifactError, SourceInvalid
+from hydra_node.runtime.artifacts.errors import ArtifactError, InvalidRequest, SourceInvalid
 from hydra_node.runtime.artifacts.local_cache import (
     ArtifactHeld,
     LocalCache,
@@ -53,6 +53,7 @@ from hydra_node.runtime.artifacts.peer import fetch_from_peer
 from hydra_node.runtime.artifacts.peer_wire import (
     MAX_ANNOUNCED_ARTIFACTS,
     held_artifacts_extra,
+    model_digest_of,
 )
 from hydra_node.runtime.artifacts.settings import Namespace, namespaces_of
 from hydra_node.runtime.artifacts.sources import collect_files, open_store
@@ -276,6 +277,12 @@ class PlacementService:
     ) -> Operation:
         """Queue publishing the file or folder ``source`` as ``kind``/``name``; the queued operation."""
         check_request(kind, name)
+        if model_digest_of(kind, name) is not None:
+            raise InvalidRequest(
+                f"{kind}/{name}: a model_weights name sha256:HEX is the model cache's content-addressed "
+                "file, offered through artifact_fetch by the nodes that hold it (docs/models.md); "
+                "publish under another name"
+            )
         if not source.startswith("/"):
             raise SourceInvalid(f"the source must be an absolute path, not {source!r}")
         _check_identity(kind, name, identity or {})

@@ -104,9 +104,21 @@ def _logprobs(msg: dict) -> tuple[TokenLogprob, ...]:
         raise RunnerProtocolError(f"runner {exc}") from None
 
 
+def _tokens(msg: dict) -> tuple[int, ...]:
+    """A delta's ``tokens`` (absent: none): the ids generated since the previous delta, at most MAX_DELTA_LOGPROBS."""
+    toks = msg.get("tokens", [])
+    if (
+        not isinstance(toks, list)
+        or len(toks) > MAX_DELTA_LOGPROBS
+        or not all(type(t) is int and 0 <= t < 2**31 for t in toks)
+    ):
+        raise RunnerProtocolError(f"runner delta: 'tokens' must be a list of at most {MAX_DELTA_LOGPROBS} token ids")
+    return tuple(toks)
+
+
 def runner_event_from_wire(msg: dict, *, queue_wait_ms: float, served_by: str) -> TextDelta | Finished:
     """A runner's ``delta`` (with its ``logprobs`` entries, :class:`TokenLogprob`'s wire form,
-    decoded strictly) or ``done`` as a typed event; its ``error`` raised as the
+    decoded strictly, and its ``tokens``) or ``done`` as a typed event; its ``error`` raised as the
     ``GenerationError`` it reports (the runner's status kept: it is our own child);
     anything malformed raises :class:`RunnerProtocolError`."""
     op = msg.get("op")
@@ -114,7 +126,7 @@ def runner_event_from_wire(msg: dict, *, queue_wait_ms: float, served_by: str) -
         text = msg.get("text")
         if not isinstance(text, str):
             raise RunnerProtocolError("runner delta: 'text' must be text")
-        return TextDelta(text, _logprobs(msg))
+        return TextDelta(text, _logprobs(msg), _tokens(msg))
     if op == "done":
         reason = msg.get("finish_reason")
         if not isinstance(reason, str) or not reason or len(reason) > MAX_FINISH_REASON_CHARS:

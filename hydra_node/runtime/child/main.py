@@ -12,7 +12,7 @@ Started by :mod:`hydra_node.runtime.runner.supervisor` with a connected socket o
 :mod:`hydra_node.runtime.child.channel`, decoded strictly by :mod:`hydra_node.codec`):
 
   node -> runner: {"op": "generate", "id", "req"} | {"op": "cancel", "id"} | {"op": "ping", "n"} | {"op": "shutdown"}
-  runner -> node: {"op": "ready", ...} | {"op": "delta", "id", "text"} | {"op": "done", "id", ...}
+  runner -> node: {"op": "ready", ...} | {"op": "delta", "id", "text", "tokens"?, "logprobs"?} | {"op": "done", "id", ...}
                   | {"op": "error", "id", "message", "code", "status"} | {"op": "pong", "n"} | {"op": "fatal", "message"}
                   | {"op": "stats", ...} (the engine's figures: hydra_node/runtime/child/stats.py)
   embeddings (runner/embed.py): {"op": "embed", "id", "req"} -> {"op": "vectors", "id", "v"} ...

@@ -57,6 +57,25 @@ class TextAssembler:
         return out
 
 
+class TextSkip:
+    """Drops the first ``n`` characters of a stream of text pieces (pure): what a resumed generation's
+    client already received (``resume_skip``), so the text assembler may be fed the resumed tokens
+    again (a stop sequence across the cut still matches, held-back text comes back) without
+    sending their text twice.  Characters are Python ``str`` characters (code points)."""
+
+    def __init__(self, n: int = 0):
+        if n < 0:
+            raise ValueError(f"cannot skip {n} characters")
+        self.left = n
+
+    def __call__(self, text: str) -> str:
+        if self.left <= 0:
+            return text
+        cut = min(self.left, len(text))
+        self.left -= cut
+        return text[cut:]
+
+
 @dataclass(frozen=True)
 class Trigger:
     """Where a lazy grammar starts: the text from the trigger word on is ``lead`` (the tail of

@@ -13,8 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+#: Transfers a node sends at once (each to a different peer), on either file stream.
+MAX_UPLOADS = 4
+#: Bytes read from or written to disk in one worker-thread call (16 data frames): fewer thread hops.
+DISK_IO_BYTES = 1 << 20
+
 __all__ = [
     "DATA_FRAME_BYTES",
+    "DISK_IO_BYTES",
+    "MAX_UPLOADS",
     "FETCH_KIND",
     "HELD_KEY",
     "MAX_ANNOUNCED_MODELS",

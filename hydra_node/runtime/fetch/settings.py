@@ -27,8 +27,12 @@ class ModelsSection:
     #: Slowest accepted download (bytes per second, averaged over each ``read_timeout_s`` window): a
     #: server trickling bytes slower than this fails with ``timeout`` (resumable). 0: no floor.
     min_rate_bytes_s: float = 1024.0
-    #: Send our cached, verified models to mesh peers that ask (``model_fetch`` streams).
+    #: Send our cached, verified models to mesh peers that ask (``artifact_fetch`` streams, and the
+    #: retired ``model_fetch`` for peers of the previous protocol generation).
     share: bool = True
+    #: Offer them through ``artifact_fetch`` too (announced in ``artifacts_held``). false: only over
+    #: the retired ``model_fetch`` stream, as a node of the previous protocol generation does.
+    offer_artifacts: bool = True
 
     @property
     def cache_limit_bytes(self) -> int | None:
@@ -45,7 +49,7 @@ def parse_models_section(data: Any, error: Callable[[str], Exception]) -> Models
         full = f"[models].{key}"
         if key not in known:
             raise error(f"{full}: unknown key (known: {', '.join(sorted(known))})")
-        if key in ("peer_fetch", "share"):
+        if key in ("peer_fetch", "share", "offer_artifacts"):
             if not isinstance(value, bool):
                 raise error(f"{full}: must be true or false, not {value!r}")
         elif isinstance(value, bool) or not isinstance(value, (int, float)):

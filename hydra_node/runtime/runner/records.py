@@ -21,6 +21,7 @@ __all__ = [
     "RequestStats",
     "RequestSummary",
     "RunnerCrashed",
+    "RunnerKilled",
     "RunnerLoadError",
     "RunnerSettings",
     "RunnerStalled",
@@ -60,6 +61,16 @@ RUNNER_MACHINE = StateTable.between("model runner", RUNNER_TRANSITIONS)
 class RunnerCrashed(GenerationError):
     def __init__(self, message: str):
         super().__init__(message, code="runner_crashed", status=502, retryable=True)
+
+
+class RunnerKilled(GenerationError):
+    """The runner was killed by a SIGKILL this node did not send (the machine's OOM killer, an
+    operator's ``kill -9``): a lost head, not the request's fault, so unlike :class:`RunnerCrashed`
+    (any other death: SIGSEGV, SIGABRT, a non-zero exit, which the request may have caused) it is
+    not poisonous: the router may retry or continue the request on another target."""
+
+    def __init__(self, message: str):
+        super().__init__(message, code="runner_killed", status=502, retryable=True)
 
 
 class RunnerStalled(GenerationError):

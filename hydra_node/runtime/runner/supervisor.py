@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import signal
 import socket
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -36,6 +37,7 @@ from hydra_node.runtime.runner.records import (
     RequestStats,
     RequestSummary,
     RunnerCrashed,
+    RunnerKilled,
     RunnerLoadError,
     RunnerSettings,
     RunnerStalled,
@@ -117,6 +119,8 @@ class RunnerSupervisor:
         self._waiting = 0
         self._in_flight = 0
         self._last_frame_at = 0.0  # trio time of the child's last frame (a cancel waits while it talks)
+        self._exit_code: int | None = None  # the current child's exit status, once its channel closed
+        self._we_killed = False  # this node killed the current child (stalled, stuck)
         self._slot = AdmissionLimit(settings.parallel)  # FIFO-fair; the child's ready frame resizes it
         self._ids = itertools.count(1)
         self._pending: dict[int, trio.MemorySendChannel] = {}
@@ -274,6 +278,7 @@ class RunnerSupervisor:
         self._ready = trio.Event()
         self._decoder = FrameDecoder()
         self.engine_stats = None  # a new child: the old one's figures no longer describe anything
+        self._exit_code, self._we_killed = None, False
         parent_sock, child_sock = socket.socketpair()
         self._sock = trio.SocketStream(trio.socket.from_stdlib_socket(parent_sock))
         return ChildSpec(
@@ -341,7 +346,7 @@ class RunnerSupervisor:
         """The child is gone: fail what was waiting on it, close our end of the channel."""
         if self.state is not RunnerState.FAILED:
             self.state = RunnerState.RESTARTING
-        self._fail_pending(RunnerCrashed(f"model runner for {self.model.id!r} exited unexpectedly"))
+        self._fail_pending(self._death())
         if self._sock is not None:
             self._sock.socket.close()
             self._sock = None
@@ -364,7 +369,7 @@ class RunnerSupervisor:
                 with trio.move_on_after(2):
                     await proc.wait()
                 tail = " | ".join(list(self._stderr_tail)[-5:])
-                code = proc.returncode
+                code = self._exit_code = proc.returncode
                 how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
                 raise ChildExited(f"runner exited ({how}){': ' + tail if tail else ''}")
             decoder.receive_data(data)
@@ -392,6 +397,19 @@ class RunnerSupervisor:
         except RunnerProtocolError as exc:
             self.stats_rejected += 1
             log.warning("event=runner_stats_rejected model=%s pid=%s reason=%r", self.model.id, self.pid, str(exc))
+
+    def _death(self) -> GenerationError:
+        """What the requests of a child that died get: :class:`RunnerKilled` (not poisonous) when a
+        SIGKILL this node did not send ended it (the OOM killer, an operator's ``kill -9``), else
+        :class:`RunnerCrashed` (SIGSEGV, SIGABRT, an exit, our own kill: the request may be the cause)."""
+        code = self._exit_code
+        if code == -signal.SIGKILL and not self._we_killed:
+            return RunnerKilled(
+                f"model runner for {self.model.id!r} was killed by a SIGKILL this node did not send "
+                "(the out-of-memory killer, or kill -9)"
+            )
+        how = "" if code is None else f" ({'killed by signal ' + str(-code) if code < 0 else f'exit code {code}'})"
+        return RunnerCrashed(f"model runner for {self.model.id!r} exited unexpectedly{how}")
 
     def _fail_pending(self, err: GenerationError) -> None:
         for rid, ch in list(self._pending.items()):
@@ -491,7 +509,7 @@ class RunnerSupervisor:
                         return
                     yield ev
                 terminal = True
-                raise RunnerCrashed(f"model runner for {self.model.id!r} exited unexpectedly")
+                raise self._death()
 
             yield events()
         except RunnerStalled:
@@ -512,6 +530,7 @@ class RunnerSupervisor:
         """The runner is stuck (no RPC timeouts in llama.cpp): kill it; supervision restarts it."""
         log.error("event=runner_stalled model=%s pid=%s stall_s=%.1f action=kill", self.model.id, self.pid, stall)
         self.last_error = f"stalled: no output for {stall:.0f} s"
+        self._we_killed = True
         self._child.kill()
 
     async def _cancel_and_wait(self, rid: int, recv_ch: trio.MemoryReceiveChannel) -> None:
@@ -541,4 +560,5 @@ class RunnerSupervisor:
                     self.pid,
                     trio.current_time() - start,
                 )
+                self._we_killed = True
                 self._child.kill()

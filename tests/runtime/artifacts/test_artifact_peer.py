@@ -167,3 +167,40 @@ async def test_refusals_not_held_busy_and_bad_headers(holder, tmp_path) -> None:
         await held_open.__aexit__(None, None, None)
     assert shares["share"].statistics().refused == 3
     assert nothing_at(tmp_path / "d")
+
+
+async def read_reply(link, header: dict) -> list[dict]:
+    """Every frame of the holder's answer to ``header``, to its end."""
+    async with link.open_stream(header) as stream:
+        await stream.send_eof()
+        decoder, msgs = MessageDecoder(MAX_ARTIFACT_FRAME_BYTES), []
+        while data := await stream.receive():
+            decoder.receive_data(data)
+            while (msg := decoder.next_message()) is not None:
+                msgs.append(msg)
+    return msgs
+
+
+async def test_a_single_file_resumes_at_an_offset_and_bad_offsets_are_refused(holder, tmp_path) -> None:
+    store, shares, view, peer = holder
+    data = os.urandom(BIG)
+    m = publish(store, tmp_path, w=data)
+    link = await view.link_to(peer)
+    with trio.fail_after(30):
+        msgs = await read_reply(link, ArtifactRequest("layer_package", "stage-0", 1_000_000).header())
+        assert msgs[0] == {"op": "manifest", "m": m.to_cbor()} and msgs[-1] == {"op": "end"}
+        assert b"".join(x["b"] for x in msgs[1:-1]) == data[1_000_000:]
+        stats = shares["share"].statistics()
+        assert (stats.sent_bytes, stats.resumed, stats.refused) == (BIG - 1_000_000, 1, 0)  # the first MB not sent
+        refusals = [
+            {**ArtifactRequest("layer_package", "stage-0").header(), "offset": -1},
+            ArtifactRequest("layer_package", "stage-0", BIG + 1).header(),  # past the end
+        ]
+        for header in refusals:
+            (msg,) = await read_reply(link, header)
+            assert (msg["op"], msg["code"]) == ("error", "bad_request") and "offset" in msg["message"]
+        publish(store, tmp_path, a=b"A" * 10, b=b"B")
+        (msg,) = await read_reply(link, ArtifactRequest("layer_package", "stage-0", 1).header())
+        assert msg["code"] == "bad_request" and "2 files" in msg["message"]
+    stats = shares["share"].statistics()
+    assert (stats.refused, stats.refused_offset, stats.sent_bytes) == (3, 3, BIG - 1_000_000)

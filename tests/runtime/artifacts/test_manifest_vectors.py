@@ -12,7 +12,9 @@ from nacl.signing import SigningKey
 
 from hydra_node.mesh.wire.envelope import signing_input
 from hydra_node.runtime.artifacts.errors import ArtifactError
+from hydra_node.codec import cbor
 from hydra_node.runtime.artifacts.manifest import MANIFEST_CONTEXT, Manifest
+from hydra_node.runtime.artifacts.peer_wire import ArtifactRequest, WireError
 from vector_json import from_json
 
 DOC = json.loads((Path(__file__).resolve().parents[3] / "protocol" / "vectors" / "manifests.json").read_text())
@@ -37,3 +39,19 @@ def test_invalid_manifests(vector: dict[str, Any]) -> None:
     with pytest.raises(ArtifactError) as caught:
         Manifest.from_cbor(bytes.fromhex(vector["hex"])).verify()
     assert caught.value.code == vector["error"]
+
+
+@pytest.mark.parametrize("vector", DOC["fetch_headers"]["valid"], ids=lambda v: v["name"])
+def test_valid_fetch_headers(vector: dict[str, Any]) -> None:
+    header = cbor.decode(bytes.fromhex(vector["hex"]), max_size=4096)
+    assert header == vector["header"]
+    req = ArtifactRequest.from_header(header)
+    assert req.offset == vector["offset"] and req.header() == header
+    assert cbor.encode(req.header()).hex() == vector["hex"]
+
+
+@pytest.mark.parametrize("vector", DOC["fetch_headers"]["invalid"], ids=lambda v: v["name"])
+def test_invalid_fetch_headers(vector: dict[str, Any]) -> None:
+    assert vector["error"] == "bad_request"  # what the holder answers
+    with pytest.raises(WireError):
+        ArtifactRequest.from_header(cbor.decode(bytes.fromhex(vector["hex"]), max_size=4096))

@@ -19,7 +19,7 @@ from hydra_node.mesh.link.endpoints import LinkListener, open_link
 from hydra_node.mesh.link.peer_link import LinkSettings
 from hydra_node.mesh.wire.ids import MeshSecret, node_id_from_public_key
 from hydra_node.models import ModelNotFound
-from hydra_node.runtime.artifacts.errors import ArtifactNotFound, ChecksumMismatch
+from hydra_node.runtime.artifacts.errors import ArtifactNotFound, ChecksumMismatch, InvalidRequest
 from hydra_node.runtime.artifacts.local_cache import ArtifactHeld, CacheFull, LocalCache
 from hydra_node.runtime.artifacts.manifest import ArtifactFile, Manifest, signer
 from hydra_node.runtime.artifacts.operations import Operation, OpStore
@@ -221,6 +221,8 @@ async def test_bad_publish_requests_are_refused_before_queueing(tmp_path, nurser
         await svc.submit_publish("model_weights", "m", "/x")
     with pytest.raises(Exception, match="absolute"):
         await svc.submit_publish("model_weights", "m", "rel/path", namespace=Namespace("posix", root="/r"))
+    with pytest.raises(InvalidRequest, match="content-addressed"):  # the model cache's names (docs/models.md)
+        await svc.submit_publish("model_weights", "sha256:" + "ab" * 32, "/x", namespace=Namespace("posix", root="/r"))
     op = await publish(
         svc, "model_weights", "m", tmp_path / "nothing", namespace=Namespace("posix", root=str(tmp_path))
     )

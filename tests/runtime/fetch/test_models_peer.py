@@ -1,5 +1,6 @@
-"""Models between two live nodes over the encrypted mesh link (``model_fetch`` streams), and the
-``hydra models`` commands against a running node; the Hub is a local stand-in server."""
+"""Models between two live nodes over the encrypted mesh link (``artifact_fetch`` streams, and
+``model_fetch`` for a holder that offers only that, as a node of the previous protocol generation),
+and the ``hydra models`` commands against a running node; the Hub is a local stand-in server."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from hydra_node.runtime.fetch.http_fetch import download_http
 SHARED = "/mesh/models-GGUF/resolve/main/shared.gguf"
 OTHER = "/mesh/models-GGUF/resolve/main/other.gguf"
 THIRD = "/mesh/models-GGUF/resolve/main/third.gguf"
+#: Held by B only, which offers its models over model_fetch alone (``[models] offer_artifacts = false``).
+FOURTH = "/mesh/models-GGUF/resolve/main/fourth.gguf"
 #: Bytes B already holds of the shared model before it asks (the transfer resumes at this offset).
 HELD_BEFORE = 10 * 1024 * 1024
 
@@ -37,7 +40,7 @@ def cli(capsys, monkeypatch, *args, env=None):
 def two_nodes(tmp_path_factory):
     root = tmp_path_factory.mktemp("models-peer")
     data = BUNDLED.read_bytes()
-    hub = HubStandIn({SHARED: data, OTHER: data, THIRD: data})
+    hub = HubStandIn({SHARED: data, OTHER: data, THIRD: data, FOURTH: data})
     digest = hashlib.sha256(data).hexdigest()
     # A downloaded "shared" earlier; B holds its first bytes from an earlier, broken peer transfer.
     for name in ("third", "shared"):
@@ -48,9 +51,19 @@ def two_nodes(tmp_path_factory):
             read_timeout_s=10,
         )
     b_cache = ModelCache(root / "b" / "models")
-    b_cache.partial_dir.mkdir(parents=True)
-    b_cache.partial_path("shared").write_bytes(data[:HELD_BEFORE])
-    b_cache.write_partial_meta("shared", PartialMeta(url=f"peer-sha256:{digest}", resumable=True, total=len(data)))
+    download_http(
+        resolve_remote("hf://mesh/models-GGUF/fourth.gguf", load_catalogue(), hub.url),
+        b_cache,
+        token=None,
+        read_timeout_s=10,
+    )
+    b_cache.partial_dir.mkdir(parents=True, exist_ok=True)
+    b_cache.partial_path("shared").write_bytes(data[:HELD_BEFORE] + b"damaged tail, never recorded durable")
+    b_cache.write_partial_meta(
+        "shared",
+        PartialMeta(url=f"peer-sha256:{digest}", resumable=True, total=len(data), durable=HELD_BEFORE),
+    )
+    (root / "b" / "config.toml").write_text("[models]\noffer_artifacts = false\n")  # B speaks model_fetch only
     a = NodeProcess(root / "a", "--no-model", "--no-rpc-worker", "--name", "a").start()
     b = NodeProcess(root / "b", "--no-model", "--no-rpc-worker", "--name", "b", "--join", a.invite())
     try:
@@ -90,8 +103,14 @@ def test_a_model_comes_from_the_peer_that_holds_it_resumed_and_verified(two_node
         assert f.read() == two_nodes["data"]
     assert len(hub.requests) == hub_requests  # not one byte from the "internet"
     sent = a.status()["model_share"]
-    assert sent["sent_files"] == 1 and sent["sent_bytes"] == len(two_nodes["data"]) - HELD_BEFORE
-    assert b.status()["model_share"]["fetched_files"] == 1
+    assert sent["sent_files"] == 0  # A announces the digest in artifacts_held: one stream, artifact_fetch
+    streamed = sent["artifact_fetch"]
+    # resumed at B's durable length: the bytes before it were not sent again, the damaged tail was cut
+    assert (streamed["sent_artifacts"], streamed["resumed"]) == (1, 1)
+    assert streamed["sent_bytes"] == len(two_nodes["data"]) - HELD_BEFORE
+    got = b.status()["model_share"]
+    assert (got["fetched_files"], got["fetched_over_artifact_fetch"]) == (1, 1)
+    assert "stream=artifact_fetch offset=%d" % HELD_BEFORE in b.log()
     code, again = fetch(b, "hf://mesh/models-GGUF/shared.gguf")
     assert code == 200 and again["source"] == "cache"
 
@@ -125,7 +144,7 @@ def test_models_pull_falls_back_to_the_hub_then_list_and_rm(two_nodes, capsys, m
     assert hub.requests[-1][0] == OTHER
     code, out, err = cli(capsys, monkeypatch, "models", "--json", "--home", home)
     listed = json.loads(out)
-    assert sorted(m["model"] for m in listed["local"]) == ["other", "shared"]
+    assert sorted(m["model"] for m in listed["local"]) == ["fourth", "other", "shared"]
     assert "SmolLM2-135M-Instruct-Q4_1" in [e["name"] for e in listed["catalogue"]] and listed["mesh"] is not None
     code, out, err = cli(capsys, monkeypatch, "models", "rm", "other", "--home", home)
     assert code == 0 and "removed other" in out
@@ -156,17 +175,20 @@ def test_swap_by_reference_fetches_from_the_mesh_then_hosts_it(two_nodes, capsys
 
 
 def test_serve_with_a_model_name_and_join_takes_it_from_a_peer_first(two_nodes, tmp_path):
-    """``serve --model REF --join TOKEN`` with REF missing locally: the joined node fetches it from a
-    peer that holds it (A, or B after the swap test) and no request reaches the Hub, then serves it."""
-    a, hub = two_nodes["a"], two_nodes["hub"]
+    """``serve --model REF --join TOKEN`` with REF missing locally: the joined node fetches it from
+    the one peer that holds it (B) and no request reaches the Hub, then serves it. B offers its
+    models over ``model_fetch`` only (``[models] offer_artifacts = false``, as a node of the
+    previous protocol generation): C falls back to that stream."""
+    a, b, hub = two_nodes["a"], two_nodes["b"], two_nodes["hub"]
     hub_requests = len(hub.requests)
+    b_id = b.status()["node_id"]
     c = NodeProcess(
         tmp_path / "c",
         "--no-rpc-worker",
         "--name",
         "c",
         "--model",
-        "hf://mesh/models-GGUF/third.gguf",
+        "hf://mesh/models-GGUF/fourth.gguf",
         "--join",
         a.invite(),
         env={"HF_ENDPOINT": hub.url},
@@ -174,10 +196,14 @@ def test_serve_with_a_model_name_and_join_takes_it_from_a_peer_first(two_nodes, 
     try:
         c.start()
         st = c.status()
-        assert st["serving_models"] == ["third"], st["serving_models"]
+        assert st["serving_models"] == ["fourth"], st["serving_models"]
         assert len(hub.requests) == hub_requests, hub.requests[hub_requests:]
-        holders = {two_nodes["a_id"], two_nodes["b"].status()["node_id"]}  # B may hold "third" (swap test)
-        assert any(f"source=peer:{h}" in c.log() for h in holders), c.log()[-2000:]
-        assert ModelCache(tmp_path / "c" / "models").lookup("third").sha256 == two_nodes["sha256"]
+        assert f"source=peer:{b_id}" in c.log() and "stream=model_fetch offset=0" in c.log(), c.log()[-2000:]
+        got = st["model_share"]
+        assert (got["fetched_files"], got["fetched_over_artifact_fetch"]) == (1, 0)
+        held = b.status()["model_share"]
+        assert held["sent_files"] == 1 and held["offer_artifacts"] is False  # the retired stream, still served
+        assert held["artifact_fetch"]["sent_artifacts"] == 0
+        assert ModelCache(tmp_path / "c" / "models").lookup("fourth").sha256 == two_nodes["sha256"]
     finally:
         c.kill_all()

@@ -1,6 +1,7 @@
 """``model_fetch`` streams over a real encrypted link in this process: a holder that lies about its
 bytes is caught by the sha256, files it does not hold are refused, one transfer per peer, and a
-malformed header is refused. (Two live nodes: test_models_peer.py.)"""
+malformed header is refused; over ``artifact_fetch``, a transfer cut mid-way resumes at its durable
+length. (Two live nodes: test_models_peer.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from nacl.signing import SigningKey
 from hydra_node.codec.framing import MessageDecoder
 from hydra_node.mesh.link.endpoints import LinkListener, open_link
 from hydra_node.mesh.link.peer_link import LinkSettings
+from hydra_node.mesh.wire.errors import StreamReset
 from hydra_node.mesh.wire.ids import MeshSecret
+from hydra_node.runtime.artifacts.manifest import signer
+from hydra_node.runtime.artifacts.peer_wire import ARTIFACT_FETCH_KIND
 from hydra_node.runtime.fetch import ModelCache, ModelShare, RemoteModel
 from hydra_node.runtime.fetch.errors import PeerFetchError
 from hydra_node.runtime.fetch.peer_wire import MAX_FETCH_FRAME_BYTES, FetchRequest
@@ -113,3 +117,76 @@ async def test_refusals_not_held_busy_and_bad_headers(holder_and_requester):
         assert msg["op"] == "error" and msg["code"] == "busy"
         await held_open.__aexit__(None, None, None)
     assert holder.status().refused == 3
+
+
+class NoPlacement:
+    def open_artifact(self, kind, name):
+        return None
+
+
+class Announcing(OneHolder):
+    """The holder as the requester sees it, announcing exactly ``extra`` (its own announce_extra())."""
+
+    def __init__(self, link, extra: dict) -> None:
+        super().__init__(link, {})
+        self.extra = extra
+
+    def members(self):
+        return {self.peer_id: Announcement(self.extra)}
+
+
+class CutStream:
+    """The holder's stream, reset after ``frames`` frames: the link broke mid-transfer."""
+
+    def __init__(self, stream, frames: int) -> None:
+        self._stream, self.left = stream, frames
+
+    async def send(self, data: bytes) -> None:
+        if self.left == 0:
+            await self._stream.reset("cancel", "test: cut mid-transfer")
+            raise StreamReset("cut mid-transfer")
+        self.left -= 1
+        await self._stream.send(data)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+async def test_a_transfer_cut_mid_way_resumes_over_artifact_fetch_at_its_durable_length(tmp_path, nursery):
+    """The one stream for model files: the holder offers its cache through ``artifact_fetch``; a
+    transfer reset after ~2.5 MiB leaves the requester's partial file with a recorded durable length,
+    and the next attempt asks from that ``offset``: the holder sends only the rest."""
+    key, mesh = SigningKey.generate(), MeshSecret(bytes([0x42]) * 32)
+    holder = ModelShare(ModelCache(tmp_path / "a"), None, share=True, stall_timeout_s=10)
+    offered = holder.artifact_share(NoPlacement(), signer(key))
+    cut = {"frames": 40}  # the manifest and 39 data frames of 64 KiB
+
+    async def on_stream(link, header, stream):
+        if header.get("kind") == ARTIFACT_FETCH_KIND:
+            frames, cut["frames"] = cut["frames"], None
+            await offered.serve(link, header, CutStream(stream, frames) if frames else stream)
+        else:
+            await holder.serve(link, header, stream)
+
+    listener = LinkListener(LinkSettings(identity=key, mesh=mesh, on_stream=on_stream), None)
+    port = await nursery.start(listener.serve, "127.0.0.1", 0)
+    data = b"GGUF" + os.urandom(SIZE - 4)
+    digest = cached(holder.cache, "m", data)
+    async with open_link(f"ws://127.0.0.1:{port}", LinkSettings(identity=SigningKey.generate(), mesh=mesh)) as link:
+        requester = ModelShare(
+            ModelCache(tmp_path / "b"), Announcing(link, holder.announce_extra()), share=True, stall_timeout_s=10
+        )
+        remote = RemoteModel("m", ("https://unused/m.gguf",), "m.gguf")
+        with trio.fail_after(20), pytest.raises(PeerFetchError, match="transfer broke"):
+            await requester.fetch(remote)
+        meta = requester.cache.partial_meta("m")
+        assert meta is not None and meta.url == f"peer-sha256:{digest}" and meta.total == SIZE
+        assert 0 < meta.durable < SIZE and requester.cache.partial_bytes("m") >= meta.durable
+        assert requester.cache.partial_path("m").read_bytes()[: meta.durable] == data[: meta.durable]
+        sent_before = offered.statistics().sent_bytes
+        with trio.fail_after(20):
+            got = await requester.fetch(remote)
+    assert got.sha256 == digest and got.path(requester.cache.root).read_bytes() == data
+    stats = offered.statistics()
+    assert stats.resumed == 1 and stats.sent_bytes - sent_before == SIZE - meta.durable  # not one byte again
+    assert holder.status().sent_files == 0 and requester.status().fetched_over_artifact_fetch == 1

@@ -11,7 +11,10 @@ frames through ``send``.  A request that asks for ``logprobs`` gets one entry pe
 (:mod:`hydra_node.runtime.child.engine.logprobs`) in its delta frames, ``"logprobs": [entry, ...]``; the
 entries of tokens whose text is held back (a possible stop sequence, part of a UTF-8 character)
 ride with the next delta, or with the final flush (a delta whose text may be empty).  So a
-request's entries number its ``completion_tokens``.
+request's entries number its ``completion_tokens``.  Every delta frame also carries ``"tokens"``: the
+ids of the tokens fed to the text assembler since the previous delta (end-of-generation never), so a
+request's deltas together hold exactly its ``completion_tokens`` ids, and their text is the streamed
+text: what a continuation elsewhere resumes from (``resume_tokens``, :meth:`BatchEngine.submit`).
 
 KV cache: the model's ``llama_cpp.Llama`` object keeps loading, tokenising and chat
 templates; its context is replaced by one made for ``n_slots`` sequences.  The cache is
@@ -33,10 +36,11 @@ else's rows, verified there; the accepted ones are emitted in the same step (doc
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from hydra_node.inference import MAX_TOP_LOGPROBS_REQUEST as MAX_TOP_LOGPROBS
+from hydra_node.inference.events import MAX_DELTA_LOGPROBS as MAX_DELTA_TOKENS
 from hydra_node.runtime.child.process import TokenClock
 from hydra_node.runtime.child.engine.grammar_budget import DEFAULT_LIMITS, GrammarLimits
 from hydra_node.runtime.child.engine.logprobs import LogprobReporter, TokenPieces, row_logits
@@ -46,7 +50,7 @@ from hydra_node.runtime.child.engine.spec_slots import SpeculativeSlots
 from hydra_node.runtime.child.engine.speculation import SMALL_STEP_TOKENS, RoundPlan, speculation_eligible
 from hydra_node.runtime.speculative.errors import DraftProtocolError
 from hydra_node.runtime.child.stats import EngineStatistics, StepCounters
-from hydra_node.runtime.child.textstream import TextAssembler
+from hydra_node.runtime.child.textstream import TextAssembler, TextSkip
 
 __all__ = ["BatchEngine", "EngineStatistics"]
 
@@ -65,6 +69,8 @@ class _Live:
     last: int = -1  # the latest sampled token, fed at the next step
     n: int = 0  # completion tokens (end-of-generation not counted)
     cached: int = 0  # prompt tokens reused from the slot's KV cells
+    toks: list[int] = field(default_factory=list)  # tokens fed to ``asm`` since the last delta (its "tokens")
+    skip: TextSkip = field(default_factory=TextSkip)  # a resumed request: the text its client already has
 
 
 class BatchEngine:
@@ -134,13 +140,28 @@ class BatchEngine:
 
     # ---- requests --------------------------------------------------------------------
     def submit(self, rid: int, req: dict, tokens: list[int], clock: TokenClock) -> None:
-        """Queue a generation; it joins the batch at the next step.  Refusals become error frames."""
-        budget = self.n_ctx - len(tokens)
+        """Queue a generation; it joins the batch at the next step.  Refusals become error frames.
+
+        A resumed generation (``resume_tokens``: what an earlier runner generated; docs/scheduler.md
+        "Continuing a stream") is prefilled as ``tokens`` + ``resume_tokens``; its sampler (grammar,
+        penalties) and text assembler are advanced over them, the first ``resume_skip`` characters of
+        its text are not sent again, and ``max_tokens`` is the budget left.  Its usage counts the
+        original prompt and only the tokens generated here."""
+        try:
+            resume, skip = self._resume(req, len(tokens))
+        except SamplingError as exc:
+            self.send(exc.frame(rid))
+            return
+        full = tokens + resume if resume else tokens
+        budget = self.n_ctx - len(full)
         max_tokens = min(req.get("max_tokens") or budget, budget) if budget > 0 else 1
         try:
             reporter = self._reporter(req)
             sampler = Sampler(
-                SamplerParams.from_request(req), self.vocab, window=max_tokens, grammar_limits=self.grammar_limits
+                SamplerParams.from_request(req),
+                self.vocab,
+                window=max_tokens + len(resume),
+                grammar_limits=self.grammar_limits,
             )
         except SamplingError as exc:  # an invalid grammar, a token outside the vocabulary...
             self.send(exc.frame(rid))
@@ -156,13 +177,7 @@ class BatchEngine:
                 }
             )
             return
-        try:
-            self.sched.submit(rid, tokens, max_tokens)
-        except Rejected as exc:
-            sampler.close()
-            self.send({"op": "error", "id": rid, "code": exc.code, "status": exc.status, "message": str(exc)})
-            return
-        self._live[rid] = _Live(
+        live = _Live(
             rid,
             len(tokens),
             sampler,
@@ -170,10 +185,65 @@ class BatchEngine:
             clock,
             reporter,
             [] if reporter is not None else None,
+            skip=TextSkip(skip),
         )
-        if self.spec is not None:
+        text, ended = "", False
+        for tok in resume:  # the text they make, as the earlier runner's assembler saw it
+            if self._ll.llama_vocab_is_eog(self.vocab, tok):
+                ended = True
+                break
+            text += live.skip(live.asm.feed(self.llm.detokenize([tok])))
+            if live.asm.stopped:
+                ended = True
+                break
+        if ended:  # the resumed text already ended the generation (a stop sequence, end of generation)
+            sampler.close()
+            self._finish_at_once(live, text)
+            return
+        try:
+            sampler.advance(resume)
+            self.sched.submit(rid, full, max_tokens)
+        except SamplingError as exc:  # the grammar does not allow the resumed tokens
+            sampler.close()
+            self.send(exc.frame(rid))
+            return
+        except Rejected as exc:
+            sampler.close()
+            self.send({"op": "error", "id": rid, "code": exc.code, "status": exc.status, "message": str(exc)})
+            return
+        self._live[rid] = live
+        if text:  # more than the client was said to have (resume_skip short of it): send the rest
+            self.send({"op": "delta", "id": rid, "text": text})
+        if self.spec is not None:  # a resumed request is not speculated (simple, safe: docs/scheduler.md)
             p = sampler.params
-            self.spec.admit(rid, speculation_eligible(req, p.greedy, not (p.grammar or p.logit_bias or p.penalised)))
+            plain = not (p.grammar or p.logit_bias or p.penalised)
+            self.spec.admit(rid, speculation_eligible(req, p.greedy, plain) and not resume)
+
+    def _resume(self, req: dict, n_prompt: int) -> tuple[list[int], int]:
+        """A request's ``resume_tokens`` (checked against the vocabulary and, with the prompt's
+        ``n_prompt`` tokens, the context) and ``resume_skip``; :class:`SamplingError` (400) naming them."""
+        resume, skip = req.get("resume_tokens") or [], req.get("resume_skip") or 0
+        if not isinstance(resume, list) or type(skip) is not int or skip < 0:
+            raise SamplingError("'resume_tokens' must be a list of token ids and 'resume_skip' a character count")
+        for i, t in enumerate(resume):
+            if type(t) is not int or not 0 <= t < self.n_vocab:
+                raise SamplingError(
+                    f"resume_tokens[{i}] is {t!r:.20}, outside this model's vocabulary (0 to {self.n_vocab - 1})"
+                )
+        if resume and n_prompt + len(resume) >= self.n_ctx:
+            raise SamplingError(
+                f"the prompt ({n_prompt} tokens) and resume_tokens ({len(resume)}) fill this model's "
+                f"context of {self.n_ctx} tokens: nothing is left to generate",
+                code="context_length_exceeded",
+            )
+        return list(resume), skip
+
+    def _finish_at_once(self, live: _Live, text: str) -> None:
+        """A resumed request whose resumed text already ended it: its last text, then its done frame."""
+        text += live.skip(live.asm.flush())
+        if text:
+            self.send({"op": "delta", "id": live.rid, "text": text})
+        self.send(self._done_frame(live, "stop"))
 
     def _reporter(self, req: dict) -> LogprobReporter | None:
         want, top = req.get("logprobs", False), req.get("top_logprobs", 0)
@@ -322,8 +392,9 @@ class BatchEngine:
                 if live.reporter is not None:  # before the next decode overwrites this row's logits
                     assert live.pending is not None  # a list whenever there is a reporter
                     live.pending.append(live.reporter.entry(row_logits(self.ctx, row, self.n_vocab), tok))
-                text = live.asm.feed(self.llm.detokenize([tok]))
-                if text:
+                live.toks.append(tok)
+                text = live.skip(live.asm.feed(self.llm.detokenize([tok])))
+                if text or len(live.toks) >= MAX_DELTA_TOKENS:
                     self._delta(live, text)
                 ended = live.asm.stopped
             if ended:
@@ -388,31 +459,37 @@ class BatchEngine:
         if finish is None:
             self.send({"op": "error", "id": rid, "code": "cancelled", "status": 499, "message": "cancelled"})
             return
-        tail = live.asm.flush()
-        if tail or live.pending:
+        tail = live.skip(live.asm.flush())
+        if tail or live.pending or live.toks:
             self._delta(live, tail)
+        self.send(self._done_frame(live, finish))
+
+    def _done_frame(self, live: _Live, finish: str) -> dict:
         done = {
             "op": "done",
-            "id": rid,
+            "id": live.rid,
             "finish_reason": finish,
-            "prompt_tokens": live.prompt_len,
-            "completion_tokens": live.n,
-            "cached_tokens": live.cached,
+            "prompt_tokens": live.prompt_len,  # a resumed request: the original prompt only
+            "completion_tokens": live.n,  # the tokens generated here (a resumed request's too)
+            "cached_tokens": min(live.cached, live.prompt_len),
             "ttft_ms": live.clock.ttft_ms(),
             "itl_ms": live.clock.itl_ms(live.n),
         }
         if self.spec is not None:  # the runner's latest speculation figures (/api/status)
             done["speculative"] = self.spec.status()
-        self.send(done)
+        return done
 
     def _release_spec(self, rid: int) -> None:
         if self.spec is not None:
             self.spec.release(rid)
 
     def _delta(self, live: _Live, text: str) -> None:
-        frame = {"op": "delta", "id": live.rid, "text": text}
+        """A delta frame: ``text``, the logprob entries and the ids of the tokens fed since the last one."""
+        frame: dict = {"op": "delta", "id": live.rid, "text": text}
         if live.pending:
             frame["logprobs"], live.pending = live.pending, []
+        if live.toks:
+            frame["tokens"], live.toks = live.toks, []
         self.send(frame)
 
     def fail_all(self, message: str) -> None:

@@ -182,6 +182,35 @@ class GrammarCheck:
             self.budget.stop()
         return tok
 
+    def advance(self, pre, post, tokens) -> None:
+        """Accept ``tokens`` into ``pre``, ``post`` and the grammar as :meth:`sample` would have, had
+        it chosen them (a resumed generation): a lazy grammar watches them for its trigger word and
+        starts on a clone only if it accepts the text from the word on.  :class:`SamplingError`
+        (400 ``invalid_grammar``) naming ``resume_tokens`` when the grammar does not allow them."""
+        for i, tok in enumerate(tokens):
+            if self.active:
+                if not self.allows(self.grammar, tok):
+                    raise SamplingError(
+                        f"resume_tokens[{i}] ({tok}) is not allowed by the request's grammar here",
+                        code="invalid_grammar",
+                    )
+                self.ll.llama_sampler_accept(self.grammar, tok)
+            else:
+                watch = self.watch
+                assert watch is not None  # not active yet
+                piece = self.piece(tok)
+                hit = watch.find(tok, piece)
+                if hit is None:
+                    watch.commit(tok, piece)
+                elif not self._start(hit):
+                    raise SamplingError(
+                        f"resume_tokens[{i}] ({tok}) completes the trigger word {hit.word!r:.40} with text "
+                        "the request's grammar rejects",
+                        code="invalid_grammar",
+                    )
+            self.ll.llama_sampler_accept(pre, tok)
+            self.ll.llama_sampler_accept(post, tok)
+
     def _tick(self) -> None:
         """Between two grammar C calls: fail the request if its grammar time is spent."""
         if self.budget is not None:

@@ -208,6 +208,17 @@ class Sampler:
             return int(self._ll.llama_sampler_sample(self._chain, ctx, row))
         return self._check.sample(self._pre, self._chain, row_logits(ctx, row, self._n_vocab))
 
+    def advance(self, tokens) -> None:
+        """Accept ``tokens`` as if this chain had sampled them, in order (a resumed generation's
+        ``resume_tokens``): the penalties count them, the grammar (lazy or not) moves over them
+        through our own checks, never llama.cpp's lazy grammar.  :class:`SamplingError` when the
+        grammar does not allow them."""
+        if self._check is not None:
+            self._check.advance(self._pre, self._chain, tokens)
+            return
+        for tok in tokens:
+            self._ll.llama_sampler_accept(self._chain, tok)
+
     def close(self) -> None:
         if self._check is not None:
             self._check.close()

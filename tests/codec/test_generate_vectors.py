@@ -1,0 +1,52 @@
+"""protocol/vectors/generate.json: the generate stream's request (a continuation's ``resume_tokens``
+and ``resume_skip``) and delta events with ``tokens`` (protocol/README.md section 11.3), decoded by
+the strict decoders and encoded back to the same bytes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hydra_node.codec.framing import MessageDecoder
+from hydra_node.inference import GenerationRequest, InvalidRequest, MalformedRemoteEvent, TextDelta, event_from_wire
+from hydra_node.inference.events import MAX_EVENT_FRAME_BYTES
+from hydra_node.mesh.wire import cbor
+from vector_json import from_json
+
+DOC = json.loads((Path(__file__).resolve().parents[2] / "protocol" / "vectors" / "generate.json").read_text())
+
+
+@pytest.mark.parametrize("v", DOC["requests"], ids=lambda v: v["name"])
+def test_requests_decode_and_encode_back_to_the_same_bytes(v):
+    wire = cbor.decode(bytes.fromhex(v["hex"]))
+    assert wire == from_json(v["decoded"])
+    req = GenerationRequest.from_wire(wire)
+    assert cbor.encode(req.to_wire()).hex() == v["hex"]
+    assert list(req.resume_tokens) == wire.get("resume_tokens", []) and req.resume_skip == wire.get("resume_skip", 0)
+
+
+@pytest.mark.parametrize("v", DOC["events"], ids=lambda v: v["name"])
+def test_event_frames_decode_to_their_events(v):
+    decoder = MessageDecoder(limit=MAX_EVENT_FRAME_BYTES)
+    decoder.receive_data(bytes.fromhex(v["frame"]))
+    msg = decoder.next_message()
+    assert msg == {"op": "event", "ev": from_json(v["decoded"])}
+    ev = event_from_wire(msg["ev"])
+    assert ev.to_wire() == from_json(v["decoded"])
+    if isinstance(ev, TextDelta):
+        assert list(ev.tokens) == v["decoded"].get("tokens", [])
+
+
+@pytest.mark.parametrize("v", DOC["invalid_requests"], ids=lambda v: v["name"])
+def test_invalid_requests_are_refused_naming_the_field(v):
+    with pytest.raises(InvalidRequest) as info:
+        GenerationRequest.from_wire(from_json(v["decoded"]))
+    assert info.value.param == v["param"]
+
+
+@pytest.mark.parametrize("v", DOC["invalid_events"], ids=lambda v: v["name"])
+def test_invalid_events_are_malformed(v):
+    with pytest.raises(MalformedRemoteEvent):
+        event_from_wire(from_json(v["decoded"]))
