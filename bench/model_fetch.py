@@ -21,7 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "node"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # harness, waiting
+# the Hub stand-in of the download tests
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "runtime" / "fetch"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common
 
 from _common import NodeProcess, median
 from harness import request
