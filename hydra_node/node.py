@@ -15,8 +15,11 @@ models that fit locally, each ready → management API → OpenAI API → mesh (
 ``--join`` plan; with discovery on it starts unjoined) → discovery (chooses and joins a mesh, then
 announces it) → scheduler sampling → speculation (draft server, draft tunnel port) → model
 runtime (RPC worker, models that wait for the mesh) → state ``serving`` and ports.json.
-Shutdown (SIGINT/SIGTERM or :meth:`Node.request_stop`): stop accepting, drain the APIs (in-flight
-streams end with a final SSE error event), leave the mesh (bounded), cancel the root nursery
+Shutdown (SIGINT/SIGTERM or :meth:`Node.request_stop`): hand over (admit no new generation, let
+local ones finish within ``[node].handover_grace_s``, end the others with ``draining`` so their
+routers continue them on other hosts, wait for our own clients' continued streams: bounded;
+routing/handover.py), drain the APIs (streams still in flight end with a final SSE error event),
+leave the mesh (bounded), cancel the root nursery
 (runners and workers: terminate → grace → kill), remove the pid files.
 """
 
@@ -67,7 +70,7 @@ from hydra_node.eventlog import EventLog
 from hydra_node.mesh.joining import JoinPlan
 from hydra_node.mesh.service import MeshService
 from hydra_node.routing.identity import ModelIdentities
-from hydra_node.routing.router import Router
+from hydra_node.routing.handover import ANNOUNCED_STATE, Handover, HandoverRouter
 from hydra_node.routing.remote import RemoteGeneration
 from hydra_node.routing.remote_embed import RemoteEmbeddings
 from hydra_node.routing.live import LiveScheduling
@@ -87,12 +90,18 @@ from hydra_node.runtime.runner.supervisor import RunnerSupervisor
 from hydra_node.config.runner_settings import runner_settings_from
 from hydra_node.pidfile import NodeAlreadyRunning
 from hydra_node.routing.local import LocalRunners
+from hydra_node.routing.target import TargetState
 from hydra_node.runtime.hosting.meminfo import read_meminfo
 
 log = logging.getLogger("hydra.node")
 
 #: How long in-flight HTTP work may take to wind down after a stop request.
 DRAIN_GRACE_S = 5.0
+#: How long the hand-over may take to end the local generations and answer the peers' streams.
+HANDOVER_CLOSE_S = 2.0
+#: How long a stopping node waits, after its hand-over, for its own API clients' streams (continued
+#: on peers through its router and links) before the API drain ends them.
+HANDOVER_STREAMS_WAIT_S = 10.0
 #: The HTTP listeners, as a port-in-use error names them (the mesh and the runtime name their own ports).
 API_PORT = ListenPurpose("the OpenAI API", "--port")
 CONSOLE_PORT = ListenPurpose("the management API and console", "--console")
@@ -117,17 +126,26 @@ class Node:
         self.state = NodeState.STARTING
         self.scheduling = LiveScheduling(config.file.scheduler, self.node_id)
         self.events = EventLog(clock=time.time, first_id=int(self.started_at * 1000))  # GET /api/events
-        self.router = Router(
+        #: The stop's hand-over of local generations to other hosts (routing/handover.py).
+        self.handover = Handover(self.node_id)
+        self.router = HandoverRouter(
             self.node_id,
-            self.scheduling,
+            scheduling=self.scheduling,
             on_event=self.events.emit,
             max_continuations=config.file.scheduler.max_continuations,
+            handover=self.handover,
         )
         #: model id → runner supervisor: the model runtime fills it, the router and status read it.
         self.runners: MutableMapping[str, RunnerSupervisor] = {}
         #: the hosted files' identities (a continuation resumes only on the same one: routing/identity.py)
         self.identities = ModelIdentities(self.home / "kv" / "digests.json")
-        self.local = LocalRunners(self.node_id, self.runners, identity=self.identities.of)
+        self.local = LocalRunners(
+            self.node_id,
+            self.runners,
+            identity=self.identities.of,
+            handover=self.handover,
+            hosted_elsewhere=self._hosted_elsewhere,
+        )
         self.router.add_source(self.local)
         refs = config.models or (() if config.fetch_models else (None,))  # None: the bundled model
         self.models: list[ModelRef] = (
@@ -154,8 +172,9 @@ class Node:
             self.remote = RemoteGeneration(
                 self.mesh, node_id=self.node_id, local_open=self._local_open, embed_remote=self.embeddings.embed_remote
             )
+            self.remote.admission = self.handover.refusal  # a stopping node admits no peer's new stream
             self.router.add_source(self.remote)
-            self.mesh.handle_stream("generate", self.remote.serve)
+            self.mesh.handle_stream("generate", self.handover.serving(self.remote.serve))
             self.mesh.handle_stream("embed", self.embeddings.serve)
         f = config.file
         self.model_share = ModelShare.for_home(self.home, self.mesh, f)  # models to and from peers (docs/models.md)
@@ -298,7 +317,13 @@ class Node:
         mem = self.host_memory()
         return AnnouncementContent(
             models=tuple(
-                ModelEntry(r.model.id, str(r.state), r.free_slots, self.identities.of(r.model.path)) for r in runners
+                ModelEntry(
+                    r.model.id,
+                    str(r.state) if self.handover.admitting else ANNOUNCED_STATE,  # stopping: route elsewhere
+                    r.free_slots,
+                    self.identities.of(r.model.path),
+                )
+                for r in runners
             ),
             hardware=Hardware(
                 cores=os.cpu_count() or 1,
@@ -333,7 +358,13 @@ class Node:
     def _local_open(self, model_id: str):
         """How a peer's ``generate`` stream runs on a model hosted here (None: not hosted)."""
         runner = self.runners.get(model_id)
-        return runner.generate if runner is not None else None
+        return self.handover.open(runner.generate) if runner is not None else None
+
+    def _hosted_elsewhere(self, model_id: str) -> bool:
+        """A peer announces ``model_id`` ready (a stopping node then routes new requests there)."""
+        return self.remote is not None and any(
+            t.model == model_id and t.state == TargetState.READY for t in self.remote.targets()
+        )
 
     def _spare_slots(self) -> int:
         """Free request-queue slots of our ready models (published in our Nostr listing)."""
@@ -469,6 +500,7 @@ class Node:
                 self.state = NodeState.STOPPING
                 log.info("event=node_stopping")
                 with trio.CancelScope(shield=True):
+                    await self._hand_over()
                     with trio.move_on_after(DRAIN_GRACE_S + 1):
                         async with trio.open_nursery() as drain:
                             drain.start_soon(self.api_server.drain, DRAIN_GRACE_S)
@@ -484,6 +516,29 @@ class Node:
             remove_pidfile(self.pidfile)
             remove_pidfile(self.home / "run" / "ports.json")
             log.info("event=node_stopped")
+
+    async def _hand_over(self) -> None:
+        """The stop's first steps (docs/scheduler.md "Hand-over on stop"): admit no new generation
+        (announced ``stopping`` at the next announcement check; peers' new streams refused with 503
+        ``draining``), let local generations finish within ``[node].handover_grace_s``, end the others
+        with ``draining`` (their requesters' routers continue them elsewhere), then wait (bounded) for
+        this node's own clients' streams, continued on peers, before the API drain cuts them. When no
+        peer hosts any of our models nothing could take them: the stop goes on as without a mesh."""
+        if not any(self._hosted_elsewhere(model_id) for model_id in list(self.runners)):
+            log.info("event=node_handover skipped=no_other_host")
+            return
+        self.handover.stop_admitting()
+        grace = self.config.file.node.handover_grace_s
+        with trio.move_on_after(grace):
+            await self.handover.wait_local_idle()
+        running = self.handover.open_generations
+        self.handover.hand_over()
+        log.info("event=node_handover grace_s=%s handed_over=%d", grace, running)
+        with trio.move_on_after(HANDOVER_CLOSE_S):  # runners told, peers' error events sent
+            await self.handover.wait_local_idle()
+            await self.handover.wait_peers_answered()
+        with trio.move_on_after(HANDOVER_STREAMS_WAIT_S):
+            await self.handover.wait_routed_idle()
 
     async def _materialise_placed(self) -> list[str]:
         """Materialise every ``placement:NAME`` model from the cache or the namespaces; when one is in

@@ -697,18 +697,82 @@ def generate_stream_vectors() -> dict[str, Any]:
             pass
         else:
             raise AssertionError(name)
+    bodies, bad_bodies = _generate_body_vectors(plain)
     return {
         "description": "The generate stream (protocol/README.md section 11.3): the request of the OPEN header "
         "(a continuation carries resume_tokens and resume_skip; both are omitted when empty) and the "
         "event frames a host sends (a delta's 'tokens': the ids generated since the previous delta, "
-        "omitted when empty). 'frame' is the whole length-prefixed frame.",
+        "omitted when empty). 'frame' is the whole length-prefixed frame. 'bodies': a request whose "
+        "{'kind': 'generate', 'req': ...} header would pass 16 KiB goes as {'kind': 'generate', 'body': N} and "
+        "then N bytes of its canonical CBOR in the stream's data; 'invalid_bodies': headers and bodies a host "
+        "answers with an invalid_request error event.",
         "requests": [
             {"name": n, "decoded": to_json(r.to_wire()), "hex": cbor.encode(r.to_wire()).hex()} for n, r in requests
         ],
         "events": [{"name": n, "decoded": to_json(e.to_wire()), "frame": event_frame(e).hex()} for n, e in events],
         "invalid_requests": [{"name": n, "decoded": to_json(w), "param": p} for n, w, p in bad_requests],
         "invalid_events": [{"name": n, "decoded": to_json(w)} for n, w in bad_events],
+        "bodies": bodies,
+        "invalid_bodies": bad_bodies,
     }
+
+
+def _generate_body_vectors(plain: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A request too large for the OPEN header travels as the stream's body (section 11.3):
+    ``{"kind": "generate", "body": N}``, then the request's N bytes of canonical CBOR."""
+    from hydra_node.inference import ChatMessage, GenerationRequest, InvalidRequest
+    from hydra_node.routing.remote import MAX_GENERATE_BODY_BYTES, body_length, generate_header, request_from_body
+
+    long_chat = GenerationRequest(
+        model="m",
+        kind="chat",
+        messages=(ChatMessage("system", "You are terse. " * 1100), ChatMessage("user", "Hello")),
+        max_tokens=8,
+        seed=7,
+    )
+    header, body = generate_header(long_chat)
+    assert body is not None and generate_header(plain)[1] is None
+    small = cbor.encode(plain.to_wire())
+    bodies = [
+        {
+            "name": "a chat too large for the header (a requester must send it as a body)",
+            "header": to_json(header),
+            "header_hex": cbor.encode(header).hex(),
+            "body_hex": body.hex(),
+            "decoded": to_json(long_chat.to_wire()),
+        },
+        {
+            "name": "a small request sent as a body (a host accepts it; requesters send it in the header)",
+            "header": {"kind": "generate", "body": len(small)},
+            "header_hex": cbor.encode({"kind": "generate", "body": len(small)}).hex(),
+            "body_hex": small.hex(),
+            "decoded": to_json(plain.to_wire()),
+        },
+    ]
+    n = len(small)
+    bad = [
+        ("N above the bound", {"kind": "generate", "body": MAX_GENERATE_BODY_BYTES + 1}, b""),
+        ("N zero", {"kind": "generate", "body": 0}, b""),
+        ("N not an integer", {"kind": "generate", "body": "12"}, b""),
+        ("both req and body", {"kind": "generate", "body": n, "req": plain.to_wire()}, small),
+        ("a truncated body (the stream ended early)", {"kind": "generate", "body": n}, small[:-1]),
+        ("an over-long body", {"kind": "generate", "body": n}, small + b"\x00"),
+        ("junk", {"kind": "generate", "body": 4}, b"\xff\xff\xff\xff"),
+        ("non-canonical CBOR (an integer with a longer head)", {"kind": "generate", "body": 2}, b"\x18\x05"),
+        ("CBOR that is not a request map", {"kind": "generate", "body": 4}, b"\x83\x01\x02\x03"),
+    ]
+    bad_bodies = []
+    for name, h, data in bad:
+        try:
+            length = body_length(h)
+            assert length is not None
+            request_from_body(data, length)
+        except InvalidRequest:
+            pass
+        else:
+            raise AssertionError(name)
+        bad_bodies.append({"name": name, "header": to_json(h), "body_hex": data.hex(), "error": "invalid_request"})
+    return bodies, bad_bodies
 
 
 def tunnel_data_vectors() -> dict[str, Any]:

@@ -230,7 +230,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Send SIGTERM to the node whose pid file is in --home and wait for it to exit.",
     )
     _add_home(sp)
-    sp.add_argument("--timeout", type=float, default=20.0, help="seconds to wait before giving up (default 20)")
+    sp.add_argument(
+        "--timeout",
+        type=float,
+        default=40.0,
+        help="seconds to wait before giving up (default 40: a stop first hands streams over to other hosts, "
+        "[node] handover_grace_s and up to 12 s more, then drains the APIs and leaves the mesh)",
+    )
 
     add_discover_parser(sub)
     add_swap_parser(sub, _add_home)

@@ -134,6 +134,26 @@ class RunnerSection:
         )
 
 
+#: Upper bound on ``[node].handover_grace_s``.
+MAX_HANDOVER_GRACE_S = 600.0
+
+
+@dataclass(frozen=True)
+class NodeSection:
+    """``[node]``: the node's own life (Hydra-specific; docs/config.md)."""
+
+    #: On stop, generations that finish within this many seconds complete here; the others are
+    #: handed over to other hosts of their model (docs/scheduler.md "Hand-over on stop"). 0: at once.
+    handover_grace_s: float = 3.0
+
+    def validate(self, prefix: str) -> None:
+        _check(
+            0.0 <= self.handover_grace_s <= MAX_HANDOVER_GRACE_S,
+            f"[{prefix}].handover_grace_s",
+            f"must be between 0 and {MAX_HANDOVER_GRACE_S:g} seconds, not {self.handover_grace_s}",
+        )
+
+
 #: Upper bound on ``[runner].inject_token_delay_ms`` (a minute per token is already absurd).
 MAX_INJECT_TOKEN_DELAY_MS = 60_000.0
 
@@ -220,6 +240,7 @@ class FileConfig:
     defaults: DefaultsSection = field(default_factory=DefaultsSection, metadata={"section": DefaultsSection})
     placement: PlacementSection = field(default_factory=PlacementSection, metadata={"section": PlacementSection})
     runner: RunnerSection = field(default_factory=RunnerSection, metadata={"section": RunnerSection})
+    node: NodeSection = field(default_factory=NodeSection, metadata={"section": NodeSection})
     relay: RelaySection = field(default_factory=RelaySection, metadata={"section": RelaySection})
     api: ApiSection = field(default_factory=ApiSection, metadata={"section": ApiSection})
     moa: MoaSettings = field(

@@ -6,7 +6,7 @@ JSON's key order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from hydra_node.mesh.gossip import GossipServiceStatistics
@@ -38,6 +38,9 @@ class PeerRow:
     """The relay our link to this peer runs through (None: a direct link, or no link)."""
     path: str | None = None
     """How our link to this peer runs: "direct", "relayed" or "punched" (hole punching); None: no link."""
+    model_idents: Mapping[str, str] = field(default_factory=dict)
+    """Each model's announced identity (``ident``: its GGUF digest, docs/scheduler.md "Continuing a
+    stream"); a model missing here cannot take over this node's streams of it."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ def peer_rows(
                 linked=link is not None,
                 relay=link.relay if link is not None else None,
                 path=link.path if link is not None else None,
+                model_idents={m.id: m.ident for m in ann.models if m.ident} if ann else {},
             )
         )
     return out

@@ -9,6 +9,15 @@
 Every byte from the peer goes through the strict decoders in :mod:`hydra_node.inference`
 (:class:`EventStreamDecoder`): a malformed frame or event becomes a typed remote error (502), never
 a relayed success.
+
+A request whose header ``{"kind": "generate", "req": ...}`` would pass MAX_OPEN_HEADER_BYTES (16 KiB:
+an agent's system prompt and tools, a continuation of a long answer) travels as a body instead
+(protocol/README.md section 11.3): the header is ``{"kind": "generate", "body": N}`` and the first N
+bytes of the stream's data are the request's canonical CBOR (at most MAX_GENERATE_BODY_BYTES). The host
+reads them, with a deadline and a bound on the bodies it reads at once, before it answers. A node
+older than the body form answers it with an ``invalid_request`` error (no ``req``): the requester
+reports that as a 502 ``peer_too_old``, tried once more on another host — never a success, never the
+client's 400.
 """
 
 from __future__ import annotations
@@ -33,8 +42,11 @@ from hydra_node.inference import (
     ModelUnavailable,
     event_frame,
 )
+from hydra_node.codec import cbor as codec_cbor
+from hydra_node.codec.errors import DecodeError
+from hydra_node.inference.errors import RemoteError
 from hydra_node.mesh.wire import cbor
-from hydra_node.mesh.wire.constants import MAX_OPEN_HEADER_BYTES
+from hydra_node.mesh.wire.constants import DATA_CHUNK_BYTES, MAX_OPEN_HEADER_BYTES
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError, StreamReset
 from hydra_node.models import RESERVED_MODEL_IDS
 from hydra_node.mesh.link.peer_link import PeerLink
@@ -43,7 +55,18 @@ from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.routing.target import OpenGeneration, RouteTarget, TargetState
 from hydra_node.routing.serving import serve_while_requester_stays
 
-__all__ = ["LocalOpen", "MeshMembers", "RemoteGeneration", "RemoteGenerationStatistics"]
+__all__ = [
+    "MAX_GENERATE_BODY_BYTES",
+    "MAX_BODY_BYTES_READING",
+    "REQUEST_BODY_TIMEOUT_S",
+    "LocalOpen",
+    "MeshMembers",
+    "RemoteGeneration",
+    "RemoteGenerationStatistics",
+    "body_length",
+    "generate_header",
+    "request_from_body",
+]
 
 log = logging.getLogger("hydra.routing.remote")
 
@@ -51,6 +74,60 @@ log = logging.getLogger("hydra.routing.remote")
 STREAM_CLOSE_TIMEOUT_S = 2.0
 #: RTT assumed for a peer we have no open link to (so it ranks behind measured ones).
 UNLINKED_RTT_MS = 1000.0
+#: Largest request body of a ``generate`` stream (the request's CBOR when it does not fit the header):
+#: the API's 8 MiB JSON body is no larger as CBOR; the margin holds a continuation's resume_tokens
+#: (at most 32768 ids, 5 bytes each). As ``embed`` (remote_embed.MAX_EMBED_REQUEST_BYTES).
+MAX_GENERATE_BODY_BYTES = 12 * 1024 * 1024
+#: How long a host waits for all of a request body after the stream opened (then: 408 request_timeout).
+REQUEST_BODY_TIMEOUT_S = 30.0
+#: Request body bytes a host reads at once, over all its generate streams (a member could otherwise
+#: open MAX_STREAMS_PER_LINK streams announcing 12 MiB each): past it, 503 ``busy``, retryable.
+MAX_BODY_BYTES_READING = 4 * MAX_GENERATE_BODY_BYTES
+
+
+def generate_header(req: GenerationRequest) -> tuple[dict[str, Any], bytes | None]:
+    """The OPEN header for ``req`` and the body to send after it: ``({"kind": "generate", "req": ...},
+    None)`` when that header fits MAX_OPEN_HEADER_BYTES (as every node has always sent it), else
+    ``({"kind": "generate", "body": N}, the request's N bytes of CBOR)``. A request past
+    MAX_GENERATE_BODY_BYTES is a GenerationError 413 ``request_too_large``."""
+    wire = req.to_wire()
+    header: dict[str, Any] = {"kind": "generate", "req": wire}
+    if len(cbor.encode(header)) <= MAX_OPEN_HEADER_BYTES:
+        return header, None
+    body = cbor.encode(wire)
+    if len(body) > MAX_GENERATE_BODY_BYTES:
+        raise GenerationError(
+            f"the request is too large to forward to a peer ({len(body)} bytes of at most {MAX_GENERATE_BODY_BYTES})",
+            code="request_too_large",
+            status=413,
+        )
+    return {"kind": "generate", "body": len(body)}, body
+
+
+def body_length(header: Mapping[str, Any]) -> int | None:
+    """N of a ``{"kind": "generate", "body": N}`` header; None for one that carries ``req``;
+    InvalidRequest for a header with both, or an N that is not an integer 1 … MAX_GENERATE_BODY_BYTES."""
+    if "body" not in header:
+        return None
+    n = header["body"]
+    if "req" in header:
+        raise InvalidRequest("a generate header carries 'req' or 'body', not both", "body")
+    if type(n) is not int or not 1 <= n <= MAX_GENERATE_BODY_BYTES:
+        raise InvalidRequest(f"'body' must be a byte count from 1 to {MAX_GENERATE_BODY_BYTES}, not {n!r:.40}", "body")
+    return n
+
+
+def request_from_body(data: bytes, length: int) -> GenerationRequest:
+    """The request in a body that must be exactly ``length`` bytes of canonical CBOR (the strict
+    decoder and :meth:`GenerationRequest.from_wire`); InvalidRequest for anything else."""
+    if len(data) != length:
+        raise InvalidRequest(f"the request body is {len(data)} bytes, its header announced {length}", "body")
+    try:
+        wire = codec_cbor.decode(data, max_size=MAX_GENERATE_BODY_BYTES)
+    except DecodeError as exc:
+        raise InvalidRequest(f"the request body is not canonical CBOR ({exc.code}): {exc.message}", "body") from None
+    return GenerationRequest.from_wire(wire)
+
 
 #: ``local_open(model_id)``: how to run a generation on a model this node hosts, None if it hosts none.
 LocalOpen = Callable[[str], "OpenGeneration | None"]
@@ -90,10 +167,22 @@ class RemoteGeneration:
     """A router target source for members' models, and the host side of their requests to us."""
 
     def __init__(
-        self, mesh: MeshMembers, *, node_id: str, local_open: LocalOpen, embed_remote: EmbedRemote | None = None
+        self,
+        mesh: MeshMembers,
+        *,
+        node_id: str,
+        local_open: LocalOpen,
+        embed_remote: EmbedRemote | None = None,
+        body_timeout_s: float = REQUEST_BODY_TIMEOUT_S,
+        body_bytes_reading: int = MAX_BODY_BYTES_READING,
     ) -> None:
-        """``embed_remote(peer_id, EmbeddingRequest)``: the ``embed`` of our remote targets (remote_embed.py)."""
+        """``embed_remote(peer_id, EmbeddingRequest)``: the ``embed`` of our remote targets (remote_embed.py);
+        ``body_timeout_s``: how long a host waits for a request body (REQUEST_BODY_TIMEOUT_S);
+        ``body_bytes_reading``: the body bytes it reads at once over all streams (MAX_BODY_BYTES_READING)."""
         self._mesh = mesh
+        self._body_timeout_s = body_timeout_s
+        self._body_budget = body_bytes_reading
+        self._body_reading = 0  # bytes announced by the bodies being read now
         self.node_id = node_id
         self._local_open = local_open
         self._embed_remote = embed_remote
@@ -155,14 +244,7 @@ class RemoteGeneration:
     @asynccontextmanager
     async def open_remote(self, peer_id: str, req: GenerationRequest) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
         """Run ``req`` on ``peer_id``: events stream back; leaving early resets the stream (cancels it there)."""
-        header = {"kind": "generate", "req": req.to_wire()}
-        size = len(cbor.encode(header))
-        if size > MAX_OPEN_HEADER_BYTES:  # a long prompt, or a continuation of a long answer
-            raise GenerationError(
-                f"the request is too large to forward to a peer ({size} bytes of at most {MAX_OPEN_HEADER_BYTES})",
-                code="request_too_large",
-                status=413,
-            )
+        header, body = generate_header(req)  # a body: a long prompt, or a continuation of a long answer
         try:
             link = await self._mesh.link_to(peer_id)
         except MeshError as exc:
@@ -171,6 +253,12 @@ class RemoteGeneration:
         finished = False
         try:
             async with link.open_stream(header) as stream:
+                if body is not None:
+                    try:
+                        for at in range(0, len(body), DATA_CHUNK_BYTES):
+                            await stream.send(body[at : at + DATA_CHUNK_BYTES])
+                    except (StreamReset, LinkClosed):
+                        pass  # a host that answered before reading it all (an older one): read below
 
                 async def events() -> AsyncIterator[GenerationEvent]:
                     nonlocal finished
@@ -191,7 +279,15 @@ class RemoteGeneration:
                                 retryable=not started,
                             )
                         decoder.receive_data(data)
-                        while (ev := decoder.next_event()) is not None:  # RemoteError for anything bad
+                        while True:
+                            try:
+                                ev = decoder.next_event()  # RemoteError for anything bad
+                            except RemoteError as exc:
+                                if body is not None and not started and exc.code == "invalid_request":
+                                    raise _too_old(peer_id, exc) from None
+                                raise
+                            if ev is None:
+                                break
                             started = True
                             yield ev
                             if getattr(ev, "type", "") == "finished":
@@ -222,6 +318,47 @@ class RemoteGeneration:
             ) from None
 
     # ---- host -----------------------------------------------------------------------------
+    #: ``admission()``: why a new ``generate`` stream is refused before its first event (None:
+    #: admitted) — a stopping node's 503 ``draining`` (:meth:`hydra_node.routing.handover.Handover.refusal`).
+    admission: Callable[[], GenerationError | None] | None = None
+
+    async def _read_request(self, header: Mapping[str, Any], stream: LinkStream) -> GenerationRequest:
+        """The request: in the header, or the body it announces (read with a deadline: GenerationError
+        408 ``request_timeout``; past the bytes read at once: 503 ``busy``); InvalidRequest for a
+        malformed one, a short or an over-long body."""
+        length = body_length(header)
+        if length is None:
+            return GenerationRequest.from_wire(header.get("req"))
+        if self._body_reading + length > self._body_budget:
+            raise GenerationError(
+                f"peer {self.node_id[:16]} is reading {self._body_reading} bytes of request bodies already "
+                f"(at most {self._body_budget}); try another host or later",
+                code="busy",
+                status=503,
+                retryable=True,
+            )
+        data = bytearray()
+        self._body_reading += length
+        try:
+            with trio.move_on_after(self._body_timeout_s):
+                while len(data) < length:
+                    chunk = await stream.receive()
+                    if not chunk:
+                        raise InvalidRequest(f"the stream ended after {len(data)} of the body's {length} bytes", "body")
+                    data += chunk
+                if len(data) > length:  # the requester sends nothing after its request
+                    raise InvalidRequest(
+                        f"the request body is longer than the {length} bytes its header announced", "body"
+                    )
+                return request_from_body(bytes(data), length)
+        finally:
+            self._body_reading -= length
+        raise GenerationError(
+            f"the request body did not arrive within {self._body_timeout_s:g} s ({len(data)} of {length} bytes)",
+            code="request_timeout",
+            status=408,
+        )
+
     async def serve(self, link: PeerLink, header: Mapping[str, Any], stream: LinkStream) -> None:
         """Answer a peer's ``generate`` stream with a local runner (errors go back as an error event)."""
 
@@ -229,11 +366,23 @@ class RemoteGeneration:
             await stream.send(event_frame(err))
             await stream.send_eof()
 
-        try:
-            req = GenerationRequest.from_wire(header.get("req"))
-        except InvalidRequest as exc:
-            self._bad_requests += 1
-            await send_error(GenerationError(f"invalid request: {exc.message}", code="invalid_request", status=400))
+        try:  # a body is read here, before serve_while_requester_stays ignores the requester's data
+            req = await self._read_request(header, stream)
+        except (StreamReset, LinkClosed):
+            return  # the requester left while sending its body
+        except (InvalidRequest, GenerationError) as exc:  # malformed, short, over-long, stalled (408), busy (503)
+            if not (isinstance(exc, GenerationError) and exc.code == "busy"):
+                self._bad_requests += 1
+            log.info("event=generate_request_refused peer=%s error=%s", link.peer_id[:16], exc)
+            if not isinstance(exc, GenerationError):
+                exc = GenerationError(f"invalid request: {exc.message}", code="invalid_request", status=400)
+            try:
+                await send_error(exc)
+            except (StreamReset, LinkClosed):
+                pass
+            return
+        if self.admission is not None and (refusal := self.admission()) is not None:  # stopping (handover.py)
+            await send_error(refusal)
             return
         open_local = self._local_open(req.model)
         if open_local is None:
@@ -255,3 +404,15 @@ class RemoteGeneration:
 
         if await serve_while_requester_stays(stream, answer):
             log.info("event=remote_generation_cancelled peer=%s model=%s", link.peer_id[:16], req.model)
+
+
+def _too_old(peer_id: str, exc: RemoteError) -> GenerationError:
+    """A host's ``invalid_request`` answer to a request sent as a body: a node older than the body form
+    (it found no ``req``) — a 502 tried once more on another host, never the client's 400."""
+    return GenerationError(
+        f"peer {peer_id[:16]} refused a request larger than {MAX_OPEN_HEADER_BYTES} bytes (sent as a body; "
+        f"a node older than the body form cannot take it — upgrade it): {exc.message}",
+        code="peer_too_old",
+        status=502,
+        retryable=True,
+    )

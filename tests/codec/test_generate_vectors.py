@@ -1,6 +1,6 @@
 """protocol/vectors/generate.json: the generate stream's request (a continuation's ``resume_tokens``
-and ``resume_skip``) and delta events with ``tokens`` (protocol/README.md section 11.3), decoded by
-the strict decoders and encoded back to the same bytes."""
+and ``resume_skip``), delta events with ``tokens``, and a request sent as the stream's body
+(protocol/README.md section 11.3), decoded by the strict decoders and encoded back to the same bytes."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from hydra_node.codec.framing import MessageDecoder
 from hydra_node.inference import GenerationRequest, InvalidRequest, MalformedRemoteEvent, TextDelta, event_from_wire
 from hydra_node.inference.events import MAX_EVENT_FRAME_BYTES
 from hydra_node.mesh.wire import cbor
+from hydra_node.mesh.wire.constants import MAX_OPEN_HEADER_BYTES
+from hydra_node.routing.remote import body_length, generate_header, request_from_body
 from vector_json import from_json
 
 DOC = json.loads((Path(__file__).resolve().parents[2] / "protocol" / "vectors" / "generate.json").read_text())
@@ -50,3 +52,26 @@ def test_invalid_requests_are_refused_naming_the_field(v):
 def test_invalid_events_are_malformed(v):
     with pytest.raises(MalformedRemoteEvent):
         event_from_wire(from_json(v["decoded"]))
+
+
+@pytest.mark.parametrize("v", DOC["bodies"], ids=lambda v: v["name"])
+def test_a_body_decodes_to_its_request_and_only_a_large_one_is_sent_as_a_body(v):
+    header = cbor.decode(bytes.fromhex(v["header_hex"]))
+    assert header == from_json(v["header"])
+    body = bytes.fromhex(v["body_hex"])
+    length = body_length(header)
+    assert length == len(body)
+    req = request_from_body(body, length)
+    assert req.to_wire() == from_json(v["decoded"])
+    # the requester's choice: the header form whenever it fits, else exactly this header and body
+    fits = len(cbor.encode({"kind": "generate", "req": req.to_wire()})) <= MAX_OPEN_HEADER_BYTES
+    assert generate_header(req) == (({"kind": "generate", "req": req.to_wire()}, None) if fits else (header, body))
+
+
+@pytest.mark.parametrize("v", DOC["invalid_bodies"], ids=lambda v: v["name"])
+def test_invalid_bodies_are_refused(v):
+    with pytest.raises(InvalidRequest) as info:
+        length = body_length(from_json(v["header"]))
+        assert length is not None
+        request_from_body(bytes.fromhex(v["body_hex"]), length)
+    assert v["error"] == "invalid_request" and info.value.param in ("body", None)

@@ -330,16 +330,19 @@ async def test_the_chat_api_answers_once_and_names_every_host(stream):
 
 
 async def test_a_request_too_large_for_a_stream_header_is_a_clean_413_and_never_continues(autojump_clock):
-    """A continuation of a long answer (or a long prompt) may not fit a generate stream's OPEN
-    header (16 KiB): refused before dialling, as the request's 413, so the original failure stands."""
-    from hydra_node.routing.remote import RemoteGeneration
+    """A request larger than a generate stream's body bound (MAX_GENERATE_BODY_BYTES; one too large
+    for the 16 KiB OPEN header travels as the body): refused before dialling, as the request's 413,
+    so the original failure stands."""
+    from hydra_node.routing.remote import MAX_GENERATE_BODY_BYTES, RemoteGeneration
 
     class Mesh:
         async def link_to(self, peer_id):  # pragma: no cover - never dialled
             raise AssertionError("dialled")
 
     remote = RemoteGeneration(Mesh(), node_id="me", local_open=lambda m: None)  # type: ignore[arg-type]
-    big = GenerationRequest(model=MODEL, kind="completion", prompt="hi", resume_tokens=tuple(range(100_000, 105_000)))
+    big = GenerationRequest(
+        model=MODEL, kind="completion", prompt="x" * MAX_GENERATE_BODY_BYTES, resume_tokens=tuple(range(100, 5000))
+    )
     with pytest.raises(GenerationError) as info:
         async with remote.open_remote(B, big):
             pass

@@ -1,0 +1,140 @@
+"""A rolling restart loses no request (docs/scheduler.md "Hand-over on stop"), on real nodes on
+loopback: A and C host the bundled model, B hosts nothing. A streaming greedy chat sent to B is
+served by A or C (X); X gets SIGTERM mid-stream: it hands the generation over with ``draining``
+and B's router continues it on the other host (Y). X restarts and rejoins; then a stream sent to
+Y's OWN API, served by Y's runner, gets Y SIGTERMed mid-stream: Y's router continues it on X and
+keeps the client's HTTP stream open until it is complete. Each time the client's text is an
+uninterrupted run's, with no error event, ``hydra_served_by`` names both hosts, and the stopped
+node exits 0. The hosts sleep 60 ms per token (``[runner].inject_token_delay_ms``) so the answer
+outlasts ``[node].handover_grace_s`` (0.5 s here) when its host is stopped."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+from harness import NodeProcess
+from waiting import poll_until
+
+from test_continuation_live import MODEL, reference_finish, stream_chat, text_of
+
+MESH_TIMEOUT_S = 90.0
+CUT_AFTER_CHUNKS = 10
+#: Bound on a stopped node's exit: its grace, the hand-over, the API drain and leaving the mesh.
+EXIT_TIMEOUT_S = 30.0
+HANDED_OVER = "is stopping and handed its generation over"  # the draining error's message
+
+
+@pytest.fixture
+def mesh(tmp_path):
+    cfg = tmp_path / "hydra.toml"
+    cfg.write_text("[runner]\ninject_token_delay_ms = 60\n[node]\nhandover_grace_s = 0.5\n")
+    common = ("--config", str(cfg), "--no-rpc-worker")
+    a = NodeProcess(tmp_path / "a", *common, "--name", "a")
+    c = NodeProcess(tmp_path / "c", *common, "--name", "c")
+    b = NodeProcess(tmp_path / "b", *common, "--no-model", "--name", "b")
+    try:
+        a.start()
+        c.args += ["--join", a.invite()]
+        b.args += ["--join", a.invite()]
+        c.start(wait=False)
+        b.start()
+        c.wait_ready()
+        ids = {n: p.status()["node_id"] for n, p in (("a", a), ("b", b), ("c", c))}
+        wait_hosts_seen(b, [ids["a"], ids["c"]])
+        for host in (a, c):  # each hashed its model file (its identity, announced: routing/identity.py)
+            poll_until(lambda host=host: "event=model_identity" in host.log(), timeout_s=60, what="model identity")
+        yield {"a": a, "b": b, "c": c, "ids": ids}
+    finally:
+        for p in (a, b, c):
+            p.kill_all()
+
+
+def wait_hosts_seen(viewer: NodeProcess, hosts: list[str]) -> None:
+    viewer.wait_status(
+        lambda st: (
+            sum(1 for p in st["peers"] if p["id"] in hosts and p["state"] == "alive" and MODEL in p["models"])
+            == len(hosts)
+        ),
+        timeout=MESH_TIMEOUT_S,
+        what="the hosts' model seen",
+    )
+
+
+def stream_and_stop(port: int, stop_host) -> tuple[list[dict], list[str]]:
+    """Stream the chat from ``port``; after CUT_AFTER_CHUNKS content chunks ``stop_host(served_by)``
+    SIGTERMs its node (in a thread: the stream is read on meanwhile). The events and the host stopped."""
+    stopped: list[str] = []
+    threads: list[threading.Thread] = []
+
+    def cut(n: int, headers: dict) -> None:
+        if n == CUT_AFTER_CHUNKS and not stopped:
+            stopped.append(headers["x-hydra-served-by"])
+            threads.append(threading.Thread(target=stop_host, args=(stopped[0],)))
+            threads[0].start()
+
+    _, events = stream_chat(port, cut)
+    for t in threads:
+        t.join(EXIT_TIMEOUT_S + 5)
+    assert stopped, "the stream ended before its host could be stopped"
+    return events, stopped
+
+
+def assert_one_uninterrupted_answer(events: list[dict], reference: list[dict], hosts: list[str]) -> None:
+    assert not [e for e in events if "error" in e], events
+    assert text_of(events) == text_of(reference)  # greedy: identical to the uninterrupted run
+    finishes = [c["finish_reason"] for e in events for c in e.get("choices", []) if c.get("finish_reason")]
+    assert finishes == [reference_finish(reference)]
+    assert events[-1]["usage"]["completion_tokens"] == reference[-1]["usage"]["completion_tokens"]
+    (fin,) = [e for e in events if e.get("choices") and e["choices"][0].get("finish_reason")]
+    assert fin["hydra_served_by"] == hosts
+
+
+def test_a_stopped_host_hands_its_streams_over_in_a_rolling_restart(mesh):
+    a, b, c, ids = mesh["a"], mesh["b"], mesh["c"], mesh["ids"]
+    by_id = {ids["a"]: a, ids["c"]: c}
+    _, reference = stream_chat(b.api_port)  # uninterrupted
+    assert reference[-1]["usage"]["completion_tokens"] >= CUT_AFTER_CHUNKS + 20, reference[-1]["usage"]
+    codes: dict[str, int] = {}
+
+    def stop(host_id: str) -> None:
+        codes[host_id] = by_id[host_id].stop(signal.SIGTERM, timeout=EXIT_TIMEOUT_S)
+
+    # 1. a peer's request: the stopping host X hands it over, B's router continues it on Y
+    events, (x,) = stream_and_stop(b.api_port, stop)
+    y = next(i for i in by_id if i != x)
+    assert_one_uninterrupted_answer(events, reference, [x, y])
+    assert codes == {x: 0}  # X exited cleanly
+    continued = [ln for ln in b.log().splitlines() if "event=request_continued" in ln]
+    assert len(continued) == 1 and HANDED_OVER in continued[0], continued  # a hand-over, not a lost link
+
+    # X restarts and rejoins (the rolling restart's next step)
+    host_x, host_y = by_id[x], by_id[y]
+    host_x.args = _without_join(host_x.args) + ["--join", host_y.invite()]
+    host_x.start()
+    wait_hosts_seen(host_y, [x])
+    host_y.wait_status(  # Y can continue on X only once X's model identity has reached it
+        lambda st: any(p["id"] == x and MODEL in p.get("model_idents", {}) for p in st["peers"]),
+        timeout=MESH_TIMEOUT_S,
+        what="X's model identity seen by Y",
+    )
+
+    # 2. Y's own client: Y's router continues it on X and keeps the client's stream open until done
+    events, stopped = stream_and_stop(host_y.api_port, stop)
+    assert stopped == [y]  # served by Y's own runner (local first)
+    assert_one_uninterrupted_answer(events, reference, [y, x])
+    assert codes[y] == 0
+
+
+def _without_join(args: list[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--join":
+            skip = True
+        else:
+            out.append(arg)
+    return out
