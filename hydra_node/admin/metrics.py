@@ -209,6 +209,17 @@ class _ScrapeCollector:
         router = self.sources.routing()
         yield CounterMetricFamily("hydra_route_retries", "Requests retried on a second target", value=router.retries)
         yield CounterMetricFamily("hydra_route_no_target", "Requests with no ready target", value=router.no_target)
+        yield CounterMetricFamily(
+            "hydra_route_continuations",
+            "Generation parts started on another target after their host failed mid-stream",
+            value=router.continuations,
+        )
+        yield CounterMetricFamily(
+            "hydra_route_continuation_failures",
+            "Mid-stream failures that could not be continued (no target of the same identity, budget spent, "
+            "or the continuation failed too)",
+            value=router.continuation_failures,
+        )
         live = self.sources.scheduling()
         if live is None:
             return

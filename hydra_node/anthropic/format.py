@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from hydra_node.http.server import Response
 from hydra_node.api.answer import Chunks
-from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments
+from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments, served_by_field
 from hydra_node.api.errors import ApiError
 from hydra_node.grammar.toolcalls import ParsedToolCall, ToolCallStart
 from hydra_node.inference import GenerationError, TokenLogprob
@@ -140,7 +140,10 @@ def message_body(
     reason: str | None,
     stop_sequence: str | None,
     usage: dict,
+    served_by: Sequence[str] = (),
 ) -> dict:
+    """The message object; ``served_by``: every host that served a part, named as
+    ``hydra_served_by`` when more than one did (a continuation, docs/api.md)."""
     content = [{"type": "text", "text": text}] if text else []
     content += [_tool_use(c, c.arguments) for c in calls]
     return {
@@ -152,6 +155,7 @@ def message_body(
         "stop_reason": reason,
         "stop_sequence": stop_sequence,
         "usage": usage,
+        **served_by_field(served_by),
     }
 
 
@@ -217,10 +221,13 @@ class MessageEventStream:
         out += self.call_arguments(call.arguments)
         return out + self._close()
 
-    def finish(self, reason: str, stop_sequence: str | None, usage: dict) -> list[dict]:
+    def finish(self, reason: str, stop_sequence: str | None, usage: dict, served_by: Sequence[str] = ()) -> list[dict]:
+        """The end: ``message_delta`` carries the final usage and, when more than one host served
+        the message, ``hydra_served_by``; then ``message_stop``."""
         self.done = True
+        delta = {"stop_reason": reason, "stop_sequence": stop_sequence}
         return self._close() + [
-            {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": stop_sequence}, "usage": usage},
+            {"type": "message_delta", "delta": delta, "usage": usage, **served_by_field(served_by)},
             {"type": "message_stop"},
         ]
 
@@ -257,7 +264,10 @@ class MessageStreamFormatter:
     def finish(self, k: int, done: ChatDone) -> Chunks:
         stop = stop_sequence(done.finish_reason, self.entries, self.stop_sequences)
         return [
-            sse(e) for e in self.builder.finish(stop_reason(done.finish_reason, stop), stop, usage_body(done.usage))
+            sse(e)
+            for e in self.builder.finish(
+                stop_reason(done.finish_reason, stop), stop, usage_body(done.usage), done.served_by_all
+            )
         ]
 
     def end(self) -> Chunks:

@@ -149,6 +149,7 @@ class MessagesApi:
             stop_reason(out.finish_reason, stop),
             stop,
             usage_body(out.usage),
+            out.served_by_all,  # more than one host after a continuation (docs/api.md)
         )
         return Response.json(200, body, headers)
 

@@ -26,7 +26,7 @@ chat formatter reports them under ``logprobs.content`` as they come).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Iterable, Sequence
 
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
@@ -57,6 +57,7 @@ __all__ = [
     "chat_events",
     "usage_of",
     "parses_tool_calls",
+    "served_by_field",
     "sum_usage",
 ]
 
@@ -200,6 +201,12 @@ async def complete_chat(router: RouterApi, req: GenerationRequest) -> ChatOutcom
     content = "".join(text)
     out.content = content if (content or not out.tool_calls) else None
     return out
+
+
+def served_by_field(hosts: Sequence[str]) -> dict[str, list[str]]:
+    """``{"hydra_served_by": hosts}`` when more than one host served an answer (a continuation:
+    :attr:`ChatDone.served_by_all`, from the router's record), else ``{}`` (docs/api.md)."""
+    return {"hydra_served_by": list(hosts)} if len(hosts) > 1 else {}
 
 
 def sum_usage(usages: Iterable[dict]) -> dict:

@@ -172,7 +172,7 @@ async def replay_events(out: ChatOutcome) -> AsyncGenerator[tuple[int, ChatEvent
         yield 0, ContentDelta(out.content or "", tuple(out.logprobs))
     for call in out.tool_calls:
         yield 0, ToolCallDelta(dataclasses.replace(call, streamed=False))
-    yield 0, ChatDone(out.finish_reason, out.usage, out.served_by)
+    yield 0, ChatDone(out.finish_reason, out.usage, out.served_by, out.served_by_all)
 
 
 def moa_headers(info: dict, served_by: str) -> list[tuple[str, str]]:

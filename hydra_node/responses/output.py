@@ -12,6 +12,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from hydra_node.api.chat import served_by_field
 from hydra_node.responses.request import ResponsesCall
 from hydra_node.inference import ChatMessage, TokenLogprob, ToolCall
 
@@ -134,8 +135,10 @@ def response_body(
     usage: dict | None = None,
     incomplete: dict | None = None,
     error: dict | None = None,
+    served_by: Sequence[str] = (),
 ) -> dict:
-    """The ``response`` object (also what stream events carry, with status in_progress/failed)."""
+    """The ``response`` object (also what stream events carry, with status in_progress/failed);
+    ``served_by``: every host that served a part, named as ``hydra_served_by`` when more than one did."""
     body = {
         "id": resp_id,
         "object": "response",
@@ -146,6 +149,7 @@ def response_body(
         "model": call.model,
         "output": output,
         "usage": usage,
+        **served_by_field(served_by),
     }
     body.update(call.response_fields())
     return body

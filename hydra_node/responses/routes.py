@@ -146,7 +146,14 @@ class ResponsesApi:
                 item["status"] = "incomplete"
         status, incomplete = response_status(out.finish_reason)
         body = response_body(
-            call, resp_id, created, status=status, output=output, usage=usage_body(out.usage), incomplete=incomplete
+            call,
+            resp_id,
+            created,
+            status=status,
+            output=output,
+            usage=usage_body(out.usage),
+            incomplete=incomplete,
+            served_by=out.served_by_all,  # more than one host after a continuation (docs/responses.md)
         )
         self._remember(call, body)
         return Response.json(200, body, headers)

@@ -225,9 +225,10 @@ class ResponseEventStream:
         self.output.append(item)
         return events + [self._event("response.output_item.done", output_index=idx, item=item)]
 
-    def finish(self, finish_reason: str, usage: dict) -> list[dict]:
+    def finish(self, finish_reason: str, usage: dict, served_by: Sequence[str] = ()) -> list[dict]:
         """The last events: the open message closed (an empty one if nothing was output), then
-        ``response.completed`` (with status ``completed`` or ``incomplete``)."""
+        ``response.completed`` (with status ``completed`` or ``incomplete``; ``served_by``: every
+        host that served a part, as the response's ``hydra_served_by`` when more than one did)."""
         if self.done:
             return []
         status, incomplete = response_status(finish_reason)
@@ -236,7 +237,7 @@ class ResponseEventStream:
             events += self._open_message()
             self._text, self._held = [self._held], ""
         events += self._close_message("incomplete" if incomplete else "completed")
-        self.final = self._response(status, usage=usage_body(usage), incomplete=incomplete)
+        self.final = self._response(status, usage=usage_body(usage), incomplete=incomplete, served_by=served_by)
         return events + [self._event("response.completed", response=self.final)]
 
     def fail(self, message: str, status: int = 500) -> list[dict]:
@@ -274,7 +275,7 @@ class ResponseStreamFormatter:
         return [sse(e) for e in self.builder.tool_call(call)]
 
     def finish(self, k: int, done: ChatDone) -> Chunks:
-        events = self.builder.finish(done.finish_reason, done.usage)
+        events = self.builder.finish(done.finish_reason, done.usage, done.served_by_all)
         assert self.builder.final is not None  # (finished)
         self.finished(self.builder.final)
         return [sse(e) for e in events]

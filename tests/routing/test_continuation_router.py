@@ -354,3 +354,180 @@ async def test_a_request_too_large_for_a_stream_header_is_a_clean_413_and_never_
     with pytest.raises(GenerationError) as info:
         await run(router)
     assert info.value.code == "peer_lost"  # the failure the client sees is the host's, not the 413
+
+
+# ---- the other APIs: /v1/responses and /v1/messages name every host too (docs/api.md) ------------
+async def post_to(port: int, path: str, body: dict) -> tuple[str, bytes]:
+    """POST ``body`` to ``path``; the head and the body (the connection closes after)."""
+    s = await trio.open_tcp_stream("127.0.0.1", port)
+    raw = json.dumps(body).encode()
+    await s.send_all(
+        b"POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" % path.encode()
+        + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(raw)
+        + raw
+    )
+    buf = bytearray()
+    while chunk := await s.receive_some(65536):
+        buf += chunk
+    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+    return head.decode().lower(), rest
+
+
+def sse_events(rest: bytes) -> list[dict]:
+    return [json.loads(line[6:]) for line in unchunk(rest).decode().splitlines() if line.startswith("data: {")]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_responses_api_answers_once_and_names_every_host(stream):
+    from hydra_node.responses.routes import ResponsesApi
+
+    a, b = Host(name=A, fail_after=5), Host(name=B)
+    router, _ = router_of((A, a, "i1"), (B, b, "i1"))
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": N, "temperature": 0, "stream": stream}
+    async with serving(ResponsesApi(router)) as server:
+        head, rest = await post_to(server.port, "/v1/responses", body)
+    assert head.startswith("http/1.1 200")
+    if not stream:
+        answer = json.loads(rest)
+        assert answer["output"][0]["content"][0]["text"] == REFERENCE
+        assert answer["usage"]["output_tokens"] == N and answer["usage"]["input_tokens"] == 1
+        assert answer["hydra_served_by"] == [A, B]
+        return
+    events = sse_events(rest)
+    assert not [e for e in events if e["type"] in ("error", "response.failed")]
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == REFERENCE
+    (done,) = [e for e in events if e["type"] == "response.completed"]
+    assert done["response"]["hydra_served_by"] == [A, B] and done["response"]["usage"]["output_tokens"] == N
+    assert "hydra_served_by" not in events[0]["response"]  # not known before the end
+
+
+async def test_a_response_served_by_one_host_has_no_served_by_list():
+    from hydra_node.responses.routes import ResponsesApi
+
+    router, _ = router_of((A, Host(name=A), "i1"), (B, Host(name=B), "i1"))
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": N, "temperature": 0}
+    async with serving(ResponsesApi(router)) as server:
+        _, rest = await post_to(server.port, "/v1/responses", body)
+    assert "hydra_served_by" not in json.loads(rest)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_messages_api_answers_once_and_names_every_host(stream):
+    from hydra_node.anthropic.routes import MessagesApi
+
+    a, b = Host(name=A, fail_after=5), Host(name=B)
+    router, _ = router_of((A, a, "i1"), (B, b, "i1"))
+    body = {
+        "model": MODEL,
+        "max_tokens": N,
+        "messages": [{"role": "user", "content": "hi"}],
+        "temperature": 0,
+        "stream": stream,
+    }
+    async with serving(MessagesApi(router)) as server:
+        head, rest = await post_to(server.port, "/v1/messages", body)
+    assert head.startswith("http/1.1 200")
+    if not stream:
+        answer = json.loads(rest)
+        assert answer["content"] == [{"type": "text", "text": REFERENCE}]
+        assert answer["usage"]["output_tokens"] == N and answer["usage"]["input_tokens"] == 1
+        assert answer["hydra_served_by"] == [A, B]
+        return
+    events = sse_events(rest)
+    assert not [e for e in events if e["type"] == "error"]
+    assert "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta") == REFERENCE
+    (delta,) = [e for e in events if e["type"] == "message_delta"]
+    assert delta["hydra_served_by"] == [A, B] and delta["usage"]["output_tokens"] == N
+    assert events[-1]["type"] == "message_stop"
+
+
+# ---- n > 1: each choice is its own routed generation and continues on its own ---------------------
+@dataclass
+class FirstStreamFails(Host):
+    """Fails its first stream after ``fail_after`` deltas; later streams run to the end."""
+
+    @asynccontextmanager
+    async def _open(self, req: GenerationRequest):
+        fail_after = self.fail_after if len(self.got) == 1 else None
+
+        async def events():
+            start = len(req.resume_tokens)
+            for n, i in enumerate(range(start, N)):
+                if n == fail_after:
+                    raise self.fail()  # type: ignore[operator]
+                await trio.sleep(0.01)
+                yield TextDelta(chr(ord("a") + i), tokens=(i,))
+            yield Finished("length", prompt_tokens=1, completion_tokens=N - start, served_by=self.name)
+
+        yield events()
+
+
+async def test_with_n_2_a_choice_whose_host_dies_continues_and_the_other_is_untouched():
+    a, b = FirstStreamFails(name=A, fail_after=5), Host(name=B)
+    router, _ = router_of((A, a, "i1"), (B, b, "i1"))
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": N,
+        "temperature": 0,
+        "n": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with serving(OpenAIApi(router)) as server:
+        head, rest = await post_to(server.port, "/v1/chat/completions", body)
+    assert head.startswith("http/1.1 200")
+    events = sse_events(rest)
+    assert not [e for e in events if "error" in e]
+    for k in (0, 1):
+        text = "".join(c["delta"].get("content") or "" for e in events for c in e["choices"] if c["index"] == k)
+        assert text == REFERENCE  # both choices whole: nothing duplicated, nothing lost
+    finishes = {e["choices"][0]["index"]: e for e in events if e["choices"] and e["choices"][0]["finish_reason"]}
+    assert sorted(finishes) == [0, 1]
+    # each choice's own hosts: the one cut on A went on on B; the other never left its host
+    (resumed,) = [r for r in b.got if r.resume_tokens]
+    assert resumed.resume_tokens == (0, 1, 2, 3, 4)
+    assert (len(a.got), len(b.got)) == (2, 1)  # both choices started on A (the nearer); one went on on B
+    assert resumed.request_id == a.got[0].request_id  # A's first stream, the one cut, went on on B
+    cut = 1 if resumed.request_id.endswith("-1") else 0  # (choice k > 0 has request id "<id>-k")
+    assert finishes[cut]["hydra_served_by"] == [A, B]
+    assert "hydra_served_by" not in finishes[1 - cut]  # the other choice: served by A alone
+    assert events[-1]["usage"]["completion_tokens"] == 2 * N
+    assert router.statistics().continuations == 1
+
+
+# ---- MoA: each member's generation goes through Router.generate, so it continues too ---------------
+async def test_a_moa_member_whose_host_dies_continues_and_the_mixture_answers(autojump_clock):
+    from hydra_node.inference import ChatMessage
+    from hydra_node.moa.answers import MoaApi
+    from hydra_node.moa.config import MESH_MODEL, MoaSettings
+    from hydra_node.moa.mixture import MixtureOfAgents
+
+    a, b, c = Host(name=A, fail_after=5), Host(name=B), Host(name=C)
+    router = Router("me", max_continuations=2)
+    router.add_source(
+        Source(
+            [
+                RouteTarget(MODEL, A, False, a.open, rtt_ms=0.0, identity="i1"),
+                RouteTarget(MODEL, B, False, b.open, rtt_ms=1.0, identity="i1"),
+                RouteTarget("m2", C, False, c.open, rtt_ms=0.0, identity="i2"),
+            ]
+        )
+    )
+    api = MoaApi(MixtureOfAgents(router, MoaSettings(members=(MODEL, "m2")), own_node="me"))
+    req = GenerationRequest(
+        model=MESH_MODEL,
+        kind="chat",
+        messages=(ChatMessage("user", "hi"),),
+        max_tokens=N,
+        temperature=0.0,
+        request_id="r",
+    )
+    out, info, _ = await api.answer(req)
+    assert [m["status"] for m in info["members"]] == ["ok", "ok"] and info["majority"]
+    (member,) = [m for m in info["members"] if m["model"] == MODEL]
+    assert member["served_by"] == B  # the host that finished that member's answer
+    assert member["usage"]["completion_tokens"] == N  # every part counted once
+    assert out.content == REFERENCE and out.usage["completion_tokens"] == 2 * N
+    assert b.got[0].resume_tokens == (0, 1, 2, 3, 4)  # continued from the tokens A had generated
+    assert router.statistics().continuations == 1
