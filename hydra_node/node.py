@@ -537,8 +537,10 @@ class Node:
         with trio.move_on_after(HANDOVER_CLOSE_S):  # runners told, peers' error events sent
             await self.handover.wait_local_idle()
             await self.handover.wait_peers_answered()
-        with trio.move_on_after(HANDOVER_STREAMS_WAIT_S):
+        with trio.move_on_after(HANDOVER_STREAMS_WAIT_S):  # continued on peers: to their last byte
             await self.handover.wait_routed_idle()
+            if self.api_server is not None:
+                await self.api_server.wait_streams_done()
 
     async def _materialise_placed(self) -> list[str]:
         """Materialise every ``placement:NAME`` model from the cache or the namespaces; when one is in

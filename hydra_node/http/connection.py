@@ -42,9 +42,12 @@ class Server(Protocol):
     limits: HttpLimits
     draining: bool
     _idle: set[trio.CancelScope]
-    _streams: set[trio.CancelScope]
 
     def refused(self, client: str, head: Request | None, status: int, code: str) -> None: ...
+
+    def stream_started(self, scope: trio.CancelScope) -> None: ...
+
+    def stream_ended(self, scope: trio.CancelScope) -> None: ...
 
 
 class Connection:
@@ -383,14 +386,14 @@ class Connection:
             )
         )
         with trio.CancelScope() as scope:
-            self.server._streams.add(scope)
+            self.server.stream_started(scope)
             try:
                 if self.server.draining:
                     scope.cancel()
                 async for chunk in resp.body:
                     await self._send(h11.Data(data=chunk))
             finally:
-                self.server._streams.discard(scope)
+                self.server.stream_ended(scope)
                 await resp.close()
         if scope.cancelled_caught and resp.on_interrupt is not None:
             await self._send(h11.Data(data=resp.on_interrupt("the node is shutting down")))

@@ -73,7 +73,9 @@ class HttpServer:
         self.refusals: dict[int, int] = {}  # status → count of requests refused before their handler
         self._refusal_log = RateLimitedLog()
         self._idle: set[trio.CancelScope] = set()
-        self._streams: set[trio.CancelScope] = set()
+        self._streams: set[trio.CancelScope] = set()  # response bodies being streamed
+        self._no_streams = trio.Event()
+        self._no_streams.set()
         self._listener_scope: trio.CancelScope | None = None
         self._bound: list[trio.SocketListener] | None = None  # bind() before run(): served by run()
         self._active = 0
@@ -135,6 +137,22 @@ class HttpServer:
                 head.path if head else "-",
                 f" suppressed={suppressed}" if suppressed else "",
             )
+
+    def stream_started(self, scope: trio.CancelScope) -> None:
+        """A response body starts streaming under ``scope`` (what :meth:`drain` interrupts)."""
+        self._streams.add(scope)
+        if len(self._streams) == 1:
+            self._no_streams = trio.Event()
+
+    def stream_ended(self, scope: trio.CancelScope) -> None:
+        self._streams.discard(scope)
+        if not self._streams:
+            self._no_streams.set()
+
+    async def wait_streams_done(self) -> None:
+        """Until no response body is streaming: a stop lets the streams it handed over to other
+        hosts write their last bytes before :meth:`drain` interrupts what is left (bound it)."""
+        await self._no_streams.wait()
 
     def _enter(self) -> None:
         self._active += 1

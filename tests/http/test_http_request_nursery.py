@@ -171,3 +171,19 @@ def _ancestors(task: trio.lowlevel.Task) -> list[trio.lowlevel.Task]:
         out.append(nursery.parent_task)
         nursery = nursery.parent_task.parent_nursery
     return out
+
+
+async def test_wait_streams_done_returns_once_the_last_body_has_ended():
+    """What a stop waits on before its drain interrupts what is left (node.py ``_hand_over``)."""
+    probe = Probe()
+    async with serving(probe) as server:
+        with trio.fail_after(WAIT_S):
+            await server.wait_streams_done()  # none open
+        s, buf = await _open(server, "/endless")
+        await _until(s, buf, b"data: 0\n\n")
+        with trio.move_on_after(10 * TICK_S) as waiting:
+            await server.wait_streams_done()
+        assert waiting.cancelled_caught  # a body is streaming
+        await s.aclose()  # the client goes: the body ends
+        with trio.fail_after(WAIT_S):
+            await server.wait_streams_done()

@@ -14,13 +14,14 @@ import signal
 import threading
 
 import pytest
-from harness import NodeProcess
-from waiting import poll_until
+from continuation_mesh import (
+    CUT_AFTER_CHUNKS,
+    assert_one_uninterrupted_answer,
+    stream_chat,
+    two_hosts_and_a_front,
+    wait_hosts_seen,
+)
 
-from test_continuation_live import MODEL, reference_finish, stream_chat, text_of
-
-MESH_TIMEOUT_S = 90.0
-CUT_AFTER_CHUNKS = 10
 #: Bound on a stopped node's exit: its grace, the hand-over, the API drain and leaving the mesh.
 EXIT_TIMEOUT_S = 30.0
 HANDED_OVER = "is stopping and handed its generation over"  # the draining error's message
@@ -28,38 +29,7 @@ HANDED_OVER = "is stopping and handed its generation over"  # the draining error
 
 @pytest.fixture
 def mesh(tmp_path):
-    cfg = tmp_path / "hydra.toml"
-    cfg.write_text("[runner]\ninject_token_delay_ms = 60\n[node]\nhandover_grace_s = 0.5\n")
-    common = ("--config", str(cfg), "--no-rpc-worker")
-    a = NodeProcess(tmp_path / "a", *common, "--name", "a")
-    c = NodeProcess(tmp_path / "c", *common, "--name", "c")
-    b = NodeProcess(tmp_path / "b", *common, "--no-model", "--name", "b")
-    try:
-        a.start()
-        c.args += ["--join", a.invite()]
-        b.args += ["--join", a.invite()]
-        c.start(wait=False)
-        b.start()
-        c.wait_ready()
-        ids = {n: p.status()["node_id"] for n, p in (("a", a), ("b", b), ("c", c))}
-        wait_hosts_seen(b, [ids["a"], ids["c"]])
-        for host in (a, c):  # each hashed its model file (its identity, announced: routing/identity.py)
-            poll_until(lambda host=host: "event=model_identity" in host.log(), timeout_s=60, what="model identity")
-        yield {"a": a, "b": b, "c": c, "ids": ids}
-    finally:
-        for p in (a, b, c):
-            p.kill_all()
-
-
-def wait_hosts_seen(viewer: NodeProcess, hosts: list[str]) -> None:
-    viewer.wait_status(
-        lambda st: (
-            sum(1 for p in st["peers"] if p["id"] in hosts and p["state"] == "alive" and MODEL in p["models"])
-            == len(hosts)
-        ),
-        timeout=MESH_TIMEOUT_S,
-        what="the hosts' model seen",
-    )
+    yield from two_hosts_and_a_front(tmp_path, "[runner]\ninject_token_delay_ms = 60\n[node]\nhandover_grace_s = 0.5\n")
 
 
 def stream_and_stop(port: int, stop_host) -> tuple[list[dict], list[str]]:
@@ -79,16 +49,6 @@ def stream_and_stop(port: int, stop_host) -> tuple[list[dict], list[str]]:
         t.join(EXIT_TIMEOUT_S + 5)
     assert stopped, "the stream ended before its host could be stopped"
     return events, stopped
-
-
-def assert_one_uninterrupted_answer(events: list[dict], reference: list[dict], hosts: list[str]) -> None:
-    assert not [e for e in events if "error" in e], events
-    assert text_of(events) == text_of(reference)  # greedy: identical to the uninterrupted run
-    finishes = [c["finish_reason"] for e in events for c in e.get("choices", []) if c.get("finish_reason")]
-    assert finishes == [reference_finish(reference)]
-    assert events[-1]["usage"]["completion_tokens"] == reference[-1]["usage"]["completion_tokens"]
-    (fin,) = [e for e in events if e.get("choices") and e["choices"][0].get("finish_reason")]
-    assert fin["hydra_served_by"] == hosts
 
 
 def test_a_stopped_host_hands_its_streams_over_in_a_rolling_restart(mesh):
@@ -113,12 +73,7 @@ def test_a_stopped_host_hands_its_streams_over_in_a_rolling_restart(mesh):
     host_x, host_y = by_id[x], by_id[y]
     host_x.args = _without_join(host_x.args) + ["--join", host_y.invite()]
     host_x.start()
-    wait_hosts_seen(host_y, [x])
-    host_y.wait_status(  # Y can continue on X only once X's model identity has reached it
-        lambda st: any(p["id"] == x and MODEL in p.get("model_idents", {}) for p in st["peers"]),
-        timeout=MESH_TIMEOUT_S,
-        what="X's model identity seen by Y",
-    )
+    wait_hosts_seen(host_y, [x])  # with its model identity: Y can continue on X
 
     # 2. Y's own client: Y's router continues it on X and keeps the client's stream open until done
     events, stopped = stream_and_stop(host_y.api_port, stop)
