@@ -45,7 +45,7 @@ class LocalRunners:
             and self.hosted_elsewhere is not None
             and self.hosted_elsewhere(r.model.id)
         ):
-            return TargetState.of(ANNOUNCED_STATE)  # not routed to (TargetState has no member for it)
+            return TargetState.of(ANNOUNCED_STATE)  # STOPPING: listed, not routed to
         return TargetState.of(r.state)
 
     def targets(self) -> list[RouteTarget]:

@@ -29,7 +29,8 @@ class TargetState(enum.StrEnum):
 
     The runner states (:class:`hydra_node.runtime.runner.records.RunnerState`, same values: a local
     restarting runner is listed as loading, a peer announces its own), ``suspect`` for a peer that
-    is not alive, and ``unknown`` for a state a peer announced that this version does not know
+    is not alive, ``stopping`` for a host handing its generations over before it stops, and
+    ``unknown`` for a state a peer announced that this version does not know
     (:meth:`of`: a newer peer's state never breaks routing, it is just not routed to)."""
 
     STARTING = "starting"
@@ -39,6 +40,7 @@ class TargetState(enum.StrEnum):
     RESTARTING = "restarting"
     FAILED = "failed"
     STOPPED = "stopped"
+    STOPPING = "stopping"  # its node is stopping and hands its generations over (routing/handover.py)
     SUSPECT = "suspect"
     UNKNOWN = "unknown"
 

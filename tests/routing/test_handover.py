@@ -228,6 +228,6 @@ def test_a_stopping_node_lists_its_runner_as_not_ready_only_while_a_peer_hosts_t
     local = LocalRunners(ME, {runner.model.id: runner}, handover=h, hosted_elsewhere=lambda m: elsewhere["yes"])
     assert [t.state for t in local.targets()] == [TargetState.READY]
     h.stop_admitting()
-    assert [t.state for t in local.targets()] == [TargetState.UNKNOWN]  # "stopping": the router goes elsewhere
+    assert [t.state for t in local.targets()] == [TargetState.STOPPING]  # listed, the router goes elsewhere
     elsewhere["yes"] = False
     assert [t.state for t in local.targets()] == [TargetState.READY]  # hosted nowhere else: served here

@@ -136,6 +136,7 @@ def test_target_states_cover_the_runner_states_and_unknown_ones_are_safe():
     for s in RunnerState:
         assert TargetState.of(s) == s.value and TargetState.of(s.value) is TargetState(s.value)
     assert TargetState.of("draining") is TargetState.UNKNOWN  # a newer peer's state
+    assert TargetState.of("stopping") is TargetState.STOPPING  # a host handing over (routing/handover.py)
     assert TargetState.READY == "ready" and str(TargetState.SUSPECT) == "suspect"
 
 
