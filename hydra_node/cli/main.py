@@ -413,21 +413,15 @@ def cmd_serve(args) -> int:
     if (cfg := prepare_models(cfg, os.environ)) is None:  # --model NAME|URL: downloaded first (docs/models.md)
         return EXIT_FAILED
     setup_logging(cfg.log_format, args.log_level, cfg.home / "logs" / "node.log")
+    # what a start can fail with that is the operator's to fix: one line each, exit 1
+    start_failures = (ListenError, ModelNotFound, InvalidModelId, NodeAlreadyRunning, IdentityError, RunnerLoadError)
     try:
         check_rpc_support()
         trio.run(serve, cfg, print_start_banner)
     except (MeshError, JoinFailed) as exc:
         print(f"hydra-node: {_mesh_failure(exc)}", file=sys.stderr)
         return EXIT_FAILED
-    except (
-        ListenError,
-        ModelNotFound,
-        InvalidModelId,
-        NodeAlreadyRunning,
-        IdentityError,
-        RunnerLoadError,
-        RuntimeError,
-    ) as exc:
+    except (*start_failures, RuntimeError) as exc:
         print(f"hydra-node: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as exc:
@@ -438,17 +432,7 @@ def cmd_serve(args) -> int:
         leaves = exception_leaves(eg)
         if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
             return 130
-        expected = (
-            MeshError,
-            JoinFailed,
-            ListenError,
-            ModelNotFound,
-            InvalidModelId,
-            NodeAlreadyRunning,
-            IdentityError,
-            RunnerLoadError,
-            OSError,
-        )
+        expected = (MeshError, JoinFailed, *start_failures, OSError)
         if not all(isinstance(leaf, expected) for leaf in leaves):
             raise
         for leaf in leaves:
