@@ -194,19 +194,6 @@ class ContinuedEvents:
         return min(times) if times else None
 
 
-def _without_join(args: list[str]) -> list[str]:
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg == "--join":
-            skip = True
-        else:
-            out.append(arg)
-    return out
-
-
 def wait_hosts_seen(api: NodeProcess, host_ids: list[str], model: str) -> None:
     """Until ``api`` sees every host alive with ``model`` and its model identity (a continuation
     target needs one)."""
@@ -383,7 +370,7 @@ def main() -> None:
             # restart the victim: rejoin with an invite from a live host
             node = ids[victim]
             live = next(h for i, h in ids.items() if i != victim)
-            node.args = _without_join(node.args) + ["--join", live.invite()]
+            node.join_with(live.invite())
             node.start()
             wait_hosts_seen(api, list(ids), MODEL)
 

@@ -106,6 +106,20 @@ class NodeProcess:
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}; last status: {last[0] if last else None}") from None
 
+    def join_with(self, token: str) -> "NodeProcess":
+        """Join with ``token`` at the next :meth:`start` (a restarted node rejoining through another
+        member: the ``--join`` it had is replaced)."""
+        args, skip = [], False
+        for arg in self.args:
+            if skip:
+                skip = False
+            elif arg == "--join":
+                skip = True
+            else:
+                args.append(arg)
+        self.args = [*args, "--join", token]
+        return self
+
     def invite(self, ttl_s: float = 3600) -> str:
         code, body = request("POST", self.console_port, "/api/invite", {"ttl_s": ttl_s})
         assert code == 200, body

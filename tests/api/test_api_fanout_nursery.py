@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 import pytest
 import trio
 
+from api_serving import serving
 from hydra_node.anthropic.routes import MessagesApi
-from hydra_node.api.errors import ApiError
-from hydra_node.http.server import HttpServer, Request
 from hydra_node.inference import GenerationError, TextDelta
 from hydra_node.openai.routes import OpenAIApi
 from hydra_node.responses.routes import ResponsesApi
@@ -103,21 +102,6 @@ def no_system_tasks(monkeypatch):
 
     monkeypatch.setattr(trio.lowlevel, "spawn_system_task", refuse)
     return spawned
-
-
-@asynccontextmanager
-async def serving(api):
-    async def handler(request: Request):
-        try:
-            return await api.handle(request)
-        except ApiError as exc:
-            return exc.response()
-
-    server = HttpServer(handler, "127.0.0.1", 0, "test")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.run)
-        yield server
-        nursery.cancel_scope.cancel()
 
 
 async def _post(port: int, path: str, body: dict) -> tuple[trio.SocketStream, bytearray]:

@@ -12,8 +12,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from hydra_node.api.errors import ApiError
-from hydra_node.http.server import HttpServer, Request
+from api_serving import serving
 from hydra_node.inference import ChatMessage, Finished, TextDelta
 from hydra_node.responses.routes import ResponsesApi
 from hydra_node.responses.store import ResponsesStore
@@ -90,21 +89,6 @@ class OneWordRouter:
             yield Finished("stop", 3, 1)
 
         yield events()
-
-
-@asynccontextmanager
-async def serving(api: ResponsesApi):
-    async def handler(request: Request):
-        try:
-            return await api.handle(request)
-        except ApiError as exc:
-            return exc.response()
-
-    server = HttpServer(handler, "127.0.0.1", 0, "test")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.run)
-        yield server
-        nursery.cancel_scope.cancel()
 
 
 async def _call(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:

@@ -13,8 +13,7 @@ import json
 import pytest
 import trio
 
-from hydra_node.api.errors import ApiError
-from hydra_node.http.server import HttpServer, Request
+from api_serving import serving
 from hydra_node.openai.routes import OpenAIApi
 
 from hydra_node.inference import Finished, GenerationError, GenerationRequest, TextDelta
@@ -258,21 +257,6 @@ async def test_a_host_that_sends_no_token_ids_is_never_continued(autojump_clock)
     with pytest.raises(GenerationError):
         await run(router)
     assert b.got == [] and router.statistics().continuation_failures == 1
-
-
-@asynccontextmanager
-async def serving(api):
-    async def handler(request: Request):
-        try:
-            return await api.handle(request)
-        except ApiError as exc:
-            return exc.response()
-
-    server = HttpServer(handler, "127.0.0.1", 0, "test")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.run)
-        yield server
-        nursery.cancel_scope.cancel()
 
 
 async def post(port: int, body: dict) -> tuple[str, bytes]:

@@ -12,14 +12,11 @@ from pathlib import Path
 
 import pytest
 import trio
-from nacl.signing import SigningKey
 from waiting import wait_until
 
+from inproc_mesh import mesh_member
 from hydra_node.inference import Finished, GenerationError, GenerationRequest, TextDelta
-from hydra_node.mesh.announcer import AnnouncementContent
 from hydra_node.mesh.joining import JoinPlan
-from hydra_node.mesh.membership import ModelEntry
-from hydra_node.mesh.service import MeshService, MeshSettings
 from hydra_node.routing.handover import Draining, Handover, HandoverPhase, HandoverRouter
 from hydra_node.routing.remote import RemoteGeneration
 from hydra_node.routing.router import RouteTarget
@@ -161,14 +158,7 @@ async def test_the_nodes_router_continues_its_own_clients_stream_on_a_peer(autoj
 
 
 def mesh_node(home: Path, name: str, models: tuple[str, ...], local_open, handover: Handover | None = None):
-    content = AnnouncementContent(models=tuple(ModelEntry(m, "ready") for m in models))
-    mesh = MeshService(
-        signing_key=SigningKey.generate(),
-        state_dir=home / "mesh",
-        settings=MeshSettings(listen_host="127.0.0.1", listen_port=0),
-        announcement=lambda: content,
-        name=name,
-    )
+    mesh = mesh_member(home, name, models)
     remote = RemoteGeneration(mesh, node_id=mesh.node_id, local_open=local_open)
     if handover is None:
         mesh.handle_stream("generate", remote.serve)

@@ -71,7 +71,7 @@ def test_a_stopped_host_hands_its_streams_over_in_a_rolling_restart(mesh):
 
     # X restarts and rejoins (the rolling restart's next step)
     host_x, host_y = by_id[x], by_id[y]
-    host_x.args = _without_join(host_x.args) + ["--join", host_y.invite()]
+    host_x.join_with(host_y.invite())
     host_x.start()
     wait_hosts_seen(host_y, [x])  # with its model identity: Y can continue on X
 
@@ -80,16 +80,3 @@ def test_a_stopped_host_hands_its_streams_over_in_a_rolling_restart(mesh):
     assert stopped == [y]  # served by Y's own runner (local first)
     assert_one_uninterrupted_answer(events, reference, [y, x])
     assert codes[y] == 0
-
-
-def _without_join(args: list[str]) -> list[str]:
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg == "--join":
-            skip = True
-        else:
-            out.append(arg)
-    return out

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import trio
-from nacl.signing import SigningKey
 from waiting import wait_until
 
+from inproc_mesh import mesh_member
 from hydra_node.codec.framing import encode_message
 from hydra_node.inference import (
     EmbeddingRequest,
@@ -23,10 +23,7 @@ from hydra_node.inference import (
     RemoteError,
     vector_bytes,
 )
-from hydra_node.mesh.announcer import AnnouncementContent
 from hydra_node.mesh.joining import JoinPlan
-from hydra_node.mesh.membership import ModelEntry
-from hydra_node.mesh.service import MeshService, MeshSettings
 from hydra_node.routing.remote import RemoteGeneration
 from hydra_node.routing.remote_embed import RemoteEmbeddings
 from hydra_node.routing.router import Router, RouteTarget
@@ -51,14 +48,7 @@ async def host_model(req: EmbeddingRequest) -> EmbeddingResult:
 
 
 def mesh_node(home: Path, name: str, models: tuple[str, ...], local_embed):
-    content = AnnouncementContent(models=tuple(ModelEntry(m, "ready") for m in models))
-    mesh = MeshService(
-        signing_key=SigningKey.generate(),
-        state_dir=home / "mesh",
-        settings=MeshSettings(listen_host="127.0.0.1", listen_port=0),
-        announcement=lambda: content,
-        name=name,
-    )
+    mesh = mesh_member(home, name, models)
     embeddings = RemoteEmbeddings(mesh, node_id=mesh.node_id, local_embed=local_embed)
     remote = RemoteGeneration(
         mesh, node_id=mesh.node_id, local_open=lambda m: None, embed_remote=embeddings.embed_remote

@@ -9,15 +9,13 @@ from pathlib import Path
 
 import pytest
 import trio
-from nacl.signing import SigningKey
 
 from waiting import wait_until
 
+from inproc_mesh import mesh_member
 from hydra_node.inference import Finished, GenerationError, GenerationRequest, ModelUnavailable, TextDelta
-from hydra_node.mesh.announcer import AnnouncementContent
 from hydra_node.mesh.joining import JoinPlan
-from hydra_node.mesh.membership import ModelEntry
-from hydra_node.mesh.service import MeshService, MeshSettings
+from hydra_node.mesh.service import MeshService
 from hydra_node.routing.remote import RemoteGeneration
 
 JOIN_S = 20.0
@@ -41,14 +39,7 @@ async def failing_model(req: GenerationRequest):
 
 
 def node(home: Path, name: str, models: tuple[str, ...], local_open) -> tuple[MeshService, RemoteGeneration]:
-    content = AnnouncementContent(models=tuple(ModelEntry(m, "ready") for m in models))
-    mesh = MeshService(
-        signing_key=SigningKey.generate(),
-        state_dir=home / "mesh",
-        settings=MeshSettings(listen_host="127.0.0.1", listen_port=0),
-        announcement=lambda: content,
-        name=name,
-    )
+    mesh = mesh_member(home, name, models)
     remote = RemoteGeneration(mesh, node_id=mesh.node_id, local_open=local_open)
     mesh.handle_stream("generate", remote.serve)  # as the root does
     return mesh, remote

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import trio
-from nacl.signing import SigningKey
 
 from waiting import wait_until
 
+from inproc_mesh import mesh_member
 from hydra_node.inference import (
     ChatMessage,
     EventStreamDecoder,
@@ -27,12 +27,10 @@ from hydra_node.inference import (
     TextDelta,
     event_frame,
 )
-from hydra_node.mesh.announcer import AnnouncementContent
 from hydra_node.mesh.joining import JoinPlan
 from hydra_node.mesh.link.peer_link import PeerLink
 from hydra_node.mesh.link.stream import LinkStream
-from hydra_node.mesh.membership import ModelEntry
-from hydra_node.mesh.service import MeshService, MeshSettings
+from hydra_node.mesh.service import MeshService
 from hydra_node.mesh.wire import cbor
 from hydra_node.mesh.wire.constants import MAX_OPEN_HEADER_BYTES
 from hydra_node.routing.remote import RemoteGeneration, generate_header
@@ -62,14 +60,7 @@ def test_the_big_request_needs_a_body_and_the_small_one_keeps_its_header():
 
 
 def node(home: Path, name: str, models: tuple[str, ...], local_open, **kw: Any) -> tuple[MeshService, RemoteGeneration]:
-    content = AnnouncementContent(models=tuple(ModelEntry(m, "ready") for m in models))
-    mesh = MeshService(
-        signing_key=SigningKey.generate(),
-        state_dir=home / "mesh",
-        settings=MeshSettings(listen_host="127.0.0.1", listen_port=0),
-        announcement=lambda: content,
-        name=name,
-    )
+    mesh = mesh_member(home, name, models)
     remote = RemoteGeneration(mesh, node_id=mesh.node_id, local_open=local_open, **kw)
     mesh.handle_stream("generate", remote.serve)  # as the root does
     return mesh, remote
