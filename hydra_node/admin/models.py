@@ -1,7 +1,7 @@
 """Management route for models from mesh peers (on the console port, next to ``/api/status``):
 
 * ``POST /api/models/fetch`` ``{"model": NAME_OR_REF, "sha256"?: HEX}`` – fetch the model from a
-  peer that shares it into ``<home>/models`` (sha256-verified, against ``sha256`` when given, else the
+  peer that shares it into the node's one cache, ``<home>/placement/cache`` (sha256-verified, against ``sha256`` when given, else the
   catalogue's or the pinned digest, else the one the holder announces: recorded as vouched for by
   that peer; ``hydra models pull [--sha256 HEX]`` calls it before the internet):
   200 ``{"model", "path", "size_bytes", "sha256", "sha256_origin", "source"}`` (``source`` ``"cache"`` when it was

@@ -253,7 +253,10 @@ def _print_cache(c: dict) -> None:
     for a in c["artifacts"]:
         flags = ",".join(f for f, on in (("pinned", a["pinned"]), ("in-use", a["in_use"])) if on) or "-"
         left = "never" if a["expires_at"] is None else f"{max(0, a['expires_at'] - now):.0f} s"
-        print(f"  {a['kind']:17} {a['name']:32} {_size(a['size']):>9}  expires {left:>8}  {flags}  from {a['source']}")
+        named = f"  model {','.join(a['models'])}" if a.get("models") else ""
+        print(
+            f"  {a['kind']:17} {a['name']:32} {_size(a['size']):>9}  expires {left:>8}  {flags}  from {a['source']}{named}"
+        )
     for p in c["pins"]:
         print(f"  pin {p['kind'] or '*'}/{p['name']}")
 

@@ -197,8 +197,8 @@ def judge(f: MachineFacts) -> list[Check]:
             f"{f.disk_free_bytes / gb:.1f} GB free under {f.home}",
             ""
             if f.disk_free_bytes >= LOW_DISK_BYTES
-            else "free space or choose another --home (models are cached under <home>/models); "
-            "set [models].cache_limit_gb to bound the cache",
+            else "free space or choose another --home (models are cached under <home>/placement/cache); "
+            "set [placement].cache_capacity_gb to bound the cache",
         )
     )
     return out

@@ -12,6 +12,10 @@ used, and where it came from.  The rules:
 * **Pins** and **leases**: an entry that is pinned, or leased (in use: a hosted model, an import
   in progress), is never evicted nor expired.  A pin names ``(kind, name)`` or ``(None, name)``
   (every kind) and may precede the artifact: it applies when the artifact arrives.
+* **Models fetched by name** (``runtime/fetch/cache.py``): a verified model file is the
+  ``model_weights`` entry ``sha256:HEX`` (:func:`model_entry_name`) and :attr:`CacheIndex.models`
+  maps each model id to it (:class:`ModelAlias`). Such an entry competes for the capacity like any
+  other (``pull --keep`` is its pin), but never expires: a model is evicted only to make room.
 
 :class:`CacheIndex` round-trips through :meth:`to_json` / :meth:`from_json` (the I/O layer writes it
 atomically); a malformed index raises :class:`IndexCorrupt`.
@@ -23,7 +27,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-__all__ = ["INDEX_VERSION", "MAX_ENTRIES", "MAX_PINS", "CacheEntry", "CacheIndex", "CacheKey", "IndexCorrupt"]
+__all__ = [
+    "INDEX_VERSION",
+    "MAX_ENTRIES",
+    "MAX_PINS",
+    "MODEL_KIND",
+    "CacheEntry",
+    "CacheIndex",
+    "CacheKey",
+    "IndexCorrupt",
+    "ModelAlias",
+    "model_entry_name",
+]
 
 INDEX_VERSION = 1
 #: Most entries the index holds (it is read and written whole); past it the least recently used
@@ -33,6 +48,28 @@ MAX_ENTRIES = 4096
 MAX_PINS = 1024
 
 CacheKey = tuple[str, str]  # (kind, name)
+
+#: The kind of a model file fetched by name (and of placement's model artifacts).
+MODEL_KIND = "model_weights"
+
+
+def model_entry_name(sha256: str) -> str:
+    """The entry name of the model file whose sha256 is ``sha256`` (the name ``artifact_fetch`` offers it by)."""
+    return "sha256:" + sha256
+
+
+@dataclass(frozen=True)
+class ModelAlias:
+    """A model id of the model cache: the ``model_weights`` entry holding its file, who vouches for
+    the file's sha256 and where this id's bytes came from (``runtime/fetch/cache.py`` ``CachedModel``)."""
+
+    name: str
+    sha256_origin: str
+    source: str
+
+    @property
+    def key(self) -> CacheKey:
+        return (MODEL_KIND, self.name)
 
 
 class IndexCorrupt(ValueError):
@@ -66,6 +103,8 @@ class CacheIndex:
         self.entries: dict[CacheKey, CacheEntry] = {}
         self.pins: set[tuple[str | None, str]] = set()
         self.leases: dict[CacheKey, int] = {}
+        #: model id → the entry holding its file (several ids may share one file).
+        self.models: dict[str, ModelAlias] = {}
 
     # ---- reading -----------------------------------------------------------------------------
     def get(self, kind: str, name: str) -> CacheEntry | None:
@@ -80,33 +119,48 @@ class CacheIndex:
     def in_use(self, key: CacheKey) -> bool:
         return self.leases.get(key, 0) > 0
 
+    def model_keys(self) -> set[CacheKey]:
+        """The entries that hold a model fetched by name (some model id points at them)."""
+        return {a.key for a in self.models.values()}
+
     def protected(self, key: CacheKey) -> bool:
         """Pinned or in use: never evicted, never expired."""
         return self.pinned(key) or self.in_use(key)
 
     def expires_at(self, entry: CacheEntry) -> float | None:
-        """When ``entry`` expires if nobody uses it (None: never: no TTL, or pinned)."""
-        if not self.ttl_s or self.pinned(entry.key):
+        """When ``entry`` expires if nobody uses it (None: never: no TTL, pinned, or a model fetched by name)."""
+        if not self.ttl_s or self.pinned(entry.key) or entry.key in self.model_keys():
             return None
         return entry.last_used + self.ttl_s
 
     def expired(self, now: float) -> list[CacheKey]:
-        """Keys unused for longer than the TTL, neither pinned nor in use, oldest first."""
+        """Keys unused for longer than the TTL, neither pinned nor in use nor a model fetched by
+        name, oldest first."""
         if not self.ttl_s:
             return []
-        old = [e for e in self.entries.values() if now - e.last_used > self.ttl_s and not self.protected(e.key)]
+        models = self.model_keys()
+        old = [
+            e
+            for e in self.entries.values()
+            if now - e.last_used > self.ttl_s and not self.protected(e.key) and e.key not in models
+        ]
         return [e.key for e in sorted(old, key=lambda e: e.last_used)]
 
-    def plan_room(self, needed: int, *, replacing: CacheKey | None = None) -> list[CacheKey] | None:
-        """Keys to evict (least recently used first) so that ``needed`` more bytes fit under the
-        capacity and one more entry fits under :data:`MAX_ENTRIES`; ``replacing``: the key the new
-        bytes replace (its old size is freed).  None when that is impossible."""
+    def plan_room(
+        self, needed: int, *, replacing: CacheKey | None = None, protect: frozenset[CacheKey] = frozenset()
+    ) -> list[CacheKey] | None:
+        """Keys to evict (least recently used first, whatever their kind) so that ``needed`` more
+        bytes fit under the capacity and one more entry fits under :data:`MAX_ENTRIES`;
+        ``replacing``: the key the new bytes replace (its old size is freed); ``protect``: keys not
+        evicted this time (models in use by the caller).  None when that is impossible."""
         entries = [e for e in self.entries.values() if e.key != replacing]
         used = sum(e.size for e in entries)
         if self.capacity_bytes and needed > self.capacity_bytes:
             return None
         out: list[CacheKey] = []
-        candidates = sorted((e for e in entries if not self.protected(e.key)), key=lambda e: e.last_used)
+        candidates = sorted(
+            (e for e in entries if not self.protected(e.key) and e.key not in protect), key=lambda e: e.last_used
+        )
         count = len(entries)
         for e in candidates:
             fits = (not self.capacity_bytes or used + needed <= self.capacity_bytes) and count < MAX_ENTRIES
@@ -124,7 +178,9 @@ class CacheIndex:
         self.entries[entry.key] = entry
 
     def remove(self, key: CacheKey) -> CacheEntry | None:
-        """Forget ``key`` (the caller checks :meth:`protected` first where that matters)."""
+        """Forget ``key`` and the model ids pointing at it (the caller checks :meth:`protected`
+        first where that matters)."""
+        self.models = {mid: a for mid, a in self.models.items() if a.key != key}
         return self.entries.pop(key, None)
 
     def touch(self, key: CacheKey, now: float) -> None:
@@ -164,6 +220,8 @@ class CacheIndex:
             "version": INDEX_VERSION,
             "entries": [asdict(e) | {"manifest": dict(e.manifest)} for e in self.entries.values()],
             "pins": sorted([[k, n] for k, n in self.pins], key=lambda p: (p[1], p[0] or "")),
+            # a key a reader of the previous generation ignores (its save drops it, never a file)
+            "models": {mid: [a.name, a.sha256_origin, a.source] for mid, a in sorted(self.models.items())},
         }
 
     def load_json(self, data: Any) -> None:
@@ -207,7 +265,16 @@ class CacheIndex:
             ):
                 raise IndexCorrupt(f"bad pin {p!r}")
             parsed.add((p[0], p[1]))
-        self.entries, self.pins = loaded, parsed
+        models = data.get("models", {})
+        if not isinstance(models, dict) or len(models) > MAX_ENTRIES:
+            raise IndexCorrupt("models must be a bounded table")
+        aliases: dict[str, ModelAlias] = {}
+        for mid, a in models.items():
+            if not (isinstance(a, list) and len(a) == 3 and all(isinstance(x, str) for x in a)):
+                raise IndexCorrupt(f"bad model record {mid!r:.80}")
+            if (MODEL_KIND, a[0]) in loaded:  # one whose entry is gone is forgotten with it
+                aliases[mid] = ModelAlias(a[0], a[1], a[2])
+        self.entries, self.pins, self.models = loaded, parsed, aliases
 
     def keys(self) -> Iterable[CacheKey]:
         return list(self.entries)

@@ -2,8 +2,15 @@
 
 Layout::
 
-    HOME/placement/cache/index.json        the CacheIndex (entries with their signed manifests, pins)
+    HOME/placement/cache/index.json        the CacheIndex (entries with their manifests, pins, model ids)
     HOME/placement/cache/KIND/NAME/PATH    an artifact's files, exactly as its manifest lists them
+    HOME/placement/cache/.lock             held (flock) by every process while it reads or changes the index
+    HOME/placement/cache/.partial/         model downloads and peer transfers on their way in (runtime/fetch)
+
+The one cache of the node: placement's artifacts and the models fetched by name (``model_weights``
+``sha256:HEX``, ``runtime/fetch/cache.py``) share its index, capacity and eviction.  Several
+processes use it at once (the node, ``hydra-node models pull``): every method takes the lock and
+re-reads the index when another process rewrote it since (:meth:`LocalCache.holding`).
 
 A folder appears whole: stores materialise into it through a staging sibling and a rename
 (``store.StagedDirectory``), and the index is rewritten atomically after it.  At load, entries
@@ -14,6 +21,8 @@ worker thread.  The policy (LRU, TTL, pins, leases) is :mod:`.cache`'s.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import logging
@@ -35,12 +44,25 @@ from hydra_node.runtime.artifacts.errors import ArtifactError
 from hydra_node.runtime.artifacts.manifest import KINDS, Manifest
 from hydra_node.runtime.artifacts.store import fsync_dir
 
-__all__ = ["DISK_RESERVE_BYTES", "ArtifactHeld", "CacheFull", "DiskFull", "LocalCache", "manifest_of"]
+__all__ = [
+    "DISK_RESERVE_BYTES",
+    "ArtifactHeld",
+    "CacheFull",
+    "DiskFull",
+    "LocalCache",
+    "cache_root",
+    "manifest_of",
+]
 
 log = logging.getLogger("hydra.placement.cache")
 
 #: Largest index file read back (4096 entries with their manifests).
 MAX_INDEX_BYTES = 64 * 1024 * 1024
+
+
+def cache_root(home: Path) -> Path:
+    """The one cache of the node with home ``home``."""
+    return home / "placement" / "cache"
 
 
 class CacheFull(ArtifactError):
@@ -73,7 +95,7 @@ def _free_bytes(path: Path) -> int:
 def _locked(method):
     @functools.wraps(method)
     def locked(self, *args, **kwargs):
-        with self.lock:
+        with self.holding():
             return method(self, *args, **kwargs)
 
     return locked
@@ -96,6 +118,9 @@ class LocalCache:
         self.version = 0  # bumped at every change of entries (the announcement's cache key)
         #: Held by every method that reads or changes the index: they run in worker threads at once.
         self.lock = threading.RLock()
+        self._depth = 0  # holding() nesting in the thread that has the lock
+        self._lock_fd: int | None = None
+        self._disk: tuple[int, int, int] | None = None  # (inode, mtime ns, size) of the index we last read or wrote
 
     @property
     def location(self) -> str:
@@ -103,6 +128,54 @@ class LocalCache:
 
     def folder(self, kind: str, name: str) -> Path:
         return self.root / kind / name
+
+    # ---- the lock other processes see ---------------------------------------------------------
+    @contextlib.contextmanager
+    def holding(self):
+        """Hold the cache: this object's lock and the ``.lock`` file's ``flock`` (other processes
+        wait), with the index re-read when another process changed it since we last saw it."""
+        with self.lock:
+            if self._depth == 0:
+                self.root.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._lock_fd = fd
+            self._depth += 1
+            try:
+                if self._depth == 1:
+                    self._refresh()
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0 and self._lock_fd is not None:
+                    os.close(self._lock_fd)  # releases the flock
+                    self._lock_fd = None
+
+    def _stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = (self.root / "index.json").stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _refresh(self) -> None:
+        """Re-read the index another process rewrote (leases are ours: kept); a file that cannot be
+        read leaves what we hold (``load`` reports it)."""
+        stamp = self._stamp()
+        if stamp is None or stamp == self._disk:
+            return
+        try:
+            if stamp[2] > MAX_INDEX_BYTES:
+                raise IndexCorrupt("index file too large")
+            self.index.load_json(json.loads((self.root / "index.json").read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            return
+        self._disk = stamp
+        self.version += 1
 
     # ---- load and save -----------------------------------------------------------------------
     @_locked
@@ -119,7 +192,7 @@ class LocalCache:
             pass
         except (OSError, ValueError) as exc:
             notes.append(f"index unreadable ({exc}); starting empty")
-            self.index.entries, self.index.pins = {}, set()
+            self.index.entries, self.index.pins, self.index.models = {}, set(), {}
         for key in list(self.index.entries):
             if not self.folder(*key).is_dir():
                 self.index.remove(key)
@@ -149,12 +222,13 @@ class LocalCache:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_dir(self.root)
+        self._disk = self._stamp()
 
     # ---- using -------------------------------------------------------------------------------
     @_locked
     def lookup(self, kind: str, name: str, *, touch: bool = True) -> tuple[Manifest, Path] | None:
         entry = self.index.get(kind, name)
-        if entry is None:
+        if entry is None or entry.key in self.index.model_keys():  # a model fetched by name: ModelCache's
             return None
         folder = self.folder(kind, name)
         if not folder.is_dir():  # removed behind our back
@@ -180,13 +254,15 @@ class LocalCache:
         self.index.release(key)
 
     @_locked
-    def make_room(self, needed: int, replacing: CacheKey | None = None) -> list[CacheKey]:
+    def make_room(
+        self, needed: int, replacing: CacheKey | None = None, *, protect: frozenset[CacheKey] = frozenset()
+    ) -> list[CacheKey]:
         """Evict what :meth:`CacheIndex.plan_room` says; :class:`CacheFull` when it cannot, and
         :class:`DiskFull` (nothing evicted) when ``needed`` bytes exceed the disk's free space less
         :data:`DISK_RESERVE_BYTES`, counting what the evictions would free. ``replacing``: the
-        artifact the bytes are for (named in the errors)."""
+        artifact the bytes are for (named in the errors); ``protect``: entries in use by the caller."""
         what = f"{replacing[0]}/{replacing[1]} ({needed} bytes)" if replacing else f"{needed} bytes"
-        plan = self.index.plan_room(needed, replacing=replacing)
+        plan = self.index.plan_room(needed, replacing=replacing, protect=protect)
         if plan is None:
             cap = self.index.capacity_bytes
             raise CacheFull(
@@ -296,6 +372,8 @@ class LocalCache:
             "pinned": idx.pinned(e.key),
             "in_use": idx.in_use(e.key),
             "path": str(self.folder(e.kind, e.name)),
+            # the model ids naming this file (``hydra-node models``), for a model fetched by name
+            "models": sorted(mid for mid, a in idx.models.items() if a.key == e.key),
         }
 
 

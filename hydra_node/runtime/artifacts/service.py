@@ -34,6 +34,7 @@ from hydra_node.runtime.artifacts.errors import ArtifactError, InvalidRequest, S
 from hydra_node.runtime.artifacts.local_cache import (
     ArtifactHeld,
     LocalCache,
+    cache_root,
     manifest_of,
 )
 from hydra_node.runtime.artifacts.manifest import ArtifactFile, Manifest, signer
@@ -116,7 +117,7 @@ class PlacementService:
         self._new_id = new_id or (lambda now: f"op-{int(now * 1000):x}-{secrets.token_hex(4)}")
         self.namespaces = namespaces_of(settings)
         self.cache = LocalCache(
-            home / "placement" / "cache",
+            cache_root(home),
             capacity_bytes=int(settings.cache_capacity_gb * 1e9),
             ttl_s=float(settings.cache_ttl_secs),
             wall=wall,
@@ -517,8 +518,10 @@ class PlacementService:
         if self.peer_fetch is None or not self.ready:
             return {}
         if self._held is None or self._held[0] != self.cache.version:
-            with self.cache.lock:
-                recent = sorted(self.cache.index.entries.values(), key=lambda e: -e.last_used)[:MAX_ANNOUNCED_ARTIFACTS]
+            with self.cache.lock:  # the models fetched by name: announced by ModelShare, signed
+                models = self.cache.index.model_keys()
+                own = (e for e in self.cache.index.entries.values() if e.key not in models)
+                recent = sorted(own, key=lambda e: -e.last_used)[:MAX_ANNOUNCED_ARTIFACTS]
             recent.sort(key=lambda e: e.key)  # a use that does not change the set does not change the announcement
             self._held = (self.cache.version, held_artifacts_extra([manifest_of(e) for e in recent]))
         return self._held[1]

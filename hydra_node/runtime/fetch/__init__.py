@@ -1,4 +1,4 @@
-"""Models by name: the built-in catalogue, verified resumable downloads into ``<home>/models``, and
+"""Models by name: the built-in catalogue, verified resumable downloads into the node's one cache, and
 model transfers between mesh peers (docs/models.md)."""
 
 from hydra_node.runtime.fetch.cache import CachedModel, ModelCache

@@ -1,16 +1,20 @@
-"""The model cache under ``<home>/models``: verified files, partial downloads, an LRU index.
+"""Models fetched by name, in the node's one cache (``runtime/artifacts/local_cache.py``).
 
-Layout::
+Layout (under ``<home>/placement/cache``, beside placement's artifacts)::
 
-    <home>/models/index.json          one record per cached model (atomic rewrite)
-    <home>/models/<key>/<file>.gguf   a complete file whose sha256 was verified
-    <home>/models/.partial/<key>.part bytes received so far (kept only when the server takes ranges)
-    <home>/models/.partial/<key>.json where they came from (url, resumable, total)
+    index.json                              the one index: an entry per file, model id → entry
+    model_weights/sha256:<hex>/<file>.gguf  a complete file whose sha256 was verified
+    .partial/<key>.part                     bytes received so far (kept only when the source resumes)
+    .partial/<key>.json                     where they came from (url, resumable, total, durable)
 
-``key`` is the model id when it is a plain name, else ``m-`` and 16 hex digits of its sha256. A
-record's ``sha256`` is the catalogue's, or the digest of the first complete download (``pinned``);
-later downloads and peer transfers of that model must match it. Eviction (:func:`plan_eviction`)
-is pure: least recently used first, never a kept model, never one in use.
+A cached model is the ``model_weights`` entry ``sha256:HEX`` (the name ``artifact_fetch`` offers it
+by) plus, in the index's ``models`` table, each model id that names it and who vouches for its
+digest. ``key`` (partial files) is the model id when it is a plain name, else ``m-`` and 16 hex
+digits of its sha256. A record's ``sha256`` is the catalogue's, or the digest of the first complete
+download (``pinned``); later downloads and peer transfers of that model must match it. ``keep``
+(``pull --keep``) is the entry's pin; eviction is the cache's: least recently used first, whatever
+the kind, never a pinned entry, never one in use. The layout of the previous generation
+(``<home>/models``) is moved in by :mod:`.migrate`.
 """
 
 from __future__ import annotations
@@ -21,20 +25,17 @@ import hashlib
 import json
 import os
 import re
-import shutil
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hydra_node.runtime.artifacts.cache import MODEL_KIND, CacheEntry, ModelAlias, model_entry_name
+from hydra_node.runtime.artifacts.errors import ArtifactError
+from hydra_node.runtime.artifacts.local_cache import CacheFull, DiskFull, LocalCache
+from hydra_node.runtime.artifacts.manifest import ArtifactFile
 from hydra_node.runtime.fetch.errors import DiskError, DownloadError
 
-__all__ = ["CachedModel", "ModelCache", "PartialMeta", "TransferInProgress", "cache_key", "fsync_dir", "plan_eviction"]
-
-INDEX_VERSION = 1
-#: Most records the index holds (it is read whole by every command); more is a corrupt file.
-MAX_INDEX_RECORDS = 4096
-#: Largest index file accepted (64 KiB per ~200 records is ample).
-MAX_INDEX_BYTES = 4 * 1024 * 1024
+__all__ = ["CachedModel", "ModelCache", "PartialMeta", "TransferInProgress", "cache_key", "fsync_dir"]
 
 _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -59,7 +60,8 @@ class CachedModel:
     keep: bool = False
 
     def path(self, root: Path) -> Path:
-        return root / cache_key(self.model_id) / self.file
+        """Where the file is in the cache whose root is ``root``."""
+        return root / MODEL_KIND / model_entry_name(self.sha256) / self.file
 
 
 @dataclass(frozen=True)
@@ -72,24 +74,6 @@ class PartialMeta:
     durable: int = 0
     #: The digest the source stated for the whole file (the Hub's LFS sha256), when it did.
     sha256: str | None = None
-
-
-def plan_eviction(
-    records: Iterable[CachedModel], limit_bytes: int, needed_bytes: int, in_use: frozenset[str]
-) -> list[str] | None:
-    """Model ids to delete, least recently used first, so that ``needed_bytes`` more fit under
-    ``limit_bytes``; None when even deleting every evictable model is not enough."""
-    records = list(records)
-    used = sum(r.size_bytes for r in records)
-    if used + needed_bytes <= limit_bytes:
-        return []
-    out: list[str] = []
-    for r in sorted((r for r in records if not r.keep and r.model_id not in in_use), key=lambda r: r.last_used):
-        out.append(r.model_id)
-        used -= r.size_bytes
-        if used + needed_bytes <= limit_bytes:
-            return out
-    return None
 
 
 def fsync_dir(path: Path) -> None:
@@ -106,69 +90,96 @@ class TransferInProgress(DownloadError):
     code = "busy"
 
 
+#: The file name a model is stored under when its source's name is not one a manifest can carry.
+FALLBACK_FILE = "model.gguf"
+
+
 class ModelCache:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.partial_dir = root / ".partial"
+    """The models of the one cache: ``ModelCache(root)`` opens the cache at ``root`` (capacity
+    ``capacity_bytes``, 0: none), ``ModelCache(local_cache)`` shares the node's open one."""
+
+    def __init__(self, cache: LocalCache | Path, *, capacity_bytes: int | None = None) -> None:
+        if isinstance(cache, LocalCache):
+            if capacity_bytes is not None:
+                raise ValueError("capacity_bytes is the LocalCache's own; set it where that is built")
+            self.store = cache
+        else:
+            self.store = LocalCache(cache, capacity_bytes=capacity_bytes or 0)
+        self.root = self.store.root
+        self.partial_dir = self.root / ".partial"
+        #: The files the node is serving (set by the composition root to its hosted models' paths):
+        #: :meth:`make_room` never evicts the entry holding one, so a runner restart finds its file.
+        self.serving_paths: Callable[[], Iterable[Path]] = tuple
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The one capacity (``[placement] cache_capacity_gb``; 0: no limit)."""
+        return self.store.index.capacity_bytes
 
     # ---- index -------------------------------------------------------------------------
-    def records(self) -> dict[str, CachedModel]:
-        """model id → record, for records whose file is still there (a bad index reads as empty)."""
-        path = self.root / "index.json"
-        try:
-            if path.stat().st_size > MAX_INDEX_BYTES:
-                return {}
-            data = json.loads(path.read_text(encoding="utf-8"))
-            raw = data["models"] if data.get("version") == INDEX_VERSION else {}
-            out = {}
-            for model_id, rec in list(raw.items())[:MAX_INDEX_RECORDS]:
-                r = CachedModel(**rec)
-                if r.model_id == model_id and r.path(self.root).is_file():
-                    out[model_id] = r
-            return out
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            return {}
-
-    def _write_index(self, records: dict[str, CachedModel]) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        path = self.root / "index.json"
-        tmp = path.with_suffix(".tmp")
-        body = json.dumps(
-            {"version": INDEX_VERSION, "models": {k: asdict(v) for k, v in sorted(records.items())}}, indent=1
+    def _record(self, model_id: str, alias: ModelAlias) -> CachedModel | None:
+        idx = self.store.index
+        entry = idx.entries.get(alias.key)
+        files = entry.manifest.get("files") if entry is not None else None
+        if entry is None or not isinstance(files, list) or len(files) != 1:
+            return None
+        f = files[0]
+        if not isinstance(f, dict) or model_entry_name(str(f.get("sha256"))) != alias.name:
+            return None
+        return CachedModel(
+            model_id=model_id,
+            file=str(f["path"]),
+            sha256=str(f["sha256"]),
+            size_bytes=entry.size,
+            source=alias.source,
+            sha256_origin=alias.sha256_origin,
+            last_used=entry.last_used,
+            keep=idx.pinned(entry.key),
         )
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+
+    def records(self) -> dict[str, CachedModel]:
+        """model id → record, for records whose file is still there."""
+        with self.store.holding():
+            recs = ((mid, self._record(mid, a)) for mid, a in self.store.index.models.items())
+            return {mid: r for mid, r in recs if r is not None and r.path(self.root).is_file()}
 
     def lookup(self, model_id: str) -> CachedModel | None:
-        return self.records().get(model_id)
+        with self.store.holding():
+            alias = self.store.index.models.get(model_id)
+            rec = self._record(model_id, alias) if alias is not None else None
+            return rec if rec is not None and rec.path(self.root).is_file() else None
 
     def pinned_sha256(self, model_id: str) -> str | None:
         rec = self.lookup(model_id)
         return rec.sha256 if rec is not None else None
 
     def touch(self, model_id: str, now: float) -> None:
-        recs = self.records()
-        if model_id in recs:
-            recs[model_id] = replace(recs[model_id], last_used=now)
-            self._write_index(recs)
+        with self.store.holding():
+            alias = self.store.index.models.get(model_id)
+            if alias is not None:
+                self.store.index.touch(alias.key, now)
+                self.store.save()
 
     def set_keep(self, model_id: str, keep: bool) -> None:
-        recs = self.records()
-        if model_id in recs:
-            recs[model_id] = replace(recs[model_id], keep=keep)
-            self._write_index(recs)
+        """``pull --keep``: the file's entry is pinned (never evicted) or unpinned."""
+        with self.store.holding():
+            alias = self.store.index.models.get(model_id)
+            if alias is not None:
+                self.store.pin(alias.name, MODEL_KIND, keep)
 
     def by_sha256(self, digest: str) -> CachedModel | None:
-        for rec in self.records().values():
-            if rec.sha256 == digest:
-                return rec
-        return None
+        with self.store.holding():
+            name = model_entry_name(digest)
+            for mid, alias in sorted(self.store.index.models.items()):
+                if alias.name == name:
+                    rec = self._record(mid, alias)
+                    return rec if rec is not None and rec.path(self.root).is_file() else None
+            return None
 
     def used_bytes(self) -> int:
-        return sum(r.size_bytes for r in self.records().values())
+        """Bytes of the whole cache (models and placement's artifacts: one capacity)."""
+        with self.store.holding():
+            return self.store.index.used_bytes()
 
     # ---- partial downloads -------------------------------------------------------------
     def partial_path(self, model_id: str) -> Path:
@@ -225,65 +236,115 @@ class ModelCache:
         except OSError:
             return 0
 
-    # ---- commit, remove, make room -----------------------------------------------------
+    # ---- commit, adopt, remove, make room ----------------------------------------------
+    def _place(
+        self, model_id: str, staged: Path, file: str, sha256: str, size: int, source: str, origin: str, now: float
+    ) -> CachedModel:
+        """Move the complete, fsynced file ``staged`` into the entry ``sha256:HEX`` and point
+        ``model_id`` at it (holding the cache). The entry is saved before the rename: a crash
+        between leaves an entry whose folder is missing (forgotten at load) and ``staged`` where it
+        was, never a folder the index does not know (which ``LocalCache.load`` removes)."""
+        name = model_entry_name(sha256)
+        key = (MODEL_KIND, name)
+        with self.store.holding():
+            idx = self.store.index
+            old = idx.models.get(model_id)
+            here = self.by_sha256(sha256)
+            if here is not None and here.size_bytes == size:  # the same bytes are here already
+                staged.unlink(missing_ok=True)
+                idx.touch(key, now)
+                file = here.file
+            else:
+                if key in idx.entries:
+                    self.store.evict(key)  # a record without its file: replaced
+                try:
+                    ArtifactFile(file, size, sha256)
+                except ArtifactError:
+                    file = FALLBACK_FILE
+                manifest = {"kind": MODEL_KIND, "name": name, "files": [{"path": file, "sha256": sha256, "size": size}]}
+                idx.add(CacheEntry(MODEL_KIND, name, size, manifest, "", source, now, now))
+                idx.models[model_id] = ModelAlias(name, origin, source)
+                self.store.save()
+                folder = self.store.folder(*key)
+                folder.mkdir(parents=True, exist_ok=True)
+                os.replace(staged, folder / file)
+                fsync_dir(folder)
+            idx.models[model_id] = ModelAlias(name, origin, source)
+            if old is not None and old.key != key and not any(a.key == old.key for a in idx.models.values()):
+                self.store.evict(old.key)  # its last model id now names other bytes
+            self.store.save()
+            rec = self._record(model_id, idx.models[model_id])
+        assert rec is not None
+        return rec
+
     def commit(
         self, model_id: str, file: str, sha256: str, size: int, source: str, origin: str, now: float
     ) -> CachedModel:
         """Move the verified partial file into place (fsync, rename, fsync the folder), then record it."""
         part = self.partial_path(model_id)
-        dest_dir = self.root / cache_key(model_id)
         try:
             with open(part, "rb+") as f:
                 os.fsync(f.fileno())
-            dest_dir.mkdir(parents=True, exist_ok=True)
-            os.replace(part, dest_dir / file)
-            fsync_dir(dest_dir)
+            rec = self._place(model_id, part, file, sha256, size, source, origin, now)
         except OSError as exc:
-            raise DiskError(f"cannot store {model_id} in {dest_dir}: {exc.strerror or exc}") from None
+            raise DiskError(f"cannot store {model_id} in {self.root}: {exc.strerror or exc}") from None
         self.drop_partial(model_id)
-        old = self.lookup(model_id)
-        rec = CachedModel(
-            model_id=model_id,
-            file=file,
-            sha256=sha256,
-            size_bytes=size,
-            source=source,
-            sha256_origin=origin,
-            last_used=now,
-            keep=old.keep if old else False,
-        )
-        recs = self.records()
-        recs[model_id] = rec
-        self._write_index(recs)
         return rec
 
+    def adopt(
+        self,
+        model_id: str,
+        staged: Path,
+        *,
+        file: str,
+        sha256: str,
+        size: int,
+        source: str,
+        origin: str,
+        last_used: float,
+        keep: bool,
+    ) -> CachedModel:
+        """Take in a verified file of the previous layout (:mod:`.migrate`): ``staged`` is renamed into
+        the cache (it must be on the cache's file system), keeping its record's use time and keep."""
+        rec = self._place(model_id, staged, file, sha256, size, source, origin, last_used)
+        if keep:
+            self.set_keep(model_id, True)
+        return self.lookup(model_id) or rec
+
     def remove(self, model_id: str) -> bool:
-        """Delete a cached model and any partial download of it; False when there was neither."""
-        recs = self.records()
-        rec = recs.pop(model_id, None)
+        """Delete a cached model (its file too, when no other model id names it; and its keep) and
+        any partial download of it; False when there was neither."""
         had_partial = self.partial_path(model_id).exists()
         self.drop_partial(model_id)
-        if rec is not None:
-            shutil.rmtree(self.root / cache_key(model_id), ignore_errors=True)
-            self._write_index(recs)
-        return rec is not None or had_partial
+        with self.store.holding():
+            idx = self.store.index
+            alias = idx.models.pop(model_id, None)
+            if alias is None:
+                return had_partial
+            if not any(a.key == alias.key for a in idx.models.values()):
+                idx.unpin(MODEL_KIND, alias.name)
+                self.store.evict(alias.key)
+            self.store.save()
+            return True
 
-    def make_room(self, needed_bytes: int, limit_bytes: int | None, in_use: frozenset[str]) -> list[str]:
-        """Evict what :func:`plan_eviction` says and check the disk; :class:`DiskError` when it cannot fit."""
-        evicted: list[str] = []
-        if limit_bytes is not None:
-            plan = plan_eviction(self.records().values(), limit_bytes, needed_bytes, in_use)
-            if plan is None:
+    def make_room(self, needed_bytes: int, in_use: frozenset[str]) -> list[str]:
+        """Evict what the one cache's policy says (least recently used first, whatever the kind;
+        never a pinned or kept entry, one in use, nor the files of ``in_use`` model ids) and check
+        the disk; the ``kind/name`` evicted. :class:`DiskError` when it cannot fit."""
+        with self.store.holding():
+            idx = self.store.index
+            protect = frozenset(a.key for mid, a in idx.models.items() if mid in in_use)
+            serving = {Path(p).resolve().parent for p in self.serving_paths()}
+            if serving:
+                protect |= frozenset(k for k in idx.entries if self.store.folder(*k).resolve() in serving)
+            try:
+                evicted = self.store.make_room(needed_bytes, protect=protect)
+            except CacheFull:
                 raise DiskError(
-                    f"the model needs {needed_bytes / 1e9:.2f} GB but the cache limit is "
-                    f"{limit_bytes / 1e9:.2f} GB and the models in it are kept or in use; raise "
-                    f"[models].cache_limit_gb or remove models with `hydra models rm`"
-                )
-            for model_id in plan:
-                self.remove(model_id)
-                evicted.append(model_id)
-        self.root.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(self.root).free
-        if needed_bytes > free:
-            raise DiskError(f"the model needs {needed_bytes / 1e9:.2f} GB; {self.root} has {free / 1e9:.2f} GB free")
-        return evicted
+                    f"the model needs {needed_bytes / 1e9:.2f} GB but the cache's capacity is "
+                    f"{idx.capacity_bytes / 1e9:.2f} GB and what it holds is kept, pinned or in use; raise "
+                    f"[placement] cache_capacity_gb, or remove models with `hydra models rm`"
+                ) from None
+            except DiskFull as exc:
+                raise DiskError(exc.message) from None
+        return [f"{k}/{n}" for k, n in evicted]

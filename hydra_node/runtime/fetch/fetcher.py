@@ -24,19 +24,33 @@ from hydra_node.runtime.fetch.catalogue import (
 )
 from hydra_node.runtime.fetch.errors import ChecksumMismatch
 from hydra_node.runtime.fetch.http_fetch import Progress, download_http
+from hydra_node.runtime.fetch.migrate import migrate_models
 from hydra_node.runtime.fetch.settings import ModelsSection
 
-__all__ = ["FetchSettings", "LocalModel", "ensure_local", "needs_fetch", "remote_for"]
+__all__ = ["FetchSettings", "LocalModel", "ensure_local", "needs_fetch", "open_cache", "remote_for"]
 
 
 @dataclass(frozen=True)
 class FetchSettings:
     """Where models are cached and fetched from (built by the CLI from the config and environment)."""
 
+    #: The node's one cache (``<home>/placement/cache``): models and placement's artifacts.
     cache_dir: Path
     hub: str = DEFAULT_HUB
     token: str | None = None
     models: ModelsSection = field(default_factory=ModelsSection)
+    #: The one capacity (``[placement] cache_capacity_gb`` in bytes; 0: no limit).
+    capacity_bytes: int = 0
+    #: The model cache of the previous generation (``<home>/models``), moved in when the cache is opened.
+    old_models_dir: Path | None = None
+
+
+def open_cache(settings: FetchSettings) -> ModelCache:
+    """The models of the one cache, the previous generation's layout moved in first (:mod:`.migrate`)."""
+    cache = ModelCache(settings.cache_dir, capacity_bytes=settings.capacity_bytes)
+    if settings.old_models_dir is not None:
+        migrate_models(settings.old_models_dir, cache)
+    return cache
 
 
 @dataclass(frozen=True)
@@ -83,7 +97,7 @@ def ensure_local(
     remote = resolve_remote(ref, catalogue, settings.hub)
     if sha256 is not None:
         remote = with_sha256(remote, sha256)
-    cache = ModelCache(settings.cache_dir)
+    cache = open_cache(settings)
     rec = cache.lookup(remote.model_id)
     if rec is not None and sha256 is not None and rec.sha256 != remote.sha256:
         raise ChecksumMismatch(
@@ -102,7 +116,6 @@ def ensure_local(
         token=settings.token,
         read_timeout_s=settings.models.read_timeout_s,
         min_rate_bytes_s=settings.models.min_rate_bytes_s,
-        limit_bytes=settings.models.cache_limit_bytes,
         in_use=in_use,
         progress=progress,
     )

@@ -10,7 +10,7 @@ Verified: the sha256 of the whole file is compared (the catalogue's, ``pull --sh
 one, the Hub's LFS sha256 stated in ``X-Linked-Etag``) before the file is moved into place; a
 mismatch deletes the bytes. Atomic: bytes go to ``.partial/KEY.part``, which is fsynced and renamed
 into place (``ModelCache.commit``). Bounded: redirects only to http(s) (the token only to the same
-scheme, host and port), ``[models].cache_limit_gb`` enforced while a response of unknown length
+scheme, host and port), the cache capacity (``[placement] cache_capacity_gb``) enforced while a response of unknown length
 streams, and a floor on the rate (``[models].min_rate_bytes_s``) besides the per-read timeout.
 """
 
@@ -112,7 +112,6 @@ def download_http(
     token: str | None,
     read_timeout_s: float,
     min_rate_bytes_s: float = 0.0,
-    limit_bytes: int | None = None,
     in_use: frozenset[str] = frozenset(),
     progress: Progress | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -120,7 +119,8 @@ def download_http(
 ) -> CachedModel:
     """Fetch ``remote`` into ``cache`` from its URLs in order (the next URL only when one is missing or
     unreachable) and return the verified record; a typed :class:`DownloadError` otherwise. Room is made
-    under ``limit_bytes`` by evicting unkept models not ``in_use`` (``ModelCache.make_room``).
+    under the cache's one capacity by evicting what is neither kept, pinned nor ``in_use``
+    (``ModelCache.make_room``).
     ``min_rate_bytes_s``: the slowest average accepted over each ``read_timeout_s`` window (0: none)."""
     last: DownloadError | None = None
     for url in remote.urls:
@@ -133,7 +133,7 @@ def download_http(
                     token=token if remote.hub else None,
                     read_timeout_s=read_timeout_s,
                     min_rate_bytes_s=min_rate_bytes_s,
-                    room=(limit_bytes, in_use),
+                    room=in_use,
                     progress=progress,
                     clock=clock,
                     wall=wall,
@@ -152,7 +152,7 @@ def _download_one(
     token: str | None,
     read_timeout_s: float,
     min_rate_bytes_s: float,
-    room: tuple[int | None, frozenset[str]],
+    room: frozenset[str],
     progress: Progress | None,
     clock,
     wall,
@@ -196,7 +196,7 @@ def _download_one(
         if total is not None and total > MAX_MODEL_BYTES:
             raise SizeMismatch(f"{url}: the server offers {total} bytes, more than the {MAX_MODEL_BYTES} accepted")
         if not plan.complete:
-            cache.make_room((total or remote.size_bytes or 0) - plan.offset, *room)
+            cache.make_room((total or remote.size_bytes or 0) - plan.offset, room)
             started = PartialMeta(url=url, resumable=resumable, total=total, durable=plan.offset, sha256=stated)
             cache.write_partial_meta(mid, started)
             with resp:
@@ -257,7 +257,7 @@ def _receive(
     *,
     meta: PartialMeta,
     floor: RateFloor,
-    room: tuple[int | None, frozenset[str]],
+    room: frozenset[str],
     url: str,
 ) -> None:
     part = cache.partial_path(mid)
@@ -276,7 +276,7 @@ def _receive(
                 done += len(block)
                 if done > MAX_MODEL_BYTES or (total is not None and done > total):
                     raise SizeMismatch(f"the server sent more than the {total} bytes it announced")
-                if done > reserved:  # unknown length: keep to [models].cache_limit_gb as it streams
+                if done > reserved:  # unknown length: keep to [placement] cache_capacity_gb as it streams
                     reserved = _reserve(cache, done, room)
                 now = clock()
                 if floor.slow(done, now):
@@ -302,13 +302,13 @@ def _receive(
             raise
 
 
-def _reserve(cache: ModelCache, done: int, room: tuple[int | None, frozenset[str]]) -> int:
+def _reserve(cache: ModelCache, done: int, in_use: frozenset[str]) -> int:
     """Room for a step more than ``done`` bytes (exactly ``done`` near the limit); :class:`DiskError`."""
     try:
-        cache.make_room(done + RESERVE_STEP_BYTES, *room)
+        cache.make_room(done + RESERVE_STEP_BYTES, in_use)
         return done + RESERVE_STEP_BYTES
     except DiskError:
-        cache.make_room(done, *room)  # raises when even the bytes already received do not fit
+        cache.make_room(done, in_use)  # raises when even the bytes already received do not fit
         return done
 
 

@@ -39,11 +39,13 @@ from hydra_node.runtime.artifacts.manifest import ArtifactFile, Manifest
 
 # a module, its names read when used: runtime.artifacts.peer_wire imports runtime.fetch (this package)
 import hydra_node.runtime.artifacts.peer_wire as artifact_wire
+from hydra_node.runtime.artifacts.local_cache import LocalCache
 from hydra_node.runtime.artifacts.store import Signer, check_manifest
 from hydra_node.runtime.fetch.cache import CachedModel, ModelCache, PartialMeta
 from hydra_node.runtime.fetch.catalogue import RemoteModel
 from hydra_node.runtime.fetch.errors import DownloadError, NotInMesh, PeerFetchError
 from hydra_node.runtime.fetch.http_fetch import DURABLE_EVERY_BYTES, verify_and_commit
+from hydra_node.runtime.fetch.migrate import migrate_models
 from hydra_node.runtime.fetch.peer_wire import (
     DISK_IO_BYTES,
     MAX_UPLOADS,
@@ -135,11 +137,14 @@ class ModelShare:
         self.fetched_over_artifact_fetch = 0
 
     @classmethod
-    def for_home(cls, home: Path, mesh: PeerView | None, file_cfg: Any) -> ModelShare:
-        """The share of the cache under ``home/models`` with the ``[models]`` settings of ``file_cfg``."""
+    def for_home(cls, home: Path, mesh: PeerView | None, file_cfg: Any, store: LocalCache) -> ModelShare:
+        """The share of the models in ``store`` (the node's one cache) with the ``[models]`` settings
+        of ``file_cfg``; the previous generation's ``home/models`` is moved into it first (blocking)."""
         s = models_settings(file_cfg)
+        cache = ModelCache(store)
+        migrate_models(home / "models", cache)
         return cls(
-            ModelCache(home / "models"),
+            cache,
             mesh,
             share=s.share,
             stall_timeout_s=s.read_timeout_s,
@@ -430,6 +435,8 @@ class ModelShare:
                         if reply.error is not None:
                             raise PeerFetchError(f"refused ({reply.error[0]}): {reply.error[1]}")
                         if not sized and reply.size is not None:  # the holder said the size: resumable from here
+                            # room in the one cache before a byte is written (DiskError: the next holder)
+                            await trio.to_thread.run_sync(self.cache.make_room, reply.size - offset, frozenset())
                             meta = PartialMeta(url=source, resumable=True, total=reply.size, durable=offset)
                             self.cache.write_partial_meta(mid, meta)
                         if block:

@@ -5,11 +5,14 @@ type, so a bad key or value is one ``configuration error`` line naming the key."
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["MAX_READ_TIMEOUT_S", "ModelsSection", "models_settings", "parse_models_section"]
+__all__ = ["MAX_READ_TIMEOUT_S", "ModelsSection", "models_settings", "one_capacity", "parse_models_section"]
+
+log = logging.getLogger("hydra.config")
 
 #: Upper bound on ``read_timeout_s`` (an hour without a byte is a dead server).
 MAX_READ_TIMEOUT_S = 3600.0
@@ -17,8 +20,8 @@ MAX_READ_TIMEOUT_S = 3600.0
 
 @dataclass(frozen=True)
 class ModelsSection:
-    #: Most bytes the downloaded models may take under ``<home>/models`` (0: no limit). Making room
-    #: evicts the least recently used models that are neither kept (``pull --keep``) nor in use.
+    #: Deprecated: the models are in the node's one cache, whose capacity is ``[placement]
+    #: cache_capacity_gb``; this key still sets it (:func:`one_capacity`, a warning in the log).
     cache_limit_gb: float = 0.0
     #: Ask mesh peers that hold a model for it before going to the internet.
     peer_fetch: bool = True
@@ -33,10 +36,6 @@ class ModelsSection:
     #: Offer them through ``artifact_fetch`` too (announced in ``artifacts_held``). false: only over
     #: the retired ``model_fetch`` stream, as a node of the previous protocol generation does.
     offer_artifacts: bool = True
-
-    @property
-    def cache_limit_bytes(self) -> int | None:
-        return int(self.cache_limit_gb * 1e9) if self.cache_limit_gb > 0 else None
 
 
 def parse_models_section(data: Any, error: Callable[[str], Exception]) -> ModelsSection:
@@ -65,6 +64,31 @@ def parse_models_section(data: Any, error: Callable[[str], Exception]) -> Models
     if not 0 <= s.min_rate_bytes_s < float("inf"):
         raise error(f"[models].min_rate_bytes_s: must be >= 0 (0: no floor), not {s.min_rate_bytes_s!r}")
     return s
+
+
+def one_capacity(data: Mapping[str, Any], error: Callable[[str], Exception]) -> float | None:
+    """The one cache's capacity in GB that the deprecated ``[models] cache_limit_gb`` of ``data``
+    (the file's parsed TOML, already checked) sets for ``[placement] cache_capacity_gb``, with a
+    warning naming the replacement; None when it is absent or ``cache_capacity_gb`` says the same.
+    Both, with different values, raise ``error``."""
+    models, section = data.get("models"), data.get("placement")
+    if not isinstance(models, Mapping) or "cache_limit_gb" not in models:
+        return None
+    old = float(models["cache_limit_gb"])
+    log.warning(
+        "event=config_deprecated key=[models].cache_limit_gb replacement=[placement].cache_capacity_gb message=%r",
+        "models and placement's artifacts share one cache now; set [placement] cache_capacity_gb instead",
+    )
+    if isinstance(section, Mapping) and "cache_capacity_gb" in section:
+        new = float(section["cache_capacity_gb"])
+        if new != old:
+            raise error(
+                f"[models].cache_limit_gb = {old:g} and [placement].cache_capacity_gb = {new:g}: the models "
+                "and placement's artifacts share one cache with one capacity; remove [models].cache_limit_gb "
+                "(deprecated) and keep [placement].cache_capacity_gb"
+            )
+        return None
+    return old
 
 
 def models_settings(file_cfg: Any) -> ModelsSection:

@@ -227,27 +227,39 @@ def test_missing_file_and_unreachable_server_are_typed(hub, tmp_path):
         fetch(resolve_remote(f"http://127.0.0.1:{port}/x.gguf", load_catalogue()), cache)
 
 
-def test_cache_limit_evicts_the_least_recently_used_and_refuses_when_all_are_kept(hub, tmp_path, gguf):
-    cache = ModelCache(tmp_path)
-    for name in ("old", "new"):
-        hub.files[f"/{name}.gguf"] = gguf
+def other_bytes(gguf: bytes, n: int) -> bytes:
+    """``gguf`` with its last byte changed: another file (another sha256) of the same size."""
+    return gguf[:-1] + bytes([(gguf[-1] + n) % 256])
+
+
+def test_cache_capacity_evicts_the_least_recently_used_and_refuses_when_all_are_kept(hub, tmp_path, gguf):
+    size = len(gguf)
+    cache = ModelCache(tmp_path, capacity_bytes=2 * size + size // 2)
+    for n, name in enumerate(("old", "new")):
+        hub.files[f"/{name}.gguf"] = other_bytes(gguf, n + 1)
         rec = fetch(resolve_remote(f"{hub.url}/{name}.gguf", load_catalogue()), cache)
         cache.touch(rec.model_id, time.time() + (0 if name == "old" else 100))
-    size = len(gguf)
-    hub.files["/third.gguf"] = gguf
+    hub.files["/third.gguf"] = other_bytes(gguf, 3)
     third = resolve_remote(f"{hub.url}/third.gguf", load_catalogue())
-    fetch(third, cache, limit_bytes=2 * size + size // 2)
+    fetch(third, cache)
     assert sorted(cache.records()) == ["new", "third"]
     cache.set_keep("new", True)
-    hub.files["/fourth.gguf"] = gguf
-    with pytest.raises(DiskError, match="cache limit"):
-        fetch(
-            resolve_remote(f"{hub.url}/fourth.gguf", load_catalogue()),
-            cache,
-            limit_bytes=2 * size + size // 2,
-            in_use=frozenset({"third"}),
-        )
+    hub.files["/fourth.gguf"] = other_bytes(gguf, 4)
+    with pytest.raises(DiskError, match="cache_capacity_gb"):
+        fetch(resolve_remote(f"{hub.url}/fourth.gguf", load_catalogue()), cache, in_use=frozenset({"third"}))
     assert sorted(cache.records()) == ["new", "third"]
+
+
+def test_two_names_of_the_same_bytes_share_one_file(hub, tmp_path, gguf):
+    cache = ModelCache(tmp_path)
+    for name in ("one", "two"):
+        hub.files[f"/{name}.gguf"] = gguf
+        fetch(resolve_remote(f"{hub.url}/{name}.gguf", load_catalogue()), cache)
+    one, two = cache.lookup("one"), cache.lookup("two")
+    assert one is not None and two is not None and one.path(tmp_path) == two.path(tmp_path)
+    assert cache.used_bytes() == len(gguf)
+    assert cache.remove("one") and cache.lookup("two").path(tmp_path).read_bytes() == gguf  # still named by two
+    assert cache.remove("two") and cache.used_bytes() == 0 and not one.path(tmp_path).exists()
 
 
 def test_serve_model_by_url_is_downloaded_first_and_handed_to_the_node_as_id_path(hub, tmp_path, gguf):
@@ -257,7 +269,9 @@ def test_serve_model_by_url_is_downloaded_first_and_handed_to_the_node_as_id_pat
     hub.files["/o/r/resolve/main/picked.gguf"] = gguf
     cfg = NodeConfig(home=tmp_path, models=("/some/local.gguf", "mine=hf://o/r/picked.gguf"))
     out = prepare_models(cfg, {"HF_ENDPOINT": hub.url})
-    assert out.models == ("/some/local.gguf", f"mine={tmp_path / 'models' / 'mine' / 'picked.gguf'}")
+    digest = hashlib.sha256(gguf).hexdigest()
+    where = tmp_path / "placement" / "cache" / "model_weights" / f"sha256:{digest}" / "picked.gguf"
+    assert out.models == ("/some/local.gguf", f"mine={where}")
     assert prepare_models(cfg, {"HF_ENDPOINT": hub.url}).models == out.models  # cached: no second request
     assert [p for p, _ in hub.requests] == ["/o/r/resolve/main/picked.gguf"]
     assert (

@@ -118,29 +118,30 @@ def url_remote(url: str):
     return resolve_remote(url, {})
 
 
-def get(remote, tmp_path, **kw):
-    return download_http(remote, ModelCache(tmp_path / "models"), token=kw.pop("token", None), read_timeout_s=10, **kw)
+def get(remote, tmp_path, capacity_bytes=0, **kw):
+    cache = ModelCache(tmp_path / "placement" / "cache", capacity_bytes=capacity_bytes)
+    return download_http(remote, cache, token=kw.pop("token", None), read_timeout_s=10, **kw)
 
 
 def nothing_committed(tmp_path) -> bool:
-    cache = ModelCache(tmp_path / "models")
+    cache = ModelCache(tmp_path / "placement" / "cache")
     return not cache.records() and not any(cache.partial_dir.glob("*.part"))
 
 
 # ---- item 7: bounded downloads -------------------------------------------------------------------
 
 
-def test_a_body_without_content_length_is_held_to_the_cache_limit_while_it_streams(server, tmp_path):
+def test_a_body_without_content_length_is_held_to_the_cache_capacity_while_it_streams(server, tmp_path):
     def no_length(h):  # HTTP/1.0: the body ends when the connection closes
         h.send_response(200)
         h.end_headers()
         h.wfile.write(DATA)
 
     server.routes["/big.gguf"] = no_length
-    with pytest.raises(DiskError, match="cache_limit_gb"):
-        get(url_remote(f"{server.url}/big.gguf"), tmp_path, limit_bytes=len(DATA) // 4)
+    with pytest.raises(DiskError, match="cache_capacity_gb"):
+        get(url_remote(f"{server.url}/big.gguf"), tmp_path, capacity_bytes=len(DATA) // 4)
     assert nothing_committed(tmp_path)
-    rec = get(url_remote(f"{server.url}/big.gguf"), tmp_path, limit_bytes=2 * len(DATA))  # it fits: stored
+    rec = get(url_remote(f"{server.url}/big.gguf"), tmp_path, capacity_bytes=2 * len(DATA))  # it fits: stored
     assert rec.sha256 == DIGEST
 
 
@@ -161,12 +162,12 @@ def test_a_trickling_server_is_refused_below_the_minimum_rate(server, tmp_path):
     server.routes["/slow.gguf"] = trickle
     url = f"{server.url}/slow.gguf"
     settings = FetchSettings(
-        cache_dir=tmp_path / "models", models=ModelsSection(read_timeout_s=1.5, min_rate_bytes_s=100.0)
+        cache_dir=tmp_path / "placement" / "cache", models=ModelsSection(read_timeout_s=1.5, min_rate_bytes_s=100.0)
     )
     with pytest.raises(TransferTimeout) as err:
         ensure_local(url, settings)
     assert url in str(err.value) and "[models].min_rate_bytes_s" in str(err.value)
-    assert not ModelCache(tmp_path / "models").records()
+    assert not ModelCache(tmp_path / "placement" / "cache").records()
 
 
 def test_a_redirect_to_ftp_is_not_followed(server, tmp_path):
@@ -253,7 +254,7 @@ def test_a_damaged_partial_without_a_digest_is_downloaded_again_from_zero(server
     with pytest.raises(NoNetwork) as err:
         get(remote, tmp_path)
     assert err.value.partial_kept
-    part = ModelCache(tmp_path / "models").partial_path(remote.model_id)
+    part = ModelCache(tmp_path / "placement" / "cache").partial_path(remote.model_id)
     with open(part, "r+b") as f:  # the bytes on disk went bad (a crash, a bad sector)
         f.seek(100)
         f.write(b"\0" * 100)
@@ -269,7 +270,7 @@ def test_a_resume_starts_at_the_recorded_durable_length_and_is_verified(server, 
     remote = with_sha256(url_remote(f"{server.url}/m.gguf"), DIGEST)
     with pytest.raises(NoNetwork):
         get(remote, tmp_path)
-    cache = ModelCache(tmp_path / "models")
+    cache = ModelCache(tmp_path / "placement" / "cache")
     meta = cache.partial_meta(remote.model_id)
     assert meta is not None and meta.durable == len(DATA) // 2
     with open(cache.partial_path(remote.model_id), "ab") as f:
@@ -282,7 +283,7 @@ def test_a_resume_starts_at_the_recorded_durable_length_and_is_verified(server, 
 def test_a_peer_vouched_digest_is_labelled_so_and_the_catalogue_size_checked_loosely(tmp_path, capsys):
     """The 880 KB file a member pinned as Qwen3-0.6B-Q8_0 (~0.64 GB in the catalogue) is refused;
     a peer's digest that is the only one known is recorded as that peer's, and shown so."""
-    cache = ModelCache(tmp_path / "models")
+    cache = ModelCache(tmp_path / "placement" / "cache")
     small = os.urandom(880_000)
     qwen = resolve_remote("Qwen3-0.6B-Q8_0", load_catalogue())
     vouched = replace(qwen, sha256=hashlib.sha256(small).hexdigest(), sha256_origin="peer:" + "ab" * 32)

@@ -46,11 +46,11 @@ def two_nodes(tmp_path_factory):
     for name in ("third", "shared"):
         rec = download_http(
             resolve_remote(f"hf://mesh/models-GGUF/{name}.gguf", load_catalogue(), hub.url),
-            ModelCache(root / "a" / "models"),
+            ModelCache(root / "a" / "placement" / "cache"),
             token=None,
             read_timeout_s=10,
         )
-    b_cache = ModelCache(root / "b" / "models")
+    b_cache = ModelCache(root / "b" / "placement" / "cache")
     download_http(
         resolve_remote("hf://mesh/models-GGUF/fourth.gguf", load_catalogue(), hub.url),
         b_cache,
@@ -171,7 +171,7 @@ def test_swap_by_reference_fetches_from_the_mesh_then_hosts_it(two_nodes, capsys
     assert "third" in b.status()["serving_models"]
     code, out, err = cli(capsys, monkeypatch, "models", "rm", "third", "--home", str(b.home))
     assert code == 1 and "'third' is served" in err and "--force" in err  # refused while served (issue 25)
-    assert ModelCache(b.home / "models").lookup("third") is not None
+    assert ModelCache(b.home / "placement" / "cache").lookup("third") is not None
 
 
 def test_serve_with_a_model_name_and_join_takes_it_from_a_peer_first(two_nodes, tmp_path):
@@ -204,6 +204,6 @@ def test_serve_with_a_model_name_and_join_takes_it_from_a_peer_first(two_nodes, 
         held = b.status()["model_share"]
         assert held["sent_files"] == 1 and held["offer_artifacts"] is False  # the retired stream, still served
         assert held["artifact_fetch"]["sent_artifacts"] == 0
-        assert ModelCache(tmp_path / "c" / "models").lookup("fourth").sha256 == two_nodes["sha256"]
+        assert ModelCache(tmp_path / "c" / "placement" / "cache").lookup("fourth").sha256 == two_nodes["sha256"]
     finally:
         c.kill_all()

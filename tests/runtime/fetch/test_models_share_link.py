@@ -93,6 +93,26 @@ async def test_a_holder_whose_bytes_changed_is_caught_by_the_sha256(holder_and_r
     assert got.sha256 == digest and got.path(requester.cache.root).read_bytes() == data
 
 
+async def test_a_peer_transfer_makes_room_under_the_one_capacity(holder_and_requester):
+    """A model from a peer is held to the one cache's capacity like a download: a placement-free
+    cache of one file's room evicts the least recently used model first, and refuses a file that
+    cannot fit before a byte of it is written."""
+    holder, requester, _ = holder_and_requester
+    requester.cache = ModelCache(requester.cache.root, capacity_bytes=SIZE + SIZE // 2)
+    old = cached(requester.cache, "old", b"GGUF" + os.urandom(SIZE - 4))
+    data = b"GGUF" + os.urandom(SIZE - 4)
+    requester.mesh.held = {"m": cached(holder.cache, "m", data)}
+    with trio.fail_after(20):
+        got = await requester.fetch(RemoteModel("m", ("https://unused/m.gguf",), "m.gguf"))
+    assert got.path(requester.cache.root).read_bytes() == data and requester.cache.by_sha256(old) is None
+    requester.cache.set_keep("m", True)
+    requester.mesh.held = {"big": cached(holder.cache, "big", b"GGUF" + os.urandom(SIZE - 4))}
+    with trio.fail_after(20):
+        with pytest.raises(PeerFetchError, match="cache_capacity_gb"):
+            await requester.fetch(RemoteModel("big", ("https://unused/big.gguf",), "big.gguf"))
+    assert requester.cache.partial_bytes("big") == 0 and requester.cache.lookup("m") is not None
+
+
 async def reply_to(link, header: dict) -> tuple[dict, object]:
     """The first message the holder answers a raw ``header`` with (and the open stream)."""
     cm = link.open_stream(header)
