@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +23,10 @@ from hydra_node.models import ModelRef
 from hydra_node.runtime.peers import PeerView
 from hydra_node.runtime.hosting.layers import WORKER_DISCOVERY_WAIT_S, IgnoredWorker, fits_locally, place
 from hydra_node.runtime.rpc.gguf_meta import GgufError, layer_count
+from hydra_node.runtime.rpc.heal import HealReport, replan_kind
 from hydra_node.runtime.rpc.plan import Capacity, PlanError, SplitPlan, WorkerInfo
 from hydra_node.runtime.rpc.tunnel import MAX_TAG_CHARS, LeasedWorker, RemoteWorkerTunnel, TunnelError
-from hydra_node.runtime.runner.records import RunnerLoadError, RunnerSettings, RunnerState
+from hydra_node.runtime.runner.records import RunnerLoadError, RunnerSettings, RunnerState, WorkerLoss
 from hydra_node.runtime.runner.state_events import RunnerEvents
 from hydra_node.runtime.runner.supervisor import RunnerSupervisor
 
@@ -44,6 +46,10 @@ MAX_SPLIT_LOAD_ATTEMPTS = 3
 UNLOAD_TIMEOUT_S = 10.0
 #: Ignored workers listed in a hosted model's status.
 MAX_IGNORED_LISTED = 8
+#: A split runner that died (or stalled) with every worker's lease still held waits this long for one
+#: to end before its requests get ``runner_crashed`` (the lease stream and llama.cpp's own connection
+#: close together when a worker node dies; either may be seen first).
+WORKER_LOSS_GRACE_S = 1.0
 
 
 class HostingSettings(Protocol):
@@ -98,6 +104,19 @@ class HostedModelStatus:
     ignored_workers: tuple[IgnoredWorker, ...]
     #: The plan (``SplitPlan.to_status()`` with each device's peer and tunnel); absent without a plan.
     plan: Mapping[str, Any] | None = field(default=None, metadata={"omit_none": True})
+    #: The last heal after a lost worker (docs/splits.md "When a worker dies"); absent before one.
+    last_heal: HealReport | None = field(default=None, metadata={"omit_none": True})
+
+
+@dataclass(frozen=True)
+class _Healing:
+    """A worker was lost and the split is replanning: the loss, when (trio time), the lost plan's
+    workers, the generations in flight then."""
+
+    loss: WorkerLoss
+    t0: float
+    old_workers: tuple[str, ...]
+    in_flight: int
 
 
 class HostedModel:
@@ -120,8 +139,9 @@ class HostedModel:
             node_id=runtime.settings.node_id,
             prepare=self._prepare,
             on_failed=self._drop_tunnels,
+            lost_worker=self._lost_worker,
         )
-        self.sup.on_state = runtime.runner_events.on_state
+        self.sup.on_state = self._on_state
         self.sup.kv.on_transfer = runtime.on_kv_transfer  # KV exports/imports -> the scheduler's telemetry
         self.scope = trio.CancelScope()
         self.done = trio.Event()
@@ -135,6 +155,11 @@ class HostedModel:
         self._tunnel_scope: trio.CancelScope | None = None
         self._tunnels_done: trio.Event | None = None
         self._discovery_deadline: float | None = None
+        self._loss: WorkerLoss | None = None  # a worker of the current plan was lost
+        self._lost = trio.Event()  # set with _loss
+        self._healing: _Healing | None = None  # lost a worker, not ready again yet
+        self.last_heal: HealReport | None = None
+        self._resumed_at_heal = 0  # sup.resumed when the last heal was done
 
     @property
     def lease_tag(self) -> str:
@@ -198,6 +223,7 @@ class HostedModel:
     async def _prepare(self) -> RunnerSettings:
         """Before every spawn: drop the old plan's tunnels, place again, open new tunnels."""
         await self._drop_tunnels()
+        self._loss, self._lost = None, trio.Event()
         attempt = 0
         while True:
             try:
@@ -305,7 +331,7 @@ class HostedModel:
                     for peer in peers:
                         tunnel = RemoteWorkerTunnel(mesh, peer, tag=self.lease_tag)
                         try:
-                            opened.append((tunnel, await nursery.start(tunnel.run)))
+                            opened.append((tunnel, await nursery.start(self._run_tunnel, tunnel)))
                         except TunnelError as exc:
                             failure = exc
                             nursery.cancel_scope.cancel()
@@ -319,6 +345,125 @@ class HostedModel:
             done.set()
         if failure is not None:
             raise failure
+
+    async def _run_tunnel(
+        self, tunnel: RemoteWorkerTunnel, *, task_status: trio.TaskStatus[LeasedWorker] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Hold one worker's tunnel; it returning (not cancelled: the plan dropped) is the worker lost."""
+        await tunnel.run(task_status=task_status)
+        if any(t is tunnel for t, _ in self.tunnels):
+            self._worker_lost(tunnel.peer_id, f"its lease ended: {tunnel.ended or 'dropped'}")
+
+    # ---- a lost worker and the heal (docs/splits.md "When a worker dies or stalls") ----
+    def _plan_workers(self) -> tuple[str, ...]:
+        plan = self.plan
+        if plan is None or not plan.split:
+            return ()
+        return tuple(d.worker_id for d in plan.devices if d.worker_id)
+
+    def _worker_lost(self, peer: str, reason: str) -> None:
+        """A worker of the live plan is lost: record it, report ``split.worker_lost``, and restart the
+        runner now (llama.cpp cannot go on without it; an idle runner would only notice on its next
+        request), so the heal starts at once."""
+        if self._loss is not None or peer not in self._plan_workers():
+            return
+        loss = self._loss = WorkerLoss(peer, reason, time.time())
+        self._lost.set()
+        in_flight = self.sup.in_flight
+        if self._healing is None:  # a second loss before the heal is done keeps the first one's clock
+            self._healing = _Healing(loss, trio.current_time(), self._plan_workers(), in_flight)
+        log.warning(
+            "event=split_worker_lost model=%s peer=%s in_flight=%d reason=%r",
+            self.model.id,
+            peer[:16],
+            in_flight,
+            reason,
+        )
+        self._emit(
+            "split.worker_lost",
+            {
+                "model": self.model.id,
+                "node_id": self.runtime.settings.node_id,
+                "peer": peer,
+                "reason": reason,
+                "requests_in_flight": in_flight,
+            },
+        )
+        self.sup.restart(f"the split lost its RPC worker on peer {peer[:16]}: {reason}")
+
+    def _check_members(self) -> None:
+        """A planned worker whose peer is no longer alive in the membership is lost."""
+        mesh = self.runtime.mesh
+        if mesh is None:
+            return
+        states = mesh.member_states(trio.current_time())
+        for peer in self._plan_workers():
+            state = states.get(peer)
+            if state != "alive":
+                self._worker_lost(peer, f"its peer is {state or 'gone'} in the membership")
+                return
+
+    async def _lost_worker(self) -> WorkerLoss | None:
+        """The runner died or stalled: the worker of the plan that was lost, if any (the supervisor's
+        ``lost_worker``).  Its lease ended, or its peer is not alive; with every lease held, waits up
+        to :data:`WORKER_LOSS_GRACE_S` for one to end (None after that: the runner's own failure)."""
+        if not self._plan_workers():
+            return None
+        if self._loss is None:
+            self._check_members()
+        if self._loss is None:
+            with trio.move_on_after(WORKER_LOSS_GRACE_S):
+                await self._lost.wait()
+        return self._loss
+
+    def _on_state(self, runner: RunnerSupervisor, old: RunnerState) -> None:
+        """The runner's state changed: the runtime's events, and a heal done once it is ready again."""
+        self.runtime.runner_events.on_state(runner, old)
+        healing = self._healing
+        if runner.state is not RunnerState.READY or healing is None:
+            return
+        self._healing = None
+        new_workers = self._plan_workers()
+        report = HealReport(
+            worker_lost=healing.loss.peer,
+            reason=healing.loss.reason,
+            at=round(healing.loss.at, 3),
+            replan=replan_kind(healing.old_workers, healing.loss.peer, new_workers),
+            workers=new_workers,
+            reload_s=round(trio.current_time() - healing.t0, 3),
+            requests_interrupted=healing.in_flight,
+            requests_continued=0,
+        )
+        self.last_heal, self._resumed_at_heal = report, self.sup.resumed
+        log.info(
+            "event=split_healed model=%s lost=%s replan=%s reload_s=%.2f interrupted=%d",
+            self.model.id,
+            report.worker_lost[:16],
+            report.replan,
+            report.reload_s,
+            report.requests_interrupted,
+        )
+        self._emit(
+            "split.healed",
+            {
+                "model": self.model.id,
+                "node_id": self.runtime.settings.node_id,
+                "worker_lost": report.worker_lost,
+                "replan": str(report.replan),
+                "workers": list(new_workers),
+                "reload_s": report.reload_s,
+                "requests_interrupted": report.requests_interrupted,
+            },
+        )
+
+    def _emit(self, kind: str, fields: dict[str, Any]) -> None:
+        emit = self.runtime.runner_events.emit
+        if emit is None:
+            return
+        try:
+            emit(kind, fields)
+        except Exception as exc:  # noqa: BLE001 -- reporting must never fail the hosted model
+            log.warning("event=split_event_failed kind=%s error=%r", kind, exc)
 
     async def _drop_tunnels(self) -> None:
         if self._tunnel_scope is not None:
@@ -362,4 +507,7 @@ class HostedModel:
             n_layers=self.n_layers,
             ignored_workers=tuple(self.ignored[-MAX_IGNORED_LISTED:]),
             plan=plan_status,
+            last_heal=None
+            if self.last_heal is None
+            else dataclasses.replace(self.last_heal, requests_continued=self.sup.resumed - self._resumed_at_heal),
         )

@@ -5,9 +5,9 @@ Pure data, no I/O: :mod:`hydra_node.runtime.runner.supervisor` drives them.
 
 from __future__ import annotations
 
-import hashlib
-
 import enum
+import hashlib
+import signal
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -27,6 +27,9 @@ __all__ = [
     "RunnerStalled",
     "RunnerState",
     "RunnerStatus",
+    "SplitWorkerLost",
+    "WorkerLoss",
+    "death_error",
     "safe_file_part",
 ]
 
@@ -76,6 +79,49 @@ class RunnerKilled(GenerationError):
 class RunnerStalled(GenerationError):
     def __init__(self, message: str):
         super().__init__(message, code="runner_stalled", status=504, retryable=False)
+
+
+@dataclass(frozen=True)
+class WorkerLoss:
+    """A split's RPC worker this node lost while a runner used it: ``peer`` (its node id), ``reason``
+    (what said so: its lease ended, its peer left the membership), ``at`` (unix seconds)."""
+
+    peer: str
+    reason: str
+    at: float
+
+
+class SplitWorkerLost(GenerationError):
+    """A split runner died or stalled because one of its RPC workers was lost (its node died or left,
+    its lease ended): a lost head, not the request's fault, so the router may continue the request on
+    another target, or here once the split has replanned (docs/splits.md "When a worker dies")."""
+
+    def __init__(self, model: str, loss: WorkerLoss, how: str = "died"):
+        super().__init__(
+            f"model runner for {model!r} {how}: it lost its RPC worker on peer {loss.peer[:16]} ({loss.reason}); "
+            "the split is replanning",
+            code="split_worker_lost",
+            status=502,
+            retryable=True,
+        )
+        self.model, self.loss = model, loss
+
+
+def death_error(model: str, exit_code: int | None, *, we_killed: bool, loss: WorkerLoss | None) -> GenerationError:
+    """What the requests of a runner child that died get (pure): :class:`SplitWorkerLost` when a worker
+    of its split was lost, :class:`RunnerKilled` when a SIGKILL this node did not send ended it (the OOM
+    killer, an operator's ``kill -9``), else :class:`RunnerCrashed` (SIGSEGV, SIGABRT, an exit, our own
+    kill of a stuck runner: the request may be the cause)."""
+    if loss is not None:
+        return SplitWorkerLost(model, loss)
+    if exit_code == -signal.SIGKILL and not we_killed:
+        return RunnerKilled(
+            f"model runner for {model!r} was killed by a SIGKILL this node did not send "
+            "(the out-of-memory killer, or kill -9)"
+        )
+    code = exit_code
+    how = "" if code is None else f" ({'killed by signal ' + str(-code) if code < 0 else f'exit code {code}'})"
+    return RunnerCrashed(f"model runner for {model!r} exited unexpectedly{how}")
 
 
 class RunnerLoadError(Exception):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import signal
 import socket
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -37,12 +36,14 @@ from hydra_node.runtime.runner.records import (
     RequestStats,
     RequestSummary,
     RunnerCrashed,
-    RunnerKilled,
     RunnerLoadError,
     RunnerSettings,
     RunnerStalled,
     RunnerState,
     RunnerStatus,
+    SplitWorkerLost,
+    WorkerLoss,
+    death_error,
     safe_file_part,
 )
 from hydra_node.runtime.runner.admission import AdmissionLimit
@@ -98,14 +99,20 @@ class RunnerSupervisor:
         node_id: str = "",
         prepare: Callable[[], Awaitable[RunnerSettings]] | None = None,
         on_failed: Callable[[], Awaitable[None]] | None = None,
+        lost_worker: Callable[[], Awaitable[WorkerLoss | None]] | None = None,
     ):
         """``prepare``, if given, is awaited before every spawn and returns the settings to
         spawn with (a split model replans its workers there; it may wait, e.g. for workers).
         ``on_failed`` is awaited when a crash loop puts the runner in state failed (a split
-        model gives its workers' leases back there)."""
+        model gives its workers' leases back there).  ``lost_worker`` is awaited when the child
+        died or stalled: the RPC worker of its split that was lost, if any (it may wait briefly
+        for the signal), so its requests get ``split_worker_lost`` instead of a crash or stall."""
         self.model = model
         self.prepare = prepare
         self.on_failed = on_failed
+        self.lost_worker = lost_worker
+        self._loss: WorkerLoss | None = None  # the current child lost a split worker (lost_worker said so)
+        self.resumed = 0  # generations started here with resume tokens (continuations of another part)
         self.home = home
         self.settings = settings
         self.node_id = node_id
@@ -278,7 +285,7 @@ class RunnerSupervisor:
         self._ready = trio.Event()
         self._decoder = FrameDecoder()
         self.engine_stats = None  # a new child: the old one's figures no longer describe anything
-        self._exit_code, self._we_killed = None, False
+        self._exit_code, self._we_killed, self._loss = None, False, None
         parent_sock, child_sock = socket.socketpair()
         self._sock = trio.SocketStream(trio.socket.from_stdlib_socket(parent_sock))
         return ChildSpec(
@@ -370,7 +377,11 @@ class RunnerSupervisor:
                     await proc.wait()
                 tail = " | ".join(list(self._stderr_tail)[-5:])
                 code = self._exit_code = proc.returncode
+                if self.lost_worker is not None and self._loss is None:
+                    self._loss = await self.lost_worker()
                 how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                if self._loss is not None:
+                    how += f"; lost its RPC worker on peer {self._loss.peer[:16]}: {self._loss.reason}"
                 raise ChildExited(f"runner exited ({how}){': ' + tail if tail else ''}")
             decoder.receive_data(data)
 
@@ -399,17 +410,10 @@ class RunnerSupervisor:
             log.warning("event=runner_stats_rejected model=%s pid=%s reason=%r", self.model.id, self.pid, str(exc))
 
     def _death(self) -> GenerationError:
-        """What the requests of a child that died get: :class:`RunnerKilled` (not poisonous) when a
-        SIGKILL this node did not send ended it (the OOM killer, an operator's ``kill -9``), else
-        :class:`RunnerCrashed` (SIGSEGV, SIGABRT, an exit, our own kill: the request may be the cause)."""
-        code = self._exit_code
-        if code == -signal.SIGKILL and not self._we_killed:
-            return RunnerKilled(
-                f"model runner for {self.model.id!r} was killed by a SIGKILL this node did not send "
-                "(the out-of-memory killer, or kill -9)"
-            )
-        how = "" if code is None else f" ({'killed by signal ' + str(-code) if code < 0 else f'exit code {code}'})"
-        return RunnerCrashed(f"model runner for {self.model.id!r} exited unexpectedly{how}")
+        """What the requests of a child that died get (:func:`~.records.death_error`):
+        ``split_worker_lost`` when its split lost a worker, ``runner_killed`` (not poisonous) for a
+        SIGKILL this node did not send, else ``runner_crashed`` (the request may be the cause)."""
+        return death_error(self.model.id, self._exit_code, we_killed=self._we_killed, loss=self._loss)
 
     def _fail_pending(self, err: GenerationError) -> None:
         for rid, ch in list(self._pending.items()):
@@ -471,6 +475,8 @@ class RunnerSupervisor:
             except GenerationError:
                 terminal = True  # the child never saw this request: nothing to cancel there
                 raise
+            if req.resume_tokens:
+                self.resumed += 1
             queue_wait_ms = (trio.current_time() - t0) * 1000
 
             async def next_message() -> dict | None:
@@ -485,7 +491,11 @@ class RunnerSupervisor:
                         return await recv_ch.receive()
                     except trio.EndOfChannel:
                         return None
+                if self.lost_worker is not None and self._loss is None:
+                    self._loss = await self.lost_worker()
                 self._kill_stalled(stall)
+                if self._loss is not None:
+                    raise SplitWorkerLost(self.model.id, self._loss, how=f"produced nothing for {stall:.0f} s")
                 raise RunnerStalled(
                     f"model runner for {self.model.id!r} produced nothing for {stall:.0f} s "
                     f"(a stalled RPC worker or tunnel); the runner was restarted"
@@ -512,7 +522,7 @@ class RunnerSupervisor:
                 raise self._death()
 
             yield events()
-        except RunnerStalled:
+        except (RunnerStalled, SplitWorkerLost):
             terminal = True
             self.stats.failed += 1
             raise
@@ -525,6 +535,18 @@ class RunnerSupervisor:
                 self._pending.pop(rid, None)
                 send_ch.close()
                 self._slot.release()
+
+    def restart(self, reason: str) -> bool:
+        """Kill the current child now, because it cannot go on (its split lost a worker); supervision
+        restarts it (its ``prepare`` replans).  False when no child is running."""
+        if self.pid is None:
+            return False
+        if not self._child.kill():
+            return False
+        self._we_killed = True  # the exit is read later, by the reader task
+        log.warning("event=runner_restart model=%s pid=%s reason=%r", self.model.id, self.pid, reason)
+        self.last_error = reason
+        return True
 
     def _kill_stalled(self, stall: float) -> None:
         """The runner is stuck (no RPC timeouts in llama.cpp): kill it; supervision restarts it."""
