@@ -220,6 +220,14 @@ class _ScrapeCollector:
             "or the continuation failed too)",
             value=router.continuation_failures,
         )
+        waits = CounterMetricFamily(
+            "hydra_route_target_waits",
+            "Requests and continuations that waited for a target of a model expected back, by how the wait ended",
+            labels=("outcome",),
+        )
+        for outcome, n in sorted(router.target_waits.items()):
+            waits.add_metric((outcome,), n)
+        yield waits
         live = self.sources.scheduling()
         if live is None:
             return

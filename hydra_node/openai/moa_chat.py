@@ -13,7 +13,7 @@ import time
 import trio
 
 from hydra_node.api.answer import Chunks, nothing_to_close, stream_answer
-from hydra_node.api.chat import ChatDone, sum_usage
+from hydra_node.api.chat import ChatDone, served_by_field, sum_usage
 from hydra_node.api.errors import bad
 from hydra_node.api.fanout import StreamFanOut
 from hydra_node.http.server import Response, StreamResponse
@@ -62,6 +62,7 @@ class MoaChat:
             "usage": sum_usage(usages),
             "system_fingerprint": out.served_by or None,
             "hydra_moa": info,
+            **served_by_field(out.served_by_all),  # the answer's hosts after a continuation (docs/api.md)
         }
         return Response.json(200, body, moa_headers(info, out.served_by))
 
@@ -93,8 +94,9 @@ class MoaChat:
 
 class _MoaChunkStream(ChunkStream):
     """The mesh's answer as chat chunks: the reducer's as it is generated, or the pick's replayed;
-    the finish chunk carries ``hydra_moa`` and the usage of every member (and of the reducer,
-    ``reduced``), which follows it at once with ``include_usage``."""
+    the finish chunk carries ``hydra_moa``, ``hydra_served_by`` (every host of the answer after a
+    continuation) and the usage of every member (and of the reducer, ``reduced``), which follows it
+    at once with ``include_usage``."""
 
     def __init__(self, chunks: ChunkMaker, info: dict, member_usage: list[dict], *, reduced: bool, include_usage: bool):
         super().__init__(chunks, include_usage=include_usage)
@@ -112,6 +114,7 @@ class _MoaChunkStream(ChunkStream):
                 "system_fingerprint": done.served_by or None,
                 "hydra_moa": self.info,
                 "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": done.finish_reason}],
+                **served_by_field(done.served_by_all),  # as every dialect's finish chunk (docs/api.md)
             }
         )
         return [out + (c.usage(sum_usage(usage)) if self.include_usage else b"")]

@@ -76,6 +76,8 @@ class Continuation:
     #: A part that failed had relayed text but reported no token ids (a host that does not send
     #: them): its tokens are unknown, so the generation cannot continue anywhere.
     untracked: bool = False
+    #: The router emitted this request's ``request.waiting`` already (routing/target_wait.py: once per request).
+    waiting_announced: bool = False
     _part_tokens: int = 0
     _part_text: bool = False
 

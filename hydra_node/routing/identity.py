@@ -15,7 +15,6 @@ remembered across restarts in ``HOME/kv/digests.json``
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import trio
 
 from hydra_node.mesh.membership.announcement import IDENT_HEX
-from hydra_node.runtime.artifacts.kv_identity import FileDigests
+from hydra_node.runtime.artifacts.kv_identity import FileDigests, model_ident
 
 __all__ = ["IDENT_HEX", "ModelIdentities", "model_ident"]
 
@@ -34,15 +33,6 @@ log = logging.getLogger("hydra.routing.identity")
 #: and how long it waits before trying a file that could not be read again.
 IDENT_POLL_S = 0.5
 IDENT_RETRY_S = 30.0
-
-
-def model_ident(file_sha256: str, chat_template: str | None = None) -> str:
-    """The identity of a model file with sha256 ``file_sha256`` (hex) served with ``chat_template``
-    (an override of the file's template; None: the file's own)."""
-    h = hashlib.sha256(b"hydra-model-ident/1\0" + file_sha256.lower().encode("ascii"))
-    if chat_template:
-        h.update(b"\0chat-template\0" + chat_template.encode("utf-8"))
-    return h.hexdigest()[:IDENT_HEX]
 
 
 class ModelIdentities:

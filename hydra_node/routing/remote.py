@@ -54,6 +54,7 @@ from hydra_node.mesh.membership import Announcement
 from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.routing.target import OpenGeneration, RouteTarget, TargetState
 from hydra_node.routing.serving import serve_while_requester_stays
+from hydra_node.routing.target_wait import MeshView
 
 __all__ = [
     "MAX_GENERATE_BODY_BYTES",
@@ -205,6 +206,13 @@ class RemoteGeneration:
         log.warning("event=reserved_model_ignored peer=%s model=%r", peer_id[:16], model)
 
     # ---- requester ----------------------------------------------------------------------
+    def mesh_view(self) -> MeshView:
+        """The alive members' announcement extras (their re-host claims and wishes: routing/target_wait.py)
+        and the peers that left cleanly."""
+        states = self._mesh.member_states(trio.current_time())
+        extras = tuple(ann.extra for pid, ann in self._mesh.members().items() if states.get(pid) == "alive")
+        return MeshView(extras, frozenset(pid for pid, st in states.items() if st == "left"))
+
     def targets(self) -> list[RouteTarget]:
         states = self._mesh.member_states(trio.current_time())
         out: list[RouteTarget] = []

@@ -1,5 +1,6 @@
 """The router's live events (``GET /api/events``): ``route.decision`` and ``request.finished``
-(``request.continued``, a generation continued on another host, is emitted by the router itself).
+(``request.continued``, a generation continued on another host, and ``request.waiting``, a request
+waiting for a target of a model expected back, are emitted by the router itself).
 
 Pure: :func:`decision_fields` shapes a scheduling decision (or the fixed rule's order) for the
 console; :class:`RequestReport` follows one routed generation from ``Router.generate`` to its

@@ -4,10 +4,14 @@ The fixed rule (scheduler mode ``off``, and what ``shadow`` routes) is: local ru
 if this node hosts the model, else the remote host with the lowest queue, then the
 lowest RTT.  With ``scheduling`` (hydra_node/routing/live.py) the scheduler orders
 the targets in mode ``active`` and every attempt feeds its telemetry.  A failure
-before the first event retries once on the next target; one after it that another host can
+before the first event retries once on the next target (a peer that was unreachable or does not
+host the model passes it on without using that retry); one after it that another host can
 absorb (its host died, its runner was killed) continues the same generation on another ready
 target of the same model identity, up to ``max_continuations`` times
-(:mod:`hydra_node.routing.continuation`; docs/scheduler.md "Continuing a stream").  Embeddings (:meth:`Router.embed`) go to
+(:mod:`hydra_node.routing.continuation`; docs/scheduler.md "Continuing a stream"). A request or a
+continuation that finds no routable target while its model is expected back (a runner loading or
+restarting, a re-host claimed or pending, a host that just died) waits up to ``target_wait_s`` for
+one (:mod:`hydra_node.routing.target_wait`; docs/scheduler.md "Waiting for a target").  Embeddings (:meth:`Router.embed`) go to
 the first target of the fixed rule that can embed (the scheduler ignores them), retried the same way.
 """
 
@@ -18,7 +22,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import trio
 
@@ -35,12 +39,14 @@ from hydra_node.inference import (
 )
 from hydra_node.routing.route_events import DECISION_INTERVAL_S, RequestReport, decision_fields
 from hydra_node.routing.target import EmbedFn, OpenGeneration, RouteTarget, TargetSource, TargetState
+from hydra_node.routing.target_wait import MeshView, Routable, WaitOutcome, expected_back, wait_step
 
 if TYPE_CHECKING:
     from hydra_node.routing.live import LiveScheduling
 
 __all__ = [
     "EmbedFn",
+    "MeshViewSource",
     "ModelListing",
     "OpenGeneration",
     "RouteTarget",
@@ -57,6 +63,20 @@ log = logging.getLogger("hydra.router")
 #: Models whose hosts all vanished are answered with 503 (not 404) for this long.
 REMEMBER_MODELS_S = 600.0
 MAX_REMEMBERED_MODELS = 1024
+#: How often a request waiting for a target looks again (docs/scheduler.md "Waiting for a target").
+TARGET_WAIT_POLL_S = 0.25
+#: Failure codes after which the same host may take the continuation once its runner is ready again
+#: (the runner restarted; the host is fine): only a local one, whose state is exact.
+RESTART_CODES = frozenset({"runner_killed", "split_worker_lost"})
+_UNAVAILABLE = frozenset({"model_unavailable"})
+
+
+@runtime_checkable
+class MeshViewSource(Protocol):
+    """A target source that also says what the mesh announces about models coming back
+    (:class:`hydra_node.routing.remote.RemoteGeneration`)."""
+
+    def mesh_view(self) -> MeshView: ...
 
 
 class UnknownModel(GenerationError):
@@ -76,6 +96,9 @@ class RouterStatistics:
     no_target: int
     continuations: int = 0
     continuation_failures: int = 0
+    #: Requests (new or continuations) that waited for a target, by how the wait ended
+    #: (:class:`hydra_node.routing.target_wait.WaitOutcome`).
+    target_waits: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -96,10 +119,14 @@ class Router:
         on_event: EmitFn | None = None,
         *,
         max_continuations: int = DEFAULT_MAX_CONTINUATIONS,
+        target_wait_s: float = 0.0,
     ):
         self.node_id = node_id
         #: Continuations per generation after a mid-stream failure (``[scheduler].max_continuations``; 0: none).
         self.max_continuations = max_continuations
+        #: How long a request waits for a target of a model expected back (``[scheduler].target_wait_s``;
+        #: 0: not at all — the node passes the config's, default 60).
+        self.target_wait_s = target_wait_s
         #: Live events (route_events.py): every generation's ``request.finished``, sampled ``route.decision``s.
         self.on_event = on_event
         self._decisions = RateGate(DECISION_INTERVAL_S)
@@ -112,6 +139,9 @@ class Router:
         self.no_target = 0
         self.continuations = 0
         self.continuation_failures = 0
+        self.target_waits: dict[str, int] = {o.value: 0 for o in WaitOutcome}
+        self._routable: dict[str, Routable] = {}  # model id -> its last routable target (trio clock)
+        self._own_parts: dict[tuple[str, str], int] = {}  # (node, model) -> parts this router has open there
 
     def add_source(self, source: TargetSource) -> None:
         self._sources.append(source)
@@ -122,6 +152,7 @@ class Router:
             no_target=self.no_target,
             continuations=self.continuations,
             continuation_failures=self.continuation_failures,
+            target_waits=dict(self.target_waits),
         )
 
     def all_targets(self) -> list[RouteTarget]:
@@ -140,7 +171,128 @@ class Router:
             m = by_id.setdefault(t.model, ModelListing(t.model))
             m.hosts.append(t.node_id)
             m.states[t.node_id] = t.state
+        try:
+            clock: float | None = trio.current_time()
+        except RuntimeError:  # listed outside trio (a test, a tool): nothing to record
+            clock = None
+        if clock is not None:
+            for m in by_id.values():
+                self._note_routable(m.id, [h for h, st in m.states.items() if st == TargetState.READY], clock)
         return sorted(by_id.values(), key=lambda m: m.id)
+
+    def mesh_view(self) -> MeshView:
+        """What the sources that know the mesh say about models coming back (alive members'
+        announcement extras, the peers that left cleanly)."""
+        extras: list[Any] = []
+        left: set[str] = set()
+        for s in self._sources:
+            if isinstance(s, MeshViewSource):
+                view = s.mesh_view()
+                extras.extend(view.extras)
+                left |= view.left
+        return MeshView(tuple(extras), frozenset(left))
+
+    def _note_routable(self, model: str, hosts: list[str], now: float) -> None:
+        """``model`` has routable targets on ``hosts`` at ``now`` (nothing recorded if none)."""
+        if not hosts:
+            return
+        if model not in self._routable and len(self._routable) >= MAX_REMEMBERED_MODELS:
+            self._routable.pop(min(self._routable, key=lambda k: self._routable[k].at))
+        self._routable[model] = Routable(now, frozenset(hosts))
+
+    def _expected(self, model: str, listed: list[RouteTarget]) -> str | None:
+        """Why ``model`` is expected back for a request that may use the targets ``listed``."""
+        return expected_back(
+            model,
+            listed,
+            self.mesh_view(),
+            last_routable=self._routable.get(model),
+            now=trio.current_time(),
+            wait_s=self.target_wait_s,
+        )
+
+    def _lookup(self, model: str) -> tuple[list[RouteTarget], list[RouteTarget]]:
+        """``model``'s ready targets in the fixed rule's order, and all its targets."""
+        listed = [t for t in self.all_targets() if t.model == model]
+        ready = sorted((t for t in listed if t.state == TargetState.READY), key=self._rank)
+        return ready, listed
+
+    async def _wait_for_target(
+        self,
+        model: str,
+        look: Callable[[], tuple[list[RouteTarget], list[RouteTarget]]],
+        *,
+        continuation: bool,
+        announce: bool = True,
+    ) -> tuple[list[RouteTarget], str | None, WaitOutcome | None, float]:
+        """Wait up to ``target_wait_s`` for ``look()`` to find a ready target while ``model`` is
+        expected back: (the ready targets, why it was expected back, how the wait ended, seconds
+        waited); no wait (outcome None) when it is not expected back or waiting is off. Nothing is
+        sent to the client meanwhile; its going away cancels the wait. ``announce``: emit
+        ``request.waiting`` (once per request: not when an earlier wait of it did)."""
+        ready, listed = look()
+        if ready or self.target_wait_s <= 0:
+            return ready, None, None, 0.0
+        why = self._expected(model, listed)
+        if why is None:
+            return [], None, None, 0.0
+        start = trio.current_time()
+        log.info("event=request_waiting model=%s why=%r wait_s=%g", model, why, self.target_wait_s)
+        if self.on_event is not None and announce:
+            self.on_event(
+                "request.waiting",
+                {"model": model, "why": why, "wait_s": self.target_wait_s, "continuation": continuation},
+            )
+        outcome = WaitOutcome.CLIENT_GONE
+        try:
+            while True:
+                await trio.sleep(TARGET_WAIT_POLL_S)
+                ready, listed = look()
+                step = wait_step(
+                    routable=bool(ready),
+                    expected=None if ready else self._expected(model, listed),
+                    waited_s=trio.current_time() - start,
+                    wait_s=self.target_wait_s,
+                )
+                if step is not None:
+                    outcome = step
+                    return ready, why, outcome, trio.current_time() - start
+        finally:
+            self.target_waits[outcome.value] += 1
+            log.info(
+                "event=request_waited model=%s outcome=%s waited_s=%.1f",
+                model,
+                outcome.value,
+                trio.current_time() - start,
+            )
+
+    def _no_target(
+        self, model: str, listed: list[RouteTarget], why: str | None, outcome: WaitOutcome | None, waited_s: float
+    ) -> GenerationError:
+        """The 503 of a request that found no target (a 404 for a model never seen), naming the wait."""
+        key = "[scheduler].target_wait_s"
+        if not listed and why is None:
+            known = [m.id for m in self.models()]
+            if not self.recently_seen(model):
+                return UnknownModel(model, known)
+        self.no_target += 1
+        if listed:
+            states = {t.node_id: t.state.value for t in listed}
+            head = f"no host can serve {model!r} right now (states: {states})"
+        else:
+            head = f"no host for {model!r} is reachable right now; its hosts left the mesh"
+        if self.target_wait_s <= 0:
+            tail = f"; the request did not wait for one ({key} = 0)"
+        elif outcome is None:
+            tail = f"; nothing says it is coming back, so the request did not wait for one ({key} = {self.target_wait_s:g})"
+        elif outcome is WaitOutcome.TIMED_OUT:
+            tail = f"; waited {self.target_wait_s:g} s for one ({key}) since {why}"
+        else:
+            tail = (
+                f"; waited {waited_s:.1f} s for one, then it stopped being expected back "
+                f"({key} = {self.target_wait_s:g})"
+            )
+        return ModelUnavailable(head + tail)
 
     def recently_seen(self, model: str) -> bool:
         """True if some host offered ``model`` within REMEMBER_MODELS_S (its hosts are gone: 503, not 404)."""
@@ -176,11 +328,16 @@ class Router:
     async def _generate(
         self, req: GenerationRequest, report: RequestReport
     ) -> AsyncIterator[RoutedEvents[GenerationEvent]]:
-        candidates = self.candidates(req.model)
+        candidates, listed = self._lookup(req.model)
+        announced = False  # request.waiting emitted for this request
         if not candidates:
-            self.no_target += 1
-            states = {t.node_id: t.state.value for t in self.all_targets() if t.model == req.model}
-            raise ModelUnavailable(f"no host can serve {req.model!r} right now (states: {states})")
+            candidates, why, outcome, waited = await self._wait_for_target(
+                req.model, lambda: self._lookup(req.model), continuation=False
+            )
+            announced = outcome is not None
+            if not candidates:
+                raise self._no_target(req.model, self._lookup(req.model)[1] or listed, why, outcome, waited)
+        self._note_routable(req.model, [t.node_id for t in candidates], trio.current_time())
         decision = None
         if self.scheduling is not None:
             candidates, decision = self.scheduling.order(candidates, req)
@@ -190,14 +347,16 @@ class Router:
             [RouteTarget, GenerationRequest], AbstractAsyncContextManager[AsyncIterator[GenerationEvent]]
         ]
         open_target = self.scheduling.attempt if self.scheduling is not None else _open
-        last_err: GenerationError | None = None
-        for attempt, target in enumerate(candidates[:2]):
-            if attempt:
-                self.retries += 1
-                log.info("event=route_retry model=%s target=%s after=%r", req.model, target.key, last_err)
+        # attempt: the one retry used; a peer that was unreachable or does not host the model (503
+        # model_unavailable before anything ran there) passes to the next target without using it
+        attempt, at = 0, 0
+        target = candidates[0]
+        unreachable: set[str] = set()  # peers this request could not reach
+        waited_again = False  # the one wait after a failure before the first event
+        while True:
             yielded = False
             try:
-                part = _Part(open_target(target, req))
+                part = self._part(target, open_target(target, req))
                 async with part as events:
                     first = await _first_event(events)
                     yielded = True
@@ -205,6 +364,7 @@ class Router:
                     if first is not None:
                         report.saw(first, trio.current_time())
                     progress = Continuation(req, self.max_continuations)
+                    progress.waiting_announced = announced
                     progress.start_part(target.node_id)
                     routed = RoutedEvents(
                         self._chain(first, events, part, report, progress, target, open_target), target.node_id
@@ -213,12 +373,37 @@ class Router:
                     yield routed
                     return
             except GenerationError as exc:
-                if exc.retry_elsewhere and not yielded and attempt == 0 and len(candidates) > 1:
-                    last_err = exc
-                    continue
-                raise
-        assert last_err is not None
-        raise last_err
+                unreached = exc.code == "model_unavailable" and not target.local
+                if unreached:
+                    unreachable.add(target.node_id)
+                if not exc.retry_elsewhere or yielded or (attempt and not unreached):
+                    raise
+                if at + 1 < len(candidates):
+                    at += 1
+                    target = candidates[at]
+                elif not waited_again and (unreached or (target.local and exc.code in RESTART_CODES | _UNAVAILABLE)):
+                    # nothing left to try: this node's runner died (or began restarting) before the first
+                    # event, or no peer could be reached (one that just died is still listed): wait for
+                    # a target, one of a peer this request could not reach aside
+                    waited_again = True
+                    skip = frozenset(unreachable)
+
+                    def look(skip: frozenset[str] = skip) -> tuple[list[RouteTarget], list[RouteTarget]]:
+                        ready, listed = self._lookup(req.model)
+                        return [t for t in ready if t.local or t.node_id not in skip], listed
+
+                    found, _, outcome, _ = await self._wait_for_target(
+                        req.model, look, continuation=False, announce=not announced
+                    )
+                    announced = announced or outcome is not None
+                    if not found:
+                        raise
+                    target = found[0]
+                else:
+                    raise
+                attempt = attempt if unreached else 1
+                self.retries += 1
+                log.info("event=route_retry model=%s target=%s after=%r", req.model, target.key, exc)
 
     async def _chain(
         self,
@@ -233,12 +418,13 @@ class Router:
         ],
     ) -> AsyncGenerator[GenerationEvent, None]:
         """The events of the first part, then of each continuation (opened here, on the first
-        part's model identity, never on a host that failed this generation)."""
+        part's model identity, never on a host that failed this generation — unless its local runner
+        restarted, then again there once it is ready)."""
         if first is None:
             return
         async with AsyncExitStack() as parts:  # the continuations' streams, closed when the answer is
             pending: GenerationEvent | None = first
-            failed: set[str] = set()
+            failed: dict[str, bool] = {}  # host -> may serve it again once ready (its local runner restarted)
             while True:
                 try:
                     if pending is not None:  # the part's first event (the first part's: reported already)
@@ -256,7 +442,7 @@ class Router:
                     exc.streamed = True  # too late to retry elsewhere: only a continuation goes on
                     failure = exc
                 await part.fail(failure)  # closed now (its runner slot freed, its failure measured)
-                failed.add(progress.hosts[-1])
+                self._failed_on(failed, progress.hosts[-1], failure)
                 progress.failed_part()
                 opened = await self._continue(progress, failure, target, failed, open_target, parts)
                 if opened is None:
@@ -269,7 +455,7 @@ class Router:
         progress: Continuation,
         failure: GenerationError,
         origin: RouteTarget,
-        failed: set[str],
+        failed: dict[str, bool],
         open_target: Callable[
             [RouteTarget, GenerationRequest], AbstractAsyncContextManager[AsyncIterator[GenerationEvent]]
         ],
@@ -287,6 +473,16 @@ class Router:
                 return None
             await trio.lowlevel.checkpoint_if_cancelled()  # the client went away: nothing continues
             target = self._continuation_target(origin, failed)
+            if target is None and origin.identity is not None:  # none now: wait if the model is expected back
+                found, _, outcome, _ = await self._wait_for_target(
+                    origin.model,
+                    lambda: self._continuation_look(origin, failed),
+                    continuation=True,
+                    announce=not progress.waiting_announced,
+                )
+                progress.waiting_announced = progress.waiting_announced or outcome is not None
+                await trio.lowlevel.checkpoint_if_cancelled()
+                target = found[0] if found else None
             if target is None:
                 self.continuation_failures += 1
                 log.info(
@@ -315,7 +511,7 @@ class Router:
                         "after": failure.code,
                     },
                 )
-            part = _Part(open_target(target, req))
+            part = self._part(target, open_target(target, req))
             try:
                 events = await part.__aenter__()
             except GenerationError as exc:
@@ -328,23 +524,84 @@ class Router:
                     await part.fail(exc)
                     failure = exc
             failure.streamed = True
-            failed.add(target.node_id)
+            self._failed_on(failed, target.node_id, failure)
             progress.failed_part()
 
-    def _continuation_target(self, origin: RouteTarget, failed: set[str]) -> RouteTarget | None:
-        """The best ready target of ``origin``'s model identity on a host that has not failed this
-        generation (None if none; a target of unknown identity never continues anything)."""
+    def _failed_on(self, failed: dict[str, bool], host: str, failure: GenerationError) -> None:
+        """``host`` failed this generation with ``failure``: it may serve it again only if that was
+        this node's own runner restarting (the host is fine; its state is exact), never otherwise."""
+        again = host == self.node_id and failure.code in RESTART_CODES
+        failed[host] = again and failed.get(host, True)
+
+    def _continuation_look(
+        self, origin: RouteTarget, failed: dict[str, bool]
+    ) -> tuple[list[RouteTarget], list[RouteTarget]]:
+        """The ready targets a continuation of ``origin`` may take, best first (a free one first:
+        :meth:`_continuation_rank`), and every target of its model it may take once ready (of its
+        identity, or of one unknown while it loads; on a host it has not failed on)."""
         if origin.identity is None:
-            return None
-        same = [
+            return [], []
+        usable = [
             t
             for t in self.all_targets()
             if t.model == origin.model
-            and t.state == TargetState.READY
-            and t.identity == origin.identity
-            and t.node_id not in failed
+            and (t.node_id not in failed or (failed[t.node_id] and t.local))
+            and t.identity in (origin.identity, None)
         ]
-        return min(same, key=_fixed_rule, default=None)
+        ready = sorted(
+            (t for t in usable if t.state == TargetState.READY and t.identity == origin.identity),
+            key=self._continuation_rank,
+        )
+        return ready, usable
+
+    def _continuation_target(self, origin: RouteTarget, failed: dict[str, bool]) -> RouteTarget | None:
+        """The best ready target of ``origin``'s model identity on a host that has not failed this
+        generation (None if none; a target of unknown identity never continues anything)."""
+        ready, _ = self._continuation_look(origin, failed)
+        return ready[0] if ready else None
+
+    def _free_now(self, t: RouteTarget) -> int:
+        """Slots ``t`` could start a sequence in now: a local runner's exact count; a peer's as it
+        announced, less the parts this router has open there that it may not have announced yet."""
+        if t.local and t.free_slots is not None:
+            return t.free_slots
+        own = self._own_parts.get((t.node_id, t.model), 0)
+        used = t.slots - t.free_slots if t.free_slots is not None else t.queue_depth
+        return t.slots - max(used, own)
+
+    def _load(self, t: RouteTarget) -> float:
+        """How loaded ``t`` is: its requests (as announced, or this router's own open parts there if
+        more) per slot while it has a free one; once it has none, its requests (a peer's slots are
+        estimated as its queue plus its free slots, so per slot every busy peer would look alike)."""
+        requests = max(t.queue_depth, self._own_parts.get((t.node_id, t.model), 0))
+        return requests / max(1, t.slots) if self._free_now(t) > 0 else float(requests)
+
+    def _rank(self, t: RouteTarget) -> tuple:
+        """A new request's order: the fixed rule (local first, a free slot, the shortest queue per
+        slot, the nearest, the node id) with this router's own open parts counted at a peer — its
+        announcement lags, so requests sent at once would all go to the first peer that announced
+        a free slot and queue there."""
+        return (not t.local, self._free_now(t) <= 0, self._load(t), t.rtt_ms, t.node_id)
+
+    def _continuation_rank(self, t: RouteTarget) -> tuple:
+        """A continuation's order: a target with a free slot first (one with none would queue the
+        continuation behind its own streams: the client's stall), then the least loaded per slot
+        counting this router's own open parts, local, the nearest, the node id."""
+        return (self._free_now(t) <= 0, self._load(t), not t.local, t.rtt_ms, t.node_id)
+
+    def _part(self, target: RouteTarget, cm: AbstractAsyncContextManager[AsyncIterator[GenerationEvent]]) -> _Part:
+        """A part on ``target``, counted in ``_own_parts`` while it is open."""
+        key = (target.node_id, target.model)
+        self._own_parts[key] = self._own_parts.get(key, 0) + 1
+
+        def release() -> None:
+            n = self._own_parts.get(key, 0) - 1
+            if n > 0:
+                self._own_parts[key] = n
+            else:
+                self._own_parts.pop(key, None)
+
+        return _Part(cm, release)
 
     async def embed(self, req: EmbeddingRequest) -> EmbeddingResult:
         """Embed on the first target of the fixed rule (the scheduler neither orders nor measures
@@ -415,20 +672,38 @@ class _Part:
     stream failed (so its target sees the failure and frees what it holds at once), else when
     the routed generation ends."""
 
-    def __init__(self, cm: AbstractAsyncContextManager[AsyncIterator[GenerationEvent]]) -> None:
+    def __init__(
+        self,
+        cm: AbstractAsyncContextManager[AsyncIterator[GenerationEvent]],
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
         self._cm = cm
         self._open = False
+        self._on_close = on_close  # once, when the part is closed (or failed to open)
+
+    def _closed(self) -> None:
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
 
     async def __aenter__(self) -> AsyncIterator[GenerationEvent]:
-        events = await self._cm.__aenter__()
+        try:
+            events = await self._cm.__aenter__()
+        except BaseException:
+            self._closed()
+            raise
         self._open = True
         return events
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         if not self._open:
+            self._closed()
             return False
         self._open = False
-        return await self._cm.__aexit__(*exc_info)
+        try:
+            return await self._cm.__aexit__(*exc_info)
+        finally:
+            self._closed()
 
     async def fail(self, exc: GenerationError) -> None:
         """Close the part with ``exc`` (what its stream raised); a failure its close raises is ``exc``'s."""

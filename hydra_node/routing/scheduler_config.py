@@ -71,6 +71,9 @@ class SchedulerConfig:
     #: Times one generation may continue on another host after its host failed mid-stream
     #: (docs/scheduler.md "Continuing a stream"); 0 disables continuation.
     max_continuations: int = 2
+    #: Seconds a request (or a continuation) with no routable target waits for one when its model is
+    #: expected back (docs/scheduler.md "Waiting for a target"); 0: fail at once.
+    target_wait_s: float = 60.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -105,6 +108,10 @@ class SchedulerConfig:
         if isinstance(self.max_continuations, float) or self.max_continuations > 16:
             raise SchedulerConfigError(
                 f"[scheduler].max_continuations: expected an integer 0..16, got {self.max_continuations!r}"
+            )
+        if self.target_wait_s > 3600:
+            raise SchedulerConfigError(
+                f"[scheduler].target_wait_s: must be 0..3600 seconds, got {self.target_wait_s!r}"
             )
         if not 100 <= self.history_interval_ms <= 3_600_000:
             raise SchedulerConfigError(

@@ -27,6 +27,7 @@ SECTIONS = {
     "model_share",
     "placement",
     "kv_cache",
+    "rehost",
 }
 ROUTES = {
     ("POST", "/api/invite"),
@@ -49,6 +50,8 @@ ROUTES = {
     ("POST", "/api/placement/evict"),
     ("POST", "/api/kv/export"),
     ("POST", "/api/kv/import"),
+    ("GET", "/api/rehost"),
+    ("POST", "/api/rehost/min-hosts"),
 }
 
 
@@ -68,7 +71,13 @@ async def test_the_root_declares_every_route_and_status_section(tmp_path):
     st = node.status()
     assert SECTIONS <= set(st) and st["rpc_worker"] == {"enabled": False}
     assert st["speculation"]["mode"] == "off" and st["splits"] == {}
-    assert st["routing"] == {"retries": 0, "no_target": 0, "continuations": 0, "continuation_failures": 0}
+    assert st["routing"] == {
+        "retries": 0,
+        "no_target": 0,
+        "continuations": 0,
+        "continuation_failures": 0,
+        "target_waits": {"routed": 0, "timed_out": 0, "gave_up": 0, "client_gone": 0},
+    }
     json.dumps(st)  # plain JSON, nothing left typed
 
 
