@@ -57,11 +57,12 @@ from hydra_node.admin.runtime import runtime_routes
 from hydra_node.admin.models import models_routes
 from hydra_node.admin.placement import placement_routes
 from hydra_node.admin.kv import kv_routes, kv_status
+from hydra_node.admin.rehost import rehost_routes
 from hydra_node.admin.status_json import to_json
 from hydra_node.config import NodeConfig
 from hydra_node.listen import ListenPurpose
 from hydra_node.mesh.identity import load_or_create_identity
-from hydra_node.models import ModelNotFound, ModelRef, resolve_model
+from hydra_node.models import BUNDLED_MODEL_ID, ModelNotFound, ModelRef, bundled_model_path, resolve_model
 from hydra_node.pidfile import reap_stale, read_pidfile, remove_pidfile, write_pidfile
 from hydra_node.mesh.announcer import AnnouncementContent
 from hydra_node.mesh.membership import Hardware, ModelEntry
@@ -74,6 +75,7 @@ from hydra_node.routing.handover import ANNOUNCED_STATE, Handover, HandoverRoute
 from hydra_node.routing.remote import RemoteGeneration
 from hydra_node.routing.remote_embed import RemoteEmbeddings
 from hydra_node.routing.live import LiveScheduling
+from hydra_node.runtime.hosting.rehost import RehostService, RehostSettings
 from hydra_node.runtime.hosting.service import HostMemory, ModelRuntime, RuntimeSettings
 from hydra_node.runtime.rpc.tunnel import TUNNEL_SERVICE
 from hydra_node.runtime.fetch import FETCH_KIND, BadModelSource, DownloadError, ModelShare, fetch_for_serve
@@ -133,6 +135,7 @@ class Node:
             scheduling=self.scheduling,
             on_event=self.events.emit,
             max_continuations=config.file.scheduler.max_continuations,
+            target_wait_s=config.file.scheduler.target_wait_s,
             handover=self.handover,
         )
         #: model id → runner supervisor: the model runtime fills it, the router and status read it.
@@ -149,7 +152,7 @@ class Node:
         self.router.add_source(self.local)
         refs = config.models or (() if config.fetch_models else (None,))  # None: the bundled model
         self.models: list[ModelRef] = (
-            [] if config.no_model else [resolve_model(m) for m in refs if placed_name(m) is None]
+            [] if config.no_model or config.standby else [resolve_model(m) for m in refs if placed_name(m) is None]
         )
         self.placed_models = [n for n in map(placed_name, config.models) if n is not None]  # materialised in run
         self.api_server: HttpServer | None = None
@@ -177,7 +180,6 @@ class Node:
             self.mesh.handle_stream("generate", self.handover.serving(self.remote.serve))
             self.mesh.handle_stream("embed", self.embeddings.serve)
         f = config.file
-        self.model_share = ModelShare.for_home(self.home, self.mesh, f)  # models to and from peers (docs/models.md)
         self.placement = PlacementService.for_node(
             f.placement,
             home=self.home,
@@ -186,6 +188,8 @@ class Node:
             mesh=self.mesh,  # docs/placement.md
             on_materialised=self.scheduling.observe_materialised,
         )
+        # models to and from peers, in placement's cache: one cache (docs/models.md)
+        self.model_share = ModelShare.for_home(self.home, self.mesh, f, self.placement.cache)
         # [defaults.speculative]: draft server, draft tunnel port, runner arguments
         self.speculation = SpeculationService(
             f.defaults.speculative,
@@ -212,6 +216,27 @@ class Node:
             on_event=self.events.emit,
         )
         self.runtime.on_kv_transfer = self.scheduling.observe_kv  # docs/kv-reuse.md: KV transfer cost
+        # making room in the cache never evicts a file a hosted model runs from
+        self.model_share.cache.serving_paths = lambda: [h.model.path for h in self.runtime.hosted.values()]
+        # [rehost]: a model the mesh lost is hosted again (docs/models.md "Growing back")
+        self.rehost = RehostService(
+            RehostSettings(
+                node_id=self.node_id,
+                enabled=f.rehost.enabled,
+                standby=config.standby,
+                min_hosts=f.rehost.min_hosts,
+                keep_recent_s=f.rehost.keep_recent_s,
+                settle_s=f.rehost.settle_s,
+                max_models=f.rehost.max_models,
+                offers=config.role == "host",
+            ),
+            runtime=self.runtime,
+            mesh=self.mesh,
+            share=self.model_share,
+            digests_store=self.home / "kv" / "digests.json",  # the model identities' table (routing/identity.py)
+            bundled=(BUNDLED_MODEL_ID, bundled_model_path),
+            on_event=self.events.emit,
+        )
         self.metrics = NodeMetrics(
             MetricsSources(
                 http_requests=lambda: self.requests_total,
@@ -227,7 +252,7 @@ class Node:
             runners=self.runners.values,
             links=self.mesh.open_links if self.mesh is not None else list,
         )  # GET /api/history
-        self.scheduling.listeners += [self.metrics.observe, self.history.observe]
+        self.scheduling.listeners += [self.metrics.observe, self.history.observe, self.rehost.observe_request]
         if self.mesh is not None:
             self.mesh.handle_tunnel(DRAFT_SERVICE, self.speculation.handle_stream)
             self.mesh.handle_tunnel(TUNNEL_SERVICE, self.runtime.tunnel_server.handle)
@@ -245,6 +270,7 @@ class Node:
             **models_routes(self.model_share),  # POST /api/models/fetch
             **placement_routes(self.placement),  # /api/placement/... (docs/placement.md)
             **kv_routes(self.runners, self.home / "kv" / "exports", self.placement),  # /api/kv/... (docs/kv-reuse.md)
+            **rehost_routes(self.rehost),  # GET /api/rehost, POST /api/rehost/min-hosts
         }
         #: Sections of /api/status beyond the node's own fields: name → typed statistics.
         self.status_sections: dict[str, Callable[[], Any]] = {
@@ -253,6 +279,7 @@ class Node:
             "scheduler": self.scheduling.status,
             "splits": self.runtime.splits_status,
             "rpc_worker": self.runtime.worker_status,
+            "rehost": self.rehost.status,
             "model_share": self.model_share.status,
             "placement": self.placement.status,
             "kv_cache": kv_status(self.runners),
@@ -340,7 +367,12 @@ class Node:
             rpc=rpc,
             # one artifacts_held list: placement's first, then the cached models that fit (not a ** overwrite)
             extra=merge_held_extras(
-                {**self.speculation.announce_extra(), **self.scheduling.announce_extra(), **rpc_extra},
+                {
+                    **self.speculation.announce_extra(),
+                    **self.scheduling.announce_extra(),
+                    **rpc_extra,
+                    **self.rehost.announce_extra(),
+                },
                 placement=self.placement.announce_extra(),
                 models=self.model_share.announce_extra(),
             ),
@@ -483,6 +515,8 @@ class Node:
                     self.speculation.run
                 )  # draft server, draft tunnel port (runtime/speculative/service.py)
                 await root.start(self.runtime.run)  # RPC worker, split models, hot swap (runtime/hosting/)
+                if self.mesh is not None:
+                    await root.start(self.rehost.run)  # models the mesh lost, hosted again (runtime/hosting/rehost.py)
                 self.state = NodeState.SERVING
                 self._write_ports()
                 assert self.api_server is not None and self.console_server is not None  # built by _bind_listeners

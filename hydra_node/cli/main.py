@@ -189,6 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--no-model", action="store_true", help="host no model: join the mesh, answer the API and offer capacity"
     )
+    s.add_argument(
+        "--standby",
+        action="store_true",
+        help="host nothing (not even the bundled model) but offer this node's room to the mesh: when a "
+        "model loses its last host (or has fewer than its [rehost] min_hosts), a standby node is the "
+        "first chosen to host it again (docs/models.md \"Growing back\"); excludes --model and --no-model",
+    )
     s.add_argument("--max-memory", type=float, metavar="GB", help="cap the memory this node advertises and uses (GB)")
     _add_node_args(s)
     add_discovery_serve_args(s)
@@ -345,6 +352,14 @@ def node_config_from_args(args) -> NodeConfig:
     no_model = client or args.no_model
     if not client and args.no_model and args.model:
         raise ConfigError("--no-model and --model exclude each other")
+    standby = not client and getattr(args, "standby", False)
+    if standby and (args.model or args.no_model):
+        raise ConfigError(
+            "--standby hosts nothing until the mesh needs a model hosted again: drop "
+            + ("--model" if args.model else "--no-model (a --no-model node lends its memory to splits only)")
+        )
+    if standby and not file_cfg.rehost.enabled:
+        raise ConfigError("--standby offers this node for re-hosting, but [rehost].enabled is false in the config")
     role = "client" if client else ("worker" if no_model else "host")
     if client and not joins and not args.auto:
         raise ConfigError("client: needs an invite token: --join TOKEN, --join-file PATH or $HYDRA_JOIN, or --auto")
@@ -358,6 +373,7 @@ def node_config_from_args(args) -> NodeConfig:
         role=role,
         join_timeout_s=args.join_timeout,
         relay=relay_settings_from_args(args, file_cfg.relay),
+        fault=file_cfg.testing.link_faults(),  # [testing]: testing only (docs/config.md)
     )
     max_mem = getattr(args, "max_memory", None)
     if max_mem is not None and max_mem <= 0:
@@ -366,6 +382,7 @@ def node_config_from_args(args) -> NodeConfig:
         home=_home(args),
         models=models,
         no_model=no_model,
+        standby=standby,
         name=args.name or "",
         api_host="0.0.0.0" if args.listen_all else "127.0.0.1",
         api_port=DEFAULT_API_PORT if args.port is None else args.port,

@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from hydra_node.cli.client import NodeClient, NodeClientError
+from hydra_node.cli.rehost_cmd import add_min_hosts_parser, cmd_min_hosts
 from hydra_node.runtime.hosting.service import (
     DEFAULT_SPLIT_STALL_TIMEOUT_S,
     SWAP_WAIT_DEFAULT_S,
@@ -184,7 +185,7 @@ def add_models_parser(sub, add_home) -> None:
         "models",
         help="list, download (pull) and remove models: the catalogue, the local cache, the mesh",
         description="Without a subcommand: list the built-in catalogue, the models downloaded under "
-        "<home>/models (sizes, sha256) and, when a node runs with this home, what the "
+        "the node's one cache, <home>/placement/cache (sizes, sha256) and, when a node runs with this home, what the "
         "mesh hosts. `pull NAME|hf://OWNER/REPO[@REV]/FILE|URL` downloads one (resumable, "
         "sha256-verified; from mesh peers first when a node runs); `rm NAME` deletes one. "
         "`serve --model NAME` pulls on first use. See docs/models.md.",
@@ -212,7 +213,7 @@ def add_models_parser(sub, add_home) -> None:
     p = msub.add_parser("pull", parents=[common], help="download a model into the cache (verified, resumable)")
     p.add_argument("model", metavar="NAME_OR_URL")
     p.add_argument("--force", action="store_true", help="download again even when cached")
-    p.add_argument("--keep", action="store_true", help="never evict it to respect [models].cache_limit_gb")
+    p.add_argument("--keep", action="store_true", help="never evict it to respect [placement] cache_capacity_gb")
     p.add_argument("--no-peers", action="store_true", help="do not ask mesh peers first; go to the internet")
     p.add_argument(
         "--sha256",
@@ -221,6 +222,7 @@ def add_models_parser(sub, add_home) -> None:
         help="the sha256 the file must have (64 hex digits, e.g. from the publisher): checked before the "
         "file is stored, so the pinned digest is known rather than whatever the first download held",
     )
+    add_min_hosts_parser(msub, common)  # models min-hosts [MODEL N] (cli/rehost_cmd.py)
     r = msub.add_parser("rm", parents=[common], help="delete a downloaded model (and any partial download)")
     r.add_argument("model", metavar="NAME")
     r.add_argument(
@@ -229,17 +231,23 @@ def add_models_parser(sub, add_home) -> None:
 
 
 def fetch_settings(home, file_cfg, environ):
-    """Where models are cached and fetched from: ``<home>/models``, ``[models]``, and the Hub endpoint and
-    token from ``environ`` (``HF_ENDPOINT``, ``HF_TOKEN``: the Hugging Face tools' own variables)."""
+    """Where models are cached and fetched from: the node's one cache (``<home>/placement/cache``,
+    ``[placement] cache_capacity_gb``; ``<home>/models`` of the previous generation moved in),
+    ``[models]``, and the Hub endpoint and token from ``environ`` (``HF_ENDPOINT``, ``HF_TOKEN``:
+    the Hugging Face tools' own variables)."""
+    from hydra_node.runtime.artifacts.local_cache import cache_root
     from hydra_node.runtime.fetch import FetchSettings
     from hydra_node.runtime.fetch.catalogue import DEFAULT_HUB
     from hydra_node.runtime.fetch.settings import models_settings
 
+    capacity_gb = getattr(getattr(file_cfg, "placement", None), "cache_capacity_gb", 0.0)
     return FetchSettings(
-        cache_dir=home / "models",
+        cache_dir=cache_root(home),
         hub=environ.get("HF_ENDPOINT") or DEFAULT_HUB,
         token=environ.get("HF_TOKEN") or None,
         models=models_settings(file_cfg),
+        capacity_bytes=int(capacity_gb * 1e9),
+        old_models_dir=home / "models",
     )
 
 
@@ -302,8 +310,8 @@ def prepare_models(cfg, environ):
 def _held_locally(ref, settings) -> bool:
     """True when ``ref`` needs no transfer: the bundled model, or already in the cache (a bad
     reference counts as held: the download path reports it)."""
-    from hydra_node.runtime.fetch import BadModelSource, ModelCache, load_catalogue
-    from hydra_node.runtime.fetch.fetcher import remote_for
+    from hydra_node.runtime.fetch import BadModelSource, load_catalogue
+    from hydra_node.runtime.fetch.fetcher import open_cache, remote_for
 
     entry = load_catalogue().get(ref)
     if entry is not None and entry.bundled:
@@ -312,7 +320,7 @@ def _held_locally(ref, settings) -> bool:
         remote = remote_for(ref, settings)
     except BadModelSource:
         return True
-    return ModelCache(settings.cache_dir).lookup(remote.model_id) is not None
+    return open_cache(settings).lookup(remote.model_id) is not None
 
 
 def cmd_models(args, home, file_cfg, client: NodeClient, environ) -> int:
@@ -325,6 +333,8 @@ def cmd_models(args, home, file_cfg, client: NodeClient, environ) -> int:
             return _list(args, settings, client)
         if action == "rm":
             return _rm(args, settings, client)
+        if action == "min-hosts":
+            return cmd_min_hosts(args, client)
         return _pull(args, settings, client)
     except (BadModelSource, DownloadError) as exc:
         return fetch_failed(exc)
@@ -344,10 +354,11 @@ def _mesh_models(client: NodeClient) -> dict | None:
 
 
 def _list(args, settings, client: NodeClient) -> int:
-    from hydra_node.runtime.fetch import ModelCache, load_catalogue
+    from hydra_node.runtime.fetch import load_catalogue
+    from hydra_node.runtime.fetch.fetcher import open_cache
 
     cat = load_catalogue()
-    cache = ModelCache(settings.cache_dir)
+    cache = open_cache(settings)
     local = cache.records()
     mesh = _mesh_models(client)
     if args.json:
@@ -385,7 +396,7 @@ def _list(args, settings, client: NodeClient) -> int:
                     "cache": {
                         "dir": str(cache.root),
                         "used_bytes": cache.used_bytes(),
-                        "limit_bytes": settings.models.cache_limit_bytes,
+                        "limit_bytes": cache.capacity_bytes or None,
                     },
                     "mesh": mesh,
                 },
@@ -397,7 +408,7 @@ def _list(args, settings, client: NodeClient) -> int:
     for e in cat.values():
         state = "bundled" if e.bundled else ("downloaded" if e.name in local else "")
         print(f"  {e.name:<28} {e.quant:<7} {e.display_size:>10}  {e.licence:<11} {state}")
-    limit = settings.models.cache_limit_bytes
+    limit = cache.capacity_bytes
     print(
         f"LOCAL ({cache.root}: {cache.used_bytes() / 1e9:.2f} GB"
         + (f" of {limit / 1e9:.2f} GB)" if limit else ", no limit)")
@@ -439,7 +450,7 @@ def _served_here(client: NodeClient) -> list[str]:
 
 
 def _rm(args, settings, client: NodeClient) -> int:
-    from hydra_node.runtime.fetch import ModelCache
+    from hydra_node.runtime.fetch.fetcher import open_cache
 
     if not args.force and args.model in _served_here(client):
         print(
@@ -448,7 +459,7 @@ def _rm(args, settings, client: NodeClient) -> int:
             file=sys.stderr,
         )
         return 1
-    if not ModelCache(settings.cache_dir).remove(args.model):
+    if not open_cache(settings).remove(args.model):
         print(f"hydra-node: {args.model!r} is not downloaded (see `hydra models`)", file=sys.stderr)
         return 1
     print(json.dumps({"removed": args.model}) if args.json else f"removed {args.model}")
@@ -505,15 +516,15 @@ def pull_model(
     """The cache record of ``ref``: cached already, else from mesh peers through the running node
     (when one runs and ``[models].peer_fetch``), else downloaded here with a progress bar. ``sha256``:
     the digest the file must have (``pull --sha256``), checked before the file is stored."""
-    from hydra_node.runtime.fetch import ModelCache, ensure_local
+    from hydra_node.runtime.fetch import ensure_local
     from hydra_node.runtime.fetch.catalogue import with_sha256
     from hydra_node.runtime.fetch.errors import ChecksumMismatch
-    from hydra_node.runtime.fetch.fetcher import remote_for
+    from hydra_node.runtime.fetch.fetcher import open_cache, remote_for
 
     remote = remote_for(ref, settings)
     if sha256 is not None:
         remote = with_sha256(remote, sha256)  # BadModelSource for a malformed or contradicting digest
-    cache = ModelCache(settings.cache_dir)
+    cache = open_cache(settings)
     held = cache.lookup(remote.model_id)
     if held is not None and remote.sha256 is not None and held.sha256 != remote.sha256:
         raise ChecksumMismatch(

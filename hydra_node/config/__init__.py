@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from hydra_node.moa.config import MoaSettings, parse_moa_section
+from hydra_node.config.testing import LinkFaultsSection
 from hydra_node.config.defaults import (  # noqa: F401 - re-exported: the sections are part of this module's API
     DEFAULT_PARALLEL,
     MAX_PARALLEL,
@@ -38,7 +39,8 @@ from hydra_node.config.defaults import (  # noqa: F401 - re-exported: the sectio
     _positive,
     _section,
 )
-from hydra_node.runtime.fetch.settings import ModelsSection, parse_models_section
+from hydra_node.config.rehost import RehostSection, parse_rehost_section
+from hydra_node.runtime.fetch.settings import ModelsSection, one_capacity, parse_models_section
 from hydra_node.routing.scheduler_config import SchedulerConfig, SchedulerConfigError
 
 if TYPE_CHECKING:  # the config loader stays importable without the services it configures
@@ -243,12 +245,15 @@ class FileConfig:
     node: NodeSection = field(default_factory=NodeSection, metadata={"section": NodeSection})
     relay: RelaySection = field(default_factory=RelaySection, metadata={"section": RelaySection})
     api: ApiSection = field(default_factory=ApiSection, metadata={"section": ApiSection})
+    #: Testing only: fault injection on every mesh link of this node (hydra_node/config/testing.py).
+    testing: LinkFaultsSection = field(default_factory=LinkFaultsSection, metadata={"section": LinkFaultsSection})
     moa: MoaSettings = field(
         default_factory=MoaSettings, metadata={"parse": lambda d: parse_moa_section(d, ConfigError)}
     )
     models: ModelsSection = field(
         default_factory=ModelsSection, metadata={"parse": lambda d: parse_models_section(d, ConfigError)}
     )
+    rehost: RehostSection = field(default_factory=RehostSection, metadata={"parse": parse_rehost_section})
     #: The reserved keys (:data:`RESERVED_KEYS`) this file sets; computed by the loader, not a table.
     reserved_keys: tuple[str, ...] = field(default=(), metadata={"computed": True})
 
@@ -270,6 +275,11 @@ def parse_config_data(data: Mapping[str, Any]) -> FileConfig:
             raise ConfigError(f"[{key}]: unknown section (known: {', '.join(sorted(known))})")
         parse = known[key].metadata.get("parse")
         kwargs[key] = parse(value) if parse else _section(known[key].metadata["section"], value, key)
+    capacity = one_capacity(data, ConfigError)  # one cache, one capacity (docs/config.md)
+    if capacity is not None:
+        kwargs["placement"] = dataclasses.replace(
+            kwargs.get("placement", PlacementSection()), cache_capacity_gb=capacity
+        )
     return FileConfig(**kwargs, reserved_keys=reserved_keys_in(data))
 
 
@@ -304,6 +314,8 @@ class NodeConfig:
     home: Path
     models: tuple[str, ...] = ()  # --model values; empty = the bundled model
     no_model: bool = False
+    #: ``serve --standby``: host nothing, offer the room to re-host a model the mesh lost (chosen first)
+    standby: bool = False
     name: str = ""
     api_host: str = "127.0.0.1"
     api_port: int = DEFAULT_API_PORT

@@ -229,6 +229,8 @@ class MeshService:
         self, plan: JoinPlan | None = None, *, task_status: trio.TaskStatus[MeshService] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Run until cancelled; with ``plan``, ready once it got us into the mesh (JoinFailed if not)."""
+        if (fault := self._settings.fault) is not None:  # [testing] (docs/config.md): never in production
+            log.warning("event=link_fault_injection %s: link fault injection is on (testing only)", fault.describe())
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery

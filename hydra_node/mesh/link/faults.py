@@ -43,5 +43,12 @@ class FaultInjection:
     def drop_message(self) -> bool:
         return self.message_loss > 0 and self._rng.random() < self.message_loss
 
+    def describe(self) -> str:
+        """``latency_ms=10 jitter_ms=0 message_loss=0 frame_loss=0`` (the start-up warning's words)."""
+        return (
+            f"latency_ms={self.latency_s * 1000:g} jitter_ms={self.jitter_s * 1000:g} "
+            f"message_loss={self.message_loss:g} frame_loss={self.frame_loss:g}"
+        )
+
     def drop_frame(self) -> bool:
         return self.frame_loss > 0 and self._rng.random() < self.frame_loss

@@ -8,7 +8,8 @@ same prefix tokens.  :class:`KvIdentity` holds all of them; :meth:`KvIdentity.mi
 every field that differs, and an import happens only when that list is empty (anything else is
 refused and recomputed: docs/kv-reuse.md).  Nothing is "close enough": floats compare exactly.
 
-Pure except :class:`FileDigests`, whose :meth:`~FileDigests.sha256` reads a file (call it through
+:func:`model_ident` is a hosted model's identity (what a continuation and a re-host check:
+hydra_node/routing/identity.py). Pure except :class:`FileDigests`, whose :meth:`~FileDigests.sha256` reads a file (call it through
 ``trio.to_thread.run_sync``); it remembers a digest per (path, mtime, size) so a large GGUF is hashed
 once, not at every export or import, and keeps the table in a small JSON file when given one.
 """
@@ -26,11 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from hydra_node.mesh.membership.announcement import IDENT_HEX
+
 __all__ = [
     "MAX_DIGEST_ENTRIES",
     "MAX_IDENTITY_TEXT",
     "FileDigests",
     "KvIdentity",
+    "model_ident",
     "pack_tokens",
     "prefix_sha256",
     "unpack_tokens",
@@ -138,6 +142,15 @@ class KvIdentity:
             for n in self.field_names()
             if getattr(self, n) != getattr(other, n) or type(getattr(self, n)) is not type(getattr(other, n))
         ]
+
+
+def model_ident(file_sha256: str, chat_template: str | None = None) -> str:
+    """The identity of a model file with sha256 ``file_sha256`` (hex) served with ``chat_template``
+    (an override of the file's template; None: the file's own)."""
+    h = hashlib.sha256(b"hydra-model-ident/1\0" + file_sha256.lower().encode("ascii"))
+    if chat_template:
+        h.update(b"\0chat-template\0" + chat_template.encode("utf-8"))
+    return h.hexdigest()[:IDENT_HEX]
 
 
 class FileDigests:
