@@ -32,24 +32,33 @@ def two_hosts_and_a_front(tmp_path: Path, config: str) -> Iterator[dict]:
     """Start A, C (hosts, ``config`` as their hydra.toml) and B (no model), joined; yield
     ``{"a", "b", "c", "ids"}`` once B sees both hosts' model with its identity (what a
     continuation needs); every node is killed afterwards."""
+    yield from hosts_and_a_front(tmp_path, config, ("a", "c"))
+
+
+def hosts_and_a_front(tmp_path: Path, config: str, hosts: tuple[str, ...]) -> Iterator[dict]:
+    """``hosts`` (named nodes hosting the bundled model, ``config`` as their hydra.toml) and B (no
+    model), all joined to the first host; yield ``{name: node, ..., "b": B, "ids": {name: node id}}``
+    once B sees every host's model with its identity; every node is killed afterwards."""
     cfg = tmp_path / "hydra.toml"
     cfg.write_text(config)
     common = ("--config", str(cfg), "--no-rpc-worker")
-    a = NodeProcess(tmp_path / "a", *common, "--name", "a")
-    c = NodeProcess(tmp_path / "c", *common, "--name", "c")
+    nodes = {n: NodeProcess(tmp_path / n, *common, "--name", n) for n in hosts}
     b = NodeProcess(tmp_path / "b", *common, "--no-model", "--name", "b")
+    first, *others = (nodes[n] for n in hosts)
     try:
-        a.start()
-        c.args += ["--join", a.invite()]
-        b.args += ["--join", a.invite()]
-        c.start(wait=False)
+        first.start()
+        for p in (*others, b):
+            p.args += ["--join", first.invite()]
+        for p in others:
+            p.start(wait=False)
         b.start()
-        c.wait_ready()
-        ids = {n: p.status()["node_id"] for n, p in (("a", a), ("b", b), ("c", c))}
-        wait_hosts_seen(b, [ids["a"], ids["c"]])
-        yield {"a": a, "b": b, "c": c, "ids": ids}
+        for p in others:
+            p.wait_ready()
+        ids = {n: p.status()["node_id"] for n, p in (*nodes.items(), ("b", b))}
+        wait_hosts_seen(b, [ids[n] for n in hosts])
+        yield {**nodes, "b": b, "ids": ids}
     finally:
-        for p in (a, b, c):
+        for p in (*nodes.values(), b):
             p.kill_all()
 
 
