@@ -37,7 +37,10 @@ def test_three_hosts_partition_and_heal(tmp_path):
         assert r.returncode == 0, r.stderr
         token = r.stdout.strip()
         serve(lab, 2, homes[2], "--no-model", "--join", token)
-        serve(lab, 3, homes[3], "--no-model", "--join", token)
+        # host 3 waits 3 s for a target of a model that just left (the default is 60 s:
+        # [scheduler].target_wait_s, docs/scheduler.md "Waiting for a target")
+        (tmp_path / "h3" / "hydra.toml").write_text("[scheduler]\ntarget_wait_s = 3\n")
+        serve(lab, 3, homes[3], "--no-model", "--join", token, "--config", str(tmp_path / "h3" / "hydra.toml"))
         ids = {1: st1["node_id"]}
         for i in (2, 3):
             ids[i] = wait_for(lambda i=i: node_status(lab, i, homes[i]), 90, f"host {i} up")["node_id"]
@@ -57,7 +60,8 @@ def test_three_hosts_partition_and_heal(tmp_path):
         wait_for(lambda: not alive(node_status(lab, 3, homes[3])), 20, "host 3 drops the others")
         detect_s = time.monotonic() - t0
         r = lab.run(3, ["curl", "-s", "-m", "30", "localhost:9337/v1/completions", "-d", body], timeout=40)
-        assert json.loads(r.stdout)["error"]["code"] == "model_unavailable"
+        err = json.loads(r.stdout)["error"]
+        assert err["code"] == "model_unavailable" and "[scheduler].target_wait_s" in err["message"], err
         # heal: everyone alive again
         lab.set_link(3, True)
         for i in (1, 2, 3):

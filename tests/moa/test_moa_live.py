@@ -233,7 +233,7 @@ def test_bad_mesh_requests_are_refused(both):
         both.completions.create(model="mesh", prompt="Hello", max_tokens=4)
 
 
-def test_a_member_killed_mid_request_leaves_the_others_answer(both_node, both):
+def test_a_member_whose_runner_is_killed_mid_request_continues_after_the_restart(both_node, both):
     node, client = both_node, both
     f16_index = [m["id"] for m in node.status()["models"]].index(F16)
     out: dict = {}
@@ -258,10 +258,13 @@ def test_a_member_killed_mid_request_leaves_the_others_answer(both_node, both):
         asker.join(180)
     assert "error" not in out, out.get("error")
     r, info, _ = out["answer"]
-    assert member(info, F16)["status"] == "error" and member(info, F16)["error"]
-    assert member(info, Q4)["status"] == "ok" and info["answer_from"] == Q4 and info["majority"]
-    assert not info["reducer"]["ran"]  # one answer is a majority of the answers: nothing to reduce
-    assert r.choices[0].message.content and r.usage.completion_tokens == member(info, Q4)["usage"]["completion_tokens"]
+    # the killed member's generation went on on its own runner once that was back (the model is
+    # hosted nowhere else): continued from its tokens when it had streamed some, else started again
+    # after waiting for the restart (docs/scheduler.md "Waiting for a target")
+    assert member(info, F16)["status"] == "ok" and member(info, Q4)["status"] == "ok"
+    routing = node.status()["routing"]
+    assert routing["continuations"] + routing["target_waits"]["routed"] >= 1, routing
+    assert r.choices[0].message.content and info["answer_from"] in (Q4, F16)
     node.wait_status(
         lambda st: st["models"][f16_index]["state"] == "ready" and st["models"][f16_index]["pid"] != pid,
         timeout=90,
