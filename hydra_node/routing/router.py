@@ -163,6 +163,7 @@ class Router:
 
     def models(self) -> list[ModelListing]:
         by_id: dict[str, ModelListing] = {}
+        ready: dict[str, list[RouteTarget]] = {}
         now = time.monotonic()
         for t in self.all_targets():
             if t.model not in self._seen and len(self._seen) >= MAX_REMEMBERED_MODELS:
@@ -171,13 +172,15 @@ class Router:
             m = by_id.setdefault(t.model, ModelListing(t.model))
             m.hosts.append(t.node_id)
             m.states[t.node_id] = t.state
+            if t.state == TargetState.READY:
+                ready.setdefault(t.model, []).append(t)
         try:
             clock: float | None = trio.current_time()
         except RuntimeError:  # listed outside trio (a test, a tool): nothing to record
             clock = None
         if clock is not None:
             for m in by_id.values():
-                self._note_routable(m.id, [h for h, st in m.states.items() if st == TargetState.READY], clock)
+                self._note_routable(m.id, ready.get(m.id, []), clock)
         return sorted(by_id.values(), key=lambda m: m.id)
 
     def mesh_view(self) -> MeshView:
@@ -192,13 +195,14 @@ class Router:
                 left |= view.left
         return MeshView(tuple(extras), frozenset(left))
 
-    def _note_routable(self, model: str, hosts: list[str], now: float) -> None:
-        """``model`` has routable targets on ``hosts`` at ``now`` (nothing recorded if none)."""
-        if not hosts:
+    def _note_routable(self, model: str, targets: list[RouteTarget], now: float) -> None:
+        """``model`` has the routable ``targets`` at ``now`` (nothing recorded if none)."""
+        if not targets:
             return
         if model not in self._routable and len(self._routable) >= MAX_REMEMBERED_MODELS:
             self._routable.pop(min(self._routable, key=lambda k: self._routable[k].at))
-        self._routable[model] = Routable(now, frozenset(hosts))
+        hosts = frozenset(t.node_id for t in targets)
+        self._routable[model] = Routable(now, hosts, frozenset(t.node_id for t in targets if t.local))
 
     def _expected(self, model: str, listed: list[RouteTarget]) -> str | None:
         """Why ``model`` is expected back for a request that may use the targets ``listed``."""
@@ -337,7 +341,7 @@ class Router:
             announced = outcome is not None
             if not candidates:
                 raise self._no_target(req.model, self._lookup(req.model)[1] or listed, why, outcome, waited)
-        self._note_routable(req.model, [t.node_id for t in candidates], trio.current_time())
+        self._note_routable(req.model, candidates, trio.current_time())
         decision = None
         if self.scheduling is not None:
             candidates, decision = self.scheduling.order(candidates, req)

@@ -68,6 +68,8 @@ class Routable:
 
     at: float
     hosts: frozenset[str] = field(default_factory=frozenset)
+    #: those of ``hosts`` that are this node (an unload here, which removes its target, is a clean leave)
+    local: frozenset[str] = field(default_factory=frozenset)
 
 
 def _model_ids(value: object) -> Iterable[str]:
@@ -131,8 +133,11 @@ def expected_back(
         return None
     if any(t.state in _GIVEN_UP for t in listed):
         return None  # its runner's own verdict: failed (a crash loop) or stopped
-    if last_routable.hosts and last_routable.hosts <= view.left:
-        return None  # its hosts left cleanly: nothing suggests it comes back
+    # hosts that left cleanly: peers that said goodbye, and this node when its target is gone (the
+    # model was unloaded here: a restarting or failed runner stays listed)
+    unloaded = last_routable.local if not any(t.local for t in listed) else frozenset()
+    if last_routable.hosts and last_routable.hosts <= view.left | unloaded:
+        return None  # nothing suggests it comes back
     return f"a host served it {max(0.0, now - last_routable.at):.0f} s ago"
 
 

@@ -89,6 +89,9 @@ def test_a_model_routable_moments_ago_is_expected_back_unless_its_hosts_left_or_
     assert expected(last=last, view=MeshView(left=frozenset({A}))) is None  # said goodbye
     assert expected([target(ME, TargetState.FAILED, local=True)], last=last) is None  # a crash loop
     assert expected([target(A, TargetState.SUSPECT)], last=last) is not None  # it just died
+    here = Routable(at=50.0, hosts=frozenset({ME}), local=frozenset({ME}))
+    assert expected(last=here) is None  # unloaded here (its target is gone): a clean leave
+    assert expected([target(ME, TargetState.LOADING, local=True)], last=here) is not None  # restarting
 
 
 def test_the_wait_decision():

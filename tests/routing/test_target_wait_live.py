@@ -2,8 +2,9 @@
 bundled model, with no other host: (i) its runner SIGKILLed mid-stream (the runner process, not
 the node) — the stream waits for the restart and continues there: no error event, the text of an
 uninterrupted greedy run, one ``finish_reason``, usage counting every token, one continuation;
-(ii) a request sent while the runner restarts waits and is served; (iii) the model unloaded and
-re-hosting off (gone for good) — after ``[scheduler].target_wait_s`` a clean 503 naming the wait. The runner sleeps
+(ii) a request sent while the runner restarts waits and is served; (iii) the model unloaded by
+the operator, re-hosting off (gone for good) — at once a clean 503 naming ``[scheduler].target_wait_s``
+and why it did not wait (an unload is a clean leave, unlike a death). The runner sleeps
 40 ms per token (``[runner].inject_token_delay_ms``) so the answer is still being generated when
 its runner dies."""
 
@@ -76,4 +77,4 @@ def test_iii_a_model_gone_for_good_is_a_clean_503_naming_the_wait(host):
     code, answer = request("POST", host.api_port, "/v1/chat/completions", BODY, timeout=WAIT_S + 30)
     err = json.loads(answer)["error"]
     assert code == 503 and err["code"] == "model_unavailable", answer
-    assert "[scheduler].target_wait_s" in err["message"] and "waited" in err["message"], err
+    assert "[scheduler].target_wait_s" in err["message"] and "did not wait" in err["message"], err
