@@ -18,8 +18,8 @@ duplicated or lost against the reference (:func:`text_diff`; goal 0); continued 
 the last content chunk before the kill and the first after it) p50/p95, next to the failure
 detection time measured in the same run (the kill to the API-only node's ``request.continued``
 event on ``/api/events``, first per kill) and the prompt's prefill time (TTFT at a host's own API,
-its local runner, minus the median inter-token gap: the prefill, not the first decode and its
-injected delay); goal: stall p95 <= detection + 2 x prefill; the link RTT the API-only node
+its local runner, of the prompt made new by a nonce so no cached prefix is reused, minus the median
+inter-token gap: the prefill, not the first decode and its injected delay); goal: stall p95 <= detection + 2 x prefill; the link RTT the API-only node
 reports for its peers (``/api/status`` ``peers[].rtt_ms``). No asserts on timings; a table, then one
 JSON line of figures.
 
@@ -299,11 +299,14 @@ def wait_hosts_seen(api: NodeProcess, host_ids: list[str], model: str) -> None:
 
 def prefill_estimate(host: NodeProcess, prompts: list[str], max_tokens: int) -> tuple[float, float, float]:
     """(TTFT, inter-token gap, prefill) medians in seconds, streamed at a host's own API (its local
-    runner); prefill = TTFT - inter-token gap (the first token's decode and injected delay)."""
+    runner); prefill = TTFT - inter-token gap (the first token's decode and injected delay). Each
+    prompt is made new by a leading nonce: the host has served the prompts already (the reference
+    runs), and a prefix it still holds would be reused, timing no prefill at all — while a
+    continuation's new host prefills the prompt it never saw."""
     ttfts, gaps = [], []
     for p in prompts:
         t0 = time.perf_counter()
-        res = stream(host.api_port, p, max_tokens)
+        res = stream(host.api_port, f"(take {time.time_ns() % 10**9}) {p}", max_tokens)
         if res.error or len(res.chunk_times) < 2:
             continue
         ttfts.append(res.chunk_times[0] - t0)
@@ -558,7 +561,7 @@ def run_chaos(args: argparse.Namespace, make: NodeFactory, root: Path, MODEL: st
             ("stall added per continuation p50 / p95", f"{stall_p50 * 1000:.0f} / {stall_p95 * 1000:.0f} ms"),
             ("failure detection (kill -> request.continued) p50", f"{det_p50 * 1000:.0f} ms"),
             (
-                "prompt prefill (local TTFT - inter-token gap)",
+                "prompt prefill (local TTFT of a new prompt - inter-token gap)",
                 f"{prefill * 1000:.0f} ms (TTFT {ttft * 1000:.0f}, gap {gap * 1000:.0f})",
             ),
             (
