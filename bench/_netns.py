@@ -16,7 +16,6 @@ import ctypes
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -112,22 +111,14 @@ class NetnsNode(NodeProcess):
         self._api = NetnsForward(self.ns, NS_API_PORT)
         self._console = NetnsForward(self.ns, NS_CONSOLE_PORT)
 
-    def start(self, wait: bool = True) -> "NetnsNode":
-        self.home.mkdir(parents=True, exist_ok=True)
-        cmd = [
+    def command_line(self) -> list[str]:
+        return [
             *("ip", "netns", "exec", self.ns),  # it execs the node: the pid is the node's
             *(sys.executable, "-m", "hydra_node.cli", "serve", "--home", str(self.home)),
             *("--port", str(NS_API_PORT), "--console", str(NS_CONSOLE_PORT)),
             *("--mesh-host", "0.0.0.0", "--mesh-port", str(NS_MESH_PORT), "--advertise", self.address),
             *self.args,
         ]
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
-        )
-        if wait:
-            self.wait_ready()
-        return self
 
     def wait_ready(self, timeout: float | None = None) -> None:
         super().wait_ready() if timeout is None else super().wait_ready(timeout)

@@ -116,8 +116,7 @@ class LogView:
 class ProfiledNode(NodeProcess):
     """A node run under cProfile (``--profile``): its statistics land in HOME/profile.out when it stops."""
 
-    def start(self, wait: bool = True) -> "ProfiledNode":
-        self.home.mkdir(parents=True, exist_ok=True)
+    def command_line(self) -> list[str]:
         # CPU time, not wall time: on a loaded host a wall-clock profile charges the time the
         # process waited for a core to whatever it was running.
         wrapper = (
@@ -129,7 +128,7 @@ class ProfiledNode(NodeProcess):
             "finally:\n    prof.dump_stats(sys.argv_out)\n"
         )
         wrapper = wrapper.replace("sys.argv_out", repr(str(self.home / "profile.out")))
-        cmd = [
+        return [
             sys.executable,
             "-c",
             wrapper,
@@ -147,13 +146,6 @@ class ProfiledNode(NodeProcess):
             "0",
             *self.args,
         ]
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
-        )
-        if wait:
-            self.wait_ready()
-        return self
 
 
 def print_profile(node: NodeProcess) -> None:

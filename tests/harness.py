@@ -28,9 +28,9 @@ class NodeProcess:
         self.api_port = self.console_port = None
         self.log_path = self.home / "stderr.log"
 
-    def start(self, wait: bool = True) -> "NodeProcess":
-        self.home.mkdir(parents=True, exist_ok=True)
-        cmd = [
+    def command_line(self) -> list[str]:
+        """The node's command line (a subclass runs it another way: in a namespace, profiled)."""
+        return [
             sys.executable,
             "-m",
             "hydra_node.cli",
@@ -47,9 +47,12 @@ class NodeProcess:
             "0",
             *self.args,
         ]
+
+    def start(self, wait: bool = True) -> "NodeProcess":
+        self.home.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            self.command_line(), stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
         )
         if wait:
             self.wait_ready()
