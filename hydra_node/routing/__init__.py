@@ -1,4 +1,7 @@
-"""Routing: measured telemetry per target and the SLO-aware scheduler (pure, time injected)."""
+"""Routing: measured telemetry per target and the SLO-aware scheduler (pure, time injected); the
+router (`router`) with its pure parts: continuing a stream whose host failed (`continuation`),
+waiting for a model that is coming back (`target_wait`), handing streams over on stop
+(`handover`), and the model identity a continuation checks (`identity`)."""
 
 from hydra_node.routing.scheduler import (
     Candidate,
