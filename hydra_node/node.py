@@ -233,7 +233,7 @@ class Node:
             runtime=self.runtime,
             mesh=self.mesh,
             share=self.model_share,
-            digests_store=self.home / "kv" / "digests.json",  # the model identities' table (routing/identity.py)
+            digests=self.identities.digests,  # the model identities' table (routing/identity.py), shared
             bundled=(BUNDLED_MODEL_ID, bundled_model_path),
             on_event=self.events.emit,
         )

@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra_node.config.defaults import ConfigError, _check
-from hydra_node.runtime.hosting.rehost_wire import MAX_MIN_HOSTS, min_hosts_problem
+from hydra_node.runtime.hosting.rehost_wire import MAX_KEEP_HOSTED, MAX_MIN_HOSTS, min_hosts_problem
 
 __all__ = ["MAX_REHOST_MIN_HOSTS", "RehostSection", "parse_rehost_section"]
 
 #: The most hosts ``[rehost].min_hosts`` may ask for one model.
 MAX_REHOST_MIN_HOSTS = MAX_MIN_HOSTS
-#: The most entries of ``[rehost].min_hosts`` (the announcement carries at most 16).
-MAX_MIN_HOSTS_ENTRIES = 16
+#: The most entries of ``[rehost].min_hosts`` (what one announcement's ``keep_hosted`` carries).
+MAX_MIN_HOSTS_ENTRIES = MAX_KEEP_HOSTED
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class RehostSection:
 
 
 def check_min_hosts_entry(key: str, model: Any, n: Any) -> None:
-    """One ``min_hosts`` entry: a model id and an integer 0 … 16 (ConfigError naming ``key``)."""
+    """One ``min_hosts`` entry: a model id and an integer 0 … MAX_REHOST_MIN_HOSTS (ConfigError naming ``key``)."""
     problem = min_hosts_problem(model, n)
     if problem is not None:
         raise ConfigError(f"{key if problem[0] == 'model' else f'{key}.{model}'}: {problem[1]}")
@@ -69,7 +69,7 @@ def parse_rehost_section(data: Any) -> RehostSection:
             f"must be a number of seconds between {lo:g} and {hi:g}, not {v!r}",
         )
         out[key] = float(v)
-    max_models = data.get("max_models", 2)
+    max_models = data.get("max_models", RehostSection.max_models)
     _check(
         isinstance(max_models, int) and not isinstance(max_models, bool) and 0 <= max_models <= 8,
         "[rehost].max_models",

@@ -39,7 +39,7 @@ class ModelIdentities:
     """The identities of the model files this node hosts, by path (:meth:`of`: None until hashed)."""
 
     def __init__(self, store: Path | None) -> None:
-        self._digests = FileDigests(store)
+        self.digests = FileDigests(store)
         self._known: dict[Path, str] = {}
         self.failures = 0
 
@@ -49,7 +49,7 @@ class ModelIdentities:
     async def learn(self, path: Path) -> str:
         """Hash ``path`` (in a worker thread; the cache answers at once for a file seen before)."""
         path = Path(path)
-        digest = await trio.to_thread.run_sync(self._digests.sha256, path)
+        digest = await trio.to_thread.run_sync(self.digests.sha256, path)
         ident = self._known[path] = model_ident(digest)
         log.info("event=model_identity path=%s ident=%s", path, ident)
         return ident

@@ -86,16 +86,19 @@ REQUEST_BODY_TIMEOUT_S = 30.0
 MAX_BODY_BYTES_READING = 4 * MAX_GENERATE_BODY_BYTES
 
 
+#: Bytes ``{"kind": "generate", "req": R}`` takes besides R's own encoding.
+_GENERATE_HEADER_OVERHEAD = len(cbor.encode({"kind": "generate", "req": None})) - len(cbor.encode(None))
+
+
 def generate_header(req: GenerationRequest) -> tuple[dict[str, Any], bytes | None]:
     """The OPEN header for ``req`` and the body to send after it: ``({"kind": "generate", "req": ...},
     None)`` when that header fits MAX_OPEN_HEADER_BYTES (as every node has always sent it), else
     ``({"kind": "generate", "body": N}, the request's N bytes of CBOR)``. A request past
     MAX_GENERATE_BODY_BYTES is a GenerationError 413 ``request_too_large``."""
     wire = req.to_wire()
-    header: dict[str, Any] = {"kind": "generate", "req": wire}
-    if len(cbor.encode(header)) <= MAX_OPEN_HEADER_BYTES:
-        return header, None
-    body = cbor.encode(wire)
+    body = cbor.encode(wire)  # encoded once: the header is this plus a fixed overhead
+    if len(body) + _GENERATE_HEADER_OVERHEAD <= MAX_OPEN_HEADER_BYTES:
+        return {"kind": "generate", "req": wire}, None
     if len(body) > MAX_GENERATE_BODY_BYTES:
         raise GenerationError(
             f"the request is too large to forward to a peer ({len(body)} bytes of at most {MAX_GENERATE_BODY_BYTES})",

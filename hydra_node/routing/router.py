@@ -476,8 +476,9 @@ class Router:
                 log.info("event=continuation_refused model=%s why=%r after=%r", origin.model, verdict.reason, failure)
                 return None
             await trio.lowlevel.checkpoint_if_cancelled()  # the client went away: nothing continues
-            target = self._continuation_target(origin, failed)
-            if target is None and origin.identity is not None:  # none now: wait if the model is expected back
+            target = None
+            if origin.identity is not None:  # (a target of unknown identity never continues anything)
+                # a ready target at once, else a wait if the model is expected back
                 found, _, outcome, _ = await self._wait_for_target(
                     origin.model,
                     lambda: self._continuation_look(origin, failed),
@@ -557,12 +558,6 @@ class Router:
             key=self._continuation_rank,
         )
         return ready, usable
-
-    def _continuation_target(self, origin: RouteTarget, failed: dict[str, bool]) -> RouteTarget | None:
-        """The best ready target of ``origin``'s model identity on a host that has not failed this
-        generation (None if none; a target of unknown identity never continues anything)."""
-        ready, _ = self._continuation_look(origin, failed)
-        return ready[0] if ready else None
 
     def _free_now(self, t: RouteTarget) -> int:
         """Slots ``t`` could start a sequence in now: a local runner's exact count; a peer's as it

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra_node.routing.target import RouteTarget, TargetState
+from hydra_node.runtime.hosting.rehost_wire import parse_rehost_extra
 
 __all__ = [
     "DEFAULT_TARGET_WAIT_S",
@@ -72,37 +73,20 @@ class Routable:
     local: frozenset[str] = field(default_factory=frozenset)
 
 
-def _model_ids(value: object) -> Iterable[str]:
-    if isinstance(value, list | tuple):
-        for item in value:
-            if isinstance(item, str) and item:
-                yield item
-
-
 def rehosting_models(extra: Mapping[str, Any]) -> frozenset[str]:
-    """The models a member claims it is loading now (``extra["rehosting"] = [model_id, ...]``)."""
+    """The models a member claims it is loading now (``extra["rehosting"]``, read by the re-host
+    wire's one parser: :func:`~hydra_node.runtime.hosting.rehost_wire.parse_rehost_extra`)."""
     if not isinstance(extra, Mapping):
         return frozenset()
-    return frozenset(_model_ids(extra.get("rehosting")))
+    return parse_rehost_extra(extra).claims
 
 
 def keep_hosted_models(extra: Mapping[str, Any]) -> frozenset[str]:
-    """The models a member wants kept hosted by at least one node (``extra["keep_hosted"] =
-    [[model_id, min_hosts, ident_or_empty, sha256_or_empty, size_bytes], ...]``, min_hosts >= 1);
-    an entry of another shape is ignored."""
+    """The models a member wants kept hosted by at least one node (``extra["keep_hosted"]`` entries
+    with min_hosts >= 1); an entry of another shape is ignored."""
     if not isinstance(extra, Mapping):
         return frozenset()
-    entries = extra.get("keep_hosted")
-    if not isinstance(entries, list | tuple):
-        return frozenset()
-    out: set[str] = set()
-    for entry in entries:
-        if not isinstance(entry, list | tuple) or len(entry) < 2:
-            continue
-        model, min_hosts = entry[0], entry[1]
-        if isinstance(model, str) and model and type(min_hosts) is int and min_hosts >= 1:
-            out.add(model)
-    return frozenset(out)
+    return frozenset(w.model for w in parse_rehost_extra(extra).keep if w.min_hosts >= 1)
 
 
 def expected_back(

@@ -43,7 +43,7 @@ async def test_identities_are_hashed_off_the_trio_thread_and_remembered(tmp_path
         nursery.cancel_scope.cancel()
     assert ids.of(f) == model_ident(hashlib.sha256(f.read_bytes()).hexdigest())
     again = ModelIdentities(tmp_path / "kv" / "digests.json")
-    assert await again.learn(f) == ids.of(f) and again._digests.hashed == 0  # from the table
+    assert await again.learn(f) == ids.of(f) and again.digests.hashed == 0  # from the table
 
 
 def test_local_targets_carry_their_file_s_identity():

@@ -129,7 +129,7 @@ class CacheIndex:
 
     def expires_at(self, entry: CacheEntry) -> float | None:
         """When ``entry`` expires if nobody uses it (None: never: no TTL, pinned, or a model fetched by name)."""
-        if not self.ttl_s or self.pinned(entry.key) or entry.key in self.model_keys():
+        if not self.ttl_s or self.pinned(entry.key) or (entry.kind == MODEL_KIND and entry.key in self.model_keys()):
             return None
         return entry.last_used + self.ttl_s
 

@@ -22,7 +22,8 @@ import json
 import os
 import re
 import struct
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -156,13 +157,15 @@ def model_ident(file_sha256: str, chat_template: str | None = None) -> str:
 class FileDigests:
     """sha256 of files, remembered per (path, mtime, size): a changed file is hashed again.
 
-    ``store``: a JSON file keeping the table across restarts (None: memory only).  Blocking."""
+    ``store``: a JSON file keeping the table across restarts (None: memory only).  Blocking; one
+    instance may be shared by worker threads (the model identities and the re-host service)."""
 
     def __init__(self, store: Path | None = None, *, limit: int = MAX_DIGEST_ENTRIES) -> None:
         self.store = store
         self.limit = limit
         self.hashed = 0  # files actually read (the rest came from the table)
         self._table: dict[str, list] = {}  # resolved path -> [mtime_ns, size, hex]
+        self._lock = threading.Lock()  # one hash and one save at a time
         if store is not None:
             self._table = _load_table(store)
 
@@ -171,7 +174,10 @@ class FileDigests:
             hash_file,  # the one streaming file hasher
         )
 
-        path = Path(path).resolve()
+        with self._lock:
+            return self._sha256(Path(path).resolve(), hash_file)
+
+    def _sha256(self, path: Path, hash_file: Callable[[Path], Any]) -> str:
         st = path.stat()
         key = str(path)
         held = self._table.get(key)

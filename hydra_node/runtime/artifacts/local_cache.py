@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hydra_node.runtime.artifacts.cache import (
+    MODEL_KIND,
     CacheEntry,
     CacheIndex,
     CacheKey,
@@ -228,7 +229,7 @@ class LocalCache:
     @_locked
     def lookup(self, kind: str, name: str, *, touch: bool = True) -> tuple[Manifest, Path] | None:
         entry = self.index.get(kind, name)
-        if entry is None or entry.key in self.index.model_keys():  # a model fetched by name: ModelCache's
+        if entry is None or (entry.kind == MODEL_KIND and entry.key in self.index.model_keys()):  # ModelCache's
             return None
         folder = self.folder(kind, name)
         if not folder.is_dir():  # removed behind our back

@@ -33,6 +33,7 @@ from hydra_node.runtime.artifacts.cache import MODEL_KIND, CacheEntry, ModelAlia
 from hydra_node.runtime.artifacts.errors import ArtifactError
 from hydra_node.runtime.artifacts.local_cache import CacheFull, DiskFull, LocalCache
 from hydra_node.runtime.artifacts.manifest import ArtifactFile
+from hydra_node.runtime.artifacts.store import fsync_dir  # the one directory fsync
 from hydra_node.runtime.fetch.errors import DiskError, DownloadError
 
 __all__ = ["CachedModel", "ModelCache", "PartialMeta", "TransferInProgress", "cache_key", "fsync_dir"]
@@ -74,14 +75,6 @@ class PartialMeta:
     durable: int = 0
     #: The digest the source stated for the whole file (the Hub's LFS sha256), when it did.
     sha256: str | None = None
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class TransferInProgress(DownloadError):
@@ -270,7 +263,7 @@ class ModelCache:
                 os.replace(staged, folder / file)
                 fsync_dir(folder)
             idx.models[model_id] = ModelAlias(name, origin, source)
-            if old is not None and old.key != key and not any(a.key == old.key for a in idx.models.values()):
+            if old is not None and old.key != key and old.key not in idx.model_keys():
                 self.store.evict(old.key)  # its last model id now names other bytes
             self.store.save()
             rec = self._record(model_id, idx.models[model_id])
@@ -321,7 +314,7 @@ class ModelCache:
             alias = idx.models.pop(model_id, None)
             if alias is None:
                 return had_partial
-            if not any(a.key == alias.key for a in idx.models.values()):
+            if alias.key not in idx.model_keys():
                 idx.unpin(MODEL_KIND, alias.name)
                 self.store.evict(alias.key)
             self.store.save()
@@ -334,9 +327,11 @@ class ModelCache:
         with self.store.holding():
             idx = self.store.index
             protect = frozenset(a.key for mid, a in idx.models.items() if mid in in_use)
-            serving = {Path(p).resolve().parent for p in self.serving_paths()}
-            if serving:
-                protect |= frozenset(k for k in idx.entries if self.store.folder(*k).resolve() in serving)
+            root = self.root.resolve()
+            for p in self.serving_paths():  # root/KIND/NAME/FILE: the entry (KIND, NAME) holds it
+                folder = Path(p).resolve().parent
+                if folder.parent.parent == root and (folder.parent.name, folder.name) in idx.entries:
+                    protect |= {(folder.parent.name, folder.name)}
             try:
                 evicted = self.store.make_room(needed_bytes, protect=protect)
             except CacheFull:

@@ -28,6 +28,7 @@ import os
 import shutil
 from pathlib import Path
 
+from hydra_node.runtime.artifacts.cache import MAX_ENTRIES
 from hydra_node.runtime.fetch.cache import ModelCache, cache_key, fsync_dir
 
 __all__ = ["MAX_OLD_INDEX_BYTES", "migrate_models"]
@@ -90,7 +91,7 @@ def migrate_models(old_root: Path, cache: ModelCache) -> list[str]:
         return [note]
     notes: list[str] = []
     complete = True
-    for model_id, rec in list(records.items())[:4096]:
+    for model_id, rec in list(records.items())[:MAX_ENTRIES]:  # the old index held at most as many
         if not _valid(model_id, rec):
             complete = False  # the index stays for the operator to look at
             notes.append(f"{model_id!r:.80}: a malformed record, not moved")

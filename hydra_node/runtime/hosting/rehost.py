@@ -128,25 +128,26 @@ class RehostService:
         runtime: ModelRuntime,
         mesh: PeerView | None,
         share: ModelShare,
-        digests_store: Path | None,
+        digests: FileDigests,
         bundled: tuple[str, Callable[[], Path]],
         on_event: EmitFn | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        """``bundled``: the bundled model's id and a callable giving its file. ``digests_store``:
-        the file-digest table the model identities keep (routing/identity.py): a file hashed there
-        is not hashed again."""
+        """``bundled``: the bundled model's id and a callable giving its file. ``digests``:
+        the file-digest table the model identities keep (routing/identity.py, shared): a file hashed
+        there is not hashed again."""
         self.settings = settings
         self.runtime = runtime
         self.mesh = mesh
         self.share = share
-        self._digests_store = digests_store
+        self._digests = digests
         self.bundled_id, self._bundled_path = bundled
         self._emit = on_event or (lambda _t, _f: None)
         self._wall = wall
         self.min_hosts: dict[str, int] = dict(settings.min_hosts)
         self.planner = RehostPlanner(settings.node_id, settle_s=settings.settle_s, bundled_id=self.bundled_id)
         self.claims: dict[str, str] = {}  # model → "loading" | "hosted"
+        self._members: list[MemberView] = []  # the view the last tick elected from
         self.failed: dict[str, float] = {}  # model → retry after (unix s)
         self._failures: dict[str, int] = {}
         self._recent: dict[str, float] = {}  # model → last requested through our API (unix s)
@@ -179,11 +180,7 @@ class RehostService:
         )
         self._recent = {m: t for m, t in self._recent.items() if t >= now - self.settings.keep_recent_s}
         self._reasons = {m: reason for m, (_, reason) in wishes.items()}
-        return {m: self._with_known(Wanted(m, n)) for m, (n, _) in wishes.items()}
-
-    def _with_known(self, w: Wanted) -> Wanted:
-        k = self._known.get(w.model)
-        return w if k is None else Wanted(w.model, w.min_hosts, k.ident, k.sha256, k.size_bytes)
+        return {m: self._fill(Wanted(m, n)) for m, (n, _) in wishes.items()}
 
     def _own_files(self) -> list[ModelFile]:
         out = []
@@ -277,7 +274,7 @@ class RehostService:
     def tick(self, nursery: trio.Nursery) -> list[Decision]:
         """One election: start the claims and releases it decides for this node."""
         self._check_claims(nursery)
-        members = self.view()
+        members = self._members = self.view()
         wanted = {m: self._fill(w) for m, w in merge_wanted(members, self.own_wanted()).items()}
         self._wanted = wanted
         refuse = frozenset(m for m, n in self.min_hosts.items() if n == 0)
@@ -289,7 +286,7 @@ class RehostService:
             if d.action is Action.CLAIM and d.model not in self.claims:
                 self.claims[d.model] = "loading"
                 self.counters["rehosting"] += 1
-                reason = "min_hosts" if self._reason_of(d.model, members) == "min_hosts" else "recent"
+                reason = self._reason_of(d.model)
                 fields = {"model": d.model, "reason": reason, "rank": d.rank, "candidates": list(d.candidates)}
                 log.info("event=model_rehosting model=%s reason=%s rank=%s", d.model, reason, d.rank)
                 self._emit("model.rehosting", {**fields, "node_id": self.settings.node_id})
@@ -301,9 +298,7 @@ class RehostService:
     def _fill(self, w: Wanted) -> Wanted:
         """``w`` with what we saw of its file where its announcer knew nothing."""
         k = self._known.get(w.model)
-        if k is None:
-            return w
-        return Wanted(w.model, w.min_hosts, w.ident or k.ident, w.sha256 or k.sha256, w.size_bytes or k.size_bytes)
+        return w if k is None else w.filled(k)
 
     def _check_claims(self, nursery: trio.Nursery) -> None:
         """A model we re-hosted whose runner failed (or went) is a failed re-host: it holds no slot."""
@@ -314,14 +309,9 @@ class RehostService:
                 if runner is not None:
                     nursery.start_soon(self._unload_quietly, model)
 
-    def _reason_of(self, model: str, members: list[MemberView]) -> str:
-        if self.min_hosts.get(model, 0) > 0:
-            return "min_hosts"
-        return self._reasons.get(model) or (
-            "min_hosts"
-            if any(w.model == model for m in members if m.node_id != self.settings.node_id for w in m.rehost.keep)
-            else "recent"
-        )
+    def _reason_of(self, model: str) -> str:
+        """Why ``model`` is wanted: this node's ``min_hosts``, its recent use, else a peer's wish."""
+        return "min_hosts" if self.min_hosts.get(model, 0) > 0 else self._reasons.get(model, "min_hosts")
 
     async def _hash_own_files(self) -> None:
         """sha256 and size of our hosted files, from the identities' digest table (hashed once)."""
@@ -336,7 +326,7 @@ class RehostService:
 
     def _digest(self, path: Path) -> tuple[str, int]:
         """Blocking: the file's sha256 (from the table the model identities keep, when it is there) and size."""
-        return FileDigests(self._digests_store).sha256(path), path.stat().st_size
+        return self._digests.sha256(path), path.stat().st_size
 
     # ---- acting ------------------------------------------------------------------------------
     async def _rehost(self, want: Wanted) -> None:
@@ -445,7 +435,7 @@ class RehostService:
     def status(self) -> RehostStatus:
         now = trio.current_time()
         live: dict[str, int] = {}
-        for m in self.view():
+        for m in self._members:  # the last election's view (a status read changes nothing)
             if m.alive:
                 for model in m.hosting | m.rehost.claims:
                     live[model] = live.get(model, 0) + 1
@@ -454,7 +444,7 @@ class RehostService:
                 w.model,
                 w.min_hosts,
                 live.get(w.model, 0),
-                "min_hosts" if self.min_hosts.get(w.model, 0) > 0 else self._reasons.get(w.model, "min_hosts"),
+                self._reason_of(w.model),
                 None if (s := self.planner.short_for(w.model, now)) is None else round(s, 1),
             )
             for w in sorted(self._wanted.values(), key=lambda w: w.model)

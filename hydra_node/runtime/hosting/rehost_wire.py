@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hydra_node.mesh.membership.announcement import IDENT_HEX
+
 __all__ = [
     "FAILED_KEY",
     "FILES_KEY",
@@ -55,7 +57,7 @@ MAX_MIN_HOSTS = 16
 #: most: ``keep_hosted`` is cut (its oldest entries first) to stay within it.
 REHOST_EXTRA_ITEMS = 64
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_IDENT = re.compile(r"[0-9a-f]{16}")
+_IDENT = re.compile(r"[0-9a-f]{%d}" % IDENT_HEX)  # a model entry's ident (announcement.py)
 _MAX_ID = 256
 
 
@@ -74,6 +76,16 @@ class Wanted:
     ident: str = ""
     sha256: str = ""
     size_bytes: int = 0
+
+    def filled(self, other: Wanted) -> Wanted:
+        """This wish with ``other``'s file facts where this one knows nothing."""
+        return Wanted(
+            self.model,
+            self.min_hosts,
+            self.ident or other.ident,
+            self.sha256 or other.sha256,
+            self.size_bytes or other.size_bytes,
+        )
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ __all__ = [
     "SplitWorkerLost",
     "WorkerLoss",
     "death_error",
+    "exit_how",
     "safe_file_part",
 ]
 
@@ -119,9 +120,13 @@ def death_error(model: str, exit_code: int | None, *, we_killed: bool, loss: Wor
             f"model runner for {model!r} was killed by a SIGKILL this node did not send "
             "(the out-of-memory killer, or kill -9)"
         )
-    code = exit_code
-    how = "" if code is None else f" ({'killed by signal ' + str(-code) if code < 0 else f'exit code {code}'})"
+    how = "" if exit_code is None else f" ({exit_how(exit_code)})"
     return RunnerCrashed(f"model runner for {model!r} exited unexpectedly{how}")
+
+
+def exit_how(code: int | None) -> str:
+    """How a child ended, from its return code: ``killed by signal N`` or ``exit code N``."""
+    return f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
 
 
 class RunnerLoadError(Exception):

@@ -44,6 +44,7 @@ from hydra_node.runtime.runner.records import (
     SplitWorkerLost,
     WorkerLoss,
     death_error,
+    exit_how,
     safe_file_part,
 )
 from hydra_node.runtime.runner.admission import AdmissionLimit
@@ -377,9 +378,8 @@ class RunnerSupervisor:
                     await proc.wait()
                 tail = " | ".join(list(self._stderr_tail)[-5:])
                 code = self._exit_code = proc.returncode
-                if self.lost_worker is not None and self._loss is None:
-                    self._loss = await self.lost_worker()
-                how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                await self._note_loss()
+                how = exit_how(code)
                 if self._loss is not None:
                     how += f"; lost its RPC worker on peer {self._loss.peer[:16]}: {self._loss.reason}"
                 raise ChildExited(f"runner exited ({how}){': ' + tail if tail else ''}")
@@ -491,8 +491,7 @@ class RunnerSupervisor:
                         return await recv_ch.receive()
                     except trio.EndOfChannel:
                         return None
-                if self.lost_worker is not None and self._loss is None:
-                    self._loss = await self.lost_worker()
+                await self._note_loss()
                 self._kill_stalled(stall)
                 if self._loss is not None:
                     raise SplitWorkerLost(self.model.id, self._loss, how=f"produced nothing for {stall:.0f} s")
@@ -547,6 +546,11 @@ class RunnerSupervisor:
         log.warning("event=runner_restart model=%s pid=%s reason=%r", self.model.id, self.pid, reason)
         self.last_error = reason
         return True
+
+    async def _note_loss(self) -> None:
+        """Ask the host whether a worker of this split was lost (once per death: the ``lost_worker`` hook)."""
+        if self.lost_worker is not None and self._loss is None:
+            self._loss = await self.lost_worker()
 
     def _kill_stalled(self, stall: float) -> None:
         """The runner is stuck (no RPC timeouts in llama.cpp): kill it; supervision restarts it."""
