@@ -51,6 +51,7 @@ from hydra_node.api.port import InferencePort
 from hydra_node.moa.answers import MoaApi
 from hydra_node.moa.mixture import MixtureOfAgents, scheduler_quality
 from hydra_node.openai.embeddings import EmbeddingsApi
+from hydra_node.openai.llama_server import LlamaServerApi
 from hydra_node.openai.routes import OpenAIApi
 from hydra_node.responses.routes import ResponsesApi
 from hydra_node.admin.runtime import runtime_routes
@@ -74,6 +75,8 @@ from hydra_node.routing.identity import ModelIdentities
 from hydra_node.routing.handover import ANNOUNCED_STATE, Handover, HandoverRouter
 from hydra_node.routing.remote import RemoteGeneration
 from hydra_node.routing.remote_embed import RemoteEmbeddings
+from hydra_node.routing.remote_tokenize import TOKENIZE_KIND, RemoteTokenizer
+from hydra_node.runtime.hosting.caps_wire import caps_extra
 from hydra_node.routing.live import LiveScheduling
 from hydra_node.runtime.hosting.rehost import RehostService, RehostSettings
 from hydra_node.runtime.hosting.service import HostMemory, ModelRuntime, RuntimeSettings
@@ -172,13 +175,19 @@ class Node:
                 on_event=self.events.emit,
             )
             self.embeddings = RemoteEmbeddings(self.mesh, node_id=self.node_id, local_embed=self._local_embed)
+            self.tokenizer = RemoteTokenizer(self.mesh, node_id=self.node_id, local_tokenize=self._local_tokenize)
             self.remote = RemoteGeneration(
-                self.mesh, node_id=self.node_id, local_open=self._local_open, embed_remote=self.embeddings.embed_remote
+                self.mesh,
+                node_id=self.node_id,
+                local_open=self._local_open,
+                embed_remote=self.embeddings.embed_remote,
+                tokenize_remote=self.tokenizer.tokenize_remote,
             )
             self.remote.admission = self.handover.refusal  # a stopping node admits no peer's new stream
             self.router.add_source(self.remote)
             self.mesh.handle_stream("generate", self.handover.serving(self.remote.serve))
             self.mesh.handle_stream("embed", self.embeddings.serve)
+            self.mesh.handle_stream(TOKENIZE_KIND, self.tokenizer.serve)
         f = config.file
         self.placement = PlacementService.for_node(
             f.placement,
@@ -372,6 +381,7 @@ class Node:
                     **self.scheduling.announce_extra(),
                     **rpc_extra,
                     **self.rehost.announce_extra(),
+                    **caps_extra((r.model.id, r.caps) for r in runners),  # runtime/hosting/caps_wire.py
                 },
                 placement=self.placement.announce_extra(),
                 models=self.model_share.announce_extra(),
@@ -386,6 +396,11 @@ class Node:
         """How a peer's ``embed`` stream runs on a model hosted here (None: not hosted)."""
         runner = self.runners.get(model_id)
         return runner.embeddings.embed if runner is not None else None
+
+    def _local_tokenize(self, model_id: str):
+        """How a peer's ``tokenize`` stream runs on a model hosted here (None: not hosted)."""
+        runner = self.runners.get(model_id)
+        return runner.tokenize if runner is not None else None
 
     def _local_open(self, model_id: str):
         """How a peer's ``generate`` stream runs on a model hosted here (None: not hosted)."""
@@ -444,6 +459,8 @@ class Node:
             "models": [to_json(r.status()) for r in runners],
             "serving_models": [r.model.id for r in runners if r.state == RunnerState.READY],
             "available_models": [m.id for m in self.router.models()],
+            # what each model can do, as this node's router knows it (routing/router.py capabilities)
+            "model_caps": {m.id: to_json(m.caps) for m in self.router.models()},
             "peers": to_json(self.mesh.peers()) if self.mesh else [],
             "mesh": self._mesh_status(),
             "inflight_requests": sum(r.in_flight for r in runners),
@@ -657,16 +674,20 @@ class Node:
         quality = scheduler_quality(self.scheduling, self.node_id)
         moa = MoaApi(MixtureOfAgents(self.router, c.file.moa, quality=quality, own_node=self.node_id))
         openai = OpenAIApi(self.router, moa=moa)
+        embeddings, llama = EmbeddingsApi(self.router), LlamaServerApi(openai)
         api = InferencePort(
             [
                 ("/v1/responses", ResponsesApi(self.router, moa=moa).handle),
-                ("/v1/embeddings", EmbeddingsApi(self.router).handle),
+                ("/v1/embeddings", embeddings.handle),
                 (
                     "/v1/messages",
                     MessagesApi(self.router, claude_model=c.file.api.claude_model or None, moa=moa).handle,
                 ),
                 ("/v1", openai.handle),
-                ("/models", openai.handle),
+                # llama-server's paths: the OpenAI routes without /v1, and its own (docs/api.md)
+                *((p, openai.handle) for p in ("/models", "/chat/completions", "/completions")),
+                ("/embeddings", embeddings.handle),
+                *((p, llama.handle) for p in ("/tokenize", "/detokenize", "/infill")),
             ],
             api_key=c.api_key,
             health=self.health,

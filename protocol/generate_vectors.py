@@ -46,6 +46,7 @@ from hydra_node.mesh.wire.token import issue_invite, parse_invite  # noqa: E402
 sys.path.insert(0, str(ROOT / "protocol"))
 from relay_vectors import relay_vectors  # noqa: E402  (protocol/relay_vectors.py)
 from membership_vectors import membership_vectors  # noqa: E402  (protocol/membership_vectors.py)
+from caps_vectors import caps_vectors  # noqa: E402  (protocol/caps_vectors.py)
 
 VECTORS = ROOT / "protocol" / "vectors"
 SEED_A = bytes([0xA1]) * 32
@@ -1232,6 +1233,7 @@ def build_all() -> dict[str, Any]:
         "manifests.json": manifest_vectors(),
         "relay.json": relay_vectors(to_json),
         "membership.json": membership_vectors(to_json),
+        "caps.json": caps_vectors(to_json),
     }
 
 

@@ -204,6 +204,7 @@ class _ScrapeCollector:
                 kv_used.add_metric((r.model,), r.engine.kv_used)
                 kv_budget.add_metric((r.model,), r.engine.kv_budget)
         yield from (queue, inflight, tps, restarts, up, batch, free, kv_used, kv_budget)
+        yield from _prompt_cache([r for r in list(self.sources.runners())[:MAX_MODEL_LABELS] if r.engine is not None])
 
     def _routing(self):
         router = self.sources.routing()
@@ -292,3 +293,35 @@ class _ScrapeCollector:
         for reason, count in sorted(frame_tally.items()):
             frames.add_metric((str(reason),), count)
         yield frames
+
+
+def _prompt_cache(runners: list) -> Iterator:
+    """The prompt cache's tiers per model (docs/prompt-cache.md), from the runners' engine figures."""
+    hits = CounterMetricFamily(
+        "hydra_prompt_cache_hits", "Admissions restored from a prompt cache tier", labels=("model", "tier")
+    )
+    misses = CounterMetricFamily(
+        "hydra_prompt_cache_misses", "Admissions the prompt cache held nothing better for", labels=("model",)
+    )
+    restored = CounterMetricFamily(
+        "hydra_prompt_cache_restored_tokens", "Prompt tokens restored instead of prefilled", labels=("model",)
+    )
+    size = GaugeMetricFamily("hydra_prompt_cache_bytes", "Bytes of saved KV states per tier", labels=("model", "tier"))
+    entries = GaugeMetricFamily("hydra_prompt_cache_entries", "Saved KV states per tier", labels=("model", "tier"))
+    failures = CounterMetricFamily(
+        "hydra_prompt_cache_failures",
+        "States not saved, written or restored, and disk files removed as invalid",
+        labels=("model",),
+    )
+    for r in runners:
+        e = r.engine
+        hits.add_metric((r.model, "ram"), e.prompt_cache_hits_ram)
+        hits.add_metric((r.model, "disk"), e.prompt_cache_hits_disk)
+        misses.add_metric((r.model,), e.prompt_cache_misses)
+        restored.add_metric((r.model,), e.prompt_cache_restored_tokens)
+        size.add_metric((r.model, "ram"), e.prompt_cache_ram_bytes)
+        size.add_metric((r.model, "disk"), e.prompt_cache_disk_bytes)
+        entries.add_metric((r.model, "ram"), e.prompt_cache_ram_entries)
+        entries.add_metric((r.model, "disk"), e.prompt_cache_disk_entries)
+        failures.add_metric((r.model,), e.prompt_cache_failures)
+    yield from (hits, misses, restored, size, entries, failures)

@@ -4,6 +4,9 @@ the typed server-sent events of a streamed message.
 Stream order (the Anthropic SDKs dispatch on the ``event:`` name, which equals the ``type``)::
 
     message_start (the message shell, content [], usage.input_tokens 0: not known yet), ping,
+    thinking:   content_block_start {"type": "thinking", "thinking": "", "signature": ""},
+                content_block_delta (thinking_delta)..., content_block_delta (signature_delta),
+                content_block_stop
     per block:  content_block_start, content_block_delta (text_delta | input_json_delta)..., content_block_stop
     then        message_delta {stop_reason, stop_sequence; usage: input_tokens, output_tokens, cache_read}
                 message_stop
@@ -13,6 +16,12 @@ Stream order (the Anthropic SDKs dispatch on the ``event:`` name, which equals t
 prompt), so ``message_start`` carries 0 and ``message_delta`` the real count; the SDKs take the
 ``message_delta`` figures as the final ones. :class:`MessageStreamFormatter` is the builder as the
 streamed answer's formatter (:mod:`hydra_node.api.answer`).
+
+A reasoning model's thoughts are a ``thinking`` block before the answer's blocks. Its
+``signature`` is :data:`THINKING_SIGNATURE`: nothing here signs thoughts, but Anthropic's clients
+expect a non-empty one (Claude Code drops a thinking block without it), so every block carries the
+same placeholder, and a signature sent back is never checked. Thinking counts in
+``output_tokens`` (Anthropic has no separate count).
 """
 
 from __future__ import annotations
@@ -23,13 +32,14 @@ from collections.abc import Callable, Sequence
 
 from hydra_node.http.server import Response
 from hydra_node.api.answer import Chunks
-from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments, served_by_field
+from hydra_node.api.chat import ChatDone, ContentDelta, ReasoningDelta, ToolCallArguments, served_by_field
 from hydra_node.api.errors import ApiError
 from hydra_node.grammar.toolcalls import ParsedToolCall, ToolCallStart
 from hydra_node.inference import GenerationError, TokenLogprob
 
 __all__ = [
     "ERROR_TYPES",
+    "THINKING_SIGNATURE",
     "MessageEventStream",
     "MessageStreamFormatter",
     "error_body",
@@ -40,6 +50,7 @@ __all__ = [
     "sse",
     "stop_reason",
     "stop_sequence",
+    "thinking_block",
     "usage_body",
 ]
 
@@ -56,6 +67,10 @@ ERROR_TYPES = {
     503: "overloaded_error",
     529: "overloaded_error",
 }
+
+
+#: The ``signature`` of every thinking block (module doc): a placeholder, not a signature.
+THINKING_SIGNATURE = "hydra-unsigned"
 
 
 def new_id(prefix: str, token: Callable[[int], str] = secrets.token_hex) -> str:
@@ -141,10 +156,14 @@ def message_body(
     stop_sequence: str | None,
     usage: dict,
     served_by: Sequence[str] = (),
+    reasoning: str = "",
+    show_thinking: bool = True,
 ) -> dict:
     """The message object; ``served_by``: every host that served a part, named as
-    ``hydra_served_by`` when more than one did (a continuation, docs/api.md)."""
-    content = [{"type": "text", "text": text}] if text else []
+    ``hydra_served_by`` when more than one did (a continuation, docs/api.md); ``reasoning``: the
+    thoughts, a thinking block first (with no text when ``show_thinking`` is False)."""
+    content = [thinking_block(reasoning if show_thinking else "")] if reasoning else []
+    content += [{"type": "text", "text": text}] if text else []
     content += [_tool_use(c, c.arguments) for c in calls]
     return {
         "id": msg_id,
@@ -159,6 +178,10 @@ def message_body(
     }
 
 
+def thinking_block(thinking: str) -> dict:
+    return {"type": "thinking", "thinking": thinking, "signature": THINKING_SIGNATURE}
+
+
 def sse(event: dict) -> bytes:
     return f"event: {event['type']}\ndata: ".encode() + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
 
@@ -166,10 +189,10 @@ def sse(event: dict) -> bytes:
 class MessageEventStream:
     """One streamed message's events, as dicts (frame each with :func:`sse`)."""
 
-    def __init__(self, msg_id: str, model: str):
-        self.msg_id, self.model = msg_id, model
+    def __init__(self, msg_id: str, model: str, show_thinking: bool = True):
+        self.msg_id, self.model, self.show_thinking = msg_id, model, show_thinking
         self._index = -1  # the open block's index, or of the last one closed
-        self._open: str | None = None  # "text" | "tool_use" | None
+        self._open: str | None = None  # "thinking" | "text" | "tool_use" | None
         self.text: list[str] = []  # every text delta sent (the whole answer's text)
         self.done = False
 
@@ -180,8 +203,25 @@ class MessageEventStream:
     def _close(self) -> list[dict]:
         if self._open is None:
             return []
+        out = []
+        if self._open == "thinking":  # the signature comes just before the block's stop
+            delta = {"type": "signature_delta", "signature": THINKING_SIGNATURE}
+            out.append({"type": "content_block_delta", "index": self._index, "delta": delta})
         self._open = None
-        return [{"type": "content_block_stop", "index": self._index}]
+        return out + [{"type": "content_block_stop", "index": self._index}]
+
+    def thinking_delta(self, thinking: str) -> list[dict]:
+        """A piece of the thoughts (the block opens with the first; no text is sent when the
+        request asked for ``display: "omitted"``)."""
+        if not thinking:
+            return []
+        out = []
+        if self._open != "thinking":
+            out = self._begin("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+        if not self.show_thinking:
+            return out
+        delta = {"type": "thinking_delta", "thinking": thinking}
+        return out + [{"type": "content_block_delta", "index": self._index, "delta": delta}]
 
     def _begin(self, kind: str, block: dict) -> list[dict]:
         out = self._close()
@@ -247,6 +287,9 @@ class MessageStreamFormatter:
 
     def start(self) -> Chunks:
         return [sse(e) for e in self.builder.start()]
+
+    def reasoning(self, k: int, delta: ReasoningDelta) -> Chunks:
+        return [sse(e) for e in self.builder.thinking_delta(delta.text)]
 
     def text(self, k: int, delta: ContentDelta) -> Chunks:
         self.entries.extend(delta.logprobs)

@@ -9,7 +9,19 @@ conversation becomes the shared chat vocabulary (:class:`ChatMessage`, :class:`T
 * a ``user`` message's ``tool_result`` blocks -> ``tool`` messages (in order, each naming the
   function of the ``tool_use`` it answers; ``is_error: true`` prefixes the text with ``Error: ``),
   its text blocks -> one ``user`` message;
-* an ``assistant`` message's text -> its content, its ``tool_use`` blocks -> its calls.
+* an ``assistant`` message's text -> its content, its ``tool_use`` blocks -> its calls, its
+  ``thinking`` blocks -> its ``reasoning`` (rendered as the model's template wants: docs/reasoning.md;
+  the signature is not checked), its ``redacted_thinking`` blocks dropped (encrypted by another
+  server: nothing here can read them).
+
+``thinking`` (docs/reasoning.md): ``{"type": "enabled", "budget_tokens": N}`` (N >= 1024 and below
+``max_tokens``, as Anthropic checks; refused on a model that does not reason, when the routes know
+the model), ``{"type": "disabled"}`` (thinking off), ``{"type": "adaptive"}`` (the model's default;
+``output_config.effort`` then sets how much it reasons); ``display`` ``summarized`` (the default:
+the thoughts as generated, there being no summariser, as Claude Sonnet 3.7 returns them) or
+``omitted`` (thinking blocks with empty text). A ``tool_choice`` that forces a call is refused with
+thinking enabled, as Anthropic refuses it. ``context_management`` ``clear_thinking_*`` edits drop
+the thoughts of all but the last ``keep`` thinking turns (default 1; ``"all"`` keeps them all).
 
 ``cache_control`` on any block is accepted: the host's prefix cache reuses a repeated prompt
 prefix on its own, so the hint changes nothing. Images and documents are refused.
@@ -19,13 +31,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hydra_node.api.errors import bad
 from hydra_node.api.body import load_body, number
 from hydra_node.inference import (
     MAX_STOP_SEQUENCES,
     MAX_TOKENS_LIMIT,
+    MAX_TOP_K,
     MAX_TOOLS,
     ChatMessage,
     InvalidRequest,
@@ -33,7 +46,15 @@ from hydra_node.inference import (
     ToolSpec,
 )
 
-__all__ = ["DEFAULT_TEMPERATURE", "MAX_MESSAGES", "MessagesCall", "parse_messages_body", "parse_count_tokens_body"]
+__all__ = [
+    "DEFAULT_TEMPERATURE",
+    "FORCED_TOOL_WITH_THINKING",
+    "MAX_MESSAGES",
+    "MIN_THINKING_BUDGET",
+    "MessagesCall",
+    "parse_messages_body",
+    "parse_count_tokens_body",
+]
 
 #: Anthropic's default temperature (its range is 0-1).
 DEFAULT_TEMPERATURE = 1.0
@@ -49,6 +70,7 @@ _HONOURED = {
     "stream",
     "temperature",
     "top_p",
+    "top_k",
     "tools",
     "tool_choice",
     "metadata",
@@ -59,13 +81,15 @@ _HONOURED = {
     "cache_control",
 }
 _REFUSED = {
-    "top_k": "'top_k' is not supported (use temperature or top_p)",
     "container": "containers are not supported",
     "mcp_servers": "MCP servers are not supported",
     "output_format": "structured output formats are not supported on /v1/messages",
 }
-#: ``thinking`` types that ask for nothing the models here cannot do (they never reason).
-_THINKING_OK = ("disabled", "adaptive")
+#: ``thinking`` types, and Anthropic's bounds on an enabled budget.
+THINKING_TYPES = ("enabled", "disabled", "adaptive")
+THINKING_DISPLAYS = ("summarized", "omitted")
+MIN_THINKING_BUDGET = 1024
+FORCED_TOOL_WITH_THINKING = "Thinking may not be enabled when tool_choice forces tool use."
 _EFFORTS = ("low", "medium", "high", "max")
 #: Block keys that never change the output (``cache_control``: the host caches prefixes anyway).
 _HARMLESS_BLOCK_KEYS = {"cache_control", "citations"}
@@ -82,11 +106,16 @@ class MessagesCall:
     stream: bool = False
     temperature: float = DEFAULT_TEMPERATURE
     top_p: float = 1.0
+    top_k: int | None = None  # only the K most likely tokens (None: the host's default)
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: str = "auto"  # auto | none | required (Anthropic "any") | function (Anthropic "tool")
     tool_name: str = ""
     parallel_tool_calls: bool = True
     session: str = ""  # metadata.user_id: routing affinity only
+    thinking: str = ""  # "" (not given) | enabled | disabled | adaptive
+    budget_tokens: int | None = None  # thinking enabled: most thinking tokens
+    show_thinking: bool = True  # display "omitted": thinking blocks carry no text
+    effort: str | None = None  # output_config.effort
 
 
 def _text_blocks(v, p: str) -> str:
@@ -172,20 +201,25 @@ def _message(m, p: str, names: dict[str, str]) -> list[ChatMessage]:
     out: list[ChatMessage] = []
     text: list[str] = []
     calls: list[ToolCall] = []
+    thoughts: list[str] = []
     for j, block in enumerate(content):
         q = f"{p}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             text.append(_block_text(block, q))
+        elif kind == "thinking" and role == "assistant":
+            thoughts.append(_thinking_block(block, q))
+        elif kind == "redacted_thinking" and role == "assistant":
+            _check_block_keys(block, q, {"type", "data"})  # encrypted by another server: dropped
         elif kind == "tool_use" and role == "assistant":
             calls.append(_tool_use(block, q))
         elif kind == "tool_result" and role == "user":
             out.append(_tool_result(block, q, names))
         elif kind in ("image", "document", "search_result"):
             raise bad(f"{q}: {kind} blocks are not supported (text only)", f"{q}.type", "unsupported_parameter")
-        elif kind in ("tool_use", "tool_result"):
+        elif kind in ("tool_use", "tool_result", "thinking", "redacted_thinking"):
             raise bad(
-                f"{q}: a {kind} block belongs in a{'n assistant' if kind == 'tool_use' else ' user'} message",
+                f"{q}: a {kind} block belongs in a{' user' if kind == 'tool_result' else 'n assistant'} message",
                 f"{q}.type",
             )
         else:
@@ -193,9 +227,18 @@ def _message(m, p: str, names: dict[str, str]) -> list[ChatMessage]:
                 f"{q}: content blocks of type {kind!r:.40} are not supported", f"{q}.type", "unsupported_parameter"
             )
     names.update((c.id, c.name) for c in calls)
-    if text or calls or not out:
-        out.append(ChatMessage(role, "".join(text), tuple(calls)))
+    if text or calls or thoughts or not out:
+        out.append(ChatMessage(role, "".join(text), tuple(calls), reasoning="".join(thoughts)))
     return out
+
+
+def _thinking_block(block: dict, q: str) -> str:
+    _check_block_keys(block, q, {"type", "thinking", "signature"})
+    if not isinstance(block.get("thinking"), str):
+        raise bad(f"'{q}.thinking' must be a string", f"{q}.thinking", "invalid_type")
+    if block.get("signature") is not None and not isinstance(block["signature"], str):
+        raise bad(f"'{q}.signature' must be a string", f"{q}.signature", "invalid_type")
+    return block["thinking"]
 
 
 def _messages(body: dict, system: str | None) -> tuple[ChatMessage, ...]:
@@ -215,10 +258,13 @@ def _messages(body: dict, system: str | None) -> tuple[ChatMessage, ...]:
             out.extend(_message(m, f"messages[{i}]", names))
         except InvalidRequest as exc:
             raise bad(f"messages[{i}]: {exc.message}", f"messages[{i}]") from None
-    if msgs[-1].get("role") == "assistant":
+    if msgs[-1].get("role") == "assistant" and (
+        out[-1].role != "assistant" or out[-1].tool_calls or not out[-1].content
+    ):
         raise bad(
-            "a final assistant message (prefill) is not supported: end with a user message",
-            f"messages[{len(msgs) - 1}].role",
+            "a final assistant message (prefill) is continued only when it is text: it has tool_use blocks "
+            "or no text; end with a user message",
+            f"messages[{len(msgs) - 1}]",
             "unsupported_parameter",
         )
     return tuple(out)
@@ -327,21 +373,11 @@ def _neutral_fields(body: dict) -> str:
             raise bad(f"unknown parameter '{key}'", key, "unknown_parameter")
     if body.get("service_tier") not in (None, "auto", "standard_only"):
         raise bad("'service_tier' must be 'auto' or 'standard_only' (there are no tiers here)", "service_tier")
-    thinking = body.get("thinking")
-    if thinking is not None and not (
-        isinstance(thinking, dict) and thinking.get("type") in _THINKING_OK and set(thinking) <= {"type", "display"}
-    ):
-        raise bad(
-            "extended thinking is not supported: the models here do not reason ('thinking' may only be "
-            "{\"type\": \"disabled\"} or \"adaptive\", which thinks never here)",
-            "thinking",
-            "unsupported_parameter",
-        )
     edits = body.get("context_management")
     if edits is not None and not _clears_thinking_only(edits):
         raise bad(
-            "'context_management' may only clear thinking blocks (clear_thinking_*: there are none here); "
-            "other edits are not supported",
+            "'context_management' may only clear thinking blocks (clear_thinking_*, with 'keep' \"all\" or "
+            "{\"type\": \"thinking_turns\", \"value\": N}); other edits are not supported",
             "context_management",
             "unsupported_parameter",
         )
@@ -353,8 +389,8 @@ def _neutral_fields(body: dict) -> str:
         isinstance(config, dict) and set(config) <= {"effort"} and config.get("effort") in (None, *_EFFORTS)
     ):
         raise bad(
-            "'output_config' may only hold an 'effort' (low, medium, high, max: it sets how much a model "
-            "reasons, and the models here do not)",
+            "'output_config' may only hold an 'effort' (low, medium, high, max: it sets how much a "
+            "reasoning model reasons; it changes nothing for a model that does not reason)",
             "output_config",
             "unsupported_parameter",
         )
@@ -370,16 +406,102 @@ def _neutral_fields(body: dict) -> str:
 
 
 def _clears_thinking_only(v) -> bool:
-    """``{"edits": [{"type": "clear_thinking_...", ...}]}``: changes nothing where nothing thinks."""
+    """``{"edits": [{"type": "clear_thinking_...", "keep": ...}]}`` (what :func:`_kept_turns` reads)."""
     if not isinstance(v, dict) or set(v) - {"edits"} or not isinstance(v.get("edits", []), list):
         return False
-    return all(isinstance(e, dict) and str(e.get("type", "")).startswith("clear_thinking_") for e in v.get("edits", []))
+    for e in v.get("edits", []):
+        if (
+            not isinstance(e, dict)
+            or not str(e.get("type", "")).startswith("clear_thinking_")
+            or set(e) - {"type", "keep"}
+        ):
+            return False
+        try:
+            _keep(e.get("keep"))
+        except ValueError:
+            return False
+    return True
+
+
+def _keep(keep) -> int | None:
+    """Thinking turns a clear_thinking edit keeps (None: all). ValueError for another shape."""
+    if keep is None:
+        return 1
+    if keep == "all":
+        return None
+    if isinstance(keep, dict) and keep.get("type") == "thinking_turns" and set(keep) <= {"type", "value"}:
+        value = keep.get("value")
+        if type(value) is int and value >= 0:
+            return value
+    raise ValueError("keep")
+
+
+def _kept_turns(body: dict) -> int | None:
+    """The fewest thinking turns any clear_thinking edit keeps (None: no edit clears any)."""
+    edits = (body.get("context_management") or {}).get("edits") or []
+    kept = [k for k in (_keep(e.get("keep")) for e in edits) if k is not None]
+    return min(kept) if kept else None
+
+
+def _clear_thinking(messages: tuple[ChatMessage, ...], keep: int | None) -> tuple[ChatMessage, ...]:
+    """``messages`` with the thoughts of all but the last ``keep`` assistant turns that have any."""
+    if keep is None:
+        return messages
+    thinking = [i for i, m in enumerate(messages) if m.reasoning]
+    cleared = set(thinking[: len(thinking) - keep]) if keep < len(thinking) else set()
+    return tuple(replace(m, reasoning="") if i in cleared else m for i, m in enumerate(messages))
+
+
+def _thinking(body: dict, max_tokens: int | None, tool_choice: str) -> tuple[str, int | None, bool]:
+    """``(type, budget_tokens, show)`` of ``thinking`` (``max_tokens`` None: count_tokens, no bound)."""
+    thinking = body.get("thinking")
+    if thinking is None:
+        return "", None, True
+    if not isinstance(thinking, dict) or thinking.get("type") not in THINKING_TYPES:
+        raise bad(
+            "'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N}, {\"type\": \"disabled\"} or "
+            "{\"type\": \"adaptive\"}",
+            "thinking",
+            "invalid_value",
+        )
+    kind = thinking["type"]
+    allowed = {"type", "display"} | ({"budget_tokens"} if kind == "enabled" else set())
+    for key, value in thinking.items():
+        if key not in allowed and value is not None:
+            raise bad(f"thinking.{key} does not go with type {kind!r}", f"thinking.{key}", "unknown_parameter")
+    display = thinking.get("display")
+    if display is not None and display not in THINKING_DISPLAYS:
+        raise bad("'thinking.display' must be 'summarized' or 'omitted'", "thinking.display", "invalid_value")
+    budget = thinking.get("budget_tokens")
+    if kind == "enabled":
+        if type(budget) is not int:
+            raise bad(
+                "'thinking.budget_tokens' is required with thinking enabled and must be an integer",
+                "thinking.budget_tokens",
+                "missing_required_parameter" if budget is None else "invalid_type",
+            )
+        if budget < MIN_THINKING_BUDGET:
+            raise bad(f"'thinking.budget_tokens' must be at least {MIN_THINKING_BUDGET}", "thinking.budget_tokens")
+        if max_tokens is not None and budget >= max_tokens:
+            raise bad(
+                f"'max_tokens' must be greater than 'thinking.budget_tokens' (max_tokens {max_tokens}, "
+                f"budget_tokens {budget}): thinking counts toward max_tokens",
+                "max_tokens",
+            )
+        if tool_choice in ("required", "function"):
+            raise bad(FORCED_TOOL_WITH_THINKING, "tool_choice")
+    return kind, budget, display != "omitted"
 
 
 def _conversation(body: dict) -> tuple[tuple[ChatMessage, ...], tuple[ToolSpec, ...]]:
     system = body.get("system")
     text = None if system is None else _text_blocks(system, "system")
-    return _messages(body, text), _tools(body)
+    return _clear_thinking(_messages(body, text), _kept_turns(body)), _tools(body)
+
+
+def _effort(body: dict) -> str | None:
+    config = body.get("output_config")
+    return config.get("effort") if isinstance(config, dict) else None
 
 
 def parse_messages_body(raw: bytes) -> MessagesCall:
@@ -403,6 +525,16 @@ def parse_messages_body(raw: bytes) -> MessagesCall:
         raise bad("'stream' must be a boolean", "stream", "invalid_type")
     messages, tools = _conversation(body)
     choice, name, parallel = _tool_choice(body, tools)
+    thinking, budget, show = _thinking(body, max_tokens, choice)
+    if thinking == "enabled" and messages[-1].role == "assistant":
+        raise bad(
+            "a final assistant message (prefill) cannot be continued with thinking enabled (as Anthropic's API)",
+            "thinking",
+            "unsupported_parameter",
+        )
+    top_k = body.get("top_k")
+    if top_k is not None and (type(top_k) is not int or not 1 <= top_k <= MAX_TOP_K):
+        raise bad(f"'top_k' must be an integer between 1 and {MAX_TOP_K}", "top_k")
     return MessagesCall(
         model=model,
         messages=messages,
@@ -411,11 +543,16 @@ def parse_messages_body(raw: bytes) -> MessagesCall:
         stream=bool(stream),
         temperature=number(body, "temperature", DEFAULT_TEMPERATURE, 0, 1),
         top_p=number(body, "top_p", 1.0, 0, 1),
+        top_k=top_k,
         tools=tools,
         tool_choice=choice,
         tool_name=name,
         parallel_tool_calls=parallel,
         session=session,
+        thinking=thinking,
+        budget_tokens=budget,
+        show_thinking=show,
+        effort=_effort(body),
     )
 
 
@@ -444,6 +581,7 @@ def parse_count_tokens_body(raw: bytes) -> MessagesCall:
         raise bad("'model' is required and must be a string", "model", "missing_required_parameter")
     messages, tools = _conversation(body)
     choice, name, parallel = _tool_choice(body, tools)
+    thinking, budget, show = _thinking(body, None, choice)
     return MessagesCall(
         model=model,
         messages=messages,
@@ -453,4 +591,8 @@ def parse_count_tokens_body(raw: bytes) -> MessagesCall:
         tool_name=name,
         parallel_tool_calls=parallel,
         temperature=0.0,
+        thinking=thinking,
+        budget_tokens=budget,
+        show_thinking=show,
+        effort=_effort(body),
     )

@@ -7,6 +7,9 @@ grammar), the generation runs through :mod:`hydra_node.api.chat` (tool calls par
 as they are generated) and the answer is shaped by :mod:`anthropic_format`. Errors are
 Anthropic-shaped. Model ids: :mod:`anthropic_models`. What is supported: docs/agents.md.
 
+``thinking`` and ``output_config.effort`` become the reasoning fields for the model
+(:func:`reasoning_fields`; docs/reasoning.md), refused naming the model where it does not reason.
+
 ``stop_sequences`` are cut by the host's runner like OpenAI's ``stop``; to tell which one ended
 the answer (``stop_reason: "stop_sequence"`` and ``stop_sequence``), such a request also asks the
 host for per-token entries (``logprobs``), whose bytes are every token generated, the stop's own
@@ -35,21 +38,40 @@ from hydra_node.anthropic.request import MessagesCall, parse_count_tokens_body, 
 from hydra_node.api.answer import stream_answer
 from hydra_node.api.chat import complete_chat
 from hydra_node.http.server import Request, Response, StreamResponse
-from hydra_node.moa.answers import MoaApi, complete_answer, open_chat_events
+from hydra_node.moa.answers import MoaApi, caps_of, complete_answer, open_chat_events
 from hydra_node.api.errors import ApiError, bad
+from hydra_node.api.reasoning import effort_fields, thinking_fields
 from hydra_node.api.router_api import RouterApi
 from hydra_node.api.tool_choice_header import TOOL_CHOICE_HEADER, override_tool_choice
-from hydra_node.inference import GenerationError, GenerationRequest, InvalidRequest
+from hydra_node.inference import NO_CAPS, GenerationError, GenerationRequest, InvalidRequest, ModelCaps
 
-__all__ = ["MessagesApi", "generation_request"]
+__all__ = ["MessagesApi", "generation_request", "reasoning_fields"]
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_PATH = "/v1/messages/count_tokens"
 
 
-def generation_request(call: MessagesCall, request_id: str, session: str = "") -> GenerationRequest:
-    """The chat generation serving ``call`` (tools -> grammars as on /v1/chat/completions)."""
-    fields: dict = {}
+def reasoning_fields(call: MessagesCall, caps: ModelCaps) -> dict:
+    """The request fields of ``thinking`` and ``output_config.effort`` for a model that can do
+    ``caps``: ``enabled`` sets the budget (refused on a model that does not reason); ``disabled``
+    turns thinking off (nothing to turn off on a model that does not reason); ``adaptive`` or none
+    leaves the model's default, which ``output_config.effort`` sets on a reasoning model."""
+    if call.thinking == "enabled":
+        fields = thinking_fields(caps, call.model, enabled=True, budget_tokens=call.budget_tokens)
+        return fields | ({"reasoning_effort": call.effort} if call.effort else {})
+    if not caps.reasons:
+        return {}
+    if call.thinking == "disabled":
+        return thinking_fields(caps, call.model, enabled=False, budget_tokens=None)
+    return effort_fields(caps, call.model, call.effort, param="output_config.effort")
+
+
+def generation_request(
+    call: MessagesCall, request_id: str, session: str = "", caps: ModelCaps = NO_CAPS
+) -> GenerationRequest:
+    """The chat generation serving ``call`` on a model that can do ``caps`` (tools -> grammars as
+    on /v1/chat/completions)."""
+    fields: dict = reasoning_fields(call, caps)
     try:
         if call.tools and call.tool_choice != "none":
             fields["grammar"] = grammar.tool_call_grammar(
@@ -64,6 +86,7 @@ def generation_request(call: MessagesCall, request_id: str, session: str = "") -
             max_tokens=call.max_tokens,
             temperature=call.temperature,
             top_p=call.top_p if call.top_p > 0 else 1.0,
+            top_k=call.top_k,
             stop=call.stop_sequences,
             request_id=request_id,
             session=session or call.session,
@@ -108,10 +131,16 @@ class MessagesApi:
             return await self._count(self._resolved(parse_count_tokens_body(request.body)), session)
         raw = override_tool_choice(request.body, request.headers.get(TOOL_CHOICE_HEADER), "messages")
         call = self._resolved(parse_messages_body(raw))
-        req = generation_request(call, new_id("msg"), session)
+        req = generation_request(call, new_id("msg"), session, self._caps(call))
         if call.stream:
             return await self._stream(call, req, request.nursery)
         return await self._complete(call, req)
+
+    def _caps(self, call: MessagesCall) -> ModelCaps:
+        """What the model can do, asked only when the request has reasoning controls."""
+        if not call.thinking and not call.effort:
+            return NO_CAPS
+        return caps_of(self.router, self.moa, call.model)
 
     def _resolved(self, call: MessagesCall) -> MessagesCall:
         ids = [m.id for m in self.router.models()]
@@ -131,7 +160,7 @@ class MessagesApi:
     async def _count(self, call: MessagesCall, session: str) -> Response:
         """The prompt's tokens as the host renders them: a one-token generation's ``prompt_tokens``
         (the host's prefix cache keeps the prompt for the request that follows)."""
-        req = generation_request(call, new_id("count"), session)
+        req = generation_request(call, new_id("count"), session, self._caps(call))
         try:
             out = await complete_chat(self.router, req)
         except GenerationError as exc:
@@ -150,11 +179,15 @@ class MessagesApi:
             stop,
             usage_body(out.usage),
             out.served_by_all,  # more than one host after a continuation (docs/api.md)
+            out.reasoning,
+            call.show_thinking,
         )
         return Response.json(200, body, headers)
 
     async def _stream(self, call: MessagesCall, req: GenerationRequest, nursery: trio.Nursery | None) -> StreamResponse:
         # Open the generation before answering 200, so routing errors get a proper status.
         events, close, headers = await open_chat_events(self.router, self.moa, req, nursery)
-        fmt = MessageStreamFormatter(MessageEventStream(req.request_id, call.model), call.stop_sequences)
+        fmt = MessageStreamFormatter(
+            MessageEventStream(req.request_id, call.model, call.show_thinking), call.stop_sequences
+        )
         return stream_answer(events, fmt, close=close, headers=headers)

@@ -25,7 +25,15 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from contextlib import aclosing
 from typing import Protocol
 
-from hydra_node.api.chat import ChatDone, ChatEvent, ContentDelta, ToolCallArguments, ToolCallDelta, ToolCallStart
+from hydra_node.api.chat import (
+    ChatDone,
+    ChatEvent,
+    ContentDelta,
+    ReasoningDelta,
+    ToolCallArguments,
+    ToolCallDelta,
+    ToolCallStart,
+)
 from hydra_node.grammar.toolcalls import ParsedToolCall
 from hydra_node.http.server import StreamResponse
 from hydra_node.inference import GenerationError
@@ -51,6 +59,10 @@ class StreamFormatter(Protocol):
 
     def start(self) -> Chunks:
         """Before any event (OpenAI's role chunks, ``response.created``, ``message_start``)."""
+        ...
+
+    def reasoning(self, k: int, delta: ReasoningDelta) -> Chunks:
+        """A reasoning model's thoughts (they come before the answer's text and calls)."""
         ...
 
     def text(self, k: int, delta: ContentDelta) -> Chunks: ...
@@ -88,6 +100,8 @@ def format_event(fmt: StreamFormatter, k: int, ev: ChatEvent) -> Chunks:
     """The chunks of one chat event."""
     if isinstance(ev, ContentDelta):
         return fmt.text(k, ev)
+    if isinstance(ev, ReasoningDelta):
+        return fmt.reasoning(k, ev)
     if isinstance(ev, ToolCallStart):
         return fmt.tool_call_start(k, ev)
     if isinstance(ev, ToolCallArguments):

@@ -45,6 +45,7 @@ from hydra_node.routing.router import RoutedEvents
 from hydra_node.inference import Finished, GenerationError, GenerationEvent, GenerationRequest, TextDelta, TokenLogprob
 
 __all__ = [
+    "ReasoningDelta",
     "ContentDelta",
     "ToolCallStart",
     "ToolCallArguments",
@@ -71,6 +72,14 @@ class ContentDelta:
 
 
 @dataclass(frozen=True)
+class ReasoningDelta:
+    """A reasoning model's thoughts (the host split them from the answer: docs/reasoning.md);
+    they come before the answer's content and never hold tool calls."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class ToolCallDelta:
     """A tool call, whole, or the end of a streamed one (``call.index`` counts calls from 0 within the answer)."""
 
@@ -88,7 +97,7 @@ class ChatDone:
     served_by_all: tuple[str, ...] = ()
 
 
-ChatEvent = ContentDelta | ToolCallStart | ToolCallArguments | ToolCallDelta | ChatDone
+ChatEvent = ReasoningDelta | ContentDelta | ToolCallStart | ToolCallArguments | ToolCallDelta | ChatDone
 
 
 @dataclass
@@ -100,6 +109,7 @@ class ChatOutcome:
     served_by: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     served_by_all: tuple[str, ...] = ()
+    reasoning: str = ""  # the thoughts of a reasoning model ("" for others)
 
 
 def usage_of(fin: Finished) -> dict:
@@ -109,6 +119,7 @@ def usage_of(fin: Finished) -> dict:
         "completion_tokens": fin.completion_tokens,
         "total_tokens": fin.prompt_tokens + fin.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": fin.reasoning_tokens},
     }
 
 
@@ -157,6 +168,8 @@ async def chat_events(
 
     async for ev in events:
         if isinstance(ev, TextDelta):
+            if ev.reasoning:
+                yield ReasoningDelta(ev.reasoning)
             if parser is None:
                 if ev.text or ev.logprobs:
                     yield ContentDelta(ev.text, ev.logprobs)
@@ -187,10 +200,13 @@ async def stream_chat(router: RouterApi, req: GenerationRequest) -> AsyncIterato
 async def complete_chat(router: RouterApi, req: GenerationRequest) -> ChatOutcome:
     """Run ``req`` to the end. Raises :class:`GenerationError`."""
     text: list[str] = []
+    thoughts: list[str] = []
     out = ChatOutcome(content=None)
     async with stream_chat(router, req) as events:
         async for ev in events:
-            if isinstance(ev, ContentDelta):
+            if isinstance(ev, ReasoningDelta):
+                thoughts.append(ev.text)
+            elif isinstance(ev, ContentDelta):
                 text.append(ev.text)
                 out.logprobs.extend(ev.logprobs)
             elif isinstance(ev, ToolCallDelta):
@@ -200,6 +216,7 @@ async def complete_chat(router: RouterApi, req: GenerationRequest) -> ChatOutcom
                 out.served_by_all = ev.served_by_all
     content = "".join(text)
     out.content = content if (content or not out.tool_calls) else None
+    out.reasoning = "".join(thoughts)
     return out
 
 
@@ -216,9 +233,13 @@ def sum_usage(usages: Iterable[dict]) -> dict:
         "completion_tokens": 0,
         "total_tokens": 0,
         "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0},
     }
     for u in usages:
         for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
             total[key] += u.get(key, 0)
         total["prompt_tokens_details"]["cached_tokens"] += u.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        total["completion_tokens_details"]["reasoning_tokens"] += u.get("completion_tokens_details", {}).get(
+            "reasoning_tokens", 0
+        )
     return total

@@ -1,7 +1,7 @@
 """What the API dialects need from the router: the seam between ``api``-side code and ``routing``.
 
 :class:`hydra_node.routing.router.Router` is the one implementation; a dialect takes a
-:class:`RouterApi` so that it depends on these four calls, not on the router's insides.
+:class:`RouterApi` so that it depends on these calls, not on the router's insides.
 """
 
 from __future__ import annotations
@@ -10,7 +10,15 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
-from hydra_node.inference import EmbeddingRequest, EmbeddingResult, GenerationEvent, GenerationRequest
+from hydra_node.inference import (
+    EmbeddingRequest,
+    EmbeddingResult,
+    GenerationEvent,
+    GenerationRequest,
+    ModelCaps,
+    TokenizeRequest,
+    TokenizeResult,
+)
 
 __all__ = ["ModelEntry", "RouterApi"]
 
@@ -25,6 +33,10 @@ class ModelEntry(Protocol):
     def hosts(self) -> list[str]: ...
     @property
     def states(self) -> Mapping[str, str]: ...
+    @property
+    def caps(self) -> ModelCaps:
+        """What the model can do (:meth:`RouterApi.capabilities`; ``NO_CAPS`` when no host reports any)."""
+        ...
 
 
 class RouterApi(Protocol):
@@ -42,4 +54,13 @@ class RouterApi(Protocol):
 
     def recently_seen(self, model: str) -> bool:
         """True when a target for ``model`` existed a moment ago (a restart, not a typo)."""
+        ...
+
+    def capabilities(self, model: str) -> ModelCaps:
+        """What ``model`` can do, as its hosts report it (``NO_CAPS`` when none reports any:
+        an older node, or no such model)."""
+        ...
+
+    async def tokenize(self, req: TokenizeRequest) -> TokenizeResult:
+        """Tokenize or detokenize on a host of ``req.model`` (this node's runner when it hosts it)."""
         ...

@@ -145,6 +145,17 @@ def pick_model(api: NodeClient, console: NodeClient | None, wanted: str | None) 
     return model
 
 
+def model_reasons(api: NodeClient, model: str) -> bool:
+    """True when ``/v1/models`` says ``model`` reasons (its ``caps``; an older node lists none)."""
+    try:
+        listed = api.get("/v1/models")["data"]
+    except NodeClientError:
+        return False
+    entry = next((m for m in listed if m.get("id") == model), None)
+    caps = (entry or {}).get("caps")
+    return isinstance(caps, dict) and bool(caps.get("reasoning"))
+
+
 def _write(plan: LaunchPlan) -> None:
     for path, content in plan.files.items():
         p = Path(path)
@@ -171,7 +182,9 @@ def cmd_agent(args, home: Path) -> int:
     except AgentLaunchError as exc:
         print(f"hydra: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    plan = launch_plan(tool, origin, model, key, extra, home / "agents", args.tool_choice, args.max_tokens)
+    plan = launch_plan(
+        tool, origin, model, key, extra, home / "agents", args.tool_choice, args.max_tokens, model_reasons(api, model)
+    )
     _write(plan)
     if args.dry_run:
         print(json.dumps(plan.to_json(), indent=2))

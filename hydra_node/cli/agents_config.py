@@ -28,7 +28,10 @@ The key is the node's (``$HYDRA_API_KEY``) or, when the node needs none, the pla
 with its grammar, as ``tool_choice`` would (:mod:`hydra_node.api.tool_choice_header`).
 ``max_tokens`` (``--max-tokens``) bounds each answer through each tool's own setting
 (``CLAUDE_CODE_MAX_OUTPUT_TOKENS``, opencode's model ``limit.output``, pi's ``maxTokens``,
-``GOOSE_MAX_TOKENS``).
+``GOOSE_MAX_TOKENS``). ``reasoning`` (the model reasons: its ``/v1/models`` entry says so) tells
+pi that the model thinks (its model entry's ``reasoning`` and ``compat.supportsReasoningEffort``:
+pi then sends ``reasoning_effort`` and shows ``reasoning_content``, docs/reasoning.md); the other
+tools find out from the answers themselves.
 """
 
 from __future__ import annotations
@@ -93,7 +96,14 @@ def _json(obj: dict) -> str:
 
 
 def _claude(
-    origin: str, model: str, key: str, args: tuple[str, ...], _dir: Path, choice: str, max_tokens: int | None
+    origin: str,
+    model: str,
+    key: str,
+    args: tuple[str, ...],
+    _dir: Path,
+    choice: str,
+    max_tokens: int | None,
+    _reasoning: bool = False,
 ) -> LaunchPlan:
     headers = {"ANTHROPIC_CUSTOM_HEADERS": f"{TOOL_CHOICE_HEADER}: {choice}"} if choice else {}
     if max_tokens:
@@ -113,7 +123,14 @@ def _claude(
 
 
 def _opencode(
-    origin: str, model: str, key: str, args: tuple[str, ...], folder: Path, choice: str, max_tokens: int | None
+    origin: str,
+    model: str,
+    key: str,
+    args: tuple[str, ...],
+    folder: Path,
+    choice: str,
+    max_tokens: int | None,
+    _reasoning: bool = False,
 ) -> LaunchPlan:
     path = folder / "opencode.json"
     options: dict[str, Any] = {"baseURL": f"{origin}/v1", "apiKey": key}
@@ -138,16 +155,23 @@ def _opencode(
 
 
 def _pi(
-    origin: str, model: str, key: str, args: tuple[str, ...], folder: Path, choice: str, max_tokens: int | None
+    origin: str,
+    model: str,
+    key: str,
+    args: tuple[str, ...],
+    folder: Path,
+    choice: str,
+    max_tokens: int | None,
+    reasoning: bool = False,
 ) -> LaunchPlan:
-    entry = {"id": model, "name": model, "reasoning": False, "input": ["text"]}
+    entry: dict[str, Any] = {"id": model, "name": model, "reasoning": reasoning, "input": ["text"]}
     if max_tokens:
         entry["maxTokens"] = max_tokens
     provider = {
         "baseUrl": f"{origin}/v1",
         "api": "openai-completions",
         "apiKey": key,
-        "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
+        "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": reasoning},
         "models": [entry],
     }
     if choice:
@@ -163,7 +187,14 @@ def _pi(
 
 
 def _goose(
-    origin: str, model: str, key: str, args: tuple[str, ...], _dir: Path, choice: str, max_tokens: int | None
+    origin: str,
+    model: str,
+    key: str,
+    args: tuple[str, ...],
+    _dir: Path,
+    choice: str,
+    max_tokens: int | None,
+    _reasoning: bool = False,
 ) -> LaunchPlan:
     env = {
         "GOOSE_PROVIDER": "openai",
@@ -191,12 +222,21 @@ def launch_plan(
     agents_dir: Path,
     tool_choice: str = "",
     max_tokens: int | None = None,
+    reasoning: bool = False,
 ) -> LaunchPlan:
     """The plan for ``tool`` against the node at ``origin`` (``http://host:port``, no ``/v1``),
     with its files under ``agents_dir/<tool>/``; ``tool_choice`` ("" = the tool's own);
-    ``max_tokens``: the most tokens per answer (None = the tool's own)."""
+    ``max_tokens``: the most tokens per answer (None = the tool's own); ``reasoning``: the model
+    reasons (module doc)."""
     if tool not in _BUILDERS:
         raise ValueError(f"unknown agent {tool!r} (known: {', '.join(AGENTS)})")
     return _BUILDERS[tool](
-        origin.rstrip("/"), model, key or PLACEHOLDER_KEY, tuple(args), agents_dir / tool, tool_choice, max_tokens
+        origin.rstrip("/"),
+        model,
+        key or PLACEHOLDER_KEY,
+        tuple(args),
+        agents_dir / tool,
+        tool_choice,
+        max_tokens,
+        reasoning,
     )

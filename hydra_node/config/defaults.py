@@ -105,6 +105,10 @@ class PrefixCacheSection:
     max_entries: int = 64  # free slots that keep their cached prefix (the oldest is dropped beyond)
     min_tokens: int = 64  # shortest prefix worth copying from another slot
     payload_mode: str = "auto"  # reserved: KV state across the mesh (placement)
+    #: the prompt cache's tiers, per hosted model (docs/prompt-cache.md): the KV state of prefixes
+    #: slots lose, kept in RAM (MB) and on disk under HOME/prompt-cache (GB); 0 disables a tier
+    ram_mb: int = 1024
+    disk_gb: float = 8.0
 
     def validate(self, prefix: str) -> None:
         _check(isinstance(self.enabled, bool), f"[{prefix}].enabled", "must be true or false")
@@ -112,6 +116,16 @@ class PrefixCacheSection:
             v = getattr(self, key)
             _check(type(v) is int and 0 <= v <= 1 << 20, f"[{prefix}].{key}", f"must be an integer >= 0, not {v!r}")
         _check(self.min_tokens >= 1, f"[{prefix}].min_tokens", "must be at least 1")
+        _check(
+            type(self.ram_mb) is int and 0 <= self.ram_mb <= 1 << 24,
+            f"[{prefix}].ram_mb",
+            f"must be an integer from 0 (no RAM tier) to {1 << 24}, not {self.ram_mb!r}",
+        )
+        _check(
+            type(self.disk_gb) in (int, float) and 0 <= self.disk_gb <= 1 << 20,
+            f"[{prefix}].disk_gb",
+            f"must be a number from 0 (no disk tier) to {1 << 20}, not {self.disk_gb!r}",
+        )
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ OPEN_PATHS = frozenset({"/health", "/healthz"})
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: How long a browser may cache a preflight answer (Chromium caps it at 7200).
 PREFLIGHT_MAX_AGE_S = 600
-CORS_METHODS = "GET, POST, OPTIONS"
+CORS_METHODS = "GET, POST, DELETE, OPTIONS"  # DELETE: /v1/responses/{id}
 DEFAULT_CORS_HEADERS = "authorization, content-type"
 #: Response headers a browser script may read besides the CORS-safelisted ones.
 EXPOSE_HEADERS = "retry-after, x-hydra-served-by"

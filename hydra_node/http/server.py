@@ -85,7 +85,7 @@ class HttpServer:
     async def bind(self, purpose: ListenPurpose) -> int:
         """Bind the port now and serve it later (:meth:`run`), so a port in use fails the start before
         anything else happens: :class:`~hydra_node.listen.PortInUse` naming ``purpose``.  Returns the port."""
-        self._bound = await bind_tcp(self.host, self.port, purpose)
+        self._bound = await bind_tcp(self.host, self.port, purpose, dual_loopback=True)
         self.port = self._bound[0].socket.getsockname()[1]
         return self.port
 

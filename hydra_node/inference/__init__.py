@@ -15,6 +15,8 @@ protocol: :class:`MalformedRemoteEvent`) or 503 (the peer is busy or unavailable
 the peer's message and code.
 """
 
+from hydra_node.inference.capabilities import *  # noqa: F401,F403
+from hydra_node.inference.capabilities import __all__ as _capabilities_all
 from hydra_node.inference.embeddings import *  # noqa: F401,F403
 from hydra_node.inference.embeddings import __all__ as _embeddings_all
 from hydra_node.inference.errors import *  # noqa: F401,F403
@@ -23,5 +25,7 @@ from hydra_node.inference.events import *  # noqa: F401,F403
 from hydra_node.inference.events import __all__ as _events_all
 from hydra_node.inference.request import *  # noqa: F401,F403
 from hydra_node.inference.request import __all__ as _request_all
+from hydra_node.inference.tokenize import *  # noqa: F401,F403
+from hydra_node.inference.tokenize import __all__ as _tokenize_all
 
-__all__ = [*_errors_all, *_request_all, *_events_all, *_embeddings_all]
+__all__ = [*_errors_all, *_request_all, *_events_all, *_embeddings_all, *_capabilities_all, *_tokenize_all]

@@ -101,6 +101,9 @@ class TextDelta:
     #: text plus whatever is still held back. What a continuation resumes from
     #: (:attr:`GenerationRequest.resume_tokens`); empty from a host that does not send them.
     tokens: tuple[int, ...] = ()
+    #: Reasoning text generated since the previous delta (a reasoning model's thoughts, split from
+    #: the answer by the host: docs/reasoning.md); ``text`` is only ever the answer.
+    reasoning: str = ""
     type: str = field(default="delta", init=False)
 
     def to_wire(self) -> dict[str, Any]:
@@ -109,6 +112,8 @@ class TextDelta:
             d["logprobs"] = [e.to_wire() for e in self.logprobs]
         if self.tokens:
             d["tokens"] = list(self.tokens)
+        if self.reasoning:
+            d["reasoning"] = self.reasoning
         return d
 
 
@@ -122,11 +127,14 @@ class Finished:
     itl_ms: float = 0.0  # mean inter-token latency
     served_by: str = ""  # node id of the host that generated
     cached_tokens: int = 0  # prompt tokens reused from the runner's prefix cache
+    reasoning_tokens: int = 0  # of completion_tokens, those inside the reasoning (think) block
     type: str = field(default="finished", init=False)
 
     def to_wire(self) -> dict[str, Any]:
         d = asdict(self)
         d["type"] = "finished"
+        if not self.reasoning_tokens:  # sent only by a reasoning model: other frames stay as they were
+            del d["reasoning_tokens"]
         return d
 
 
@@ -214,7 +222,10 @@ def event_from_wire(d: Any) -> GenerationEvent:
         ):
             raise MalformedRemoteEvent("delta event: 'tokens' must be a list of token ids")
         return TextDelta(
-            _text(d, "text", MAX_EVENT_FRAME_BYTES), tuple(TokenLogprob.from_wire(e) for e in lps), tuple(toks)
+            _text(d, "text", MAX_EVENT_FRAME_BYTES),
+            tuple(TokenLogprob.from_wire(e) for e in lps),
+            tuple(toks),
+            _text(d, "reasoning", MAX_EVENT_FRAME_BYTES, ""),
         )
     if t == "finished":
         reason = _text(d, "finish_reason", MAX_FINISH_REASON_CHARS)
@@ -229,6 +240,7 @@ def event_from_wire(d: Any) -> GenerationEvent:
             _millis(d, "itl_ms"),
             _text(d, "served_by", MAX_SERVED_BY_CHARS, ""),
             _count(d, "cached_tokens", 0),
+            _count(d, "reasoning_tokens", 0),
         )
     if t == "error":
         raise remote_error_from_wire(d)

@@ -39,6 +39,8 @@ __all__ = [
     "MAX_LOGIT_BIAS",
     "MAX_TOP_LOGPROBS_REQUEST",
     "MAX_GRAMMAR_CHARS",
+    "MAX_TOP_K",
+    "REASONING_EFFORTS",
     "ToolCall",
     "ChatMessage",
     "ToolSpec",
@@ -65,6 +67,11 @@ MAX_TOP_LOGPROBS_REQUEST = 20
 MAX_GRAMMAR_CHARS = 256 * 1024
 #: Most token ids in a completion prompt given as tokens.
 MAX_PROMPT_TOKENS = 1 << 20
+#: Largest ``top_k`` and ``repeat_penalty`` accepted.
+MAX_TOP_K = 1000
+MAX_REPEAT_PENALTY = 10.0
+#: OpenAI's reasoning effort names ("" = not given); docs/reasoning.md maps each to a budget.
+REASONING_EFFORTS = ("", "none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 TOOL_CHOICES = ("auto", "none", "required", "function")
 ROLES = ("system", "user", "assistant", "tool")
@@ -115,6 +122,9 @@ class ChatMessage:
     tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls
     tool_call_id: str = ""  # a tool result: the call it answers
     name: str = ""  # a tool result: the function's name (optional)
+    #: An assistant turn's reasoning (OpenAI-compatible ``reasoning_content``, Responses reasoning
+    #: items, Anthropic ``thinking`` blocks), rendered as the model's chat template wants.
+    reasoning: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -125,10 +135,13 @@ class ChatMessage:
                 _utf8(text, "messages")
         _utf8(self.tool_call_id, "messages")
         _utf8(self.name, "messages")
+        _utf8(self.reasoning, "messages")
+        if self.reasoning and self.role != "assistant":
+            raise InvalidRequest("only an assistant message carries reasoning", "messages")
 
     @property
     def plain(self) -> bool:
-        return not (self.tool_calls or self.tool_call_id or self.name)
+        return not (self.tool_calls or self.tool_call_id or self.name or self.reasoning)
 
     def to_wire(self) -> list[Any] | dict[str, Any]:
         """``[role, content]`` for a plain message (the form older peers read), else a map."""
@@ -140,6 +153,7 @@ class ChatMessage:
             "tool_calls": [c.to_wire() for c in self.tool_calls],
             "tool_call_id": self.tool_call_id,
             "name": self.name,
+            **({"reasoning": self.reasoning} if self.reasoning else {}),
         }
 
     @classmethod
@@ -159,6 +173,7 @@ class ChatMessage:
             tuple(ToolCall.from_wire(c) for c in calls),
             _s(v, "tool_call_id"),
             _s(v, "name"),
+            _s(v, "reasoning"),
         )
 
 
@@ -220,6 +235,24 @@ class GenerationRequest:
     #: does not send them again (what it had held back for a stop sequence or an incomplete UTF-8
     #: character, it sends).
     resume_skip: int = 0
+    #: Reasoning models (docs/reasoning.md). ``thinking``: the chat template's thinking switch
+    #: (``enable_thinking`` and equivalents); None = the template's default. ``thinking_budget``:
+    #: most reasoning tokens; when they are spent the host closes the think block and the answer
+    #: begins (None = bounded by ``max_tokens`` only). ``reasoning_effort``: OpenAI's effort name,
+    #: passed to templates that read it (gpt-oss); "" = not given. Sent only to hosts whose model
+    #: reasons (:class:`hydra_node.inference.capabilities.ModelCaps`).
+    thinking: bool | None = None
+    thinking_budget: int | None = None
+    reasoning_effort: str = ""
+    #: llama-server sampling extensions: ``top_k`` None = the host's default (40), 0 = no cut;
+    #: ``min_p`` 0 = off; ``repeat_penalty`` 1 = off, over the last ``repeat_last_n`` tokens.
+    top_k: int | None = None
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    #: Fill-in-the-middle (completions ``suffix``, ``/infill``): the text after the gap; the host
+    #: builds the prompt from the model's FIM tokens (``prompt`` is the text before the gap).
+    suffix: str = ""
 
     def __post_init__(self) -> None:
         def set_(k: str, v: object) -> None:  # normalising a frozen dataclass
@@ -271,6 +304,32 @@ class GenerationRequest:
         for tok, bias in self.logit_bias:
             if type(tok) is not int or not 0 <= tok < 2**31 or not -100.0 <= bias <= 100.0:
                 raise InvalidRequest("'logit_bias' maps token ids to biases between -100 and 100", "logit_bias")
+        self._check_extensions()
+
+    def _check_extensions(self) -> None:
+        if self.thinking is not None and type(self.thinking) is not bool:
+            raise InvalidRequest("'thinking' must be a boolean or null", "thinking")
+        if self.thinking_budget is not None and (
+            type(self.thinking_budget) is not int or not 0 <= self.thinking_budget <= MAX_TOKENS_LIMIT
+        ):
+            raise InvalidRequest(f"the thinking budget must be between 0 and {MAX_TOKENS_LIMIT} tokens", "thinking")
+        if self.reasoning_effort not in REASONING_EFFORTS:
+            raise InvalidRequest(
+                f"'reasoning_effort' must be one of {', '.join(e for e in REASONING_EFFORTS if e)}", "reasoning_effort"
+            )
+        if self.top_k is not None and (type(self.top_k) is not int or not 0 <= self.top_k <= MAX_TOP_K):
+            raise InvalidRequest(f"'top_k' must be an integer between 0 and {MAX_TOP_K}", "top_k")
+        if not 0.0 <= self.min_p <= 1.0:  # NaN fails too
+            raise InvalidRequest("'min_p' must be between 0 and 1", "min_p")
+        if not 0.0 < self.repeat_penalty <= MAX_REPEAT_PENALTY:
+            raise InvalidRequest(
+                f"'repeat_penalty' must be greater than 0 and at most {MAX_REPEAT_PENALTY}", "repeat_penalty"
+            )
+        if type(self.repeat_last_n) is not int or not 0 <= self.repeat_last_n <= MAX_TOKENS_LIMIT:
+            raise InvalidRequest(f"'repeat_last_n' must be between 0 and {MAX_TOKENS_LIMIT}", "repeat_last_n")
+        _utf8(self.suffix, "suffix")
+        if self.suffix and self.kind != "completion":
+            raise InvalidRequest("'suffix' (fill-in-the-middle) needs a completion request", "suffix")
 
     def _check_prompt_tokens(self) -> None:
         if not self.prompt_tokens:
@@ -340,6 +399,14 @@ class GenerationRequest:
             "logit_bias": [[t, b] for t, b in self.logit_bias],
             "resume_tokens": list(self.resume_tokens),
             "resume_skip": self.resume_skip,
+            "thinking": self.thinking,
+            "thinking_budget": self.thinking_budget,
+            "reasoning_effort": self.reasoning_effort,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repeat_penalty": self.repeat_penalty,
+            "repeat_last_n": self.repeat_last_n,
+            "suffix": self.suffix,
         }
         defaults = {
             "prompt_tokens": [],
@@ -356,6 +423,14 @@ class GenerationRequest:
             "logit_bias": [],
             "resume_tokens": [],
             "resume_skip": 0,
+            "thinking": None,
+            "thinking_budget": None,
+            "reasoning_effort": "",
+            "top_k": None,
+            "min_p": 0.0,
+            "repeat_penalty": 1.0,
+            "repeat_last_n": 64,
+            "suffix": "",
         }
         d.update({k: v for k, v in extra.items() if v != defaults[k]})
         return d
@@ -374,9 +449,14 @@ class GenerationRequest:
         for key in ("logprobs", "parallel_tool_calls"):
             if key in d and type(d[key]) is not bool:
                 raise InvalidRequest(f"'{key}' must be a boolean", key)
-        for key in ("top_logprobs", "resume_skip"):
+        for key in ("top_logprobs", "resume_skip", "repeat_last_n"):
             if key in d and type(d[key]) is not int:
                 raise InvalidRequest(f"'{key}' must be an integer", key)
+        for key in ("thinking_budget", "top_k"):
+            if d.get(key) is not None and type(d[key]) is not int:
+                raise InvalidRequest(f"'{key}' must be an integer or null", key)
+        if d.get("thinking") is not None and type(d["thinking"]) is not bool:
+            raise InvalidRequest("'thinking' must be a boolean or null", "thinking")
         try:
             return cls(
                 model=str(d["model"]),
@@ -404,6 +484,14 @@ class GenerationRequest:
                 logit_bias=tuple((t, float(b)) for t, b in d.get("logit_bias") or ()),
                 resume_tokens=tuple(d.get("resume_tokens") or ()),
                 resume_skip=d.get("resume_skip", 0),
+                thinking=d.get("thinking"),
+                thinking_budget=d.get("thinking_budget"),
+                reasoning_effort=_s(d, "reasoning_effort"),
+                top_k=d.get("top_k"),
+                min_p=float(d.get("min_p", 0.0)),
+                repeat_penalty=float(d.get("repeat_penalty", 1.0)),
+                repeat_last_n=d.get("repeat_last_n", 64),
+                suffix=_s(d, "suffix"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, InvalidRequest):

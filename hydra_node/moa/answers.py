@@ -10,6 +10,9 @@ Every answer says what happened, as ``hydra_moa`` in the body (streams: on the f
 compact in the ``x-hydra-moa`` header (JSON): members with status and latency, the answer groups,
 the pick, whether there was a majority and whether the reducer ran. ``usage`` adds up every member
 that answered and the reducer. docs/moa.md documents both.
+
+A reasoning answer keeps the thoughts of the model that wrote it (the pick's, or the reducer's:
+:mod:`hydra_node.moa.mixture`); a replayed stream sends them first, as a stream of that model would.
 """
 
 from __future__ import annotations
@@ -21,16 +24,34 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 import trio
 
 from hydra_node.api.answer import EventSource, nothing_to_close
-from hydra_node.api.chat import ChatDone, ChatEvent, ChatOutcome, ContentDelta, ToolCallDelta, complete_chat, sum_usage
+from hydra_node.api.chat import (
+    ChatDone,
+    ChatEvent,
+    ChatOutcome,
+    ContentDelta,
+    ReasoningDelta,
+    ToolCallDelta,
+    complete_chat,
+    sum_usage,
+)
 from hydra_node.api.errors import ApiError
 from hydra_node.api.fanout import StreamFanOut
 from hydra_node.api.router_api import RouterApi
 from hydra_node.http.messages import served_by_header
-from hydra_node.inference import GenerationError, GenerationRequest, InvalidRequest
+from hydra_node.inference import GenerationError, GenerationRequest, InvalidRequest, ModelCaps
 from hydra_node.moa.config import MESH_MODEL
 from hydra_node.moa.mixture import MixtureOfAgents, MoaRun
 
-__all__ = ["MoaApi", "complete_answer", "moa_headers", "moa_info", "moa_header", "open_chat_events", "replay_events"]
+__all__ = [
+    "MoaApi",
+    "caps_of",
+    "complete_answer",
+    "moa_headers",
+    "moa_info",
+    "moa_header",
+    "open_chat_events",
+    "replay_events",
+]
 
 #: Longest member error quoted in ``hydra_moa`` (the full text is in the node's log).
 MAX_ERROR_CHARS = 300
@@ -98,7 +119,12 @@ class MoaApi:
             "states": {},
             "members": self.moa.members(),
             "experimental": True,
+            "caps": self.moa.capabilities().to_wire(),
         }
+
+    def capabilities(self) -> ModelCaps:
+        """What ``mesh`` can do now (:meth:`MixtureOfAgents.capabilities`)."""
+        return self.moa.capabilities()
 
     async def answer(self, req: GenerationRequest) -> tuple[ChatOutcome, dict, list[tuple[str, str]]]:
         """The whole answer to chat ``req`` for the other APIs (``/v1/messages``, ``/v1/responses``):
@@ -127,6 +153,13 @@ class MoaApi:
             except InvalidRequest as exc:  # the candidates made the request too large, say
                 return out, f"invalid_request: {exc.message}"
         return out, ""
+
+
+def caps_of(router: RouterApi, moa: "MoaApi | None", model: str) -> ModelCaps:
+    """What ``model`` can do: the mixture's for ``mesh``, else its hosts' (``router.capabilities``)."""
+    if moa is not None and moa.handles(model):
+        return moa.capabilities()
+    return router.capabilities(model)
 
 
 async def complete_answer(
@@ -167,7 +200,9 @@ async def replay_events(out: ChatOutcome) -> AsyncGenerator[tuple[int, ChatEvent
     """A finished answer as the chat events of a stream of it: ``(0, event)`` pairs like
     :meth:`StreamFanOut.events` (for ``mesh`` streams): its text (with its token logprobs, also
     when it has no text: a call's tokens), each call whole (``streamed`` False: no
-    :class:`ToolCallStart` came for it), then the end."""
+    :class:`ToolCallStart` came for it), then the end; a reasoning answer's thoughts first."""
+    if out.reasoning:
+        yield 0, ReasoningDelta(out.reasoning)
     if out.content or out.logprobs:
         yield 0, ContentDelta(out.content or "", tuple(out.logprobs))
     for call in out.tool_calls:

@@ -12,6 +12,12 @@ naming each one. As soon as more than half of *all* members gave equivalent answ
 cannot change the verdict: they are cancelled (status ``cancelled``) and the answer goes out. Without a majority, :meth:`MixtureOfAgents.reducer_request` builds the request for
 the reducer model (``reducer``), which gets the candidates and writes one answer. The HTTP side
 (whole answers and streams) is :mod:`hydra_node.moa.answers`; the rules are docs/moa.md.
+
+Reasoning models (docs/reasoning.md): a request's reasoning fields go to each member that reasons,
+fitted to it (:func:`fit_reasoning`: "no thinking" is the template's switch where it has one, a zero
+budget where not), and are left out for a member that does not reason. The arbiter and the reducer
+see answers only, never thoughts (a member's thoughts are not part of its ``content``); the
+thoughts returned with the answer are those of the model that wrote it (the pick, or the reducer).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from hydra_node.moa.arbiter import MemberAnswer, Verdict, answer_key, arbitrate
 from hydra_node.moa.config import MESH_MODEL, MoaSettings
 from hydra_node.api.errors import ApiError
 from hydra_node.api.router_api import RouterApi
-from hydra_node.inference import ChatMessage, GenerationError, GenerationRequest
+from hydra_node.inference import ChatMessage, GenerationError, GenerationRequest, ModelCaps
 from hydra_node.routing.telemetry import LOCAL, Target
 
 __all__ = [
@@ -37,6 +43,7 @@ __all__ = [
     "MixtureOfAgents",
     "REDUCER_INSTRUCTION",
     "MAX_CANDIDATE_CHARS",
+    "fit_reasoning",
     "one_per_node",
     "scheduler_quality",
 ]
@@ -100,6 +107,18 @@ def _answer(m: MemberResult) -> MemberAnswer:
     )
 
 
+def fit_reasoning(req: GenerationRequest, caps: ModelCaps) -> GenerationRequest:
+    """``req``'s reasoning fields as a member that can do ``caps`` takes them: none for a model
+    that does not reason; "no thinking" (``thinking`` False, or a zero budget) as that model's
+    template can do it (its switch when it has one, else a zero budget)."""
+    if not caps.reasons:
+        return dataclasses.replace(req, thinking=None, thinking_budget=None, reasoning_effort="")
+    if req.thinking is False or req.thinking_budget == 0:
+        off = {"thinking": False, "thinking_budget": None} if caps.switch else {"thinking": None, "thinking_budget": 0}
+        return dataclasses.replace(req, **off)
+    return req
+
+
 def scheduler_quality(scheduling, node_id: str) -> Callable[[str, str], float | None]:
     """``(model, served_by) -> success rate`` from the node's live scheduler (None: not measured)."""
 
@@ -145,6 +164,14 @@ class MixtureOfAgents:
         """Where ``model`` on ``node`` sits: one seat per peer node; one per model on our own node."""
         return f"{node}\0{model}" if node == self.own_node else node
 
+    def capabilities(self) -> ModelCaps:
+        """What ``mesh`` can do, for the dialects' checks: it reasons when a member does (its
+        format and default; the switch is assumed, as :func:`fit_reasoning` fits "no thinking"
+        to each member)."""
+        caps = [self.router.capabilities(m) for m in self.members()]
+        reasoning = next((c.reasoning for c in caps if c.reasons), "")
+        return ModelCaps(reasoning, thinks=any(c.thinks for c in caps), switch=bool(reasoning))
+
     def listed(self) -> bool:
         """``mesh`` appears in /v1/models: enabled, and at least two distinct members are ready."""
         return self.settings.enabled and len(self.members()) >= 2
@@ -179,7 +206,7 @@ class MixtureOfAgents:
         start = trio.current_time()
 
         async def one(i: int, model: str, everyone: trio.CancelScope) -> None:
-            member_req = dataclasses.replace(req, model=model, request_id=f"{req.request_id}-m{i}")
+            member_req = self._fitted(dataclasses.replace(req, model=model, request_id=f"{req.request_id}-m{i}"))
             with trio.move_on_after(self.settings.deadline_s):
                 try:
                     out = await complete_chat(self.router, member_req)
@@ -238,12 +265,20 @@ class MixtureOfAgents:
             if len(text) > MAX_CANDIDATE_CHARS:
                 text = text[:MAX_CANDIDATE_CHARS] + " [...]"
             parts.append(f"<candidate {i}>\n{text}\n</candidate>")
-        return dataclasses.replace(
-            req,
-            model=model,
-            request_id=f"{req.request_id}-reducer",
-            messages=req.messages + (ChatMessage("user", "\n\n".join(parts)),),
+        return self._fitted(
+            dataclasses.replace(
+                req,
+                model=model,
+                request_id=f"{req.request_id}-reducer",
+                messages=req.messages + (ChatMessage("user", "\n\n".join(parts)),),
+            )
         )
+
+    def _fitted(self, req: GenerationRequest) -> GenerationRequest:
+        """``req`` (for one member or the reducer) with its reasoning fields fitted to its model."""
+        if req.thinking is None and req.thinking_budget is None and not req.reasoning_effort:
+            return req  # nothing to fit (and no need to ask what the model can do)
+        return fit_reasoning(req, self.router.capabilities(req.model))
 
 
 def one_per_node(hosts: Mapping[str, Collection[str]], limit: int) -> list[str]:

@@ -27,7 +27,8 @@ _MESSAGE_KEYS = {
     "system": {"role", "content"},
     "developer": {"role", "content"},
     "user": {"role", "content"},
-    "assistant": {"role", "content", "tool_calls", "refusal"},
+    # reasoning_content: the turn's thoughts (llama-server's and DeepSeek's extension)
+    "assistant": {"role", "content", "tool_calls", "refusal", "reasoning_content"},
     "tool": {"role", "content", "tool_call_id"},
 }
 _MESSAGE_REFUSALS = {
@@ -108,6 +109,9 @@ def _messages(body: dict) -> tuple[ChatMessage, ...]:
             raise bad(f"{p}.refusal is not supported", f"{p}.refusal", "unsupported_parameter")
         calls = _tool_calls(m, p) if role == "assistant" else ()
         content = _content(m, p, nullable=role == "assistant")
+        thoughts = m.get("reasoning_content") if role == "assistant" else None
+        if thoughts is not None and not isinstance(thoughts, str):
+            raise bad(f"'{p}.reasoning_content' must be a string", f"{p}.reasoning_content", "invalid_type")
         try:
             if role == "tool":
                 call_id = m.get("tool_call_id")
@@ -115,7 +119,9 @@ def _messages(body: dict) -> tuple[ChatMessage, ...]:
                     raise bad(f"'{p}.tool_call_id' is required", f"{p}.tool_call_id", "missing_required_parameter")
                 out.append(ChatMessage("tool", content, tool_call_id=call_id, name=call_names.get(call_id, "")))
             else:
-                out.append(ChatMessage("system" if role == "developer" else role, content, calls))
+                out.append(
+                    ChatMessage("system" if role == "developer" else role, content, calls, reasoning=thoughts or "")
+                )
         except InvalidRequest as exc:
             raise bad(f"{p}: {exc.message}", p) from None
         call_names.update((c.id, c.name) for c in calls)

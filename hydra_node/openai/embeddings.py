@@ -2,7 +2,9 @@
 
 Request (every key below is honoured or refused; any other key is refused with 400 naming it):
 
-* ``model`` (required): a model of the mesh; unknown: 404 ``model_not_found``, as chat.
+* ``model``: a model of the mesh; unknown: 404 ``model_not_found``, as chat; absent or null: the
+  mesh's one model (refused naming the models when there are several).
+* Served at ``/v1/embeddings`` and, as llama-server does, ``/embeddings``.
 * ``input`` (required): a string, a list of strings, a token array, or a list of token arrays;
   1 to 2048 inputs, none empty (OpenAI's limits). Text is tokenised by the host with the model's
   BOS (and EOS where its vocabulary asks); token ids are used as they are. An input longer than
@@ -26,6 +28,7 @@ from __future__ import annotations
 import base64
 import json
 import secrets
+from collections.abc import Sequence
 
 import trio
 
@@ -33,6 +36,7 @@ from hydra_node.http.server import Request, Response
 from hydra_node.http.messages import served_by_header
 from hydra_node.api.errors import ApiError, bad
 from hydra_node.api.body import load_body
+from hydra_node.api.model_param import requested_model
 from hydra_node.api.router_api import RouterApi
 from hydra_node.inference import (
     MAX_EMBEDDING_INPUTS,
@@ -46,6 +50,7 @@ from hydra_node.inference import (
 __all__ = ["EmbeddingsApi", "parse_embedding_request"]
 
 PATH = "/v1/embeddings"
+PATHS = (PATH, "/embeddings")
 ENCODINGS = ("float", "base64")
 _KEYS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
 
@@ -74,7 +79,7 @@ def _inputs(raw) -> tuple:
     )
 
 
-def parse_embedding_request(raw: bytes) -> tuple[EmbeddingRequest, str]:
+def parse_embedding_request(raw: bytes, served: Sequence[str] | None = None) -> tuple[EmbeddingRequest, str]:
     """A request body as (:class:`EmbeddingRequest`, encoding_format); :class:`ApiError` 400 for anything else."""
     body = load_body(raw)
     unknown = sorted(k for k in body if k not in _KEYS)
@@ -84,9 +89,7 @@ def parse_embedding_request(raw: bytes) -> tuple[EmbeddingRequest, str]:
             unknown[0],
             "unknown_parameter",
         )
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad("'model' is required and must be a string", "model", "missing_required_parameter")
+    model = requested_model(body, served)  # served: a body without a model is the only one's
     fmt = body.get("encoding_format")
     fmt = "float" if fmt is None else fmt
     if fmt not in ENCODINGS:
@@ -133,11 +136,11 @@ class EmbeddingsApi:
             return exc.response()
 
     async def _handle(self, request: Request) -> Response:
-        if (request.path.rstrip("/") or "/") != PATH:
+        if (request.path.rstrip("/") or "/") not in PATHS:
             raise ApiError(404, f"no route for {request.method} {request.path}", "not_found")
         if request.method != "POST":
             raise ApiError(405, "use POST", "method_not_allowed")
-        req, fmt = parse_embedding_request(request.body)
+        req, fmt = parse_embedding_request(request.body, [m.id for m in self.router.models()])
         self._check_model(req.model)
         try:
             result = await self.router.embed(req)

@@ -21,7 +21,7 @@ from hydra_node.inference import GenerationError, InvalidRequest
 from hydra_node.moa.answers import MoaApi, moa_headers, moa_info, replay_events
 from hydra_node.moa.config import MESH_MODEL
 from hydra_node.moa.mixture import MoaRun
-from hydra_node.openai.format import DONE, ChunkMaker, ChunkStream, chat_choice, sse
+from hydra_node.openai.format import DONE, ChunkMaker, ChunkStream, chat_choice, openai_usage, sse
 from hydra_node.openai.parse import ParsedBody
 
 __all__ = ["MoaChat"]
@@ -58,8 +58,10 @@ class MoaChat:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": MESH_MODEL,
-            "choices": [chat_choice(0, out, req.logprobs)],
-            "usage": sum_usage(usages),
+            "choices": [
+                chat_choice(0, out, req.logprobs, ("<think>", "</think>") if parsed.inline_reasoning else None)
+            ],
+            "usage": openai_usage(sum_usage(usages)),
             "system_fingerprint": out.served_by or None,
             "hydra_moa": info,
             **served_by_field(out.served_by_all),  # the answer's hosts after a continuation (docs/api.md)

@@ -11,13 +11,24 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hydra_node.openai.chat_parse import chat_fields
+from hydra_node.openai.thinking import reasoning_request
 from hydra_node.api.body import MAX_JSON_DEPTH, load_body, number
 from hydra_node.api.errors import ApiError, bad
-from hydra_node.inference import MAX_TOKENS_LIMIT, GenerationRequest, InvalidRequest
+from hydra_node.api.model_param import requested_model
+from hydra_node.inference.request import MAX_REPEAT_PENALTY
+from hydra_node.inference import (
+    MAX_TOKENS_LIMIT,
+    MAX_TOP_K,
+    NO_CAPS,
+    GenerationRequest,
+    InvalidRequest,
+    ModelCaps,
+)
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -52,6 +63,11 @@ _COMMON = {
     "logit_bias",
     "logprobs",
     "user",
+    # llama-server's sampling extensions (docs/api.md)
+    "top_k",
+    "min_p",
+    "repeat_penalty",
+    "repeat_last_n",
 }
 #: Accepted and deliberately without effect here (docs/api.md says why for each).
 IGNORED = {"metadata", "store", "service_tier", "safety_identifier"}
@@ -71,6 +87,9 @@ _CHAT = (
         "response_format",
         "top_logprobs",
         "modalities",
+        "reasoning_effort",
+        "chat_template_kwargs",  # llama-server: {"enable_thinking": bool}
+        "reasoning_format",  # llama-server: "none" | "auto" | "deepseek"
     }
 )
 _COMPLETION = _COMMON | IGNORED | {"session_id", "prompt_cache_key", "prompt", "echo", "best_of", "suffix"}
@@ -81,8 +100,12 @@ REFUSED = {
     "web_search_options": "web search is not supported",
     "functions": "the legacy 'functions' parameter is not supported: use 'tools'",
     "function_call": "the legacy 'function_call' parameter is not supported: use 'tool_choice'",
-    "reasoning_effort": "reasoning effort is not supported (the models served are not reasoning models)",
     "verbosity": "'verbosity' is not supported",
+    "moderation": "moderation is not supported",
+    "prompt_cache_options": "'prompt_cache_options' is not supported (the node's prompt cache is configured "
+    "in [defaults.model_fit.prefix_cache], not per request)",
+    "prompt_cache_retention": "'prompt_cache_retention' is not supported (the node's prompt cache is configured "
+    "in [defaults.model_fit.prefix_cache], not per request)",
 }
 
 
@@ -96,6 +119,8 @@ class ParsedBody:
     include_usage: bool = False
     echo: bool = False  # completions: prepend the prompt text to each choice
     completion_logprobs: int | None = None  # completions' `logprobs` (alternatives per token), None = off
+    #: chat ``reasoning_format: "none"``: the thoughts stay in ``content`` (openai/thinking.py)
+    inline_reasoning: bool = False
 
     @property
     def request(self) -> GenerationRequest:
@@ -185,8 +210,8 @@ def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
 def _prompts(body: dict) -> list[dict]:
     """Completion prompts as GenerationRequest fields: [{"prompt": str} | {"prompt_tokens": (ids)}]."""
     p = body.get("prompt")
-    if p is None:
-        raise bad("'prompt' is required", "prompt", "missing_required_parameter")
+    if p is None:  # OpenAI: "as if from the beginning of a new document" (docs/api.md)
+        return [{"prompt": ""}]
     if isinstance(p, str):
         return [{"prompt": p}]
     if isinstance(p, list) and p:
@@ -204,13 +229,40 @@ def _prompts(body: dict) -> list[dict]:
     )
 
 
-def parse_body(raw: bytes, kind: str) -> ParsedBody:
-    """Parse a chat (``kind="chat"``) or completion body. Raises :class:`ApiError` (400)."""
+def _no_caps(model: str) -> ModelCaps:
+    return NO_CAPS
+
+
+def _sampling_extensions(body: dict) -> dict[str, Any]:
+    """llama-server's ``top_k``, ``min_p``, ``repeat_penalty``, ``repeat_last_n`` (absent or null:
+    the defaults; ``top_k`` -1, vLLM's "no cut", is 0)."""
+    fields: dict[str, Any] = {}
+    top_k = _int(body, "top_k", -1, MAX_TOP_K)
+    if top_k is not None:
+        fields["top_k"] = max(top_k, 0)
+    fields["min_p"] = number(body, "min_p", 0.0, 0.0, 1.0)
+    fields["repeat_penalty"] = number(body, "repeat_penalty", 1.0, 0.0, MAX_REPEAT_PENALTY)
+    last_n = _int(body, "repeat_last_n", 0, MAX_TOKENS_LIMIT)
+    if last_n is not None:
+        fields["repeat_last_n"] = last_n
+    return fields
+
+
+def parse_body(
+    raw: bytes,
+    kind: str,
+    *,
+    served: Sequence[str] | None = None,
+    caps: Callable[[str], ModelCaps] = _no_caps,
+) -> ParsedBody:
+    """Parse a chat (``kind="chat"``) or completion body. Raises :class:`ApiError` (400).
+
+    ``served``: the models the mesh serves (a body without ``model`` is the only one's; None:
+    ``model`` is required); ``caps``: what a model can do, asked only when the body uses a
+    reasoning control or ``suffix``."""
     body = load_body(raw)
     _check_keys(body, _CHAT if kind == "chat" else _COMPLETION)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad("'model' is required and must be a string", "model", "missing_required_parameter")
+    model = requested_model(body, served)
     stream = _bool(body, "stream")
     include_usage = _stream_options(body, stream)
     n = _int(body, "n", 1, MAX_N) or 1
@@ -228,6 +280,7 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
         presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         logit_bias=_logit_bias(body),
+        **_sampling_extensions(body),
         request_id=("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12),
     )
     for key in _AFFINITY:  # routing affinity key, if the client sent one
@@ -235,9 +288,12 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
             raise bad(f"'{key}' must be a string", key, "invalid_type")
         if body.get(key) and "session" not in fields:
             fields["session"] = body[key]
-    echo, lp = False, None
+    echo, lp, inline = False, None, False
     if kind == "chat":
         fields.update(chat_fields(body))
+        reasoning = reasoning_request(body, model, caps)
+        fields.update(reasoning.fields)
+        inline = reasoning.inline
         per_prompt: list[dict[str, Any]] = [{}]
     else:
         per_prompt = _prompts(body)
@@ -246,18 +302,38 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
         if lp is not None:
             fields.update(logprobs=True, top_logprobs=lp)
         _completion_refusals(body, n, echo, lp, per_prompt)
+        suffix = _suffix(body, model, caps, per_prompt)
+        if suffix:
+            fields["suffix"] = suffix
     if len(per_prompt) * n > MAX_CHOICES:
         raise bad(f"at most {MAX_CHOICES} choices per request (prompts x n)", "n")
     try:
         reqs = tuple(GenerationRequest(**fields, **p) for p in per_prompt)
     except InvalidRequest as exc:
         raise bad(exc.message, _sent_param(exc.param, body)) from None
-    return ParsedBody(reqs, n, stream, include_usage, echo, lp)
+    return ParsedBody(reqs, n, stream, include_usage, echo, lp, inline)
+
+
+def _suffix(body: dict, model: str, caps: Callable[[str], ModelCaps], prompts: list[dict]) -> str:
+    """Completions ``suffix``: fill in the middle between the prompt and it, on a model with FIM
+    tokens (else a 400 naming the model)."""
+    suffix = body.get("suffix")
+    if suffix is None or suffix == "":
+        return ""
+    if not isinstance(suffix, str):
+        raise bad("'suffix' must be a string", "suffix", "invalid_type")
+    if any("prompt_tokens" in p for p in prompts):
+        raise bad("'suffix' needs a text prompt, not token ids", "suffix", "unsupported_parameter")
+    if not caps(model).fim:
+        raise bad(
+            f"'suffix' (fill-in-the-middle) needs a model with FIM tokens, and {model!r} has none",
+            "suffix",
+            "unsupported_parameter",
+        )
+    return suffix
 
 
 def _completion_refusals(body: dict, n: int, echo: bool, lp: int | None, prompts: list[dict]) -> None:
-    if body.get("suffix") is not None:
-        raise bad("suffix is not supported", "suffix", "unsupported_parameter")
     best_of = _int(body, "best_of", 1, MAX_N)
     if best_of is not None and best_of not in (1, n):
         raise bad(

@@ -6,6 +6,10 @@ parameter); running a chat is :mod:`hydra_node.api.chat`; several choices at onc
 :mod:`hydra_node.openai.format`. ``/v1/embeddings`` is :mod:`hydra_node.openai.embeddings`;
 ``/v1/responses`` and ``/v1/messages`` are their own dialects, and :mod:`hydra_node.api.port` hands
 each path to its dialect. docs/api.md is the compatibility table.
+
+As llama-server does, the routes are also served without ``/v1`` (``/chat/completions``,
+``/completions``, ``/models``); llama-server's own routes (``/tokenize``, ``/detokenize``,
+``/infill``) are :mod:`hydra_node.openai.llama_server`.
 """
 
 from __future__ import annotations
@@ -25,17 +29,25 @@ from hydra_node.api.router_api import RouterApi
 from hydra_node.api.tool_choice_header import TOOL_CHOICE_HEADER, override_tool_choice
 from hydra_node.http.messages import served_by_header
 from hydra_node.http.server import Request, Response, StreamResponse
-from hydra_node.inference import GenerationError, GenerationRequest
-from hydra_node.moa.answers import MoaApi
-from hydra_node.openai.format import ChunkMaker, ChunkStream, chat_choice, completion_choice
+from hydra_node.inference import GenerationError, GenerationRequest, ModelCaps
+from hydra_node.moa.answers import MoaApi, caps_of
+from hydra_node.openai.format import ChunkMaker, ChunkStream, chat_choice, completion_choice, openai_usage
 from hydra_node.openai.moa_chat import MoaChat
 from hydra_node.openai.parse import ParsedBody, expand, parse_body
+from hydra_node.openai.thinking import Tags, tags_of
 
 __all__ = ["OpenAIApi"]
 
 log = logging.getLogger("hydra.api")
 
 _MODELS_PREFIXES = ("/v1/models/", "/models/")
+#: The generation routes, each with and without ``/v1`` (llama-server serves both).
+GENERATE_PATHS = {
+    "/v1/chat/completions": "chat",
+    "/chat/completions": "chat",
+    "/v1/completions": "completion",
+    "/completions": "completion",
+}
 
 
 class OpenAIApi:
@@ -57,9 +69,9 @@ class OpenAIApi:
         if path.startswith(_MODELS_PREFIXES):
             _method(request, "GET")
             return Response.json(200, self.model_body(path.split("/models/", 1)[1]))
-        if path in ("/v1/chat/completions", "/v1/completions"):
+        if path in GENERATE_PATHS:
             _method(request, "POST")
-            return await self._generate(request, "chat" if path.endswith("chat/completions") else "completion")
+            return await self._generate(request, GENERATE_PATHS[path])
         raise ApiError(404, f"no route for {request.method} {request.path}", "not_found")
 
     # ---- models ---------------------------------------------------------------------------
@@ -80,6 +92,7 @@ class OpenAIApi:
             "owned_by": "hydra",
             "hosts": m.hosts,
             "states": m.states,
+            "caps": m.caps.to_wire(),  # what the model can do (docs/api.md): reasoning, fim; {} = plain
         }
 
     def model_body(self, raw_id: str) -> dict:
@@ -93,7 +106,19 @@ class OpenAIApi:
                 return self._model_obj(by_id[candidate], int(time.time()))
         raise ApiError(404, f"The model {unquote(raw_id)!r} does not exist", "model_not_found", "model")
 
-    def _check_model(self, model: str) -> None:
+    def served(self) -> list[str]:
+        """The ids a body without ``model`` may mean (it is served when there is exactly one)."""
+        return [m.id for m in self.router.models()]
+
+    def caps(self, model: str) -> ModelCaps:
+        """What ``model`` can do: the mixture's for ``mesh`` (it reasons when a member does)."""
+        return caps_of(self.router, self.moa, model)
+
+    def tags(self, model: str) -> Tags:
+        """Where ``model``'s thoughts start and end in its text."""
+        return tags_of(self.caps(model))
+
+    def check_model(self, model: str) -> None:
         if model not in {m.id for m in self.router.models()} and not self.router.recently_seen(model):
             known = ", ".join(m.id for m in self.router.models()) or "none"
             raise ApiError(404, f"model {model!r} does not exist (available: {known})", "model_not_found", "model")
@@ -101,7 +126,7 @@ class OpenAIApi:
     # ---- chat and completions -------------------------------------------------------------
     async def _generate(self, request: Request, kind: str) -> Response | StreamResponse:
         raw = override_tool_choice(request.body, request.headers.get(TOOL_CHOICE_HEADER), "chat")  # agents
-        parsed = parse_body(raw, kind)
+        parsed = parse_body(raw, kind, served=self.served(), caps=self.caps)
         session = request.headers.get("x-session-id", "")
         if session:  # routing affinity (docs/scheduler.md); the header wins over the body's user
             parsed = dataclasses.replace(
@@ -110,7 +135,7 @@ class OpenAIApi:
         if self.moa is not None and self.moa.handles(parsed.request.model):
             assert self.moa_chat is not None
             return await self.moa_chat.answer(parsed, request.nursery)  # model "mesh" (docs/moa.md)
-        self._check_model(parsed.request.model)
+        self.check_model(parsed.request.model)
         reqs = expand(parsed)
         if parsed.stream:
             return await self._stream(parsed, reqs, request.nursery)
@@ -126,14 +151,17 @@ class OpenAIApi:
             raise ApiError.from_generation(exc) from None
         req, created = parsed.request, int(time.time())
         served_by = outs[0].served_by
-        usage = sum_usage(o.usage for o in outs)
+        usage = openai_usage(sum_usage(o.usage for o in outs))
+        thoughts = any(o.reasoning for o in outs)
+        tags = self.tags(req.model) if thoughts else ("<think>", "</think>")
         if req.kind == "chat":
+            inline_tags = tags if parsed.inline_reasoning else None
             body = {
                 "id": req.request_id,
                 "object": "chat.completion",
                 "created": created,
                 "model": req.model,
-                "choices": [chat_choice(i, o, req.logprobs) for i, o in enumerate(outs)],
+                "choices": [chat_choice(i, o, req.logprobs, inline_tags) for i, o in enumerate(outs)],
                 "usage": usage,
                 "system_fingerprint": served_by or None,
             }
@@ -144,10 +172,11 @@ class OpenAIApi:
                 "created": created,
                 "model": req.model,
                 "choices": [
-                    completion_choice(i, o, self._echo_text(parsed, i), parsed.completion_logprobs)
+                    completion_choice(i, o, self._echo_text(parsed, i), parsed.completion_logprobs, tags)
                     for i, o in enumerate(outs)
                 ],
                 "usage": usage,
+                "system_fingerprint": served_by or None,
             }
         hosts = list(dict.fromkeys(h for o in outs for h in o.served_by_all))
         if len(hosts) > 1:  # a continuation served part of an answer: every host (docs/api.md)
@@ -174,7 +203,18 @@ class OpenAIApi:
             completion_top=parsed.completion_logprobs,
         )
         echo = [self._echo_text(parsed, k) or "" for k in range(len(reqs))] if parsed.echo else None
-        fmt = ChunkStream(chunks, choices=len(reqs), include_usage=parsed.include_usage, echo=echo)
+        inline = not chat or parsed.inline_reasoning  # a completion's text holds the thoughts
+
+        def tags() -> Tags:
+            return self.tags(req.model)
+
+        fmt = ChunkStream(
+            chunks,
+            choices=len(reqs),
+            include_usage=parsed.include_usage,
+            echo=echo,
+            inline_tags=tags if inline else None,
+        )
         hosts = ",".join(dict.fromkeys(h for h in fan.served_by if h))  # each host once, in choice order
         return stream_answer(fan.events, fmt, close=fan.close, headers=served_by_header(hosts))
 

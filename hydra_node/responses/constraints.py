@@ -10,6 +10,10 @@ JSON format and ``tool_choice`` ``auto`` (an agent with an output type and tools
 either calls or the JSON: the two grammars are merged (:func:`either_grammar`) and the grammar
 is not lazy. With ``required`` or a named function the answer is a call, so the tools grammar
 alone applies.
+
+``reasoning.effort`` becomes the reasoning fields for the model (:func:`hydra_node.api.reasoning.effort_fields`:
+a thinking switch and budget; refused, naming the model, on a model that does not reason), except
+``none``, which asks for no reasoning and is accepted on any model (it always was here).
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ import re
 from hydra_node.grammar import constraints as grammar  # built on the API node, enforced by the host's sampler
 from hydra_node.grammar.terms import PRIMITIVES
 from hydra_node.api.errors import bad
+from hydra_node.api.reasoning import effort_fields
 from hydra_node.responses.request import ResponsesCall
-from hydra_node.inference import GenerationRequest, InvalidRequest
+from hydra_node.inference import NO_CAPS, GenerationRequest, InvalidRequest, ModelCaps
 
-__all__ = ["generation_request"]
+__all__ = ["generation_request", "reasoning_fields"]
 
 
 def _format_grammar(fmt: dict) -> str:
@@ -33,9 +38,19 @@ def _format_grammar(fmt: dict) -> str:
     return grammar.json_schema_grammar(fmt["schema"], param="text.format.schema")
 
 
-def generation_request(call: ResponsesCall, request_id: str, session: str = "") -> GenerationRequest:
-    """The generation for ``call``. Raises :class:`ApiError` (400) naming what cannot be served."""
-    fields: dict = {}
+def reasoning_fields(call: ResponsesCall, caps: ModelCaps) -> dict:
+    """The request fields of ``reasoning.effort`` for a model that can do ``caps``."""
+    if call.reasoning_effort == "none" and not caps.reasons:
+        return {}  # no reasoning asked of a model that does none
+    return effort_fields(caps, call.model, call.reasoning_effort, param="reasoning.effort")
+
+
+def generation_request(
+    call: ResponsesCall, request_id: str, session: str = "", caps: ModelCaps = NO_CAPS
+) -> GenerationRequest:
+    """The generation for ``call`` on a model that can do ``caps``. Raises :class:`ApiError` (400)
+    naming what cannot be served."""
+    fields: dict = reasoning_fields(call, caps)
     may_call = bool(call.tools) and call.tool_choice != "none"
     try:
         fmt_grammar = _format_grammar(call.text_format)

@@ -2,11 +2,19 @@
 
 ``input`` is a string (one user message) or a list of items: messages (``role`` user, system,
 developer or assistant; ``content`` a string or a list of ``input_text``/``output_text`` parts),
-``function_call`` items (an assistant's call) and ``function_call_output`` items (a tool's
-result). They become :class:`ChatMessage` s: a developer message is a system message, an
-assistant message followed by its function calls is one assistant message with ``tool_calls``,
-a function call output is a ``tool`` message naming the call it answers. Anything else is an
+``function_call`` items (an assistant's call), ``function_call_output`` items (a tool's
+result) and ``reasoning`` items (a reasoning model's thoughts, as this API outputs them). They
+become :class:`ChatMessage` s: a developer message is a system message, an assistant message
+followed by its function calls is one assistant message with ``tool_calls``, a function call
+output is a ``tool`` message naming the call it answers, and a reasoning item is the
+``reasoning`` of the assistant turn that follows it (its message or calls; a reasoning item with
+no assistant item after it is an assistant turn of its own, with no text). Anything else is an
 :class:`ApiError` (400) naming the item.
+
+A reasoning item's thoughts are the texts of its ``content`` (``reasoning_text`` parts), or, when
+it has none, of its ``summary`` (``summary_text`` parts: what another server returned). An
+``encrypted_content`` cannot be read here (it is another server's): one that is not empty is
+refused, naming the item.
 """
 
 from __future__ import annotations
@@ -29,11 +37,12 @@ _ITEM_EXTRAS = {
     "message": {"id", "status", "phase"},
     "function_call": {"id", "status", "namespace"},
     "function_call_output": {"id", "status", "name", "namespace"},
+    "reasoning": {"id", "status"},
 }
 _PART_EXTRAS = {"annotations", "logprobs"}
 
 
-def _text_parts(content, param: str, allowed: Sequence[str]) -> str:
+def _text_parts(content, param: str, allowed: Sequence[str], sep: str = "") -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -56,7 +65,7 @@ def _text_parts(content, param: str, allowed: Sequence[str]) -> str:
         if unknown:
             raise bad(f"'{p}' has unsupported field {min(unknown)!r}", f"{p}.{min(unknown)}", "unknown_parameter")
         texts.append(part["text"])
-    return "".join(texts)
+    return sep.join(texts)
 
 
 def _string(item: dict, key: str, param: str, *, required: bool = True) -> str:
@@ -79,6 +88,32 @@ def _check_fields(item: dict, kind: str, required: set[str], param: str) -> None
         raise bad(f"'{param}' ({kind}) has unsupported field {name!r}", f"{param}.{name}", "unknown_parameter")
 
 
+def _reasoning_text(item: dict, param: str) -> str:
+    """The thoughts of a ``reasoning`` input item (module doc)."""
+    _check_fields(item, "reasoning", {"summary", "content", "encrypted_content"}, param)
+    if item.get("encrypted_content"):
+        raise bad(
+            f"'{param}.encrypted_content' cannot be read here: encrypted reasoning comes from another "
+            "server (this one returns reasoning items with their thoughts in 'content' and no "
+            "encrypted_content); drop the item, or send its thoughts as 'content'",
+            f"{param}.encrypted_content",
+            "unsupported_parameter",
+        )
+    summary = item.get("summary")
+    if not isinstance(summary, list):
+        raise bad(
+            f"'{param}.summary' must be an array of summary_text parts ([] when there is none)",
+            f"{param}.summary",
+            "missing_required_parameter" if summary is None else "invalid_type",
+        )
+    content = item.get("content")
+    if content is not None and not isinstance(content, list):
+        raise bad(f"'{param}.content' must be an array of reasoning_text parts", f"{param}.content", "invalid_type")
+    text = _text_parts(content or [], f"{param}.content", ("reasoning_text",))
+    brief = _text_parts(summary, f"{param}.summary", ("summary_text",), sep="\n\n")
+    return text or brief
+
+
 def _call_names(history: Sequence[ChatMessage]) -> dict[str, str]:
     return {c.id: c.name for m in history for c in m.tool_calls}
 
@@ -98,11 +133,20 @@ def input_messages(value, history: Sequence[ChatMessage] = ()) -> list[ChatMessa
         raise bad(f"'input' has more than {MAX_INPUT_ITEMS} items", "input")
     names = _call_names(history)
     out: list[ChatMessage] = []
+    thoughts = ""  # a reasoning item's, waiting for the assistant turn it led to
     for i, item in enumerate(value):
         param = f"input[{i}]"
         if not isinstance(item, dict):
             raise bad(f"'{param}' must be an object", param, "invalid_type")
         kind = item.get("type", "message" if "role" in item else None)
+        if kind == "reasoning":
+            if thoughts:  # two in a row (no answer between them): the first is a turn of its own
+                out.append(_message("assistant", "", param, reasoning=thoughts))
+            thoughts = _reasoning_text(item, param)
+            continue
+        if thoughts and not (kind == "message" and item.get("role") == "assistant") and kind != "function_call":
+            out.append(_message("assistant", "", param, reasoning=thoughts))
+            thoughts = ""
         if kind == "message":
             _check_fields(item, "message", {"role", "content"}, param)
             role = item.get("role")
@@ -113,7 +157,8 @@ def input_messages(value, history: Sequence[ChatMessage] = ()) -> list[ChatMessa
                     "missing_required_parameter" if role is None else "invalid_value",
                 )
             text = _text_parts(item.get("content"), f"{param}.content", _TEXT_PARTS)
-            out.append(_message(_MESSAGE_ROLES[role], text, param))
+            out.append(_message(_MESSAGE_ROLES[role], text, param, reasoning=thoughts))
+            thoughts = ""
         elif kind == "function_call":
             _check_fields(item, "function_call", {"call_id", "name", "arguments"}, param)
             call = ToolCall(
@@ -122,9 +167,12 @@ def input_messages(value, history: Sequence[ChatMessage] = ()) -> list[ChatMessa
             names[call.id] = call.name
             prev = out[-1] if out else None
             if prev is not None and prev.role == "assistant" and not prev.tool_call_id:
-                out[-1] = ChatMessage("assistant", prev.content, prev.tool_calls + (call,))
+                out[-1] = _message(
+                    "assistant", prev.content, param, prev.tool_calls + (call,), reasoning=prev.reasoning + thoughts
+                )
             else:
-                out.append(_message("assistant", "", param, (call,)))
+                out.append(_message("assistant", "", param, (call,), reasoning=thoughts))
+            thoughts = ""
         elif kind == "function_call_output":
             _check_fields(item, "function_call_output", {"call_id", "output"}, param)
             call_id = _string(item, "call_id", param)
@@ -133,17 +181,26 @@ def input_messages(value, history: Sequence[ChatMessage] = ()) -> list[ChatMessa
             out.append(_message("tool", output, param, tool_call_id=call_id, name=name))
         else:
             raise bad(
-                f"'{param}.type' {kind!r:.40} is not supported: input items are messages, function_call "
-                "and function_call_output",
+                f"'{param}.type' {kind!r:.40} is not supported: input items are messages, function_call, "
+                "function_call_output and reasoning",
                 f"{param}.type",
             )
+    if thoughts:
+        out.append(_message("assistant", "", f"input[{len(value) - 1}]", reasoning=thoughts))
     return out
 
 
 def _message(
-    role: str, content: str, param: str, calls: tuple[ToolCall, ...] = (), *, tool_call_id: str = "", name: str = ""
+    role: str,
+    content: str,
+    param: str,
+    calls: tuple[ToolCall, ...] = (),
+    *,
+    tool_call_id: str = "",
+    name: str = "",
+    reasoning: str = "",
 ) -> ChatMessage:
     try:
-        return ChatMessage(role, content, calls, tool_call_id, name)
+        return ChatMessage(role, content, calls, tool_call_id, name, reasoning)
     except InvalidRequest as exc:
         raise bad(exc.message, param) from None

@@ -1,7 +1,10 @@
 """Chat outcomes -> Responses API output items and response objects (pure).
 
-A generation's text becomes one ``message`` output item (one ``output_text`` part); each tool
-call becomes a ``function_call`` item. ``finish_reason`` ``length`` makes the response
+A reasoning model's thoughts become one ``reasoning`` item first (``summary`` ``[]``: there is no
+summariser; the thoughts in one ``reasoning_text`` part of ``content``; never an
+``encrypted_content``); a generation's text becomes one ``message`` output item (one
+``output_text`` part, whose ``logprobs`` are ``[]`` unless they were asked for); each tool call
+becomes a ``function_call`` item. ``finish_reason`` ``length`` makes the response
 ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``. Ids are drawn from an
 injected ``token`` function so tests can fix them.
 """
@@ -24,6 +27,7 @@ __all__ = [
     "message_item",
     "new_id",
     "output_items",
+    "reasoning_item",
     "response_body",
     "response_status",
     "text_logprobs",
@@ -55,7 +59,9 @@ def usage_body(usage: dict) -> dict:
         "output_tokens": out,
         "total_tokens": inp + out,
         "input_tokens_details": {"cached_tokens": int(details.get("cached_tokens", 0)), "cache_write_tokens": 0},
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {
+            "reasoning_tokens": int((usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0))
+        },
     }
 
 
@@ -83,11 +89,23 @@ def delta_logprobs(entries: Sequence[TokenLogprob]) -> list[dict]:
 def message_item(
     item_id: str, text: str, status: str = "completed", logprobs: Sequence[TokenLogprob] | None = None
 ) -> dict:
-    """A message item; its text part has ``logprobs`` when they were asked for (``logprobs`` not None)."""
-    part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+    """A message item; its text part's ``logprobs`` are ``[]`` unless they were asked for
+    (``logprobs`` not None; the schema requires the field)."""
+    part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
     if logprobs is not None:
         part["logprobs"] = text_logprobs(logprobs)
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": [part]}
+
+
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict:
+    """A reasoning item: the thoughts in one ``reasoning_text`` part, no summary."""
+    return {
+        "type": "reasoning",
+        "id": item_id,
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "status": status,
+    }
 
 
 def call_item(item_id: str, call: CallLike, status: str = "completed") -> dict:
@@ -114,11 +132,17 @@ def output_items(
     finish_reason: str,
     token: Callable[[int], str] = secrets.token_hex,
     logprobs: Sequence[TokenLogprob] | None = None,
+    reasoning: str = "",
 ) -> list[dict]:
-    """The output of a finished generation: a message item when there is text (or nothing else;
-    whitespace before calls is not text), then one function_call item per call, in order."""
+    """The output of a finished generation: a reasoning item when the model reasoned (cut, so
+    ``incomplete``, when ``max_output_tokens`` came before any answer), a message item when there
+    is text (or nothing else; whitespace before calls is not text), then one function_call item per
+    call, in order."""
     status = "incomplete" if finish_reason == "length" else "completed"
     items = []
+    if reasoning:
+        cut = status == "incomplete" and not (content or calls)
+        items.append(reasoning_item(new_id("rs", token), reasoning, "incomplete" if cut else "completed"))
     if (content and content.strip()) or not calls:
         items.append(message_item(new_id("msg", token), content or "", status, logprobs))
     items.extend(call_item(new_id("fc", token), c, "completed") for c in calls)
@@ -157,9 +181,11 @@ def response_body(
 
 def conversation_after(call: ResponsesCall, output: Sequence[dict]) -> tuple[ChatMessage, ...]:
     """The conversation a later ``previous_response_id`` continues: this call's history (not its
-    instructions, which OpenAI does not carry over) and its output as one assistant message."""
+    instructions, which OpenAI does not carry over) and its output as one assistant message (its
+    reasoning items as the message's reasoning)."""
     text = "".join(p["text"] for item in output if item["type"] == "message" for p in item["content"])
+    thoughts = "".join(p["text"] for item in output if item["type"] == "reasoning" for p in item["content"])
     calls = tuple(
         ToolCall(item["call_id"], item["name"], item["arguments"]) for item in output if item["type"] == "function_call"
     )
-    return call.history + (ChatMessage("assistant", text, calls),)
+    return call.history + (ChatMessage("assistant", text, calls, reasoning=thoughts),)

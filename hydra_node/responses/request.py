@@ -2,8 +2,12 @@
 
 Every field of OpenAI's request is either honoured or refused with a 400 naming it; fields that
 cannot change what is generated are accepted only with their neutral values (``truncation:
-"disabled"``, ``background: false``, ``reasoning`` without an effort, ...). The call keeps the
-echo of what was asked (tools, tool_choice, text format, metadata, ...) for the response object.
+"disabled"``, ``background: false``, ...). ``reasoning.effort`` is kept for
+:func:`hydra_node.responses.constraints.generation_request`, which maps it for the model (or refuses
+it on a model that does not reason: docs/reasoning.md); ``reasoning.summary`` may only be ``auto``
+(there is no summariser: every reasoning item's ``summary`` is ``[]``, its thoughts are in
+``content``). The call keeps the echo of what was asked (tools, tool_choice, text format,
+metadata, reasoning, ...) for the response object.
 """
 
 from __future__ import annotations
@@ -26,7 +30,14 @@ from hydra_node.inference import (
     ToolSpec,
 )
 
-__all__ = ["DEFAULT_TEMPERATURE", "DEFAULT_TOP_P", "LOGPROBS_INCLUDE", "ResponsesCall", "parse_responses_body"]
+__all__ = [
+    "DEFAULT_TEMPERATURE",
+    "DEFAULT_TOP_P",
+    "LOGPROBS_INCLUDE",
+    "REASONING_SUMMARIES",
+    "ResponsesCall",
+    "parse_responses_body",
+]
 
 #: Sampling defaults when the request names none (the chat API's), echoed in the response.
 DEFAULT_TEMPERATURE = 0.8
@@ -34,26 +45,17 @@ DEFAULT_TOP_P = 0.95
 #: OpenAI's metadata bounds: 16 pairs, keys up to 64 characters, values up to 512.
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 _FORMAT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-#: Includes we honour: logprobs of the output text, and reasoning content, trivially (there are no
-#: reasoning items, so there is nothing to include).
+#: Includes we honour: logprobs of the output text, and encrypted reasoning, trivially: reasoning
+#: items carry their thoughts in plain ``content`` and never an ``encrypted_content``.
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _INCLUDES = {"reasoning.encrypted_content", LOGPROBS_INCLUDE}
-
-
-def _neutral_reasoning(v) -> bool:
-    return v is None or (
-        isinstance(v, dict)
-        and set(v) <= {"effort", "summary", "generate_summary"}
-        and v.get("effort") in (None, "none")
-        and v.get("summary") is None
-        and v.get("generate_summary") is None
-    )
+#: ``reasoning.summary`` values accepted: "auto" asks for the best summary there is, and there is none.
+REASONING_SUMMARIES = ("auto",)
 
 
 #: Fields accepted only with a value that changes nothing; anything else is refused, naming them.
 _NEUTRAL: dict[str, tuple[Callable[[object], bool], str]] = {
     "truncation": (lambda v: v in (None, "disabled"), "only 'disabled' (a prompt that does not fit is an error)"),
-    "reasoning": (_neutral_reasoning, "no reasoning effort or summary: the models here do not reason"),
     "service_tier": (lambda v: v in (None, "auto", "default"), "only 'auto' or 'default'"),
     "background": (lambda v: v in (None, False), "background responses are not supported"),
     "stream_options": (
@@ -98,6 +100,7 @@ _HONOURED = {
     "user",
     "prompt_cache_key",
     "safety_identifier",
+    "reasoning",
 }
 
 
@@ -125,6 +128,8 @@ class ResponsesCall:
     session: str = ""
     metadata: dict = field(default_factory=dict)
     echo: dict = field(default_factory=dict)  # the rest of what the response object repeats
+    reasoning_effort: str | None = None  # reasoning.effort as asked (None: not given)
+    reasoning_summary: str | None = None  # reasoning.summary: None or "auto"
 
     @property
     def messages(self) -> tuple[ChatMessage, ...]:
@@ -151,7 +156,7 @@ class ResponsesCall:
             "previous_response_id": self.previous_response_id,
             "store": self.store,
             "truncation": "disabled",
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {"effort": self.reasoning_effort, "summary": self.reasoning_summary},
             "service_tier": "default",
             "background": False,
             **{k: self.echo[k] for k in ("user", "safety_identifier", "prompt_cache_key") if k in self.echo},
@@ -271,6 +276,34 @@ def _logprobs(body: dict) -> tuple[bool, int]:
     return LOGPROBS_INCLUDE in include, top or 0
 
 
+def _reasoning(v) -> tuple[str | None, str | None]:
+    """``(effort, summary)`` of ``reasoning``; the effort is checked against the model later."""
+    if v is None:
+        return None, None
+    if not isinstance(v, dict):
+        raise bad("'reasoning' must be an object with 'effort' and 'summary'", "reasoning", "invalid_type")
+    unknown = {k for k, val in v.items() if val is not None} - {"effort", "summary", "generate_summary"}
+    if unknown:
+        name = min(unknown)
+        raise bad(f"'reasoning' has unsupported field {name!r}", f"reasoning.{name}", "unknown_parameter")
+    effort = v.get("effort")
+    if effort is not None and not isinstance(effort, str):
+        raise bad("'reasoning.effort' must be a string", "reasoning.effort", "invalid_type")
+    summary = None
+    for key in ("summary", "generate_summary"):  # generate_summary: the deprecated name
+        asked = v.get(key)
+        if asked is not None and asked not in REASONING_SUMMARIES:
+            raise bad(
+                f"'reasoning.{key}' {asked!r:.40} is not supported: only 'auto' (there is no reasoning "
+                "summariser here: reasoning items carry the thoughts themselves in 'content', and "
+                "'summary' is [])",
+                f"reasoning.{key}",
+                "unsupported_parameter",
+            )
+        summary = summary or asked
+    return effort, summary
+
+
 def _text_format(v) -> dict:
     if v is None:
         return {"type": "text"}
@@ -351,6 +384,7 @@ def parse_responses_body(raw: bytes, previous: Callable[[str], Sequence[ChatMess
     tools, echo["tools"] = _tools(body.get("tools"))
     choice, name = _tool_choice(body.get("tool_choice"), tools)
     logprobs, top_logprobs = _logprobs(body)
+    effort, summary = _reasoning(body.get("reasoning"))
     messages = tuple(history) + tuple(input_messages(body.get("input"), history))
     if not messages:
         raise bad("'input' must not be empty", "input", "missing_required_parameter")
@@ -375,6 +409,8 @@ def parse_responses_body(raw: bytes, previous: Callable[[str], Sequence[ChatMess
         session=session,
         metadata=_metadata(body.get("metadata")),
         echo=echo,
+        reasoning_effort=effort,
+        reasoning_summary=summary,
     )
 
 

@@ -5,20 +5,22 @@ The request is parsed (:mod:`responses_request`), turned into a chat :class:`Gen
 machinery (:mod:`hydra_node.api.chat`: tool calls parsed back) and answered as a response
 object (:mod:`responses_output`) or as typed server-sent events (:mod:`responses_stream`).
 Finished responses are kept in a bounded store (:mod:`responses_store`) for
-``previous_response_id``. What is supported and what is refused: docs/responses.md.
+``previous_response_id`` and ``GET /v1/responses/{id}`` (whole, or with ``stream=true`` replayed
+as the events of a stream: :func:`stored_events`). What is supported and what is refused:
+docs/responses.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 
 import trio
 
-from hydra_node.api.answer import stream_answer
+from hydra_node.api.answer import nothing_to_close, stream_answer
 from hydra_node.http.server import Request, Response, StreamResponse
-from hydra_node.moa.answers import MoaApi, complete_answer, open_chat_events
+from hydra_node.moa.answers import MoaApi, caps_of, complete_answer, open_chat_events
 from hydra_node.api.errors import ApiError
 from hydra_node.api.router_api import RouterApi
 from hydra_node.responses.constraints import generation_request
@@ -30,12 +32,59 @@ from hydra_node.responses.output import (
     response_status,
     usage_body,
 )
-from hydra_node.responses.request import ResponsesCall, parse_responses_body
+from hydra_node.responses.request import LOGPROBS_INCLUDE, ResponsesCall, parse_responses_body
 from hydra_node.responses.store import ResponsesStore
-from hydra_node.responses.stream import ResponseEventStream, ResponseStreamFormatter
-from hydra_node.inference import GenerationRequest
+from hydra_node.responses.stream import ResponseEventStream, ResponseStreamFormatter, sse, stored_events
+from hydra_node.inference import NO_CAPS, GenerationRequest
 
-__all__ = ["ResponsesApi"]
+__all__ = ["GET_INCLUDES", "ResponsesApi", "retrieve_options"]
+
+#: ``include`` values a ``GET`` accepts: a stored response is returned as it was made, with the
+#: logprobs its request asked for (there is nothing more to include: no encrypted reasoning).
+GET_INCLUDES = ("reasoning.encrypted_content", LOGPROBS_INCLUDE)
+
+
+def _query_bool(query: dict, key: str) -> bool | None:
+    v = query.get(key)
+    if v is None:
+        return None
+    if v not in ("true", "false"):
+        raise ApiError(400, f"query parameter '{key}' must be true or false", "invalid_value", key)
+    return v == "true"
+
+
+def retrieve_options(query: dict) -> tuple[bool, int | None]:
+    """``(stream, starting_after)`` of a ``GET /v1/responses/{id}`` query; a 400 naming any
+    parameter that is not honoured (docs/responses.md)."""
+    for key in query:
+        if key not in ("include", "include[]", "stream", "starting_after", "include_obfuscation"):
+            raise ApiError(400, f"unknown query parameter '{key}'", "unknown_parameter", key)
+    for key in ("include", "include[]"):
+        if key in query and query[key] not in GET_INCLUDES:
+            raise ApiError(
+                400,
+                f"query parameter 'include' may hold only {' and '.join(GET_INCLUDES)} (got {query[key]!r:.60})",
+                "unsupported_parameter",
+                "include",
+            )
+    if _query_bool(query, "include_obfuscation"):
+        raise ApiError(
+            400,
+            "'include_obfuscation=true' is not supported: streams are never padded (send false, or leave it out)",
+            "unsupported_parameter",
+            "include_obfuscation",
+        )
+    stream = bool(_query_bool(query, "stream"))
+    after = query.get("starting_after")
+    if after is None:
+        return stream, None
+    if not stream:
+        raise ApiError(400, "'starting_after' needs 'stream=true'", "invalid_value", "starting_after")
+    if not after.isdigit() or len(after) > 18:
+        raise ApiError(
+            400, "'starting_after' must be a sequence number (an integer >= 0)", "invalid_value", "starting_after"
+        )
+    return stream, int(after)
 
 
 class ResponsesApi:
@@ -73,20 +122,22 @@ class ResponsesApi:
         resp_id = new_id("resp")
         created = int(self._clock())
         call = self._storable(call, resp_id, created)  # before any work on a response it cannot keep
-        req = generation_request(call, resp_id, request.headers.get("x-session-id", "") or call.session)
+        caps = NO_CAPS if call.reasoning_effort is None else caps_of(self.router, self.moa, call.model)
+        req = generation_request(call, resp_id, request.headers.get("x-session-id", "") or call.session, caps)
         if call.stream:
             return await self._stream(call, req, resp_id, created, request.nursery)
         return await self._complete(call, req, resp_id, created)
 
-    def _stored(self, request: Request, resp_id: str) -> Response:
+    def _stored(self, request: Request, resp_id: str) -> Response | StreamResponse:
         """``GET`` / ``DELETE /v1/responses/{id}`` on the bounded store."""
         if not resp_id:
             raise ApiError(404, f"no route for {request.method} {request.path}", "not_found")
         if request.method not in ("GET", "DELETE"):
             raise ApiError(405, "use GET or DELETE", "method_not_allowed")
-        if request.query:
+        if request.method == "DELETE" and request.query:
             key = min(request.query)
-            raise ApiError(400, f"query parameter '{key}' is not supported", "unsupported_parameter", key)
+            raise ApiError(400, f"query parameter '{key}' is not supported on DELETE", "unsupported_parameter", key)
+        stream, after = retrieve_options(request.query)
         found = self.store.lookup(resp_id)
         if found is None:
             raise ApiError(
@@ -98,7 +149,10 @@ class ResponsesApi:
         if request.method == "DELETE":
             self.store.pop(resp_id)
             return Response.json(200, {"id": resp_id, "object": "response", "deleted": True})
-        return Response(200, found.body_json)
+        if not stream:
+            return Response(200, found.body_json)
+        events = [e for e in stored_events(found.body) if after is None or e["sequence_number"] > after]
+        return StreamResponse(200, _chunks([sse(e) for e in events]), finalizer=nothing_to_close)
 
     def _mesh(self, model: str) -> bool:
         return self.moa is not None and self.moa.handles(model)
@@ -139,7 +193,11 @@ class ResponsesApi:
     async def _complete(self, call: ResponsesCall, req: GenerationRequest, resp_id: str, created: int) -> Response:
         out, headers = await complete_answer(self.router, self.moa, req)  # model "mesh": the mixture's answer
         output = output_items(
-            out.content, out.tool_calls, out.finish_reason, logprobs=out.logprobs if call.logprobs else None
+            out.content,
+            out.tool_calls,
+            out.finish_reason,
+            logprobs=out.logprobs if call.logprobs else None,
+            reasoning=out.reasoning,
         )
         for item, made in zip([o for o in output if o["type"] == "function_call"], out.tool_calls):
             if not made.complete:  # cut by max_output_tokens inside its arguments
@@ -167,3 +225,8 @@ class ResponsesApi:
             ResponseEventStream(call, resp_id, created), lambda final: self._remember(call, final)
         )
         return stream_answer(events, fmt, close=close, headers=headers)
+
+
+async def _chunks(chunks: list[bytes]) -> AsyncGenerator[bytes, None]:
+    for chunk in chunks:
+        yield chunk

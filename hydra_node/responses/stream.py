@@ -4,13 +4,21 @@ Chat stream pieces go in (text deltas, parsed tool calls, the finish), OpenAI's 
 come out as dicts numbered by ``sequence_number``, in the order OpenAI sends them::
 
     response.created, response.in_progress,
+    reasoning:    response.output_item.added, response.content_part.added (a reasoning_text part),
+                  response.reasoning_text.delta..., response.reasoning_text.done,
+                  response.content_part.done, response.output_item.done
     per message:  response.output_item.added, response.content_part.added,
                   response.output_text.delta..., response.output_text.done,
                   response.content_part.done, response.output_item.done
     per call:     response.output_item.added, response.function_call_arguments.delta...,
-                  response.function_call_arguments.done, response.output_item.done
+                  response.function_call_arguments.done (with the call's ``name``), response.output_item.done
     then          response.completed (its response's status is "incomplete" at max_output_tokens),
     or on error   response.failed (the response with its error and the output so far).
+
+A reasoning model's thoughts (:meth:`ResponseEventStream.reasoning`) come before its answer; the
+reasoning item closes when the answer (text or a call) begins. A response with nothing but
+reasoning still gets its (empty) message, as the whole response does
+(:func:`hydra_node.responses.output.output_items`).
 
 A call streamed by the chat layer (under the tool-call grammar) comes in pieces:
 :meth:`ResponseEventStream.call_start` when its name is complete (``output_item.added``),
@@ -35,7 +43,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from hydra_node.api.answer import Chunks
-from hydra_node.api.chat import ChatDone, ContentDelta, ToolCallArguments, ToolCallStart
+from hydra_node.api.chat import ChatDone, ContentDelta, ReasoningDelta, ToolCallArguments, ToolCallStart
 from hydra_node.grammar.toolcalls import ParsedToolCall
 from hydra_node.responses.output import (
     CallLike,
@@ -43,6 +51,7 @@ from hydra_node.responses.output import (
     delta_logprobs,
     message_item,
     new_id,
+    reasoning_item,
     response_body,
     response_status,
     usage_body,
@@ -50,7 +59,7 @@ from hydra_node.responses.output import (
 from hydra_node.responses.request import ResponsesCall
 from hydra_node.inference import GenerationError, TokenLogprob
 
-__all__ = ["FAILED_CODES", "ResponseEventStream", "ResponseStreamFormatter", "sse"]
+__all__ = ["FAILED_CODES", "ResponseEventStream", "ResponseStreamFormatter", "sse", "stored_events"]
 
 #: ``response.error.code`` values OpenAI's schema allows; every other failure is a server_error.
 FAILED_CODES = {429: "rate_limit_exceeded"}
@@ -86,6 +95,8 @@ class ResponseEventStream:
         self._pending: list[TokenLogprob] = []  # logprobs not sent yet (they came without text)
         self._call: dict | None = None  # the streamed call's item (arguments "" while open)
         self._call_args: list[str] = []
+        self._thinking: dict | None = None  # the reasoning item being streamed
+        self._thoughts: list[str] = []
 
     @property
     def done(self) -> bool:
@@ -119,6 +130,57 @@ class ResponseEventStream:
                 content_index=0,
                 part=message_item("", "", logprobs=self._asked([]))["content"][0],
             ),
+        ]
+
+    def reasoning(self, delta: str) -> list[dict]:
+        """A piece of the model's thoughts (an open message is closed first: thoughts after text
+        are a reasoning item of their own)."""
+        if self.done or not delta:
+            return []
+        events: list[dict] = []
+        if self._thinking is None:
+            events = self._close_message("completed")
+            self._thinking = reasoning_item(new_id("rs", self._token), "", "in_progress")
+            self._thoughts = []
+            idx = len(self.output)
+            events += [
+                self._event("response.output_item.added", output_index=idx, item=dict(self._thinking, content=[])),
+                self._event(
+                    "response.content_part.added",
+                    item_id=self._thinking["id"],
+                    output_index=idx,
+                    content_index=0,
+                    part={"type": "reasoning_text", "text": ""},
+                ),
+            ]
+        self._thoughts.append(delta)
+        return events + [
+            self._event(
+                "response.reasoning_text.delta",
+                item_id=self._thinking["id"],
+                output_index=len(self.output),
+                content_index=0,
+                delta=delta,
+            )
+        ]
+
+    def _close_reasoning(self, status: str) -> list[dict]:
+        if self._thinking is None:
+            return []
+        text, item_id, idx = "".join(self._thoughts), self._thinking["id"], len(self.output)
+        item = reasoning_item(item_id, text, status)
+        self._thinking = None
+        self.output.append(item)
+        return [
+            self._event("response.reasoning_text.done", item_id=item_id, output_index=idx, content_index=0, text=text),
+            self._event(
+                "response.content_part.done",
+                item_id=item_id,
+                output_index=idx,
+                content_index=0,
+                part=item["content"][0],
+            ),
+            self._event("response.output_item.done", output_index=idx, item=item),
         ]
 
     def _asked(self, entries: list[TokenLogprob]) -> list[TokenLogprob] | None:
@@ -164,7 +226,8 @@ class ResponseEventStream:
             self._held += delta
             return []
         delta, self._held = self._held + delta, ""
-        events = self._open_message() if self._msg is None else []
+        events = self._close_reasoning("completed")
+        events += self._open_message() if self._msg is None else []
         self._text.append(delta)
         sent, self._pending = self._pending, []
         self._lps += sent
@@ -186,7 +249,7 @@ class ResponseEventStream:
         if self.done or self._call is not None:
             return []
         self._held, self._pending = "", []  # not text: the tokens of the call itself
-        events = self._close_message("completed")
+        events = self._close_reasoning("completed") + self._close_message("completed")
         self._call = call_item(new_id("fc", self._token), _Head(call.id, call.name), "in_progress")
         self._call_args = []
         return events + [
@@ -220,7 +283,13 @@ class ResponseEventStream:
         item.update(arguments=args, status="completed" if getattr(call, "complete", True) else "incomplete")
         idx = len(self.output)
         events.append(
-            self._event("response.function_call_arguments.done", item_id=item["id"], output_index=idx, arguments=args)
+            self._event(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=idx,
+                name=item["name"],
+                arguments=args,
+            )
         )
         self.output.append(item)
         return events + [self._event("response.output_item.done", output_index=idx, item=item)]
@@ -232,8 +301,8 @@ class ResponseEventStream:
         if self.done:
             return []
         status, incomplete = response_status(finish_reason)
-        events = []
-        if self._msg is None and not self.output:
+        events = self._close_reasoning("incomplete" if incomplete else "completed")
+        if self._msg is None and not any(o["type"] != "reasoning" for o in self.output):
             events += self._open_message()
             self._text, self._held = [self._held], ""
         events += self._close_message("incomplete" if incomplete else "completed")
@@ -244,11 +313,59 @@ class ResponseEventStream:
         """``response.failed``: the response so far, with its error (after nothing else)."""
         if self.done:
             return []
-        self._msg = None
+        self._msg = self._thinking = None
         self.final = self._response(
             "failed", error={"code": FAILED_CODES.get(status, "server_error"), "message": message}
         )
         return [self._event("response.failed", response=self.final)]
+
+
+def stored_events(body: dict) -> list[dict]:
+    """A stored response (``GET /v1/responses/{id}?stream=true``) as the events of a stream of it:
+    each output item whole (its text, thoughts or arguments in one delta), then
+    ``response.completed`` with the stored object. The sequence numbers are those of this replay
+    (``starting_after`` counts them)."""
+    shell = dict(body, status="in_progress", output=[], usage=None, incomplete_details=None)
+    events: list[dict] = []
+
+    def event(kind: str, **fields) -> None:
+        events.append({"type": kind, "sequence_number": len(events), **fields})
+
+    event("response.created", response=shell)
+    event("response.in_progress", response=shell)
+    for idx, item in enumerate(body.get("output", [])):
+        kind = item["type"]
+        at = {"item_id": item["id"], "output_index": idx}
+        if kind == "function_call":
+            event("response.output_item.added", output_index=idx, item=dict(item, arguments="", status="in_progress"))
+            if item["arguments"]:
+                event("response.function_call_arguments.delta", **at, delta=item["arguments"])
+            event("response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"])
+        elif kind in ("message", "reasoning"):
+            event("response.output_item.added", output_index=idx, item=dict(item, content=[], status="in_progress"))
+            for j, part in enumerate(item["content"]):
+                text, where = part["text"], dict(at, content_index=j)
+                empty = dict(part, text="", **({"logprobs": []} if "logprobs" in part else {}))
+                event("response.content_part.added", **where, part=empty)
+                if kind == "reasoning":
+                    if text:
+                        event("response.reasoning_text.delta", **where, delta=text)
+                    event("response.reasoning_text.done", **where, text=text)
+                else:
+                    lps = [_delta_entry(e) for e in part.get("logprobs", [])]
+                    if text or lps:
+                        event("response.output_text.delta", **where, delta=text, logprobs=lps)
+                    event("response.output_text.done", **where, text=text, logprobs=lps)
+                event("response.content_part.done", **where, part=part)
+        event("response.output_item.done", output_index=idx, item=item)
+    event("response.completed", response=body)
+    return events
+
+
+def _delta_entry(entry: dict) -> dict:
+    """A stored ``output_text`` logprob entry as the delta events carry it (no bytes)."""
+    top = [{"token": t["token"], "logprob": t["logprob"]} for t in entry["top_logprobs"]]
+    return {"token": entry["token"], "logprob": entry["logprob"], "top_logprobs": top}
 
 
 class ResponseStreamFormatter:
@@ -261,6 +378,9 @@ class ResponseStreamFormatter:
 
     def start(self) -> Chunks:
         return [sse(e) for e in self.builder.start()]
+
+    def reasoning(self, k: int, delta: ReasoningDelta) -> Chunks:
+        return [sse(e) for e in self.builder.reasoning(delta.text)]
 
     def text(self, k: int, delta: ContentDelta) -> Chunks:
         return [sse(e) for e in self.builder.text(delta.text, delta.logprobs)]

@@ -96,8 +96,8 @@ class Continuation:
         if isinstance(ev, TextDelta):
             self.tokens.extend(ev.tokens)
             self._part_tokens += len(ev.tokens)
-            self.delivered += len(ev.text)
-            if ev.text or ev.logprobs:
+            self.delivered += len(ev.text) + len(ev.reasoning)  # reasoning first, then answer (docs/reasoning.md)
+            if ev.text or ev.reasoning or ev.logprobs:
                 self._part_text = True
 
     def relayed(self, ev: GenerationEvent) -> GenerationEvent:

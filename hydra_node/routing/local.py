@@ -62,6 +62,8 @@ class LocalRunners:
                 free_slots=r.free_slots,
                 state=self._state(r),
                 identity=None if self.identity is None else self.identity(r.model.path),
+                caps=r.caps,
+                tokenize=r.tokenize,
             )
             for r in self.runners.values()
         ]

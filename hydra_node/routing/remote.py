@@ -40,6 +40,8 @@ from hydra_node.inference import (
     GenerationRequest,
     InvalidRequest,
     ModelUnavailable,
+    TokenizeRequest,
+    TokenizeResult,
     event_frame,
 )
 from hydra_node.codec import cbor as codec_cbor
@@ -55,6 +57,7 @@ from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.routing.target import OpenGeneration, RouteTarget, TargetState
 from hydra_node.routing.serving import serve_while_requester_stays
 from hydra_node.routing.target_wait import MeshView
+from hydra_node.runtime.hosting.caps_wire import parse_caps_extra
 
 __all__ = [
     "MAX_GENERATE_BODY_BYTES",
@@ -137,6 +140,8 @@ def request_from_body(data: bytes, length: int) -> GenerationRequest:
 LocalOpen = Callable[[str], "OpenGeneration | None"]
 #: ``embed_remote(peer_id, req)``: embed on a peer (``RemoteEmbeddings.embed_remote``, remote_embed.py).
 EmbedRemote = Callable[[str, EmbeddingRequest], Awaitable[EmbeddingResult]]
+#: ``tokenize_remote(peer_id, req)``: tokenize on a peer (``RemoteTokenizer.tokenize_remote``, remote_tokenize.py).
+TokenizeRemote = Callable[[str, TokenizeRequest], Awaitable[TokenizeResult]]
 
 
 class MeshMembers(Protocol):
@@ -177,10 +182,12 @@ class RemoteGeneration:
         node_id: str,
         local_open: LocalOpen,
         embed_remote: EmbedRemote | None = None,
+        tokenize_remote: TokenizeRemote | None = None,
         body_timeout_s: float = REQUEST_BODY_TIMEOUT_S,
         body_bytes_reading: int = MAX_BODY_BYTES_READING,
     ) -> None:
         """``embed_remote(peer_id, EmbeddingRequest)``: the ``embed`` of our remote targets (remote_embed.py);
+        ``tokenize_remote(peer_id, TokenizeRequest)``: the ``tokenize`` of our remote targets (remote_tokenize.py);
         ``body_timeout_s``: how long a host waits for a request body (REQUEST_BODY_TIMEOUT_S);
         ``body_bytes_reading``: the body bytes it reads at once over all streams (MAX_BODY_BYTES_READING)."""
         self._mesh = mesh
@@ -190,6 +197,10 @@ class RemoteGeneration:
         self.node_id = node_id
         self._local_open = local_open
         self._embed_remote = embed_remote
+        self._tokenize_remote = tokenize_remote
+        #: announced ``model_caps`` entries dropped as malformed (``/api/status`` routing, runtime/hosting/caps_wire.py)
+        self.malformed_caps = 0
+        self._caps_seen: dict[str, tuple] = {}  # peer -> the announcement whose malformed caps were counted
         self._opened = self._served = self._errors = self._bad_requests = 0
         self._reserved_seen: dict[str, tuple[int, int]] = {}  # peer -> announcement that named a reserved id
         self._reserved_ignored = 0
@@ -222,11 +233,17 @@ class RemoteGeneration:
         members = self._mesh.members()
         for gone in [p for p in self._reserved_seen if p not in members]:
             del self._reserved_seen[gone]
+        for gone in [p for p in self._caps_seen if p not in members]:
+            del self._caps_seen[gone]
         for peer_id, ann in members.items():
             if ann.role == "client":
                 continue
             link = self._mesh.link(peer_id)
             rtt = link.rtt_ms if link is not None and link.rtt_ms is not None else UNLINKED_RTT_MS
+            caps = parse_caps_extra(ann.extra)
+            if caps.malformed and self._caps_seen.get(peer_id) != ann.version_key():  # counted once per announcement
+                self._caps_seen[peer_id] = ann.version_key()
+                self.malformed_caps += caps.malformed
             for m in ann.models:
                 if m.id in RESERVED_MODEL_IDS:
                     self._ignore_reserved(peer_id, ann, m.id)
@@ -248,6 +265,13 @@ class RemoteGeneration:
                         free_slots=m.free_slots,
                         embed=None if self._embed_remote is None else partial(self._embed_remote, peer_id),
                         identity=m.ident,
+                        caps=caps.models.get(m.id),
+                        # a peer that announces capabilities knows the tokenize stream (an older one neither)
+                        tokenize=(
+                            None
+                            if self._tokenize_remote is None or m.id not in caps.models
+                            else partial(self._tokenize_remote, peer_id)
+                        ),
                     )
                 )
         return out

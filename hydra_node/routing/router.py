@@ -35,8 +35,13 @@ from hydra_node.inference import (
     GenerationEvent,
     GenerationRequest,
     Finished,
+    ModelCaps,
     ModelUnavailable,
+    NO_CAPS,
+    TokenizeRequest,
+    TokenizeResult,
 )
+from hydra_node.routing.capable import capability_refusal, serves
 from hydra_node.routing.route_events import DECISION_INTERVAL_S, RequestReport, decision_fields
 from hydra_node.routing.target import EmbedFn, OpenGeneration, RouteTarget, TargetSource, TargetState
 from hydra_node.routing.target_wait import MeshView, Routable, WaitOutcome, expected_back, wait_step
@@ -109,6 +114,8 @@ class ModelListing:
     id: str
     hosts: list[str] = field(default_factory=list)
     states: dict[str, TargetState] = field(default_factory=dict)
+    #: What the model can do, as :meth:`Router.capabilities` says (``/v1/models`` may show it).
+    caps: ModelCaps = NO_CAPS
 
 
 class Router:
@@ -165,7 +172,8 @@ class Router:
         by_id: dict[str, ModelListing] = {}
         ready: dict[str, list[RouteTarget]] = {}
         now = time.monotonic()
-        for t in self.all_targets():
+        targets = self.all_targets()
+        for t in targets:
             if t.model not in self._seen and len(self._seen) >= MAX_REMEMBERED_MODELS:
                 self._seen.pop(min(self._seen, key=self._seen.__getitem__))
             self._seen[t.model] = now
@@ -174,6 +182,8 @@ class Router:
             m.states[t.node_id] = t.state
             if t.state == TargetState.READY:
                 ready.setdefault(t.model, []).append(t)
+        for m in by_id.values():
+            m.caps = _caps_of([t for t in targets if t.model == m.id])
         try:
             clock: float | None = trio.current_time()
         except RuntimeError:  # listed outside trio (a test, a tool): nothing to record
@@ -215,9 +225,10 @@ class Router:
             wait_s=self.target_wait_s,
         )
 
-    def _lookup(self, model: str) -> tuple[list[RouteTarget], list[RouteTarget]]:
-        """``model``'s ready targets in the fixed rule's order, and all its targets."""
-        listed = [t for t in self.all_targets() if t.model == model]
+    def _lookup(self, model: str, req: GenerationRequest | None = None) -> tuple[list[RouteTarget], list[RouteTarget]]:
+        """``model``'s ready targets in the fixed rule's order, and all its targets; with ``req``, only
+        those that may take it (a capability it needs: routing/capable.py)."""
+        listed = [t for t in self.all_targets() if t.model == model and (req is None or serves(t.caps, req))]
         ready = sorted((t for t in listed if t.state == TargetState.READY), key=self._rank)
         return ready, listed
 
@@ -332,15 +343,18 @@ class Router:
     async def _generate(
         self, req: GenerationRequest, report: RequestReport
     ) -> AsyncIterator[RoutedEvents[GenerationEvent]]:
-        candidates, listed = self._lookup(req.model)
+        refused = capability_refusal(req, [t for t in self.all_targets() if t.model == req.model])
+        if refused is not None:  # no target reports what the request needs (an older one would ignore it)
+            raise refused
+        candidates, listed = self._lookup(req.model, req)
         announced = False  # request.waiting emitted for this request
         if not candidates:
             candidates, why, outcome, waited = await self._wait_for_target(
-                req.model, lambda: self._lookup(req.model), continuation=False
+                req.model, lambda: self._lookup(req.model, req), continuation=False
             )
             announced = outcome is not None
             if not candidates:
-                raise self._no_target(req.model, self._lookup(req.model)[1] or listed, why, outcome, waited)
+                raise self._no_target(req.model, self._lookup(req.model, req)[1] or listed, why, outcome, waited)
         self._note_routable(req.model, candidates, trio.current_time())
         decision = None
         if self.scheduling is not None:
@@ -393,7 +407,7 @@ class Router:
                     skip = frozenset(unreachable)
 
                     def look(skip: frozenset[str] = skip) -> tuple[list[RouteTarget], list[RouteTarget]]:
-                        ready, listed = self._lookup(req.model)
+                        ready, listed = self._lookup(req.model, req)
                         return [t for t in ready if t.local or t.node_id not in skip], listed
 
                     found, _, outcome, _ = await self._wait_for_target(
@@ -481,7 +495,7 @@ class Router:
                 # a ready target at once, else a wait if the model is expected back
                 found, _, outcome, _ = await self._wait_for_target(
                     origin.model,
-                    lambda: self._continuation_look(origin, failed),
+                    lambda: self._continuation_look(origin, failed, progress.request),
                     continuation=True,
                     announce=not progress.waiting_announced,
                 )
@@ -539,7 +553,7 @@ class Router:
         failed[host] = again and failed.get(host, True)
 
     def _continuation_look(
-        self, origin: RouteTarget, failed: dict[str, bool]
+        self, origin: RouteTarget, failed: dict[str, bool], req: GenerationRequest | None = None
     ) -> tuple[list[RouteTarget], list[RouteTarget]]:
         """The ready targets a continuation of ``origin`` may take, best first (a free one first:
         :meth:`_continuation_rank`), and every target of its model it may take once ready (of its
@@ -552,6 +566,7 @@ class Router:
             if t.model == origin.model
             and (t.node_id not in failed or (failed[t.node_id] and t.local))
             and t.identity in (origin.identity, None)
+            and (req is None or serves(t.caps, req))
         ]
         ready = sorted(
             (t for t in usable if t.state == TargetState.READY and t.identity == origin.identity),
@@ -601,6 +616,35 @@ class Router:
                 self._own_parts.pop(key, None)
 
         return _Part(cm, release)
+
+    def capabilities(self, model: str) -> ModelCaps:
+        """What ``model`` can do: this node's runner's report when it hosts it, else the first a host
+        reports in the fixed rule's order (ready hosts first); :data:`NO_CAPS` when none reports any
+        (no such model, or only older hosts). Every host of one model file reports the same."""
+        return _caps_of([t for t in self.all_targets() if t.model == model])
+
+    async def tokenize(self, req: TokenizeRequest) -> TokenizeResult:
+        """Tokenize or detokenize on a host of ``req.model``: this node's runner when it hosts it, else
+        the first peer of the fixed rule that can (the scheduler ignores these); a retryable failure is
+        tried once more on the next target."""
+        candidates = [(t, fn) for t in self.candidates(req.model) if (fn := t.tokenize) is not None]
+        if not candidates:
+            self.no_target += 1
+            raise ModelUnavailable(
+                f"no host can tokenize with {req.model!r} right now (its hosts are not ready, or run a "
+                "hydra-node older than the tokenize stream)"
+            )
+        for attempt, (_, fn) in enumerate(candidates[:2]):
+            try:
+                return await fn(req)
+            except GenerationError as exc:
+                if not (exc.retry_elsewhere and attempt == 0 and len(candidates) > 1):
+                    raise
+                self.retries += 1
+                log.info(
+                    "event=route_retry kind=tokenize model=%s target=%s after=%r", req.model, candidates[1][0].key, exc
+                )
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def embed(self, req: EmbeddingRequest) -> EmbeddingResult:
         """Embed on the first target of the fixed rule (the scheduler neither orders nor measures
@@ -658,6 +702,14 @@ async def _first_event(events: AsyncIterator[GenerationEvent]) -> GenerationEven
         return await events.__anext__()
     except StopAsyncIteration:
         return None
+
+
+def _caps_of(targets: list[RouteTarget]) -> ModelCaps:
+    """The first capabilities reported among one model's ``targets``: local first, ready ones before
+    the others, then the fixed rule's order; :data:`NO_CAPS` when none reports any."""
+    ranked = sorted(targets, key=lambda t: (t.state != TargetState.READY, _fixed_rule(t)))
+    ranked.sort(key=lambda t: not t.local)  # stable: this node's own runner before any peer
+    return next((t.caps for t in ranked if t.caps is not None), NO_CAPS)
 
 
 def _fixed_rule(t: RouteTarget) -> tuple:

@@ -13,15 +13,25 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from hydra_node.inference import EmbeddingRequest, EmbeddingResult, GenerationEvent, GenerationRequest
+from hydra_node.inference import (
+    EmbeddingRequest,
+    EmbeddingResult,
+    GenerationEvent,
+    GenerationRequest,
+    ModelCaps,
+    TokenizeRequest,
+    TokenizeResult,
+)
 
-__all__ = ["EmbedFn", "OpenGeneration", "RouteTarget", "TargetSource", "TargetState"]
+__all__ = ["EmbedFn", "OpenGeneration", "RouteTarget", "TargetSource", "TargetState", "TokenizeFn"]
 
 #: ``open(req)``: how a target runs a generation — an async context manager whose value is its events
 #: (leaving it early cancels the generation where it runs).
 OpenGeneration = Callable[[GenerationRequest], AbstractAsyncContextManager[AsyncIterator[GenerationEvent]]]
 #: ``await embed(req)``: how a target embeds.
 EmbedFn = Callable[[EmbeddingRequest], Awaitable[EmbeddingResult]]
+#: ``await tokenize(req)``: how a target tokenizes or detokenizes with its model.
+TokenizeFn = Callable[[TokenizeRequest], Awaitable[TokenizeResult]]
 
 
 class TargetState(enum.StrEnum):
@@ -71,6 +81,11 @@ class RouteTarget:
     #: that resumes generations): a continuation goes only to a target of the same one. None:
     #: unknown (not hashed yet, an older peer) — such a target never takes a continuation.
     identity: str | None = None
+    #: What the model can do there (its runner's ready message; a peer's announced ``model_caps``).
+    #: None: unknown (an older peer, a runner not ready yet): it takes no request that needs one
+    #: (:mod:`hydra_node.routing.capable`).
+    caps: ModelCaps | None = None
+    tokenize: TokenizeFn | None = None  # None: cannot tokenize (an older peer)
 
     @property
     def busy(self) -> bool:

@@ -116,6 +116,30 @@ def test_sampling_and_stops_reach_the_request():
     assert req.logprobs and call.stream  # entries tell which stop ended the answer
 
 
+def test_top_k_reaches_the_request():
+    assert generation_request(parse_messages_body(body(top_k=5)), "msg_1").top_k == 5
+    assert generation_request(parse_messages_body(body()), "msg_1").top_k is None
+
+
+PREFILL = [{"role": "user", "content": "The capital of France?"}, {"role": "assistant", "content": "It is"}]
+
+
+def test_a_final_text_assistant_message_is_continued():
+    """Anthropic's prefill: the host continues the final assistant text (docs/reasoning.md)."""
+    req = generation_request(parse_messages_body(body(messages=PREFILL)), "msg_1")
+    assert (req.messages[-1].role, req.messages[-1].content) == ("assistant", "It is")
+
+
+def test_prefill_is_refused_with_tool_use_or_with_thinking():
+    tool_use = [
+        PREFILL[0],
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}]},
+    ]
+    assert refused(body(messages=tool_use, tools=[WEATHER])).param == "messages[1]"
+    thinking = {"type": "enabled", "budget_tokens": 1024}
+    assert refused(body(messages=PREFILL, max_tokens=2048, thinking=thinking)).param == "thinking"
+
+
 @pytest.mark.parametrize(
     "raw, param",
     [
@@ -123,10 +147,28 @@ def test_sampling_and_stops_reach_the_request():
         (body(max_tokens=0), "max_tokens"),
         (body(model=...), "model"),
         (body(messages=[]), "messages"),
-        (body(top_k=5), "top_k"),
+        (body(top_k=0), "top_k"),
+        (body(top_k=1.5), "top_k"),
         (body(temperature=1.5), "temperature"),
         (body(stop_sequences=["a", "b", "c", "d", "e"]), "stop_sequences"),
-        (body(thinking={"type": "enabled", "budget_tokens": 1024}), "thinking"),
+        (body(thinking={"type": "enabled", "budget_tokens": 1023}), "thinking.budget_tokens"),
+        (body(thinking={"type": "enabled"}), "thinking.budget_tokens"),
+        (body(thinking={"type": "enabled", "budget_tokens": 2048}, max_tokens=2048), "max_tokens"),
+        (body(thinking={"type": "enabled", "budget_tokens": 1024, "display": "full"}), "thinking.display"),
+        (body(thinking={"type": "sometimes"}), "thinking"),
+        (
+            body(
+                thinking={"type": "enabled", "budget_tokens": 1024},
+                max_tokens=4096,
+                tools=[WEATHER],
+                tool_choice={"type": "any"},
+            ),
+            "tool_choice",
+        ),
+        (
+            body(messages=[{"role": "user", "content": [{"type": "thinking", "thinking": "t", "signature": ""}]}]),
+            "messages[0].content[0].type",
+        ),
         (body(foo=1), "foo"),
         (body(metadata={"other": 1}), "metadata"),
         (body(messages=[{"role": "tool", "content": "x"}]), "messages[0].role"),
@@ -134,7 +176,7 @@ def test_sampling_and_stops_reach_the_request():
             body(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]),
             "messages[0].content[0].type",
         ),
-        (body(messages=[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]), "messages[1].role"),
+        (body(messages=[{"role": "user", "content": "a"}, {"role": "assistant", "content": ""}]), "messages[1]"),
         (body(tools=[{"type": "web_search_20250305", "name": "web_search"}]), "tools[0].type"),
         (body(tools=[{"name": "x"}]), "tools[0].input_schema"),
         (body(tools=[WEATHER], tool_choice={"type": "tool", "name": "nope"}), "tool_choice.name"),
@@ -268,10 +310,11 @@ def test_what_claude_code_sends_is_accepted():
         ("output_config", {"format": {"type": "json_schema"}}),
         ("output_config", {"effort": "extreme"}),
         ("thinking", {"type": "adaptive", "budget_tokens": 5}),
+        ("context_management", {"edits": [{"type": "clear_thinking_20251015", "keep": {"type": "turns"}}]}),
     ],
 )
 def test_fields_that_would_change_the_answer_are_refused(field, value):
-    assert refused(body(**{field: value})).param == field
+    assert refused(body(**{field: value})).param.split(".")[0] == field
 
 
 @pytest.mark.parametrize(

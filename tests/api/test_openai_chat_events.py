@@ -46,6 +46,7 @@ async def test_calls_split_across_deltas_become_tool_call_events():
             "completion_tokens": 20,
             "total_tokens": 27,
             "prompt_tokens_details": {"cached_tokens": 3},
+            "completion_tokens_details": {"reasoning_tokens": 0},
         },
         "node-a",
     )

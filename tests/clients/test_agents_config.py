@@ -78,3 +78,13 @@ def test_node_urls(url, origin):
 def test_node_urls_must_be_http():
     with pytest.raises(AgentLaunchError):
         _origin("https://example.com")
+
+
+def test_pi_is_told_when_the_model_reasons(tmp_path):
+    def entry(**kw):
+        pi = launch_plan("pi", ORIGIN, MODEL, "k", (), tmp_path, **kw)
+        provider = json.loads(pi.files[str(tmp_path / "pi" / "models.json")])["providers"]["hydra"]
+        return provider["models"][0]["reasoning"], provider["compat"]["supportsReasoningEffort"]
+
+    assert entry() == (False, False)
+    assert entry(reasoning=True) == (True, True)  # pi sends reasoning_effort and shows reasoning_content

@@ -191,3 +191,12 @@ def test_cors_simple_requests_stay_open_to_clients_without_origin_and_to_allowed
     json_ = _h(origin="https://evil.example", content_type="application/json")
     assert screen("POST", "/v1/completions", json_, LOOP) is None
     assert screen("GET", "/v1/models", _h(origin="https://evil.example"), LOOP) is None  # reads change nothing
+
+
+def test_preflight_allows_delete_for_responses():
+    """``DELETE /v1/responses/{id}`` from an allowed page: the preflight must list DELETE."""
+    pre = _h(origin="https://app.example", access_control_request_method="DELETE")
+    v = screen("OPTIONS", "/v1/responses/resp_1", pre, CORS)
+    assert v.status == 204
+    methods = {m.strip() for m in dict(v.headers)["access-control-allow-methods"].split(",")}
+    assert {"GET", "POST", "DELETE", "OPTIONS"} <= methods

@@ -375,3 +375,62 @@ async def test_a_text_plain_post_from_a_foreign_origin_never_reaches_the_handler
                     answer["error"]["code"] == "cross_origin_request" and "Content-Type" in answer["error"]["message"]
                 )
             await s.aclose()
+
+
+def _has_ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+needs_ipv6 = pytest.mark.skipif(not _has_ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+
+
+@needs_ipv6
+async def test_a_loopback_server_answers_on_ipv6_loopback_too():
+    """docs/security.md lists ``[::1]``: a server bound on 127.0.0.1 is reachable at http://[::1]:PORT."""
+    from hydra_node.listen import ListenPurpose
+
+    server = HttpServer(_handler, "127.0.0.1", 0, "test", guard=GuardSettings(check_host=True))
+    port = await server.bind(ListenPurpose("the test API", "--port"))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        for family, addr, host in (
+            (trio.socket.AF_INET6, "::1", f"[::1]:{port}"),
+            (trio.socket.AF_INET, "127.0.0.1", f"127.0.0.1:{port}"),
+        ):
+            sock = trio.socket.socket(family)
+            await sock.connect((addr, port))
+            stream = trio.SocketStream(sock)
+            await stream.send_all(_req("GET", "/health", host=host))
+            status, _, body = await Reader(stream).response()
+            assert (status, json.loads(body)) == (200, {"status": "ok"}), addr
+            await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
+@needs_ipv6
+async def test_ipv6_loopback_port_held_elsewhere_names_the_port_and_the_flag():
+    from hydra_node.listen import ListenPurpose, PortInUse
+
+    holder = trio.socket.socket(trio.socket.AF_INET6)
+    holder.setsockopt(trio.socket.IPPROTO_IPV6, trio.socket.IPV6_V6ONLY, 1)
+    await holder.bind(("::1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        server = HttpServer(_handler, "127.0.0.1", port, "test")
+        with pytest.raises(PortInUse) as e:
+            await server.bind(ListenPurpose("the OpenAI API", "--port"))
+        assert f"port {port} on ::1" in str(e.value) and "--port" in str(e.value) and "in use" in str(e.value)
+        # the IPv4 half it had bound is closed again: the port is free on 127.0.0.1
+        probe = trio.socket.socket()
+        await probe.bind(("127.0.0.1", port))
+        probe.close()
+    finally:
+        holder.close()

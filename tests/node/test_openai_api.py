@@ -104,7 +104,7 @@ def test_malformed_json_is_400(node):
 @pytest.mark.parametrize(
     "body,param",
     [
-        ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+        ({"model": 5, "messages": [{"role": "user", "content": "x"}]}, "model"),
         ({"model": MODEL}, "messages"),
         ({"model": MODEL, "messages": []}, "messages"),
         ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
@@ -121,7 +121,10 @@ def test_malformed_json_is_400(node):
             "max_completion_tokens",
         ),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "audio": {"voice": "x"}}, "audio"),
-        ({"model": MODEL, "prompt": "x", "suffix": "y"}, "suffix"),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "reasoning_effort": "low"},
+            "reasoning_effort",
+        ),
     ],
 )
 def test_bad_fields_are_400_naming_the_param(node, body, param):

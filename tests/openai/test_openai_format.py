@@ -50,6 +50,7 @@ def test_usage_is_summed_over_choices():
         "completion_tokens": 6,
         "total_tokens": 16,
         "prompt_tokens_details": {"cached_tokens": 2},
+        "completion_tokens_details": {"reasoning_tokens": 0},
     }
 
 

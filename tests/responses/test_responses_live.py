@@ -220,7 +220,8 @@ def test_refusals_over_http(node):
     code, body = request(
         "POST", node.api_port, "/v1/responses", {"model": MODEL, "input": "x", "reasoning": {"effort": "high"}}
     )
-    assert code == 400 and json.loads(body)["error"]["param"] == "reasoning"
+    err = json.loads(body)["error"]
+    assert code == 400 and err["param"] == "reasoning.effort" and MODEL in err["message"]  # not a reasoning model
     code, body = request(
         "POST", node.api_port, "/v1/responses", {"model": MODEL, "input": "x", "tools": [{"type": "web_search"}]}
     )

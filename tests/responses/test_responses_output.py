@@ -125,6 +125,7 @@ def test_stream_of_text_then_a_call():
     assert events[0]["response"]["status"] == "in_progress" and events[0]["response"]["output"] == []
     assert events[6]["text"] == "Hello" and events[4]["item_id"] == events[8]["item"]["id"] == "msg_0000"
     assert events[10]["delta"] == '{"a":1}' and events[10]["output_index"] == 1
+    assert events[11]["name"] == "add" and events[11]["arguments"] == '{"a":1}'  # the SDK's event.name
     final = Response.model_validate(events[-1]["response"])
     assert final.output_text == "Hello" and final.output[1].call_id == "call_a" and final.usage.output_tokens == 7
     assert s.done and s.final == events[-1]["response"] and s.finish("stop", USAGE) == []
@@ -219,7 +220,8 @@ def test_logprobs_in_the_message_when_asked_for():
     assert [(e.token, e.logprob, e.bytes) for e in lps] == [("Hel", -0.5, list(b"Hel")), ("lo", -0.25, list(b"lo"))]
     assert [(t.token, t.logprob) for t in lps[0].top_logprobs] == [("Hel", -0.5), ("Hi", -1.5)]
     assert r.top_logprobs == 2
-    assert "logprobs" not in output_items("Hello", [], "stop", counter())[0]["content"][0]
+    # not asked for: [] (the schema requires the field on every output_text part)
+    assert output_items("Hello", [], "stop", counter())[0]["content"][0]["logprobs"] == []
 
 
 def test_logprobs_in_the_stream():
@@ -232,13 +234,11 @@ def test_logprobs_in_the_stream():
     assert [e["top_logprobs"][1]["token"] for e in done["logprobs"]] == ["Hi", "p"]
     final = Response.model_validate(events[-1]["response"])
     assert [e.token for e in final.output[0].content[0].logprobs] == ["Hel", "lo"]
-    # not asked for: none anywhere
+    # not asked for: none anywhere ([] where the schema requires the field)
     s = ResponseEventStream(call_of(), "resp_2", 1, counter())
     events = s.start() + s.text("Hello", LP) + s.finish("stop", USAGE)
-    assert (
-        all(not e.get("logprobs") for e in events)
-        and "logprobs" not in events[-1]["response"]["output"][0]["content"][0]
-    )
+    assert all(not e.get("logprobs") for e in events)
+    assert events[-1]["response"]["output"][0]["content"][0]["logprobs"] == []
 
 
 def test_stream_of_a_streamed_call_sends_each_fragment():

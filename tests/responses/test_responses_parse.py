@@ -108,7 +108,9 @@ def test_unknown_previous_response_is_refused():
     [
         ({"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}, "input[0].content[0].type"),
         ({"role": "tool", "content": "x"}, "input[0].role"),
-        ({"type": "reasoning", "summary": []}, "input[0].type"),
+        ({"type": "reasoning", "summary": [], "encrypted_content": "gAAAA"}, "input[0].encrypted_content"),
+        ({"type": "reasoning", "content": [{"type": "reasoning_text", "text": "t"}]}, "input[0].summary"),
+        ({"type": "reasoning", "summary": [{"type": "output_text", "text": "t"}]}, "input[0].summary[0].type"),
         ({"type": "item_reference", "id": "msg_1"}, "input[0].type"),
         ({"type": "function_call", "name": "f", "arguments": "{}"}, "input[0].call_id"),
         (
@@ -163,7 +165,11 @@ def test_tools_and_tool_choice():
         ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice"),
         ({"tools": [TOOL], "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"reasoning": {"summary": "detailed"}}, "reasoning.summary"),
+        ({"reasoning": {"generate_summary": "concise"}}, "reasoning.generate_summary"),
+        ({"reasoning": {"effort": 3}}, "reasoning.effort"),
+        ({"reasoning": {"effort": "low", "budget": 9}}, "reasoning.budget"),
+        ({"reasoning": "high"}, "reasoning"),
         ({"include": ["file_search_call.results"]}, "include"),
         ({"top_logprobs": 21, "include": ["message.output_text.logprobs"]}, "top_logprobs"),
         ({"truncation": "auto"}, "truncation"),

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from api_serving import serving
-from hydra_node.inference import ChatMessage, Finished, TextDelta
+from hydra_node.inference import NO_CAPS, ChatMessage, Finished, ModelCaps, TextDelta
 from hydra_node.responses.routes import ResponsesApi
 from hydra_node.responses.store import ResponsesStore
 
@@ -81,6 +81,9 @@ class OneWordRouter:
 
     def recently_seen(self, model: str) -> bool:
         return False
+
+    def capabilities(self, model: str) -> ModelCaps:
+        return NO_CAPS
 
     @asynccontextmanager
     async def generate(self, req):

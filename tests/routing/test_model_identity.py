@@ -52,6 +52,8 @@ def test_local_targets_carry_their_file_s_identity():
             model=SimpleNamespace(id=str(path), path=path),
             generate=None,
             embeddings=SimpleNamespace(embed=None),
+            caps=None,
+            tokenize=None,
             queue_depth=0,
             in_flight=0,
             slots=1,
@@ -68,7 +70,9 @@ def test_local_targets_carry_their_file_s_identity():
 def test_remote_targets_carry_the_announced_identity(ident):
     class Mesh:
         def members(self):
-            return {A: SimpleNamespace(role="host", queue_depth=0, models=(ModelEntry("m", "ready", 1, ident),))}
+            return {
+                A: SimpleNamespace(role="host", queue_depth=0, models=(ModelEntry("m", "ready", 1, ident),), extra={})
+            }
 
         def member_states(self, now):
             return {A: "alive"}

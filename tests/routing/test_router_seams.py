@@ -142,7 +142,7 @@ def test_target_states_cover_the_runner_states_and_unknown_ones_are_safe():
 
 def _member(state: str, role: str = "host"):
     return SimpleNamespace(
-        role=role, queue_depth=0, models=(SimpleNamespace(id=MODEL, state=state, free_slots=1, ident=None),)
+        role=role, queue_depth=0, models=(SimpleNamespace(id=MODEL, state=state, free_slots=1, ident=None),), extra={}
     )
 
 
@@ -190,6 +190,8 @@ def test_local_targets_list_a_restarting_runner_as_loading():
             model=SimpleNamespace(id=model),
             generate=None,
             embeddings=SimpleNamespace(embed=None),
+            caps=None,
+            tokenize=None,
             queue_depth=0,
             in_flight=0,
             slots=1,

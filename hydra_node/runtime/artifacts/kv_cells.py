@@ -2,7 +2,8 @@
 
 ``llama_state_seq_get_data`` (one sequence; llama.cpp's own layout, little-endian) writes::
 
-    u32 0xAF143CD8, u32 0             the sequence-state magic and its layout version
+    u32 0xAF143CD8, u32 seq_id        llama.cpp's io magic and the sequence the state was read from
+                                      (the slot; ignored on load, which names its own sequence)
     then one section per KV cache (one; two for a sliding-window model, base then SWA):
       u32 n_stream                    1 for one sequence
       u32 cell_count
@@ -43,9 +44,10 @@ from hydra_node.runtime.artifacts.kv_state import KvStateCorrupt, KvStateHeader,
 
 __all__ = ["SEQ_STATE_MAGIC", "CellTable", "check_cells", "check_state_file"]
 
-#: The first word of a sequence state (llama.cpp's "sequence state magic"), then version 0.
+#: The first word of a sequence state (llama.cpp's "io magic"), then the source sequence id, below
+#: llama.cpp's LLAMA_MAX_SEQ (a state saved from slot 1 says 1: measured, docs/prompt-cache.md).
 SEQ_STATE_MAGIC = 0xAF143CD8
-SEQ_STATE_VERSION = 0
+MAX_SEQ_ID = 255
 #: Most KV cache sections a state may hold (base and sliding-window), and layers per section.
 MAX_SECTIONS = 2
 MAX_LAYERS = 4096
@@ -86,9 +88,11 @@ def check_cells(state, n_tokens: int) -> CellTable:
     positions ``0..n_tokens-1``; :class:`KvStateInvalid` naming the defect otherwise."""
     view = memoryview(state).cast("B")
     c = _Cursor(view)
-    magic, version = c.take("<I"), c.take("<I")
-    if magic != SEQ_STATE_MAGIC or version != SEQ_STATE_VERSION:
-        raise _invalid(f"magic/version {magic:#010x}/{version} is not llama.cpp's sequence state 0xaf143cd8/0")
+    magic, seq_id = c.take("<I"), c.take("<I")
+    if magic != SEQ_STATE_MAGIC or seq_id > MAX_SEQ_ID:
+        raise _invalid(
+            f"magic/sequence {magic:#010x}/{seq_id} is not llama.cpp's sequence state 0xaf143cd8/0..{MAX_SEQ_ID}"
+        )
     sections: list[tuple[int, int, int]] = []
     while c.at < len(view):
         if len(sections) == MAX_SECTIONS:

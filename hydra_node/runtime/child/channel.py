@@ -116,17 +116,30 @@ def _tokens(msg: dict) -> tuple[int, ...]:
     return tuple(toks)
 
 
+def _reasoning_tokens(msg: dict) -> int:
+    """A done frame's ``reasoning_tokens`` (absent: 0): at most its ``completion_tokens``."""
+    n = _count(msg, "reasoning_tokens", 0)
+    if n > msg.get("completion_tokens", 0):
+        raise RunnerProtocolError(
+            f"runner done: {n} reasoning tokens of {msg.get('completion_tokens')} completion tokens"
+        )
+    return n
+
+
 def runner_event_from_wire(msg: dict, *, queue_wait_ms: float, served_by: str) -> TextDelta | Finished:
     """A runner's ``delta`` (with its ``logprobs`` entries, :class:`TokenLogprob`'s wire form,
-    decoded strictly, and its ``tokens``) or ``done`` as a typed event; its ``error`` raised as the
+    decoded strictly, its ``tokens`` and its ``reasoning`` text) or ``done`` (with its
+    ``reasoning_tokens``) as a typed event; its ``error`` raised as the
     ``GenerationError`` it reports (the runner's status kept: it is our own child);
     anything malformed raises :class:`RunnerProtocolError`."""
     op = msg.get("op")
     if op == "delta":
-        text = msg.get("text")
+        text, reasoning = msg.get("text"), msg.get("reasoning", "")
         if not isinstance(text, str):
             raise RunnerProtocolError("runner delta: 'text' must be text")
-        return TextDelta(text, _logprobs(msg), _tokens(msg))
+        if not isinstance(reasoning, str):  # a reasoning model's thoughts (docs/reasoning.md)
+            raise RunnerProtocolError("runner delta: 'reasoning' must be text")
+        return TextDelta(text, _logprobs(msg), _tokens(msg), reasoning)
     if op == "done":
         reason = msg.get("finish_reason")
         if not isinstance(reason, str) or not reason or len(reason) > MAX_FINISH_REASON_CHARS:
@@ -140,6 +153,7 @@ def runner_event_from_wire(msg: dict, *, queue_wait_ms: float, served_by: str) -
             _millis(msg, "itl_ms"),
             served_by,
             _count(msg, "cached_tokens", 0),
+            _reasoning_tokens(msg),
         )
     if op == "error":
         raise remote_error_from_wire(msg, relay_status=True)
@@ -151,7 +165,10 @@ MAX_TOKENS_PER_S = 1e9
 _STATS_FIELDS = tuple(f.name for f in fields(EngineStatistics))
 _STATS_RATES = frozenset({"batch_mean", "prefill_tokens_per_s", "decode_tokens_per_s"})
 #: Counters that only grow while a runner lives (reused tokens pass 2**31 within days): up to 2**53.
-_STATS_TOTALS = frozenset({"steps", "prefix_hits", "prefix_misses", "prefix_reused_tokens", "prefix_shared"})
+_PROMPT_CACHE_FIGURES = {k for k in _STATS_FIELDS if k.startswith("prompt_cache_")}  # its bytes pass 2**31
+_STATS_TOTALS = frozenset({"steps", "prefix_hits", "prefix_misses", "prefix_reused_tokens", "prefix_shared"}) | (
+    _PROMPT_CACHE_FIGURES
+)
 MAX_STATS_TOTAL = 2**53
 
 

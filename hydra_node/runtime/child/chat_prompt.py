@@ -16,6 +16,18 @@ probes what the template can do; :meth:`ChatTemplate.render` gives a :class:`Ren
   the tools in a system message, calls as ``<tool_call>`` blocks in the assistant's text,
   results as ``<tool_response>`` blocks in a user message.
 * Without a template at all: ChatML, as the runner always did.
+* Reasoning models (docs/reasoning.md): ``thinking`` becomes the template variable
+  ``enable_thinking`` and ``reasoning_effort`` the variable of that name (as llama-server's
+  ``chat_template_kwargs``), each passed only when the request sets it; an assistant turn's
+  ``reasoning`` is given to the template as ``reasoning_content`` (Qwen3 renders it, templates
+  that do not read it drop it). :attr:`ChatTemplate.reasoning` is what :func:`detect` finds in
+  the template; for such a template the rendered prompt also says where its output starts
+  (:attr:`RenderedPrompt.reasoning`: after the generation prompt, which may open a think block).
+* A final assistant message is continued (prefill, as llama-server does): the conversation is
+  rendered without the generation prompt and cut right after that message's text, so that the
+  model goes on from it and the answer is only the new text. A final message with tool calls
+  is not continued (a new assistant turn follows it, as before); one whose text the template does
+  not render as it is, or one without text, is refused (400).
 
 The answer format is the same everywhere (docs/tool-calling.md):
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
@@ -33,11 +45,13 @@ import jinja2.ext
 from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from hydra_node.inference.capabilities import NO_CAPS, ModelCaps
 from hydra_node.inference.errors import InvalidRequest
+from hydra_node.inference.reasoning import detect
 from hydra_node.inference.request import ChatMessage, ToolSpec
 from hydra_node.runtime.child import tool_format
 
-__all__ = ["InvalidPrompt", "RenderedPrompt", "ChatTemplate", "render_chat", "completion_token_ids"]
+__all__ = ["InvalidPrompt", "ReasoningStart", "RenderedPrompt", "ChatTemplate", "render_chat", "completion_token_ids"]
 
 _PROBE_TOOL = "hydra_probe_tool"
 _PROBE_KEY = "hydra_probe_argument"
@@ -53,10 +67,26 @@ class InvalidPrompt(InvalidRequest):
 
 
 @dataclass(frozen=True)
+class ReasoningStart:
+    """Where a reasoning chat's output starts: what the engine's splitter begins from
+    (engine/reasoning_track.py; the runner puts it on the request map as ``_reasoning``)."""
+
+    fmt: str  # "think" | "gpt-oss"
+    #: the end of the prompt the output follows: the generation prompt (it may open a think
+    #: block), or the continued final assistant message as rendered
+    opening: str
+    continuing: bool = False  # the prompt continues a final assistant message
+
+
+@dataclass(frozen=True)
 class RenderedPrompt:
     text: str
     #: the template wrote the special tokens (BOS) itself: tokenise without adding BOS
     added_special: bool
+    #: a reasoning template's: where the output starts (None for other templates)
+    reasoning: ReasoningStart | None = None
+    #: the prompt continues a final assistant message (prefill)
+    continuing: bool = False
 
 
 class _IgnoreGenerationTags(jinja2.ext.Extension):
@@ -91,7 +121,9 @@ def _strftime_now(fmt: str) -> str:
 class ChatTemplate:
     """A model's chat template, compiled once; ``source`` None means "the model has none" (ChatML)."""
 
-    def __init__(self, source: str | None, *, bos_token: str = "", eos_token: str = ""):
+    def __init__(self, source: str | None, *, bos_token: str = "", eos_token: str = "", reasoning_format: str = "auto"):
+        """``reasoning_format``: "auto" (from the template) or a format that overrides it
+        (:data:`hydra_node.inference.reasoning.REASONING_OVERRIDES`; "" = not a reasoning model)."""
         self.source = source or None
         self.bos_token = bos_token
         self.eos_token = eos_token
@@ -100,7 +132,11 @@ class ChatTemplate:
         self.object_arguments = True  # wants an assistant call's arguments as a dict
         self.supports_system = True  # renders a system message's text
         self.native_format = False  # its tools prompt asks for <tool_call> blocks itself
+        #: how the model reasons, as far as its template says (:func:`hydra_node.inference.reasoning.detect`)
+        self.reasoning: ModelCaps = NO_CAPS
         if self.source is None:
+            if reasoning_format not in ("auto", ""):
+                self.reasoning = detect(None, override=reasoning_format)
             return
         env = ImmutableSandboxedEnvironment(
             loader=jinja2.BaseLoader(),
@@ -111,6 +147,7 @@ class ChatTemplate:
         env.filters["tojson"] = _tojson
         self._template = env.from_string(self.source)
         self._probe(env)
+        self.reasoning = detect(self.source, render=self.generation_prompt, override=reasoning_format)
 
     # ---- what the template can do ------------------------------------------------------
     def _probe(self, env) -> None:
@@ -144,25 +181,44 @@ class ChatTemplate:
             # JSON text as the client sent it when the template prints it as JSON; else a dict
             self.object_arguments = dict_ok or not text_ok
 
-    def _try_render(self, messages: list[dict], tools: list[dict] | None = None) -> str | None:
+    def _try_render(
+        self, messages: list[dict], tools: list[dict] | None = None, extra: dict | None = None
+    ) -> str | None:
         try:
-            return self._render(messages, tools, None)
+            return self._render(messages, tools, None, extra=extra)
         except Exception:  # the template refused the probe: the capability is absent
             return None
 
-    def _render(self, messages: list[dict], tools: list[dict] | None, tool_choice: Any) -> str:
+    def generation_prompt(self, thinking: bool | None) -> str | None:
+        """A one-message chat rendered with ``enable_thinking`` = ``thinking`` (None: not given),
+        or None when the template refuses it: what :func:`detect` probes."""
+        if self._template is None:
+            return None
+        extra = {} if thinking is None else {"enable_thinking": thinking}
+        return self._try_render([{"role": "user", "content": "hello"}], extra=extra)
+
+    def _render(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None,
+        tool_choice: Any,
+        *,
+        generation: bool = True,
+        extra: dict | None = None,
+    ) -> str:
         assert self._template is not None  # only a source with a template renders
         return self._template.render(
             messages=messages,
             eos_token=self.eos_token,
             bos_token=self.bos_token,
             raise_exception=_raise_exception,
-            add_generation_prompt=True,
+            add_generation_prompt=generation,
             functions=None,
             function_call=None,
             tools=tools,
             tool_choice=tool_choice,
             strftime_now=_strftime_now,
+            **(extra or {}),
         )
 
     # ---- rendering ----------------------------------------------------------------------
@@ -188,9 +244,14 @@ class ChatTemplate:
             if offered
             else ""
         )
+        prefill = _prefill(messages)
         if self._template is None:
             shaped = tool_format.generic_messages(messages, offered, note)
-            return RenderedPrompt(_chatml(shaped), added_special=False)
+            text = _chatml(shaped)
+            if prefill is not None:  # the final message without its end of turn, no new turn
+                text = text[: -len("<|im_end|>\n<|im_start|>assistant\n")]
+            return self._with_opening(RenderedPrompt(text, added_special=False), text, prefill is not None)
+        tools_arg, choice_arg = None, None
         if self.supports_tools:
             if offered and not self.native_format:  # e.g. Llama 3.1's JSON: steered to <tool_call> blocks
                 note = f"{tool_format.ANSWER_FORMAT}\n\n{note}" if note else tool_format.ANSWER_FORMAT
@@ -198,9 +259,89 @@ class ChatTemplate:
             shaped = tool_format.add_instruction(shaped, note, self.supports_system)
             tools_arg = [tool_format.openai_tool(t) for t in offered] or None
             choice_arg = tool_format.openai_tool_choice(choice, str(req.get("tool_name", ""))) if offered else None
-            return RenderedPrompt(self._render(shaped, tools_arg, choice_arg), added_special=True)
-        shaped = tool_format.generic_messages(messages, offered, note, system_role=self.supports_system)
-        return RenderedPrompt(self._render(shaped, None, None), added_special=True)
+        else:
+            shaped = tool_format.generic_messages(messages, offered, note, system_role=self.supports_system)
+        _add_reasoning(shaped, messages)
+        extra = _template_kwargs(req)
+        if prefill is None:
+            text = self._render(shaped, tools_arg, choice_arg, extra=extra)
+            rendered = RenderedPrompt(text, added_special=True)
+            if not self.reasoning.reasons:
+                return rendered
+            before = self._render(shaped, tools_arg, choice_arg, generation=False, extra=extra)
+            return self._with_opening(rendered, text[len(_common_prefix(text, before)) :], False)
+        full = self._render(shaped, tools_arg, choice_arg, generation=False, extra=extra)
+        at = full.rfind(prefill)
+        if at < 0:
+            raise InvalidPrompt(
+                "the model's chat template does not render the final assistant message's text as it is, "
+                "so it cannot be continued (send it without the final assistant message)",
+                "messages",
+            )
+        text = full[: at + len(prefill)]
+        rendered = RenderedPrompt(text, added_special=True, continuing=True)
+        if not self.reasoning.reasons:
+            return rendered
+        try:
+            before = self._render(shaped[:-1], tools_arg, choice_arg, generation=False, extra=extra)
+        except InvalidPrompt:  # a template that wants the conversation to end with a user turn
+            before = ""
+        return self._with_opening(rendered, text[len(_common_prefix(text, before)) :], True)
+
+    def _with_opening(self, rendered: RenderedPrompt, opening: str, continuing: bool) -> RenderedPrompt:
+        if not self.reasoning.reasons:
+            return RenderedPrompt(rendered.text, rendered.added_special, continuing=continuing)
+        start = ReasoningStart(self.reasoning.reasoning, opening, continuing)
+        return RenderedPrompt(rendered.text, rendered.added_special, start, continuing)
+
+
+def _prefill(messages: list[ChatMessage]) -> str | None:
+    """The text a final assistant message is continued from (None: the conversation does not end
+    with one): its content, or its reasoning when it has no content yet."""
+    last = messages[-1]
+    if last.role != "assistant" or last.tool_calls:  # calls: a new turn follows them, as before
+        return None
+    text = last.content or last.reasoning
+    if not text:
+        raise InvalidPrompt("a final assistant message to continue needs some text", "messages")
+    return text
+
+
+def _add_reasoning(shaped: list[dict], messages: list[ChatMessage]) -> None:
+    """An assistant turn's reasoning as ``reasoning_content`` (shaped and given messages hold the
+    assistant turns in the same order, one for one)."""
+    if not any(m.reasoning for m in messages):
+        return
+    given = iter(m for m in messages if m.role == "assistant")
+    for i, d in enumerate(shaped):
+        if d.get("role") == "assistant":
+            m = next(given)
+            if m.reasoning:
+                shaped[i] = {**d, "reasoning_content": m.reasoning}
+
+
+def _template_kwargs(req: dict) -> dict:
+    """The request's template switches, each only when given (as llama-server's ``chat_template_kwargs``)."""
+    extra: dict = {}
+    thinking = req.get("thinking")
+    if thinking is not None:
+        if type(thinking) is not bool:
+            raise InvalidPrompt("'thinking' must be a boolean or null", "thinking")
+        extra["enable_thinking"] = thinking
+    effort = req.get("reasoning_effort") or ""
+    if effort:
+        if not isinstance(effort, str):
+            raise InvalidPrompt("'reasoning_effort' must be text", "reasoning_effort")
+        extra["reasoning_effort"] = effort
+    return extra
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return a[:i]
 
 
 def _chatml(messages: Iterable[dict]) -> str:

@@ -12,7 +12,7 @@ Started by :mod:`hydra_node.runtime.runner.supervisor` with a connected socket o
 :mod:`hydra_node.runtime.child.channel`, decoded strictly by :mod:`hydra_node.codec`):
 
   node -> runner: {"op": "generate", "id", "req"} | {"op": "cancel", "id"} | {"op": "ping", "n"} | {"op": "shutdown"}
-  runner -> node: {"op": "ready", ...} | {"op": "delta", "id", "text", "tokens"?, "logprobs"?} | {"op": "done", "id", ...}
+  runner -> node: {"op": "ready", ..., "caps"} (caps: the model's ModelCaps, inference/capabilities.py) | {"op": "delta", "id", "text", "tokens"?, "logprobs"?} | {"op": "done", "id", ...}
                   | {"op": "error", "id", "message", "code", "status"} | {"op": "pong", "n"} | {"op": "fatal", "message"}
                   | {"op": "stats", ...} (the engine's figures: hydra_node/runtime/child/stats.py)
   embeddings (runner/embed.py): {"op": "embed", "id", "req"} -> {"op": "vectors", "id", "v"} ...
@@ -20,6 +20,8 @@ Started by :mod:`hydra_node.runtime.runner.supervisor` with a connected socket o
   KV state (runner/kv_jobs.py): {"op": "kv_export", "id", "req", "path", "model_sha256"} -> {"op": "kv_exported",
                   "id", "tokens", "bytes", "identity"}; {"op": "kv_import", "id", "path", "model_sha256"}
                   -> {"op": "kv_imported", "id", "tokens", "bytes", "slot"}; or an error
+  tokenizer (runner/tokenize_call.py, child/vocab_ops.py): {"op": "tokenize", "id", "req"}
+                  -> {"op": "tokenized", "id", "tokens", "pieces", "content", "served_by"} or an error
 
 A reader thread queues generate/embed/cancel frames for the engine loop and answers pings, so
 a cancelled sequence leaves the batch at the next step.  The runner dies with its parent
@@ -45,8 +47,10 @@ import time
 
 from hydra_node.runtime.child.channel import ChannelError, FrameDecoder, encode_frame
 from hydra_node.runtime.child.embed import Embedder
-from hydra_node.runtime.child.chat_prompt import ChatTemplate, completion_token_ids
+from hydra_node.runtime.child.chat_prompt import ChatTemplate, InvalidPrompt, completion_token_ids
+from hydra_node.inference.capabilities import ModelCaps
 from hydra_node.runtime.child.process import die_with_parent
+from hydra_node.runtime.child.vocab_ops import TokenizerThread, fim_tokens, infill_layout, tokenize_answer
 
 #: The prompt decoded before reporting ready (compute buffers allocated, weights faulted in).
 WARMUP_TEXT = b"Hydra warm-up: the quick brown fox jumps over the lazy dog."
@@ -87,6 +91,7 @@ class Runner:
         self.args = args
 
     def load(self):
+        self.start_disk_tier()
         if not llama_cpp.llama_supports_rpc():
             raise RuntimeError(
                 "llama-cpp-python was built without RPC support; run `make install` "
@@ -151,6 +156,8 @@ class Runner:
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
         self.n_layers = int(llama_cpp.llama_model_n_layer(self.llm._model.model))
         self.is_eog = lambda tok: bool(llama_cpp.llama_vocab_is_eog(self.vocab, tok))
+        self.fim = fim_tokens(llama_cpp, self.vocab)  # None: no fill-in-the-middle tokens
+        self.caps = self.model_caps()
         from hydra_node.runtime.child.speculative.assemble import engine_speculation
 
         # --draft-endpoint / --draft-model: None without a draft (or, with the reason, a draft that cannot serve)
@@ -175,6 +182,7 @@ class Runner:
         )
         if self.args.warmup:
             self.engine.warmup(self.llm.tokenize(WARMUP_TEXT))
+        self.attach_prompt_cache()
         self.n_ctx = self.engine.ctx_per_slot  # what one request may use
         self.load_s = time.monotonic() - t0  # the engine's context and warm-up are part of loading
 
@@ -194,6 +202,35 @@ class Runner:
             )
         return report
 
+    def start_disk_tier(self) -> None:
+        """The prompt cache's disk tier, its model digest hashed meanwhile (docs/prompt-cache.md)."""
+        from pathlib import Path
+
+        from hydra_node.runtime.child.engine.prompt_tiers import DiskTier
+
+        a = self.args
+        self.disk_tier = None
+        if a.prompt_cache and a.prompt_cache_dir and a.prompt_cache_disk_gb > 0:
+            digests = Path(a.model_digests) if a.model_digests else None
+            self.disk_tier = DiskTier(Path(a.prompt_cache_dir), Path(a.model), digests)
+
+    def attach_prompt_cache(self) -> None:
+        """The prompt cache's RAM and disk tiers (docs/prompt-cache.md), unless both are 0."""
+        from hydra_node.runtime.child.engine.prompt_store import PromptStore
+        from hydra_node.runtime.child.engine.prompt_tiers import PromptTiers
+
+        a = self.args
+        ram = a.prompt_cache_ram_mb << 20
+        disk = int(a.prompt_cache_disk_gb * (1 << 30)) if self.disk_tier is not None else 0
+        if not a.prompt_cache or not (ram or disk):
+            return
+        if self.disk_tier is not None:
+            self.disk_tier.identity_of = self.kv_identity
+        store: PromptStore = PromptStore(ram, disk, a.prefix_min_tokens)
+        tiers = PromptTiers(self.engine, store, self.disk_tier)
+        tiers.statistics()  # reads the disk tier's directory now if the digest is known (a remembered one is)
+        self.engine.attach_tiers(tiers)
+
     def kv_identity(self, model_sha256: str):
         """This runner's KV compatibility identity, empty prefix (runner/kv_probe.py)."""
         from hydra_node.runtime.child.kv_probe import runner_identity
@@ -206,24 +243,78 @@ class Runner:
             model_sha256=model_sha256,
         )
 
+    def model_caps(self) -> ModelCaps:
+        """What the model can do (the ready message's ``caps``): its reasoning format from the chat
+        template (inference/reasoning.py: probed by rendering its generation prompt with the thinking
+        switch unset, on and off), fill-in-the-middle from the vocabulary."""
+        from hydra_node.inference.reasoning import detect
+
+        template = self.llm.metadata.get("tokenizer.chat_template") or None
+        return detect(template, render=self.formatter.generation_prompt, fim=self.fim is not None)
+
     def prompt_tokens(self, req: dict) -> list[int]:
         """The request's prompt as tokens (chat_prompt.py); :class:`InvalidPrompt` (400) when it cannot be one."""
         if req["kind"] == "chat":
             res = self.formatter.render(req)
+            req["_reasoning"] = res.reasoning  # where a reasoning chat's output starts (engine/reasoning_track.py)
             return self.llm.tokenize(res.text.encode("utf-8"), add_bos=not res.added_special, special=True)
+        if req.get("suffix"):
+            return self.infill_tokens(req)
         if req.get("prompt_tokens"):  # token ids are used as they are: no BOS
             return completion_token_ids(req["prompt_tokens"], self.llm.n_vocab())
-        return self.llm.tokenize(req.get("prompt", "").encode("utf-8"), add_bos=True, special=False)
+        toks = self.llm.tokenize(req.get("prompt", "").encode("utf-8"), add_bos=True, special=False)
+        if not toks:  # an empty prompt (or `prompt: null`): a new document, as OpenAI's default <|endoftext|>
+            toks = self.document_start()
+        return toks
+
+    def document_start(self) -> list[int]:
+        """The tokens that start a new document: the vocabulary's own ``<|endoftext|>`` special token
+        where it has one (OpenAI's default prompt), else BOS, else EOS (the document boundary)."""
+        eot = self.llm.tokenize(b"<|endoftext|>", add_bos=False, special=True)
+        if len(eot) == 1:
+            return eot
+        bos = self.llm.token_bos()
+        return [bos if bos >= 0 else self.llm.token_eos()]
+
+    def infill_tokens(self, req: dict) -> list[int]:
+        """A completion with a ``suffix``: llama-server's infill layout (vocab_ops.py), BOS as the model adds it."""
+        suffix = req["suffix"]
+        if not isinstance(suffix, str):
+            raise InvalidPrompt("'suffix' must be text")
+        if self.fim is None:
+            raise InvalidPrompt(
+                f"model {self.args.model_id!r} has no fill-in-the-middle tokens (its vocabulary lacks a FIM "
+                "prefix, suffix or middle token), so it cannot take a 'suffix': use a code model with FIM tokens"
+            )
+        if req.get("prompt_tokens"):
+            prefix = completion_token_ids(req["prompt_tokens"], self.llm.n_vocab())
+        else:
+            prefix = self.llm.tokenize(req.get("prompt", "").encode("utf-8"), add_bos=False, special=False)
+        bos = self.llm.tokenize(b"", add_bos=True, special=False)  # [BOS] when the model adds one, else []
+        return infill_layout(
+            prefix, self.llm.tokenize(suffix.encode("utf-8"), add_bos=False, special=False), self.fim, bos
+        )
+
+    def tokenize_answer(self, rid: int, wire) -> dict:
+        """The answer to a ``tokenize`` op (vocab_ops.py; on the tokenizer thread)."""
+        return tokenize_answer(
+            llama_cpp,
+            self.vocab,
+            self.llm.n_vocab(),
+            lambda text, add, special: self.llm.tokenize(text, add_bos=add, special=special),
+            rid,
+            wire,
+        )
 
 
-def _reader(ch: Channel, runner: Runner, work: "queue.Queue") -> None:
+def _reader(ch: Channel, runner: Runner, work: "queue.Queue", tokenizer: TokenizerThread | None = None) -> None:
     try:
         while True:
             msg = ch.recv()
             if msg is None:
                 break
             op = msg["op"]  # the strict decoder guarantees a text op and an int id when present
-            if op in ("generate", "embed", "cancel", "kv_export", "kv_import") and "id" not in msg:
+            if op in ("generate", "embed", "cancel", "kv_export", "kv_import", "tokenize") and "id" not in msg:
                 raise ChannelError(f"{op} needs an 'id'", code="bad_message")
             if op in ("generate", "embed"):  # embed: runner/embed.py, worked between engine steps
                 if not isinstance(msg.get("req"), dict):
@@ -231,6 +322,8 @@ def _reader(ch: Channel, runner: Runner, work: "queue.Queue") -> None:
                 work.put(msg)
             elif op in ("cancel", "kv_export", "kv_import"):
                 work.put(msg)  # in order with the generates; kv_*: runner/kv_jobs.py checks them
+            elif op == "tokenize" and tokenizer is not None:  # its own thread: vocab_ops.py
+                tokenizer.put(msg)
             elif op == "ping":
                 ch.send({"op": "pong", "n": msg.get("n")})
             elif op == "shutdown":
@@ -294,6 +387,20 @@ def main(argv=None) -> int:
     )
     p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up decode")
     p.add_argument(
+        "--prompt-cache-ram-mb",
+        type=int,
+        default=0,
+        help="RAM tier of saved prompt prefixes, MB; 0: none ([defaults.model_fit.prefix_cache] ram_mb)",
+    )
+    p.add_argument(
+        "--prompt-cache-disk-gb",
+        type=float,
+        default=0.0,
+        help="disk tier of saved prompt prefixes, GB; 0: none ([defaults.model_fit.prefix_cache] disk_gb)",
+    )
+    p.add_argument("--prompt-cache-dir", default="", help="the disk tier's directory (HOME/prompt-cache/MODEL)")
+    p.add_argument("--model-digests", default="", help="the node's table of model file digests (HOME/kv/digests.json)")
+    p.add_argument(
         "--inject-token-delay-ms",
         type=float,
         default=0.0,
@@ -349,6 +456,7 @@ def main(argv=None) -> int:
             "n_layers": runner.n_layers,
             "llama": runner.llama_report,
             "engine": runner.engine_report(),
+            "caps": runner.caps.to_wire(),
         }
     )
     from hydra_node.runtime.child.stats import StatsCadence
@@ -358,8 +466,10 @@ def main(argv=None) -> int:
     kv = KvJobs(runner.engine, runner.prompt_tokens, ch.send, runner.kv_identity)
     runner.engine.send = kv.wrap(ch.send)  # an export's prefill frames stay in the child
     work: "queue.Queue" = queue.Queue(work_queue_bound(runner.engine.n_slots))
-    threading.Thread(target=_reader, args=(ch, runner, work), daemon=True).start()
-    try:
+    tokenizer = TokenizerThread(runner.tokenize_answer, ch.send)
+    threading.Thread(target=_reader, args=(ch, runner, work, tokenizer), daemon=True).start()
+    signal.signal(signal.SIGTERM, _stop)  # the node stops us: the prompt cache keeps what slots hold
+    try:  # a stop (the channel closed, SIGTERM) saves what the free slots cache: docs/prompt-cache.md
         return run_engine_loop(
             runner.engine,
             work,
@@ -369,8 +479,19 @@ def main(argv=None) -> int:
             embed=Embedder.for_llama(runner.llm, ch.send),
             kv=kv,
         )
-    except OSError:
+    except (OSError, _Stopped):
         return 0
+    finally:
+        runner.engine.persist()
+
+
+class _Stopped(BaseException):
+    """SIGTERM: leave the engine loop between two Python steps (the engine is never mid-decode)."""
+
+
+def _stop(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the save that follows is not cut short by another
+    raise _Stopped()
 
 
 if __name__ == "__main__":

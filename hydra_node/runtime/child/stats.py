@@ -58,6 +58,17 @@ class EngineStatistics:
     prefix_misses: int  # admissions that reused nothing
     prefix_reused_tokens: int  # prompt tokens not evaluated thanks to the prefix cache
     prefix_shared: int = 0  # hits copied from a slot still generating ([defaults.model_fit.prefix_cache])
+    # the prompt cache's tiers (docs/prompt-cache.md): saved prefixes restored instead of prefilled
+    prompt_cache_hits_ram: int = 0  # admissions restored from the RAM tier
+    prompt_cache_hits_disk: int = 0  # admissions restored from the disk tier
+    prompt_cache_misses: int = 0  # admissions the tiers held nothing better for than the slots
+    prompt_cache_restored_tokens: int = 0  # prompt tokens restored instead of prefilled
+    prompt_cache_ram_entries: int = 0
+    prompt_cache_ram_bytes: int = 0
+    prompt_cache_disk_entries: int = 0
+    prompt_cache_disk_bytes: int = 0
+    prompt_cache_saves: int = 0  # slot states saved into the tiers
+    prompt_cache_failures: int = 0  # states not saved, written or loaded, and disk files removed as invalid
 
     def to_wire(self) -> dict:
         return {"op": "stats", **asdict(self)}

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from hydra_node.models import ModelRef
-from hydra_node.runtime.runner.records import RunnerSettings
+from hydra_node.runtime.runner.records import RunnerSettings, safe_file_part
 
-__all__ = ["runner_argv"]
+__all__ = ["prompt_cache_dir", "runner_argv"]
 
 
-def runner_argv(s: RunnerSettings, model: ModelRef, fd: int) -> list[str]:
-    """``python -m hydra_node.runtime.child.main`` with every knob of ``s`` (``fd``: the channel)."""
+def prompt_cache_dir(home: Path, model_id: str) -> Path:
+    """Where a hosted model's prompt cache keeps its disk tier (docs/prompt-cache.md)."""
+    return home / "prompt-cache" / safe_file_part(model_id)
+
+
+def runner_argv(s: RunnerSettings, model: ModelRef, fd: int, home: Path | None = None) -> list[str]:
+    """``python -m hydra_node.runtime.child.main`` with every knob of ``s`` (``fd``: the channel;
+    ``home``: the node home, where the prompt cache's disk tier lives; None: no disk tier)."""
     argv = [
         sys.executable,
         "-m",
@@ -51,6 +58,11 @@ def runner_argv(s: RunnerSettings, model: ModelRef, fd: int) -> list[str]:
     argv += ["--prefix-min-tokens", str(s.min_shared_tokens), "--prefix-max-entries", str(s.max_cached_prefixes)]
     if not s.share_prefixes:
         argv.append("--no-prefix-sharing")
+    disk_gb = s.prompt_cache_disk_gb if home is not None else 0.0
+    argv += ["--prompt-cache-ram-mb", str(s.prompt_cache_ram_mb), "--prompt-cache-disk-gb", repr(float(disk_gb))]
+    if home is not None and disk_gb > 0:  # docs/prompt-cache.md: one directory per hosted model
+        argv += ["--prompt-cache-dir", str(prompt_cache_dir(home, model.id))]
+        argv += ["--model-digests", str(home / "kv" / "digests.json")]
     if not s.warmup:
         argv.append("--no-warmup")
     for ep in s.rpc_endpoints:

@@ -11,7 +11,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from hydra_node.inference import Finished, GenerationError
+from hydra_node.inference import Finished, GenerationError, ModelCaps
 from hydra_node.runtime.child.stats import EngineStatistics
 from hydra_node.statemachine import StateTable
 
@@ -165,6 +165,9 @@ class RunnerSettings:
     share_prefixes: bool = True
     min_shared_tokens: int = 64
     max_cached_prefixes: int = 64
+    #: The prompt cache's tiers ([defaults.model_fit.prefix_cache] ram_mb, disk_gb; 0 = off; docs/prompt-cache.md).
+    prompt_cache_ram_mb: int = 1024
+    prompt_cache_disk_gb: float = 8.0
     #: A runner put in state failed by a crash loop is tried again after this long (0 = never):
     #: whatever broke it (memory pressure, a lost RPC worker) may have passed.
     failed_retry_s: float = 300.0
@@ -272,6 +275,9 @@ class RunnerStatus:
     #: The continuous-batching engine's latest figures (its ``stats`` frames: batch size, free slots,
     #: KV cells, prefill/decode tokens/s, prefix reuse); None before the first, or without the engine.
     engine_stats: EngineStatistics | None = None
+    #: What the model can do, from the runner's ready message (reasoning, thinks, switch, fim:
+    #: inference/capabilities.py); None before it is ready.
+    caps: ModelCaps | None = None
 
 
 def safe_file_part(name: str) -> str:

@@ -26,8 +26,12 @@ from hydra_node.inference import (
     GenerationError,
     GenerationEvent,
     GenerationRequest,
+    MalformedRemoteEvent,
+    ModelCaps,
     ModelUnavailable,
     QueueFull,
+    TokenizeRequest,
+    TokenizeResult,
 )
 from hydra_node.models import ModelRef
 from hydra_node.runtime.runner.argv import runner_argv
@@ -50,6 +54,7 @@ from hydra_node.runtime.runner.records import (
 from hydra_node.runtime.runner.admission import AdmissionLimit
 from hydra_node.runtime.runner.embed_call import RunnerEmbeddings
 from hydra_node.runtime.runner.kv_call import RunnerKv
+from hydra_node.runtime.runner.tokenize_call import RunnerTokenizer
 from hydra_node.runtime.child.stats import EngineStatistics
 from hydra_node.runtime.child.channel import (
     ChannelError,
@@ -138,6 +143,11 @@ class RunnerSupervisor:
         self._ready = trio.Event()
         self.embeddings = RunnerEmbeddings(self)  # .embed(req): runner/embed_call.py
         self.kv = RunnerKv(self)  # .export(req, dest) / .import_state(path): runner/kv_call.py
+        self.tokenizer = RunnerTokenizer(self)  # .tokenize(req): runner/tokenize_call.py
+        #: What the model can do, from the latest ready message (None before the first, or from a
+        #: runner that sent none or a malformed one: logged). The file decides it, so it is kept
+        #: across restarts until the next ready message says otherwise.
+        self.caps: ModelCaps | None = None
         self.pidfile = home / "run" / f"runner-{safe_file_part(model.id)}.pid"
         self.logfile = home / "logs" / f"runner-{safe_file_part(model.id)}.log"
         self._output = ChildOutput(self.logfile, tail_lines=STDERR_TAIL_LINES)
@@ -229,7 +239,12 @@ class RunnerSupervisor:
             llama=self.info.get("llama"),
             engine=self.info.get("engine"),
             engine_stats=self.engine_stats,
+            caps=self.caps,
         )
+
+    async def tokenize(self, req: TokenizeRequest) -> TokenizeResult:
+        """Tokenize or detokenize with this runner's model (runner/tokenize_call.py)."""
+        return await self.tokenizer.tokenize(req)
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
@@ -302,7 +317,7 @@ class RunnerSupervisor:
         )
 
     def _argv(self, fd: int) -> list[str]:
-        return runner_argv(self.settings, self.model, fd)
+        return runner_argv(self.settings, self.model, fd, self.home)
 
     async def _await_ready(self, proc) -> dict:
         """The readiness reader: the runner's first frame must be ``ready``."""
@@ -323,6 +338,11 @@ class RunnerSupervisor:
 
     def _on_ready(self, msg: dict) -> None:
         self.info = msg
+        try:
+            self.caps = ModelCaps.from_wire(msg.get("caps", {}))
+        except MalformedRemoteEvent as exc:  # the child's bug: the model is served, its extras are not
+            self.caps = None
+            log.warning("event=runner_caps_rejected model=%s reason=%r", self.model.id, str(exc))
         engine = msg.get("engine")
         self._slot.resize(
             engine["parallel"]

@@ -50,6 +50,8 @@ def test_one_sequence_at_0_to_n_minus_1_is_accepted_in_either_v_layout_and_with_
     assert check_cells(swa, 6).sections == ((0, 5, 6), (3, 5, 3))
     assert check_cells(memoryview(bytearray(swa)), 6).state_bytes == len(swa)  # any buffer
     assert check_cells(state(section(seq(range(3), seqs=(7,)))), 3).sections == ((0, 2, 3),)  # the exporter's slot
+    # a state read from slot 1 says so after the magic (the prompt cache saves every slot's)
+    assert check_cells(state(section(seq(range(3), seqs=(1,))), version=1), 3).sections == ((0, 2, 3),)
 
 
 @pytest.mark.parametrize(
@@ -76,8 +78,8 @@ def test_a_cell_table_that_is_not_one_sequence_of_0_to_n_minus_1_is_refused(cell
 def test_a_malformed_layout_is_refused():
     good = section(seq(range(4)))
     cases = {
-        "magic/version": state(good, magic=0x12345678),
-        "magic/version 0xaf143cd8/1": state(good, version=1),
+        "magic/sequence": state(good, magic=0x12345678),
+        "magic/sequence 0xaf143cd8/256": state(good, version=256),  # the source sequence: 0..255
         "no KV cache section": state(),
         "2 streams": state(section(seq(range(4)), n_stream=2)),
         "ends inside its header": state(good)[:20],

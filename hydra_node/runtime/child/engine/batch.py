@@ -23,7 +23,9 @@ then gives every sequence ``llama_n_ctx_seq = n_ctx``), so one request may use t
 context, as llama-server ``-kvu``.  The slot scheduler budgets the TOTAL cells (reservations,
 FIFO admission, the youngest over-reservation decoder cut with "length" when full: see
 :mod:`~hydra_node.runtime.child.engine.slots`), so ``llama_decode`` always finds room and no
-sequence's cells are overwritten; the engine drops the cells the plan evicts.  Why unified:
+sequence's cells are overwritten; the engine drops the cells the plan evicts (first saving, with the
+prompt cache's tiers attached, the prefixes the plan gives up, and restoring the admissions it plans
+from a tier hit: :mod:`~hydra_node.runtime.child.engine.prompt_tiers`, docs/prompt-cache.md).  Why unified:
 measured on this CPU with the bundled model, a decode step of 8 sequences costs 88 ms of CPU
 with a unified cache and 142 ms with one stream per sequence (1 sequence: 16-17 ms either
 way), so the split layout would throw most of batching's gain away.  Sequence id = slot index.
@@ -36,7 +38,7 @@ else's rows, verified there; the accepted ones are emitted in the same step (doc
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from hydra_node.inference import MAX_TOP_LOGPROBS_REQUEST as MAX_TOP_LOGPROBS
@@ -47,6 +49,8 @@ from hydra_node.runtime.child.engine.logprobs import LogprobReporter, TokenPiece
 from hydra_node.runtime.child.engine.sampler import Sampler, SamplerParams, SamplingError
 from hydra_node.runtime.child.engine.slots import DecodeToken, Finish, PrefillChunk, Rejected, SlotConfig, StepPlan
 from hydra_node.runtime.child.engine.spec_slots import SpeculativeSlots
+from hydra_node.runtime.child.engine.reasoning_track import ReasoningTrack, budget_of, sampler_for, start_of
+from hydra_node.runtime.child.engine.prompt_tiers import PromptTiers
 from hydra_node.runtime.child.engine.speculation import SMALL_STEP_TOKENS, RoundPlan, speculation_eligible
 from hydra_node.runtime.speculative.errors import DraftProtocolError
 from hydra_node.runtime.child.stats import EngineStatistics, StepCounters
@@ -71,6 +75,7 @@ class _Live:
     cached: int = 0  # prompt tokens reused from the slot's KV cells
     toks: list[int] = field(default_factory=list)  # tokens fed to ``asm`` since the last delta (its "tokens")
     skip: TextSkip = field(default_factory=TextSkip)  # a resumed request: the text its client already has
+    think: ReasoningTrack | None = None  # a reasoning chat: thoughts split from the answer (reasoning_track.py)
 
 
 class BatchEngine:
@@ -137,6 +142,7 @@ class BatchEngine:
         self.spec = speculation
         self.grammar_limits = grammar_limits
         self._threads = (int(llama_cpp.llama_n_threads(self.ctx)), int(llama_cpp.llama_n_threads_batch(self.ctx)))
+        self.tiers: PromptTiers | None = None  # the prompt cache's RAM/disk tiers (attach_tiers)
 
     # ---- requests --------------------------------------------------------------------
     def submit(self, rid: int, req: dict, tokens: list[int], clock: TokenClock) -> None:
@@ -157,12 +163,19 @@ class BatchEngine:
         max_tokens = min(req.get("max_tokens") or budget, budget) if budget > 0 else 1
         try:
             reporter = self._reporter(req)
-            sampler = Sampler(
+            start, thinking_budget = start_of(req), budget_of(req)
+            sampler = sampler_for(  # a reasoning chat's grammar waits for the answer (reasoning_track.py)
+                lambda params: Sampler(
+                    params,
+                    self.vocab,
+                    window=max_tokens + len(resume),
+                    grammar_limits=self.grammar_limits,
+                    history=tokens,  # the repeat penalty's window starts in the prompt (llama-server's)
+                ),
                 SamplerParams.from_request(req),
-                self.vocab,
-                window=max_tokens + len(resume),
-                grammar_limits=self.grammar_limits,
+                start,
             )
+            think = None if start is None else ReasoningTrack(start, thinking_budget, self._special_ids, sampler)
         except SamplingError as exc:  # an invalid grammar, a token outside the vocabulary...
             self.send(exc.frame(rid))
             return
@@ -186,22 +199,24 @@ class BatchEngine:
             reporter,
             [] if reporter is not None else None,
             skip=TextSkip(skip),
+            think=think,
         )
-        text, ended = "", False
+        text, thought, ended = "", "", False
         for tok in resume:  # the text they make, as the earlier runner's assembler saw it
             if self._ll.llama_vocab_is_eog(self.vocab, tok):
                 ended = True
                 break
-            text += live.skip(live.asm.feed(self.llm.detokenize([tok])))
+            r, a = self._split(live, live.asm.feed(self._piece(live, tok)), replay=tok)
+            thought, text = thought + r, text + a
             if live.asm.stopped:
                 ended = True
                 break
         if ended:  # the resumed text already ended the generation (a stop sequence, end of generation)
             sampler.close()
-            self._finish_at_once(live, text)
+            self._finish_at_once(live, text, thought)
             return
         try:
-            sampler.advance(resume)
+            sampler.advance(resume if think is None else think.resumed(resume))
             self.sched.submit(rid, full, max_tokens)
         except SamplingError as exc:  # the grammar does not allow the resumed tokens
             sampler.close()
@@ -212,12 +227,13 @@ class BatchEngine:
             self.send({"op": "error", "id": rid, "code": exc.code, "status": exc.status, "message": str(exc)})
             return
         self._live[rid] = live
-        if text:  # more than the client was said to have (resume_skip short of it): send the rest
-            self.send({"op": "delta", "id": rid, "text": text})
+        if text or thought:  # more than the client was said to have (resume_skip short of it): send the rest
+            self.send({"op": "delta", "id": rid, "text": text, **({"reasoning": thought} if thought else {})})
         if self.spec is not None:  # a resumed request is not speculated (simple, safe: docs/scheduler.md)
             p = sampler.params
             plain = not (p.grammar or p.logit_bias or p.penalised)
-            self.spec.admit(rid, speculation_eligible(req, p.greedy, plain) and not resume)
+            forcing = think is not None and think.budget is not None  # host-written tokens: never drafted
+            self.spec.admit(rid, speculation_eligible(req, p.greedy, plain) and not resume and not forcing)
 
     def _resume(self, req: dict, n_prompt: int) -> tuple[list[int], int]:
         """A request's ``resume_tokens`` (checked against the vocabulary and, with the prompt's
@@ -238,12 +254,36 @@ class BatchEngine:
             )
         return list(resume), skip
 
-    def _finish_at_once(self, live: _Live, text: str) -> None:
+    def _finish_at_once(self, live: _Live, text: str, thought: str = "") -> None:
         """A resumed request whose resumed text already ended it: its last text, then its done frame."""
-        text += live.skip(live.asm.flush())
-        if text:
-            self.send({"op": "delta", "id": live.rid, "text": text})
+        r, a = self._tail(live)
+        text, thought = text + a, thought + r
+        if text or thought:
+            self.send({"op": "delta", "id": live.rid, "text": text, **({"reasoning": thought} if thought else {})})
         self.send(self._done_frame(live, "stop"))
+
+    # ---- reasoning (reasoning_track.py) ----------------------------------------------------
+    def _piece(self, live: _Live, tok: int) -> bytes:
+        """A token's bytes as the output shows it (gpt-oss: its channel markers too)."""
+        return self.llm.detokenize([tok], special=live.think is not None and live.think.special)
+
+    def _special_ids(self, text: str) -> list[int]:
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+
+    def _split(self, live: _Live, text: str, *, forced: bool = False, replay: int | None = None) -> tuple[str, str]:
+        """Text the assembler released as ``(reasoning, answer)``, less what a resumed client has."""
+        if live.think is None:
+            return "", live.skip(text)
+        r, a = live.think.feed(text, forced) if replay is None else live.think.replayed(replay, text)
+        return live.skip(r), live.skip(a)
+
+    def _tail(self, live: _Live) -> tuple[str, str]:
+        """The end of the output: what the assembler and the splitter held back."""
+        text = live.asm.flush()
+        if live.think is None:
+            return "", live.skip(text)
+        r, a = live.think.flush(text)
+        return live.skip(r), live.skip(a)
 
     def _reporter(self, req: dict) -> LogprobReporter | None:
         want, top = req.get("logprobs", False), req.get("top_logprobs", 0)
@@ -288,22 +328,39 @@ class BatchEngine:
             prefix_misses=misses,
             prefix_reused_tokens=reused,
             prefix_shared=shared,
+            **(self.tiers.statistics() if self.tiers is not None else {}),
         )
 
     # ---- one step ----------------------------------------------------------------------
     def step(self) -> None:
         plan = self.sched.plan()
+        if self.tiers is not None:  # prefixes the plan gives up: saved while their cells are intact
+            for slot, held, kept in self.sched.take_dropped():
+                self.tiers.save(slot, held, kept)
         for rid, why in plan.finished:  # cancelled, or cut with "length" because the KV cache is full
             self._end(rid, None if why is Finish.CANCELLED else why.value)
         for slot in plan.evicted:  # cached prefixes dropped to make room
             self._ll.llama_memory_seq_rm(self.mem, slot, 0, -1)
+        unrestored: set[int] = set()  # slots whose planned restore failed (and slots copying from them)
         for a in (*plan.admitted, *plan.copies):
-            if a.copy_from >= 0:  # a prefix another slot holds: share its cells (unified cache: no copy)
+            if a.restore is not None and self.tiers is not None:  # a saved prefix (docs/prompt-cache.md)
+                if not self.tiers.restore(a.slot, a.restore):
+                    unrestored.add(a.slot)
+            elif a.copy_from >= 0:  # a prefix another slot holds: share its cells (unified cache: no copy)
                 self._ll.llama_memory_seq_rm(self.mem, a.slot, 0, -1)
-                self._ll.llama_memory_seq_cp(self.mem, a.copy_from, a.slot, 0, a.reused)
+                if a.copy_from in unrestored:
+                    unrestored.add(a.slot)
+                else:
+                    self._ll.llama_memory_seq_cp(self.mem, a.copy_from, a.slot, 0, a.reused)
             else:
                 self._ll.llama_memory_seq_rm(self.mem, a.slot, a.reused, -1)
             self._live[a.rid].cached = a.reused
+        if unrestored:  # those prompts are prefilled from the start, from the next step
+            for a in (*plan.admitted, *plan.copies):
+                if a.slot in unrestored:
+                    self.sched.unrestore(a.rid)
+                    self._live[a.rid].cached = 0
+            plan = replace(plan, prefill=tuple(c for c in plan.prefill if c.slot not in unrestored))
         if plan.empty:
             return
         rp = (
@@ -337,19 +394,21 @@ class BatchEngine:
         spec_out: tuple[int, int | None] | None = None  # (accepted, next token) of the draft holder
         for rid, row in rows.items():
             live = self._live[rid]
+            forced = None  # a token the host writes (a spent thinking budget: reasoning_track.py)
             if rp is not None and rid == rp.rid and rp.k > 0:
                 toks = self._verified(plan, rp, row)
                 spec_out = (len(toks) - 1, None)
             else:
                 try:
-                    toks = [live.sampler.sample(self.ctx, row)]
+                    forced = live.think.forced() if live.think is not None else None
+                    toks = [live.sampler.sample(self.ctx, row) if forced is None else forced]
                 except SamplingError as exc:  # its grammar left no token: this request fails, the others go on
                     self.sched.finish(rid)
                     self._live.pop(rid).sampler.close()
                     self._release_spec(rid)
                     self.send(exc.frame(rid))
                     continue
-            if self._emit(live, row, toks):
+            if self._emit(live, row, toks, forced=forced is not None):
                 live.last = toks[-1]
                 sampled[rid] = toks[-1]
                 if rp is not None and rid == rp.rid:
@@ -382,8 +441,9 @@ class BatchEngine:
         self.sched.accept(rp.rid, rp.drafts[:accepted])
         return [*rp.drafts[:accepted], nxt]
 
-    def _emit(self, live: _Live, row: int, toks: list[int]) -> bool:
-        """Stream ``toks`` (one, or a verified run); False when the sequence ended among them."""
+    def _emit(self, live: _Live, row: int, toks: list[int], forced: bool = False) -> bool:
+        """Stream ``toks`` (one, or a verified run; ``forced``: the one token the host wrote);
+        False when the sequence ended among them."""
         for i, tok in enumerate(toks):
             live.clock.tick()
             ended = bool(self._ll.llama_vocab_is_eog(self.vocab, tok))
@@ -393,9 +453,9 @@ class BatchEngine:
                     assert live.pending is not None  # a list whenever there is a reporter
                     live.pending.append(live.reporter.entry(row_logits(self.ctx, row, self.n_vocab), tok))
                 live.toks.append(tok)
-                text = live.skip(live.asm.feed(self.llm.detokenize([tok])))
-                if text or len(live.toks) >= MAX_DELTA_TOKENS:
-                    self._delta(live, text)
+                thought, text = self._split(live, live.asm.feed(self._piece(live, tok)), forced=forced)
+                if text or thought or len(live.toks) >= MAX_DELTA_TOKENS:
+                    self._delta(live, text, thought)
                 ended = live.asm.stopped
             if ended:
                 self._finish_in_step(live.rid, trim=len(toks) > 1)
@@ -459,9 +519,9 @@ class BatchEngine:
         if finish is None:
             self.send({"op": "error", "id": rid, "code": "cancelled", "status": 499, "message": "cancelled"})
             return
-        tail = live.skip(live.asm.flush())
-        if tail or live.pending or live.toks:
-            self._delta(live, tail)
+        thought, tail = self._tail(live)
+        if tail or thought or live.pending or live.toks:
+            self._delta(live, tail, thought)
         self.send(self._done_frame(live, finish))
 
     def _done_frame(self, live: _Live, finish: str) -> dict:
@@ -475,6 +535,8 @@ class BatchEngine:
             "ttft_ms": live.clock.ttft_ms(),
             "itl_ms": live.clock.itl_ms(live.n),
         }
+        if live.think is not None:  # of completion_tokens, those the model spent thinking
+            done["reasoning_tokens"] = live.think.tokens
         if self.spec is not None:  # the runner's latest speculation figures (/api/status)
             done["speculative"] = self.spec.status()
         return done
@@ -483,9 +545,12 @@ class BatchEngine:
         if self.spec is not None:
             self.spec.release(rid)
 
-    def _delta(self, live: _Live, text: str) -> None:
-        """A delta frame: ``text``, the logprob entries and the ids of the tokens fed since the last one."""
+    def _delta(self, live: _Live, text: str, reasoning: str = "") -> None:
+        """A delta frame: ``text`` (the answer), ``reasoning`` (thoughts, when there are some), the
+        logprob entries and the ids of the tokens fed since the last one."""
         frame: dict = {"op": "delta", "id": live.rid, "text": text}
+        if reasoning:
+            frame["reasoning"] = reasoning
         if live.pending:
             frame["logprobs"], live.pending = live.pending, []
         if live.toks:
@@ -503,6 +568,16 @@ class BatchEngine:
         self._ll.llama_memory_clear(self.mem, True)
 
     # ---- life ----------------------------------------------------------------------------
+    def attach_tiers(self, tiers: PromptTiers) -> None:
+        """Keep the prefixes slots lose in ``tiers`` and restore them on a hit (docs/prompt-cache.md)."""
+        self.tiers = tiers
+        self.sched.tiers = tiers
+
+    def persist(self) -> None:
+        """The runner stops: what the free slots still cache goes to the tiers (the disk tier keeps it)."""
+        if self.tiers is not None:
+            self.tiers.persist(self.sched.held())
+
     def warmup(self, tokens: list[int], steps: int = 2) -> None:
         """Allocate compute buffers and fault the weights in before reporting ready."""
         sink: list[dict] = []

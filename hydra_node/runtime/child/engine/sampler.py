@@ -5,20 +5,29 @@ Each sequence gets its own native chain, so sampling a token is one C call
 grammar: a few C calls and a numpy refill of the candidates).
 The chain, each link present only when the request asks for it::
 
-    logit bias -> penalties -> grammar -> greedy | top-k 40 -> top-p -> temperature -> seeded draw
+    logit bias -> penalties -> repeat penalty -> grammar
+        -> greedy | top-k 40 -> top-p -> min-p -> temperature -> seeded draw
 
 * logit bias (``llama_sampler_init_logit_bias``): OpenAI's ``logit_bias``, added to the logits;
 * penalties (``llama_sampler_init_penalties``, repeat penalty 1.0): OpenAI's
   ``presence_penalty``/``frequency_penalty``, ``logit -= count * frequency + (count > 0) * presence``
   over the tokens this sequence has generated (the chain sees only sampled tokens, never the prompt);
+* repeat penalty (llama-server's ``repeat_penalty``/``repeat_last_n``: a second penalties link with
+  only its repeat argument): a token among the last ``repeat_last_n`` tokens of the prompt and the
+  generated text has its logit divided by the penalty (multiplied when negative), as llama-server,
+  which feeds the prompt to its sampler too; ``repeat_last_n`` 0 or a penalty of 1 is no link;
 * grammar (``llama_sampler_init_grammar``, root rule ``root``): a GBNF grammar. With
   ``grammar_triggers`` it is lazy: unconstrained until the generated text contains one of the
   words, then the text from that word on must match the grammar.  For speed the grammar is
   checked beside the chain rather than inside it, with the same result
   (:mod:`hydra_node.runtime.child.engine.grammar`, which also says why not llama.cpp's lazy grammar);
-* then what the runner always used: greedy when ``temperature`` is 0, else top-k 40 → top-p →
-  temperature → a seeded draw.  A request that asks for none of the extras gets exactly the
-  chain it got before they existed (same links, same order), so its output is unchanged.
+* then what the runner always used: greedy when ``temperature`` is 0, else top-k → top-p →
+  min-p → temperature → a seeded draw: ``top_k`` None is :data:`DEFAULT_TOP_K` (40), 0 no top-k
+  link; ``min_p`` 0 is no min-p link (``llama_sampler_init_min_p(min_p, 1)``, llama-server's place
+  for it: after top-p).  Greedy takes the argmax whatever top-k and min-p say (neither ever
+  drops the most likely token), so they are not links of a greedy chain.  A request that asks
+  for none of the extras gets exactly the chain it got before they existed (same links, same
+  order), so its output is unchanged.
 
 A request the chain cannot honour (a grammar llama.cpp cannot parse, a logit-bias token outside
 the vocabulary, a malformed field) raises :class:`SamplingError`, which the engine sends as
@@ -29,7 +38,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from hydra_node.inference.request import MAX_REPEAT_PENALTY, MAX_TOKENS_LIMIT, MAX_TOP_K
 
 from hydra_node.runtime.child.engine.grammar import GrammarCheck, VocabText
 from hydra_node.runtime.child.engine.grammar_budget import DEFAULT_LIMITS, GrammarBudget, GrammarLimits
@@ -61,6 +73,10 @@ class SamplerParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    top_k: int = DEFAULT_TOP_K  # 0: no top-k link
+    min_p: float = 0.0  # 0: no min-p link
+    repeat_penalty: float = 1.0  # 1: no repeat-penalty link
+    repeat_last_n: int = 64  # the repeat penalty's window (prompt and generated tokens); 0: no link
 
     @classmethod
     def from_request(cls, req: dict) -> "SamplerParams":
@@ -87,6 +103,16 @@ class SamplerParams:
             for e in bias
         ):
             raise SamplingError("'logit_bias' must map token ids to finite biases")
+        top_k, last_n = req.get("top_k"), req.get("repeat_last_n", 64)
+        if top_k is not None and (type(top_k) is not int or not 0 <= top_k <= MAX_TOP_K):
+            raise SamplingError(f"'top_k' must be an integer from 0 to {MAX_TOP_K} or null")
+        if type(last_n) is not int or not 0 <= last_n <= MAX_TOKENS_LIMIT:
+            raise SamplingError(f"'repeat_last_n' must be an integer from 0 to {MAX_TOKENS_LIMIT}")
+        min_p, repeat = _number(req, "min_p", 0.0), _number(req, "repeat_penalty", 1.0)
+        if not 0.0 <= min_p <= 1.0:
+            raise SamplingError("'min_p' must be between 0 and 1")
+        if not 0.0 < repeat <= MAX_REPEAT_PENALTY:
+            raise SamplingError(f"'repeat_penalty' must be greater than 0 and at most {MAX_REPEAT_PENALTY:g}")
         return cls(
             temperature=_number(req, "temperature", 0.8),
             top_p=_number(req, "top_p", 0.95),
@@ -96,6 +122,10 @@ class SamplerParams:
             presence_penalty=_number(req, "presence_penalty", 0.0),
             frequency_penalty=_number(req, "frequency_penalty", 0.0),
             logit_bias=tuple((int(t), float(b)) for t, b in bias),
+            top_k=DEFAULT_TOP_K if top_k is None else top_k,
+            min_p=min_p,
+            repeat_penalty=repeat,
+            repeat_last_n=last_n,
         )
 
     @property
@@ -104,7 +134,14 @@ class SamplerParams:
 
     @property
     def penalised(self) -> bool:
-        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        """A penalty shifts logits (OpenAI's presence/frequency, or the repeat penalty): not a plain
+        argmax, so never speculated (:func:`~hydra_node.runtime.child.engine.speculation.speculation_eligible`)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repeats
+
+    @property
+    def repeats(self) -> bool:
+        """The repeat-penalty link is in the chain."""
+        return self.repeat_penalty != 1.0 and self.repeat_last_n > 0
 
 
 class Sampler:
@@ -112,10 +149,17 @@ class Sampler:
 
     ``vocab``: the model's ``llama_vocab`` (grammar, vocabulary size); ``window``: how many of the
     latest generated tokens the penalties count (the sequence's token budget: all of them);
-    ``grammar_limits``: how long the grammar may work per token and per request (its set-up counts)."""
+    ``grammar_limits``: how long the grammar may work per token and per request (its set-up counts);
+    ``history``: the prompt's tokens, of which the repeat penalty counts the last ``repeat_last_n``
+    (llama-server's semantics; the other links never see the prompt)."""
 
     def __init__(
-        self, params: SamplerParams, vocab=None, window: int = 0, grammar_limits: GrammarLimits = DEFAULT_LIMITS
+        self,
+        params: SamplerParams,
+        vocab=None,
+        window: int = 0,
+        grammar_limits: GrammarLimits = DEFAULT_LIMITS,
+        history: Sequence[int] = (),
     ):
         import llama_cpp
 
@@ -144,17 +188,25 @@ class Sampler:
                 *(llama_cpp.llama_logit_bias(t, b) for t, b in params.logit_bias)
             )
             add_pre(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), arr))  # copies arr
-        if params.penalised:
+        if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
             add_pre(
                 llama_cpp.llama_sampler_init_penalties(
                     n_vocab, max(1, window), 1.0, params.frequency_penalty, params.presence_penalty
                 )
             )
+        if params.repeats:
+            rep = llama_cpp.llama_sampler_init_penalties(n_vocab, params.repeat_last_n, params.repeat_penalty, 0.0, 0.0)
+            for tok in history[-params.repeat_last_n :]:  # before the chain owns it: only this link sees the prompt
+                llama_cpp.llama_sampler_accept(rep, tok)
+            add_pre(rep)
         if params.greedy:
             add(llama_cpp.llama_sampler_init_greedy())
         else:
-            add(llama_cpp.llama_sampler_init_top_k(DEFAULT_TOP_K))
+            if params.top_k > 0:
+                add(llama_cpp.llama_sampler_init_top_k(params.top_k))
             add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+            if params.min_p > 0.0:
+                add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
             add(llama_cpp.llama_sampler_init_temp(params.temperature))
             seed = llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed
             add(llama_cpp.llama_sampler_init_dist(seed))
@@ -191,7 +243,7 @@ class Sampler:
                 triggers=params.grammar_triggers,
                 tokenize=text.tokenize,
                 piece=text.piece,
-                keep=1 if params.greedy else DEFAULT_TOP_K,
+                keep=1 if params.greedy else (params.top_k or n_vocab),  # top_k 0: the whole allowed vocabulary
                 budget=GrammarBudget(self._limits),
             )
             assert check.budget is not None

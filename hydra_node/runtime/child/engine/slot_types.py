@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from hydra_node.runtime.child.engine.prompt_store import TierHit
+
 __all__ = [
     "MAX_SLOTS",
     "Admission",
@@ -83,12 +85,14 @@ class SlotConfig:
 @dataclass(frozen=True)
 class Admission:
     """``rid`` took ``slot``; its first ``reused`` prompt tokens are already in the slot's KV, or,
-    with ``copy_from >= 0``, are to be copied from that (active) slot's cells ``[0, reused)``."""
+    with ``copy_from >= 0``, are to be copied from that (active) slot's cells ``[0, reused)``, or, with
+    ``restore``, are to be loaded from the prompt cache's tiers (docs/prompt-cache.md)."""
 
     rid: int
     slot: int
     reused: int
     copy_from: int = -1
+    restore: TierHit | None = None
 
 
 @dataclass(frozen=True)

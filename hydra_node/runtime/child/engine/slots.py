@@ -25,6 +25,12 @@ slot's; a request whose prompt starts with what a sequence is still PREFILLING (
 burst of one system prompt) waits for those cells (``wait_for``, no prefill of its own) and then
 copies them (``StepPlan.copies``), so the shared part is evaluated once.  ``max_cached`` bounds how many free slots keep their prefix (the oldest is dropped).
 
+The prompt cache's tiers (``tiers``, docs/prompt-cache.md): a free slot's cached prefix about to be
+lost (evicted, over ``max_cached``, or reused for another prompt) is listed by :meth:`SlotScheduler.take_dropped`
+so the engine can save its KV state first; an admission asks ``tiers.lookup`` for a saved state
+sharing a longer prefix with the prompt than any slot (by ``min_shared_tokens``) and, when one fits,
+plans it restored (``Admission.restore``) into the free slot whose own cache is worth least.
+
 KV budget (total cells, never per slot).  Every admitted sequence holds a *reservation*: its
 whole prompt plus ``decode_reserve`` decode cells (fewer if ``max_tokens`` needs fewer).
 Reservations plus the cells still cached by free slots never exceed ``n_ctx``, so prefill and
@@ -43,7 +49,9 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Protocol, Sequence
+
+from hydra_node.runtime.child.engine.prompt_store import TierHit
 
 from hydra_node.runtime.child.engine.slot_types import (
     MAX_SLOTS,
@@ -70,6 +78,10 @@ __all__ = [
     "Rejected",
     "common_prefix",
 ]
+
+
+class _Tiers(Protocol):
+    def lookup(self, prompt: tuple[int, ...], limit: int, better_than: int) -> TierHit | None: ...
 
 
 @dataclass
@@ -117,6 +129,9 @@ class SlotScheduler:
         self._freed_at: dict[int, int] = {}  # free slot -> release order (the oldest cache is dropped first)
         self._releases = 0
         self._pending_evictions: list[int] = []  # over max_cached: dropped at the next plan
+        #: the prompt cache's tiers (``lookup(prompt, limit, better_than) -> TierHit | None``), or None
+        self.tiers: _Tiers | None = None
+        self._dropped: list[tuple[int, tuple[int, ...], int]] = []  # (slot, tokens, kept): see take_dropped
 
     # ---- requests ------------------------------------------------------------------
     def submit(self, rid: int, prompt: Sequence[int], max_tokens: int) -> None:
@@ -225,6 +240,7 @@ class SlotScheduler:
         for slot in self._free:
             if slot != keep and self._resident[slot]:
                 n = len(self._resident[slot])
+                self._drop(slot, 0)
                 self._resident[slot] = ()
                 evicted.append(slot)
                 return n
@@ -249,15 +265,32 @@ class SlotScheduler:
         """Admit ``s`` if its reservation fits (evicting other free slots' prefixes if that makes it fit)."""
         best, reused, source, wait = self._pick_slot(s)
         need = len(s.prompt) + min(s.max_tokens - 1, self.config.decode_room)
-        room = self.config.n_ctx - self._committed() + len(self._resident[best])  # best's cells become s's
-        others = sum(len(self._resident[x]) for x in self._free if x != best)
-        if room + others < need:
+        hit = None
+        if self.tiers is not None and wait is None and self.config.prompt_cache:
+            hit = self.tiers.lookup(s.prompt, len(s.prompt) - 1, reused)
+            # the whole saved state is loaded before the cells past the common prefix are dropped
+            if hit is not None and self._fits(self._coldest(), max(need, hit.n_tokens)):
+                best, reused, source, need = self._coldest(), hit.common, -1, max(need, hit.n_tokens)
+            else:
+                hit = None
+        if not self._fits(best, need):
             return None
+        room = self.config.n_ctx - self._committed() + len(self._resident[best])  # best's cells become s's
         while room < need:
             room += self._evict_one(evicted, keep=best)
         s.reserved = need
         s.wait_for = wait
-        return self._admit(s, best, reused, source)
+        return self._admit(s, best, reused, source, hit)
+
+    def _fits(self, slot: int, need: int) -> bool:
+        """``need`` cells fit in ``slot`` (its own cells and other free slots' may be evicted)."""
+        room = self.config.n_ctx - self._committed() + len(self._resident[slot])
+        return room + sum(len(self._resident[x]) for x in self._free if x != slot) >= need
+
+    def _coldest(self) -> int:
+        """The free slot whose cache is worth least: an empty one, else the one freed longest ago."""
+        empty = [x for x in self._free if not self._resident[x]]
+        return empty[0] if empty else min(self._free, key=lambda x: self._freed_at.get(x, -1))
 
     def _prefill(self, room: int) -> tuple[PrefillChunk, ...]:
         needy = [s for s in self._active.values() if not s.decoding and s.wait_for is None]
@@ -340,15 +373,15 @@ class SlotScheduler:
         if max(shared, future) <= floor:
             return best, reused, -1, None
         # copy into the free slot whose own cache is worth least: an empty one, else the oldest
-        empty = [x for x in self._free if not self._resident[x]]
-        dest = empty[0] if empty else min(self._free, key=lambda x: self._freed_at.get(x, -1))
+        dest = self._coldest()
         if future > shared:
             return dest, 0, -1, (waited, future)
         return dest, shared, source, None
 
-    def _admit(self, s: _Seq, best: int, reused: int, source: int = -1) -> Admission:
+    def _admit(self, s: _Seq, best: int, reused: int, source: int = -1, hit: TierHit | None = None) -> Admission:
         self._free.remove(best)
         self._freed_at.pop(best, None)
+        self._drop(best, reused if source < 0 and hit is None else 0)  # what it held past ``reused`` is lost
         self._resident[best] = ()
         s.slot, s.prefilled = best, reused
         if reused:
@@ -356,7 +389,7 @@ class SlotScheduler:
         elif s.wait_for is None:  # a waiting sequence is counted when its wait resolves
             self._prefix[1] += 1
         self._active[s.rid] = s
-        return Admission(s.rid, best, reused, source)
+        return Admission(s.rid, best, reused, source, hit)
 
     def _count_hit(self, reused: int, *, shared: bool) -> None:
         self._prefix[0] += 1
@@ -375,6 +408,7 @@ class SlotScheduler:
         if cap is not None:
             cached = sorted((x for x in self._free if self._resident[x]), key=lambda x: self._freed_at.get(x, -1))
             for slot in cached[: max(0, len(cached) - cap)]:
+                self._drop(slot, 0)
                 self._resident[slot] = ()
                 self._pending_evictions.append(slot)
 
@@ -413,9 +447,9 @@ class SlotScheduler:
             )
         if not self._free:
             raise Rejected("every slot is busy", code="no_free_slot", status=503)
-        empty = [x for x in self._free if not self._resident[x]]
-        dest = empty[0] if empty else min(self._free, key=lambda x: self._freed_at.get(x, -1))
+        dest = self._coldest()
         evicted = [dest] if self._resident[dest] else []
+        mark = len(self._dropped)  # an import drops these cells at once, before the engine could save them
         room = self.config.n_ctx - self._committed() + len(self._resident[dest])
         if room + sum(len(self._resident[x]) for x in self._free if x != dest) < n:
             raise Rejected(
@@ -436,12 +470,15 @@ class SlotScheduler:
             for slot in cached[: max(0, len(cached) + 1 - cap)]:
                 self._resident[slot] = ()
                 evicted.append(slot)
+        gone = {dest, *evicted}  # their cells are replaced or dropped now: nothing of theirs to save
+        self._dropped = [d for d in self._dropped[:mark] if d[0] not in gone]
         return dest, evicted
 
     def forget(self, slot: int) -> None:
         """A free slot's cells could not be loaded: it holds nothing."""
         if slot in self._free:
             self._resident[slot] = ()
+            self._dropped = [d for d in self._dropped if d[0] != slot]
 
     def drop_all(self) -> list[int]:
         """Forget every sequence, waiting or active (a failed engine step); returns their ids."""
@@ -458,7 +495,32 @@ class SlotScheduler:
         held = sorted({slot for slot, r in enumerate(self._resident) if r} | set(self._pending_evictions))
         self._resident = [() for _ in range(self.config.n_slots)]
         self._pending_evictions = []
+        self._dropped = []  # nothing left worth saving
         return held
+
+    # ---- the prompt cache's tiers (docs/prompt-cache.md) ---------------------------------
+    def _drop(self, slot: int, kept: int) -> None:
+        """``slot``'s cached cells past ``kept`` are about to be lost: listed for the tiers."""
+        held = self._resident[slot]
+        if self.tiers is not None and len(held) > kept:
+            self._dropped.append((slot, held, kept))
+
+    def take_dropped(self) -> list[tuple[int, tuple[int, ...], int]]:
+        """(slot, tokens its cells hold, how many of them it keeps) of every free slot whose cached
+        prefix the last :meth:`plan` gave up, in order; their cells are intact until the engine acts on
+        the plan, so it saves them first."""
+        out, self._dropped = self._dropped, []
+        return out
+
+    def unrestore(self, rid: int) -> None:
+        """``rid``'s planned restore failed: its slot is empty, its prompt is prefilled from the start."""
+        s = self._active.get(rid)
+        if s is not None:
+            s.prefilled = 0
+
+    def held(self) -> list[tuple[int, tuple[int, ...]]]:
+        """(slot, tokens) of every free slot that holds a cached prefix (the runner stops: save them)."""
+        return [(x, self._resident[x]) for x in self._free if self._resident[x]]
 
     def statistics(self) -> SlotStatistics:
         return SlotStatistics(

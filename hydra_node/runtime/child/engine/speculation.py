@@ -15,8 +15,9 @@ the holder, when the controller chooses ``k >= 1``:
    rejected position, for that sequence id only).
 
 Every emitted token is the target's argmax given the committed prefix: greedy output is unchanged.
-Only plain greedy requests speculate (temperature 0, no grammar, logit bias, penalties or
-logprobs): the engine's sampled path is llama.cpp's native chain, whose distribution the
+Only plain greedy requests speculate (temperature 0, no grammar, logit bias, penalties — presence,
+frequency or llama-server's repeat penalty — or logprobs; ``top_k`` and ``min_p`` never drop the
+most likely token, so a greedy request with them still speculates, exactly): the engine's sampled path is llama.cpp's native chain, whose distribution the
 rejection-sampling rule would have to reproduce exactly; such requests decode normally in the
 batch (never refused).
 

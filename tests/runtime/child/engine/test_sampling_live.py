@@ -270,3 +270,23 @@ def test_greedy_beside_the_chain_equals_the_grammar_inside_the_chain(model_path)
     assert text.startswith(b"{") and len(text) > 20
     ours.close()
     ll.llama_sampler_free(ref)
+
+
+# ---- llama-server's extensions: top_k, min_p, repeat_penalty ------------------------------------
+
+
+def test_top_k_1_or_min_p_1_with_a_temperature_is_the_greedy_output(engine):
+    """Either link leaves only the most likely token, so the seeded draw has nothing to choose."""
+    base = one(engine, STORY, max_tokens=STORY_TOKENS)["text"]
+    for kw in ({"top_k": 1}, {"min_p": 1.0, "top_k": 0}):
+        out = one(engine, STORY, max_tokens=STORY_TOKENS, temperature=1.5, seed=7, **kw)["text"]
+        assert out == base, kw
+
+
+def test_a_repeat_penalty_breaks_a_repetitive_greedy_output_and_counts_the_prompt(engine):
+    base = one(engine, COUNT, max_tokens=12)["text"]
+    assert base == " 5, 6, 7, 8,"
+    out = one(engine, COUNT, max_tokens=12, repeat_penalty=3.0, repeat_last_n=64)["text"]
+    assert out.count(",") < base.count(","), out
+    assert not out.startswith(" 5")  # its first token already: the prompt's "1, 2, 3, 4," counts (llama-server's)
+    assert one(engine, COUNT, max_tokens=12, repeat_penalty=3.0, repeat_last_n=0)["text"] == base  # no window
