@@ -22,6 +22,7 @@ from trio.testing import MockClock
 from harness import SHARED_API_KEY, SHARED_CORS_ORIGIN, NodeProcess
 from hydra_node.models import BUNDLED_MODEL_ID, bundled_model_path
 from live_marker import is_live
+from tests.fixtures.models import thinking_model
 from waiting import AUTOJUMP_IDLE_S
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,6 +143,37 @@ def shared_mesh(tmp_path_factory) -> MeshPair:
             ),
             timeout=MESH_JOIN_TIMEOUT_S,
             what="the front sees the host's model",
+        )
+        yield MeshPair(host, front, host_id)
+    finally:
+        front.kill_all()
+        host.kill_all()
+
+
+#: The id the thinking fixture is served under in ``thinking_mesh``.
+THINKING_MODEL_ID = "thinking"
+
+
+@pytest.fixture(scope="session")
+def thinking_mesh(tmp_path_factory) -> MeshPair:
+    """Like `shared_mesh`, with the thinking fixture (tests/fixtures/models.py: the bundled SmolLM2
+    with a Qwen3-style template whose generation prompt opens ``<think>``) as the host's one model,
+    served as ``THINKING_MODEL_ID``: for the modules that read a reasoning model's thoughts through a
+    node that does not host it (tests/clients, tests/anthropic), so the run starts this mesh once."""
+    root = tmp_path_factory.mktemp("thinking-mesh")
+    host = NodeProcess(root / "host", "--name", "host", "--model", f"{THINKING_MODEL_ID}={thinking_model()}")
+    front = NodeProcess(root / "front", "--no-model", "--name", "front")
+    try:
+        host.start()
+        front.args += ["--join", host.invite()]
+        front.start()
+        host_id = host.status()["node_id"]
+        front.wait_status(
+            lambda st: any(
+                p["id"] == host_id and p["state"] == "alive" and THINKING_MODEL_ID in p["models"] for p in st["peers"]
+            ),
+            timeout=MESH_JOIN_TIMEOUT_S,
+            what="the front sees the thinking model",
         )
         yield MeshPair(host, front, host_id)
     finally:

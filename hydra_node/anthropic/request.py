@@ -18,8 +18,8 @@ conversation becomes the shared chat vocabulary (:class:`ChatMessage`, :class:`T
 ``max_tokens``, as Anthropic checks; refused on a model that does not reason, when the routes know
 the model), ``{"type": "disabled"}`` (thinking off), ``{"type": "adaptive"}`` (the model's default;
 ``output_config.effort`` then sets how much it reasons); ``display`` ``summarized`` (the default:
-the thoughts as generated, there being no summariser, as Claude Sonnet 3.7 returns them) or
-``omitted`` (thinking blocks with empty text). A ``tool_choice`` that forces a call is refused with
+the thoughts as generated, there being no summariser, as Claude Sonnet 3.7 returns them; ``updates``,
+which Claude Code sends, is the same here) or ``omitted`` (thinking blocks with empty text). A ``tool_choice`` that forces a call is refused with
 thinking enabled, as Anthropic refuses it. ``context_management`` ``clear_thinking_*`` edits drop
 the thoughts of all but the last ``keep`` thinking turns (default 1; ``"all"`` keeps them all).
 
@@ -87,7 +87,8 @@ _REFUSED = {
 }
 #: ``thinking`` types, and Anthropic's bounds on an enabled budget.
 THINKING_TYPES = ("enabled", "disabled", "adaptive")
-THINKING_DISPLAYS = ("summarized", "omitted")
+#: "updates" (what Claude Code sends first) shows the thoughts as they come, as "summarized" does here.
+THINKING_DISPLAYS = ("summarized", "updates", "omitted")
 MIN_THINKING_BUDGET = 1024
 FORCED_TOOL_WITH_THINKING = "Thinking may not be enabled when tool_choice forces tool use."
 _EFFORTS = ("low", "medium", "high", "max")
@@ -471,7 +472,9 @@ def _thinking(body: dict, max_tokens: int | None, tool_choice: str) -> tuple[str
             raise bad(f"thinking.{key} does not go with type {kind!r}", f"thinking.{key}", "unknown_parameter")
     display = thinking.get("display")
     if display is not None and display not in THINKING_DISPLAYS:
-        raise bad("'thinking.display' must be 'summarized' or 'omitted'", "thinking.display", "invalid_value")
+        raise bad(
+            "'thinking.display' must be 'summarized', 'updates' or 'omitted'", "thinking.display", "invalid_value"
+        )
     budget = thinking.get("budget_tokens")
     if kind == "enabled":
         if type(budget) is not int:

@@ -226,3 +226,10 @@ async def test_the_anthropic_sdk_reads_thinking_whole_and_streamed():
     assert (router.requests[0].thinking, router.requests[0].thinking_budget) == (True, 2000)
     assert router.requests[2].messages[1] == ChatMessage("assistant", "Paris.", reasoning="The capital is Paris.")
     assert exc.status_code == 400 and "'plain'" in exc.message and len(router.requests) == 3
+
+
+def test_claude_codes_display_updates_shows_the_thoughts():
+    """Claude Code 2.1 sends ``display: "updates"`` first; refusing it cost it two retries a turn."""
+    call = parse_messages_body(body(thinking={"type": "adaptive", "display": "updates"}))
+    assert call.thinking == "adaptive" and call.show_thinking
+
