@@ -16,7 +16,16 @@ __all__ = ["LIVE_FIXTURES", "LIVE_MARKERS", "PROCESS_MODULES", "imports_process_
 #: Fixtures that load the real model or start processes; a test using any of them (even through
 #: another fixture, e.g. the speculative engines) is live.
 LIVE_FIXTURES = frozenset(
-    {"model_path", "spawn", "start_worker", "run_child", "shared_node", "shared_keyed_node", "shared_mesh", "thinking_mesh"}
+    {
+        "model_path",
+        "spawn",
+        "start_worker",
+        "run_child",
+        "shared_node",
+        "shared_keyed_node",
+        "shared_mesh",
+        "thinking_mesh",
+    }
 )
 #: Markers that already mean real nodes or hosts.
 LIVE_MARKERS = frozenset({"slow", "netns"})

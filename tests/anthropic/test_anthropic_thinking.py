@@ -232,4 +232,3 @@ def test_claude_codes_display_updates_shows_the_thoughts():
     """Claude Code 2.1 sends ``display: "updates"`` first; refusing it cost it two retries a turn."""
     call = parse_messages_body(body(thinking={"type": "adaptive", "display": "updates"}))
     assert call.thinking == "adaptive" and call.show_thinking
-
