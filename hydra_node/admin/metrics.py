@@ -192,7 +192,8 @@ class _ScrapeCollector:
         kv_budget = GaugeMetricFamily(
             "hydra_engine_kv_cells_budget", "KV cache cells the slots may use", labels=("model",)
         )
-        for r in list(self.sources.runners())[:MAX_MODEL_LABELS]:
+        runners = list(self.sources.runners())[:MAX_MODEL_LABELS]
+        for r in runners:
             queue.add_metric((r.model,), r.queue_depth)
             inflight.add_metric((r.model,), r.in_flight)
             tps.add_metric((r.model,), r.tokens_per_s)
@@ -204,7 +205,7 @@ class _ScrapeCollector:
                 kv_used.add_metric((r.model,), r.engine.kv_used)
                 kv_budget.add_metric((r.model,), r.engine.kv_budget)
         yield from (queue, inflight, tps, restarts, up, batch, free, kv_used, kv_budget)
-        yield from _prompt_cache([r for r in list(self.sources.runners())[:MAX_MODEL_LABELS] if r.engine is not None])
+        yield from _prompt_cache([r for r in runners if r.engine is not None])
 
     def _routing(self):
         router = self.sources.routing()

@@ -15,6 +15,7 @@ from hydra_node.runtime.runner.llama_params import (
     MMAP_MODES,
     kv_flash_conflict,
 )
+from hydra_node.runtime.runner.records import REASONING_FORMAT_SETTINGS
 
 __all__ = [
     "DEFAULT_PARALLEL",
@@ -139,6 +140,9 @@ class ModelFitSection:
     type_k: str = ""  # K cache type; "" = kv_dtype
     type_v: str = ""  # V cache type; "" = kv_dtype
     prompt_cache: bool = True
+    #: auto | none | think | gpt-oss: the model's reasoning format, as llama-server's --reasoning-format
+    #: (auto: detected from its chat template; docs/reasoning.md "Override")
+    reasoning_format: str = "auto"
     prefix_cache: PrefixCacheSection = field(
         default_factory=PrefixCacheSection, metadata={"section": PrefixCacheSection}
     )
@@ -162,6 +166,7 @@ class ModelFitSection:
         _one_of(prefix, "flash_attention", self.flash_attention, FLASH_ATTENTION_MODES)
         _one_of(prefix, "kv_cache_policy", self.kv_cache_policy, ("balanced", "quality", "memory"))
         _one_of(prefix, "kv_dtype", self.kv_dtype, ("auto", *KV_CACHE_TYPES))
+        _one_of(prefix, "reasoning_format", self.reasoning_format, REASONING_FORMAT_SETTINGS)
         for key in ("type_k", "type_v"):
             if getattr(self, key):
                 _one_of(prefix, key, getattr(self, key), KV_CACHE_TYPES)

@@ -35,6 +35,7 @@ def runner_settings_from(f: FileConfig, extra_argv: tuple[str, ...] = ()) -> Run
         max_cached_prefixes=mf.prefix_cache.max_entries,
         prompt_cache_ram_mb=mf.prefix_cache.ram_mb,
         prompt_cache_disk_gb=float(mf.prefix_cache.disk_gb),
+        reasoning_format=mf.reasoning_format,
         warmup=hw.warmup,
         queue_size=tp.queue_size,
         load_timeout_s=rn.load_timeout_s,

@@ -30,7 +30,7 @@ from hydra_node.api.chat import (
 from hydra_node.api.errors import ApiError
 from hydra_node.grammar.toolcalls import ParsedToolCall
 from hydra_node.inference import GenerationError, TokenLogprob
-from hydra_node.openai.thinking import InlineThoughts, Tags, inline
+from hydra_node.openai.thinking import THINK_TAGS, InlineThoughts, Tags, inline
 
 __all__ = [
     "sse",
@@ -118,7 +118,7 @@ def chat_choice(index: int, out: ChatOutcome, logprobs: bool, inline_tags: Tags 
 
 
 def completion_choice(
-    index: int, out: ChatOutcome, echo_text: str | None, top: int | None, tags: Tags = ("<think>", "</think>")
+    index: int, out: ChatOutcome, echo_text: str | None, top: int | None, tags: Tags = THINK_TAGS
 ) -> dict:
     """``tags``: around the thoughts of a reasoning model, which a completion's text holds."""
     prefix = echo_text or ""

@@ -33,7 +33,7 @@ from hydra_node.http.server import Request, Response, StreamResponse
 from hydra_node.inference import GenerationError, InvalidRequest, TokenizeRequest, TokenizeResult
 from hydra_node.openai.parse import expand, parse_body
 from hydra_node.openai.routes import OpenAIApi
-from hydra_node.openai.thinking import inline
+from hydra_node.openai.thinking import THINK_TAGS, inline
 
 __all__ = ["PATHS", "LlamaServerApi", "parse_tokenize", "tokenize_body", "infill_completion_body", "infill_body"]
 
@@ -156,7 +156,7 @@ def infill_body(model: str, out: ChatOutcome, prompt_tokens: int, completion_tok
     reason = out.finish_reason
     return {
         "index": 0,
-        "content": inline(out.reasoning, out.content, ("<think>", "</think>")) or "",
+        "content": inline(out.reasoning, out.content, THINK_TAGS) or "",
         "model": model,
         "stop": True,
         "stop_type": "limit" if reason == "length" else "eos",

@@ -23,6 +23,7 @@ from hydra_node.moa.config import MESH_MODEL
 from hydra_node.moa.mixture import MoaRun
 from hydra_node.openai.format import DONE, ChunkMaker, ChunkStream, chat_choice, openai_usage, sse
 from hydra_node.openai.parse import ParsedBody
+from hydra_node.openai.thinking import THINK_TAGS
 
 __all__ = ["MoaChat"]
 
@@ -58,9 +59,7 @@ class MoaChat:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": MESH_MODEL,
-            "choices": [
-                chat_choice(0, out, req.logprobs, ("<think>", "</think>") if parsed.inline_reasoning else None)
-            ],
+            "choices": [chat_choice(0, out, req.logprobs, THINK_TAGS if parsed.inline_reasoning else None)],
             "usage": openai_usage(sum_usage(usages)),
             "system_fingerprint": out.served_by or None,
             "hydra_moa": info,

@@ -34,7 +34,7 @@ from hydra_node.moa.answers import MoaApi, caps_of
 from hydra_node.openai.format import ChunkMaker, ChunkStream, chat_choice, completion_choice, openai_usage
 from hydra_node.openai.moa_chat import MoaChat
 from hydra_node.openai.parse import ParsedBody, expand, parse_body
-from hydra_node.openai.thinking import Tags, tags_of
+from hydra_node.openai.thinking import THINK_TAGS, Tags, tags_of
 
 __all__ = ["OpenAIApi"]
 
@@ -153,7 +153,7 @@ class OpenAIApi:
         served_by = outs[0].served_by
         usage = openai_usage(sum_usage(o.usage for o in outs))
         thoughts = any(o.reasoning for o in outs)
-        tags = self.tags(req.model) if thoughts else ("<think>", "</think>")
+        tags = self.tags(req.model) if thoughts else THINK_TAGS
         if req.kind == "chat":
             inline_tags = tags if parsed.inline_reasoning else None
             body = {

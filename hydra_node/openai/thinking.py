@@ -26,14 +26,16 @@ from hydra_node.api.errors import bad
 from hydra_node.api.reasoning import effort_fields, thinking_fields
 from hydra_node.inference import ModelCaps
 
-__all__ = ["REASONING_FORMATS", "Tags", "InlineThoughts", "inline", "reasoning_request", "tags_of"]
+__all__ = ["REASONING_FORMATS", "THINK_TAGS", "Tags", "InlineThoughts", "inline", "reasoning_request", "tags_of"]
 
 #: llama-server's per-request ``reasoning_format`` values we honour (``auto`` = ``deepseek``).
 REASONING_FORMATS = ("none", "auto", "deepseek")
 #: Where a model's thoughts start and end in its own text.
 Tags = tuple[str, str]
+#: The tags of the "think" format: how thoughts are written back into text where they must be inline.
+THINK_TAGS: Tags = ("<think>", "</think>")
 _TAGS: dict[str, Tags] = {
-    "think": ("<think>", "</think>"),
+    "think": THINK_TAGS,
     "gpt-oss": ("<|channel|>analysis<|message|>", "<|end|>"),
 }
 

@@ -57,7 +57,7 @@ from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.routing.target import OpenGeneration, RouteTarget, TargetState
 from hydra_node.routing.serving import serve_while_requester_stays
 from hydra_node.routing.target_wait import MeshView
-from hydra_node.runtime.hosting.caps_wire import parse_caps_extra
+from hydra_node.runtime.hosting.caps_wire import PeerCaps, parse_caps_extra
 
 __all__ = [
     "MAX_GENERATE_BODY_BYTES",
@@ -200,7 +200,9 @@ class RemoteGeneration:
         self._tokenize_remote = tokenize_remote
         #: announced ``model_caps`` entries dropped as malformed (``/api/status`` routing, runtime/hosting/caps_wire.py)
         self.malformed_caps = 0
-        self._caps_seen: dict[str, tuple] = {}  # peer -> the announcement whose malformed caps were counted
+        #: peer -> (the announcement's version, its parsed caps): parsed (and malformed entries
+        #: counted) once per announcement, not at every listing
+        self._caps_seen: dict[str, tuple[tuple[int, int], PeerCaps]] = {}
         self._opened = self._served = self._errors = self._bad_requests = 0
         self._reserved_seen: dict[str, tuple[int, int]] = {}  # peer -> announcement that named a reserved id
         self._reserved_ignored = 0
@@ -240,9 +242,12 @@ class RemoteGeneration:
                 continue
             link = self._mesh.link(peer_id)
             rtt = link.rtt_ms if link is not None and link.rtt_ms is not None else UNLINKED_RTT_MS
-            caps = parse_caps_extra(ann.extra)
-            if caps.malformed and self._caps_seen.get(peer_id) != ann.version_key():  # counted once per announcement
-                self._caps_seen[peer_id] = ann.version_key()
+            seen = self._caps_seen.get(peer_id)
+            if seen is not None and seen[0] == ann.version_key():
+                caps = seen[1]
+            else:
+                caps = parse_caps_extra(ann.extra)
+                self._caps_seen[peer_id] = (ann.version_key(), caps)
                 self.malformed_caps += caps.malformed
             for m in ann.models:
                 if m.id in RESERVED_MODEL_IDS:

@@ -105,7 +105,7 @@ class RemoteEmbeddings:
                         started = True
                         result = reply.feed(msg)  # RemoteError for the peer's error or anything malformed
                         if result is not None:
-                            await _drain(stream)
+                            await drain_reply(stream)
                             return result
         except MeshError as exc:  # reset, link closed, too many streams
             if result is not None:
@@ -179,7 +179,7 @@ class RemoteEmbeddings:
             pass
 
 
-async def _drain(stream: LinkStream) -> None:
+async def drain_reply(stream: LinkStream) -> None:
     """Read the host's end of stream after a complete reply, for a clean close (bounded); a reset or a
     closed link now changes nothing: the answer is complete."""
     with trio.CancelScope(shield=True), trio.move_on_after(STREAM_CLOSE_TIMEOUT_S):

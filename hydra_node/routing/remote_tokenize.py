@@ -38,6 +38,7 @@ from hydra_node.mesh.link.peer_link import PeerLink
 from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError, StreamReset
 from hydra_node.routing.serving import serve_while_requester_stays
+from hydra_node.routing.remote_embed import REQUEST_READ_TIMEOUT_S, drain_reply
 
 __all__ = [
     "MAX_TOKENIZE_REPLY_BYTES",
@@ -55,10 +56,6 @@ TOKENIZE_KIND = "tokenize"
 MAX_TOKENIZE_REQUEST_BYTES = 12 * 1024 * 1024
 #: Largest reply frame: a runner-channel frame (16 MiB) and a margin for the host's ``served_by``.
 MAX_TOKENIZE_REPLY_BYTES = 16 * 1024 * 1024 + 4096
-#: How long a host waits for the request frame after the stream opened.
-REQUEST_READ_TIMEOUT_S = 30.0
-#: Bound on closing a stream (reading the other side's end of stream).
-STREAM_CLOSE_TIMEOUT_S = 2.0
 
 Tokenize = Callable[[TokenizeRequest], Awaitable[TokenizeResult]]
 #: ``local_tokenize(model_id)``: how to tokenize with a model this node hosts, None if it hosts none.
@@ -118,7 +115,7 @@ class RemoteTokenizer:
                         raise MalformedRemoteEvent(f"bad frame ({exc.code}): {exc}", code="bad_frame") from None
                     if msg is not None:
                         result = reply_from_frame(msg)
-                        await _drain(stream)
+                        await drain_reply(stream)
                         return result
         except MeshError as exc:  # reset, link closed, too many streams
             if result is not None:
@@ -188,15 +185,5 @@ class RemoteTokenizer:
         try:
             await stream.send(encode_message(error_message(err), limit=MAX_TOKENIZE_REPLY_BYTES))
             await stream.send_eof()
-        except (StreamReset, LinkClosed):
-            pass
-
-
-async def _drain(stream: LinkStream) -> None:
-    """Read the host's end of stream after a complete reply, for a clean close (bounded)."""
-    with trio.CancelScope(shield=True), trio.move_on_after(STREAM_CLOSE_TIMEOUT_S):
-        try:
-            while await stream.receive():
-                pass
         except (StreamReset, LinkClosed):
             pass

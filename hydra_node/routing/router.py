@@ -41,7 +41,7 @@ from hydra_node.inference import (
     TokenizeRequest,
     TokenizeResult,
 )
-from hydra_node.routing.capable import capability_refusal, serves
+from hydra_node.routing.capable import capability_refusal, needed, serves
 from hydra_node.routing.route_events import DECISION_INTERVAL_S, RequestReport, decision_fields
 from hydra_node.routing.target import EmbedFn, OpenGeneration, RouteTarget, TargetSource, TargetState
 from hydra_node.routing.target_wait import MeshView, Routable, WaitOutcome, expected_back, wait_step
@@ -171,6 +171,7 @@ class Router:
     def models(self) -> list[ModelListing]:
         by_id: dict[str, ModelListing] = {}
         ready: dict[str, list[RouteTarget]] = {}
+        per_model: dict[str, list[RouteTarget]] = {}
         now = time.monotonic()
         targets = self.all_targets()
         for t in targets:
@@ -180,10 +181,11 @@ class Router:
             m = by_id.setdefault(t.model, ModelListing(t.model))
             m.hosts.append(t.node_id)
             m.states[t.node_id] = t.state
+            per_model.setdefault(t.model, []).append(t)
             if t.state == TargetState.READY:
                 ready.setdefault(t.model, []).append(t)
         for m in by_id.values():
-            m.caps = _caps_of([t for t in targets if t.model == m.id])
+            m.caps = _caps_of(per_model[m.id])
         try:
             clock: float | None = trio.current_time()
         except RuntimeError:  # listed outside trio (a test, a tool): nothing to record
@@ -343,9 +345,10 @@ class Router:
     async def _generate(
         self, req: GenerationRequest, report: RequestReport
     ) -> AsyncIterator[RoutedEvents[GenerationEvent]]:
-        refused = capability_refusal(req, [t for t in self.all_targets() if t.model == req.model])
-        if refused is not None:  # no target reports what the request needs (an older one would ignore it)
-            raise refused
+        if needed(req):  # a plain request needs nothing: no extra scan of the targets
+            refused = capability_refusal(req, [t for t in self.all_targets() if t.model == req.model])
+            if refused is not None:  # no target reports what the request needs (an older one would ignore it)
+                raise refused
         candidates, listed = self._lookup(req.model, req)
         announced = False  # request.waiting emitted for this request
         if not candidates:
@@ -707,8 +710,7 @@ async def _first_event(events: AsyncIterator[GenerationEvent]) -> GenerationEven
 def _caps_of(targets: list[RouteTarget]) -> ModelCaps:
     """The first capabilities reported among one model's ``targets``: local first, ready ones before
     the others, then the fixed rule's order; :data:`NO_CAPS` when none reports any."""
-    ranked = sorted(targets, key=lambda t: (t.state != TargetState.READY, _fixed_rule(t)))
-    ranked.sort(key=lambda t: not t.local)  # stable: this node's own runner before any peer
+    ranked = sorted(targets, key=lambda t: (not t.local, t.state != TargetState.READY, _fixed_rule(t)))
     return next((t.caps for t in ranked if t.caps is not None), NO_CAPS)
 
 

@@ -71,7 +71,13 @@ def test_remote_targets_carry_the_announced_identity(ident):
     class Mesh:
         def members(self):
             return {
-                A: SimpleNamespace(role="host", queue_depth=0, models=(ModelEntry("m", "ready", 1, ident),), extra={})
+                A: SimpleNamespace(
+                    role="host",
+                    queue_depth=0,
+                    models=(ModelEntry("m", "ready", 1, ident),),
+                    extra={},
+                    version_key=lambda: (1, 0),
+                )
             }
 
         def member_states(self, now):

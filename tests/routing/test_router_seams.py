@@ -142,7 +142,11 @@ def test_target_states_cover_the_runner_states_and_unknown_ones_are_safe():
 
 def _member(state: str, role: str = "host"):
     return SimpleNamespace(
-        role=role, queue_depth=0, models=(SimpleNamespace(id=MODEL, state=state, free_slots=1, ident=None),), extra={}
+        role=role,
+        queue_depth=0,
+        models=(SimpleNamespace(id=MODEL, state=state, free_slots=1, ident=None),),
+        extra={},
+        version_key=lambda: (1, 0),
     )
 
 

@@ -50,6 +50,7 @@ from hydra_node.runtime.child.embed import Embedder
 from hydra_node.runtime.child.chat_prompt import ChatTemplate, InvalidPrompt, completion_token_ids
 from hydra_node.inference.capabilities import ModelCaps
 from hydra_node.runtime.child.process import die_with_parent
+from hydra_node.runtime.runner.records import REASONING_FORMAT_SETTINGS
 from hydra_node.runtime.child.vocab_ops import TokenizerThread, fim_tokens, infill_layout, tokenize_answer
 
 #: The prompt decoded before reporting ready (compute buffers allocated, weights faulted in).
@@ -78,12 +79,22 @@ class Channel:
             self.decoder.receive_data(data)
 
 
-def _chat_formatter(llm) -> ChatTemplate:
-    """The model's GGUF chat template, compiled and probed once (ChatML when it has none)."""
+def reasoning_override(setting: str) -> str:
+    """``--reasoning-format`` (:data:`REASONING_FORMAT_SETTINGS`) as ``ChatTemplate``'s and
+    ``detect``'s ``reasoning_format`` / ``override``: "none" is their "" (not a reasoning model)."""
+    if setting not in REASONING_FORMAT_SETTINGS:
+        raise ValueError(f"reasoning format {setting!r:.40}: not one of {', '.join(REASONING_FORMAT_SETTINGS)}")
+    return "" if setting == "none" else setting
+
+
+def _chat_formatter(llm, reasoning_format: str = "auto") -> ChatTemplate:
+    """The model's GGUF chat template, compiled and probed once (ChatML when it has none);
+    ``reasoning_format``: the ``--reasoning-format`` setting (:func:`reasoning_override`)."""
     eos_id, bos_id = llm.token_eos(), llm.token_bos()
     eos = llm._model.token_get_text(eos_id) if eos_id != -1 else ""
     bos = llm._model.token_get_text(bos_id) if bos_id != -1 else ""
-    return ChatTemplate(llm.metadata.get("tokenizer.chat_template") or None, bos_token=bos, eos_token=eos)
+    template = llm.metadata.get("tokenizer.chat_template") or None
+    return ChatTemplate(template, bos_token=bos, eos_token=eos, reasoning_format=reasoning_override(reasoning_format))
 
 
 class Runner:
@@ -152,7 +163,7 @@ class Runner:
         }
         self.load_s = time.monotonic() - t0
         self.n_ctx = self.llm.n_ctx()
-        self.formatter = _chat_formatter(self.llm)
+        self.formatter = _chat_formatter(self.llm, self.args.reasoning_format)
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
         self.n_layers = int(llama_cpp.llama_model_n_layer(self.llm._model.model))
         self.is_eog = lambda tok: bool(llama_cpp.llama_vocab_is_eog(self.vocab, tok))
@@ -246,11 +257,10 @@ class Runner:
     def model_caps(self) -> ModelCaps:
         """What the model can do (the ready message's ``caps``): its reasoning format from the chat
         template (inference/reasoning.py: probed by rendering its generation prompt with the thinking
-        switch unset, on and off), fill-in-the-middle from the vocabulary."""
-        from hydra_node.inference.reasoning import detect
+        switch unset, on and off; or ``--reasoning-format``), fill-in-the-middle from the vocabulary."""
+        import dataclasses
 
-        template = self.llm.metadata.get("tokenizer.chat_template") or None
-        return detect(template, render=self.formatter.generation_prompt, fim=self.fim is not None)
+        return dataclasses.replace(self.formatter.reasoning, fim=self.fim is not None)
 
     def prompt_tokens(self, req: dict) -> list[int]:
         """The request's prompt as tokens (chat_prompt.py); :class:`InvalidPrompt` (400) when it cannot be one."""
@@ -333,7 +343,8 @@ def _reader(ch: Channel, runner: Runner, work: "queue.Queue", tokenizer: Tokeniz
     work.put(None)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The runner's command line, as :func:`hydra_node.runtime.runner.argv.runner_argv` writes it."""
     p = argparse.ArgumentParser(prog="hydra-node runner", description="Hydra model runner (internal)")
     p.add_argument("--fd", type=int, required=True)
     p.add_argument("--model", required=True)
@@ -387,6 +398,13 @@ def main(argv=None) -> int:
     )
     p.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up decode")
     p.add_argument(
+        "--reasoning-format",
+        choices=REASONING_FORMAT_SETTINGS,
+        default="auto",
+        help="the model's reasoning format: auto (from its chat template), none (not a reasoning model), "
+        "think or gpt-oss ([defaults.model_fit] reasoning_format; docs/reasoning.md)",
+    )
+    p.add_argument(
         "--prompt-cache-ram-mb",
         type=int,
         default=0,
@@ -431,7 +449,11 @@ def main(argv=None) -> int:
         help="the batch engine with one slot, whatever --parallel says ([defaults.throughput].continuous_batching)",
     )
     add_runner_args(p)  # --draft-endpoint / --draft-model (docs/speculative.md)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the node decides when we stop
     sock = socket.socket(fileno=args.fd)

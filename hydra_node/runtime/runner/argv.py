@@ -47,6 +47,8 @@ def runner_argv(s: RunnerSettings, model: ModelRef, fd: int, home: Path | None =
         s.type_v,
         "--mmap",
         s.mmap,
+        "--reasoning-format",
+        s.reasoning_format,
     ]
     argv += ["--parallel", str(s.parallel)]
     if not s.continuous_batching:

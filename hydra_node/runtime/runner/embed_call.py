@@ -20,7 +20,7 @@ import trio
 from hydra_node.inference import EmbeddingAssembler, EmbeddingRequest, EmbeddingResult, GenerationError, QueueFull
 from hydra_node.runtime.runner.records import RunnerCrashed, RunnerStalled
 
-__all__ = ["EMBEDS_IN_FLIGHT", "RunnerEmbeddings", "end_call", "next_frame"]
+__all__ = ["EMBEDS_IN_FLIGHT", "GatedCall", "RunnerEmbeddings", "end_call", "next_frame"]
 
 #: Embedding requests one runner child holds at once.
 EMBEDS_IN_FLIGHT = 2
@@ -30,15 +30,22 @@ REPLY_BUFFER = 16
 CANCEL_SEND_TIMEOUT_S = 2.0
 
 
-class RunnerEmbeddings:
-    def __init__(self, sup) -> None:
+class GatedCall:
+    """One kind of side request over a runner's channel (embeddings, the tokenizer): at most
+    ``in_flight`` in the child, up to the runner's ``queue_size`` waiting here (then 429), counted;
+    a subclass's ``_exchange`` does the one call."""
+
+    def __init__(self, sup, in_flight: int) -> None:
         self._sup = sup
-        self._gate = trio.Semaphore(EMBEDS_IN_FLIGHT)
+        self._gate = trio.Semaphore(in_flight)
         self.waiting = 0
         self.served = 0
         self.failed = 0
 
-    async def embed(self, req: EmbeddingRequest) -> EmbeddingResult:
+    async def _exchange(self, req):  # pragma: no cover - every subclass has its own
+        raise NotImplementedError
+
+    async def _call(self, req):
         sup = self._sup
         sup._check_available()
         if self.waiting >= sup.settings.queue_size:
@@ -58,6 +65,15 @@ class RunnerEmbeddings:
             raise
         finally:
             self._gate.release()
+
+
+class RunnerEmbeddings(GatedCall):
+    def __init__(self, sup) -> None:
+        super().__init__(sup, EMBEDS_IN_FLIGHT)
+
+    async def embed(self, req: EmbeddingRequest) -> EmbeddingResult:
+        result: EmbeddingResult = await self._call(req)
+        return result
 
     async def _exchange(self, req: EmbeddingRequest) -> EmbeddingResult:
         sup = self._sup

@@ -16,6 +16,7 @@ from hydra_node.runtime.child.stats import EngineStatistics
 from hydra_node.statemachine import StateTable
 
 __all__ = [
+    "REASONING_FORMAT_SETTINGS",
     "RUNNER_MACHINE",
     "RUNNER_TRANSITIONS",
     "RequestStats",
@@ -133,6 +134,13 @@ class RunnerLoadError(Exception):
     """The model could not be loaded at all (bad file, no memory, no RPC support)."""
 
 
+#: ``[defaults.model_fit].reasoning_format`` (the runner's ``--reasoning-format``), as llama-server's
+#: flag of that name: "auto" = detected from the chat template; "none" = the model is treated as not
+#: reasoning (no split, thoughts stay in the answer); "think" / "gpt-oss" = that format, whatever the
+#: template says (docs/reasoning.md "Override").
+REASONING_FORMAT_SETTINGS = ("auto", "none", "think", "gpt-oss")
+
+
 @dataclass(frozen=True)
 class RunnerSettings:
     n_ctx: int = 4096
@@ -168,6 +176,8 @@ class RunnerSettings:
     #: The prompt cache's tiers ([defaults.model_fit.prefix_cache] ram_mb, disk_gb; 0 = off; docs/prompt-cache.md).
     prompt_cache_ram_mb: int = 1024
     prompt_cache_disk_gb: float = 8.0
+    #: How the model's reasoning is delimited (:data:`REASONING_FORMAT_SETTINGS`; "auto": detected).
+    reasoning_format: str = "auto"
     #: A runner put in state failed by a crash loop is tried again after this long (0 = never):
     #: whatever broke it (memory pressure, a lost RPC worker) may have passed.
     failed_retry_s: float = 300.0

@@ -18,9 +18,9 @@ from dataclasses import replace
 
 import trio
 
-from hydra_node.inference import GenerationError, QueueFull, TokenizeRequest, TokenizeResult, remote_error_from_wire
+from hydra_node.inference import TokenizeRequest, TokenizeResult, remote_error_from_wire
 from hydra_node.runtime.child.channel import RunnerProtocolError
-from hydra_node.runtime.runner.embed_call import end_call, next_frame
+from hydra_node.runtime.runner.embed_call import GatedCall, end_call, next_frame
 
 __all__ = ["TOKENIZE_IN_FLIGHT", "RunnerTokenizer"]
 
@@ -28,34 +28,13 @@ __all__ = ["TOKENIZE_IN_FLIGHT", "RunnerTokenizer"]
 TOKENIZE_IN_FLIGHT = 4
 
 
-class RunnerTokenizer:
+class RunnerTokenizer(GatedCall):
     def __init__(self, sup) -> None:
-        self._sup = sup
-        self._gate = trio.Semaphore(TOKENIZE_IN_FLIGHT)
-        self.waiting = 0
-        self.served = 0
-        self.failed = 0
+        super().__init__(sup, TOKENIZE_IN_FLIGHT)
 
     async def tokenize(self, req: TokenizeRequest) -> TokenizeResult:
-        sup = self._sup
-        sup._check_available()
-        if self.waiting >= sup.settings.queue_size:
-            raise QueueFull(sup.model.id)
-        self.waiting += 1
-        try:
-            await self._gate.acquire()
-        finally:
-            self.waiting -= 1
-        try:
-            sup._check_available()
-            result = await self._exchange(req)
-            self.served += 1
-            return result
-        except GenerationError:
-            self.failed += 1
-            raise
-        finally:
-            self._gate.release()
+        result: TokenizeResult = await self._call(req)
+        return result
 
     async def _exchange(self, req: TokenizeRequest) -> TokenizeResult:
         sup = self._sup

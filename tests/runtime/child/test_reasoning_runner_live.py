@@ -77,3 +77,17 @@ async def test_a_thinking_model_through_a_real_runner(tmp_path) -> None:
             await nursery.start(sup.run)
             await check()
             nursery.cancel_scope.cancel()
+
+
+async def test_reasoning_format_none_makes_the_thinking_model_not_reasoning(tmp_path) -> None:
+    """``[defaults.model_fit] reasoning_format = "none"``: the ready message's caps say the model does
+    not reason, and its thoughts stay in the answer text (no split; docs/reasoning.md "Override")."""
+    settings = RunnerSettings(n_ctx=256, warmup=False, reasoning_format="none")
+    sup = RunnerSupervisor(ModelRef("thinking", thinking_model()), tmp_path, settings, node_id="n")
+    with trio.fail_after(TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sup.run)
+            assert sup.caps is not None and not sup.caps.reasons and not sup.caps.switch
+            reasoning, text, fin, _ = await run(sup, chat(max_tokens=4))
+            assert (reasoning, fin.reasoning_tokens) == ("", 0) and text  # the generation prompt opened <think>
+            nursery.cancel_scope.cancel()

@@ -189,6 +189,9 @@ class PromptStore(Generic[V]):
         used), when that beats ``better_than`` (what a slot already offers) by ``min_tokens``; RAM wins
         a tie.  Counts a hit (the caller restores it) or a miss."""
         best: TierHit | None = None
+        if min(limit, len(prompt)) < max(better_than + self.min_tokens, self.min_tokens):
+            self._counts[2] += 1  # no entry could share enough: the scan is skipped
+            return None
         if prompt and self.enabled:
             for name, tier in (("ram", self.ram), ("disk", self.disk)):
                 for k, held in tier.entries():

@@ -51,7 +51,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
-from hydra_node.runtime.child.engine.prompt_store import TierHit
+from hydra_node.runtime.child.engine.prompt_store import TierHit, common_prefix
 
 from hydra_node.runtime.child.engine.slot_types import (
     MAX_SLOTS,
@@ -542,12 +542,3 @@ class SlotScheduler:
     @property
     def idle(self) -> bool:
         return not self._active and not self._waiting
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
