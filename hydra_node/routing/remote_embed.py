@@ -153,30 +153,43 @@ class RemoteEmbeddings:
 
     async def _read_request(self, stream: LinkStream) -> EmbeddingRequest | None:
         """The request frame; InvalidRequest for a malformed one; None when the peer sent none in time."""
-        decoder = MessageDecoder(MAX_EMBED_REQUEST_BYTES)
-        with trio.move_on_after(REQUEST_READ_TIMEOUT_S):
-            while True:
-                data = await stream.receive()
-                if not data:
-                    raise InvalidRequest("the embed stream ended before its request")
-                decoder.receive_data(data)
-                try:
-                    msg = decoder.next_message()
-                except DecodeError as exc:
-                    raise InvalidRequest(f"bad request frame ({exc.code}): {exc}") from None
-                if msg is not None:
-                    if msg["op"] != "embed":
-                        raise InvalidRequest(f"unexpected {msg['op']!r:.40} on an embed stream")
-                    return EmbeddingRequest.from_wire(msg.get("req"))
-        await stream.reset("timeout", "no embedding request")
-        return None
+        wire = await read_request(stream, "embed", MAX_EMBED_REQUEST_BYTES)
+        return None if wire is None else EmbeddingRequest.from_wire(wire)
 
     async def _send_error(self, stream: LinkStream, err: GenerationError) -> None:
-        try:
-            await stream.send(encode_message(error_message(err), limit=MAX_EMBED_FRAME_BYTES))
-            await stream.send_eof()
-        except (StreamReset, LinkClosed):
-            pass
+        await send_error(stream, err, MAX_EMBED_FRAME_BYTES)
+
+
+async def read_request(stream: LinkStream, op: str, limit: int) -> Any:
+    """A side stream's one request frame (``{"op": op, "req": ...}``, at most ``limit`` bytes): its
+    ``req``, unchecked; InvalidRequest for a malformed frame; None (the stream reset) when the peer
+    sent none within REQUEST_READ_TIMEOUT_S."""
+    decoder = MessageDecoder(limit)
+    with trio.move_on_after(REQUEST_READ_TIMEOUT_S):
+        while True:
+            data = await stream.receive()
+            if not data:
+                raise InvalidRequest(f"the {op} stream ended before its request")
+            decoder.receive_data(data)
+            try:
+                msg = decoder.next_message()
+            except DecodeError as exc:
+                raise InvalidRequest(f"bad request frame ({exc.code}): {exc}") from None
+            if msg is not None:
+                if msg["op"] != op:
+                    raise InvalidRequest(f"unexpected {msg['op']!r:.40} on the {op} stream")
+                return msg.get("req")
+    await stream.reset("timeout", f"no {op} request")
+    return None
+
+
+async def send_error(stream: LinkStream, err: GenerationError, limit: int) -> None:
+    """``err`` as a side stream's last frame (a stream the requester already reset: nothing)."""
+    try:
+        await stream.send(encode_message(error_message(err), limit=limit))
+        await stream.send_eof()
+    except (StreamReset, LinkClosed):
+        pass
 
 
 async def drain_reply(stream: LinkStream) -> None:

@@ -20,7 +20,6 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import trio
 
 from hydra_node.codec.errors import DecodeError, EncodeError
 from hydra_node.codec.framing import MessageDecoder, encode_message
@@ -31,14 +30,13 @@ from hydra_node.inference import (
     ModelUnavailable,
     TokenizeRequest,
     TokenizeResult,
-    error_message,
     remote_error_from_wire,
 )
 from hydra_node.mesh.link.peer_link import PeerLink
 from hydra_node.mesh.link.stream import LinkStream
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError, StreamReset
 from hydra_node.routing.serving import serve_while_requester_stays
-from hydra_node.routing.remote_embed import REQUEST_READ_TIMEOUT_S, drain_reply
+from hydra_node.routing.remote_embed import drain_reply, read_request, send_error
 
 __all__ = [
     "MAX_TOKENIZE_REPLY_BYTES",
@@ -163,27 +161,8 @@ class RemoteTokenizer:
 
     async def _read_request(self, stream: LinkStream) -> TokenizeRequest | None:
         """The request frame; InvalidRequest for a malformed one; None when the peer sent none in time."""
-        decoder = MessageDecoder(MAX_TOKENIZE_REQUEST_BYTES)
-        with trio.move_on_after(REQUEST_READ_TIMEOUT_S):
-            while True:
-                data = await stream.receive()
-                if not data:
-                    raise InvalidRequest("the tokenize stream ended before its request")
-                decoder.receive_data(data)
-                try:
-                    msg = decoder.next_message()
-                except DecodeError as exc:
-                    raise InvalidRequest(f"bad request frame ({exc.code}): {exc}") from None
-                if msg is not None:
-                    if msg["op"] != "tokenize":
-                        raise InvalidRequest(f"unexpected {msg['op']!r:.40} on a tokenize stream")
-                    return TokenizeRequest.from_wire(msg.get("req"))
-        await stream.reset("timeout", "no tokenize request")
-        return None
+        wire = await read_request(stream, "tokenize", MAX_TOKENIZE_REQUEST_BYTES)
+        return None if wire is None else TokenizeRequest.from_wire(wire)
 
     async def _send_error(self, stream: LinkStream, err: GenerationError) -> None:
-        try:
-            await stream.send(encode_message(error_message(err), limit=MAX_TOKENIZE_REPLY_BYTES))
-            await stream.send_eof()
-        except (StreamReset, LinkClosed):
-            pass
+        await send_error(stream, err, MAX_TOKENIZE_REPLY_BYTES)
