@@ -270,6 +270,7 @@ class RemoteGeneration:
                         free_slots=m.free_slots,
                         embed=None if self._embed_remote is None else partial(self._embed_remote, peer_id),
                         identity=m.ident,
+                        linked=link is not None,
                         caps=caps.models.get(m.id),
                         # a peer that announces capabilities knows the tokenize stream (an older one neither)
                         tokenize=(

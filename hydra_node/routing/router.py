@@ -373,6 +373,7 @@ class Router:
         attempt, at = 0, 0
         target = candidates[0]
         unreachable: set[str] = set()  # peers this request could not reach
+        unlinked: set[str] = set()  # of those, the ones without a link then: they may be linked soon
         waited_again = False  # the one wait after a failure before the first event
         while True:
             yielded = False
@@ -397,6 +398,8 @@ class Router:
                 unreached = exc.code == "model_unavailable" and not target.local
                 if unreached:
                     unreachable.add(target.node_id)
+                    if not target.linked:
+                        unlinked.add(target.node_id)
                 if not exc.retry_elsewhere or yielded or (attempt and not unreached):
                     raise
                 if at + 1 < len(candidates):
@@ -407,11 +410,16 @@ class Router:
                     # event, or no peer could be reached (one that just died is still listed): wait for
                     # a target, one of a peer this request could not reach aside
                     waited_again = True
-                    skip = frozenset(unreachable)
+                    skip, back = frozenset(unreachable), frozenset(unlinked)
 
-                    def look(skip: frozenset[str] = skip) -> tuple[list[RouteTarget], list[RouteTarget]]:
+                    def look(
+                        skip: frozenset[str] = skip, back: frozenset[str] = back
+                    ) -> tuple[list[RouteTarget], list[RouteTarget]]:
+                        """Ready targets, less the peers this request could not reach, unless one had no
+                        link then and has one now (a relayed link comes up after the peer is listed)."""
                         ready, listed = self._lookup(req.model, req)
-                        return [t for t in ready if t.local or t.node_id not in skip], listed
+                        ok = [t for t in ready if t.local or t.node_id not in skip or (t.node_id in back and t.linked)]
+                        return ok, listed
 
                     found, _, outcome, _ = await self._wait_for_target(
                         req.model, look, continuation=False, announce=not announced

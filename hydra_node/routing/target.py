@@ -86,6 +86,9 @@ class RouteTarget:
     #: (:mod:`hydra_node.routing.capable`).
     caps: ModelCaps | None = None
     tokenize: TokenizeFn | None = None  # None: cannot tokenize (an older peer)
+    #: A link to the peer is up now (local: always). A request that could not reach an unlinked
+    #: peer may try it again once it is linked (a relayed link coming up a moment later).
+    linked: bool = True
 
     @property
     def busy(self) -> bool:

@@ -291,6 +291,31 @@ async def test_a_request_whose_only_peer_just_died_waits_for_another_host(autoju
     assert trio.current_time() - t0 >= 5 and r.statistics().target_waits["routed"] == 1
 
 
+async def test_a_peer_unreachable_before_its_relayed_link_is_tried_again_once_linked(autojump_clock):
+    """A NATted host is listed (gossip through a relay) before the relayed link to it is up: the
+    first open fails unreachable; once linked it serves the request (it used to be skipped for the
+    whole wait, and the request waited out target_wait_s)."""
+    from hydra_node.inference import ModelUnavailable
+
+    def unreachable() -> GenerationError:
+        return ModelUnavailable(f"peer {A[:16]} is unreachable: no link to peer {A[:16]}")
+
+    before, after = Host(fail_at_open=True, fail=unreachable), Host(name=A)
+    t0 = trio.current_time()
+
+    @dataclass
+    class Mesh:  # the relayed link to A comes up 1 s in
+        def targets(self) -> list[RouteTarget]:
+            linked = trio.current_time() - t0 >= 1
+            host = after if linked else before
+            return [RouteTarget(MODEL, A, False, host.open, identity="i1", linked=linked)]
+
+    r, _ = router(Mesh())
+    events, served_by, _ = await run(r)
+    assert text_of(events) == REFERENCE and served_by == A and (len(before.got), len(after.got)) == (1, 1)
+    assert 1 <= trio.current_time() - t0 < 5
+
+
 async def test_a_remote_host_whose_runner_was_killed_is_not_asked_again(autojump_clock):
     a, b = Host(fail_after=3, fail=killed), Host()
     r, _ = router(Source([RouteTarget(MODEL, A, False, a.open, identity="i1")]), wait_s=2)
