@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -124,13 +126,11 @@ class MeshPair(NamedTuple):
 MESH_JOIN_TIMEOUT_S = 60.0
 
 
-@pytest.fixture(scope="session")
-def shared_mesh(tmp_path_factory) -> MeshPair:
-    """Two real nodes for the whole run, for test modules that send requests through a mesh and
-    change nothing in it: ``host`` serves the bundled model (defaults otherwise), ``front`` hosts
-    nothing and joined it, and sees the host's model alive before this returns."""
-    root = tmp_path_factory.mktemp("shared-mesh")
-    host = NodeProcess(root / "host", "--name", "host")
+@contextmanager
+def _mesh_pair(root: Path, model: str, *host_args: str) -> Iterator[MeshPair]:
+    """``host`` (with ``host_args``) and ``front`` (hosts nothing, joined it), returned once the
+    front sees ``model`` alive on the host; both killed on the way out."""
+    host = NodeProcess(root / "host", "--name", "host", *host_args)
     front = NodeProcess(root / "front", "--no-model", "--name", "front")
     try:
         host.start()
@@ -138,16 +138,23 @@ def shared_mesh(tmp_path_factory) -> MeshPair:
         front.start()
         host_id = host.status()["node_id"]
         front.wait_status(
-            lambda st: any(
-                p["id"] == host_id and p["state"] == "alive" and BUNDLED_MODEL_ID in p["models"] for p in st["peers"]
-            ),
+            lambda st: any(p["id"] == host_id and p["state"] == "alive" and model in p["models"] for p in st["peers"]),
             timeout=MESH_JOIN_TIMEOUT_S,
-            what="the front sees the host's model",
+            what=f"the front sees the host's model {model}",
         )
         yield MeshPair(host, front, host_id)
     finally:
         front.kill_all()
         host.kill_all()
+
+
+@pytest.fixture(scope="session")
+def shared_mesh(tmp_path_factory) -> Iterator[MeshPair]:
+    """Two real nodes for the whole run, for test modules that send requests through a mesh and
+    change nothing in it: ``host`` serves the bundled model (defaults otherwise), ``front`` hosts
+    nothing and joined it, and sees the host's model alive before this returns."""
+    with _mesh_pair(tmp_path_factory.mktemp("shared-mesh"), BUNDLED_MODEL_ID) as pair:
+        yield pair
 
 
 #: The id the thinking fixture is served under in ``thinking_mesh``.
@@ -155,30 +162,14 @@ THINKING_MODEL_ID = "thinking"
 
 
 @pytest.fixture(scope="session")
-def thinking_mesh(tmp_path_factory) -> MeshPair:
+def thinking_mesh(tmp_path_factory) -> Iterator[MeshPair]:
     """Like `shared_mesh`, with the thinking fixture (tests/fixtures/models.py: the bundled SmolLM2
     with a Qwen3-style template whose generation prompt opens ``<think>``) as the host's one model,
     served as ``THINKING_MODEL_ID``: for the modules that read a reasoning model's thoughts through a
     node that does not host it (tests/clients, tests/anthropic), so the run starts this mesh once."""
     root = tmp_path_factory.mktemp("thinking-mesh")
-    host = NodeProcess(root / "host", "--name", "host", "--model", f"{THINKING_MODEL_ID}={thinking_model()}")
-    front = NodeProcess(root / "front", "--no-model", "--name", "front")
-    try:
-        host.start()
-        front.args += ["--join", host.invite()]
-        front.start()
-        host_id = host.status()["node_id"]
-        front.wait_status(
-            lambda st: any(
-                p["id"] == host_id and p["state"] == "alive" and THINKING_MODEL_ID in p["models"] for p in st["peers"]
-            ),
-            timeout=MESH_JOIN_TIMEOUT_S,
-            what="the front sees the thinking model",
-        )
-        yield MeshPair(host, front, host_id)
-    finally:
-        front.kill_all()
-        host.kill_all()
+    with _mesh_pair(root, THINKING_MODEL_ID, "--model", f"{THINKING_MODEL_ID}={thinking_model()}") as pair:
+        yield pair
 
 
 def is_root() -> bool:

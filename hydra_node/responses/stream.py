@@ -173,6 +173,12 @@ class ResponseEventStream:
         self.output.append(item)
         return [
             self._event("response.reasoning_text.done", item_id=item_id, output_index=idx, content_index=0, text=text),
+            *self._item_done(item_id, idx, item),
+        ]
+
+    def _item_done(self, item_id: str, idx: int, item: dict) -> list[dict]:
+        """The end of an output item of one content part: the part done, then the item done."""
+        return [
             self._event(
                 "response.content_part.done",
                 item_id=item_id,
@@ -204,14 +210,7 @@ class ResponseEventStream:
                 text=text,
                 logprobs=delta_logprobs(self._lps),
             ),
-            self._event(
-                "response.content_part.done",
-                item_id=item_id,
-                output_index=idx,
-                content_index=0,
-                part=item["content"][0],
-            ),
-            self._event("response.output_item.done", output_index=idx, item=item),
+            *self._item_done(item_id, idx, item),
         ]
 
     def text(self, delta: str, logprobs: Sequence[TokenLogprob] = ()) -> list[dict]:

@@ -15,6 +15,9 @@ malformed reply is a 502; the child's own error keeps its status, e.g. 400
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import trio
 
 from hydra_node.inference import EmbeddingAssembler, EmbeddingRequest, EmbeddingResult, GenerationError, QueueFull
@@ -33,7 +36,7 @@ CANCEL_SEND_TIMEOUT_S = 2.0
 class GatedCall:
     """One kind of side request over a runner's channel (embeddings, the tokenizer): at most
     ``in_flight`` in the child, up to the runner's ``queue_size`` waiting here (then 429), counted;
-    a subclass's ``_exchange`` does the one call."""
+    :meth:`_call` runs the one exchange it is given under those rules."""
 
     def __init__(self, sup, in_flight: int) -> None:
         self._sup = sup
@@ -42,10 +45,7 @@ class GatedCall:
         self.served = 0
         self.failed = 0
 
-    async def _exchange(self, req):  # pragma: no cover - every subclass has its own
-        raise NotImplementedError
-
-    async def _call(self, req):
+    async def _call(self, exchange: Callable[[Any], Awaitable[Any]], req: Any) -> Any:
         sup = self._sup
         sup._check_available()
         if self.waiting >= sup.settings.queue_size:
@@ -57,7 +57,7 @@ class GatedCall:
             self.waiting -= 1
         try:
             sup._check_available()
-            result = await self._exchange(req)
+            result = await exchange(req)
             self.served += 1
             return result
         except GenerationError:
@@ -72,7 +72,7 @@ class RunnerEmbeddings(GatedCall):
         super().__init__(sup, EMBEDS_IN_FLIGHT)
 
     async def embed(self, req: EmbeddingRequest) -> EmbeddingResult:
-        result: EmbeddingResult = await self._call(req)
+        result: EmbeddingResult = await self._call(self._exchange, req)
         return result
 
     async def _exchange(self, req: EmbeddingRequest) -> EmbeddingResult:

@@ -33,7 +33,7 @@ class RunnerTokenizer(GatedCall):
         super().__init__(sup, TOKENIZE_IN_FLIGHT)
 
     async def tokenize(self, req: TokenizeRequest) -> TokenizeResult:
-        result: TokenizeResult = await self._call(req)
+        result: TokenizeResult = await self._call(self._exchange, req)
         return result
 
     async def _exchange(self, req: TokenizeRequest) -> TokenizeResult:
