@@ -24,6 +24,8 @@ pytestmark = pytest.mark.live
 MODEL = "thinking"  # the id the session's thinking_mesh serves the fixture under
 #: the budget of ``--effort low`` (1024 thinking tokens) and a few tokens of answer
 MAX_TOKENS = 1060
+#: Claude Code runs tried before the test gives up on seeing a text block (see the loop below).
+ATTEMPTS = 3
 TAGS = ("<think>", "</think>")
 
 
@@ -58,9 +60,15 @@ def test_claude_code_shows_the_thoughts_apart_from_the_answer(thinking_mesh, tmp
         "stream-json",
         "--verbose",
     )
-    run, answer = run_until(
-        argv, agent_env(bin_dir, tmp_path / "home"), tmp_path / "work", lambda ev: _blocks(ev, "text")
-    )
+    # Claude Code samples at temperature 1 (it cannot be set): the 135M fixture sometimes ends its
+    # turn right after the forced end of its thoughts, with no text. Up to ATTEMPTS runs, so the
+    # test checks the shape of an answer, not the luck of one sample.
+    for _ in range(ATTEMPTS):
+        run, answer = run_until(
+            argv, agent_env(bin_dir, tmp_path / "home"), tmp_path / "work", lambda ev: _blocks(ev, "text")
+        )
+        if answer is not None:
+            break
     assert answer is not None, run
     message = answer["message"]
     same = [ev for ev in run.events if (ev.get("message") or {}).get("id") == message["id"]]
