@@ -70,10 +70,12 @@ def bundled_model_path() -> Path:
 
 @dataclass(frozen=True)
 class ModelRef:
-    """A model this node serves: the public id and the GGUF file behind it."""
+    """A model this node serves: the public id and the GGUF file behind it; ``mmproj``: the
+    multimodal projector GGUF its runner loads beside it (``--mmproj``, docs/vision.md), or None."""
 
     id: str
     path: Path
+    mmproj: Path | None = None
 
     @property
     def size_bytes(self) -> int:

@@ -20,6 +20,8 @@ from hydra_node.inference.capabilities import __all__ as _capabilities_all
 from hydra_node.inference.embeddings import *  # noqa: F401,F403
 from hydra_node.inference.embeddings import __all__ as _embeddings_all
 from hydra_node.inference.errors import *  # noqa: F401,F403
+from hydra_node.inference.images import *  # noqa: F401,F403
+from hydra_node.inference.images import __all__ as _images_all
 from hydra_node.inference.errors import __all__ as _errors_all
 from hydra_node.inference.events import *  # noqa: F401,F403
 from hydra_node.inference.events import __all__ as _events_all
@@ -28,4 +30,12 @@ from hydra_node.inference.request import __all__ as _request_all
 from hydra_node.inference.tokenize import *  # noqa: F401,F403
 from hydra_node.inference.tokenize import __all__ as _tokenize_all
 
-__all__ = [*_errors_all, *_request_all, *_events_all, *_embeddings_all, *_capabilities_all, *_tokenize_all]
+__all__ = [
+    *_errors_all,
+    *_request_all,
+    *_events_all,
+    *_embeddings_all,
+    *_capabilities_all,
+    *_tokenize_all,
+    *_images_all,
+]

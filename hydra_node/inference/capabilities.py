@@ -6,7 +6,7 @@ a request knows, without asking, whether the model reasons (and how), and whethe
 the middle. Every node serving one model identity reports the same capabilities (they come from
 the file); a node that reports none (an older node) is taken as :data:`NO_CAPS`.
 
-Wire: ``{"reasoning": str, "thinks": bool, "switch": bool, "fim": bool}``; each key is sent only
+Wire: ``{"reasoning": str, "thinks": bool, "switch": bool, "fim": bool, "vision": bool, "audio": bool}``; each key is sent only
 when it differs from its default, and unknown keys are ignored (a newer node may add some).
 """
 
@@ -31,6 +31,8 @@ class ModelCaps:
     thinks: bool = False  # it reasons unless told not to (the template's default)
     switch: bool = False  # the template honours a thinking switch (enable_thinking or equivalent)
     fim: bool = False  # the vocabulary has fill-in-the-middle tokens (prefix, suffix, middle)
+    vision: bool = False  # the host loaded a projector that reads images (--mmproj; docs/vision.md)
+    audio: bool = False  # the projector reads audio too (reported; the APIs take images only)
 
     def __post_init__(self) -> None:
         if self.reasoning not in REASONING_FORMATS:
@@ -50,6 +52,10 @@ class ModelCaps:
             d["switch"] = True
         if self.fim:
             d["fim"] = True
+        if self.vision:
+            d["vision"] = True
+        if self.audio:
+            d["audio"] = True
         return d
 
     @classmethod
@@ -62,7 +68,7 @@ class ModelCaps:
         if reasoning not in REASONING_FORMATS:
             raise MalformedRemoteEvent(f"unknown reasoning format {reasoning!r:.40}")
         flags = {}
-        for key in ("thinks", "switch", "fim"):
+        for key in ("thinks", "switch", "fim", "vision", "audio"):
             v = d.get(key, False)
             if type(v) is not bool:
                 raise MalformedRemoteEvent(f"model capability {key!r} must be a boolean")

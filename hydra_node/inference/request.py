@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from hydra_node.inference.errors import InvalidRequest
+from hydra_node.inference.images import IMAGE_MARK, MAX_IMAGES, MAX_REQUEST_IMAGE_BYTES, ImageBlob, ImageInput
 
 __all__ = [
     "Kind",
@@ -253,6 +254,10 @@ class GenerationRequest:
     #: Fill-in-the-middle (completions ``suffix``, ``/infill``): the text after the gap; the host
     #: builds the prompt from the model's FIM tokens (``prompt`` is the text before the gap).
     suffix: str = ""
+    #: A chat's images (hydra_node/inference/images.py, docs/vision.md), in the order of the
+    #: :data:`IMAGE_MARK` characters in the messages' content. :class:`ImageInput` entries exist only
+    #: on the API node before it resolves them; the wire and the runner see :class:`ImageBlob` only.
+    images: tuple[ImageBlob | ImageInput, ...] = ()
 
     def __post_init__(self) -> None:
         def set_(k: str, v: object) -> None:  # normalising a frozen dataclass
@@ -305,6 +310,30 @@ class GenerationRequest:
             if type(tok) is not int or not 0 <= tok < 2**31 or not -100.0 <= bias <= 100.0:
                 raise InvalidRequest("'logit_bias' maps token ids to biases between -100 and 100", "logit_bias")
         self._check_extensions()
+        self._check_images()
+
+    def _check_images(self) -> None:
+        if not self.images:
+            return
+        if self.kind != "chat":
+            raise InvalidRequest("images need a chat request (completions take text only)", "prompt")
+        if len(self.images) > MAX_IMAGES:
+            raise InvalidRequest(f"a request may carry at most {MAX_IMAGES} images, not {len(self.images)}", "messages")
+        total = sum(len(im.data) for im in self.images)
+        if total > MAX_REQUEST_IMAGE_BYTES:
+            raise InvalidRequest(
+                f"the request's images are {total} bytes in all, more than {MAX_REQUEST_IMAGE_BYTES}", "messages"
+            )
+        marks = sum(m.content.count(IMAGE_MARK) for m in self.messages)
+        if marks != len(self.images):
+            raise InvalidRequest(
+                f"the messages place {marks} images and the request carries {len(self.images)}", "messages"
+            )
+
+    @property
+    def images_resolved(self) -> bool:
+        """True when every image is an :class:`ImageBlob` (what may go on the wire)."""
+        return all(isinstance(im, ImageBlob) for im in self.images)
 
     def _check_extensions(self) -> None:
         if self.thinking is not None and type(self.thinking) is not bool:
@@ -433,6 +462,10 @@ class GenerationRequest:
             "suffix": "",
         }
         d.update({k: v for k, v in extra.items() if v != defaults[k]})
+        if self.images:
+            if not self.images_resolved:
+                raise InvalidRequest("an image was not resolved before the request left the API node", "messages")
+            d["images"] = [im.to_wire() for im in self.images]  # type: ignore[union-attr]
         return d
 
     @classmethod
@@ -443,7 +476,16 @@ class GenerationRequest:
             v = d.get(key)
             if v is not None and (type(v) is not int or not -(2**63) <= v < 2**64):
                 raise InvalidRequest(f"'{key}' must be an integer or null", key)
-        for key in ("prompt_tokens", "tools", "grammar_triggers", "logit_bias", "messages", "stop", "resume_tokens"):
+        for key in (
+            "prompt_tokens",
+            "tools",
+            "grammar_triggers",
+            "logit_bias",
+            "messages",
+            "stop",
+            "resume_tokens",
+            "images",
+        ):
             if not isinstance(d.get(key) or [], list):
                 raise InvalidRequest(f"'{key}' must be a list", key)
         for key in ("logprobs", "parallel_tool_calls"):
@@ -492,6 +534,7 @@ class GenerationRequest:
                 repeat_penalty=float(d.get("repeat_penalty", 1.0)),
                 repeat_last_n=d.get("repeat_last_n", 64),
                 suffix=_s(d, "suffix"),
+                images=tuple(ImageBlob.from_wire(im) for im in d.get("images") or ()),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, InvalidRequest):

@@ -1,7 +1,7 @@
 """Which targets may take a request that needs a model capability (pure).
 
 A request that uses reasoning fields (``thinking``, ``thinking_budget``, ``reasoning_effort``) or
-fill-in-the-middle (``suffix``) goes only to a target whose host reported the capability
+fill-in-the-middle (``suffix``) or images (``images``: a host with a projector) goes only to a target whose host reported the capability
 (:class:`~hydra_node.inference.capabilities.ModelCaps`, from its runner's ready message or its
 announcement's ``model_caps``): a node older than these fields would read the request and ignore
 them, answering a plain completion as if it had honoured them. A target whose capabilities are
@@ -40,6 +40,8 @@ def needed(req: GenerationRequest) -> tuple[tuple[str, str], ...]:
             break
     if req.suffix:
         out.append(("fim", "suffix"))
+    if req.images:
+        out.append(("vision", "messages"))
     for name, used in (
         ("top_k", req.top_k is not None),
         ("min_p", req.min_p != 0.0),
@@ -54,6 +56,8 @@ def needed(req: GenerationRequest) -> tuple[tuple[str, str], ...]:
 def _has(caps: ModelCaps, capability: str) -> bool:
     if capability == "sampling":
         return True  # a node new enough to report capabilities samples with them
+    if capability == "vision":
+        return caps.vision
     return caps.reasons if capability == "reasoning" else caps.fim
 
 
@@ -68,6 +72,7 @@ def serves(caps: ModelCaps | None, req: GenerationRequest) -> bool:
 _WHAT = {
     "reasoning": "a reasoning model (its chat template opens a reasoning block: docs/reasoning.md)",
     "fim": "a model with fill-in-the-middle tokens (a FIM prefix, suffix and middle token)",
+    "vision": "a model served with an image projector (hydra-node serve --mmproj: docs/vision.md)",
     "sampling": "a host that samples with llama-server's extensions (one that reports model capabilities)",
 }
 
