@@ -48,6 +48,8 @@ from hydra_node.admin.invites import invite_routes
 from hydra_node.admin.metrics import MetricsSources, NodeMetrics, RunnerSample
 from hydra_node.anthropic.routes import MessagesApi
 from hydra_node.api.port import InferencePort
+from hydra_node.api.images import ImagePolicy
+from hydra_node.http.limits import INFERENCE_BODY_BYTES, HttpLimits
 from hydra_node.moa.answers import MoaApi
 from hydra_node.moa.mixture import MixtureOfAgents, scheduler_quality
 from hydra_node.openai.embeddings import EmbeddingsApi
@@ -64,6 +66,7 @@ from hydra_node.config import NodeConfig
 from hydra_node.listen import ListenPurpose
 from hydra_node.mesh.identity import load_or_create_identity
 from hydra_node.models import BUNDLED_MODEL_ID, ModelNotFound, ModelRef, bundled_model_path, resolve_model
+from hydra_node.models import resolve_mmproj
 from hydra_node.pidfile import reap_stale, read_pidfile, remove_pidfile, write_pidfile
 from hydra_node.mesh.announcer import AnnouncementContent
 from hydra_node.mesh.membership import Hardware, ModelEntry
@@ -82,6 +85,7 @@ from hydra_node.runtime.hosting.rehost import RehostService, RehostSettings
 from hydra_node.runtime.hosting.service import HostMemory, ModelRuntime, RuntimeSettings
 from hydra_node.runtime.rpc.tunnel import TUNNEL_SERVICE
 from hydra_node.runtime.fetch import FETCH_KIND, BadModelSource, DownloadError, ModelShare, fetch_for_serve
+from hydra_node.runtime.fetch.catalogue import load_catalogue, resolve_remote
 from hydra_node.runtime.fetch.serve_fetch import PEER_WAIT_S, SETTLE_S, wait_for_holders
 from hydra_node.runtime.artifacts.manifest import signer
 from hydra_node.runtime.artifacts.peer import ARTIFACT_FETCH_KIND
@@ -154,10 +158,15 @@ class Node:
         )
         self.router.add_source(self.local)
         refs = config.models or (() if config.fetch_models else (None,))  # None: the bundled model
+        #: ``--mmproj``: model id → projector GGUF served beside it (docs/vision.md)
+        self.projectors: dict[str, str] = dict(config.mmproj)
         self.models: list[ModelRef] = (
-            [] if config.no_model or config.standby else [resolve_model(m) for m in refs if placed_name(m) is None]
+            []
+            if config.no_model or config.standby
+            else [self.with_projector(resolve_model(m)) for m in refs if placed_name(m) is None]
         )
         self.placed_models = [n for n in map(placed_name, config.models) if n is not None]  # materialised in run
+        self._check_projector_ids()
         self.api_server: HttpServer | None = None
         self.console_server: HttpServer | None = None
         self.requests_total: dict[str, int] = {}
@@ -226,7 +235,9 @@ class Node:
         )
         self.runtime.on_kv_transfer = self.scheduling.observe_kv  # docs/kv-reuse.md: KV transfer cost
         # making room in the cache never evicts a file a hosted model runs from
-        self.model_share.cache.serving_paths = lambda: [h.model.path for h in self.runtime.hosted.values()]
+        self.model_share.cache.serving_paths = lambda: [
+            p for h in self.runtime.hosted.values() for p in (h.model.path, h.model.mmproj) if p is not None
+        ]
         # [rehost]: a model the mesh lost is hosted again (docs/models.md "Growing back")
         self.rehost = RehostService(
             RehostSettings(
@@ -245,6 +256,7 @@ class Node:
             digests=self.identities.digests,  # the model identities' table (routing/identity.py), shared
             bundled=(BUNDLED_MODEL_ID, bundled_model_path),
             on_event=self.events.emit,
+            projector=self.projector_path,  # a model re-hosted here keeps the projector it was served with
         )
         self.metrics = NodeMetrics(
             MetricsSources(
@@ -502,6 +514,32 @@ class Node:
             )
         write_pidfile(self.pidfile, os.getpid(), ["hydra-node", "serve"], kind="node")
 
+    def projector_path(self, model_id: str) -> Path | None:
+        """The projector ``--mmproj`` pairs with ``model_id`` (checked: a projector GGUF), or None."""
+        ref = self.projectors.get(model_id)
+        return None if ref is None else resolve_mmproj(ref)
+
+    def with_projector(self, model: ModelRef) -> ModelRef:
+        """``model`` with its projector (:meth:`projector_path`), if it has one."""
+        path = self.projector_path(model.id)
+        return model if path is None else dataclasses.replace(model, mmproj=path)
+
+    def _check_projector_ids(self) -> None:
+        """A projector paired with an id this node does not serve is refused (never silently dropped)."""
+        if not self.projectors:
+            return
+        served = {m.id for m in self.models} | set(self.placed_models)
+        for ref in self.config.fetch_models:  # --model NAME --join: fetched once joined
+            try:
+                served.add(resolve_remote(ref, load_catalogue()).model_id)
+            except BadModelSource:
+                pass  # its fetch reports it
+        unknown = sorted(set(self.projectors) - served)
+        if unknown:
+            raise ModelNotFound(
+                f"--mmproj: no model served here has the id {unknown[0]!r} (served: {', '.join(sorted(served)) or '-'})"
+            )
+
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         self._claim_home()
         log.info("event=config_files files=%s", ",".join(self.config.config_files) or "-")  # lowest first
@@ -599,12 +637,14 @@ class Node:
         later = []
         for name in self.placed_models:
             try:
-                self.models.append(await placed_model(self.placement, name))
+                model = await placed_model(self.placement, name)
             except ModelNotFound as exc:
                 if self.mesh is None or self.config.mesh is None or not self.config.mesh.join:  # (both or neither)
                     raise
                 log.info("event=placed_model_deferred model=%s reason=%r action=ask_peers_once_joined", name, str(exc))
                 later.append(name)
+                continue
+            self.models.append(self.with_projector(model))  # (a bad projector: the start fails, not deferred)
         return later
 
     async def _start_placed_from_peers(self, root: trio.Nursery, name: str) -> None:
@@ -620,6 +660,7 @@ class Node:
             log.info("event=placed_model_retry model=%s reason=%r after_s=%s", name, str(exc), SETTLE_S)
             await trio.sleep(SETTLE_S)
             model = await placed_model(self.placement, name)
+        model = self.with_projector(model)
         log.info("event=model_loading model=%s path=%s source=placement_after_join", model.id, model.path)
         self.models.append(model)
         await self.runtime.start_model(root, model)
@@ -630,6 +671,7 @@ class Node:
             model, source = await fetch_for_serve(self.model_share, ref, self.config.fetch_settings)
         except (DownloadError, BadModelSource) as exc:
             raise ModelNotFound(f"model {ref!r}: {getattr(exc, 'code', 'bad_source')}: {exc}") from None
+        model = self.with_projector(model)
         log.info("event=model_loading model=%s path=%s source=%s", model.id, model.path, source)
         self.models.append(model)
         await self.runtime.start_model(root, model)
@@ -673,15 +715,19 @@ class Node:
         # Every API of the inference port, built here: "mesh" (the mixture of agents) answers in each dialect.
         quality = scheduler_quality(self.scheduling, self.node_id)
         moa = MoaApi(MixtureOfAgents(self.router, c.file.moa, quality=quality, own_node=self.node_id))
-        openai = OpenAIApi(self.router, moa=moa)
+        # how image URLs are fetched (docs/vision.md)
+        images = ImagePolicy(c.file.api.image_fetch_private, c.file.api.image_fetch_timeout_s)
+        openai = OpenAIApi(self.router, moa=moa, images=images)
         embeddings, llama = EmbeddingsApi(self.router), LlamaServerApi(openai)
         api = InferencePort(
             [
-                ("/v1/responses", ResponsesApi(self.router, moa=moa).handle),
+                ("/v1/responses", ResponsesApi(self.router, moa=moa, images=images).handle),
                 ("/v1/embeddings", embeddings.handle),
                 (
                     "/v1/messages",
-                    MessagesApi(self.router, claude_model=c.file.api.claude_model or None, moa=moa).handle,
+                    MessagesApi(
+                        self.router, claude_model=c.file.api.claude_model or None, moa=moa, images=images
+                    ).handle,
                 ),
                 ("/v1", openai.handle),
                 # llama-server's paths: the OpenAI routes without /v1, and its own (docs/api.md)
@@ -728,6 +774,8 @@ class Node:
                 cors_origins=c.file.api.cors_origins,
                 api_key=c.api_key,
             ),
+            # images as base64 (docs/vision.md); each route keeps its text to TEXT_BODY_BYTES
+            limits=HttpLimits(max_body_bytes=INFERENCE_BODY_BYTES),
             on_refused=self._count_request,
         )
         return self.api_server, self.console_server

@@ -25,12 +25,15 @@ def caps_vectors(to_json: Callable[[Any], Any]) -> dict[str, Any]:
             ("gpt-oss", ModelCaps("gpt-oss", thinks=True)),
             ("coder", ModelCaps(fim=True)),
             ("plain", ModelCaps()),
+            ("smolvlm", ModelCaps(vision=True)),
+            ("omni", ModelCaps("think", thinks=True, vision=True, audio=True)),
         ]
     )
     malformed = [
         ("not a map", {CAPS_KEY: ["qwen3"]}, 1),
         ("a bad entry beside a good one", {CAPS_KEY: {"ok": {"fim": True}, "bad": {"reasoning": "harmony"}}}, 1),
         ("a flag that is not a boolean", {CAPS_KEY: {"m": {"thinks": 1}}}, 1),
+        ("vision that is not a boolean", {CAPS_KEY: {"m": {"vision": "yes"}, "ok": {"vision": True}}}, 1),
         ("an empty model id", {CAPS_KEY: {"": {}}}, 1),
     ]
     for name, wire, count in malformed:

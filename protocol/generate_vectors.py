@@ -699,6 +699,7 @@ def generate_stream_vectors() -> dict[str, Any]:
         else:
             raise AssertionError(name)
     bodies, bad_bodies = _generate_body_vectors(plain)
+    images = _generate_image_vectors()
     return {
         "description": "The generate stream (protocol/README.md section 11.3): the request of the OPEN header "
         "(a continuation carries resume_tokens and resume_skip; both are omitted when empty) and the "
@@ -706,7 +707,9 @@ def generate_stream_vectors() -> dict[str, Any]:
         "omitted when empty). 'frame' is the whole length-prefixed frame. 'bodies': a request whose "
         "{'kind': 'generate', 'req': ...} header would pass 16 KiB goes as {'kind': 'generate', 'body': N} and "
         "then N bytes of its canonical CBOR in the stream's data; 'invalid_bodies': headers and bodies a host "
-        "answers with an invalid_request error event.",
+        "answers with an invalid_request error event. 'images': chat requests carrying images (one with "
+        "its bytes, one elided, a repeat elided within its request), the host's images_missing error frame, "
+        "and malformed images (refused with param 'images' or 'messages').",
         "requests": [
             {"name": n, "decoded": to_json(r.to_wire()), "hex": cbor.encode(r.to_wire()).hex()} for n, r in requests
         ],
@@ -715,6 +718,91 @@ def generate_stream_vectors() -> dict[str, Any]:
         "invalid_events": [{"name": n, "decoded": to_json(w)} for n, w in bad_events],
         "bodies": bodies,
         "invalid_bodies": bad_bodies,
+        "images": images,
+    }
+
+
+#: Two 2x2 one-colour RGB PNGs (red, blue), as bytes: fixed here (a zlib build may compress differently).
+RED_PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000002000000020802000000fdd49a730000001049444154789c63f8cfc000440c100a"
+    "001fee03fd8b5f14d40000000049454e44ae426082"
+)
+BLUE_PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000002000000020802000000fdd49a730000000f49444154789c636060f80f46600a00"
+    "17f603fd7eeb37f30000000049454e44ae426082"
+)
+
+
+def _generate_image_vectors() -> dict[str, Any]:
+    """A chat's images on a generate request (section 11.3): ``images`` in the order of the U+FFFC
+    marks in the messages' content, each ``{sha256, mime, width, height, data?}``."""
+    from hydra_node.inference import ChatMessage, GenerationError, GenerationRequest, InvalidRequest, event_frame
+    from hydra_node.inference.images import IMAGE_MARK, MAX_IMAGES, ImageBlob, image_sha256
+    from hydra_node.routing.image_cache import SentImages
+    from hydra_node.routing.remote import images_missing_error
+
+    red = ImageBlob(image_sha256(RED_PNG), RED_PNG, "image/png", 2, 2)
+    blue = ImageBlob(image_sha256(BLUE_PNG), BLUE_PNG, "image/png", 2, 2)
+
+    def chat(*images: ImageBlob, text: str = "What colour is this?") -> GenerationRequest:
+        return GenerationRequest(
+            model="m",
+            kind="chat",
+            messages=(ChatMessage("user", text + IMAGE_MARK * len(images)),),
+            images=images,
+            max_tokens=8,
+            seed=7,
+        )
+
+    requests = [
+        ("a chat with one image and its bytes", chat(red)),
+        ("the same image elided (the host holds it from this requester)", chat(red.without_data())),
+        (
+            "an image twice: its bytes once, the repeat elided (filled from the same request)",
+            chat(*SentImages.once([red, blue, red]), text="Which differs? "),
+        ),
+    ]
+    base = chat(red).to_wire()
+    image = base["images"][0]
+    bad = [
+        ("a sha256 that is not 64 lower-case hex digits", {**image, "sha256": image["sha256"].upper()}, "images"),
+        ("bytes that do not match the sha256", {**image, "data": BLUE_PNG}, "images"),
+        ("a type the host does not decode", {**image, "mime": "image/webp"}, "images"),
+        ("a width of 0", {**image, "width": 0}, "images"),
+        ("data that is text, not bytes", {**image, "data": RED_PNG.hex()}, "images"),
+    ]
+    invalid = [(n, {**base, "images": [im]}, p) for n, im, p in bad]
+    invalid += [
+        ("an image without its mark in the messages", {**base, "messages": [["user", "What colour?"]]}, "messages"),
+        (
+            f"more than {MAX_IMAGES} images",
+            {**base, "messages": [["user", IMAGE_MARK * (MAX_IMAGES + 1)]], "images": [image] * (MAX_IMAGES + 1)},
+            "messages",
+        ),
+        (
+            "images on a completion",
+            {**GenerationRequest(model="m", kind="completion", prompt=IMAGE_MARK).to_wire(), "images": [image]},
+            "prompt",
+        ),
+        ("images not a list", {**base, "images": image}, "images"),
+    ]
+    for name, wire, param in invalid:
+        try:
+            GenerationRequest.from_wire(wire)
+        except InvalidRequest as exc:
+            assert exc.param == param, (name, exc.param)
+        else:
+            raise AssertionError(name)
+    missing: GenerationError = images_missing_error("ab" * 32, (red.sha256,))
+    return {
+        "requests": [
+            {"name": n, "decoded": to_json(r.to_wire()), "hex": cbor.encode(r.to_wire()).hex()} for n, r in requests
+        ],
+        "images_missing": {
+            "decoded": to_json({"type": "error", **missing.to_wire()}),
+            "frame": event_frame(missing).hex(),
+        },
+        "invalid": [{"name": n, "decoded": to_json(w), "param": p} for n, w, p in invalid],
     }
 
 

@@ -172,6 +172,34 @@ def thinking_mesh(tmp_path_factory) -> Iterator[MeshPair]:
         yield pair
 
 
+#: The id the vision fixture is served under in ``vision_mesh``.
+VISION_MODEL_ID = "smollm2-vision"
+
+
+@pytest.fixture(scope="session")
+def vision_mesh(tmp_path_factory) -> Iterator[MeshPair]:
+    """Like `shared_mesh`, with the bundled model served as ``VISION_MODEL_ID`` with the synthetic
+    ``mlp`` projector fixture (tests/fixtures/vision_model.py: random weights, not a real vision
+    model) as the host's one model (``--mmproj``): for the modules that send images through a node
+    that does not host the model (tests/clients/test_client_vision.py). The front's config allows
+    fetching image URLs from private and loopback addresses (``[api] image_fetch_private``, so a
+    test's ``http.server`` on 127.0.0.1 can serve images); the host keeps the default (refused).
+    Returns once the front knows the host's model can take images (its ``vision`` capability)."""
+    from tests.fixtures.vision_model import projector_path
+
+    root = tmp_path_factory.mktemp("vision-mesh")
+    (root / "front").mkdir()
+    (root / "front" / "config.toml").write_text("[api]\nimage_fetch_private = true\n")
+    model = f"{VISION_MODEL_ID}={bundled_model_path()}"
+    with _mesh_pair(root, VISION_MODEL_ID, "--model", model, "--mmproj", str(projector_path())) as pair:
+        pair.front.wait_status(
+            lambda st: bool((st.get("model_caps") or {}).get(VISION_MODEL_ID, {}).get("vision")),
+            timeout=MESH_JOIN_TIMEOUT_S,
+            what=f"the front knows {VISION_MODEL_ID} takes images",
+        )
+        yield pair
+
+
 def is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 

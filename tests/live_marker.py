@@ -25,6 +25,7 @@ LIVE_FIXTURES = frozenset(
         "shared_keyed_node",
         "shared_mesh",
         "thinking_mesh",
+        "vision_mesh",
     }
 )
 #: Markers that already mean real nodes or hosts.

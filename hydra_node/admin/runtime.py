@@ -1,10 +1,11 @@
 """Management routes for hot swap (on the console port, next to ``/api/status``).
 
 * ``GET /api/runtime/models`` – hosted models and their placement;
-* ``POST /api/runtime/models`` ``{"model": PATH_OR_ID, "split": bool?, "wait": bool?, "timeout_s": S?}``
-  – host a model on the running node: 202 at once, or with ``wait`` 200 once ready
+* ``POST /api/runtime/models`` ``{"model": PATH_OR_ID, "split": bool?, "wait": bool?, "timeout_s": S?,
+  "mmproj": PATH?}`` – host a model on the running node (``mmproj``: with that projector GGUF beside it,
+  docs/vision.md): 202 at once, or with ``wait`` 200 once ready
   (504 if not ready within ``timeout_s``, 502 if it failed); 409 if hosted already;
-  404 for an unknown model; 400 for a bad body (``admin/body.py``);
+  404 for an unknown model; 400 for a bad body (``admin/body.py``) or a file that is no projector;
 * ``DELETE /api/runtime/models/{id}`` – stop hosting it (200, or 404).
 
 The routes take the model runtime through :class:`RuntimeAdmin`, the few calls they make;
@@ -14,6 +15,7 @@ the composition root (``hydra_node/node.py``) puts them in the management route 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 from urllib.parse import unquote
 
@@ -22,7 +24,7 @@ from hydra_node.admin.body import guarded, json_body
 from hydra_node.admin.management import Handler
 from hydra_node.api.errors import ApiError
 from hydra_node.admin.status_json import to_json
-from hydra_node.models import InvalidModelId, ModelNotFound, ModelRef, resolve_model
+from hydra_node.models import BadProjector, InvalidModelId, ModelNotFound, ModelRef, resolve_mmproj, resolve_model
 from hydra_node.runtime.hosting.service import SWAP_WAIT_DEFAULT_S, ModelConflict, ModelNotHosted, TooManyModels
 from hydra_node.runtime.runner.records import RunnerState
 
@@ -58,18 +60,18 @@ class RuntimeAdmin(Protocol):
     async def wait_ready(self, model_id: str, timeout_s: float) -> RunnerState: ...
 
 
-def _load_request(request: Request) -> tuple[str, bool | None, bool, float]:
-    """(model reference, split, wait, timeout) of a load request; an :class:`ApiError` otherwise."""
+def _load_request(request: Request) -> tuple[str, bool | None, bool, float, str | None]:
+    """(model reference, split, wait, timeout, projector path) of a load request; an :class:`ApiError` otherwise."""
     body = json_body(
         request,
         required={"model": str},
-        optional={"split": bool, "wait": bool, "timeout_s": (int, float)},
+        optional={"split": bool, "wait": bool, "timeout_s": (int, float), "mmproj": str},
         max_bytes=MAX_BODY_BYTES,
     )
     timeout = body.get("timeout_s", SWAP_WAIT_DEFAULT_S)
     if not 0 < timeout <= MAX_WAIT_S:
         raise ApiError(400, f"'timeout_s' must be a number in (0, {MAX_WAIT_S:.0f}]", "invalid_value", "timeout_s")
-    return body["model"], body.get("split"), body.get("wait", False), float(timeout)
+    return body["model"], body.get("split"), body.get("wait", False), float(timeout), body.get("mmproj")
 
 
 def runtime_routes(runtime: RuntimeAdmin) -> dict[tuple[str, str], Handler]:
@@ -79,9 +81,13 @@ def runtime_routes(runtime: RuntimeAdmin) -> dict[tuple[str, str], Handler]:
         return Response.json(200, {"models": to_json(runtime.splits_status())})
 
     async def load_model(request: Request) -> Response:
-        ref, split, wait, timeout = _load_request(request)
+        ref, split, wait, timeout, mmproj = _load_request(request)
         try:
             model = resolve_model(ref)
+            if mmproj is not None:  # the projector served beside it (a local GGUF path; docs/vision.md)
+                model = replace(model, mmproj=resolve_mmproj(mmproj, flag="'mmproj'"))
+        except BadProjector as exc:
+            return ApiError(400, str(exc), "invalid_value", "mmproj").response()
         except InvalidModelId as exc:
             return ApiError(400, f"bad model id: {exc}", "invalid_model_id", "model").response()
         except ModelNotFound as exc:

@@ -24,7 +24,14 @@ thinking enabled, as Anthropic refuses it. ``context_management`` ``clear_thinki
 the thoughts of all but the last ``keep`` thinking turns (default 1; ``"all"`` keeps them all).
 
 ``cache_control`` on any block is accepted: the host's prefix cache reuses a repeated prompt
-prefix on its own, so the hint changes nothing. Images and documents are refused.
+prefix on its own, so the hint changes nothing. Documents are refused.
+
+Images (docs/vision.md): ``{"type": "image", "source": {"type": "base64", "media_type", "data"}}``
+or ``{"source": {"type": "url", "url": "https://..."}}`` blocks of a ``user`` message, and inside a
+``tool_result``'s content (as Anthropic allows: a tool that returns a screenshot), become
+:data:`~hydra_node.inference.images.IMAGE_MARK` in the text and one image of the request
+(:mod:`hydra_node.api.image_parts`); in ``system`` or an ``assistant`` message they are refused.
+A ``file`` source is refused (there is no Files API here).
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from dataclasses import dataclass, replace
 
 from hydra_node.api.errors import bad
 from hydra_node.api.body import load_body, number
+from hydra_node.api.image_parts import ImageParts, base64_image, url_image, with_image_parts
+from hydra_node.inference.images import ImageBlob, ImageInput
 from hydra_node.inference import (
     MAX_STOP_SEQUENCES,
     MAX_TOKENS_LIMIT,
@@ -117,12 +126,46 @@ class MessagesCall:
     budget_tokens: int | None = None  # thinking enabled: most thinking tokens
     show_thinking: bool = True  # display "omitted": thinking blocks carry no text
     effort: str | None = None  # output_config.effort
+    #: The conversation's images, in the order of their marks in ``messages`` (docs/vision.md).
+    images: tuple[ImageBlob | ImageInput, ...] = ()
 
 
-def _text_blocks(v, p: str) -> str:
-    """A string, or a list of text blocks, as text; anything else a 400 naming ``p``."""
+def _image_block(block: dict, q: str) -> ImageInput:
+    """``{"type": "image", "source": {"type": "base64" | "url", ...}}``."""
+    _check_block_keys(block, q, {"type", "source"})
+    src, sp = block.get("source"), f"{q}.source"
+    if not isinstance(src, dict):
+        raise bad(
+            f"'{sp}' must be an object {{\"type\": \"base64\" | \"url\", ...}}",
+            sp,
+            "missing_required_parameter" if src is None else "invalid_type",
+        )
+    kind = src.get("type")
+    fields = {"base64": {"type", "media_type", "data"}, "url": {"type", "url"}}.get(
+        kind if isinstance(kind, str) else ""
+    )
+    if kind == "file":
+        raise bad(
+            f"{sp}: file sources are not supported: send a base64 or url source", f"{sp}.type", "unsupported_parameter"
+        )
+    if fields is None:
+        raise bad(f"'{sp}.type' must be 'base64' or 'url'", f"{sp}.type", "invalid_value")
+    for key, value in src.items():
+        if key not in fields and value is not None:
+            raise bad(f"{sp}.{key} is not a {kind} source field", f"{sp}.{key}", "unknown_parameter")
+    if kind == "base64":
+        return base64_image(src.get("data"), src.get("media_type"), q, sp)
+    url = src.get("url")
+    if not isinstance(url, str) or url.split(":", 1)[0].lower() not in ("http", "https"):
+        raise bad(f"'{sp}.url' must be an http(s) URL", f"{sp}.url", "invalid_value")
+    return url_image(url, q)
+
+
+def _text_blocks(v, p: str, parts: ImageParts | None = None, images: bool = False) -> str:
+    """A string, or a list of text blocks, as text; anything else a 400 naming ``p``. ``parts``
+    escapes the text and, where ``images``, takes image blocks (module doc)."""
     if isinstance(v, str):
-        return v
+        return parts.text(v) if parts is not None else v
     if not isinstance(v, list):
         raise bad(f"'{p}' must be a string or an array of text blocks", p, "invalid_type")
     out = []
@@ -130,13 +173,18 @@ def _text_blocks(v, p: str) -> str:
         q = f"{p}[{j}]"
         if not isinstance(block, dict) or not isinstance(block.get("type"), str):
             raise bad(f"'{q}' must be a content block object with a 'type'", q, "invalid_type")
+        if block["type"] == "image" and parts is not None and images:
+            out.append(parts.image(_image_block(block, q)))
+            continue
         if block["type"] != "text":
             raise bad(
-                f"{q}: {block['type']!r:.40} blocks are not supported here (text only; no images or documents)",
+                f"{q}: {block['type']!r:.40} blocks are not supported here "
+                f"(text{' and image' if images else ''} blocks only)",
                 f"{q}.type",
                 "unsupported_parameter",
             )
-        out.append(_block_text(block, q))
+        text = _block_text(block, q)
+        out.append(parts.text(text) if parts is not None else text)
     return "".join(out)
 
 
@@ -164,13 +212,13 @@ def _tool_use(block: dict, q: str) -> ToolCall:
     return ToolCall(block["id"], block["name"], json.dumps(block["input"], separators=(",", ":"), ensure_ascii=False))
 
 
-def _tool_result(block: dict, q: str, names: dict[str, str]) -> ChatMessage:
+def _tool_result(block: dict, q: str, names: dict[str, str], parts: ImageParts) -> ChatMessage:
     _check_block_keys(block, q, {"type", "tool_use_id", "content", "is_error"})
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise bad(f"'{q}.tool_use_id' is required", f"{q}.tool_use_id", "missing_required_parameter")
     content = block.get("content")
-    text = "" if content is None else _text_blocks(content, f"{q}.content")
+    text = "" if content is None else _text_blocks(content, f"{q}.content", parts, images=True)
     is_error = block.get("is_error")
     if is_error is not None and not isinstance(is_error, bool):
         raise bad(f"'{q}.is_error' must be a boolean", f"{q}.is_error", "invalid_type")
@@ -179,7 +227,7 @@ def _tool_result(block: dict, q: str, names: dict[str, str]) -> ChatMessage:
     return ChatMessage("tool", text, tool_call_id=call_id, name=names.get(call_id, ""))
 
 
-def _message(m, p: str, names: dict[str, str]) -> list[ChatMessage]:
+def _message(m, p: str, names: dict[str, str], parts: ImageParts) -> list[ChatMessage]:
     if not isinstance(m, dict):
         raise bad(f"'{p}' must be an object", p, "invalid_type")
     role = m.get("role")
@@ -190,9 +238,9 @@ def _message(m, p: str, names: dict[str, str]) -> list[ChatMessage]:
             raise bad(f"{p}.{key} is not a message field", f"{p}.{key}", "unknown_parameter")
     content = m.get("content")
     if isinstance(content, str):
-        return [ChatMessage(role, content)]
+        return [ChatMessage(role, parts.text(content))]
     if role == "system":
-        return [ChatMessage("system", _text_blocks(content, f"{p}.content"))]
+        return [ChatMessage("system", _text_blocks(content, f"{p}.content", parts))]
     if not isinstance(content, list):
         raise bad(
             f"'{p}.content' must be a string or an array of content blocks",
@@ -207,7 +255,9 @@ def _message(m, p: str, names: dict[str, str]) -> list[ChatMessage]:
         q = f"{p}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            text.append(_block_text(block, q))
+            text.append(parts.text(_block_text(block, q)))
+        elif kind == "image" and role == "user":
+            text.append(parts.image(_image_block(block, q)))
         elif kind == "thinking" and role == "assistant":
             thoughts.append(_thinking_block(block, q))
         elif kind == "redacted_thinking" and role == "assistant":
@@ -215,9 +265,15 @@ def _message(m, p: str, names: dict[str, str]) -> list[ChatMessage]:
         elif kind == "tool_use" and role == "assistant":
             calls.append(_tool_use(block, q))
         elif kind == "tool_result" and role == "user":
-            out.append(_tool_result(block, q, names))
-        elif kind in ("image", "document", "search_result"):
-            raise bad(f"{q}: {kind} blocks are not supported (text only)", f"{q}.type", "unsupported_parameter")
+            out.append(_tool_result(block, q, names, parts))
+        elif kind == "image":
+            raise bad(f"{q}: image blocks are allowed only in user messages", f"{q}.type", "unsupported_parameter")
+        elif kind in ("document", "search_result"):
+            raise bad(
+                f"{q}: {kind} blocks are not supported (text and image blocks only)",
+                f"{q}.type",
+                "unsupported_parameter",
+            )
         elif kind in ("tool_use", "tool_result", "thinking", "redacted_thinking"):
             raise bad(
                 f"{q}: a {kind} block belongs in a{' user' if kind == 'tool_result' else 'n assistant'} message",
@@ -242,7 +298,7 @@ def _thinking_block(block: dict, q: str) -> str:
     return block["thinking"]
 
 
-def _messages(body: dict, system: str | None) -> tuple[ChatMessage, ...]:
+def _messages(body: dict, system: str | None, parts: ImageParts) -> tuple[ChatMessage, ...]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad(
@@ -256,7 +312,7 @@ def _messages(body: dict, system: str | None) -> tuple[ChatMessage, ...]:
     names: dict[str, str] = {}
     for i, m in enumerate(msgs):
         try:
-            out.extend(_message(m, f"messages[{i}]", names))
+            out.extend(_message(m, f"messages[{i}]", names, parts))
         except InvalidRequest as exc:
             raise bad(f"messages[{i}]: {exc.message}", f"messages[{i}]") from None
     if msgs[-1].get("role") == "assistant" and (
@@ -496,10 +552,17 @@ def _thinking(body: dict, max_tokens: int | None, tool_choice: str) -> tuple[str
     return kind, budget, display != "omitted"
 
 
-def _conversation(body: dict) -> tuple[tuple[ChatMessage, ...], tuple[ToolSpec, ...]]:
+def _conversation(
+    body: dict,
+) -> tuple[tuple[ChatMessage, ...], tuple[ToolSpec, ...], tuple[ImageInput, ...]]:
     system = body.get("system")
-    text = None if system is None else _text_blocks(system, "system")
-    return _clear_thinking(_messages(body, text), _kept_turns(body)), _tools(body)
+
+    def parse(parts: ImageParts) -> tuple[ChatMessage, ...]:
+        text = None if system is None else _text_blocks(system, "system", parts)
+        return _messages(body, text, parts)
+
+    messages, images = with_image_parts(parse)
+    return _clear_thinking(messages, _kept_turns(body)), _tools(body), images
 
 
 def _effort(body: dict) -> str | None:
@@ -526,7 +589,7 @@ def parse_messages_body(raw: bytes) -> MessagesCall:
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise bad("'stream' must be a boolean", "stream", "invalid_type")
-    messages, tools = _conversation(body)
+    messages, tools, images = _conversation(body)
     choice, name, parallel = _tool_choice(body, tools)
     thinking, budget, show = _thinking(body, max_tokens, choice)
     if thinking == "enabled" and messages[-1].role == "assistant":
@@ -556,6 +619,7 @@ def parse_messages_body(raw: bytes) -> MessagesCall:
         budget_tokens=budget,
         show_thinking=show,
         effort=_effort(body),
+        images=images,
     )
 
 
@@ -582,7 +646,7 @@ def parse_count_tokens_body(raw: bytes) -> MessagesCall:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad("'model' is required and must be a string", "model", "missing_required_parameter")
-    messages, tools = _conversation(body)
+    messages, tools, images = _conversation(body)
     choice, name, parallel = _tool_choice(body, tools)
     thinking, budget, show = _thinking(body, None, choice)
     return MessagesCall(
@@ -598,4 +662,5 @@ def parse_count_tokens_body(raw: bytes) -> MessagesCall:
         budget_tokens=budget,
         show_thinking=show,
         effort=_effort(body),
+        images=images,
     )

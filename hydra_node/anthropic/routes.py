@@ -40,6 +40,7 @@ from hydra_node.api.chat import complete_chat
 from hydra_node.http.server import Request, Response, StreamResponse
 from hydra_node.moa.answers import MoaApi, caps_of, complete_answer, open_chat_events
 from hydra_node.api.errors import ApiError, bad
+from hydra_node.api.images import ImagePolicy, check_body_size, refuse_mesh_images, resolve_images
 from hydra_node.api.reasoning import effort_fields, thinking_fields
 from hydra_node.api.router_api import RouterApi
 from hydra_node.api.tool_choice_header import TOOL_CHOICE_HEADER, override_tool_choice
@@ -83,6 +84,7 @@ def generation_request(
             model=call.model,
             kind="chat",
             messages=call.messages,
+            images=call.images,
             max_tokens=call.max_tokens,
             temperature=call.temperature,
             top_p=call.top_p if call.top_p > 0 else 1.0,
@@ -107,10 +109,18 @@ class MessagesApi:
     ``router`` provides ``generate(req)``, ``models()`` and ``recently_seen(model)``;
     ``claude_model``: the mesh model ``claude-*`` ids map to (None: the largest)."""
 
-    def __init__(self, router: RouterApi, *, claude_model: str | None = None, moa: MoaApi | None = None):
+    def __init__(
+        self,
+        router: RouterApi,
+        *,
+        claude_model: str | None = None,
+        moa: MoaApi | None = None,
+        images: ImagePolicy | None = None,
+    ):
         self.router = router
         self.claude_model = claude_model
         self.moa = moa  # model "mesh" (docs/moa.md); None: no mesh model
+        self.images = images if images is not None else ImagePolicy()  # image URLs (hydra_node/api/images.py)
 
     async def handle(self, request: Request) -> Response | StreamResponse:
         try:
@@ -128,13 +138,24 @@ class MessagesApi:
             raise ApiError(405, "use POST", "method_not_allowed")
         session = request.headers.get("x-session-id", "")
         if path == COUNT_PATH:
-            return await self._count(self._resolved(parse_count_tokens_body(request.body)), session)
+            counted = self._resolved(parse_count_tokens_body(request.body))
+            check_body_size(len(request.body), counted.images)
+            return await self._count(counted, session)
         raw = override_tool_choice(request.body, request.headers.get(TOOL_CHOICE_HEADER), "messages")
         call = self._resolved(parse_messages_body(raw))
-        req = generation_request(call, new_id("msg"), session, self._caps(call))
+        check_body_size(len(request.body), call.images)
+        req = await self._with_images(generation_request(call, new_id("msg"), session, self._caps(call)))
         if call.stream:
             return await self._stream(call, req, request.nursery)
         return await self._complete(call, req)
+
+    async def _with_images(self, req: GenerationRequest) -> GenerationRequest:
+        """``req`` with its images fetched, checked and converted here, before routing (docs/vision.md)."""
+        if not req.images:
+            return req
+        if self.moa is not None and self.moa.handles(req.model):
+            refuse_mesh_images(req.images)
+        return await resolve_images(req, self.images)
 
     def _caps(self, call: MessagesCall) -> ModelCaps:
         """What the model can do, asked only when the request has reasoning controls."""
@@ -160,7 +181,7 @@ class MessagesApi:
     async def _count(self, call: MessagesCall, session: str) -> Response:
         """The prompt's tokens as the host renders them: a one-token generation's ``prompt_tokens``
         (the host's prefix cache keeps the prompt for the request that follows)."""
-        req = generation_request(call, new_id("count"), session, self._caps(call))
+        req = await self._with_images(generation_request(call, new_id("count"), session, self._caps(call)))
         try:
             out = await complete_chat(self.router, req)
         except GenerationError as exc:

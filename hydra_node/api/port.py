@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from hydra_node.api.body import MAX_JSON_DEPTH
 from hydra_node.api.errors import ApiError, bad
+from hydra_node.api.images import IMAGE_PATHS, TEXT_BODY_BYTES
 from hydra_node.http.guard import key_matches
 from hydra_node.http.server import Request, Response, StreamResponse
 
@@ -57,6 +58,8 @@ class InferencePort:
                 "missing or invalid API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
                 "invalid_api_key",
             )
+        if len(request.body) > TEXT_BODY_BYTES and path not in IMAGE_PATHS:  # only chats carry images
+            raise ApiError(413, f"request body exceeds {TEXT_BODY_BYTES} bytes", "request_too_large")
         for prefix, handler in self.routes:
             if path == prefix or path.startswith(prefix + "/"):
                 return await handler(request)

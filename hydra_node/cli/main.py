@@ -15,7 +15,7 @@ from hydra_node import __version__
 from hydra_node.cli.discovery import add_discover_parser, add_serve_args as add_discovery_serve_args, cmd_discover
 from hydra_node.cli.discovery import exception_leaves, settings_from_args as discovery_settings_from_args
 from hydra_node.cli.models import add_split_serve_args, add_swap_parser, cmd_swap, split_config_from_args
-from hydra_node.cli.models import add_models_parser, cmd_models, fetch_settings, prepare_models
+from hydra_node.cli.models import add_models_parser, cmd_models, fetch_settings, pair_projectors, prepare_models
 from hydra_node.cli.setup_cmd import add_setup_parser, cmd_setup
 from hydra_node.cli.client import NodeClient, NodeClientError
 from hydra_node.cli.agents import AGENTS, add_agent_parsers, cmd_agent
@@ -185,6 +185,18 @@ def build_parser() -> argparse.ArgumentParser:
         "hf://OWNER/REPO[@REV]/FILE.gguf or https://.../x.gguf (optionally ID=URL; downloaded "
         "first, or fetched from a peer with --join; docs/models.md), or placement:NAME (a "
         "model_weights artifact from the placement cache or namespaces; docs/placement.md)",
+    )
+    s.add_argument(
+        "--mmproj",
+        action="append",
+        default=[],
+        metavar="[ID=]PROJECTOR",
+        help="serve a --model with its multimodal projector, so its chats take images (docs/vision.md): "
+        "a projector GGUF file (general.architecture 'clip', e.g. mmproj-*.gguf), "
+        "hf://OWNER/REPO[@REV]/FILE.gguf, an https:// URL or a catalogue name (that entry's projector); "
+        "fetched and verified like a model. With one --model a bare PROJECTOR pairs with it; with "
+        "several, name the model by its id: --mmproj ID=PROJECTOR (repeatable, one per model). A "
+        "catalogue model that lists a projector gets it without this flag",
     )
     s.add_argument(
         "--no-model", action="store_true", help="host no model: join the mesh, answer the API and offer capacity"
@@ -375,12 +387,14 @@ def node_config_from_args(args) -> NodeConfig:
         relay=relay_settings_from_args(args, file_cfg.relay),
         fault=file_cfg.testing.link_faults(),  # [testing]: testing only (docs/config.md)
     )
+    mmproj = pair_projectors(models, list(getattr(args, "mmproj", ()) or ()), ConfigError)
     max_mem = getattr(args, "max_memory", None)
     if max_mem is not None and max_mem <= 0:
         raise ConfigError("--max-memory: must be > 0 GB")
     cfg = NodeConfig(
         home=_home(args),
         models=models,
+        mmproj=mmproj,
         no_model=no_model,
         standby=standby,
         name=args.name or "",
@@ -511,6 +525,7 @@ def cmd_status(args) -> int:
         print(
             f"  model {m['id']}: {m['state']}  pid {m.get('pid')}  restarts {m['restarts']}  "
             f"done {r.get('completed', 0)}  ttft {r.get('ttft_ms', 0)} ms  {r.get('tokens_per_s', 0)} tok/s"
+            + (f"  projector {m['mmproj']}" if m.get("mmproj") else "")
         )
     peers = st.get("peers", [])
     print(f"peers: {len(peers)}")

@@ -81,6 +81,13 @@ def add_swap_parser(sub, add_home) -> None:
         "unloads its other models unless --keep. RPC workers stay up.",
     )
     sw.add_argument("model", metavar="MODEL")
+    sw.add_argument(
+        "--mmproj",
+        metavar="PROJECTOR",
+        default=None,
+        help="load MODEL with this multimodal projector (a projector GGUF file, hf://, https:// or a catalogue "
+        "name: fetched first; docs/vision.md); a catalogue MODEL that lists one gets it without this flag",
+    )
     sw.add_argument("--keep", action="store_true", help="keep the models already loaded")
     sw.add_argument("--split", action="store_true", help="split MODEL over mesh RPC workers even if it fits")
     sw.add_argument("--timeout", type=float, default=SWAP_WAIT_DEFAULT_S, help="seconds to wait for the load")
@@ -109,16 +116,26 @@ def cmd_swap(args, client: NodeClient, settings=None) -> int:
     the node, else the internet) and loaded as ``ID=PATH``."""
     from hydra_node.runtime.fetch import BadModelSource, DownloadError, needs_fetch
 
+    from hydra_node.models import ModelNotFound
+    from hydra_node.runtime.fetch.fetcher import catalogue_projector
+
     model = args.model
+    projector = getattr(args, "mmproj", None) or catalogue_projector(model)
     try:
         if settings is not None and needs_fetch(model):
             rec = pull_model(model, settings, client)
             model = f"{rec.model_id}={rec.path(settings.cache_dir)}"
+        mmproj = None if projector is None else _local_projector(projector, settings)
     except (BadModelSource, DownloadError) as exc:
         return fetch_failed(exc)
+    except ModelNotFound as exc:  # (BadProjector)
+        print(f"hydra-node: {exc}", file=sys.stderr)
+        return 2
     try:
         before = client.get("/api/runtime/models", timeout=LIST_TIMEOUT_S)["models"]
         body = {"model": model, "wait": True, "timeout_s": args.timeout}
+        if mmproj is not None:
+            body["mmproj"] = mmproj
         if args.split:
             body["split"] = True
         loaded = client.post("/api/runtime/models", body, timeout=args.timeout + 10)
@@ -132,6 +149,23 @@ def cmd_swap(args, client: NodeClient, settings=None) -> int:
         print(f"hydra-node: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _local_projector(ref: str, settings) -> str:
+    """The projector ``ref`` as a checked local path: a file as given, else fetched (``settings``; the
+    cache, else downloaded). BadProjector, BadModelSource or DownloadError otherwise."""
+    from pathlib import Path
+
+    from hydra_node.models import resolve_mmproj
+    from hydra_node.runtime.fetch.fetcher import ensure_projector
+
+    if Path(ref).expanduser().is_file() or settings is None or not _remote_projector(ref):
+        return str(resolve_mmproj(ref))
+    progress = StderrProgress(f"downloading the projector {ref}")
+    local = ensure_projector(ref, settings, progress=progress)
+    if local.source != "cache":
+        progress.finish()
+    return str(resolve_mmproj(local.path, flag=f"--mmproj {ref}: the fetched file"))
 
 
 # ---- `hydra models`: the catalogue, the local cache, the mesh; pull and rm (docs/models.md) --------------
@@ -251,9 +285,125 @@ def fetch_settings(home, file_cfg, environ):
     )
 
 
+# ---- `serve --mmproj`: a model served with its multimodal projector (docs/vision.md) -----------------
+
+
+def serve_model_id(ref: str) -> str:
+    """The id a ``--model`` value is served under, without touching a file or the network: NAME of
+    ``placement:NAME``, the bundled id, a catalogue name, the ID of ``ID=PATH|URL``, else the file's stem
+    (as :func:`hydra_node.models.resolve_model` and the catalogue name them). BadModelSource for a
+    remote reference that names no file."""
+    from pathlib import Path
+
+    from hydra_node.models import BUNDLED_MODEL_ID
+    from hydra_node.runtime.fetch import load_catalogue, needs_fetch
+    from hydra_node.runtime.fetch.catalogue import resolve_remote
+
+    if ref.startswith("placement:"):
+        return ref[len("placement:") :]
+    if ref in (BUNDLED_MODEL_ID, "default", "bundled"):
+        return BUNDLED_MODEL_ID
+    catalogue = load_catalogue()
+    if needs_fetch(ref, catalogue) or ref in catalogue:
+        return resolve_remote(ref, catalogue).model_id
+    if "=" in ref and not Path(ref).exists():
+        return ref.split("=", 1)[0]
+    name = Path(ref).expanduser().name
+    return name[: -len(".gguf")] if name.endswith(".gguf") else name
+
+
+def _split_projector(value: str) -> tuple[str | None, str]:
+    """``ID=PROJECTOR`` → (ID, PROJECTOR); a bare PROJECTOR (a path that exists with ``=`` in it
+    included) → (None, PROJECTOR)."""
+    from pathlib import Path
+
+    if "=" in value.split("://", 1)[0] and not Path(value).expanduser().exists():
+        model_id, ref = value.split("=", 1)
+        return model_id, ref
+    return None, value
+
+
+def pair_projectors(models, values, error) -> tuple[tuple[str, str], ...]:
+    """``--mmproj`` values paired with the ``--model`` values ``models``: (model id, projector) each.
+    A bare PROJECTOR pairs with the one model (refused with several: name the model), ``ID=PROJECTOR``
+    with the model served as ID (refused when no --model is served as ID); a model gets at most one.
+    ``error(msg)`` is raised (the CLI's ConfigError) with the fix in the message."""
+    from hydra_node.runtime.fetch import BadModelSource
+
+    if not values:
+        return ()
+    if not models:
+        raise error(
+            f"--mmproj {values[0]}: a projector is served beside a model, and no --model is given: add one, "
+            f"e.g. --model /models/x.gguf --mmproj {values[0]} (the bundled model: --model SmolLM2-135M-Instruct-Q4_1)"
+        )
+    try:
+        ids = [serve_model_id(m) for m in models]
+    except BadModelSource as exc:
+        raise error(str(exc)) from None
+    out: dict[str, str] = {}
+    for value in values:
+        model_id, ref = _split_projector(value)
+        if not ref:
+            raise error(f"--mmproj {value}: no projector after the '='")
+        if model_id is None:
+            if len(ids) != 1:
+                raise error(
+                    f"--mmproj {value}: {len(ids)} models are served; name the one it belongs to: "
+                    f"--mmproj ID={value} (ids: {', '.join(ids)})"
+                )
+            model_id = ids[0]
+        elif model_id not in ids:
+            raise error(
+                f"--mmproj {value}: no --model is served as {model_id!r} (ids: {', '.join(ids)}); "
+                f"--mmproj ID=PROJECTOR names a model by its id"
+            )
+        if model_id in out:
+            raise error(f"--mmproj: model {model_id!r} is given two projectors ({out[model_id]}, {ref}); keep one")
+        out[model_id] = ref
+    return tuple(out.items())
+
+
+def _prepare_projectors(cfg, settings) -> tuple[tuple[str, str], ...] | None:
+    """Each projector of ``cfg.mmproj`` and of the catalogue models (``cfg.models``) that list one, as a
+    checked local file: a path as given, else fetched (cache, else downloaded; verified). Always before
+    the node starts, also with --join (a projector is small next to its model). None (after one error
+    line) on failure."""
+    from hydra_node.models import ModelNotFound
+    from hydra_node.runtime.fetch import BadModelSource, DownloadError
+    from hydra_node.runtime.fetch.fetcher import catalogue_projector
+
+    wanted = dict(cfg.mmproj)
+    for ref in cfg.models:
+        name = catalogue_projector(ref)  # (a catalogue name is served under itself)
+        if name is not None and name not in wanted:  # an explicit --mmproj for it wins
+            wanted[name] = name
+    out = []
+    for model_id, ref in wanted.items():
+        try:
+            path = _local_projector(ref, settings)
+        except DownloadError as exc:
+            print(f"hydra-node: {exc.code}: --mmproj {ref}: {exc}", file=sys.stderr)
+            return None
+        except (BadModelSource, ModelNotFound) as exc:
+            print(f"hydra-node: {exc}", file=sys.stderr)
+            return None
+        out.append((model_id, path))
+    return tuple(out)
+
+
+def _remote_projector(ref: str) -> bool:
+    from hydra_node.runtime.fetch import load_catalogue
+    from hydra_node.runtime.fetch.catalogue import is_remote_ref
+
+    return is_remote_ref(ref) or ref in load_catalogue()
+
+
 def prepare_models(cfg, environ):
     """``serve --model NAME|URL``: make sure each such model is downloaded (progress on stderr) and
-    hand the node ``ID=PATH``; other values pass unchanged. None (after one error line) on failure."""
+    hand the node ``ID=PATH``; other values pass unchanged. Projectors (``--mmproj``, and a catalogue
+    model's own) are fetched too and handed over as checked local paths. None (after one error line)
+    on failure."""
     from pathlib import Path
 
     from hydra_node.models import BUNDLED_MODEL_ID, ModelNotFound
@@ -268,6 +418,9 @@ def prepare_models(cfg, environ):
     settings = fetch_settings(cfg.home, cfg.file, environ)
     joining = cfg.mesh is not None and bool(cfg.mesh.join)
     out, deferred = [], []
+    projectors = _prepare_projectors(cfg, settings)
+    if projectors is None:
+        return None
     for ref in cfg.models:
         if ref.startswith("placement:"):  # materialised by the node at start (docs/placement.md)
             out.append(ref)
@@ -304,7 +457,7 @@ def prepare_models(cfg, environ):
         if local.source not in ("cache", "bundled"):
             progress.finish()
         out.append(f"{local.model_id}={local.path}")
-    return cfg.replace(models=tuple(out), fetch_models=tuple(deferred), fetch_settings=settings)
+    return cfg.replace(models=tuple(out), fetch_models=tuple(deferred), fetch_settings=settings, mmproj=projectors)
 
 
 def _held_locally(ref, settings) -> bool:
@@ -377,6 +530,16 @@ def _list(args, settings, client: NodeClient) -> int:
                             "quant": e.quant,
                             "context": e.context,
                             "bundled": e.bundled,
+                            "mmproj": None
+                            if not e.has_projector
+                            else {
+                                "id": e.projector_id,
+                                "sources": list(e.mmproj_sources),
+                                "file": e.mmproj_file,
+                                "size_bytes": e.mmproj_size_bytes,
+                                "approx_gb": e.mmproj_approx_gb,
+                                "sha256": e.mmproj_sha256,
+                            },
                         }
                         for e in cat.values()
                     ],
@@ -407,7 +570,8 @@ def _list(args, settings, client: NodeClient) -> int:
     print("CATALOGUE (hydra serve --model NAME; hydra models pull NAME)")
     for e in cat.values():
         state = "bundled" if e.bundled else ("downloaded" if e.name in local else "")
-        print(f"  {e.name:<28} {e.quant:<7} {e.display_size:>10}  {e.licence:<11} {state}")
+        vision = "+ projector (images)" if e.has_projector else ""
+        print(f"  {e.name:<28} {e.quant:<7} {e.display_size:>10}  {e.licence:<11} {state} {vision}".rstrip())
     limit = cache.capacity_bytes
     print(
         f"LOCAL ({cache.root}: {cache.used_bytes() / 1e9:.2f} GB"
@@ -483,6 +647,17 @@ def _pull(args, settings, client: NodeClient) -> int:
     rec = pull_model(
         args.model, settings, client, force=args.force, keep=args.keep, peers=not args.no_peers, sha256=args.sha256
     )
+    from hydra_node.runtime.fetch.fetcher import catalogue_projector
+
+    if catalogue_projector(args.model) is not None:  # a vision entry: its projector comes with it
+        from hydra_node.models import ModelNotFound
+
+        try:
+            projector = _local_projector(args.model, settings)
+        except ModelNotFound as exc:  # (BadProjector: the fetched file is none)
+            print(f"hydra-node: {exc}", file=sys.stderr)
+            return 1
+        print(f"projector of {rec.model_id}: {projector}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(
             json.dumps(

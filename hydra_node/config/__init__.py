@@ -211,6 +211,11 @@ class ApiSection:
     allow_hosts: tuple = ()
     #: The model ``claude-*`` ids ask for on /v1/messages (any mesh model id, or "mesh"); "": the largest.
     claude_model: str = ""
+    #: Image parts given by http(s) URL (docs/vision.md): fetch from hosts that resolve to private,
+    #: loopback or link-local addresses too (off: only public addresses, against SSRF).
+    image_fetch_private: bool = False
+    #: Longest an image URL's download may take, in seconds (0 < s <= 120).
+    image_fetch_timeout_s: float = 10.0
 
     def validate(self, prefix: str) -> None:
         from hydra_node.http.guard import normalize_origin, valid_host_name
@@ -219,6 +224,11 @@ class ApiSection:
             self.claude_model == self.claude_model.strip() and not self.claude_model.startswith("claude"),
             f"[{prefix}].claude_model",
             f"must be a mesh model id (or \"mesh\"), not {self.claude_model!r}",
+        )
+        _check(
+            0 < self.image_fetch_timeout_s <= 120,
+            f"[{prefix}].image_fetch_timeout_s",
+            f"must be more than 0 and at most 120 seconds, not {self.image_fetch_timeout_s!r}",
         )
 
         for origin in self.cors_origins:
@@ -313,6 +323,9 @@ class NodeConfig:
 
     home: Path
     models: tuple[str, ...] = ()  # --model values; empty = the bundled model
+    #: ``--mmproj``: (model id, projector) pairs; a local GGUF path once ``prepare_models`` fetched it
+    #: (hydra_node/cli/models.py); the node refuses an id it does not serve (docs/vision.md)
+    mmproj: tuple[tuple[str, str], ...] = ()
     no_model: bool = False
     #: ``serve --standby``: host nothing, offer the room to re-host a model the mesh lost (chosen first)
     standby: bool = False

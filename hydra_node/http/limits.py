@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["ConnectionTable", "HttpLimits", "RateLimitedLog"]
+__all__ = ["INFERENCE_BODY_BYTES", "TEXT_BODY_BYTES", "ConnectionTable", "HttpLimits", "RateLimitedLog"]
+
+#: Largest body of a request's text (every route; the default ``max_body_bytes``).
+TEXT_BODY_BYTES = 8 * 1024 * 1024
+#: Largest body the inference port (:9337) reads: a chat's images as base64 (12 MiB of image
+#: bytes are about 16.1 MiB) plus TEXT_BODY_BYTES of text; the routes check the two parts
+#: (hydra_node/api/images.py ``check_body_size``), and more than this is a 413 before the body is read.
+INFERENCE_BODY_BYTES = 24 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -16,7 +23,7 @@ class HttpLimits:
     #: Largest request head (request line + headers) accepted; more gets 431.
     max_header_bytes: int = 64 * 1024
     #: Largest request body accepted; more gets 413.
-    max_body_bytes: int = 8 * 1024 * 1024
+    max_body_bytes: int = TEXT_BODY_BYTES
     #: How long a keep-alive connection may sit idle between requests.
     keepalive_idle_s: float = 75.0
     #: How long a request head may take: from accept for the first request, from its first byte after.

@@ -1,5 +1,12 @@
 """The chat-only parts of a chat completions body: messages, tools, tool_choice, response_format, logprobs.
 
+Image parts (``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..." | "https://...",
+"detail": "auto" | "low" | "high"}}``, or ``"image_url": "URL"``) are allowed in ``user`` messages
+only (OpenAI's rule); each becomes :data:`~hydra_node.inference.images.IMAGE_MARK` in the
+message's content and one :class:`ImageInput` in ``images`` (:mod:`hydra_node.api.image_parts`: in
+a request with images, the text's own U+FFFC become U+FFFD). ``input_audio`` and ``file`` parts
+are refused, naming the part.
+
 :func:`chat_fields` returns :class:`GenerationRequest` fields; the grammar that enforces forced tool
 calls or a JSON response format is built here, on the API node (:mod:`hydra_node.grammar.constraints`).
 Tool choice ``auto`` gets the lazy form (free text until the model writes ``<tool_call>``, then
@@ -14,7 +21,9 @@ import re
 
 from hydra_node.grammar import constraints as grammar  # built on the API node, enforced by the host's sampler
 from hydra_node.api.errors import bad
+from hydra_node.api.image_parts import ImageParts, url_image, with_image_parts
 from hydra_node.inference import MAX_TOOLS, MAX_TOP_LOGPROBS_REQUEST, ChatMessage, InvalidRequest, ToolCall, ToolSpec
+from hydra_node.inference.images import ImageInput
 
 __all__ = ["MAX_MESSAGES", "chat_fields"]
 
@@ -38,22 +47,52 @@ _MESSAGE_REFUSALS = {
 }
 
 
-def _content(m: dict, p: str, nullable: bool) -> str:
+def _image_url_part(part: dict, q: str) -> ImageInput:
+    """``{"type": "image_url", "image_url": {"url", "detail"}}`` (or ``"image_url": "URL"``)."""
+    for key, v in part.items():
+        if key not in ("type", "image_url") and v is not None:
+            raise bad(f"{q}.{key} is not an image_url part field", f"{q}.{key}", "unknown_parameter")
+    iu = part.get("image_url")
+    if isinstance(iu, str):
+        return url_image(iu, q)
+    if not isinstance(iu, dict):
+        raise bad(f"'{q}.image_url' must be an object {{\"url\", \"detail\"}}", f"{q}.image_url", "invalid_type")
+    for key, v in iu.items():
+        if key not in ("url", "detail") and v is not None:
+            raise bad(f"{q}.image_url.{key} is not an image_url field", f"{q}.image_url.{key}", "unknown_parameter")
+    return url_image(iu.get("url"), q, iu.get("detail"))
+
+
+def _content(m: dict, p: str, nullable: bool, parts: ImageParts) -> str:
     content = m.get("content")
     if isinstance(content, str):
-        return content
+        return parts.text(content)
     if content is None:
         if nullable:
             return ""
         raise bad(f"'{p}.content' is required", f"{p}.content", "missing_required_parameter")
-    if isinstance(content, list):  # [{"type": "text", "text": "..."}]
-        parts = []
+    if isinstance(content, list):  # [{"type": "text", "text": "..."}, {"type": "image_url", ...}]
+        texts = []
         for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad(f"{p}.content[{j}]: only text parts are supported", f"{p}.content")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise bad(f"{p}.content must be a string or an array of text parts", f"{p}.content", "invalid_type")
+            q = f"{p}.content[{j}]"
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                texts.append(parts.text(part["text"]))
+            elif kind == "image_url":
+                if m.get("role") != "user":
+                    raise bad(f"{q}: image_url parts are allowed only in user messages", f"{q}.type", "invalid_value")
+                texts.append(parts.image(_image_url_part(part, q)))
+            elif kind in ("input_audio", "file"):
+                raise bad(
+                    f"{q}: {kind} parts are not supported (audio/file parts are not supported: "
+                    "send text and image_url parts)",
+                    q,
+                    "unsupported_parameter",
+                )
+            else:
+                raise bad(f"{q}: only text and image_url parts are supported", q)
+        return "".join(texts)
+    raise bad(f"{p}.content must be a string or an array of content parts", f"{p}.content", "invalid_type")
 
 
 def _tool_calls(m: dict, p: str) -> tuple[ToolCall, ...]:
@@ -79,7 +118,7 @@ def _tool_calls(m: dict, p: str) -> tuple[ToolCall, ...]:
     return tuple(out)
 
 
-def _messages(body: dict) -> tuple[ChatMessage, ...]:
+def _messages(body: dict, parts: ImageParts) -> tuple[ChatMessage, ...]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad(
@@ -108,7 +147,7 @@ def _messages(body: dict) -> tuple[ChatMessage, ...]:
         if m.get("refusal") is not None:
             raise bad(f"{p}.refusal is not supported", f"{p}.refusal", "unsupported_parameter")
         calls = _tool_calls(m, p) if role == "assistant" else ()
-        content = _content(m, p, nullable=role == "assistant")
+        content = _content(m, p, role == "assistant", parts)
         thoughts = m.get("reasoning_content") if role == "assistant" else None
         if thoughts is not None and not isinstance(thoughts, str):
             raise bad(f"'{p}.reasoning_content' must be a string", f"{p}.reasoning_content", "invalid_type")
@@ -250,8 +289,10 @@ def chat_fields(body: dict) -> dict:
         raise bad(f"'top_logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS_REQUEST}", "top_logprobs")
     if top and not logprobs:
         raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    messages, images = with_image_parts(lambda parts: _messages(body, parts))
     fields = dict(
-        messages=_messages(body),
+        messages=messages,
+        images=images,
         tools=tools,
         tool_choice=choice,
         tool_name=name,

@@ -108,6 +108,10 @@ REFUSED = {
     "in [defaults.model_fit.prefix_cache], not per request)",
 }
 
+#: What completions refuse besides REFUSED: llama-server's multimodal prompt fields.
+TEXT_ONLY = "completions take text only; use /v1/chat/completions with image_url parts"
+COMPLETION_REFUSED = {"multimodal_data": TEXT_ONLY, "image_data": TEXT_ONLY}
+
 
 @dataclass(frozen=True)
 class ParsedBody:
@@ -147,11 +151,11 @@ def _bool(body: dict, key: str, default: bool = False) -> bool:
     return v
 
 
-def _check_keys(body: dict, allowed: set[str]) -> None:
+def _check_keys(body: dict, allowed: set[str], refused: dict[str, str] = REFUSED) -> None:
     for key in body:
-        if key in REFUSED:
+        if key in refused:
             if body[key] is not None:
-                raise bad(REFUSED[key], key, "unsupported_parameter")
+                raise bad(refused[key], key, "unsupported_parameter")
         elif key not in allowed:
             raise bad(f"Unrecognized request argument supplied: {key}", key, "unknown_parameter")
 
@@ -214,6 +218,9 @@ def _prompts(body: dict) -> list[dict]:
         return [{"prompt": ""}]
     if isinstance(p, str):
         return [{"prompt": p}]
+    if isinstance(p, dict) or (isinstance(p, list) and any(isinstance(x, dict) for x in p)):
+        # llama-server's {"prompt_string", "multimodal_data"} prompt objects
+        raise bad(TEXT_ONLY, "prompt", "unsupported_parameter")
     if isinstance(p, list) and p:
         if all(isinstance(x, str) for x in p):
             return [{"prompt": x} for x in p]
@@ -261,7 +268,10 @@ def parse_body(
     ``model`` is required); ``caps``: what a model can do, asked only when the body uses a
     reasoning control or ``suffix``."""
     body = load_body(raw)
-    _check_keys(body, _CHAT if kind == "chat" else _COMPLETION)
+    if kind == "chat":
+        _check_keys(body, _CHAT)
+    else:
+        _check_keys(body, _COMPLETION, REFUSED | COMPLETION_REFUSED)
     model = requested_model(body, served)
     stream = _bool(body, "stream")
     include_usage = _stream_options(body, stream)
@@ -376,4 +386,4 @@ def parse_request(raw: bytes, kind: str) -> tuple[GenerationRequest, bool, bool]
     return parsed.request, parsed.stream, parsed.include_usage
 
 
-__all__ += ["IGNORED", "REFUSED", "ApiError"]
+__all__ += ["IGNORED", "REFUSED", "COMPLETION_REFUSED", "TEXT_ONLY", "ApiError"]

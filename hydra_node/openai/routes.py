@@ -25,6 +25,7 @@ from hydra_node.api.answer import stream_answer
 from hydra_node.api.chat import sum_usage
 from hydra_node.api.errors import ApiError
 from hydra_node.api.fanout import StreamFanOut, run_all
+from hydra_node.api.images import ImagePolicy, check_body_size, refuse_mesh_images, resolve_images
 from hydra_node.api.router_api import RouterApi
 from hydra_node.api.tool_choice_header import TOOL_CHOICE_HEADER, override_tool_choice
 from hydra_node.http.messages import served_by_header
@@ -54,11 +55,13 @@ class OpenAIApi:
     """``/v1/models``, ``/v1/models/{id}``, ``/v1/chat/completions`` and ``/v1/completions``.
 
     ``router`` provides ``generate(req)``, ``models()`` and ``recently_seen(id)``; ``moa``: the
-    mixture of agents behind ``model: "mesh"`` (None: no mesh model)."""
+    mixture of agents behind ``model: "mesh"`` (None: no mesh model); ``images``: how a chat's
+    image URLs are fetched (hydra_node/api/images.py)."""
 
-    def __init__(self, router: RouterApi, *, moa: MoaApi | None = None):
+    def __init__(self, router: RouterApi, *, moa: MoaApi | None = None, images: ImagePolicy | None = None):
         self.router = router
         self.moa = moa
+        self.images = images if images is not None else ImagePolicy()
         self.moa_chat = MoaChat(moa) if moa is not None else None
 
     async def handle(self, request: Request) -> Response | StreamResponse:
@@ -127,6 +130,7 @@ class OpenAIApi:
     async def _generate(self, request: Request, kind: str) -> Response | StreamResponse:
         raw = override_tool_choice(request.body, request.headers.get(TOOL_CHOICE_HEADER), "chat")  # agents
         parsed = parse_body(raw, kind, served=self.served(), caps=self.caps)
+        check_body_size(len(request.body), parsed.request.images)
         session = request.headers.get("x-session-id", "")
         if session:  # routing affinity (docs/scheduler.md); the header wins over the body's user
             parsed = dataclasses.replace(
@@ -134,8 +138,11 @@ class OpenAIApi:
             )
         if self.moa is not None and self.moa.handles(parsed.request.model):
             assert self.moa_chat is not None
+            refuse_mesh_images(parsed.request.images)
             return await self.moa_chat.answer(parsed, request.nursery)  # model "mesh" (docs/moa.md)
         self.check_model(parsed.request.model)
+        if parsed.request.images:  # fetched, checked and converted here, before routing (docs/vision.md)
+            parsed = dataclasses.replace(parsed, requests=(await resolve_images(parsed.request, self.images),))
         reqs = expand(parsed)
         if parsed.stream:
             return await self._stream(parsed, reqs, request.nursery)

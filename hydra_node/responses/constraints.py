@@ -68,6 +68,7 @@ def generation_request(
             model=call.model,
             kind="chat",
             messages=call.messages,
+            images=call.images,
             max_tokens=call.max_output_tokens,
             temperature=call.temperature,
             top_p=call.top_p,

@@ -3,13 +3,18 @@
 ``input`` is a string (one user message) or a list of items: messages (``role`` user, system,
 developer or assistant; ``content`` a string or a list of ``input_text``/``output_text`` parts),
 ``function_call`` items (an assistant's call), ``function_call_output`` items (a tool's
-result) and ``reasoning`` items (a reasoning model's thoughts, as this API outputs them). They
+result: a string or input_text / input_image parts) and ``reasoning`` items (a reasoning model's thoughts, as this API outputs them). They
 become :class:`ChatMessage` s: a developer message is a system message, an assistant message
 followed by its function calls is one assistant message with ``tool_calls``, a function call
 output is a ``tool`` message naming the call it answers, and a reasoning item is the
 ``reasoning`` of the assistant turn that follows it (its message or calls; a reasoning item with
 no assistant item after it is an assistant turn of its own, with no text). Anything else is an
 :class:`ApiError` (400) naming the item.
+
+Images (docs/vision.md): ``{"type": "input_image", "image_url": "data:<type>;base64,..." |
+"https://...", "detail"}`` parts of user messages and of function call outputs become
+:data:`~hydra_node.inference.images.IMAGE_MARK` in the text and one image of the request
+(:mod:`hydra_node.api.image_parts`); ``file_id``, ``input_file`` and ``input_audio`` are refused.
 
 A reasoning item's thoughts are the texts of its ``content`` (``reasoning_text`` parts), or, when
 it has none, of its ``summary`` (``summary_text`` parts: what another server returned). An
@@ -22,7 +27,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hydra_node.api.errors import bad
+from hydra_node.api.image_parts import ImageParts, url_image
 from hydra_node.inference import ChatMessage, InvalidRequest, ToolCall
+from hydra_node.inference.images import ImageInput
 
 __all__ = ["MAX_INPUT_ITEMS", "input_messages"]
 
@@ -40,11 +47,36 @@ _ITEM_EXTRAS = {
     "reasoning": {"id", "status"},
 }
 _PART_EXTRAS = {"annotations", "logprobs"}
+#: Parts refused with their reason (images are ``input_image`` parts).
+_REFUSED_PARTS = {
+    "input_file": "file parts are not supported",
+    "input_audio": "audio parts are not supported",
+}
 
 
-def _text_parts(content, param: str, allowed: Sequence[str], sep: str = "") -> str:
+def _input_image(part: dict, p: str) -> ImageInput:
+    """``{"type": "input_image", "image_url": "data:..." | "https://...", "detail"}``."""
+    for key, v in part.items():
+        if key not in ("type", "image_url", "detail", "file_id") and v is not None:
+            raise bad(f"'{p}' has unsupported field {key!r}", f"{p}.{key}", "unknown_parameter")
+    if part.get("file_id") is not None:
+        raise bad(f"{p}: file ids are not supported: send image_url", f"{p}.file_id", "unsupported_parameter")
+    if part.get("image_url") is None:
+        raise bad(f"'{p}.image_url' is required", f"{p}.image_url", "missing_required_parameter")
+    return url_image(part["image_url"], p, part.get("detail"))
+
+
+def _text_parts(
+    content,
+    param: str,
+    allowed: Sequence[str],
+    sep: str = "",
+    parts: ImageParts | None = None,
+    images: bool = False,
+) -> str:
+    """Text parts joined; ``parts`` escapes the text and, where ``images``, takes ``input_image`` parts."""
     if isinstance(content, str):
-        return content
+        return parts.text(content) if parts is not None else content
     if not isinstance(content, list):
         raise bad(f"'{param}' must be a string or an array of text parts", param, "invalid_type")
     texts = []
@@ -53,10 +85,17 @@ def _text_parts(content, param: str, allowed: Sequence[str], sep: str = "") -> s
         if not isinstance(part, dict):
             raise bad(f"'{p}' must be an object", p, "invalid_type")
         kind = part.get("type")
+        if kind == "input_image" and parts is not None:
+            if not images:
+                raise bad(f"{p}: input_image parts are allowed only in user messages", f"{p}.type")
+            texts.append(parts.image(_input_image(part, p)))
+            continue
+        if kind in _REFUSED_PARTS:
+            raise bad(f"{p}: {_REFUSED_PARTS[kind]}", f"{p}.type", "unsupported_parameter")
         if kind not in allowed:
+            hint = "input_image parts are accepted in user messages and function_call_output"
             raise bad(
-                f"'{p}.type' {kind!r:.40} is not supported here (supported: {', '.join(allowed)}); "
-                "images, files and audio are not",
+                f"'{p}.type' {kind!r:.40} is not supported here (supported: {', '.join(allowed)}; {hint})",
                 f"{p}.type",
             )
         if not isinstance(part.get("text"), str):
@@ -64,7 +103,7 @@ def _text_parts(content, param: str, allowed: Sequence[str], sep: str = "") -> s
         unknown = {k for k, v in part.items() if v is not None} - {"type", "text"} - _PART_EXTRAS
         if unknown:
             raise bad(f"'{p}' has unsupported field {min(unknown)!r}", f"{p}.{min(unknown)}", "unknown_parameter")
-        texts.append(part["text"])
+        texts.append(parts.text(part["text"]) if parts is not None else part["text"])
     return sep.join(texts)
 
 
@@ -118,11 +157,13 @@ def _call_names(history: Sequence[ChatMessage]) -> dict[str, str]:
     return {c.id: c.name for m in history for c in m.tool_calls}
 
 
-def input_messages(value, history: Sequence[ChatMessage] = ()) -> list[ChatMessage]:
+def input_messages(value, history: Sequence[ChatMessage] = (), parts: ImageParts | None = None) -> list[ChatMessage]:
     """``input`` as chat messages. ``history`` (a previous response's conversation) is only read
-    to name the function a ``function_call_output`` answers."""
+    to name the function a ``function_call_output`` answers. ``parts`` takes the images
+    (``input_image`` parts of user messages and of function call outputs) and escapes the text
+    (hydra_node/api/image_parts.py); None: image parts are refused as any unknown part."""
     if isinstance(value, str):
-        return [_message("user", value, "input")]
+        return [_message("user", parts.text(value) if parts is not None else value, "input")]
     if not isinstance(value, list):
         raise bad(
             "'input' must be a string or an array of input items",
@@ -156,7 +197,7 @@ def input_messages(value, history: Sequence[ChatMessage] = ()) -> list[ChatMessa
                     f"{param}.role",
                     "missing_required_parameter" if role is None else "invalid_value",
                 )
-            text = _text_parts(item.get("content"), f"{param}.content", _TEXT_PARTS)
+            text = _text_parts(item.get("content"), f"{param}.content", _TEXT_PARTS, parts=parts, images=role == "user")
             out.append(_message(_MESSAGE_ROLES[role], text, param, reasoning=thoughts))
             thoughts = ""
         elif kind == "function_call":
@@ -176,7 +217,9 @@ def input_messages(value, history: Sequence[ChatMessage] = ()) -> list[ChatMessa
         elif kind == "function_call_output":
             _check_fields(item, "function_call_output", {"call_id", "output"}, param)
             call_id = _string(item, "call_id", param)
-            output = _text_parts(item.get("output"), f"{param}.output", ("input_text", "output_text"))
+            output = _text_parts(
+                item.get("output"), f"{param}.output", ("input_text", "output_text"), parts=parts, images=True
+            )
             name = _string(item, "name", param, required=False) or names.get(call_id, "")
             out.append(_message("tool", output, param, tool_call_id=call_id, name=name))
         else:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from hydra_node.api.errors import bad
 from hydra_node.api.body import number
+from hydra_node.api.image_parts import ESCAPED_MARK, with_image_parts
 from hydra_node.responses.items import input_messages
 from hydra_node.inference import (
     MAX_TOKENS_LIMIT,
@@ -29,6 +30,7 @@ from hydra_node.inference import (
     InvalidRequest,
     ToolSpec,
 )
+from hydra_node.inference.images import IMAGE_MARK, ImageBlob, ImageInput
 
 __all__ = [
     "DEFAULT_TEMPERATURE",
@@ -130,6 +132,8 @@ class ResponsesCall:
     echo: dict = field(default_factory=dict)  # the rest of what the response object repeats
     reasoning_effort: str | None = None  # reasoning.effort as asked (None: not given)
     reasoning_summary: str | None = None  # reasoning.summary: None or "auto"
+    #: The input's images, in the order of their marks in ``history`` (docs/vision.md).
+    images: tuple[ImageBlob | ImageInput, ...] = ()
 
     @property
     def messages(self) -> tuple[ChatMessage, ...]:
@@ -381,11 +385,21 @@ def parse_responses_body(raw: bytes, previous: Callable[[str], Sequence[ChatMess
         if found is None:
             raise _not_found(prev_id)
         history = tuple(found)
+        if any(IMAGE_MARK in m.content for m in history):
+            raise bad(
+                f"previous response {prev_id!r:.80} had images, which this node does not keep: send the "
+                "conversation again as 'input', its images included (without previous_response_id)",
+                "previous_response_id",
+                "unsupported_parameter",
+            )
     tools, echo["tools"] = _tools(body.get("tools"))
     choice, name = _tool_choice(body.get("tool_choice"), tools)
     logprobs, top_logprobs = _logprobs(body)
     effort, summary = _reasoning(body.get("reasoning"))
-    messages = tuple(history) + tuple(input_messages(body.get("input"), history))
+    new, images = with_image_parts(lambda parts: input_messages(body.get("input"), history, parts))
+    messages = tuple(history) + tuple(new)
+    if images and instructions and IMAGE_MARK in instructions:  # marks and images pair up (docs/vision.md)
+        instructions = instructions.replace(IMAGE_MARK, ESCAPED_MARK)
     if not messages:
         raise bad("'input' must not be empty", "input", "missing_required_parameter")
     return ResponsesCall(
@@ -411,6 +425,7 @@ def parse_responses_body(raw: bytes, previous: Callable[[str], Sequence[ChatMess
         echo=echo,
         reasoning_effort=effort,
         reasoning_summary=summary,
+        images=images,
     )
 
 

@@ -22,6 +22,7 @@ from hydra_node.api.answer import nothing_to_close, stream_answer
 from hydra_node.http.server import Request, Response, StreamResponse
 from hydra_node.moa.answers import MoaApi, caps_of, complete_answer, open_chat_events
 from hydra_node.api.errors import ApiError
+from hydra_node.api.images import ImagePolicy, check_body_size, refuse_mesh_images, resolve_images
 from hydra_node.api.router_api import RouterApi
 from hydra_node.responses.constraints import generation_request
 from hydra_node.responses.output import (
@@ -99,9 +100,11 @@ class ResponsesApi:
         store: ResponsesStore | None = None,
         clock: Callable[[], float] = time.time,
         moa: MoaApi | None = None,
+        images: ImagePolicy | None = None,
     ):
         self.router = router
         self.moa = moa  # model "mesh" (docs/moa.md); None: no mesh model
+        self.images = images if images is not None else ImagePolicy()  # image URLs (hydra_node/api/images.py)
         self.store = store if store is not None else ResponsesStore()
         self._clock = clock
 
@@ -118,12 +121,17 @@ class ResponsesApi:
         if request.method != "POST":
             raise ApiError(405, "use POST", "method_not_allowed")
         call = parse_responses_body(request.body, self.store.get)
+        check_body_size(len(request.body), call.images)
         self._check_model(call.model)
+        if self._mesh(call.model):
+            refuse_mesh_images(call.images)
         resp_id = new_id("resp")
         created = int(self._clock())
         call = self._storable(call, resp_id, created)  # before any work on a response it cannot keep
         caps = NO_CAPS if call.reasoning_effort is None else caps_of(self.router, self.moa, call.model)
         req = generation_request(call, resp_id, request.headers.get("x-session-id", "") or call.session, caps)
+        if req.images:  # fetched, checked and converted here, before routing (docs/vision.md)
+            req = await resolve_images(req, self.images)
         if call.stream:
             return await self._stream(call, req, resp_id, created, request.nursery)
         return await self._complete(call, req, resp_id, created)

@@ -28,7 +28,8 @@ __all__ = ["capability_refusal", "needed", "serves"]
 
 def needed(req: GenerationRequest) -> tuple[tuple[str, str], ...]:
     """The capabilities ``req`` needs, each with the request field that needs it:
-    ``("reasoning", field)``, ``("fim", "suffix")``; empty for a plain request."""
+    ``("reasoning", field)``, ``("fim", "suffix")``, ``("vision", "messages")`` (images);
+    empty for a plain request."""
     out: list[tuple[str, str]] = []
     for name, used in (
         ("reasoning_effort", bool(req.reasoning_effort)),
@@ -88,14 +89,16 @@ def capability_refusal(req: GenerationRequest, listed: Sequence[RouteTarget]) ->
     known = [t.caps for t in listed if t.caps is not None]
     missing = [(c, f) for c, f in need if not any(_has(k, c) for k in known)] or list(need)
     capability, param = missing[0]
+    # what needs it: the field, or (images) what the field holds
+    what, verb = ("images in 'messages'", "need") if capability == "vision" else (f"'{param}'", "needs")
     if len(known) == len(listed):
         return GenerationError(
-            f"'{param}' needs {_WHAT[capability]}, and {req.model!r} is not one (as its hosts report it)",
+            f"{what} {verb} {_WHAT[capability]}, and {req.model!r} is not one (as its hosts report it)",
             code="unsupported_parameter",
             status=400,
         )
     return GenerationError(
-        f"no host of {req.model!r} reports the capability '{param}' needs ({_WHAT[capability]}); a host whose "
+        f"no host of {req.model!r} reports the capability {what} {verb} ({_WHAT[capability]}); a host whose "
         "capabilities are unknown (loading, or an older hydra-node that would ignore the field) is not sent it: "
         "try again once it is ready, or upgrade it",
         code="capability_unknown",

@@ -18,10 +18,17 @@ reads them, with a deadline and a bound on the bodies it reads at once, before i
 older than the body form answers it with an ``invalid_request`` error (no ``req``): the requester
 reports that as a 502 ``peer_too_old``, tried once more on another host — never a success, never the
 client's 400.
+
+A chat's images (``images``: :class:`~hydra_node.inference.images.ImageBlob` maps) travel once per
+peer (routing/image_cache.py): the requester leaves out the bytes of an image it sent that peer
+recently; the host fills them from its :class:`ImageCache`, or answers 409 ``images_missing``
+(retryable) before anything runs, and the requester sends the request once more with every image's
+bytes, on a new stream, before the caller sees any event.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -47,6 +54,7 @@ from hydra_node.inference import (
 from hydra_node.codec import cbor as codec_cbor
 from hydra_node.codec.errors import DecodeError
 from hydra_node.inference.errors import RemoteError
+from hydra_node.inference.images import ImageBlob, ImageInput
 from hydra_node.mesh.wire import cbor
 from hydra_node.mesh.wire.constants import DATA_CHUNK_BYTES, MAX_OPEN_HEADER_BYTES
 from hydra_node.mesh.wire.errors import LinkClosed, MeshError, StreamReset
@@ -54,6 +62,7 @@ from hydra_node.models import RESERVED_MODEL_IDS
 from hydra_node.mesh.link.peer_link import PeerLink
 from hydra_node.mesh.membership import Announcement
 from hydra_node.mesh.link.stream import LinkStream
+from hydra_node.routing.image_cache import ImageCache, ImageCacheStatistics, ImagesMissing, SentImages
 from hydra_node.routing.target import OpenGeneration, RouteTarget, TargetState
 from hydra_node.routing.serving import serve_while_requester_stays
 from hydra_node.routing.target_wait import MeshView
@@ -62,6 +71,8 @@ from hydra_node.runtime.hosting.caps_wire import PeerCaps, parse_caps_extra
 __all__ = [
     "MAX_GENERATE_BODY_BYTES",
     "MAX_BODY_BYTES_READING",
+    "IMAGES_MISSING",
+    "images_missing_error",
     "REQUEST_BODY_TIMEOUT_S",
     "LocalOpen",
     "MeshMembers",
@@ -79,14 +90,18 @@ STREAM_CLOSE_TIMEOUT_S = 2.0
 #: RTT assumed for a peer we have no open link to (so it ranks behind measured ones).
 UNLINKED_RTT_MS = 1000.0
 #: Largest request body of a ``generate`` stream (the request's CBOR when it does not fit the header):
-#: the API's 8 MiB JSON body is no larger as CBOR; the margin holds a continuation's resume_tokens
-#: (at most 32768 ids, 5 bytes each). As ``embed`` (remote_embed.MAX_EMBED_REQUEST_BYTES).
-MAX_GENERATE_BODY_BYTES = 12 * 1024 * 1024
+#: a chat's images (at most MAX_REQUEST_IMAGE_BYTES, 12 MiB) with the rest of the request; 64 KiB
+#: under the 16 MiB frame of the host's runner channel (runtime/child/channel.py), so the frame that
+#: hands the runner an accepted request (the request and a few keys) always fits it.
+MAX_GENERATE_BODY_BYTES = 16 * 1024 * 1024 - 64 * 1024
 #: How long a host waits for all of a request body after the stream opened (then: 408 request_timeout).
 REQUEST_BODY_TIMEOUT_S = 30.0
 #: Request body bytes a host reads at once, over all its generate streams (a member could otherwise
-#: open MAX_STREAMS_PER_LINK streams announcing 12 MiB each): past it, 503 ``busy``, retryable.
+#: open MAX_STREAMS_PER_LINK streams announcing 16 MiB each): past it, 503 ``busy``, retryable. Four
+#: requests with their full images at once (about 64 MiB of buffers), the image cache apart.
 MAX_BODY_BYTES_READING = 4 * MAX_GENERATE_BODY_BYTES
+#: The host's answer to elided images it does not hold (the requester sends them again, once).
+IMAGES_MISSING = "images_missing"
 
 
 #: Bytes ``{"kind": "generate", "req": R}`` takes besides R's own encoding.
@@ -160,15 +175,35 @@ class RemoteGenerationStatistics:
     errors: int
     bad_requests: int
     reserved_models_ignored: int = 0
+    #: requester: images sent with their bytes, sent without them (the peer held them), the image
+    #: bytes sent, and the requests sent again with every image's bytes after ``images_missing``
+    images_sent: int = 0
+    images_elided: int = 0
+    image_bytes_sent: int = 0
+    images_missing_retries: int = 0
+    #: host: its image cache (routing/image_cache.py) and the ``images_missing`` answers it gave
+    image_cache: ImageCacheStatistics = ImageCacheStatistics(0, 0, 0, 0, 0, 0)
+    images_missing_answers: int = 0
 
     def counters(self) -> dict[str, int]:
-        """The names ``/api/status`` has always shown under ``mesh.counters``."""
+        """The names ``/api/status`` shows under ``mesh.counters`` (the first five since always)."""
+        cache = self.image_cache
         return {
             "remote_generations_served": self.served,
             "remote_generations_opened": self.opened,
             "remote_generation_errors": self.errors,
             "bad_generate_requests": self.bad_requests,
             "reserved_models_ignored": self.reserved_models_ignored,
+            "images_sent": self.images_sent,
+            "images_elided": self.images_elided,
+            "image_bytes_sent": self.image_bytes_sent,
+            "images_missing_retries": self.images_missing_retries,
+            "images_missing_answers": self.images_missing_answers,
+            "image_cache_entries": cache.entries,
+            "image_cache_bytes": cache.bytes,
+            "image_cache_stored": cache.stored,
+            "image_cache_filled": cache.filled,
+            "image_cache_evicted": cache.evicted,
         }
 
 
@@ -185,12 +220,20 @@ class RemoteGeneration:
         tokenize_remote: TokenizeRemote | None = None,
         body_timeout_s: float = REQUEST_BODY_TIMEOUT_S,
         body_bytes_reading: int = MAX_BODY_BYTES_READING,
+        image_cache: ImageCache | None = None,
+        sent_images: SentImages | None = None,
     ) -> None:
         """``embed_remote(peer_id, EmbeddingRequest)``: the ``embed`` of our remote targets (remote_embed.py);
         ``tokenize_remote(peer_id, TokenizeRequest)``: the ``tokenize`` of our remote targets (remote_tokenize.py);
         ``body_timeout_s``: how long a host waits for a request body (REQUEST_BODY_TIMEOUT_S);
-        ``body_bytes_reading``: the body bytes it reads at once over all streams (MAX_BODY_BYTES_READING)."""
+        ``body_bytes_reading``: the body bytes it reads at once over all streams (MAX_BODY_BYTES_READING);
+        ``image_cache``: the host's images by requester (IMAGE_CACHE_BYTES; ``ImageCache(0)``: none kept);
+        ``sent_images``: which images the requester sent each peer (``SentImages(0)``: always send the bytes)."""
         self._mesh = mesh
+        self._images = image_cache if image_cache is not None else ImageCache()
+        self._sent = sent_images if sent_images is not None else SentImages()
+        self._images_sent = self._images_elided = self._image_bytes_sent = 0
+        self._missing_retries = self._missing_answers = 0
         self._body_timeout_s = body_timeout_s
         self._body_budget = body_bytes_reading
         self._body_reading = 0  # bytes announced by the bodies being read now
@@ -209,7 +252,17 @@ class RemoteGeneration:
 
     def statistics(self) -> RemoteGenerationStatistics:
         return RemoteGenerationStatistics(
-            self._opened, self._served, self._errors, self._bad_requests, self._reserved_ignored
+            self._opened,
+            self._served,
+            self._errors,
+            self._bad_requests,
+            self._reserved_ignored,
+            images_sent=self._images_sent,
+            images_elided=self._images_elided,
+            image_bytes_sent=self._image_bytes_sent,
+            images_missing_retries=self._missing_retries,
+            image_cache=self._images.statistics(),
+            images_missing_answers=self._missing_answers,
         )
 
     def _ignore_reserved(self, peer_id: str, ann: Announcement, model: str) -> None:
@@ -237,6 +290,8 @@ class RemoteGeneration:
             del self._reserved_seen[gone]
         for gone in [p for p in self._caps_seen if p not in members]:
             del self._caps_seen[gone]
+        for gone in [p for p in self._sent.known_peers() if p not in members]:
+            self._sent.forget(gone)  # a peer that comes back has a new process: an empty cache
         for peer_id, ann in members.items():
             if ann.role == "client":
                 continue
@@ -284,12 +339,65 @@ class RemoteGeneration:
 
     @asynccontextmanager
     async def open_remote(self, peer_id: str, req: GenerationRequest) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
-        """Run ``req`` on ``peer_id``: events stream back; leaving early resets the stream (cancels it there)."""
-        header, body = generate_header(req)  # a body: a long prompt, or a continuation of a long answer
+        """Run ``req`` on ``peer_id``: events stream back; leaving early resets the stream (cancels it there).
+        A chat's images go without the bytes of those the peer was sent recently; when it no longer
+        holds one (409 ``images_missing``), the request goes once more with every image's bytes."""
+        elided = self._elided(peer_id, req)
+        if elided is not req:
+            _check_full_size(elided, req)  # the 413 of the full request, whatever the peer holds
+        header, body = generate_header(elided)  # a body: a long prompt, images, a continuation
         try:
             link = await self._mesh.link_to(peer_id)
         except MeshError as exc:
             raise ModelUnavailable(f"peer {peer_id[:16]} is unreachable: {exc}") from None
+        self._count_images(elided.images)
+        if elided is not req:
+            # the peer's first event says whether it held the images: read it before the caller does
+            async with self._attempt(peer_id, link, elided, header, body) as events:
+                try:
+                    first = await events.__anext__()
+                except RemoteError as exc:
+                    if exc.code != IMAGES_MISSING:
+                        raise
+                    log.info("event=images_missing peer=%s %s", peer_id[:16], exc.message[:200])
+                else:
+                    self._sent.sent(peer_id, req.images)
+                    yield _Pushed(first, events)
+                    return
+            self._sent.forget(peer_id, [im.sha256 for im in elided.images if isinstance(im, ImageBlob) and im.elided])
+            self._missing_retries += 1
+            elided = dataclasses.replace(req, images=SentImages.once(req.images))
+            self._count_images(elided.images)
+            header, body = generate_header(elided)
+        async with self._attempt(peer_id, link, elided, header, body) as events:
+            if not req.images:
+                yield events
+            else:
+                yield _Pushed(None, events, lambda: self._sent.sent(peer_id, req.images))
+
+    def _elided(self, peer_id: str, req: GenerationRequest) -> GenerationRequest:
+        """``req`` as it goes to ``peer_id`` first: its images' bytes left out where the peer holds
+        them (``req`` itself when no byte is left out)."""
+        if not req.images or not req.images_resolved:
+            return req  # (an unresolved image: to_wire refuses it)
+        images = self._sent.elide(peer_id, req.images)
+        if not any(im.elided for im in images):
+            return req
+        return dataclasses.replace(req, images=images)
+
+    def _count_images(self, images: tuple[ImageBlob | ImageInput, ...]) -> None:
+        for im in images:
+            if im.data:
+                self._images_sent += 1
+                self._image_bytes_sent += len(im.data)
+            else:
+                self._images_elided += 1
+
+    @asynccontextmanager
+    async def _attempt(
+        self, peer_id: str, link: PeerLink, req: GenerationRequest, header: dict[str, Any], body: bytes | None
+    ) -> AsyncIterator[AsyncIterator[GenerationEvent]]:
+        """One generate stream to ``peer_id`` for ``req`` (``header`` and ``body``: :func:`generate_header`'s)."""
         self._opened += 1
         finished = False
         try:
@@ -429,6 +537,13 @@ class RemoteGeneration:
         if open_local is None:
             await send_error(ModelUnavailable(f"peer {self.node_id[:16]} does not host {req.model!r}"))
             return
+        if req.images:
+            try:  # the images with bytes are kept; the elided ones filled from what this peer sent before
+                req = dataclasses.replace(req, images=self._images.fill(link.peer_id, req.images))
+            except ImagesMissing as missing:
+                self._missing_answers += 1
+                await send_error(images_missing_error(self.node_id, missing.missing))
+                return
         self._served += 1
 
         async def answer() -> None:
@@ -445,6 +560,64 @@ class RemoteGeneration:
 
         if await serve_while_requester_stays(stream, answer):
             log.info("event=remote_generation_cancelled peer=%s model=%s", link.peer_id[:16], req.model)
+
+
+class _Pushed:
+    """``events`` with ``first`` (already read) in front of them; ``on_first()`` once an event came."""
+
+    def __init__(
+        self,
+        first: GenerationEvent | None,
+        events: AsyncIterator[GenerationEvent],
+        on_first: Callable[[], None] | None = None,
+    ) -> None:
+        self._first, self._events, self._on_first = first, events, on_first
+
+    def __aiter__(self) -> "_Pushed":
+        return self
+
+    async def __anext__(self) -> GenerationEvent:
+        if self._first is not None:
+            ev, self._first = self._first, None
+            return ev
+        ev = await self._events.__anext__()
+        if self._on_first is not None:
+            on_first, self._on_first = self._on_first, None
+            on_first()
+        return ev
+
+
+def _cbor_bytes_size(n: int) -> int:
+    """Bytes a CBOR byte string of ``n`` bytes takes (its head and the bytes)."""
+    return n + (1 if n < 24 else 2 if n < 1 << 8 else 3 if n < 1 << 16 else 5 if n < 1 << 32 else 9)
+
+
+def _check_full_size(elided: GenerationRequest, full: GenerationRequest) -> None:
+    """413 ``request_too_large`` when ``full`` with its images' bytes (as it goes after
+    ``images_missing``) would pass MAX_GENERATE_BODY_BYTES: the answer must not depend on what
+    the peer holds. The size is ``elided``'s plus each byte string put back (and its ``data`` key)."""
+    size = len(cbor.encode(elided.to_wire()))
+    for a, b in zip(elided.images, SentImages.once(full.images)):
+        if not a.data and b.data:
+            size += len(cbor.encode("data")) + _cbor_bytes_size(len(b.data))
+    if size > MAX_GENERATE_BODY_BYTES:
+        raise GenerationError(
+            f"the request is too large to forward to a peer ({size} bytes of at most {MAX_GENERATE_BODY_BYTES})",
+            code="request_too_large",
+            status=413,
+        )
+
+
+def images_missing_error(node_id: str, missing: tuple[str, ...]) -> GenerationError:
+    """A host's answer to elided images it does not hold: 409, retryable (the requester sends the
+    request again with every image's bytes); the message names each missing SHA-256."""
+    return GenerationError(
+        f"peer {node_id[:16]} does not hold {len(missing)} of the request's images (sent without their bytes); "
+        f"send them again with their bytes: sha256 {', '.join(missing)}",
+        code=IMAGES_MISSING,
+        status=409,
+        retryable=True,
+    )
 
 
 def _too_old(peer_id: str, exc: RemoteError) -> GenerationError:

@@ -17,6 +17,7 @@ the first target of the fixed rule that can embed (the scheduler ignores them), 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -631,7 +632,8 @@ class Router:
     def capabilities(self, model: str) -> ModelCaps:
         """What ``model`` can do: this node's runner's report when it hosts it, else the first a host
         reports in the fixed rule's order (ready hosts first); :data:`NO_CAPS` when none reports any
-        (no such model, or only older hosts). Every host of one model file reports the same."""
+        (no such model, or only older hosts). Every host of one model file reports the same, but
+        ``vision``/``audio`` (a host's projector): the model has them when any of its hosts does."""
         return _caps_of([t for t in self.all_targets() if t.model == model])
 
     async def tokenize(self, req: TokenizeRequest) -> TokenizeResult:
@@ -717,9 +719,18 @@ async def _first_event(events: AsyncIterator[GenerationEvent]) -> GenerationEven
 
 def _caps_of(targets: list[RouteTarget]) -> ModelCaps:
     """The first capabilities reported among one model's ``targets``: local first, ready ones before
-    the others, then the fixed rule's order; :data:`NO_CAPS` when none reports any."""
+    the others, then the fixed rule's order; :data:`NO_CAPS` when none reports any. ``vision`` and
+    ``audio`` come from the host's projector, not the model file: the model has them when any host
+    reports them (the router sends a request with images to such a host)."""
     ranked = sorted(targets, key=lambda t: (not t.local, t.state != TargetState.READY, _fixed_rule(t)))
-    return next((t.caps for t in ranked if t.caps is not None), NO_CAPS)
+    reported = [t.caps for t in ranked if t.caps is not None]
+    if not reported:
+        return NO_CAPS
+    vision, audio = any(c.vision for c in reported), any(c.audio for c in reported)
+    first = reported[0]
+    if (vision, audio) == (first.vision, first.audio):
+        return first
+    return dataclasses.replace(first, vision=vision, audio=audio)
 
 
 def _fixed_rule(t: RouteTarget) -> tuple:

@@ -174,7 +174,7 @@ def test_prefill_is_refused_with_tool_use_or_with_thinking():
         (body(messages=[{"role": "tool", "content": "x"}]), "messages[0].role"),
         (
             body(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]),
-            "messages[0].content[0].type",
+            "messages[0].content[0].source.type",  # tests/anthropic/test_anthropic_images.py
         ),
         (body(messages=[{"role": "user", "content": "a"}, {"role": "assistant", "content": ""}]), "messages[1]"),
         (body(tools=[{"type": "web_search_20250305", "name": "web_search"}]), "tools[0].type"),

@@ -96,7 +96,7 @@ def refused(body, kind="chat") -> ApiError:
         (chat(messages=[{"role": "user", "content": None}]), "messages[0].content"),
         (
             chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
-            "messages[0].content",
+            "messages[0].content[0]",  # not a data: or http(s) URL (tests/openai/test_image_parts.py)
         ),
         (chat(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
         (chat(messages=[{"role": "tool", "content": "sunny"}]), "messages[0].tool_call_id"),

@@ -106,7 +106,7 @@ def test_unknown_previous_response_is_refused():
 @pytest.mark.parametrize(
     "item, param",
     [
-        ({"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}, "input[0].content[0].type"),
+        ({"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}, "input[0].content[0].file_id"),
         ({"role": "tool", "content": "x"}, "input[0].role"),
         ({"type": "reasoning", "summary": [], "encrypted_content": "gAAAA"}, "input[0].encrypted_content"),
         ({"type": "reasoning", "content": [{"type": "reasoning_text", "text": "t"}]}, "input[0].summary"),

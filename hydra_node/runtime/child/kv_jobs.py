@@ -18,6 +18,9 @@ Channel messages (``hydra_node/runtime/child/main.py``):
   resident prefix, so the next prompt starting with those tokens skips their prefill:
   ``{"op": "kv_imported", "id", "tokens", "bytes", "slot"}``.  With every slot busy the import
   waits for one (its buffer held: the node sends one KV operation at a time).
+* a prompt holding images (placeholder ids, engine/media.py) is not exported: 400
+  ``unsupported_parameter`` (the file's token ids are unsigned and its identity names no projector);
+  an imported state holds text tokens only.
 * a ``cancel`` of the id drops a waiting export or import (an export whose prefill runs is
   cancelled in the engine and answered by it, ``error`` 499).
 
@@ -49,6 +52,7 @@ from hydra_node.runtime.artifacts.kv_state import (
     write_kv_state,
 )
 from hydra_node.runtime.child.engine.kv_seq import KvCellsError, load_cells, save_cells
+from hydra_node.runtime.child.engine.media import is_media
 from hydra_node.runtime.child.engine.slots import Rejected
 from hydra_node.runtime.child.chat_prompt import InvalidPrompt
 
@@ -160,6 +164,15 @@ class KvJobs:
                 400,
                 "context_length_exceeded",
                 f"the prefix is {len(tokens)} tokens; this runner's context is {self.engine.n_ctx}",
+            )
+        if any(is_media(t) for t in tokens):
+            return self._error(
+                rid,
+                400,
+                "unsupported_parameter",
+                "a prompt with images cannot be exported: a kv_state file holds token ids only and its "
+                "identity does not name the vision projector whose embeddings the cells hold "
+                "(protocol/kv_state.md); export the text before the first image instead",
             )
         if self.engine.sched.holding(tokens) >= 0:
             return self._save(rid, tokens, path, sha)

@@ -5,7 +5,9 @@ The main thread runs the engine loop (:mod:`hydra_node.runtime.child.engine_loop
 each with its own sampler chain (grammar, penalties, logit bias, logprobs).  With
 ``--no-continuous-batching`` the engine runs with one slot (one sequence at a time, every
 sampling feature still there).  A draft model (speculative decoding) speculates inside the
-engine (:mod:`hydra_node.runtime.child.engine.speculation`).
+engine (:mod:`hydra_node.runtime.child.engine.speculation`). With ``--mmproj`` a vision projector
+(:mod:`hydra_node.runtime.child.vision`, libmtmd) turns a chat's images into placeholder positions
+of its prompt (:mod:`hydra_node.runtime.child.engine.media`) whose embeddings the engine decodes.
 
 Started by :mod:`hydra_node.runtime.runner.supervisor` with a connected socket on
 ``--fd``.  Speaks the runner channel (length-prefixed canonical CBOR maps,
@@ -49,6 +51,7 @@ from hydra_node.runtime.child.channel import ChannelError, FrameDecoder, encode_
 from hydra_node.runtime.child.embed import Embedder
 from hydra_node.runtime.child.chat_prompt import ChatTemplate, InvalidPrompt, completion_token_ids
 from hydra_node.inference.capabilities import ModelCaps
+from hydra_node.inference.images import IMAGE_MARK
 from hydra_node.runtime.child.process import die_with_parent
 from hydra_node.runtime.runner.records import REASONING_FORMAT_SETTINGS
 from hydra_node.runtime.child.vocab_ops import TokenizerThread, fim_tokens, infill_layout, tokenize_answer
@@ -168,6 +171,7 @@ class Runner:
         self.n_layers = int(llama_cpp.llama_model_n_layer(self.llm._model.model))
         self.is_eog = lambda tok: bool(llama_cpp.llama_vocab_is_eog(self.vocab, tok))
         self.fim = fim_tokens(llama_cpp, self.vocab)  # None: no fill-in-the-middle tokens
+        self.projector = self.load_projector(int(kwargs["n_gpu_layers"]), gpu_devices)
         self.caps = self.model_caps()
         from hydra_node.runtime.child.speculative.assemble import engine_speculation
 
@@ -191,11 +195,30 @@ class Runner:
                 self.args.grammar_token_budget_ms / 1000.0, self.args.grammar_request_budget_s
             ),
         )
+        if self.projector is not None:
+            self.engine.attach_media(self.projector)  # image positions: engine/media.py
         if self.args.warmup:
             self.engine.warmup(self.llm.tokenize(WARMUP_TEXT))
         self.attach_prompt_cache()
         self.n_ctx = self.engine.ctx_per_slot  # what one request may use
         self.load_s = time.monotonic() - t0  # the engine's context and warm-up are part of loading
+
+    def load_projector(self, n_gpu_layers: int, gpu_devices: int):
+        """``--mmproj``: the vision projector beside the model (child/vision.py), or None. It runs
+        on a local GPU when the model's layers do (not with RPC workers: libmtmd would pick its
+        own device)."""
+        if not self.args.mmproj:
+            return None
+        from hydra_node.runtime.child.vision import Projector
+
+        return Projector.load(
+            self.args.mmproj,
+            self.llm._model.model,
+            model_path=self.args.model,
+            n_threads=int(llama_cpp.llama_n_threads(self.llm._ctx.ctx)),
+            use_gpu=n_gpu_layers != 0 and gpu_devices > 0 and not self.args.rpc,
+            verbose=self.args.verbose,
+        )
 
     def engine_report(self) -> dict:
         """How this runner generates (the ready message; shown in /api/status)."""
@@ -260,11 +283,22 @@ class Runner:
         switch unset, on and off; or ``--reasoning-format``), fill-in-the-middle from the vocabulary."""
         import dataclasses
 
-        return dataclasses.replace(self.formatter.reasoning, fim=self.fim is not None)
+        p = self.projector
+        return dataclasses.replace(
+            self.formatter.reasoning,
+            fim=self.fim is not None,
+            vision=p is not None and p.vision,
+            audio=p is not None and p.audio,
+        )
 
     def prompt_tokens(self, req: dict) -> list[int]:
-        """The request's prompt as tokens (chat_prompt.py); :class:`InvalidPrompt` (400) when it cannot be one."""
+        """The request's prompt as tokens (chat_prompt.py); :class:`InvalidPrompt` (400) when it cannot be one.
+        A chat's images (``req["images"]``) go through the projector (child/vision.py): their
+        positions are placeholder ids (engine/media.py), counted in the prompt's length."""
         if req["kind"] == "chat":
+            images = req.get("images") or []
+            if images:
+                return self.image_chat_tokens(req, images)
             res = self.formatter.render(req)
             req["_reasoning"] = res.reasoning  # where a reasoning chat's output starts (engine/reasoning_track.py)
             return self.llm.tokenize(res.text.encode("utf-8"), add_bos=not res.added_special, special=True)
@@ -276,6 +310,24 @@ class Runner:
         if not toks:  # an empty prompt (or `prompt: null`): a new document, as OpenAI's default <|endoftext|>
             toks = self.document_start()
         return toks
+
+    def image_chat_tokens(self, req: dict, images: list) -> list[int]:
+        """A chat with images: each :data:`IMAGE_MARK` of the messages' content becomes the
+        projector's media marker before the template renders them (only in requests with images,
+        so a user's U+FFFC elsewhere stays text), then libmtmd tokenizes text and images together."""
+        if self.projector is None:
+            raise InvalidPrompt(
+                f"model {self.args.model_id!r} takes no images: its runner was started without a vision "
+                "projector (--mmproj; the model's mmproj setting)",
+                "messages",
+            )
+        if not isinstance(images, list) or not all(isinstance(im, dict) for im in images):
+            raise InvalidPrompt("'images' must be a list of image maps", "messages")
+        marker = self.projector.marker
+        shaped = dict(req, messages=[_with_marker(m, marker) for m in req.get("messages") or ()])
+        res = self.formatter.render(shaped)
+        req["_reasoning"] = res.reasoning
+        return self.projector.tokenize(res.text, images, add_special=not res.added_special, parse_special=True)
 
     def document_start(self) -> list[int]:
         """The tokens that start a new document: the vocabulary's own ``<|endoftext|>`` special token
@@ -315,6 +367,15 @@ class Runner:
             rid,
             wire,
         )
+
+
+def _with_marker(message, marker: str):
+    """A wire message (``[role, content]`` or a map) with :data:`IMAGE_MARK` in its content replaced by ``marker``."""
+    if isinstance(message, (list, tuple)) and len(message) == 2 and isinstance(message[1], str):
+        return [message[0], message[1].replace(IMAGE_MARK, marker)]
+    if isinstance(message, dict) and isinstance(message.get("content"), str):
+        return {**message, "content": message["content"].replace(IMAGE_MARK, marker)}
+    return message
 
 
 def _reader(ch: Channel, runner: Runner, work: "queue.Queue", tokenizer: TokenizerThread | None = None) -> None:
@@ -435,6 +496,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         help="grammar work one request may take before it fails with grammar_too_slow ([runner] config)",
+    )
+    p.add_argument(
+        "--mmproj",
+        default="",
+        help="a vision projector GGUF for the model (libmtmd; docs/vision.md): the runner then takes chats with images",
     )
     p.add_argument("--verbose", action="store_true")
     from hydra_node.runtime.child.speculative.assemble import add_runner_args

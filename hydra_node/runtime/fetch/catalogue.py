@@ -7,12 +7,18 @@ A model reference given to ``serve --model`` or ``hydra models pull`` is one of:
   ``hub`` is ``https://huggingface.co`` unless ``HF_ENDPOINT`` says otherwise);
 * a plain ``https://`` (or, for tests and local mirrors, ``http://``) URL of a ``.gguf`` file.
 
+An entry may pair the model with its multimodal projector (``mmproj_sources``, ``mmproj_file`` and,
+when known, ``mmproj_sha256``, ``mmproj_size_bytes`` or ``mmproj_approx_gb``): ``serve --model NAME``
+then fetches both. A ``--mmproj`` value (a catalogue name: that entry's projector, or ``hf://`` /
+``https://``) becomes a :class:`RemoteModel` through :func:`resolve_projector`.
+
 Each becomes a :class:`RemoteModel`: the id it is served under, the URLs to try, the cache file
 name and, when known, the exact size and sha256.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import tomllib
 from collections.abc import Mapping
@@ -21,7 +27,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from hydra_node.models import InvalidModelId, check_model_id
+from hydra_node.models import MAX_MODEL_ID_CHARS, InvalidModelId, check_model_id
 
 __all__ = [
     "DEFAULT_HUB",
@@ -33,6 +39,8 @@ __all__ = [
     "is_remote_ref",
     "load_catalogue",
     "parse_catalogue",
+    "projector_remote",
+    "resolve_projector",
     "resolve_remote",
     "with_sha256",
 ]
@@ -69,6 +77,22 @@ class CatalogueEntry:
     context: int | None = None
     bundled: bool = False
     note: str = ""
+    #: The multimodal projector served beside the model (docs/vision.md): where it comes from, its
+    #: cache file name and, when known, its exact size or approximate one and sha256; () / "": none.
+    mmproj_sources: tuple[str, ...] = ()
+    mmproj_file: str = ""
+    mmproj_size_bytes: int | None = None
+    mmproj_approx_gb: float | None = None
+    mmproj_sha256: str | None = None
+
+    @property
+    def has_projector(self) -> bool:
+        return bool(self.mmproj_sources)
+
+    @property
+    def projector_id(self) -> str:
+        """The id the projector is cached under (``hydra models`` lists it): NAME + ``.mmproj``."""
+        return self.name + PROJECTOR_SUFFIX
 
     def __post_init__(self) -> None:
         where = f"catalogue entry {self.name!r}"
@@ -84,6 +108,30 @@ class CatalogueEntry:
             raise CatalogueError(f"{where}: sha256 must be 64 lower-case hex digits")
         if self.size_bytes is not None and (isinstance(self.size_bytes, bool) or self.size_bytes <= 0):
             raise CatalogueError(f"{where}: size_bytes must be a positive integer")
+        self._check_projector(where)
+
+    def _check_projector(self, where: str) -> None:
+        given = [k for k in _PROJECTOR_FIELDS if getattr(self, k) not in ((), "", None)]
+        if not given:
+            return
+        if not self.mmproj_sources or not self.mmproj_file:
+            raise CatalogueError(f"{where}: a projector needs mmproj_sources and mmproj_file (it has {given})")
+        if not all(isinstance(s, str) and is_remote_ref(s) for s in self.mmproj_sources):
+            raise CatalogueError(f"{where}: mmproj_sources must be hf:// or https:// URLs")
+        if not _FILE_NAME.fullmatch(self.mmproj_file) or not self.mmproj_file.endswith(".gguf"):
+            raise CatalogueError(f"{where}: mmproj_file must be a plain .gguf file name, not {self.mmproj_file!r}")
+        if self.mmproj_file == self.file:
+            raise CatalogueError(f"{where}: mmproj_file must differ from file")
+        if self.mmproj_sha256 is not None and not _SHA256.fullmatch(self.mmproj_sha256):
+            raise CatalogueError(f"{where}: mmproj_sha256 must be 64 lower-case hex digits")
+        if self.mmproj_size_bytes is not None and (
+            isinstance(self.mmproj_size_bytes, bool) or self.mmproj_size_bytes <= 0
+        ):
+            raise CatalogueError(f"{where}: mmproj_size_bytes must be a positive integer")
+        try:
+            check_model_id(self.projector_id)
+        except InvalidModelId as exc:
+            raise CatalogueError(f"{where}: the projector's id: {exc}") from None
 
     @property
     def display_size(self) -> str:
@@ -120,7 +168,15 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "context": int,
     "bundled": bool,
     "note": str,
+    "mmproj_sources": list,
+    "mmproj_file": str,
+    "mmproj_size_bytes": int,
+    "mmproj_approx_gb": (int, float),
+    "mmproj_sha256": str,
 }
+_PROJECTOR_FIELDS = tuple(k for k in _FIELDS if k.startswith("mmproj_"))
+#: What a catalogue projector's cache id adds to its entry's name.
+PROJECTOR_SUFFIX = ".mmproj"
 
 
 def parse_catalogue(text: str) -> dict[str, CatalogueEntry]:
@@ -145,7 +201,9 @@ def parse_catalogue(text: str) -> dict[str, CatalogueEntry]:
                 raise CatalogueError(f"catalogue entry {name!r}: unknown field {key!r}")
             if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
                 raise CatalogueError(f"catalogue entry {name!r}: field {key!r} has the wrong type")
-            kwargs[key] = tuple(value) if key == "sources" and isinstance(value, list) else value  # (a list: checked)
+            if isinstance(value, list):  # sources, mmproj_sources (the only list fields: checked)
+                value = tuple(value)
+            kwargs[key] = value
         if "sources" not in kwargs or "file" not in kwargs:
             raise CatalogueError(f"catalogue entry {name!r}: needs sources and file")
         out[name] = CatalogueEntry(name=name, **kwargs)
@@ -247,3 +305,47 @@ def resolve_remote(ref: str, catalogue: Mapping[str, CatalogueEntry], hub: str =
     except InvalidModelId as exc:
         raise BadModelSource(str(exc)) from None
     return RemoteModel(served, (_check_url(url),), file, hub=hub_source)
+
+
+def projector_remote(entry: CatalogueEntry, hub: str = DEFAULT_HUB) -> RemoteModel:
+    """The projector of the catalogue entry ``entry`` (which has one), cached as ``NAME.mmproj``."""
+    urls = tuple(_check_url(hf_url(s, hub)[0] if s.startswith("hf://") else s) for s in entry.mmproj_sources)
+    approx = entry.mmproj_approx_gb
+    return RemoteModel(
+        entry.projector_id,
+        urls,
+        entry.mmproj_file,
+        entry.mmproj_size_bytes,
+        entry.mmproj_sha256,
+        hub=any(s.startswith("hf://") for s in entry.mmproj_sources),
+        approx_bytes=int(approx * 1e9) if approx and entry.mmproj_size_bytes is None else None,
+    )
+
+
+def resolve_projector(ref: str, catalogue: Mapping[str, CatalogueEntry], hub: str = DEFAULT_HUB) -> RemoteModel:
+    """A ``--mmproj`` value that is not a local file → :class:`RemoteModel`: a catalogue name (that
+    entry's projector), ``hf://OWNER/REPO[@REV]/FILE`` or an https:// URL. A URL's projector is cached
+    as its file's stem plus 8 hex digits of the URL's sha256: projector files often share a name
+    (``mmproj-model-f16.gguf``) across repositories, and one must never stand for another."""
+    entry = catalogue.get(ref)
+    if entry is not None:
+        if not entry.has_projector:
+            with_one = ", ".join(sorted(n for n, e in catalogue.items() if e.has_projector)) or "none"
+            raise BadModelSource(
+                f"--mmproj {ref}: the catalogue entry has no projector (entries with one: {with_one}); "
+                f"give a projector GGUF file or hf://OWNER/REPO[@REV]/FILE"
+            )
+        return projector_remote(entry, hub)
+    if ref.startswith("hf://"):
+        url, file = hf_url(ref, hub)
+        hub_source = True
+    elif ref.startswith(("https://", "http://")):
+        url, file, hub_source = _check_url(ref), _file_from_url(ref), False
+    else:
+        raise BadModelSource(
+            f"--mmproj {ref!r:.80}: not a file, a catalogue name with a projector, hf://OWNER/REPO[@REV]/FILE "
+            f"or an https:// URL"
+        )
+    tag = hashlib.sha256(url.encode()).hexdigest()[:8]
+    stem = file[: -len(".gguf")][: MAX_MODEL_ID_CHARS - len(tag) - 1]
+    return RemoteModel(f"{stem}-{tag}", (_check_url(url),), file, hub=hub_source)

@@ -19,6 +19,7 @@ from hydra_node.runtime.fetch.catalogue import (
     RemoteModel,
     is_remote_ref,
     load_catalogue,
+    resolve_projector,
     resolve_remote,
     with_sha256,
 )
@@ -27,7 +28,16 @@ from hydra_node.runtime.fetch.http_fetch import Progress, download_http
 from hydra_node.runtime.fetch.migrate import migrate_models
 from hydra_node.runtime.fetch.settings import ModelsSection
 
-__all__ = ["FetchSettings", "LocalModel", "ensure_local", "needs_fetch", "open_cache", "remote_for"]
+__all__ = [
+    "FetchSettings",
+    "LocalModel",
+    "catalogue_projector",
+    "ensure_local",
+    "ensure_projector",
+    "needs_fetch",
+    "open_cache",
+    "remote_for",
+]
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,32 @@ def ensure_local(
     remote = resolve_remote(ref, catalogue, settings.hub)
     if sha256 is not None:
         remote = with_sha256(remote, sha256)
+    return _ensure_remote(remote, settings, in_use=in_use, progress=progress, force=force, sha256=sha256)
+
+
+def catalogue_projector(ref: str, catalogue: dict[str, CatalogueEntry] | None = None) -> str | None:
+    """The catalogue name whose projector serves beside the ``--model`` value ``ref`` (a catalogue
+    name with ``mmproj_sources``), else None."""
+    entry = (load_catalogue() if catalogue is None else catalogue).get(ref)
+    return entry.name if entry is not None and entry.has_projector else None
+
+
+def ensure_projector(ref: str, settings: FetchSettings, *, progress: Progress | None = None) -> LocalModel:
+    """The verified local file of the projector ``ref`` (a catalogue name: its entry's projector, an
+    ``hf://`` reference or a URL): cached, else downloaded like a model (the same cache, digest pinned on
+    first download when none is published). Typed errors as :func:`ensure_local`."""
+    return _ensure_remote(resolve_projector(ref, load_catalogue(), settings.hub), settings, progress=progress)
+
+
+def _ensure_remote(
+    remote: RemoteModel,
+    settings: FetchSettings,
+    *,
+    in_use: frozenset[str] = frozenset(),
+    progress: Progress | None = None,
+    force: bool = False,
+    sha256: str | None = None,
+) -> LocalModel:
     cache = open_cache(settings)
     rec = cache.lookup(remote.model_id)
     if rec is not None and sha256 is not None and rec.sha256 != remote.sha256:

@@ -3,7 +3,7 @@ parsed defensively: a peer's malformed value or entry is dropped and counted, ne
 
 * ``model_caps``: ``{model id: ModelCaps wire, ...}``: what each model this node has loaded can do
   (:class:`~hydra_node.inference.capabilities.ModelCaps`: ``reasoning``, ``thinks``, ``switch``,
-  ``fim``, each only when set, so a model with none is ``{}``). At most MAX_CAPS_MODELS models.
+  ``fim``, ``vision``, ``audio``, each only when set, so a model with none is ``{}``). At most MAX_CAPS_MODELS models.
   A model the node announces without an entry here (an older node, a runner not ready yet) has
   unknown capabilities: the router sends it no request that needs one (routing/capable.py).
 """
@@ -19,7 +19,7 @@ from hydra_node.inference import MalformedRemoteEvent, ModelCaps
 __all__ = ["CAPS_KEY", "MAX_CAPS_MODELS", "PeerCaps", "caps_extra", "parse_caps_extra"]
 
 CAPS_KEY = "model_caps"
-#: Most models one announcement describes (each takes at most 5 of the 256 ``extra`` items).
+#: Most models one announcement describes (each takes at most 7 of the 256 ``extra`` items).
 MAX_CAPS_MODELS = 8
 _MAX_ID = 256
 

@@ -132,10 +132,12 @@ class RehostService:
         bundled: tuple[str, Callable[[], Path]],
         on_event: EmitFn | None = None,
         wall: Callable[[], float] = time.time,
+        projector: Callable[[str], Path | None] = lambda _model: None,
     ) -> None:
         """``bundled``: the bundled model's id and a callable giving its file. ``digests``:
         the file-digest table the model identities keep (routing/identity.py, shared): a file hashed
-        there is not hashed again."""
+        there is not hashed again. ``projector``: the projector GGUF this node pairs with a model id
+        (``serve --mmproj``), so a model re-hosted here keeps its images (docs/vision.md)."""
         self.settings = settings
         self.runtime = runtime
         self.mesh = mesh
@@ -144,6 +146,7 @@ class RehostService:
         self.bundled_id, self._bundled_path = bundled
         self._emit = on_event or (lambda _t, _f: None)
         self._wall = wall
+        self._projector = projector
         self.min_hosts: dict[str, int] = dict(settings.min_hosts)
         self.planner = RehostPlanner(settings.node_id, settle_s=settings.settle_s, bundled_id=self.bundled_id)
         self.claims: dict[str, str] = {}  # model → "loading" | "hosted"
@@ -348,7 +351,7 @@ class RehostService:
                     f"the file found for {model} has identity {model_ident(sha)}, the mesh's is {want.ident}"
                 )
             self._files[path] = (sha, size)
-            await self.runtime.load(ModelRef(model, path))
+            await self.runtime.load(ModelRef(model, path, self._projector(model)))
             state = await self.runtime.wait_ready(model, READY_TIMEOUT_S)
             if state != RunnerState.READY:
                 await self._unload_quietly(model)

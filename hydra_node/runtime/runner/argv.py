@@ -18,7 +18,8 @@ def prompt_cache_dir(home: Path, model_id: str) -> Path:
 
 def runner_argv(s: RunnerSettings, model: ModelRef, fd: int, home: Path | None = None) -> list[str]:
     """``python -m hydra_node.runtime.child.main`` with every knob of ``s`` (``fd``: the channel;
-    ``home``: the node home, where the prompt cache's disk tier lives; None: no disk tier)."""
+    ``home``: the node home, where the prompt cache's disk tier lives; None: no disk tier).
+    ``--mmproj PATH`` when the model is served with a projector (``ModelRef.mmproj``, docs/vision.md)."""
     argv = [
         sys.executable,
         "-m",
@@ -29,6 +30,7 @@ def runner_argv(s: RunnerSettings, model: ModelRef, fd: int, home: Path | None =
         str(model.path),
         "--model-id",
         model.id,
+        *(("--mmproj", str(model.mmproj)) if model.mmproj is not None else ()),
         "--n-ctx",
         str(s.n_ctx),
         "--n-batch",

@@ -288,6 +288,8 @@ class RunnerStatus:
     #: What the model can do, from the runner's ready message (reasoning, thinks, switch, fim:
     #: inference/capabilities.py); None before it is ready.
     caps: ModelCaps | None = None
+    #: The multimodal projector GGUF the runner loads beside the model (``--mmproj``); None without.
+    mmproj: str | None = None
 
 
 def safe_file_part(name: str) -> str:

@@ -240,6 +240,7 @@ class RunnerSupervisor:
             engine=self.info.get("engine"),
             engine_stats=self.engine_stats,
             caps=self.caps,
+            mmproj=None if self.model.mmproj is None else str(self.model.mmproj),
         )
 
     async def tokenize(self, req: TokenizeRequest) -> TokenizeResult:

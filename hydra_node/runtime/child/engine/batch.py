@@ -33,10 +33,26 @@ way), so the split layout would throw most of batching's gain away.  Sequence id
 Speculation (``speculation``: :class:`~hydra_node.runtime.child.engine.speculation.EngineSpeculation`,
 a runner with a draft): one greedy sequence's draft tokens ride in the same batch as everyone
 else's rows, verified there; the accepted ones are emitted in the same step (docs/speculative.md).
+
+Images (docs/vision.md): a prompt may hold placeholder ids (negative) where an image stands
+(:mod:`~hydra_node.runtime.child.engine.media`); the runner that loaded a projector gives the engine
+its :class:`~hydra_node.runtime.child.engine.media.MediaRows` (:meth:`BatchEngine.attach_media`),
+without which such a prompt is refused at submit (400 ``unsupported_parameter``).  The scheduler
+never mixes text and image positions in one prefill chunk, so a step's image chunks go into a second
+``llama_batch``, of embeddings (``embd`` rows from ``MediaRows.rows``, no logits), decoded just
+before the token batch: one more ``llama_decode`` only in steps that have image rows, and the
+token batch's logits are the step's.  A sequence with images is never speculated (a draft has no
+projector), its repeat-penalty window holds its prompt's text tokens only (llama-server skips its
+media positions too), and its prompt must end with a text token (the first sample needs logits).
+Image rows are decoded as text rows are: causal attention, one position per row, and an image may
+be spread over several steps (the room is shared); a projector whose model needs M-RoPE positions
+(``mtmd_decode_use_mrope``) or non-causal attention over a whole image (``mtmd_decode_use_non_causal``,
+Gemma 3) is therefore refused by the runner (runtime/child/vision.py), never decoded here.
 """
 
 from __future__ import annotations
 
+import ctypes
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -46,6 +62,7 @@ from hydra_node.inference.events import MAX_DELTA_LOGPROBS as MAX_DELTA_TOKENS
 from hydra_node.runtime.child.process import TokenClock
 from hydra_node.runtime.child.engine.grammar_budget import DEFAULT_LIMITS, GrammarLimits
 from hydra_node.runtime.child.engine.logprobs import LogprobReporter, TokenPieces, row_logits
+from hydra_node.runtime.child.engine.media import MediaRows, is_media
 from hydra_node.runtime.child.engine.sampler import Sampler, SamplerParams, SamplingError
 from hydra_node.runtime.child.engine.slots import DecodeToken, Finish, PrefillChunk, Rejected, SlotConfig, StepPlan
 from hydra_node.runtime.child.engine.spec_slots import SpeculativeSlots
@@ -143,6 +160,8 @@ class BatchEngine:
         self.grammar_limits = grammar_limits
         self._threads = (int(llama_cpp.llama_n_threads(self.ctx)), int(llama_cpp.llama_n_threads_batch(self.ctx)))
         self.tiers: PromptTiers | None = None  # the prompt cache's RAM/disk tiers (attach_tiers)
+        self._media: MediaRows | None = None  # the projector's embedding rows (attach_media)
+        self._embd = None  # the llama_batch of image embeddings (attach_media)
 
     # ---- requests --------------------------------------------------------------------
     def submit(self, rid: int, req: dict, tokens: list[int], clock: TokenClock) -> None:
@@ -153,6 +172,19 @@ class BatchEngine:
         penalties) and text assembler are advanced over them, the first ``resume_skip`` characters of
         its text are not sent again, and ``max_tokens`` is the budget left.  Its usage counts the
         original prompt and only the tokens generated here."""
+        media = any(is_media(t) for t in tokens)  # image positions (placeholder ids, engine/media.py)
+        if media and self._media is None:
+            self.send(
+                {
+                    "op": "error",
+                    "id": rid,
+                    "code": "unsupported_parameter",
+                    "status": 400,
+                    "message": "the prompt holds images, but this runner loaded no vision projector "
+                    "(mmproj) for its model: send the images to a host whose model has one",
+                }
+            )
+            return
         try:
             resume, skip = self._resume(req, len(tokens))
         except SamplingError as exc:
@@ -170,7 +202,8 @@ class BatchEngine:
                     self.vocab,
                     window=max_tokens + len(resume),
                     grammar_limits=self.grammar_limits,
-                    history=tokens,  # the repeat penalty's window starts in the prompt (llama-server's)
+                    # the repeat penalty's window starts in the prompt (llama-server's), text tokens only
+                    history=[t for t in tokens if not is_media(t)] if media else tokens,
                 ),
                 SamplerParams.from_request(req),
                 start,
@@ -233,7 +266,8 @@ class BatchEngine:
             p = sampler.params
             plain = not (p.grammar or p.logit_bias or p.penalised)
             forcing = think is not None and think.budget is not None  # host-written tokens: never drafted
-            self.spec.admit(rid, speculation_eligible(req, p.greedy, plain) and not resume and not forcing)
+            eligible = speculation_eligible(req, p.greedy, plain, media)
+            self.spec.admit(rid, eligible and not resume and not forcing)
 
     def _resume(self, req: dict, n_prompt: int) -> tuple[list[int], int]:
         """A request's ``resume_tokens`` (checked against the vocabulary and, with the prompt's
@@ -375,6 +409,7 @@ class BatchEngine:
             )
         )
         rows = self._fill(plan, rp)
+        n_media = self._fill_media(plan) if self._media is not None else 0
         small = (
             rp is not None
             and rp.k > 0
@@ -384,11 +419,17 @@ class BatchEngine:
         if small:
             self._ll.llama_set_n_threads(self.ctx, self._threads[0], self._threads[0])
         t0 = self.clock()
-        rc = self._ll.llama_decode(self.ctx, self._batch)
+        rc, what = 0, f"{plan.n_tokens} tokens"
+        if n_media:  # image rows first: the token batch's decode leaves the logits the step samples
+            rc = self._ll.llama_decode(self.ctx, self._embd)
+            what = f"{n_media} image embeddings"
+        if rc == 0 and self._batch.n_tokens:
+            rc = self._ll.llama_decode(self.ctx, self._batch)
+            what = f"{self._batch.n_tokens} tokens"
         if small:
             self._ll.llama_set_n_threads(self.ctx, *self._threads)
         if rc != 0:
-            self._fail_step(plan, f"llama_decode failed (rc={rc}) on a batch of {plan.n_tokens} tokens")
+            self._fail_step(plan, f"llama_decode failed (rc={rc}) on a batch of {what}")
             return
         sampled: dict[int, int] = {}
         spec_out: tuple[int, int | None] | None = None  # (accepted, next token) of the draft holder
@@ -489,6 +530,8 @@ class BatchEngine:
                     add(tok, d.pos + 1 + j, d.slot, True)
         for c in plan.prefill:
             prompt = self.sched.prompt_of(c.rid)
+            if is_media(prompt[c.start]):  # image rows: the embeddings batch (_fill_media)
+                continue
             for j in range(c.length):
                 end = c.last and j == c.length - 1
                 if end:
@@ -496,6 +539,47 @@ class BatchEngine:
                 add(prompt[c.start + j], c.start + j, c.slot, end)
         b.n_tokens = i
         return rows
+
+    def _fill_media(self, plan: StepPlan) -> int:
+        """Write the plan's image chunks (each all image positions: the scheduler cuts chunks at the
+        boundaries) into the embeddings batch, rows from ``MediaRows``; returns its rows.  A sequence
+        whose rows cannot be had fails alone (500 ``runner_error``) before anything is decoded."""
+        assert self._media is not None and self._embd is not None
+        b, width = self._embd, self._media.n_embd * ctypes.sizeof(ctypes.c_float)
+        base = ctypes.cast(b.embd, ctypes.c_void_p).value
+        assert base is not None
+        i = 0
+        for c in plan.prefill:
+            prompt = self.sched.prompt_of(c.rid)
+            if not is_media(prompt[c.start]):
+                continue
+            assert not c.last, "a prompt ends with a text token (SlotScheduler.submit)"
+            try:
+                data = bytes(self._media.rows(prompt[c.start : c.start + c.length]))
+                if len(data) != c.length * width:
+                    raise ValueError(f"{len(data)} bytes of embeddings for {c.length} rows of {width} bytes")
+            except Exception as exc:  # an unregistered placeholder, a failed encode: this request only
+                self.sched.finish(c.rid)  # its slot keeps the cells decoded so far
+                self._live.pop(c.rid).sampler.close()
+                self._release_spec(c.rid)
+                self.send(
+                    {
+                        "op": "error",
+                        "id": c.rid,
+                        "code": "runner_error",
+                        "status": 500,
+                        "message": f"cannot embed the image positions {c.start}..{c.start + c.length - 1} "
+                        f"of the prompt: {type(exc).__name__}: {exc}",
+                    }
+                )
+                continue
+            ctypes.memmove(base + i * width, data, len(data))
+            for j in range(c.length):
+                b.pos[i + j], b.n_seq_id[i + j], b.logits[i + j] = c.start + j, 1, False
+                b.seq_id[i + j][0] = c.slot
+            i += c.length
+        b.n_tokens = i
+        return i
 
     def _fail_step(self, plan: StepPlan, message: str) -> None:
         """A failed decode: every sequence in it gets an error; their cells are dropped."""
@@ -568,6 +652,19 @@ class BatchEngine:
         self._ll.llama_memory_clear(self.mem, True)
 
     # ---- life ----------------------------------------------------------------------------
+    def attach_media(self, rows: MediaRows) -> None:
+        """Serve prompts with images: their placeholder positions are decoded from ``rows``'
+        embeddings (the runner's projector, runtime/child/vision.py), which must be as wide as the
+        model's input embeddings (``llama_model_n_embd_inp``; ValueError otherwise)."""
+        want = int(self._ll.llama_model_n_embd_inp(self.llm._model.model))
+        if rows.n_embd != want:
+            raise ValueError(
+                f"the projector's embeddings are {rows.n_embd} wide; this model's input embeddings are {want}"
+            )
+        if self._embd is None:
+            self._embd = self._ll.llama_batch_init(self.n_batch, want, 1)
+        self._media = rows
+
     def attach_tiers(self, tiers: PromptTiers) -> None:
         """Keep the prefixes slots lose in ``tiers`` and restore them on a hit (docs/prompt-cache.md)."""
         self.tiers = tiers
@@ -614,3 +711,6 @@ class BatchEngine:
         if self._batch is not None:
             self._ll.llama_batch_free(self._batch)
             self._batch = None
+        if self._embd is not None:
+            self._ll.llama_batch_free(self._embd)
+            self._embd = None

@@ -21,12 +21,15 @@ prefix of the new one's).
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from hydra_node.runtime.artifacts.kv_identity import prefix_sha256
+from hydra_node.runtime.child.engine.media import is_media
 
 __all__ = ["LruBytes", "PromptStore", "StoreStatistics", "TierHit", "common_prefix", "prompt_key"]
 
@@ -34,7 +37,14 @@ V = TypeVar("V")
 
 
 def prompt_key(tokens: Sequence[int]) -> str:
-    """A saved state's key and file name stem: the hex sha256 of its packed token ids."""
+    """A saved state's key and file name stem: the hex sha256 of its packed token ids.
+
+    A prefix holding image positions (placeholder ids, negative: engine/media.py) is packed as
+    little-endian int32, which for token ids (``0 <= id < 2**31``) are the very bytes of the uint32
+    packing :func:`~hydra_node.runtime.artifacts.kv_identity.prefix_sha256` hashes; such a state lives in
+    the RAM tier only (:meth:`PromptTiers.save <hydra_node.runtime.child.engine.prompt_tiers.PromptTiers.save>`)."""
+    if any(is_media(t) for t in tokens):
+        return hashlib.sha256(struct.pack(f"<{len(tokens)}i", *tokens)).hexdigest()
     return prefix_sha256(tokens)
 
 

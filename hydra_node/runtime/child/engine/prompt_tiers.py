@@ -3,7 +3,9 @@ the tiers, restore one into a slot, keep the disk tier's ``kv_state`` files (doc
 
 * :meth:`PromptTiers.save`: a slot's cached prefix is about to be lost (the scheduler's
   ``take_dropped``): its state (``llama_state_seq_get_data``, :func:`~hydra_node.runtime.child.engine.kv_seq.save_cells`)
-  goes into the RAM tier, and is queued for the disk tier's writer thread;
+  goes into the RAM tier, and is queued for the disk tier's writer thread (not a prefix holding
+  image positions, engine/media.py: the file's identity does not name the projector that computed
+  them, so such a state stays in RAM, for this runner's life);
 * :meth:`PromptTiers.restore`: an admission the scheduler planned from a tier hit: the state is loaded
   into the slot (``llama_state_seq_set_data``, :func:`~hydra_node.runtime.child.engine.kv_seq.load_cells`),
   then the cells past the prompt's common prefix are dropped.  A state read from disk is checked first:
@@ -36,6 +38,7 @@ from hydra_node.runtime.artifacts.kv_cells import check_cells
 from hydra_node.runtime.artifacts.kv_identity import FileDigests, KvIdentity
 from hydra_node.runtime.artifacts.kv_state import KvStateInvalid, open_kv_state, write_kv_state
 from hydra_node.runtime.child.engine.kv_seq import KvCellsError, load_cells, save_cells
+from hydra_node.runtime.child.engine.media import is_media
 from hydra_node.runtime.child.engine.prompt_store import PromptStore, TierHit, prompt_key
 
 __all__ = ["SUFFIX", "DiskTier", "PromptTiers"]
@@ -49,6 +52,10 @@ FLUSH_TIMEOUT_S = 2.0
 
 _Buffer = tuple[ctypes.Array, int]  # (state buffer, bytes used)
 _Written = tuple[str, tuple[int, ...], int, int, str]  # key, tokens, file bytes, state bytes, error or ""
+
+
+def _has_media(tokens: tuple[int, ...]) -> bool:
+    return any(is_media(t) for t in tokens)
 
 
 def _log(line: str) -> None:
@@ -270,7 +277,9 @@ class PromptTiers:
         for k in self.store.superseded(tokens, "ram"):
             self.store.ram.pop(k)
         self.store.ram.put(key, tokens, state[1], state)
-        if on_disk and self.disk is not None and self.store.disk.fits(state[1]):
+        # never to disk with image positions: the kv_state identity names no projector (whose rows
+        # the cells hold) and its token ids are unsigned (protocol/kv_state.md)
+        if on_disk and self.disk is not None and self.store.disk.fits(state[1]) and not _has_media(tokens):
             for k in self.store.superseded(tokens, "disk"):
                 self.store.disk.pop(k)
                 self.disk.remove(k, "a longer state holds its prefix")
@@ -308,9 +317,11 @@ class PromptTiers:
 
     def persist(self, held: list[tuple[int, tuple[int, ...]]]) -> None:
         """The runner stops: save what the free slots hold (``held``: slot, tokens) and let the writer
-        finish (bounded: a stopping runner is killed after a grace period)."""
+        finish (bounded: a stopping runner is killed after a grace period).  A prefix holding image
+        positions is not saved: it could only go to the RAM tier, which ends with the runner."""
         for slot, tokens in held:
-            self.save(slot, tokens, 0)
+            if not _has_media(tokens):
+                self.save(slot, tokens, 0)
         if self.disk is not None:
             self.disk.flush()
 

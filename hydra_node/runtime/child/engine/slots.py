@@ -8,7 +8,13 @@ over a batch of at most ``n_batch`` tokens, planned here:
 * every decoding sequence contributes exactly one token (the one it sampled last step);
 * the room left goes to prompt prefill in chunks, shared fairly between the sequences still
   prefilling (water-filling, rotating who gets the odd token), so a long prompt is spread
-  over several steps and never stalls the streams already decoding.
+  over several steps and never stalls the streams already decoding;
+* a prompt with images holds placeholder ids (negative) at the images' positions
+  (:mod:`~hydra_node.runtime.child.engine.media`): a chunk never crosses a boundary between text and
+  image positions (it is cut there, and the room left goes to the others as usual), so the engine
+  decodes each chunk as one kind of row (token ids, or embeddings); such a prompt must end with a
+  text token.  The prompt cache and prefix sharing compare the token lists as they are: a
+  placeholder matches only the same image at the same position.
 
 Because ``n_slots <= n_batch`` the room left is always at least the number of prefilling
 sequences: every admitted sequence advances at every step.  A sequence finishes with
@@ -47,10 +53,12 @@ the reserved decode tokens always find room and no sequence's cells are ever ove
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
+from hydra_node.runtime.child.engine.media import is_media
 from hydra_node.runtime.child.engine.prompt_store import TierHit, common_prefix
 
 from hydra_node.runtime.child.engine.slot_types import (
@@ -97,6 +105,9 @@ class _Seq:
     #: (source rid, tokens): this sequence shares its first tokens with a sequence still prefilling
     #: them; it is not prefilled itself until they are computed, then copies them (``StepPlan.copies``)
     wait_for: tuple[int, int] | None = None
+    #: where the prompt changes between text and image positions (ascending, inside the prompt;
+    #: empty for a text prompt): a prefill chunk never spans one (engine/media.py)
+    cuts: tuple[int, ...] = ()
 
     @property
     def generated(self) -> int:
@@ -106,6 +117,11 @@ class _Seq:
     def decoding(self) -> bool:
         return self.prefilled == len(self.prompt)
 
+    def run_end(self) -> int:
+        """End (exclusive) of the text or image run the next prefill chunk starts in."""
+        i = bisect_right(self.cuts, self.prefilled)
+        return self.cuts[i] if i < len(self.cuts) else len(self.prompt)
+
     @property
     def kv_used(self) -> int:
         """Cells this sequence occupies: the prompt evaluated so far and every fed sampled token."""
@@ -114,6 +130,13 @@ class _Seq:
     def cached(self) -> tuple[int, ...]:
         """The tokens whose cells are in the KV cache now (positions ``[0, kv_used)``)."""
         return self.prompt[: self.prefilled] + tuple(self.tokens[: max(0, self.generated - 1)])
+
+
+def _cuts(prompt: Sequence[int]) -> tuple[int, ...]:
+    """The positions where ``prompt`` changes between text and image positions (none for text)."""
+    if not any(is_media(t) for t in prompt):
+        return ()
+    return tuple(i for i in range(1, len(prompt)) if is_media(prompt[i]) != is_media(prompt[i - 1]))
 
 
 class SlotScheduler:
@@ -155,7 +178,15 @@ class SlotScheduler:
             )
         if max_tokens < 1:
             raise Rejected("max_tokens must be at least 1", code="invalid_request", status=400)
-        self._waiting.append(_Seq(rid, tuple(prompt), min(max_tokens, limit - len(prompt))))
+        if is_media(prompt[-1]):
+            raise Rejected(
+                "the prompt ends with an image position; it must end with a text token (the first "
+                "sample needs the logits of a text row: put the generation prompt after the image)",
+                code="invalid_request",
+                status=400,
+            )
+        cuts = _cuts(prompt)
+        self._waiting.append(_Seq(rid, tuple(prompt), min(max_tokens, limit - len(prompt)), cuts=cuts))
 
     def cancel(self, rid: int) -> bool:
         """Mark ``rid`` cancelled; it leaves at the next :meth:`plan`.  False if unknown."""
@@ -300,13 +331,15 @@ class SlotScheduler:
         needy = needy[k:] + needy[:k]
         self._rotate += 1
         take = {s.rid: 0 for s in needy}
+        # a chunk ends at the end of its run (text or image positions), so it is one kind of row
+        want = {s.rid: s.run_end() - s.prefilled for s in needy}
         while room > 0:
-            open_ = [s for s in needy if take[s.rid] < len(s.prompt) - s.prefilled]
+            open_ = [s for s in needy if take[s.rid] < want[s.rid]]
             if not open_:
                 break
             share = max(1, room // len(open_))
             for s in open_:
-                n = min(share, len(s.prompt) - s.prefilled - take[s.rid], room)
+                n = min(share, want[s.rid] - take[s.rid], room)
                 take[s.rid] += n
                 room -= n
                 if room == 0:

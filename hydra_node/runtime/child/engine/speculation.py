@@ -16,7 +16,7 @@ the holder, when the controller chooses ``k >= 1``:
 
 Every emitted token is the target's argmax given the committed prefix: greedy output is unchanged.
 Only plain greedy requests speculate (temperature 0, no grammar, logit bias, penalties — presence,
-frequency or llama-server's repeat penalty — or logprobs; ``top_k`` and ``min_p`` never drop the
+frequency or llama-server's repeat penalty —, logprobs or images in the prompt; ``top_k`` and ``min_p`` never drop the
 most likely token, so a greedy request with them still speculates, exactly): the engine's sampled path is llama.cpp's native chain, whose distribution the
 rejection-sampling rule would have to reproduce exactly; such requests decode normally in the
 batch (never refused).
@@ -63,9 +63,11 @@ CATCHUP_NORMAL = 2
 SMALL_STEP_TOKENS = 16
 
 
-def speculation_eligible(req: dict, greedy: bool, plain_chain: bool) -> bool:
-    """A request that may speculate: greedy, nothing in its chain but the argmax, no logprobs."""
-    return greedy and plain_chain and not req.get("logprobs") and not req.get("top_logprobs")
+def speculation_eligible(req: dict, greedy: bool, plain_chain: bool, media: bool = False) -> bool:
+    """A request that may speculate: greedy, nothing in its chain but the argmax, no logprobs, and
+    no image positions in its prompt (``media``: a draft, local or remote, evaluates the prompt's
+    token ids and has no projector for the placeholders standing for an image, engine/media.py)."""
+    return greedy and plain_chain and not media and not req.get("logprobs") and not req.get("top_logprobs")
 
 
 @dataclass
