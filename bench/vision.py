@@ -23,13 +23,17 @@ alternates between rounds):
 2. then the second turn: that conversation, the side's answer, and a follow-up question; TTFT with the
    first turn's prompt (image included) in the slot's cache.
 
-TTFT is measured by the client (a streamed greedy chat request, to the first content delta), 8 tokens,
-after one warm-up conversation per side. Printed: each round's figures; per side the medians and the
-median of the rounds' second ÷ first ratios (goal <= 0.3 for hydra-node); the median of the rounds'
-hydra ÷ llama-server first-turn ratios (each round's two first turns are measured one right after the
-other; goal <= 1.2); whether the two sides' greedy answers agree; where llama-server's first turn went
-(its log's image encode and image decode times); the load average (on a busy machine the figures are
-noisy: the script says so).
+TTFT is measured by the client (a streamed greedy chat request of 8 tokens, after one warm-up
+conversation per side): to the first content delta, or to the finish chunk when the answer is empty
+(random image rows often make the model end its answer at once). ``--quick``: 2 rounds (documents of
+at most 300 words with ``--words``).
+Printed: how long libmtmd takes to encode one image here (the runner's ``Projector``, in this
+process, the same threads); each round's figures; per side the medians and the median of the rounds'
+second ÷ first ratios (goal <= 0.3 for hydra-node); the median of the rounds' hydra ÷ llama-server
+first-turn ratios (each round's two first turns are measured one right after the other; goal <= 1.2);
+whether the two sides' greedy answers agree (first and second turns); where the first turn goes
+(llama-server's own ``timings.prompt_ms`` against both sides' TTFT); the load average (on a busy
+machine the figures are noisy: the script says so).
 
     .venv/bin/python bench/vision.py [--quick] [--rounds 5] [--projector bench|fixture] [--words 0]
         [--image-size 336] [--threads N] [--ctx 4096] [--only hydra|llama-server] [--llama-server PATH]
@@ -41,7 +45,6 @@ import argparse
 import base64
 import os
 import random
-import re
 import statistics
 import sys
 import tempfile
@@ -57,6 +60,7 @@ from concurrency import LlamaServer, ensure_llama_server, llama_cpp_version  # n
 
 from hydra_node.models import resolve_model  # noqa: E402
 from tests.fixtures.vision_model import (  # noqa: E402
+    N_IMAGE_TOKENS,
     bench_n_image_tokens,
     bench_projector_path,
     png_bytes,
@@ -103,20 +107,26 @@ def first_turn(seed: int, words: int, image: bytes) -> list[dict]:
     ]
 
 
-def ttft(port: int, model: str, messages: list[dict]) -> tuple[float, str]:
-    """(seconds to the first content delta, the answer's text) of one streamed greedy chat request."""
+def ttft(port: int, model: str, messages: list[dict]) -> tuple[float, str, float | None]:
+    """(seconds to the first token, the answer's text, the server's own prompt time in seconds when it
+    reports one: llama-server's ``timings.prompt_ms``) of one streamed greedy chat request. The first
+    token is the first content delta or, when the answer is empty (the first token sampled ends it, as
+    the synthetic projector's images often make the model do), the chunk that carries the finish reason."""
     body = {"model": model, "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
     t0 = time.perf_counter()
-    first, text = None, ""
+    first, text, prompt_s = None, "", None
     for t, event in sse_events(port, body, REQUEST_TIMEOUT_S):
+        timings = event.get("timings")
+        if isinstance(timings, dict) and "prompt_ms" in timings:
+            prompt_s = float(timings["prompt_ms"]) / 1000
         for choice in event.get("choices") or ():
             piece = (choice.get("delta") or {}).get("content")
-            if piece:
+            if piece or choice.get("finish_reason"):
                 first = t if first is None else first
-                text += piece
+                text += piece or ""
     if first is None:
-        raise RuntimeError("no content in the stream")
-    return first - t0, text
+        raise RuntimeError("neither content nor a finish reason in the stream")
+    return first - t0, text, prompt_s
 
 
 def second_turn(turn1: list[dict], answer: str, words: int) -> list[dict]:
@@ -128,8 +138,8 @@ def second_turn(turn1: list[dict], answer: str, words: int) -> list[dict]:
 def conversation(port: int, model: str, seed: int, words: int, image: bytes) -> dict:
     """The first turn and the second turn about the same image: their TTFTs and the first answer."""
     turn1 = first_turn(seed, words, image)
-    t1, answer = ttft(port, model, turn1)
-    t2, _ = ttft(port, model, second_turn(turn1, answer, words))
+    t1, answer, _ = ttft(port, model, turn1)
+    t2, _, _ = ttft(port, model, second_turn(turn1, answer, words))
     return {"first_s": t1, "second_s": t2, "answer": answer}
 
 
@@ -188,27 +198,83 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def encode_ms(projector: Path, threads: int, images: list[bytes]) -> float:
+    """The median time (ms) libmtmd takes to encode one of ``images`` with ``projector``, in this
+    process, with ``threads`` threads: the runner's code (``Projector``), the library llama-server uses."""
+    import hashlib
+
+    import llama_cpp
+
+    from hydra_node.runtime.child.vision import Projector
+
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    path = str(resolve_model(None).path)
+    with tempfile.TemporaryFile() as log:  # llama.cpp's load log goes to fd 2: shown only on a failure
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            model = llama_cpp.llama_model_load_from_file(path.encode(), params)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        if not model:
+            log.seek(0)
+            raise RuntimeError(f"cannot load {path}: {log.read()[-2000:].decode(errors='replace')}")
+    proj = Projector.load(str(projector), model, model_path=path, n_threads=threads, use_gpu=False)
+    times = []
+    try:
+        for image in images:
+            blob = {"sha256": hashlib.sha256(image).hexdigest(), "data": image}
+            tokens = proj.tokenize(f"x {proj.marker} y", [blob], add_special=True)
+            placeholders = [t for t in tokens if t < 0]
+            t0 = time.perf_counter()
+            proj.rows(placeholders)
+            times.append(time.perf_counter() - t0)
+    finally:
+        proj.close()
+        llama_cpp.llama_model_free(model)
+    return median(times) * 1000
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="a short run: 2 rounds of 300-word documents")
+    p.add_argument("--quick", action="store_true", help="a short run: 2 rounds (300-word documents with --words)")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--words", type=int, default=800, help="words in each round's document")
-    p.add_argument("--image-size", type=int, default=64, help="the images' width and height in pixels")
+    p.add_argument(
+        "--projector",
+        choices=("bench", "fixture"),
+        default="bench",
+        help="bench: 576 positions per image (LLaVA-1.5 geometry); fixture: the tests' 4-position projector",
+    )
+    p.add_argument("--words", type=int, default=0, help="words in each round's document (0: a short sentence)")
+    p.add_argument("--image-size", type=int, default=0, help="the images' side in pixels (default 336, fixture 64)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--only", choices=("hydra", "llama-server"))
     p.add_argument("--llama-server", default="", help="a llama-server binary (default: build/cache it)")
     args = p.parse_args()
     if args.quick:
-        args.rounds, args.words = 2, 300
-    projector = projector_path()
+        args.rounds = 2
+        args.words = min(args.words, 300)
+    if args.rounds < 1 or args.words < 0:
+        p.error("--rounds must be at least 1 and --words at least 0")
+    if args.projector == "bench":
+        projector, positions, what = bench_projector_path(), bench_n_image_tokens(), "bench: LLaVA-1.5 geometry"
+    else:
+        projector, positions, what = projector_path(), N_IMAGE_TOKENS, "the tests' fixture"
+    size = args.image_size or (336 if args.projector == "bench" else 64)
+    text = f"documents of {args.words} words" if args.words else "a short sentence"
     load_before = os.getloadavg()[0]
     print(
-        f"{args.rounds} rounds; documents of {args.words} words, one {args.image_size}x{args.image_size} image each; "
-        f"1 slot, ctx {args.ctx}, {args.threads} threads; projector {projector.name} (synthetic fixture)",
+        f"{args.rounds} rounds; {text} and one new {size}x{size} image ({positions} positions) each; 1 slot, "
+        f"ctx {args.ctx}, {args.threads} threads; projector {projector.name} ({what}; synthetic, random weights)",
         flush=True,
     )
+    enc = encode_ms(projector, args.threads, [png_bytes(size, size, 20_000 + i) for i in range(3)])
+    print(f"encoding one image (libmtmd, in this process, {args.threads} threads): {enc:.1f} ms (median of 3)")
     sides: dict[str, Hydra | LlamaServerSide] = {}
+    rows: dict[str, list[dict]] = {}
     try:
         if args.only != "llama-server":
             sides["hydra"] = Hydra(args, projector).start()
@@ -216,26 +282,28 @@ def main() -> int:
             sides["llama-server"] = LlamaServerSide(args, projector).start()
         # one warm-up conversation per side (first-request costs: allocations, the projector's first graph)
         for side in sides.values():
-            conversation(side.port, side.model, 10_000, args.words, png_bytes(args.image_size, args.image_size, 10_000))
-        rows: dict[str, list[dict]] = {name: [] for name in sides}
+            conversation(side.port, side.model, 10_000, args.words, png_bytes(size, size, 10_000))
+        rows = {name: [] for name in sides}
         names = list(sides)
         for rnd in range(args.rounds):
-            image = png_bytes(args.image_size, args.image_size, rnd)
+            image = png_bytes(size, size, rnd)
             turn1 = first_turn(rnd, args.words, image)
             order = names if rnd % 2 == 0 else names[::-1]
             got: dict[str, dict] = {}
             for name in order:  # the first turns side by side, then the second turns
                 side = sides[name]
-                t1, answer = ttft(side.port, side.model, turn1)
-                got[name] = {"first_s": t1, "answer": answer}
+                t1, answer, prompt_s = ttft(side.port, side.model, turn1)
+                got[name] = {"first_s": t1, "answer": answer, "prompt_s": prompt_s}
             for name in order:
                 side = sides[name]
-                got[name]["second_s"], _ = ttft(side.port, side.model, second_turn(turn1, got[name]["answer"], args.words))
+                t2, answer2, _ = ttft(side.port, side.model, second_turn(turn1, got[name]["answer"], args.words))
+                got[name]["second_s"], got[name]["answer2"] = t2, answer2
                 rows[name].append(got[name])
             print(
                 f"  round {rnd}: "
                 + "; ".join(
                     f"{name} first turn {got[name]['first_s'] * 1000:7.1f} ms, second {got[name]['second_s'] * 1000:6.1f} ms"
+                    + ("" if got[name]["answer"] else " (first answer empty)")
                     for name in names
                 ),
                 flush=True,
@@ -262,7 +330,30 @@ def main() -> int:
             f"medians {of_medians:.2f}x) (goal <= {GOAL_VS_LLAMA_SERVER})"
         )
         same = sum(h["answer"] == ls["answer"] for h, ls in pairs)
-        print(f"greedy answers equal on both sides: {same} of {len(pairs)} rounds")
+        same2 = sum(h["answer2"] == ls["answer2"] for h, ls in pairs)
+        empty = sum(not h["answer"] for h, _ in pairs)
+        empty2 = sum(not h["answer2"] for h, _ in pairs)
+        print(
+            f"greedy answers equal on both sides: first turns {same} of {len(pairs)} rounds, second turns {same2} "
+            f"of {len(pairs)} (hydra's answers empty, the first token sampled ending them: {empty} first, "
+            f"{empty2} second)"
+        )
+    server = [r["prompt_s"] for r in rows.get("llama-server", ()) if r["prompt_s"] is not None]
+    if server:
+        ls_first = median([r["first_s"] for r in rows["llama-server"]]) * 1000
+        ls_prompt = median(server) * 1000
+        print(
+            f"where the first turn goes: encoding {enc:.0f} ms (measured above); llama-server's own prompt time "
+            f"(timings.prompt_ms: encode, {positions} image positions, the text) {ls_prompt:.0f} ms of its "
+            f"{ls_first:.0f} ms TTFT (medians)"
+        )
+        if "hydra" in rows:
+            h_first = median([r["first_s"] for r in rows["hydra"]]) * 1000
+            print(
+                f"  first turn TTFT above llama-server's own prompt time: hydra {h_first - ls_prompt:+.0f} ms, "
+                f"llama-server {ls_first - ls_prompt:+.0f} ms (HTTP, checks, tokenizing, one sample; hydra's "
+                "prefill is not timed separately)"
+            )
     print(f"load average (1 min): {load_before:.1f} before, {load_after:.1f} after, on {os.cpu_count()} CPUs")
     if max(load_before, load_after) > (os.cpu_count() or 1):
         print("NOTE: the machine was busy with other work; the figures are noisy (run again when it is idle)")

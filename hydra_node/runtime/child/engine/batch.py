@@ -559,7 +559,7 @@ class BatchEngine:
                 if len(data) != c.length * width:
                     raise ValueError(f"{len(data)} bytes of embeddings for {c.length} rows of {width} bytes")
             except Exception as exc:  # an unregistered placeholder, a failed encode: this request only
-                self.sched.finish(c.rid)  # its slot keeps the cells decoded so far
+                self.sched.finish(c.rid, decoded=False)  # its slot keeps the cells decoded so far
                 self._live.pop(c.rid).sampler.close()
                 self._release_spec(c.rid)
                 self.send(
@@ -586,7 +586,7 @@ class BatchEngine:
         seqs: tuple[DecodeToken | PrefillChunk, ...] = (*plan.decode, *plan.prefill)
         for rid in {d.rid for d in plan.decode} | {c.rid for c in plan.prefill}:
             slot = next(x.slot for x in seqs if x.rid == rid)
-            self.sched.finish(rid)
+            self.sched.finish(rid, decoded=False)
             self._ll.llama_memory_seq_rm(self.mem, slot, 0, -1)
             live = self._live.pop(rid)
             live.sampler.close()

@@ -148,6 +148,9 @@ class SlotScheduler:
         self._resident: list[tuple[int, ...]] = [() for _ in range(config.n_slots)]  # tokens left in a free slot
         self._rotate = 0
         self._steps = 0
+        #: rid -> prompt tokens the step planned last prefills (until its commit): a sequence the
+        #: engine finishes during that step (its first sample ended it) keeps them as its cached prefix
+        self._inflight: dict[int, int] = {}
         self._prefix = [0, 0, 0, 0]  # hits, misses, reused tokens, shared from an active slot (statistics)
         self._freed_at: dict[int, int] = {}  # free slot -> release order (the oldest cache is dropped first)
         self._releases = 0
@@ -227,14 +230,9 @@ class SlotScheduler:
             admitted.append(a)
         copies = self._resolve_waits()
         decode = tuple(DecodeToken(s.rid, s.slot, s.kv_used) for s in self._active.values() if s.decoding)
-        return StepPlan(
-            tuple(admitted),
-            tuple(finished),
-            decode,
-            self._prefill(self.config.n_batch - len(decode)),
-            tuple(evicted),
-            copies,
-        )
+        prefill = self._prefill(self.config.n_batch - len(decode))
+        self._inflight = {c.rid: c.length for c in prefill}
+        return StepPlan(tuple(admitted), tuple(finished), decode, prefill, tuple(evicted), copies)
 
     def _resolve_waits(self) -> tuple[Admission, ...]:
         """Sequences waiting for a prefix another one prefills: copy it once it is computed; if the
@@ -355,6 +353,7 @@ class SlotScheduler:
         """The step ran: advance prefill, count each sampled token (``rid -> token``, for
         every row that had logits).  Returns the sequences that hit ``"length"`` (released)."""
         self._steps += 1
+        self._inflight = {}
         for c in plan.prefill:
             s = self._active.get(c.rid)
             if s is not None:
@@ -370,10 +369,15 @@ class SlotScheduler:
                 out.append((rid, Finish.LENGTH))
         return out
 
-    def finish(self, rid: int) -> None:
-        """The engine ended ``rid`` itself (end of generation, a stop string): free its slot."""
+    def finish(self, rid: int, decoded: bool = True) -> None:
+        """The engine ended ``rid`` itself (end of generation, a stop string): free its slot.  Called
+        during a step, after its decode (``decoded``), the prompt tokens the step prefilled for ``rid``
+        are in its cells and stay cached; ``decoded=False``: the step's decode did not run for it."""
         s = self._active.get(rid)
         if s is not None:
+            n = self._inflight.pop(rid, 0)
+            if decoded:
+                s.prefilled += n
             self._release(s)
 
     # ---- slots -----------------------------------------------------------------------

@@ -88,6 +88,35 @@ def test_prompt_cache_reuses_the_common_prefix_of_a_released_slot():
     assert p.admitted[0].reused == 1
 
 
+def test_a_sequence_ended_by_its_first_sample_keeps_the_prompt_it_just_prefilled():
+    # the engine finishes a sequence during the step (end of generation on its first token), before
+    # the step's commit: the chunk that step prefilled is in the cells and must stay cached
+    s = SlotScheduler(SlotConfig(n_slots=2, n_batch=4, n_ctx=128))
+    s.submit(1, list(range(1, 11)), 5)
+    plans = [s.plan()]
+    run_step(s, plans[0])
+    plans.append(s.plan())
+    run_step(s, plans[1])
+    last = s.plan()
+    assert last.prefill[0].last and last.prefill[0].start == 8
+    s.finish(1)  # in the step, as BatchEngine._finish_in_step: nothing of it was committed
+    s.commit(last, {})
+    slot = next(i for i in range(2) if s.resident(i))
+    assert s.resident(slot) == tuple(range(1, 11))  # was (1..8): the last chunk's cells lost to the cache
+    s.submit(2, list(range(1, 11)) + [42], 2)
+    assert s.plan().admitted[0].reused == 10
+
+
+def test_a_sequence_failed_before_its_decode_keeps_only_what_was_computed():
+    s = SlotScheduler(SlotConfig(n_slots=1, n_batch=4, n_ctx=128))
+    s.submit(1, list(range(1, 11)), 5)
+    run_step(s, s.plan())
+    plan = s.plan()
+    s.finish(1, decoded=False)  # e.g. its image rows could not be had: this step decoded nothing of it
+    s.commit(plan, {})
+    assert s.resident(0) == (1, 2, 3, 4)
+
+
 def test_waiting_queue_is_bounded():
     s = SlotScheduler(SlotConfig(n_slots=1, n_batch=4, n_ctx=64, max_waiting=1))
     s.submit(1, [1], 5)
