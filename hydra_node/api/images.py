@@ -29,8 +29,9 @@ import ipaddress
 import math
 import socket
 import ssl
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from urllib.parse import urljoin, urlsplit
@@ -88,6 +89,8 @@ def is_public_address(ip: str) -> bool:
         inner = a.ipv4_mapped or a.sixtofour or (ipaddress.IPv4Address(int(a) & 0xFFFFFFFF) if a in _NAT64 else None)
         if inner is not None:
             a = inner
+    if isinstance(a, ipaddress.IPv6Address) and a.is_site_local:  # fec0::/10, deprecated but still routed inside sites
+        return False
     return a.is_global and not (a.is_multicast or a.is_reserved or a.is_unspecified or a.is_link_local)
 
 
@@ -95,8 +98,8 @@ def _shown(url: str) -> str:
     return repr(url if len(url) <= 120 else url[:117] + "...")
 
 
-def _resolve(host: str, port: int, where: str, allow_private: bool) -> str:
-    """The address to connect to for ``host`` (checked: module doc)."""
+def _resolve(host: str, port: int, where: str, allow_private: bool) -> list[str]:
+    """The addresses to try, in order, for ``host`` (every one checked: module doc)."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:
@@ -114,18 +117,70 @@ def _resolve(host: str, port: int, where: str, allow_private: bool) -> str:
             where,
             "image_url_refused",
         )
-    return addrs[0]
+    return addrs
 
 
-def _connection(scheme: str, host: str, port: int, addr: str, timeout: float) -> http.client.HTTPConnection:
+class _Watchdog:
+    """Shuts the download's socket down at the deadline, so no read (headers or body, trickled a
+    byte at a time) outlives ``[api] image_fetch_timeout_s``; ``fired`` tells the timeout apart."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.fired = False
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(max(timeout_s, 0.0), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sock = sock
+            fired = self.fired
+        if fired:
+            self._shut(sock)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            sock = self._sock
+        if sock is not None:
+            self._shut(sock)
+
+    @staticmethod
+    def _shut(sock: socket.socket) -> None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _connection(
+    scheme: str, host: str, port: int, addrs: list[str], left: Callable[[], float], watch: _Watchdog
+) -> http.client.HTTPConnection:
     conn: http.client.HTTPConnection
+    timeout = left()
     if scheme == "https":
         conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=ssl.create_default_context())
     else:
         conn = http.client.HTTPConnection(host, port, timeout=timeout)
 
     def connect_checked(address, timeout=socket._GLOBAL_DEFAULT_TIMEOUT, source_address=None):
-        return socket.create_connection((addr, address[1]), timeout, source_address)
+        error: OSError | None = None
+        for addr in addrs:  # each checked address in turn, as socket.create_connection does
+            try:
+                sock = socket.create_connection((addr, address[1]), left(), source_address)
+            except OSError as exc:
+                if isinstance(exc, TimeoutError) and watch.fired:
+                    raise
+                error = exc
+                continue
+            watch.watch(sock)
+            return sock
+        assert error is not None
+        raise error
 
     conn._create_connection = connect_checked  # type: ignore[attr-defined]  # to the checked address only
     return conn
@@ -141,8 +196,25 @@ def fetch_image(
     clock=time.monotonic,
 ) -> bytes:
     """Download ``url`` under the rules of the module doc (blocking). Raises ApiError (400)."""
+    watch = _Watchdog(timeout_s)
+    try:
+        return _fetch(url, where, allow_private, timeout_s, max_bytes, clock, watch)
+    finally:
+        watch.cancel()
+
+
+def _fetch(
+    url: str,
+    where: str,
+    allow_private: bool,
+    timeout_s: float,
+    max_bytes: int,
+    clock: Callable[[], float],
+    watch: _Watchdog,
+) -> bytes:
     deadline = clock() + timeout_s
     current = url
+    host: str | None = urlsplit(url).hostname or "?"
 
     def left() -> float:
         remaining = deadline - clock()
@@ -150,12 +222,21 @@ def fetch_image(
             raise TimeoutError
         return remaining
 
+    previous_scheme = ""
     for _hop in range(MAX_REDIRECTS + 1):
         try:
             parts = urlsplit(current)
         except ValueError:
             raise bad(f"{where}: the image URL {_shown(current)} is not a valid URL", where, "invalid_value") from None
         scheme = parts.scheme.lower()
+        if _hop and scheme == "http" and previous_scheme == "https":
+            raise bad(
+                f"{where}: fetching {_shown(url)} was redirected from https:// to http:// ({host}); "
+                "a download that started over TLS is not followed to plain HTTP",
+                where,
+                "image_fetch_failed",
+            )
+        previous_scheme = scheme
         if scheme not in ("http", "https"):
             raise bad(
                 f"{where}: fetching {_shown(url)} was redirected to a {scheme or 'relative'}: URL; "
@@ -171,9 +252,10 @@ def fetch_image(
             raise bad(f"{where}: the image URL {_shown(current)} has no valid host and port", where, "invalid_value")
         if parts.username is not None or parts.password is not None:
             raise bad(f"{where}: an image URL may not carry credentials (user:password@)", where, "invalid_value")
-        addr = _resolve(host, port, where, allow_private)
         try:
-            conn = _connection(scheme, host, port, addr, left())
+            addrs = _resolve(host, port, where, allow_private)
+            left()  # the name lookup counts against the deadline too
+            conn = _connection(scheme, host, port, addrs, left, watch)
             try:
                 target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
                 conn.request(
@@ -210,6 +292,8 @@ def fetch_image(
                     if conn.sock is not None:
                         conn.sock.settimeout(left())
                     chunk = resp.read(_READ)
+                    if watch.fired:
+                        raise TimeoutError
                     if not chunk:
                         break
                     size += len(chunk)
@@ -221,13 +305,10 @@ def fetch_image(
             finally:
                 conn.close()
         except (TimeoutError, socket.timeout):
-            raise bad(
-                f"{where}: fetching the image from {host} took longer than {timeout_s:g} s "
-                "([api] image_fetch_timeout_s)",
-                where,
-                "image_fetch_failed",
-            ) from None
+            raise _timed_out(where, host, timeout_s) from None
         except (OSError, http.client.HTTPException) as exc:
+            if watch.fired:  # the watchdog shut the socket down: whatever broke, it is the deadline
+                raise _timed_out(where, host, timeout_s) from None
             raise bad(
                 f"{where}: fetching the image from {host} failed ({str(exc)[:120] or type(exc).__name__})",
                 where,
@@ -242,6 +323,14 @@ def fetch_image(
     raise bad(f"{where}: fetching {_shown(url)} took more than {MAX_REDIRECTS} redirects", where, "image_fetch_failed")
 
 
+def _timed_out(where: str, host: str, timeout_s: float) -> ApiError:
+    return bad(
+        f"{where}: fetching the image from {host} took longer than {timeout_s:g} s ([api] image_fetch_timeout_s)",
+        where,
+        "image_fetch_failed",
+    )
+
+
 def _too_large(where: str, host: str, limit: int) -> ApiError:
     return bad(
         f"{where}: the image at {host} is more than {limit} bytes (the largest image file accepted)",
@@ -250,18 +339,34 @@ def _too_large(where: str, host: str, limit: int) -> ApiError:
     )
 
 
-def _resolve_one(image: ImageInput, policy: ImagePolicy) -> ImageBlob:
+#: Image downloads in worker threads at once, node-wide (trio's default pool has 40 threads for all
+#: of the node's thread work: slow URLs must not take them all).
+FETCH_LIMITER = trio.CapacityLimiter(8)
+#: Image decodes at once, node-wide: one decode of the largest image holds ~160 MB (docs/vision.md).
+DECODE_LIMITER = trio.CapacityLimiter(2)
+
+
+async def _resolve_one(image: ImageInput, policy: ImagePolicy) -> ImageBlob:
     data = image.data
     if image.url:
-        data = fetch_image(image.url, image.where, allow_private=policy.fetch_private, timeout_s=policy.fetch_timeout_s)
+        url = image.url
+        fetch = partial(
+            fetch_image, url, image.where, allow_private=policy.fetch_private, timeout_s=policy.fetch_timeout_s
+        )
+        with trio.move_on_after(policy.fetch_timeout_s + 0.5) as scope:  # the name lookup cannot be interrupted
+            data = await trio.to_thread.run_sync(fetch, abandon_on_cancel=True, limiter=FETCH_LIMITER)
+        if scope.cancelled_caught:
+            raise _timed_out(image.where, urlsplit(url).hostname or "?", policy.fetch_timeout_s)
         if not data:
             raise bad(f"{image.where}: the image URL answered an empty body", image.where, "invalid_image")
-    return decode_image(data, image.where, declared=image.media_type, detail=image.detail)
+    decode = partial(decode_image, data, image.where, declared=image.media_type, detail=image.detail)
+    return await trio.to_thread.run_sync(decode, abandon_on_cancel=True, limiter=DECODE_LIMITER)
 
 
 async def resolve_images(req: GenerationRequest, policy: ImagePolicy) -> GenerationRequest:
-    """``req`` with every image resolved (module doc); URLs are fetched at the same time. Raises
-    ApiError (400) naming the first part (in request order) that failed."""
+    """``req`` with every image resolved (module doc); URLs are fetched at the same time (at most
+    :data:`FETCH_LIMITER` node-wide, each under ``policy.fetch_timeout_s``). Raises ApiError (400)
+    naming the first part (in request order) that failed."""
     if req.images_resolved:
         return req
     out: list[ImageBlob | None] = [im if isinstance(im, ImageBlob) else None for im in req.images]
@@ -269,7 +374,7 @@ async def resolve_images(req: GenerationRequest, policy: ImagePolicy) -> Generat
 
     async def one(i: int, image: ImageInput) -> None:
         try:
-            out[i] = await trio.to_thread.run_sync(partial(_resolve_one, image, policy), abandon_on_cancel=True)
+            out[i] = await _resolve_one(image, policy)
         except ApiError as exc:
             errors[i] = exc
 

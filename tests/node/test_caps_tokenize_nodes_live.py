@@ -13,7 +13,14 @@ from hydra_node.models import BUNDLED_MODEL_ID
 
 pytestmark = pytest.mark.live
 
-CAPS = {"reasoning": "", "thinks": False, "switch": False, "fim": False}  # SmolLM2: none of them
+CAPS = {
+    "reasoning": "",
+    "thinks": False,
+    "switch": False,
+    "fim": False,
+    "vision": False,
+    "audio": False,
+}  # SmolLM2: none
 
 
 def test_the_front_knows_the_hosts_caps_and_tokenizes_there(shared_mesh):
