@@ -544,6 +544,11 @@ class RemoteGeneration:
                 self._missing_answers += 1
                 await send_error(images_missing_error(self.node_id, missing.missing))
                 return
+            except InvalidRequest as exc:  # filled, the request breaks a limit (12 MiB of images in all)
+                self._bad_requests += 1
+                log.info("event=generate_request_refused peer=%s error=%s", link.peer_id[:16], exc)
+                await send_error(GenerationError(f"invalid request: {exc.message}", code="invalid_request", status=400))
+                return
         self._served += 1
 
         async def answer() -> None:
